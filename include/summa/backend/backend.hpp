@@ -1,0 +1,65 @@
+#pragma once
+/// \file backend.hpp
+/// The local-math seam: everything the distributed algorithms compute on one
+/// rank goes through a Backend. The CPU backend uses Eigen; a CUDA backend
+/// (cuBLAS + kernels) implements the same interface. Pointers handed to a
+/// backend live in the backend's memory space (host for CPU, device for CUDA).
+
+#include <cstddef>
+#include <string_view>
+
+#include "summa/core/matrix_view.hpp"
+
+namespace summa {
+
+/// Caller-provided scratch memory a backend may use for one call.
+struct Scratch {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+
+  /// Memory in the backend's space, aligned to at least 64 bytes.
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void deallocate(void* p, std::size_t bytes) noexcept = 0;
+
+  /// Scratch bytes gemm() needs for an m x n x k product to run without
+  /// allocating (0 when the implementation never allocates).
+  virtual std::size_t gemm_scratch_bytes(index_t m, index_t n, index_t k, DType t) const = 0;
+
+  /// C = alpha * op(A) * op(B) + beta * C, BLAS semantics: beta == 0 never
+  /// reads C (NaN in C is overwritten), alpha == 0 or k == 0 never reads A
+  /// or B. With scratch of at least gemm_scratch_bytes() no memory is
+  /// allocated; with less (or none) the implementation may allocate.
+  virtual void gemm(Op ta, Op tb, float alpha, ConstMatrixView<float> A, ConstMatrixView<float> B,
+                    float beta, MatrixView<float> C, Scratch scratch = {}) = 0;
+  virtual void gemm(Op ta, Op tb, double alpha, ConstMatrixView<double> A,
+                    ConstMatrixView<double> B, double beta, MatrixView<double> C,
+                    Scratch scratch = {}) = 0;
+
+  /// dst = src (same shape; orders and leading dimensions may differ).
+  virtual void copy(ConstMatrixView<float> src, MatrixView<float> dst) = 0;
+  virtual void copy(ConstMatrixView<double> src, MatrixView<double> dst) = 0;
+
+  /// C = alpha * X + beta * C; beta == 0 never reads C.
+  virtual void axpby(float alpha, ConstMatrixView<float> X, float beta, MatrixView<float> C) = 0;
+  virtual void axpby(double alpha, ConstMatrixView<double> X, double beta,
+                     MatrixView<double> C) = 0;
+
+  /// C = beta * C; beta == 0 writes zeros without reading C.
+  virtual void scale(float beta, MatrixView<float> C) = 0;
+  virtual void scale(double beta, MatrixView<double> C) = 0;
+
+  /// Waits until every operation issued so far has finished (no-op on CPU).
+  virtual void synchronize() {}
+};
+
+/// Throws summa::Error unless op(A) * op(B) fits C; names the operands.
+void check_gemm_shapes(Op ta, Op tb, index_t a_rows, index_t a_cols, index_t b_rows, index_t b_cols,
+                       index_t c_rows, index_t c_cols);
+
+}  // namespace summa

@@ -1,0 +1,30 @@
+#pragma once
+/// \file cpu_backend.hpp
+/// Backend on the host: Eigen's GEMM (its packing buffers come from the
+/// caller's scratch, so a warmed-up step allocates nothing) and Eigen maps
+/// for the elementwise kernels. One thread unless Eigen was built with OpenMP.
+
+#include "summa/backend/backend.hpp"
+
+namespace summa {
+
+class CpuBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "cpu-eigen"; }
+  void* allocate(std::size_t bytes) override;
+  void deallocate(void* p, std::size_t bytes) noexcept override;
+  std::size_t gemm_scratch_bytes(index_t m, index_t n, index_t k, DType t) const override;
+
+  void gemm(Op ta, Op tb, float alpha, ConstMatrixView<float> A, ConstMatrixView<float> B,
+            float beta, MatrixView<float> C, Scratch scratch = {}) override;
+  void gemm(Op ta, Op tb, double alpha, ConstMatrixView<double> A, ConstMatrixView<double> B,
+            double beta, MatrixView<double> C, Scratch scratch = {}) override;
+  void copy(ConstMatrixView<float> src, MatrixView<float> dst) override;
+  void copy(ConstMatrixView<double> src, MatrixView<double> dst) override;
+  void axpby(float alpha, ConstMatrixView<float> X, float beta, MatrixView<float> C) override;
+  void axpby(double alpha, ConstMatrixView<double> X, double beta, MatrixView<double> C) override;
+  void scale(float beta, MatrixView<float> C) override;
+  void scale(double beta, MatrixView<double> C) override;
+};
+
+}  // namespace summa

@@ -1,0 +1,120 @@
+#pragma once
+/// \file communicator.hpp
+/// The collective-communication seam. summa's algorithms talk only to this
+/// interface; the MPI implementation lives in mpi_communicator.hpp and an NCCL
+/// one (stream-ordered, the same calls) drops in behind it unchanged.
+///
+/// Rules every implementation follows:
+///  - roots are ranks *within the group* (0 .. size()-1), never world ranks;
+///  - buffers are raw pointers plus element count and DType; a send and a
+///    receive pointer that are equal mean "in place";
+///  - every call, blocking or not, adds its exact payload to the counter of
+///    the communicator's axis at the moment it is issued (see counters.hpp);
+///  - a non-blocking call returns a Request that must be completed with wait()
+///    (or test() until true) before its buffers are touched. Requests are
+///    small values: issuing and completing them does not allocate.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "summa/comm/counters.hpp"
+#include "summa/core/types.hpp"
+
+namespace summa {
+
+class Communicator;
+
+/// Handle of an in-flight collective. Cheap to copy; completed exactly once.
+class Request {
+ public:
+  Request() = default;
+  bool active() const { return owner_ != nullptr; }
+
+ private:
+  friend class Communicator;
+  Communicator* owner_ = nullptr;
+  std::uintptr_t token_ = 0;  ///< implementation-defined (an MPI_Request, an event slot, ...)
+};
+
+class Communicator {
+ public:
+  Communicator(CommAxis axis, TrafficCounter* counter) : axis_(axis), counter_(counter) {}
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  CommAxis axis() const { return axis_; }
+  /// The counter this communicator adds to (shared by all communicators of an axis).
+  const TrafficCounter& counter() const { return *counter_; }
+
+  // ---- non-blocking ------------------------------------------------------
+  /// buf (count elements) from group rank `root` to all.
+  Request ibroadcast(void* buf, std::size_t count, DType t, int root);
+  /// Reduce `send` of all ranks into `recv` on `root` (recv ignored elsewhere;
+  /// send == recv on the root means in place).
+  Request ireduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op, int root);
+  /// All ranks get the reduction of `send` in `recv` (send == recv: in place).
+  Request iall_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op);
+  /// Rank r's `send_count` elements land at recv + r*send_count on all ranks.
+  /// send == recv + rank()*send_count means in place.
+  Request iall_gather(const void* send, void* recv, std::size_t send_count, DType t);
+  /// send holds size()*recv_count elements; rank r gets the reduction of
+  /// block r. send == recv means in place (result in the first recv_count).
+  Request ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t,
+                          ReduceOp op);
+
+  /// Blocks until `r` completes; resets it. Waiting on an inactive request is a no-op.
+  void wait(Request& r);
+  /// True (and resets `r`) when `r` has completed; also drives progress.
+  bool test(Request& r);
+
+  // ---- blocking ------------------------------------------------------------
+  void broadcast(void* buf, std::size_t count, DType t, int root);
+  void reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op, int root);
+  void all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op);
+  void all_gather(const void* send, void* recv, std::size_t send_count, DType t);
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t, ReduceOp op);
+  void barrier() { do_barrier(); }
+
+  // typed conveniences
+  template <class T>
+  void broadcast(T* buf, std::size_t count, int root) {
+    broadcast(static_cast<void*>(buf), count, dtype_v<T>, root);
+  }
+  template <class T>
+  void all_reduce(const T* send, T* recv, std::size_t count, ReduceOp op = ReduceOp::sum) {
+    all_reduce(send, recv, count, dtype_v<T>, op);
+  }
+  template <class T>
+  void all_gather(const T* send, T* recv, std::size_t send_count) {
+    all_gather(send, recv, send_count, dtype_v<T>);
+  }
+
+ protected:
+  enum class Kind : std::uint8_t { broadcast, reduce, all_reduce, all_gather, reduce_scatter };
+  /// Issue the operation; return an implementation token for the request.
+  virtual std::uintptr_t start(Kind kind, const void* send, void* recv, std::size_t count, DType t,
+                               ReduceOp op, int root) = 0;
+  /// Blocking variant; the default starts and waits.
+  virtual void run(Kind kind, const void* send, void* recv, std::size_t count, DType t, ReduceOp op,
+                   int root);
+  virtual void finish(std::uintptr_t token) = 0;
+  virtual bool poll(std::uintptr_t token) = 0;
+  virtual void do_barrier() = 0;
+
+ private:
+  void validate(Kind kind, const void* send, void* recv, std::size_t count, int root) const;
+  void account(Kind kind, std::size_t count, DType t, int root);
+  Request make_request(std::uintptr_t token);
+  Request issue(Kind kind, const void* send, void* recv, std::size_t count, DType t, ReduceOp op,
+                int root);
+  void execute(Kind kind, const void* send, void* recv, std::size_t count, DType t, ReduceOp op,
+               int root);
+
+  CommAxis axis_;
+  TrafficCounter* counter_;
+};
+
+}  // namespace summa

@@ -1,0 +1,97 @@
+#pragma once
+/// \file process_grid.hpp
+/// The process grid: data x depth x rows x cols, built from any MPI
+/// communicator, with one Communicator per axis and per-axis traffic counters.
+
+#include <mpi.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "summa/comm/mpi_communicator.hpp"
+#include "summa/grid/placement.hpp"
+
+namespace summa {
+
+struct GridOptions {
+  Placement placement = Placement::natural;
+  /// Ranks per node for bunched placement; 0 detects it with
+  /// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). Setting it lets a single node
+  /// emulate several (tests), or override what detection finds.
+  int ranks_per_node = 0;
+};
+
+class ProcessGrid {
+ public:
+  /// Builds the grid on `comm` (duplicated; the caller keeps ownership of
+  /// `comm`). Collective over `comm`. Throws summa::Error on every rank when
+  /// the shape is non-positive or its size differs from the communicator's.
+  ProcessGrid(MPI_Comm comm, GridShape shape, GridOptions options = {});
+  ~ProcessGrid();
+  ProcessGrid(const ProcessGrid&) = delete;
+  ProcessGrid& operator=(const ProcessGrid&) = delete;
+  ProcessGrid(ProcessGrid&&) noexcept;
+  ProcessGrid& operator=(ProcessGrid&&) noexcept;
+
+  /// q x q mesh (Optimus). q = 0 infers q from the size: size / data must be
+  /// a perfect square.
+  static ProcessGrid mesh2d(MPI_Comm comm, int q = 0, int data = 1, GridOptions options = {});
+  /// Gx x Gy x Gz grid (AxoNN 3D PMM): rows = Gx, cols = Gy, depth = Gz.
+  static ProcessGrid grid3d(MPI_Comm comm, int gx, int gy, int gz, int data = 1,
+                            GridOptions options = {});
+  /// p ranks in a line (Megatron 1D): rows = 1, cols = p.
+  static ProcessGrid linear1d(MPI_Comm comm, int p = 0, int data = 1, GridOptions options = {});
+
+  const GridShape& shape() const { return shape_; }
+  const GridCoords& coords() const { return coords_; }
+  int rank() const;  ///< rank in world()
+  int size() const { return shape_.size(); }
+  /// True when rows == cols (the SUMMA engine needs a square mesh).
+  bool square_mesh() const { return shape_.rows == shape_.cols; }
+  /// Ranks per node the placement used (detected or given).
+  int ranks_per_node() const { return ranks_per_node_; }
+  /// The placement actually applied (bunched falls back to natural when the
+  /// node size does not tile the mesh; placement_note() says why).
+  Placement placement() const { return placement_; }
+  const std::string& placement_note() const { return placement_note_; }
+
+  Communicator& world() { return comm(CommAxis::world); }
+  Communicator& data() { return comm(CommAxis::data); }
+  Communicator& depth() { return comm(CommAxis::depth); }
+  Communicator& mesh_row() { return comm(CommAxis::mesh_row); }
+  Communicator& mesh_col() { return comm(CommAxis::mesh_col); }
+  Communicator& mesh() { return comm(CommAxis::mesh); }
+  Communicator& tensor() { return comm(CommAxis::tensor); }
+  Communicator& comm(CommAxis axis);
+  /// The MPI communicator of an axis (for MPI-level control traffic).
+  MPI_Comm native(CommAxis axis) const;
+
+  /// Bytes and calls per axis since construction or the last reset.
+  const TrafficCounters& traffic() const { return *traffic_; }
+  void reset_traffic() { traffic_->reset(); }
+
+  /// Collective over `axis`: every rank passes its local error (or nothing).
+  /// If any rank has one, every rank throws the same summa::Error carrying
+  /// the message of the lowest-ranked failing member. Uses uncounted MPI
+  /// control traffic (a 4-byte all-reduce; a broadcast only on failure), so
+  /// that errors found by some ranks never leave the others in a collective.
+  void agree(CommAxis axis, const std::optional<std::string>& local_error) const;
+
+ private:
+  struct Impl;
+  GridShape shape_;
+  GridCoords coords_;
+  int ranks_per_node_ = 1;
+  Placement placement_ = Placement::natural;
+  std::string placement_note_;
+  std::unique_ptr<TrafficCounters> traffic_;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Collective version of require(): every rank of `comm` calls it; if any
+/// rank's `condition` is false, all throw the message of the lowest failing
+/// rank. For checks made before a grid exists.
+void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error);
+
+}  // namespace summa

@@ -1,0 +1,118 @@
+#pragma once
+/// \file engine.hpp
+/// SUMMA on a q x q mesh (Optimus Algorithms 1-3):
+///
+///   Form::AB    C = alpha A  B  + beta C   A m x k, B k x n
+///   Form::ABt   C = alpha A  B' + beta C   A m x k, B n x k
+///   Form::AtB   C = alpha A' B  + beta C   A k x m, B k x n
+///
+/// Every matrix is split into q x q equal blocks; rank (i, j) of the mesh holds
+/// block (i, j) of A, B and C (its local views). AB broadcasts A panels along
+/// mesh rows and B panels along mesh columns; ABt broadcasts B along columns
+/// and reduces partial C panels along rows; AtB broadcasts A along rows and
+/// reduces partial C along columns. Each of the q outer steps is cut into
+/// panels of `panel` columns; with `overlap` the collectives of panel s+1 are
+/// in flight (double-buffered) while panel s is multiplied. All temporaries
+/// come from the caller's workspace, whose size workspace_bytes() tells in
+/// advance; no memory is allocated during a call.
+///
+/// Shapes are checked before any collective. With `consensus_checks` (the
+/// default) the ranks of the mesh agree on the outcome first, so an error
+/// found on one rank (say a wrongly sized local block) is thrown with the same
+/// message on every rank instead of leaving the others in a collective.
+/// alpha, beta, m, n, k and the options must be the same on every rank.
+
+#include <cstddef>
+#include <type_traits>
+
+#include "summa/backend/backend.hpp"
+#include "summa/grid/process_grid.hpp"
+#include "summa/memory/arena.hpp"
+
+namespace summa {
+
+enum class Form { AB, ABt, AtB };
+const char* name_of(Form f);
+
+struct SummaOptions {
+  /// Panel width: columns of the broadcast operand per step (AB: of k, ABt:
+  /// of n, AtB: of m). 0 means a whole block per step. Need not divide the block.
+  index_t panel = 256;
+  /// Double-buffer: issue panel s+1's collectives before multiplying panel s.
+  bool overlap = true;
+  /// Agree on shape errors across the mesh before communicating (see above).
+  bool consensus_checks = true;
+};
+
+/// Local block shapes of the three operands on every rank.
+struct BlockShapes {
+  index_t a_rows, a_cols, b_rows, b_cols, c_rows, c_cols;
+};
+
+class SummaEngine {
+  template <class T>
+  using ConstView = std::type_identity_t<ConstMatrixView<T>>;
+  template <class T>
+  using View = std::type_identity_t<MatrixView<T>>;
+
+ public:
+  /// The grid's mesh must be square (rows == cols); depth and data may be
+  /// anything: each (data, depth) plane runs its own SUMMA.
+  SummaEngine(ProcessGrid& grid, Backend& backend, SummaOptions options = {});
+
+  const SummaOptions& options() const { return options_; }
+  void set_options(const SummaOptions& o);
+  int q() const { return q_; }
+
+  /// Global m x n x k -> local block shapes; throws when q does not divide them.
+  static BlockShapes block_shapes(Form form, index_t m, index_t n, index_t k, int q);
+
+  /// Workspace bytes one multiply() of this size needs on this engine.
+  std::size_t workspace_bytes(Form form, index_t m, index_t n, index_t k, DType t) const;
+  /// The same, for any q, options and backend (memory planning without a grid).
+  static std::size_t workspace_bytes(Form form, index_t m, index_t n, index_t k, DType t, int q,
+                                     const SummaOptions& options, const Backend& backend);
+
+  /// T is deduced from alpha; the views convert (MatrixView<T> -> ConstMatrixView<T>).
+  template <class T>
+  void multiply(Form form, index_t m, index_t n, index_t k, T alpha, ConstView<T> A, ConstView<T> B,
+                std::type_identity_t<T> beta, View<T> C, Workspace& workspace);
+
+  template <class T>
+  void ab(index_t m, index_t n, index_t k, T alpha, ConstView<T> A, ConstView<T> B,
+          std::type_identity_t<T> beta, View<T> C, Workspace& ws) {
+    multiply(Form::AB, m, n, k, alpha, A, B, beta, C, ws);
+  }
+  template <class T>
+  void abt(index_t m, index_t n, index_t k, T alpha, ConstView<T> A, ConstView<T> B,
+           std::type_identity_t<T> beta, View<T> C, Workspace& ws) {
+    multiply(Form::ABt, m, n, k, alpha, A, B, beta, C, ws);
+  }
+  template <class T>
+  void atb(index_t m, index_t n, index_t k, T alpha, ConstView<T> A, ConstView<T> B,
+           std::type_identity_t<T> beta, View<T> C, Workspace& ws) {
+    multiply(Form::AtB, m, n, k, alpha, A, B, beta, C, ws);
+  }
+
+ private:
+  template <class T>
+  void run_ab(const BlockShapes& s, T alpha, ConstMatrixView<T> A, ConstMatrixView<T> B, T beta,
+              MatrixView<T> C, Workspace& ws);
+  template <class T>
+  void run_reduce_form(Form form, const BlockShapes& s, T alpha, ConstMatrixView<T> A,
+                       ConstMatrixView<T> B, T beta, MatrixView<T> C, Workspace& ws);
+
+  ProcessGrid* grid_;
+  Backend* backend_;
+  SummaOptions options_;
+  int q_;
+};
+
+extern template void SummaEngine::multiply<float>(Form, index_t, index_t, index_t, float,
+                                                  ConstMatrixView<float>, ConstMatrixView<float>,
+                                                  float, MatrixView<float>, Workspace&);
+extern template void SummaEngine::multiply<double>(Form, index_t, index_t, index_t, double,
+                                                   ConstMatrixView<double>, ConstMatrixView<double>,
+                                                   double, MatrixView<double>, Workspace&);
+
+}  // namespace summa

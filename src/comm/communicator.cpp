@@ -1,0 +1,148 @@
+#include "summa/comm/communicator.hpp"
+
+#include <fmt/format.h>
+
+#include "summa/core/error.hpp"
+
+namespace summa {
+
+namespace {
+const char* kind_name(int k) {
+  static const char* names[] = {"broadcast", "reduce", "all_reduce", "all_gather",
+                                "reduce_scatter"};
+  return names[k];
+}
+}  // namespace
+
+void Communicator::validate(Kind kind, const void* send, void* recv, std::size_t count,
+                            int root) const {
+  const char* what = kind_name(static_cast<int>(kind));
+  if (kind == Kind::broadcast || kind == Kind::reduce) {
+    if (root < 0 || root >= size())
+      throw Error(fmt::format("{} on axis {}: root {} outside the group [0, {})", what,
+                              name_of(axis_), root, size()));
+  }
+  if (count == 0) return;
+  bool need_recv = kind != Kind::reduce || rank() == root;
+  if ((kind != Kind::broadcast && send == nullptr) || (need_recv && recv == nullptr))
+    throw Error(
+        fmt::format("{} on axis {}: null buffer for {} elements", what, name_of(axis_), count));
+}
+
+void Communicator::account(Kind kind, std::size_t count, DType t, int root) {
+  const std::uint64_t g = static_cast<std::uint64_t>(size());
+  const std::uint64_t e = size_of(t);
+  const std::uint64_t n = static_cast<std::uint64_t>(count);
+  TrafficCounter& c = *counter_;
+  c.calls += 1;
+  if (g <= 1) return;
+  const bool is_root = rank() == root;
+  switch (kind) {
+    case Kind::broadcast:
+      if (is_root)
+        c.bytes_sent += (g - 1) * n * e;
+      else
+        c.bytes_received += n * e;
+      break;
+    case Kind::reduce:
+      if (is_root)
+        c.bytes_received += (g - 1) * n * e;
+      else
+        c.bytes_sent += n * e;
+      break;
+    case Kind::all_gather:
+    case Kind::reduce_scatter:  // count = elements per rank
+      c.bytes_sent += (g - 1) * n * e;
+      c.bytes_received += (g - 1) * n * e;
+      break;
+    case Kind::all_reduce: {
+      const std::uint64_t r = static_cast<std::uint64_t>(rank());
+      const std::uint64_t chunk = n / g + (r < n % g ? 1 : 0);
+      const std::uint64_t v = ((n - chunk) + (g - 1) * chunk) * e;
+      c.bytes_sent += v;
+      c.bytes_received += v;
+      break;
+    }
+  }
+}
+
+Request Communicator::make_request(std::uintptr_t token) {
+  Request r;
+  r.owner_ = this;
+  r.token_ = token;
+  return r;
+}
+
+Request Communicator::issue(Kind kind, const void* send, void* recv, std::size_t count, DType t,
+                            ReduceOp op, int root) {
+  validate(kind, send, recv, count, root);
+  account(kind, count, t, root);
+  return make_request(start(kind, send, recv, count, t, op, root));
+}
+
+void Communicator::execute(Kind kind, const void* send, void* recv, std::size_t count, DType t,
+                           ReduceOp op, int root) {
+  validate(kind, send, recv, count, root);
+  account(kind, count, t, root);
+  run(kind, send, recv, count, t, op, root);
+}
+
+Request Communicator::ibroadcast(void* buf, std::size_t count, DType t, int root) {
+  return issue(Kind::broadcast, buf, buf, count, t, ReduceOp::sum, root);
+}
+Request Communicator::ireduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op,
+                              int root) {
+  return issue(Kind::reduce, send, recv, count, t, op, root);
+}
+Request Communicator::iall_reduce(const void* send, void* recv, std::size_t count, DType t,
+                                  ReduceOp op) {
+  return issue(Kind::all_reduce, send, recv, count, t, op, 0);
+}
+Request Communicator::iall_gather(const void* send, void* recv, std::size_t send_count, DType t) {
+  return issue(Kind::all_gather, send, recv, send_count, t, ReduceOp::sum, 0);
+}
+Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t,
+                                      ReduceOp op) {
+  return issue(Kind::reduce_scatter, send, recv, recv_count, t, op, 0);
+}
+
+void Communicator::broadcast(void* buf, std::size_t count, DType t, int root) {
+  execute(Kind::broadcast, buf, buf, count, t, ReduceOp::sum, root);
+}
+void Communicator::reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op,
+                          int root) {
+  execute(Kind::reduce, send, recv, count, t, op, root);
+}
+void Communicator::all_reduce(const void* send, void* recv, std::size_t count, DType t,
+                              ReduceOp op) {
+  execute(Kind::all_reduce, send, recv, count, t, op, 0);
+}
+void Communicator::all_gather(const void* send, void* recv, std::size_t send_count, DType t) {
+  execute(Kind::all_gather, send, recv, send_count, t, ReduceOp::sum, 0);
+}
+void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t,
+                                  ReduceOp op) {
+  execute(Kind::reduce_scatter, send, recv, recv_count, t, op, 0);
+}
+
+void Communicator::run(Kind kind, const void* send, void* recv, std::size_t count, DType t,
+                       ReduceOp op, int root) {
+  finish(start(kind, send, recv, count, t, op, root));
+}
+
+void Communicator::wait(Request& r) {
+  if (!r.active()) return;
+  if (r.owner_ != this) throw Error("wait: request belongs to another communicator");
+  finish(r.token_);
+  r = Request{};
+}
+
+bool Communicator::test(Request& r) {
+  if (!r.active()) return true;
+  if (r.owner_ != this) throw Error("test: request belongs to another communicator");
+  if (!poll(r.token_)) return false;
+  r = Request{};
+  return true;
+}
+
+}  // namespace summa

@@ -1,0 +1,216 @@
+#include "summa/grid/process_grid.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cmath>
+#include <vector>
+
+#include "summa/core/error.hpp"
+
+namespace summa {
+
+void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error) {
+  int rank = 0;
+  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  int first = local_error ? rank : INT_MAX;
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
+  if (first == INT_MAX) return;
+  std::string message = rank == first ? *local_error : std::string();
+  int length = static_cast<int>(message.size());
+  check_mpi(MPI_Bcast(&length, 1, MPI_INT, first, comm), "MPI_Bcast");
+  message.resize(static_cast<std::size_t>(length));
+  check_mpi(MPI_Bcast(message.data(), length, MPI_CHAR, first, comm), "MPI_Bcast");
+  throw Error(message);
+}
+
+namespace {
+
+std::string describe(const GridShape& s) {
+  return fmt::format("data={} x depth={} x rows={} x cols={}", s.data, s.depth, s.rows, s.cols);
+}
+
+int world_size(MPI_Comm comm) {
+  int size = 0;
+  check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  return size;
+}
+
+// (node index, local rank, ranks per node) of this process; ranks per node is
+// 0 when nodes hold different numbers of ranks.
+struct NodeInfo {
+  int node = 0;
+  int local = 0;
+  int per_node = 0;
+};
+
+NodeInfo detect_nodes(MPI_Comm comm, int override_per_node) {
+  int rank = 0;
+  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  if (override_per_node > 0)
+    return {rank / override_per_node, rank % override_per_node, override_per_node};
+  MPI_Comm node_comm;
+  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm),
+            "MPI_Comm_split_type");
+  int local = 0, local_size = 0, leader = rank;
+  MPI_Comm_rank(node_comm, &local);
+  MPI_Comm_size(node_comm, &local_size);
+  MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node_comm);
+  MPI_Comm_free(&node_comm);
+  std::array<int, 2> sizes{local_size, -local_size};
+  MPI_Allreduce(MPI_IN_PLACE, sizes.data(), 2, MPI_INT, MPI_MAX, comm);
+  std::vector<int> leaders(static_cast<std::size_t>(world_size(comm)));
+  MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, comm);
+  std::sort(leaders.begin(), leaders.end());
+  leaders.erase(std::unique(leaders.begin(), leaders.end()), leaders.end());
+  const int node =
+      static_cast<int>(std::lower_bound(leaders.begin(), leaders.end(), leader) - leaders.begin());
+  const bool uniform = sizes[0] == -sizes[1];
+  return {node, local, uniform ? local_size : 0};
+}
+
+int linear_index(const GridShape& s, const GridCoords& c) {
+  return ((c.data * s.depth + c.depth) * s.rows + c.row) * s.cols + c.col;
+}
+
+}  // namespace
+
+struct ProcessGrid::Impl {
+  std::array<std::unique_ptr<MpiCommunicator>, comm_axis_count> comms;
+};
+
+ProcessGrid::ProcessGrid(MPI_Comm comm, GridShape shape, GridOptions options)
+    : shape_(shape),
+      traffic_(std::make_unique<TrafficCounters>()),
+      impl_(std::make_unique<Impl>()) {
+  const int size = world_size(comm);
+  std::optional<std::string> error;
+  if (shape.data <= 0 || shape.depth <= 0 || shape.rows <= 0 || shape.cols <= 0)
+    error = fmt::format("ProcessGrid: every axis must be positive, got {}", describe(shape));
+  else if (shape.size() != size)
+    error = fmt::format("ProcessGrid: communicator has {} ranks but the grid {} needs {}", size,
+                        describe(shape), shape.size());
+  else if (options.ranks_per_node < 0)
+    error = fmt::format("ProcessGrid: ranks_per_node must be >= 0, got {}", options.ranks_per_node);
+  agree_on(comm, error);
+
+  const NodeInfo node = detect_nodes(comm, options.ranks_per_node);
+  ranks_per_node_ = node.per_node;
+  placement_ = options.placement;
+  int slot = 0;
+  check_mpi(MPI_Comm_rank(comm, &slot), "MPI_Comm_rank");
+  if (placement_ == Placement::bunched) {
+    const int plane = shape.rows * shape.cols;
+    if (node.per_node == 0) {
+      placement_note_ = "bunched placement needs the same number of ranks on every node";
+    } else if (node.per_node < plane &&
+               bunched_tile(shape.rows, shape.cols, node.per_node).rows == 0) {
+      placement_note_ = fmt::format("{} ranks per node do not tile a {}x{} mesh", node.per_node,
+                                    shape.rows, shape.cols);
+    } else {
+      slot = node.node * node.per_node + node.local;
+      placement_note_ = fmt::format("bunched: {} ranks per node", node.per_node);
+    }
+    if (slot < 0 || slot >= size) {
+      placement_note_ = "node numbering does not cover the grid";
+      check_mpi(MPI_Comm_rank(comm, &slot), "MPI_Comm_rank");
+    }
+    int all_bunched = placement_note_.rfind("bunched:", 0) == 0 ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &all_bunched, 1, MPI_INT, MPI_MIN, comm);
+    if (!all_bunched) {
+      placement_ = Placement::natural;
+      check_mpi(MPI_Comm_rank(comm, &slot), "MPI_Comm_rank");
+    }
+  }
+  coords_ = place(shape, placement_, std::max(node.per_node, 1))[static_cast<std::size_t>(slot)];
+
+  MPI_Comm world;
+  check_mpi(MPI_Comm_split(comm, 0, linear_index(shape, coords_), &world), "MPI_Comm_split");
+  auto wrap = [&](CommAxis axis, MPI_Comm c) {
+    impl_->comms[static_cast<std::size_t>(axis)] =
+        std::make_unique<MpiCommunicator>(c, true, axis, &(*traffic_)[axis]);
+  };
+  wrap(CommAxis::world, world);
+  const GridShape& s = shape_;
+  const GridCoords& c = coords_;
+  auto split = [&](CommAxis axis, int color, int key) {
+    MPI_Comm sub;
+    check_mpi(MPI_Comm_split(world, color, key, &sub), "MPI_Comm_split");
+    wrap(axis, sub);
+  };
+  split(CommAxis::data, (c.depth * s.rows + c.row) * s.cols + c.col, c.data);
+  split(CommAxis::depth, (c.data * s.rows + c.row) * s.cols + c.col, c.depth);
+  split(CommAxis::mesh_row, (c.data * s.depth + c.depth) * s.rows + c.row, c.col);
+  split(CommAxis::mesh_col, (c.data * s.depth + c.depth) * s.cols + c.col, c.row);
+  split(CommAxis::mesh, c.data * s.depth + c.depth, c.row * s.cols + c.col);
+  split(CommAxis::tensor, c.data, (c.depth * s.rows + c.row) * s.cols + c.col);
+}
+
+ProcessGrid::~ProcessGrid() = default;
+ProcessGrid::ProcessGrid(ProcessGrid&&) noexcept = default;
+ProcessGrid& ProcessGrid::operator=(ProcessGrid&&) noexcept = default;
+
+int ProcessGrid::rank() const {
+  return impl_->comms[0]->rank();
+}
+
+Communicator& ProcessGrid::comm(CommAxis axis) {
+  auto& c = impl_->comms[static_cast<std::size_t>(axis)];
+  require(c != nullptr, fmt::format("ProcessGrid has no communicator for axis {}", name_of(axis)));
+  return *c;
+}
+
+MPI_Comm ProcessGrid::native(CommAxis axis) const {
+  auto& c = impl_->comms[static_cast<std::size_t>(axis)];
+  require(c != nullptr, fmt::format("ProcessGrid has no communicator for axis {}", name_of(axis)));
+  return c->native();
+}
+
+void ProcessGrid::agree(CommAxis axis, const std::optional<std::string>& local_error) const {
+  agree_on(native(axis), local_error);
+}
+
+ProcessGrid ProcessGrid::mesh2d(MPI_Comm comm, int q, int data, GridOptions options) {
+  const int size = world_size(comm);
+  std::optional<std::string> error;
+  if (data <= 0)
+    error = fmt::format("mesh2d: data axis must be positive, got {}", data);
+  else if (q < 0)
+    error = fmt::format("mesh2d: q must be positive, got {}", q);
+  else if (q == 0) {
+    if (size % data != 0) {
+      error = fmt::format("mesh2d: {} ranks not divisible by data={}", size, data);
+    } else {
+      const int per_mesh = size / data;
+      q = static_cast<int>(std::lround(std::sqrt(static_cast<double>(per_mesh))));
+      if (q * q != per_mesh)
+        error = fmt::format("mesh2d: {} ranks per mesh (of {} ranks, data={}) is not a square q*q",
+                            per_mesh, size, data);
+    }
+  }
+  agree_on(comm, error);
+  return ProcessGrid(comm, GridShape{data, 1, q, q}, options);
+}
+
+ProcessGrid ProcessGrid::grid3d(MPI_Comm comm, int gx, int gy, int gz, int data,
+                                GridOptions options) {
+  return ProcessGrid(comm, GridShape{data, gz, gx, gy}, options);
+}
+
+ProcessGrid ProcessGrid::linear1d(MPI_Comm comm, int p, int data, GridOptions options) {
+  const int size = world_size(comm);
+  std::optional<std::string> error;
+  if (data <= 0)
+    error = fmt::format("linear1d: data axis must be positive, got {}", data);
+  else if (p < 0)
+    error = fmt::format("linear1d: p must be positive, got {}", p);
+  else if (p == 0 && size % data != 0)
+    error = fmt::format("linear1d: {} ranks not divisible by data={}", size, data);
+  agree_on(comm, error);
+  if (p == 0) p = size / data;
+  return ProcessGrid(comm, GridShape{data, 1, 1, p}, options);
+}
+
+}  // namespace summa

@@ -1,0 +1,305 @@
+#include "summa/summa/engine.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <optional>
+
+namespace summa {
+
+namespace {
+
+index_t panel_width(index_t panel, index_t dim) {
+  return (panel <= 0 || panel > dim) ? dim : panel;
+}
+
+// Widths of the panels a block dimension is cut into: the full width and, when
+// it does not divide the dimension, the remainder.
+std::array<index_t, 2> panel_widths(index_t panel, index_t dim) {
+  const index_t w = panel_width(panel, dim);
+  return {w, w > 0 ? dim % w : 0};
+}
+
+std::size_t elems(index_t r, index_t c, DType t) {
+  return Arena::rounded(static_cast<std::size_t>(r * c) * size_of(t));
+}
+
+}  // namespace
+
+SummaEngine::SummaEngine(ProcessGrid& grid, Backend& backend, SummaOptions options)
+    : grid_(&grid), backend_(&backend), q_(grid.shape().rows) {
+  require(grid.square_mesh(), fmt::format("SUMMA needs a square mesh, grid has rows={} cols={}",
+                                          grid.shape().rows, grid.shape().cols));
+  set_options(options);
+}
+
+void SummaEngine::set_options(const SummaOptions& o) {
+  require(o.panel >= 0, fmt::format("SUMMA panel width must be >= 0, got {}", o.panel));
+  options_ = o;
+}
+
+BlockShapes SummaEngine::block_shapes(Form form, index_t m, index_t n, index_t k, int q) {
+  require(q > 0, fmt::format("SUMMA {}: q must be positive, got {}", name_of(form), q));
+  const std::array<std::pair<const char*, index_t>, 3> dims{{{"m", m}, {"n", n}, {"k", k}}};
+  for (const auto& [name, v] : dims) {
+    require(v >= 0, fmt::format("SUMMA {}: {}={} is negative", name_of(form), name, v));
+    require(v % q == 0,
+            fmt::format("SUMMA {}: {}={} not divisible by q={}", name_of(form), name, v, q));
+  }
+  const index_t mb = m / q, nb = n / q, kb = k / q;
+  switch (form) {
+    case Form::AB:
+      return {mb, kb, kb, nb, mb, nb};
+    case Form::ABt:
+      return {mb, kb, nb, kb, mb, nb};
+    case Form::AtB:
+      return {kb, mb, kb, nb, mb, nb};
+  }
+  return {};
+}
+
+std::size_t SummaEngine::workspace_bytes(Form form, index_t m, index_t n, index_t k,
+                                         DType t) const {
+  return workspace_bytes(form, m, n, k, t, q_, options_, *backend_);
+}
+
+std::size_t SummaEngine::workspace_bytes(Form form, index_t m, index_t n, index_t k, DType t, int q,
+                                         const SummaOptions& options, const Backend& backend) {
+  const BlockShapes s = block_shapes(form, m, n, k, q);
+  const index_t mb = s.c_rows, nb = s.c_cols, kb = form == Form::AtB ? s.a_rows : s.a_cols;
+  if (q == 1) return Arena::rounded(backend.gemm_scratch_bytes(mb, nb, kb, t));
+  const std::size_t buffers = options.overlap ? 2 : 1;
+  std::size_t panels = 0, scratch = 0;
+  switch (form) {
+    case Form::AB: {
+      const index_t w = panel_width(options.panel, kb);
+      panels = elems(mb, w, t) + elems(w, nb, t);
+      for (index_t x : panel_widths(options.panel, kb))
+        scratch = std::max(scratch, backend.gemm_scratch_bytes(mb, nb, x, t));
+      break;
+    }
+    case Form::ABt: {
+      const index_t w = panel_width(options.panel, nb);
+      panels = elems(w, kb, t) + elems(mb, w, t);
+      for (index_t x : panel_widths(options.panel, nb))
+        scratch = std::max(scratch, backend.gemm_scratch_bytes(mb, x, kb, t));
+      break;
+    }
+    case Form::AtB: {
+      const index_t w = panel_width(options.panel, mb);
+      panels = elems(kb, w, t) + elems(w, nb, t);
+      for (index_t x : panel_widths(options.panel, mb))
+        scratch = std::max(scratch, backend.gemm_scratch_bytes(x, nb, kb, t));
+      break;
+    }
+  }
+  return buffers * panels + Arena::rounded(scratch);
+}
+
+template <class T>
+void SummaEngine::multiply(Form form, index_t m, index_t n, index_t k, T alpha, ConstView<T> A,
+                           ConstView<T> B, std::type_identity_t<T> beta, View<T> C, Workspace& ws) {
+  // Validate everything locally, then agree across the mesh before any collective.
+  std::optional<std::string> error;
+  BlockShapes s{};
+  std::size_t needed = 0;
+  try {
+    s = block_shapes(form, m, n, k, q_);
+    auto check_block = [&](const char* what, index_t rows, index_t cols, index_t er, index_t ec) {
+      require(rows == er && cols == ec,
+              fmt::format("SUMMA {} (m={} n={} k={} q={}): local {} block is {}x{}, expected {}x{}",
+                          name_of(form), m, n, k, q_, what, rows, cols, er, ec));
+    };
+    check_block("A", A.rows, A.cols, s.a_rows, s.a_cols);
+    check_block("B", B.rows, B.cols, s.b_rows, s.b_cols);
+    check_block("C", C.rows, C.cols, s.c_rows, s.c_cols);
+    A.check_layout(fmt::format("SUMMA {} A", name_of(form)));
+    B.check_layout(fmt::format("SUMMA {} B", name_of(form)));
+    C.check_layout(fmt::format("SUMMA {} C", name_of(form)));
+    needed = workspace_bytes(form, m, n, k, dtype_v<T>);
+    const std::size_t free_bytes = ws.capacity() - ws.used();
+    require(free_bytes >= needed,
+            fmt::format("SUMMA {} (m={} n={} k={} q={} panel={} overlap={}): workspace '{}' has "
+                        "{} bytes free, needs {}",
+                        name_of(form), m, n, k, q_, options_.panel, options_.overlap, ws.name(),
+                        free_bytes, needed));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  if (options_.consensus_checks)
+    grid_->agree(CommAxis::mesh, error);
+  else if (error)
+    throw Error(*error);
+
+  if (m == 0 || n == 0) return;
+  if (alpha == T(0) || k == 0) {  // BLAS: A and B are not referenced
+    backend_->scale(beta, C);
+    return;
+  }
+  if (q_ == 1) {  // nothing to communicate: one local product
+    const Op ta = form == Form::AtB ? Op::T : Op::N;
+    const Op tb = form == Form::ABt ? Op::T : Op::N;
+    backend_->gemm(ta, tb, alpha, A, B, beta, C, ws.rest());
+    return;
+  }
+  if (form == Form::AB)
+    run_ab(s, alpha, A, B, beta, C, ws);
+  else
+    run_reduce_form(form, s, alpha, A, B, beta, C, ws);
+}
+
+// Algorithm 1: C_ij += A_il B_lj; A_il broadcast along mesh row i from column
+// l, B_lj along mesh column j from row l, one k-panel of the block at a time.
+template <class T>
+void SummaEngine::run_ab(const BlockShapes& s, T alpha, ConstMatrixView<T> A, ConstMatrixView<T> B,
+                         T beta, MatrixView<T> C, Workspace& ws) {
+  const index_t mb = s.c_rows, nb = s.c_cols, kb = s.a_cols;
+  const index_t w = panel_width(options_.panel, kb);
+  const index_t per_block = (kb + w - 1) / w;
+  const index_t steps = q_ * per_block;
+  const int buffers = options_.overlap ? 2 : 1;
+
+  ArenaScope scope(ws);
+  std::array<T*, 2> a_buf{}, b_buf{};
+  for (int b = 0; b < buffers; ++b) {
+    a_buf[b] = ws.take<T>(static_cast<std::size_t>(mb * w));
+    b_buf[b] = ws.take<T>(static_cast<std::size_t>(w * nb));
+  }
+  const Scratch scratch = ws.rest();
+  Communicator& row = grid_->mesh_row();
+  Communicator& col = grid_->mesh_col();
+  std::array<Request, 2> a_req, b_req;
+  std::array<MatrixView<T>, 2> a_pan, b_pan;
+
+  auto issue = [&](index_t step) {
+    const int l = static_cast<int>(step / per_block);
+    const index_t k0 = (step % per_block) * w, kw = std::min(w, kb - k0);
+    const int slot = static_cast<int>(step % buffers);
+    a_pan[slot] = MatrixView<T>::dense(a_buf[slot], mb, kw, A.order);
+    b_pan[slot] = MatrixView<T>::dense(b_buf[slot], kw, nb, B.order);
+    if (row.rank() == l) backend_->copy(A.block(0, k0, mb, kw), a_pan[slot]);
+    if (col.rank() == l) backend_->copy(B.block(k0, 0, kw, nb), b_pan[slot]);
+    backend_->synchronize();
+    a_req[slot] = row.ibroadcast(a_buf[slot], static_cast<std::size_t>(mb * kw), dtype_v<T>, l);
+    b_req[slot] = col.ibroadcast(b_buf[slot], static_cast<std::size_t>(kw * nb), dtype_v<T>, l);
+  };
+  auto compute = [&](index_t step) {
+    const int slot = static_cast<int>(step % buffers);
+    row.wait(a_req[slot]);
+    col.wait(b_req[slot]);
+    backend_->gemm(Op::N, Op::N, alpha, a_pan[slot], b_pan[slot], step == 0 ? beta : T(1), C,
+                   scratch);
+  };
+
+  if (options_.overlap) issue(0);
+  for (index_t step = 0; step < steps; ++step) {
+    if (!options_.overlap)
+      issue(step);
+    else if (step + 1 < steps)
+      issue(step + 1);
+    compute(step);
+  }
+}
+
+// Algorithms 2 and 3: broadcast one operand's panel, multiply locally into a
+// partial C panel, reduce it to the rank that owns that panel of C.
+//   ABt: B_lj panel (rows of B = columns of C) broadcast along mesh column j
+//        from row l; A_ij B_lj' reduced along mesh row i to column l.
+//   AtB: A_il panel (columns of A = rows of C) broadcast along mesh row i
+//        from column l; A_il' B_ij reduced along mesh column j to row l.
+template <class T>
+void SummaEngine::run_reduce_form(Form form, const BlockShapes& s, T alpha, ConstMatrixView<T> A,
+                                  ConstMatrixView<T> B, T beta, MatrixView<T> C, Workspace& ws) {
+  const bool abt = form == Form::ABt;
+  const index_t mb = s.c_rows, nb = s.c_cols, kb = abt ? s.a_cols : s.a_rows;
+  const index_t split = abt ? nb : mb;  // the dimension of C cut into panels
+  const index_t w = panel_width(options_.panel, split);
+  const index_t per_block = (split + w - 1) / w;
+  const index_t steps = q_ * per_block;
+  const int buffers = options_.overlap ? 2 : 1;
+  Communicator& in = abt ? grid_->mesh_col() : grid_->mesh_row();
+  Communicator& out = abt ? grid_->mesh_row() : grid_->mesh_col();
+  const ConstMatrixView<T> source = abt ? B : A;  // the broadcast operand
+
+  ArenaScope scope(ws);
+  std::array<T*, 2> in_buf{}, part_buf{};
+  for (int b = 0; b < buffers; ++b) {
+    in_buf[b] = ws.take<T>(static_cast<std::size_t>(w * kb));
+    part_buf[b] = ws.take<T>(static_cast<std::size_t>(abt ? mb * w : w * nb));
+  }
+  const Scratch scratch = ws.rest();
+  std::array<Request, 2> in_req, out_req;
+  std::array<MatrixView<T>, 2> in_pan, part;
+  std::array<index_t, 2> part_step{-1, -1};
+
+  auto geometry = [&](index_t step, int& l, index_t& x0, index_t& xw) {
+    l = static_cast<int>(step / per_block);
+    x0 = (step % per_block) * w;
+    xw = std::min(w, split - x0);
+  };
+  auto issue = [&](index_t step) {
+    int l;
+    index_t x0, xw;
+    geometry(step, l, x0, xw);
+    const int slot = static_cast<int>(step % buffers);
+    in_pan[slot] = abt ? MatrixView<T>::dense(in_buf[slot], xw, kb, source.order)
+                       : MatrixView<T>::dense(in_buf[slot], kb, xw, source.order);
+    if (in.rank() == l)
+      backend_->copy(abt ? source.block(x0, 0, xw, kb) : source.block(0, x0, kb, xw), in_pan[slot]);
+    backend_->synchronize();
+    in_req[slot] = in.ibroadcast(in_buf[slot], static_cast<std::size_t>(xw * kb), dtype_v<T>, l);
+  };
+  // Completes the reduction that last used `slot` and folds it into C on its root.
+  auto drain = [&](int slot) {
+    if (part_step[slot] < 0) return;
+    out.wait(out_req[slot]);
+    int l;
+    index_t x0, xw;
+    geometry(part_step[slot], l, x0, xw);
+    if (out.rank() == l)
+      backend_->axpby(T(1), part[slot], beta,
+                      abt ? C.block(0, x0, mb, xw) : C.block(x0, 0, xw, nb));
+    part_step[slot] = -1;
+  };
+  auto compute = [&](index_t step) {
+    int l;
+    index_t x0, xw;
+    geometry(step, l, x0, xw);
+    const int slot = static_cast<int>(step % buffers);
+    in.wait(in_req[slot]);
+    drain(slot);  // the partial buffer of step - buffers must be free
+    if (abt) {
+      part[slot] = MatrixView<T>::dense(part_buf[slot], mb, xw, C.order);
+      backend_->gemm(Op::N, Op::T, alpha, A, in_pan[slot], T(0), part[slot], scratch);
+    } else {
+      part[slot] = MatrixView<T>::dense(part_buf[slot], xw, nb, C.order);
+      backend_->gemm(Op::T, Op::N, alpha, in_pan[slot], B, T(0), part[slot], scratch);
+    }
+    backend_->synchronize();
+    out_req[slot] =
+        out.ireduce(part_buf[slot], part_buf[slot], static_cast<std::size_t>(xw * (abt ? mb : nb)),
+                    dtype_v<T>, ReduceOp::sum, l);
+    part_step[slot] = step;
+    if (!options_.overlap) drain(slot);
+  };
+
+  if (options_.overlap) issue(0);
+  for (index_t step = 0; step < steps; ++step) {
+    if (!options_.overlap)
+      issue(step);
+    else if (step + 1 < steps)
+      issue(step + 1);
+    compute(step);
+  }
+  for (int b = 0; b < buffers; ++b) drain(static_cast<int>((steps + b) % buffers));
+}
+
+template void SummaEngine::multiply<float>(Form, index_t, index_t, index_t, float,
+                                           ConstMatrixView<float>, ConstMatrixView<float>, float,
+                                           MatrixView<float>, Workspace&);
+template void SummaEngine::multiply<double>(Form, index_t, index_t, index_t, double,
+                                            ConstMatrixView<double>, ConstMatrixView<double>,
+                                            double, MatrixView<double>, Workspace&);
+
+}  // namespace summa
