@@ -137,18 +137,22 @@ std::size_t scratch_bytes(index_t m, index_t n, index_t k) {
 
 template <class T>
 void copy_impl(ConstMatrixView<T> src, MatrixView<T> dst) {
-  require(src.rows == dst.rows && src.cols == dst.cols,
-          "copy: shapes differ (" + std::to_string(src.rows) + "x" + std::to_string(src.cols) +
-              " -> " + std::to_string(dst.rows) + "x" + std::to_string(dst.cols) + ")");
+  require(src.rows == dst.rows && src.cols == dst.cols, [&] {
+    return std::string("copy: shapes differ (") + std::to_string(src.rows) + "x" +
+           std::to_string(src.cols) + " -> " + std::to_string(dst.rows) + "x" +
+           std::to_string(dst.cols) + ")";
+  });
   if (src.empty()) return;
   with_map(dst, [&](auto d) { with_map(src, [&](auto s) { d = s; }); });
 }
 
 template <class T>
 void axpby_impl(T alpha, ConstMatrixView<T> X, T beta, MatrixView<T> C) {
-  require(X.rows == C.rows && X.cols == C.cols,
-          "axpby: shapes differ (" + std::to_string(X.rows) + "x" + std::to_string(X.cols) +
-              " vs " + std::to_string(C.rows) + "x" + std::to_string(C.cols) + ")");
+  require(X.rows == C.rows && X.cols == C.cols, [&] {
+    return std::string("axpby: shapes differ (") + std::to_string(X.rows) + "x" +
+           std::to_string(X.cols) + " vs " + std::to_string(C.rows) + "x" + std::to_string(C.cols) +
+           ")";
+  });
   if (X.empty()) return;
   with_map(C, [&](auto c) {
     with_map(X, [&](auto x) {

@@ -158,13 +158,17 @@ int ProcessGrid::rank() const {
 
 Communicator& ProcessGrid::comm(CommAxis axis) {
   auto& c = impl_->comms[static_cast<std::size_t>(axis)];
-  require(c != nullptr, fmt::format("ProcessGrid has no communicator for axis {}", name_of(axis)));
+  require(c != nullptr, [&] {
+    return fmt::format("ProcessGrid has no communicator for axis {}", name_of(axis));
+  });
   return *c;
 }
 
 MPI_Comm ProcessGrid::native(CommAxis axis) const {
   auto& c = impl_->comms[static_cast<std::size_t>(axis)];
-  require(c != nullptr, fmt::format("ProcessGrid has no communicator for axis {}", name_of(axis)));
+  require(c != nullptr, [&] {
+    return fmt::format("ProcessGrid has no communicator for axis {}", name_of(axis));
+  });
   return c->native();
 }
 

@@ -31,8 +31,9 @@ Scratch Arena::rest() {
 }
 
 void Arena::release(std::size_t mark) {
-  require(mark <= used_,
-          fmt::format("arena '{}': release to {} beyond the {} bytes in use", name_, mark, used_));
+  require(mark <= used_, [&] {
+    return fmt::format("arena '{}': release to {} beyond the {} bytes in use", name_, mark, used_);
+  });
   used_ = mark;
 }
 

@@ -40,12 +40,15 @@ void SummaEngine::set_options(const SummaOptions& o) {
 }
 
 BlockShapes SummaEngine::block_shapes(Form form, index_t m, index_t n, index_t k, int q) {
-  require(q > 0, fmt::format("SUMMA {}: q must be positive, got {}", name_of(form), q));
+  require(q > 0,
+          [&] { return fmt::format("SUMMA {}: q must be positive, got {}", name_of(form), q); });
   const std::array<std::pair<const char*, index_t>, 3> dims{{{"m", m}, {"n", n}, {"k", k}}};
   for (const auto& [name, v] : dims) {
-    require(v >= 0, fmt::format("SUMMA {}: {}={} is negative", name_of(form), name, v));
-    require(v % q == 0,
-            fmt::format("SUMMA {}: {}={} not divisible by q={}", name_of(form), name, v, q));
+    require(v >= 0,
+            [&] { return fmt::format("SUMMA {}: {}={} is negative", name_of(form), name, v); });
+    require(v % q == 0, [&] {
+      return fmt::format("SUMMA {}: {}={} not divisible by q={}", name_of(form), name, v, q);
+    });
   }
   const index_t mb = m / q, nb = n / q, kb = k / q;
   switch (form) {
@@ -107,23 +110,27 @@ void SummaEngine::multiply(Form form, index_t m, index_t n, index_t k, T alpha, 
   try {
     s = block_shapes(form, m, n, k, q_);
     auto check_block = [&](const char* what, index_t rows, index_t cols, index_t er, index_t ec) {
-      require(rows == er && cols == ec,
-              fmt::format("SUMMA {} (m={} n={} k={} q={}): local {} block is {}x{}, expected {}x{}",
-                          name_of(form), m, n, k, q_, what, rows, cols, er, ec));
+      require(rows == er && cols == ec, [&] {
+        return fmt::format(
+            "SUMMA {} (m={} n={} k={} q={}): local {} block is {}x{}, expected {}x{}",
+            name_of(form), m, n, k, q_, what, rows, cols, er, ec);
+      });
     };
     check_block("A", A.rows, A.cols, s.a_rows, s.a_cols);
     check_block("B", B.rows, B.cols, s.b_rows, s.b_cols);
     check_block("C", C.rows, C.cols, s.c_rows, s.c_cols);
-    A.check_layout(fmt::format("SUMMA {} A", name_of(form)));
-    B.check_layout(fmt::format("SUMMA {} B", name_of(form)));
-    C.check_layout(fmt::format("SUMMA {} C", name_of(form)));
+    A.check_layout("SUMMA A");
+    B.check_layout("SUMMA B");
+    C.check_layout("SUMMA C");
     needed = workspace_bytes(form, m, n, k, dtype_v<T>);
     const std::size_t free_bytes = ws.capacity() - ws.used();
-    require(free_bytes >= needed,
-            fmt::format("SUMMA {} (m={} n={} k={} q={} panel={} overlap={}): workspace '{}' has "
-                        "{} bytes free, needs {}",
-                        name_of(form), m, n, k, q_, options_.panel, options_.overlap, ws.name(),
-                        free_bytes, needed));
+    require(free_bytes >= needed, [&] {
+      return fmt::format(
+          "SUMMA {} (m={} n={} k={} q={} panel={} overlap={}): workspace '{}' has "
+          "{} bytes free, needs {}",
+          name_of(form), m, n, k, q_, options_.panel, options_.overlap, ws.name(), free_bytes,
+          needed);
+    });
   } catch (const Error& e) {
     error = e.what();
   }

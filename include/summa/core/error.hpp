@@ -4,6 +4,8 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 namespace summa {
 
@@ -15,8 +17,18 @@ class Error : public std::runtime_error {
 };
 
 /// Throws summa::Error(message) when `condition` is false.
+inline void require(bool condition, const char* message) {
+  if (!condition) throw Error(message);
+}
 inline void require(bool condition, const std::string& message) {
   if (!condition) throw Error(message);
+}
+/// Lazy form for hot paths: the message is only built when the check fails,
+/// so a passing check never allocates.
+template <class MakeMessage>
+requires std::is_invocable_r_v<std::string, MakeMessage>
+inline void require(bool condition, MakeMessage&& make_message) {
+  if (!condition) throw Error(std::forward<MakeMessage>(make_message)());
 }
 
 }  // namespace summa

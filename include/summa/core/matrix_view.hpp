@@ -64,15 +64,20 @@ struct MatrixView {
 
   constexpr bool empty() const { return rows == 0 || cols == 0; }
 
-  /// Validates the leading dimension; throws summa::Error naming `what`.
-  void check_layout(const std::string& what) const {
-    require(rows >= 0 && cols >= 0,
-            what + ": negative shape " + std::to_string(rows) + "x" + std::to_string(cols));
-    index_t minimum = order == Order::col_major ? rows : cols;
-    require(ld >= (minimum < 1 ? 1 : minimum),
-            what + ": leading dimension " + std::to_string(ld) + " < " +
-                (order == Order::col_major ? "rows " : "cols ") + std::to_string(minimum));
-    require(empty() || data != nullptr, what + ": null data for a non-empty view");
+  /// Validates shape, leading dimension and data; throws summa::Error naming
+  /// `what`. Allocates nothing unless it throws.
+  void check_layout(const char* what) const {
+    const index_t minimum = order == Order::col_major ? rows : cols;
+    require(rows >= 0 && cols >= 0, [&] {
+      return std::string(what) + ": negative shape " + std::to_string(rows) + "x" +
+             std::to_string(cols);
+    });
+    require(ld >= (minimum < 1 ? 1 : minimum), [&] {
+      return std::string(what) + ": leading dimension " + std::to_string(ld) + " < " +
+             (order == Order::col_major ? "rows " : "cols ") + std::to_string(minimum);
+    });
+    require(empty() || data != nullptr,
+            [&] { return std::string(what) + ": null data for a non-empty view"; });
   }
 };
 
