@@ -18,7 +18,12 @@ endif()
 if(NOT BUILD_TYPE)
   set(BUILD_TYPE Release)
 endif()
+set(flags)
+if(SANITIZE)  # a sanitized libsumma needs a sanitized executable
+  set(flags "-DCMAKE_CXX_FLAGS=-fsanitize=${SANITIZE}" "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=${SANITIZE}")
+endif()
 step(${CMAKE_COMMAND} -S ${SUMMA_EXAMPLES_DIR} -B ${WORK_DIR}/build
-     -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=${BUILD_TYPE})
+     -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=${BUILD_TYPE}
+     ${flags})
 step(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 step(${MPIEXEC} -np 4 ${MPIEXEC_FLAGS} ${WORK_DIR}/build/summa_demo 96 16)
