@@ -49,20 +49,22 @@ struct NodeInfo {
 NodeInfo detect_nodes(MPI_Comm comm, int override_per_node) {
   int rank = 0;
   check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
-  if (override_per_node > 0)
-    return {rank / override_per_node, rank % override_per_node, override_per_node};
+  if (override_per_node > 0) {
+    const int o = override_per_node;
+    return {rank / o, rank % o, world_size(comm) % o == 0 ? o : 0};  // 0: uneven nodes
+  }
   MPI_Comm node_comm;
   check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm),
             "MPI_Comm_split_type");
   int local = 0, local_size = 0, leader = rank;
-  MPI_Comm_rank(node_comm, &local);
-  MPI_Comm_size(node_comm, &local_size);
-  MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node_comm);
-  MPI_Comm_free(&node_comm);
+  check_mpi(MPI_Comm_rank(node_comm, &local), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(node_comm, &local_size), "MPI_Comm_size");
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node_comm), "MPI_Allreduce");
+  check_mpi(MPI_Comm_free(&node_comm), "MPI_Comm_free");
   std::array<int, 2> sizes{local_size, -local_size};
-  MPI_Allreduce(MPI_IN_PLACE, sizes.data(), 2, MPI_INT, MPI_MAX, comm);
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, sizes.data(), 2, MPI_INT, MPI_MAX, comm), "MPI_Allreduce");
   std::vector<int> leaders(static_cast<std::size_t>(world_size(comm)));
-  MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, comm);
+  check_mpi(MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, comm), "MPI_Allgather");
   std::sort(leaders.begin(), leaders.end());
   leaders.erase(std::unique(leaders.begin(), leaders.end()), leaders.end());
   const int node =
@@ -109,6 +111,9 @@ ProcessGrid::ProcessGrid(MPI_Comm comm, GridShape shape, GridOptions options)
                bunched_tile(shape.rows, shape.cols, node.per_node).rows == 0) {
       placement_note_ = fmt::format("{} ranks per node do not tile a {}x{} mesh", node.per_node,
                                     shape.rows, shape.cols);
+    } else if (node.per_node >= plane && node.per_node % plane != 0) {
+      placement_note_ = fmt::format("{} ranks per node is not a whole number of {}x{} meshes",
+                                    node.per_node, shape.rows, shape.cols);
     } else {
       slot = node.node * node.per_node + node.local;
       placement_note_ = fmt::format("bunched: {} ranks per node", node.per_node);
@@ -118,7 +123,8 @@ ProcessGrid::ProcessGrid(MPI_Comm comm, GridShape shape, GridOptions options)
       check_mpi(MPI_Comm_rank(comm, &slot), "MPI_Comm_rank");
     }
     int all_bunched = placement_note_.rfind("bunched:", 0) == 0 ? 1 : 0;
-    MPI_Allreduce(MPI_IN_PLACE, &all_bunched, 1, MPI_INT, MPI_MIN, comm);
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &all_bunched, 1, MPI_INT, MPI_MIN, comm),
+              "MPI_Allreduce");
     if (!all_bunched) {
       placement_ = Placement::natural;
       check_mpi(MPI_Comm_rank(comm, &slot), "MPI_Comm_rank");

@@ -53,7 +53,9 @@ class Communicator {
   /// buf (count elements) from group rank `root` to all.
   Request ibroadcast(void* buf, std::size_t count, DType t, int root);
   /// Reduce `send` of all ranks into `recv` on `root` (recv ignored elsewhere;
-  /// send == recv on the root means in place).
+  /// send == recv on the root means in place). A null `recv` on the root is
+  /// detected only there: the other ranks cannot know, so they would enter the
+  /// collective; callers must pass the same, valid arguments everywhere.
   Request ireduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op, int root);
   /// All ranks get the reduction of `send` in `recv` (send == recv: in place).
   Request iall_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op);
