@@ -1,0 +1,721 @@
+// summa_gemm: times SUMMA (summa::SummaEngine, forms AB, ABt, AtB) on a q x q
+// mesh against a plain single-process Eigen GEMM of the same global size and,
+// when built with ScaLAPACK, against PDGEMM/PSGEMM on the same q x q grid.
+// Prints one JSON object per line per case; see bench/README.md.
+//
+//   mpirun -np 4 ./summa_gemm [--size 2048,3072] [--forms AB,ABt,AtB] [--panel 256]
+//                             [--overlap on|off|both] [--dtype f32,f64] [--reps 5] [--check]
+#include <dlfcn.h>
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <Eigen/Core>
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "summa/summa.hpp"
+
+#ifdef SUMMA_BENCH_HAVE_SCALAPACK
+// ScaLAPACK / PBLAS / BLACS (LP64: Fortran INTEGER is int). PBLAS's p?gemm_
+// entry points are C functions taking the transpose flags as char* (no hidden
+// string lengths).
+extern "C" {
+void Cblacs_get(int context, int what, int* value);
+void Cblacs_gridinit(int* context, const char* order, int nprow, int npcol);
+void Cblacs_gridinfo(int context, int* nprow, int* npcol, int* myrow, int* mycol);
+void Cblacs_gridexit(int context);
+int numroc_(const int* n, const int* nb, const int* iproc, const int* isrcproc, const int* nprocs);
+void descinit_(int* desc, const int* m, const int* n, const int* mb, const int* nb,
+               const int* irsrc, const int* icsrc, const int* ictxt, const int* lld, int* info);
+void pdgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+             const double* alpha, const double* a, const int* ia, const int* ja, const int* desca,
+             const double* b, const int* ib, const int* jb, const int* descb, const double* beta,
+             double* c, const int* ic, const int* jc, const int* descc);
+void psgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+             const float* alpha, const float* a, const int* ia, const int* ja, const int* desca,
+             const float* b, const int* ib, const int* jb, const int* descb, const float* beta,
+             float* c, const int* ic, const int* jc, const int* descc);
+// The Fortran BLAS GEMMs ScaLAPACK calls; only their addresses are used.
+void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*,
+            const double*, const int*, const double*, const int*, const double*, double*,
+            const int*);
+void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*,
+            const float*, const int*, const float*, const int*, const float*, float*, const int*);
+}
+
+// PBLAS cuts a PDGEMM into panels of PILAENV columns (32 in ScaLAPACK), however
+// large the distribution blocks. This definition interposes on ScaLAPACK's
+// (which calls pilaenv_ through its PLT) so that --pdgemm-nb can change it;
+// with 0 it forwards to ScaLAPACK's own.
+namespace {
+int pilaenv_override = 0;
+}
+extern "C" int pilaenv_(const int* context, const char* precision) {
+  if (pilaenv_override > 0) return pilaenv_override;
+  using Fn = int (*)(const int*, const char*);
+  static const Fn next = [] {
+    Fn f = nullptr;
+    void* p = dlsym(RTLD_NEXT, "pilaenv_");
+    static_assert(sizeof(f) == sizeof(p));
+    std::memcpy(&f, &p, sizeof f);
+    return f;
+  }();
+  return next != nullptr ? next(context, precision) : 32;
+}
+#endif
+#ifdef SUMMA_BENCH_HAVE_BLIS
+extern "C" {
+void bli_thread_set_num_threads(std::int64_t n);  // dim_t is 64-bit on x86_64
+int bli_arch_query_id(void);                      // arch_t
+const char* bli_arch_string(int id);
+}
+#endif
+
+namespace {
+
+using summa::Form;
+using summa::index_t;
+
+/// A bad command line or size: detected identically on every rank.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Deterministic value of global element (i, j) of matrix `id` (1 = A, 2 = B) in
+// [-0.5, 0.5): every rank fills its blocks from it and rebuilds the global rows
+// and columns it needs for the check (the formula of examples/summa_demo.cpp).
+double element(int id, index_t i, index_t j) {
+  std::uint64_t x = static_cast<std::uint64_t>(id) * 0x9E3779B97F4A7C15ULL ^
+                    static_cast<std::uint64_t>(i) * 0xBF58476D1CE4E5B9ULL ^
+                    static_cast<std::uint64_t>(j) * 0x94D049BB133111EBULL;
+  x ^= x >> 31;
+  x *= 0xD6E8FEB86659FD39ULL;
+  x ^= x >> 28;
+  return static_cast<double>(x >> 11) / static_cast<double>(1ULL << 53) - 0.5;
+}
+template <class T>
+T value(int id, index_t i, index_t j) {
+  return static_cast<T>(element(id, i, j));
+}
+
+struct Dims {
+  index_t rows, cols;
+};
+// Global shapes: AB A m x k, B k x n; ABt A m x k, B n x k; AtB A k x m, B k x n.
+Dims a_dims(Form f, index_t m, index_t k) {
+  return f == Form::AtB ? Dims{k, m} : Dims{m, k};
+}
+Dims b_dims(Form f, index_t n, index_t k) {
+  return f == Form::ABt ? Dims{n, k} : Dims{k, n};
+}
+
+// Column-major block (bi, bj) (rows x cols elements) of global matrix `id`.
+template <class T>
+std::vector<T> fill_block(int id, int bi, int bj, index_t rows, index_t cols) {
+  std::vector<T> v(static_cast<std::size_t>(rows * cols));
+  for (index_t c = 0; c < cols; ++c)
+    for (index_t r = 0; r < rows; ++r) v[r + c * rows] = value<T>(id, bi * rows + r, bj * cols + c);
+  return v;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+// One run of `call` on every rank, started after a barrier: its time, the
+// maximum over ranks.
+template <class F>
+double time_collective(F&& call) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto t0 = std::chrono::steady_clock::now();
+  call();
+  double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return dt;
+}
+
+// A barrier that sleeps instead of spinning, so that ranks waiting for rank 0's
+// serial Eigen run leave its core alone (Open MPI polls in blocking calls).
+void sleepy_barrier() {
+  MPI_Request req;
+  MPI_Ibarrier(MPI_COMM_WORLD, &req);
+  int done = 0;
+  for (;;) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+double gflops(index_t m, index_t n, index_t k, double seconds) {
+  return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / seconds *
+         1e-9;
+}
+
+// ---------------------------------------------------------------- JSON lines
+class JsonLine {
+ public:
+  JsonLine& str(std::string_view key, std::string_view v) {
+    std::string s = "\"";
+    for (char c : v) {
+      if (c == '"' || c == '\\') s += '\\';
+      s += c;
+    }
+    return raw(key, s + "\"");
+  }
+  JsonLine& num(std::string_view key, double v) {
+    if (!std::isfinite(v)) return raw(key, "null");
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.6g", v);
+    return raw(key, buf);
+  }
+  JsonLine& integer(std::string_view key, long long v) { return raw(key, std::to_string(v)); }
+  JsonLine& boolean(std::string_view key, bool v) { return raw(key, v ? "true" : "false"); }
+  std::string text() const { return "{" + body_ + "}"; }
+
+ private:
+  JsonLine& raw(std::string_view key, const std::string& v) {
+    if (!body_.empty()) body_ += ", ";
+    body_ += "\"";
+    body_ += key;
+    body_ += "\": ";
+    body_ += v;
+    return *this;
+  }
+  std::string body_;
+};
+
+// ---------------------------------------------------------------- BLAS provenance
+// Which shared object the dynamic linker resolved `sym` to (what ScaLAPACK's
+// calls bind to as well): dladdr() on its address.
+std::string provider_of(void* sym) {
+  if (sym == nullptr) return "none";
+  Dl_info info{};
+  if (dladdr(sym, &info) == 0 || info.dli_fname == nullptr) return "unknown";
+  std::string path = info.dli_fname;
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+template <class Fn>
+void* address_of(Fn* fn) {
+  void* p = nullptr;
+  static_assert(sizeof(p) == sizeof(fn));
+  std::memcpy(&p, &fn, sizeof p);
+  return p;
+}
+
+struct Blas {
+  std::string sgemm = "none", dgemm = "none", arch;
+};
+
+Blas blas_info() {
+  Blas b;
+#ifdef SUMMA_BENCH_HAVE_SCALAPACK
+  b.dgemm = provider_of(address_of(&dgemm_));
+  b.sgemm = provider_of(address_of(&sgemm_));
+  // Cross-check against a global lookup, which is the binding ScaLAPACK gets.
+  if (void* g = dlsym(RTLD_DEFAULT, "dgemm_"); g != nullptr && provider_of(g) != b.dgemm)
+    b.dgemm += " (global lookup: " + provider_of(g) + ")";
+#else
+  b.dgemm = provider_of(dlsym(RTLD_DEFAULT, "dgemm_"));
+  b.sgemm = provider_of(dlsym(RTLD_DEFAULT, "sgemm_"));
+#endif
+#ifdef SUMMA_BENCH_HAVE_BLIS
+  if (b.dgemm.find("blis") != std::string::npos) b.arch = bli_arch_string(bli_arch_query_id());
+#endif
+  return b;
+}
+
+// ---------------------------------------------------------------- settings
+struct Settings {
+  std::vector<std::tuple<index_t, index_t, index_t>> sizes;
+  std::vector<Form> forms;
+  std::vector<index_t> panels;
+  std::vector<bool> overlaps;
+  std::vector<std::string> dtypes;
+  int reps = 5;
+  int warmup = 1;
+  bool check = false;
+  double tol = 0;  // 0: per-dtype default
+  bool eigen = true;
+  bool pdgemm = true;
+  int pdgemm_nb = 0;  // PILAENV override; 0: ScaLAPACK's
+};
+
+// Default tolerance on max_rel_error (see README): 64 unit roundoffs of T.
+template <class T>
+double default_tol() {
+  return 64.0 * std::numeric_limits<T>::epsilon();
+}
+
+// ---------------------------------------------------------------- ScaLAPACK
+struct Blacs {
+  bool active = false;
+  int context = -1, myrow = 0, mycol = 0;
+};
+
+#ifdef SUMMA_BENCH_HAVE_SCALAPACK
+Blacs blacs_init(int q) {
+  Blacs b;
+  int nprow = 0, npcol = 0;
+  Cblacs_get(-1, 0, &b.context);  // the system context: MPI_COMM_WORLD
+  Cblacs_gridinit(&b.context, "Row", q, q);
+  Cblacs_gridinfo(b.context, &nprow, &npcol, &b.myrow, &b.mycol);
+  if (nprow != q || npcol != q) throw std::runtime_error("BLACS grid is not q x q");
+  b.active = true;
+  return b;
+}
+
+void pgemm(char ta, char tb, const int* mnk, const float* a, const int* da, const float* b,
+           const int* db, float* c, const int* dc) {
+  const int one = 1;
+  const float alpha = 1, beta = 0;
+  psgemm_(&ta, &tb, &mnk[0], &mnk[1], &mnk[2], &alpha, a, &one, &one, da, b, &one, &one, db, &beta,
+          c, &one, &one, dc);
+}
+void pgemm(char ta, char tb, const int* mnk, const double* a, const int* da, const double* b,
+           const int* db, double* c, const int* dc) {
+  const int one = 1;
+  const double alpha = 1, beta = 0;
+  pdgemm_(&ta, &tb, &mnk[0], &mnk[1], &mnk[2], &alpha, a, &one, &one, da, b, &one, &one, db, &beta,
+          c, &one, &one, dc);
+}
+
+// Descriptor of a rows x cols matrix in q x q blocks of (rows/q) x (cols/q):
+// one block per process, the same distribution as summa's.
+std::array<int, 9> descriptor(const Blacs& g, int q, index_t rows, index_t cols) {
+  std::array<int, 9> d{};
+  const int r = static_cast<int>(rows), c = static_cast<int>(cols);
+  const int mb = r / q, nb = c / q, zero = 0;
+  const int local_rows = numroc_(&r, &mb, &g.myrow, &zero, &q);
+  const int local_cols = numroc_(&c, &nb, &g.mycol, &zero, &q);
+  if (local_rows != mb || local_cols != nb)
+    throw std::runtime_error("numroc disagrees with the one-block-per-process layout");
+  const int lld = std::max(1, local_rows);
+  int info = 0;
+  descinit_(d.data(), &r, &c, &mb, &nb, &zero, &zero, &g.context, &lld, &info);
+  if (info != 0) throw std::runtime_error("descinit_ failed, info=" + std::to_string(info));
+  return d;
+}
+#endif
+
+// ---------------------------------------------------------------- checking
+// Reference block (bi, bj) of C, computed in double by Eigen from the global
+// rows/columns of A and B (as rounded to T) that it needs.
+template <class T>
+Eigen::MatrixXd reference_block(Form f, index_t m, index_t n, index_t k, int q, int bi, int bj) {
+  const index_t mb = m / q, nb = n / q;
+  Eigen::MatrixXd L(mb, k), R(k, nb);  // C block = L * R
+  for (index_t kk = 0; kk < k; ++kk)
+    for (index_t r = 0; r < mb; ++r)
+      L(r, kk) = f == Form::AtB ? value<T>(1, kk, bi * mb + r) : value<T>(1, bi * mb + r, kk);
+  for (index_t c = 0; c < nb; ++c)
+    for (index_t kk = 0; kk < k; ++kk)
+      R(kk, c) = f == Form::ABt ? value<T>(2, bj * nb + c, kk) : value<T>(2, kk, bj * nb + c);
+  return L * R;
+}
+
+// max |C - ref| over all ranks / (max|A| * max|B| * k).
+template <class T>
+double rel_error(const std::vector<T>& c, const Eigen::MatrixXd& ref, double scale) {
+  double err = 0;
+  for (index_t j = 0; j < ref.cols(); ++j)
+    for (index_t i = 0; i < ref.rows(); ++i)
+      err = std::max(err, std::abs(static_cast<double>(c[i + j * ref.rows()]) - ref(i, j)));
+  MPI_Allreduce(MPI_IN_PLACE, &err, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return err / scale;
+}
+
+template <class T>
+double max_abs(const std::vector<T>& v) {
+  double x = 0;
+  for (T e : v) x = std::max(x, std::abs(static_cast<double>(e)));
+  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return x;
+}
+
+// ---------------------------------------------------------------- Eigen baseline
+// A serial Eigen product of the global size. Only rank 0 holds the matrices
+// and computes; the other ranks sleep in a barrier meanwhile.
+template <class T>
+class EigenGemm {
+ public:
+  EigenGemm(Form f, index_t m, index_t n, index_t k, bool active) : form_(f), active_(active) {
+    if (!active) return;
+    const Dims ad = a_dims(f, m, k), bd = b_dims(f, n, k);
+    A_.resize(ad.rows, ad.cols);
+    B_.resize(bd.rows, bd.cols);
+    C_.resize(m, n);
+    for (index_t j = 0; j < ad.cols; ++j)
+      for (index_t i = 0; i < ad.rows; ++i) A_(i, j) = value<T>(1, i, j);
+    for (index_t j = 0; j < bd.cols; ++j)
+      for (index_t i = 0; i < bd.rows; ++i) B_(i, j) = value<T>(2, i, j);
+  }
+  /// Collective: rank 0 returns the seconds of one product, the others 0.
+  double run_once() {
+    double dt = 0;
+    if (active_) {
+      const auto t0 = std::chrono::steady_clock::now();
+      switch (form_) {
+        case Form::AB:
+          C_.noalias() = A_ * B_;
+          break;
+        case Form::ABt:
+          C_.noalias() = A_ * B_.transpose();
+          break;
+        case Form::AtB:
+          C_.noalias() = A_.transpose() * B_;
+          break;
+      }
+      dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    sleepy_barrier();
+    return dt;
+  }
+
+ private:
+  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
+  Form form_;
+  bool active_;
+  Mat A_, B_, C_;
+};
+
+std::uint64_t mesh_bytes(const summa::ProcessGrid& g, bool sent) {
+  const auto& row = g.traffic()[summa::CommAxis::mesh_row];
+  const auto& col = g.traffic()[summa::CommAxis::mesh_col];
+  return sent ? row.bytes_sent + col.bytes_sent : row.bytes_received + col.bytes_received;
+}
+
+std::uint64_t max_over_ranks(std::uint64_t v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return v;
+}
+
+struct Context {
+  summa::ProcessGrid* grid;
+  summa::CpuBackend* backend;
+  int q, ranks, rank;
+  Blas blas;
+  Blacs blacs;
+  const Settings* s;
+  int pdgemm_nb = 0;  ///< PBLAS's panel width in effect
+};
+
+// One (size, form, dtype). For every panel and overlap setting, each timed
+// repetition runs the Eigen baseline (rank 0), PDGEMM and summa back to back,
+// so that the ratios compare runs made under the same machine conditions.
+// Returns false when a check failed.
+template <class T>
+bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
+  const Settings& s = *ctx.s;
+  const int q = ctx.q;
+  const summa::DType dtype = summa::dtype_v<T>;
+  const summa::BlockShapes bs = summa::SummaEngine::block_shapes(form, m, n, k, q);
+  const int bi = ctx.grid->coords().row, bj = ctx.grid->coords().col;
+  const auto a = fill_block<T>(1, bi, bj, bs.a_rows, bs.a_cols);
+  const auto b = fill_block<T>(2, bi, bj, bs.b_rows, bs.b_cols);
+  std::vector<T> c(static_cast<std::size_t>(bs.c_rows * bs.c_cols));
+  const double tol = s.tol > 0 ? s.tol : default_tol<T>();
+  bool ok = true;
+
+  std::optional<Eigen::MatrixXd> ref;
+  double scale = 1;
+  if (s.check) {
+    ref = reference_block<T>(form, m, n, k, q, bi, bj);
+    scale = max_abs(a) * max_abs(b) * static_cast<double>(k);
+  }
+
+  std::optional<EigenGemm<T>> eigen;
+  if (s.eigen) {
+    eigen.emplace(form, m, n, k, ctx.rank == 0);
+    for (int w = 0; w < s.warmup; ++w) eigen->run_once();
+  }
+
+  // PDGEMM on the same grid and distribution: pdgemm_call is empty when not run.
+  std::function<void()> pdgemm_call;
+  std::optional<double> pdgemm_err;
+#ifdef SUMMA_BENCH_HAVE_SCALAPACK
+  const Blacs& g = ctx.blacs;
+  std::array<int, 9> da{}, db{}, dc{};
+  std::vector<T> pa, pb, pc;
+  const int mnk[3] = {static_cast<int>(m), static_cast<int>(n), static_cast<int>(k)};
+  const char ta = form == Form::AtB ? 'T' : 'N', tb = form == Form::ABt ? 'T' : 'N';
+  if (s.pdgemm && g.active) {
+    const Dims ad = a_dims(form, m, k), bd = b_dims(form, n, k);
+    da = descriptor(g, q, ad.rows, ad.cols);
+    db = descriptor(g, q, bd.rows, bd.cols);
+    dc = descriptor(g, q, m, n);
+    pa = fill_block<T>(1, g.myrow, g.mycol, bs.a_rows, bs.a_cols);
+    pb = fill_block<T>(2, g.myrow, g.mycol, bs.b_rows, bs.b_cols);
+    pc.resize(c.size());
+    pdgemm_call = [&] {
+      pgemm(ta, tb, mnk, pa.data(), da.data(), pb.data(), db.data(), pc.data(), dc.data());
+    };
+    for (int w = 0; w < std::max(s.warmup, s.check ? 1 : 0); ++w) pdgemm_call();
+    if (s.check) {
+      const bool same = g.myrow == bi && g.mycol == bj;
+      pdgemm_err =
+          same ? rel_error(pc, *ref, scale)
+               : rel_error(pc, reference_block<T>(form, m, n, k, q, g.myrow, g.mycol), scale);
+      if (!(*pdgemm_err <= tol)) ok = false;
+    }
+  }
+#endif
+
+  auto A = summa::MatrixView<const T>::dense(a.data(), bs.a_rows, bs.a_cols);
+  auto B = summa::MatrixView<const T>::dense(b.data(), bs.b_rows, bs.b_cols);
+  auto C = summa::MatrixView<T>::dense(c.data(), bs.c_rows, bs.c_cols);
+  summa::SummaEngine engine(*ctx.grid, *ctx.backend);
+  for (index_t panel : s.panels)
+    for (bool overlap : s.overlaps) {
+      engine.set_options({.panel = panel, .overlap = overlap});
+      const std::size_t ws_bytes = engine.workspace_bytes(form, m, n, k, dtype);
+      summa::Workspace ws("workspace", *ctx.backend, ws_bytes);
+      std::uint64_t sent = 0, received = 0;
+      auto summa_call = [&] {
+        const std::uint64_t s0 = mesh_bytes(*ctx.grid, true), r0 = mesh_bytes(*ctx.grid, false);
+        engine.multiply(form, m, n, k, T(1), A, B, T(0), C, ws);
+        sent = mesh_bytes(*ctx.grid, true) - s0;
+        received = mesh_bytes(*ctx.grid, false) - r0;
+      };
+      for (int w = 0; w < std::max(s.warmup, s.check ? 1 : 0); ++w) summa_call();
+      std::optional<double> err;
+      if (s.check) {
+        err = rel_error(c, *ref, scale);
+        if (!(*err <= tol)) ok = false;
+      }
+      std::vector<double> t_summa, t_eigen, t_pdgemm;
+      for (int r = 0; r < s.reps; ++r) {
+        if (eigen) t_eigen.push_back(eigen->run_once());
+        if (pdgemm_call) t_pdgemm.push_back(time_collective(pdgemm_call));
+        t_summa.push_back(time_collective(summa_call));
+      }
+      sent = max_over_ranks(sent);  // of the last call
+      received = max_over_ranks(received);
+
+      const double seconds = median(t_summa);
+      const double gf = gflops(m, n, k, seconds);
+      JsonLine j;
+      j.str("op", summa::name_of(form))
+          .str("dtype", summa::name_of(dtype))
+          .integer("m", m)
+          .integer("n", n)
+          .integer("k", k)
+          .integer("q", q)
+          .integer("ranks", ctx.ranks)
+          .integer("panel", panel)
+          .boolean("overlap", overlap)
+          .integer("reps", s.reps)
+          .num("seconds", seconds)
+          .num("seconds_min", *std::min_element(t_summa.begin(), t_summa.end()))
+          .num("gflops", gf)
+          .num("gflops_per_rank", gf / ctx.ranks)
+          .integer("bytes_sent_per_rank", static_cast<long long>(sent))
+          .integer("bytes_received_per_rank", static_cast<long long>(received))
+          .integer("workspace_bytes", static_cast<long long>(ws_bytes));
+      if (eigen) {
+        double es = median(t_eigen);  // meaningful on rank 0
+        MPI_Bcast(&es, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+        const double eg = gflops(m, n, k, es);
+        j.num("eigen_seconds", es).num("eigen_gflops", eg).num("vs_eigen", gf / eg);
+      }
+      if (pdgemm_call) {
+        const double ps = median(t_pdgemm), pg = gflops(m, n, k, ps);
+        j.num("pdgemm_seconds", ps)
+            .num("pdgemm_gflops", pg)
+            .num("vs_pdgemm", gf / pg)
+            .integer("pdgemm_nb", ctx.pdgemm_nb);
+      }
+      j.str("blas", dtype == summa::DType::f32 ? ctx.blas.sgemm : ctx.blas.dgemm);
+      if (!ctx.blas.arch.empty()) j.str("blas_arch", ctx.blas.arch);
+      if (s.check) {
+        j.num("max_rel_error", *err);
+        if (pdgemm_err) j.num("pdgemm_max_rel_error", *pdgemm_err);
+        j.num("tolerance", tol)
+            .boolean("check_ok", *err <= tol && (!pdgemm_err || *pdgemm_err <= tol));
+      }
+      if (ctx.rank == 0) {
+        std::printf("%s\n", j.text().c_str());
+        std::fflush(stdout);
+      }
+    }
+  return ok;
+}
+
+Form parse_form(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (s == "ab") return Form::AB;
+  if (s == "abt") return Form::ABt;
+  if (s == "atb") return Form::AtB;
+  throw UsageError("unknown form " + s);
+}
+
+index_t round_to(index_t v, index_t unit) {
+  return std::max<index_t>(unit, (v + unit / 2) / unit * unit);
+}
+
+int run(int argc, char** argv, int rank, int ranks) {
+  CLI::App app{
+      "summa_gemm: SUMMA distributed GEMM vs a serial Eigen GEMM and ScaLAPACK PDGEMM.\n"
+      "Run under mpirun with a square number of ranks; prints one JSON object per case."};
+  std::vector<index_t> sizes;
+  index_t m = 0, n = 0, k = 0;
+  std::vector<std::string> forms{"AB", "ABt", "AtB"};
+  std::vector<index_t> panels{256};
+  std::string overlap = "on";
+  std::vector<std::string> dtypes{"f32"};
+  Settings s;
+  bool no_eigen = false, no_pdgemm = false;
+  app.add_option("--size", sizes,
+                 "Square sizes m=n=k (list). Default: 2048,3072 rounded to multiples of 256*q")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  app.add_option("--m", m,
+                 "Rows of C (one rectangular case; unset dims take the first set one "
+                 "of m, n, k)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--n", n, "Columns of C")->check(CLI::PositiveNumber);
+  app.add_option("--k", k, "Inner dimension")->check(CLI::PositiveNumber);
+  app.add_option("--forms", forms, "Forms to run (list of AB, ABt, AtB)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"AB", "ABt", "AtB"}, CLI::ignore_case))
+      ->capture_default_str();
+  app.add_option("--panel", panels, "Panel widths (list); 0 = a whole block per step")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--overlap", overlap, "Double-buffered collectives: on, off or both")
+      ->check(CLI::IsMember({"on", "off", "both"}))
+      ->capture_default_str();
+  app.add_option("--dtype", dtypes, "Element types (list of f32, f64)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"f32", "f64"}))
+      ->capture_default_str();
+  app.add_option("--reps", s.reps, "Timed runs per case (median reported)")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--warmup", s.warmup, "Untimed runs before timing")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  app.add_flag("--check", s.check,
+               "Compare with a serial double-precision Eigen product; exit 1 above tolerance");
+  app.add_option("--tol", s.tol, "Tolerance on max_rel_error (default 64 eps of the dtype)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--no-eigen", no_eigen, "Skip the single-process Eigen baseline");
+  app.add_flag("--no-pdgemm", no_pdgemm, "Skip the ScaLAPACK PDGEMM comparison");
+  app.add_option("--pdgemm-nb", s.pdgemm_nb,
+                 "PBLAS internal panel width (PILAENV) for PDGEMM; 0 keeps ScaLAPACK's (32)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (rank == 0) return app.exit(e);
+    return e.get_exit_code();
+  }
+  s.eigen = !no_eigen;
+  s.pdgemm = !no_pdgemm;
+  for (const auto& f : forms) s.forms.push_back(parse_form(f));
+  s.panels = panels;
+  if (overlap != "off") s.overlaps.push_back(true);
+  if (overlap != "on") s.overlaps.push_back(false);
+  s.dtypes = dtypes;
+
+  summa::ProcessGrid grid = summa::ProcessGrid::mesh2d(MPI_COMM_WORLD);
+  summa::CpuBackend backend;
+  const int q = grid.shape().rows;
+
+  if (m > 0 || n > 0 || k > 0) {
+    const index_t first = m > 0 ? m : (n > 0 ? n : k);
+    s.sizes.emplace_back(m > 0 ? m : first, n > 0 ? n : first, k > 0 ? k : first);
+  }
+  for (index_t x : sizes) s.sizes.emplace_back(x, x, x);
+  if (s.sizes.empty())
+    for (index_t x : {2048, 3072}) {
+      const index_t r = round_to(x, 256 * static_cast<index_t>(q));
+      s.sizes.emplace_back(r, r, r);
+    }
+  for (const auto& [mm, nn, kk] : s.sizes)
+    if (mm % q || nn % q || kk % q)
+      throw UsageError("m=" + std::to_string(mm) + " n=" + std::to_string(nn) +
+                       " k=" + std::to_string(kk) + " must be multiples of q=" + std::to_string(q));
+
+  Context ctx{&grid, &backend, q, ranks, rank, blas_info(), {}, &s};
+#ifdef SUMMA_BENCH_HAVE_SCALAPACK
+  if (s.pdgemm) ctx.blacs = blacs_init(q);
+  pilaenv_override = s.pdgemm_nb;
+  if (ctx.blacs.active) {
+    const char d = 'D';
+    ctx.pdgemm_nb = pilaenv_(&ctx.blacs.context, &d);
+  }
+#endif
+  if (rank == 0)
+    std::fprintf(stderr, "summa_gemm: %d ranks, %dx%d mesh, dgemm_ from %s, sgemm_ from %s%s%s\n",
+                 ranks, q, q, ctx.blas.dgemm.c_str(), ctx.blas.sgemm.c_str(),
+                 ctx.blas.arch.empty() ? "" : ", BLIS sub-configuration ", ctx.blas.arch.c_str());
+
+  bool ok = true;
+  for (const auto& dt : s.dtypes)
+    for (const auto& [mm, nn, kk] : s.sizes)
+      for (Form f : s.forms)
+        ok = (dt == "f32" ? run_case<float>(ctx, f, mm, nn, kk)
+                          : run_case<double>(ctx, f, mm, nn, kk)) &&
+             ok;
+
+#ifdef SUMMA_BENCH_HAVE_SCALAPACK
+  if (ctx.blacs.active) Cblacs_gridexit(ctx.blacs.context);
+#endif
+  if (!ok && rank == 0) std::fprintf(stderr, "summa_gemm: CHECK FAILED (see max_rel_error)\n");
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // One thread per rank: BLIS and OpenMP read these lazily (BLIS at its first
+  // call); bli_thread_set_num_threads below makes it explicit for BLIS.
+  setenv("BLIS_NUM_THREADS", "1", 1);
+  setenv("OMP_NUM_THREADS", "1", 1);
+  setenv("OPENBLAS_NUM_THREADS", "1", 1);
+#ifdef SUMMA_BENCH_HAVE_BLIS
+  bli_thread_set_num_threads(1);
+#endif
+  MPI_Init(&argc, &argv);
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  int status = 0;
+  try {
+    status = run(argc, argv, rank, ranks);
+  } catch (const UsageError& e) {  // the same on every rank
+    if (rank == 0) std::fprintf(stderr, "summa_gemm: %s\n", e.what());
+    status = 2;
+  } catch (const summa::Error& e) {  // summa reports errors on every rank alike
+    if (rank == 0) std::fprintf(stderr, "summa_gemm: %s\n", e.what());
+    status = 2;
+  } catch (const std::exception& e) {  // possibly on this rank only: do not hang
+    std::fprintf(stderr, "summa_gemm (rank %d): %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+  MPI_Finalize();
+  return status;
+}
