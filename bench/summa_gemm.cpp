@@ -251,6 +251,7 @@ struct Settings {
   std::vector<Form> forms;
   std::vector<index_t> panels;
   std::vector<bool> overlaps;
+  std::vector<int> slices;
   std::vector<std::string> dtypes;
   int reps = 5;
   int warmup = 1;
@@ -486,78 +487,80 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
   auto C = summa::MatrixView<T>::dense(c.data(), bs.c_rows, bs.c_cols);
   summa::SummaEngine engine(*ctx.grid, *ctx.backend);
   for (index_t panel : s.panels)
-    for (bool overlap : s.overlaps) {
-      engine.set_options({.panel = panel, .overlap = overlap});
-      const std::size_t ws_bytes = engine.workspace_bytes(form, m, n, k, dtype);
-      summa::Workspace ws("workspace", *ctx.backend, ws_bytes);
-      std::uint64_t sent = 0, received = 0;
-      auto summa_call = [&] {
-        const std::uint64_t s0 = mesh_bytes(*ctx.grid, true), r0 = mesh_bytes(*ctx.grid, false);
-        engine.multiply(form, m, n, k, T(1), A, B, T(0), C, ws);
-        sent = mesh_bytes(*ctx.grid, true) - s0;
-        received = mesh_bytes(*ctx.grid, false) - r0;
-      };
-      for (int w = 0; w < std::max(s.warmup, s.check ? 1 : 0); ++w) summa_call();
-      std::optional<double> err;
-      if (s.check) {
-        err = rel_error(c, *ref, scale);
-        if (!(*err <= tol)) ok = false;
-      }
-      std::vector<double> t_summa, t_eigen, t_pdgemm;
-      for (int r = 0; r < s.reps; ++r) {
-        if (eigen) t_eigen.push_back(eigen->run_once());
-        if (pdgemm_call) t_pdgemm.push_back(time_collective(pdgemm_call));
-        t_summa.push_back(time_collective(summa_call));
-      }
-      sent = max_over_ranks(sent);  // of the last call
-      received = max_over_ranks(received);
+    for (bool overlap : s.overlaps)
+      for (int slices : overlap ? s.slices : std::vector<int>{1}) {
+        engine.set_options({.panel = panel, .overlap = overlap, .progress_slices = slices});
+        const std::size_t ws_bytes = engine.workspace_bytes(form, m, n, k, dtype);
+        summa::Workspace ws("workspace", *ctx.backend, ws_bytes);
+        std::uint64_t sent = 0, received = 0;
+        auto summa_call = [&] {
+          const std::uint64_t s0 = mesh_bytes(*ctx.grid, true), r0 = mesh_bytes(*ctx.grid, false);
+          engine.multiply(form, m, n, k, T(1), A, B, T(0), C, ws);
+          sent = mesh_bytes(*ctx.grid, true) - s0;
+          received = mesh_bytes(*ctx.grid, false) - r0;
+        };
+        for (int w = 0; w < std::max(s.warmup, s.check ? 1 : 0); ++w) summa_call();
+        std::optional<double> err;
+        if (s.check) {
+          err = rel_error(c, *ref, scale);
+          if (!(*err <= tol)) ok = false;
+        }
+        std::vector<double> t_summa, t_eigen, t_pdgemm;
+        for (int r = 0; r < s.reps; ++r) {
+          if (eigen) t_eigen.push_back(eigen->run_once());
+          if (pdgemm_call) t_pdgemm.push_back(time_collective(pdgemm_call));
+          t_summa.push_back(time_collective(summa_call));
+        }
+        sent = max_over_ranks(sent);  // of the last call
+        received = max_over_ranks(received);
 
-      const double seconds = median(t_summa);
-      const double gf = gflops(m, n, k, seconds);
-      JsonLine j;
-      j.str("op", summa::name_of(form))
-          .str("dtype", summa::name_of(dtype))
-          .integer("m", m)
-          .integer("n", n)
-          .integer("k", k)
-          .integer("q", q)
-          .integer("ranks", ctx.ranks)
-          .integer("panel", panel)
-          .boolean("overlap", overlap)
-          .integer("reps", s.reps)
-          .num("seconds", seconds)
-          .num("seconds_min", *std::min_element(t_summa.begin(), t_summa.end()))
-          .num("gflops", gf)
-          .num("gflops_per_rank", gf / ctx.ranks)
-          .integer("bytes_sent_per_rank", static_cast<long long>(sent))
-          .integer("bytes_received_per_rank", static_cast<long long>(received))
-          .integer("workspace_bytes", static_cast<long long>(ws_bytes));
-      if (eigen) {
-        double es = median(t_eigen);  // meaningful on rank 0
-        MPI_Bcast(&es, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-        const double eg = gflops(m, n, k, es);
-        j.num("eigen_seconds", es).num("eigen_gflops", eg).num("vs_eigen", gf / eg);
+        const double seconds = median(t_summa);
+        const double gf = gflops(m, n, k, seconds);
+        JsonLine j;
+        j.str("op", summa::name_of(form))
+            .str("dtype", summa::name_of(dtype))
+            .integer("m", m)
+            .integer("n", n)
+            .integer("k", k)
+            .integer("q", q)
+            .integer("ranks", ctx.ranks)
+            .integer("panel", panel)
+            .boolean("overlap", overlap)
+            .integer("progress_slices", slices)
+            .integer("reps", s.reps)
+            .num("seconds", seconds)
+            .num("seconds_min", *std::min_element(t_summa.begin(), t_summa.end()))
+            .num("gflops", gf)
+            .num("gflops_per_rank", gf / ctx.ranks)
+            .integer("bytes_sent_per_rank", static_cast<long long>(sent))
+            .integer("bytes_received_per_rank", static_cast<long long>(received))
+            .integer("workspace_bytes", static_cast<long long>(ws_bytes));
+        if (eigen) {
+          double es = median(t_eigen);  // meaningful on rank 0
+          MPI_Bcast(&es, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+          const double eg = gflops(m, n, k, es);
+          j.num("eigen_seconds", es).num("eigen_gflops", eg).num("vs_eigen", gf / eg);
+        }
+        if (pdgemm_call) {
+          const double ps = median(t_pdgemm), pg = gflops(m, n, k, ps);
+          j.num("pdgemm_seconds", ps)
+              .num("pdgemm_gflops", pg)
+              .num("vs_pdgemm", gf / pg)
+              .integer("pdgemm_nb", ctx.pdgemm_nb);
+        }
+        j.str("blas", dtype == summa::DType::f32 ? ctx.blas.sgemm : ctx.blas.dgemm);
+        if (!ctx.blas.arch.empty()) j.str("blas_arch", ctx.blas.arch);
+        if (s.check) {
+          j.num("max_rel_error", *err);
+          if (pdgemm_err) j.num("pdgemm_max_rel_error", *pdgemm_err);
+          j.num("tolerance", tol)
+              .boolean("check_ok", *err <= tol && (!pdgemm_err || *pdgemm_err <= tol));
+        }
+        if (ctx.rank == 0) {
+          std::printf("%s\n", j.text().c_str());
+          std::fflush(stdout);
+        }
       }
-      if (pdgemm_call) {
-        const double ps = median(t_pdgemm), pg = gflops(m, n, k, ps);
-        j.num("pdgemm_seconds", ps)
-            .num("pdgemm_gflops", pg)
-            .num("vs_pdgemm", gf / pg)
-            .integer("pdgemm_nb", ctx.pdgemm_nb);
-      }
-      j.str("blas", dtype == summa::DType::f32 ? ctx.blas.sgemm : ctx.blas.dgemm);
-      if (!ctx.blas.arch.empty()) j.str("blas_arch", ctx.blas.arch);
-      if (s.check) {
-        j.num("max_rel_error", *err);
-        if (pdgemm_err) j.num("pdgemm_max_rel_error", *pdgemm_err);
-        j.num("tolerance", tol)
-            .boolean("check_ok", *err <= tol && (!pdgemm_err || *pdgemm_err <= tol));
-      }
-      if (ctx.rank == 0) {
-        std::printf("%s\n", j.text().c_str());
-        std::fflush(stdout);
-      }
-    }
   return ok;
 }
 
@@ -582,6 +585,7 @@ int run(int argc, char** argv, int rank, int ranks) {
   std::vector<std::string> forms{"AB", "ABt", "AtB"};
   std::vector<index_t> panels{256};
   std::string overlap = "on";
+  std::vector<int> slices{summa::SummaOptions{}.progress_slices};
   std::vector<std::string> dtypes{"f32"};
   Settings s;
   bool no_eigen = false, no_pdgemm = false;
@@ -605,6 +609,11 @@ int run(int argc, char** argv, int rank, int ranks) {
       ->capture_default_str();
   app.add_option("--overlap", overlap, "Double-buffered collectives: on, off or both")
       ->check(CLI::IsMember({"on", "off", "both"}))
+      ->capture_default_str();
+  app.add_option("--slices", slices,
+                 "Progress slices per panel GEMM with overlap (list); 1 = no MPI polling")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   app.add_option("--dtype", dtypes, "Element types (list of f32, f64)")
       ->delimiter(',')
@@ -636,6 +645,7 @@ int run(int argc, char** argv, int rank, int ranks) {
   s.pdgemm = !no_pdgemm;
   for (const auto& f : forms) s.forms.push_back(parse_form(f));
   s.panels = panels;
+  s.slices = slices;
   if (overlap != "off") s.overlaps.push_back(true);
   if (overlap != "on") s.overlaps.push_back(false);
   s.dtypes = dtypes;

@@ -40,11 +40,12 @@ struct Case {
   bool overlap;
   Order order;
   index_t pad;
+  int slices = SummaOptions{}.progress_slices;
   std::string str() const {
     std::ostringstream s;
     s << name_of(form) << " m=" << m << " n=" << n << " k=" << k << " panel=" << panel
       << " overlap=" << overlap << " order=" << (order == Order::col_major ? "col" : "row")
-      << " pad=" << pad;
+      << " pad=" << pad << " slices=" << slices;
     return s.str();
   }
 };
@@ -115,7 +116,8 @@ Outcome<T> run_case(const Case& c, T alpha, T beta, bool nan_c = false) {
     }
   }
 
-  SummaEngine engine(e.grid, e.backend, {.panel = c.panel, .overlap = c.overlap});
+  SummaEngine engine(e.grid, e.backend,
+                     {.panel = c.panel, .overlap = c.overlap, .progress_slices = c.slices});
   Workspace ws("workspace", e.backend, engine.workspace_bytes(c.form, c.m, c.n, c.k, dtype_v<T>));
   engine.multiply(c.form, c.m, c.n, c.k, alpha, a.view(), b.view(), beta, cc.view(), ws);
 
@@ -194,6 +196,18 @@ TEST(Summa, SquareLargerBlocks) {
     auto out = run_case<float>(c, 1.0f, 0.0f);
     EXPECT_LT(out.normalized_error, 1.0) << c.str();
   }
+}
+
+// Blocks large enough that each panel's GEMM is cut into progress slices
+// (slices are at least 128 wide), including a remainder slice.
+TEST(Summa, ProgressSlicesKeepResults) {
+  const int q = env().q();
+  for (Form f : kForms)
+    for (int slices : {1, 3, 4}) {
+      Case c{f, 300 * q, 280 * q, 40 * q, 64, true, Order::col_major, 0, slices};
+      auto out = run_case<float>(c, 1.0f, 0.5f);
+      EXPECT_LT(out.normalized_error, 1.0) << c.str();
+    }
 }
 
 TEST(Summa, BetaZeroNeverReadsC) {
@@ -427,7 +441,7 @@ TEST(Summa, NoHeapAllocationInsideTheLoop) {
   if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting is off under ASan";
   Env& e = env();
   const int q = e.q();
-  const index_t m = 64 * q, n = 48 * q, k = 40 * q;
+  const index_t m = 300 * q, n = 280 * q, k = 40 * q;  // large enough to slice
   for (Form f : kForms)
     for (bool overlap : {true, false}) {
       SummaEngine engine(e.grid, e.backend, {.panel = 16, .overlap = overlap});

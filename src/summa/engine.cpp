@@ -25,6 +25,55 @@ std::size_t elems(index_t r, index_t c, DType t) {
   return Arena::rounded(static_cast<std::size_t>(r * c) * size_of(t));
 }
 
+// How a local m x n product is cut for progress polls (see progress_slices):
+// along its longer side, never into slices narrower than kMinSlice.
+constexpr index_t kMinSlice = 128;
+struct SlicePlan {
+  bool by_rows;
+  index_t width;  ///< rows or columns per slice
+};
+SlicePlan slice_plan(index_t m, index_t n, int slices) {
+  const bool by_rows = m > n;
+  const index_t dim = by_rows ? m : n;
+  const index_t count = std::max<index_t>(1, std::min<index_t>(slices, dim / kMinSlice));
+  return {by_rows, std::max<index_t>(1, (dim + count - 1) / count)};
+}
+
+// Largest GEMM scratch over the slices of an m x n x k product.
+std::size_t sliced_scratch(const Backend& backend, index_t m, index_t n, index_t k, DType t,
+                           int slices) {
+  const SlicePlan plan = slice_plan(m, n, slices);
+  std::size_t bytes = 0;
+  for (index_t w : panel_widths(plan.width, plan.by_rows ? m : n))
+    bytes = std::max(bytes, plan.by_rows ? backend.gemm_scratch_bytes(w, n, k, t)
+                                         : backend.gemm_scratch_bytes(m, w, k, t));
+  return bytes;
+}
+
+// C = alpha op(A) op(B) + beta C, cut into slices of C with `poll` called
+// between slices to drive the collectives in flight.
+template <class T, class Poll>
+void sliced_gemm(Backend& backend, Op ta, Op tb, T alpha,
+                 std::type_identity_t<ConstMatrixView<T>> A,
+                 std::type_identity_t<ConstMatrixView<T>> B, std::type_identity_t<T> beta,
+                 std::type_identity_t<MatrixView<T>> C, Scratch scratch, int slices, Poll&& poll) {
+  const SlicePlan plan = slice_plan(C.rows, C.cols, slices);
+  const index_t dim = plan.by_rows ? C.rows : C.cols;
+  for (index_t x0 = 0; x0 < dim; x0 += plan.width) {
+    const index_t w = std::min(plan.width, dim - x0);
+    if (plan.by_rows) {
+      const ConstMatrixView<T> a =
+          ta == Op::N ? A.block(x0, 0, w, A.cols) : A.block(0, x0, A.rows, w);
+      backend.gemm(ta, tb, alpha, a, B, beta, C.block(x0, 0, w, C.cols), scratch);
+    } else {
+      const ConstMatrixView<T> b =
+          tb == Op::N ? B.block(0, x0, B.rows, w) : B.block(x0, 0, w, B.cols);
+      backend.gemm(ta, tb, alpha, A, b, beta, C.block(0, x0, C.rows, w), scratch);
+    }
+    if (x0 + w < dim) poll();
+  }
+}
+
 }  // namespace
 
 SummaEngine::SummaEngine(ProcessGrid& grid, Backend& backend, SummaOptions options)
@@ -36,6 +85,8 @@ SummaEngine::SummaEngine(ProcessGrid& grid, Backend& backend, SummaOptions optio
 
 void SummaEngine::set_options(const SummaOptions& o) {
   require(o.panel >= 0, fmt::format("SUMMA panel width must be >= 0, got {}", o.panel));
+  require(o.progress_slices >= 1,
+          fmt::format("SUMMA progress_slices must be >= 1, got {}", o.progress_slices));
   options_ = o;
 }
 
@@ -73,27 +124,28 @@ std::size_t SummaEngine::workspace_bytes(Form form, index_t m, index_t n, index_
   const index_t mb = s.c_rows, nb = s.c_cols, kb = form == Form::AtB ? s.a_rows : s.a_cols;
   if (q == 1) return Arena::rounded(backend.gemm_scratch_bytes(mb, nb, kb, t));
   const std::size_t buffers = options.overlap ? 2 : 1;
+  const int slices = options.overlap ? options.progress_slices : 1;
   std::size_t panels = 0, scratch = 0;
   switch (form) {
     case Form::AB: {
       const index_t w = panel_width(options.panel, kb);
       panels = elems(mb, w, t) + elems(w, nb, t);
       for (index_t x : panel_widths(options.panel, kb))
-        scratch = std::max(scratch, backend.gemm_scratch_bytes(mb, nb, x, t));
+        scratch = std::max(scratch, sliced_scratch(backend, mb, nb, x, t, slices));
       break;
     }
     case Form::ABt: {
       const index_t w = panel_width(options.panel, nb);
       panels = elems(w, kb, t) + elems(mb, w, t);
       for (index_t x : panel_widths(options.panel, nb))
-        scratch = std::max(scratch, backend.gemm_scratch_bytes(mb, x, kb, t));
+        scratch = std::max(scratch, sliced_scratch(backend, mb, x, kb, t, slices));
       break;
     }
     case Form::AtB: {
       const index_t w = panel_width(options.panel, mb);
       panels = elems(kb, w, t) + elems(w, nb, t);
       for (index_t x : panel_widths(options.panel, mb))
-        scratch = std::max(scratch, backend.gemm_scratch_bytes(x, nb, kb, t));
+        scratch = std::max(scratch, sliced_scratch(backend, x, nb, kb, t, slices));
       break;
     }
   }
@@ -191,12 +243,19 @@ void SummaEngine::run_ab(const BlockShapes& s, T alpha, ConstMatrixView<T> A, Co
     a_req[slot] = row.ibroadcast(a_buf[slot], static_cast<std::size_t>(mb * kw), dtype_v<T>, l);
     b_req[slot] = col.ibroadcast(b_buf[slot], static_cast<std::size_t>(kw * nb), dtype_v<T>, l);
   };
+  const int slices = options_.overlap ? options_.progress_slices : 1;
+  auto poll = [&] {
+    for (int b = 0; b < buffers; ++b) {
+      row.test(a_req[b]);
+      col.test(b_req[b]);
+    }
+  };
   auto compute = [&](index_t step) {
     const int slot = static_cast<int>(step % buffers);
     row.wait(a_req[slot]);
     col.wait(b_req[slot]);
-    backend_->gemm(Op::N, Op::N, alpha, a_pan[slot], b_pan[slot], step == 0 ? beta : T(1), C,
-                   scratch);
+    sliced_gemm(*backend_, Op::N, Op::N, alpha, a_pan[slot], b_pan[slot], step == 0 ? beta : T(1),
+                C, scratch, slices, poll);
   };
 
   if (options_.overlap) issue(0);
@@ -269,6 +328,13 @@ void SummaEngine::run_reduce_form(Form form, const BlockShapes& s, T alpha, Cons
                       abt ? C.block(0, x0, mb, xw) : C.block(x0, 0, xw, nb));
     part_step[slot] = -1;
   };
+  const int slices = options_.overlap ? options_.progress_slices : 1;
+  auto poll = [&] {
+    for (int b = 0; b < buffers; ++b) {
+      in.test(in_req[b]);
+      out.test(out_req[b]);
+    }
+  };
   auto compute = [&](index_t step) {
     int l;
     index_t x0, xw;
@@ -278,10 +344,12 @@ void SummaEngine::run_reduce_form(Form form, const BlockShapes& s, T alpha, Cons
     drain(slot);  // the partial buffer of step - buffers must be free
     if (abt) {
       part[slot] = MatrixView<T>::dense(part_buf[slot], mb, xw, C.order);
-      backend_->gemm(Op::N, Op::T, alpha, A, in_pan[slot], T(0), part[slot], scratch);
+      sliced_gemm(*backend_, Op::N, Op::T, alpha, A, in_pan[slot], T(0), part[slot], scratch,
+                  slices, poll);
     } else {
       part[slot] = MatrixView<T>::dense(part_buf[slot], xw, nb, C.order);
-      backend_->gemm(Op::T, Op::N, alpha, in_pan[slot], B, T(0), part[slot], scratch);
+      sliced_gemm(*backend_, Op::T, Op::N, alpha, in_pan[slot], B, T(0), part[slot], scratch,
+                  slices, poll);
     }
     backend_->synchronize();
     out_req[slot] =

@@ -40,6 +40,12 @@ struct SummaOptions {
   index_t panel = 256;
   /// Double-buffer: issue panel s+1's collectives before multiplying panel s.
   bool overlap = true;
+  /// With overlap, each panel's local product is cut into this many column
+  /// slices and the in-flight collectives are tested between slices. MPI
+  /// libraries without an asynchronous progress thread (Open MPI's default)
+  /// only advance non-blocking collectives inside MPI calls, so without these
+  /// polls a broadcast would make no progress during the GEMM. 1 = no polls.
+  int progress_slices = 4;
   /// Agree on shape errors across the mesh before communicating (see above).
   bool consensus_checks = true;
 };
