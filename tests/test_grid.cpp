@@ -25,6 +25,7 @@
 #include "summa/core/error.hpp"
 #include "summa/grid/placement.hpp"
 #include "summa/grid/process_grid.hpp"
+#include "test_util.hpp"
 
 namespace summa {
 // Readable gtest output for the grid value types.
@@ -49,6 +50,11 @@ void PrintTo(const TrafficCounter& t, std::ostream* os) {
 }  // namespace summa
 
 namespace {
+
+using summa::test::mix;
+using summa::test::same_on_all_ranks;
+using summa::test::seed_note;
+using summa::test::test_seed;
 
 using summa::agree_on;
 using summa::bunched_tile;
@@ -87,41 +93,6 @@ int comm_rank(MPI_Comm comm) {
   int r = 0;
   MPI_Comm_rank(comm, &r);
   return r;
-}
-
-std::uint64_t mix(std::uint64_t x) {  // splitmix64 finaliser
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-std::uint64_t hash_string(const std::string& s) {
-  std::uint64_t h = 1469598103934665603ULL;
-  for (char ch : s) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ULL;
-  return h;
-}
-
-/// Seed of the current test, identical on every rank: SUMMA_TEST_SEED or a
-/// fresh value from rank 0, mixed with the test's name. Collective.
-std::uint64_t test_seed() {
-  unsigned long long base = 0;
-  if (world_rank() == 0) {
-    if (const char* env = std::getenv("SUMMA_TEST_SEED"))
-      base = std::strtoull(env, nullptr, 0);
-    else
-      base =
-          (static_cast<unsigned long long>(std::random_device{}()) << 32) ^ std::random_device{}();
-  }
-  MPI_Bcast(&base, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
-  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-  const std::string name =
-      info ? std::string(info->test_suite_name()) + "." + info->name() : std::string();
-  return mix(base ^ hash_string(name));
-}
-
-std::string seed_note(std::uint64_t base_seed) {
-  return "test seed " + std::to_string(base_seed) + " (rerun with SUMMA_TEST_SEED to reproduce)";
 }
 
 int linear(const GridShape& s, const GridCoords& c) {
@@ -217,18 +188,6 @@ std::vector<GridCoords> gather_coords(MPI_Comm comm, const GridCoords& c) {
     out[static_cast<std::size_t>(i)] = GridCoords{all[k], all[k + 1], all[k + 2], all[k + 3]};
   }
   return out;
-}
-
-/// True when `text` is identical on every rank of `comm`. Collective.
-bool same_on_all_ranks(const std::string& text, MPI_Comm comm = MPI_COMM_WORLD) {
-  int length = static_cast<int>(text.size());
-  MPI_Bcast(&length, 1, MPI_INT, 0, comm);
-  std::string root(static_cast<std::size_t>(length), '\0');
-  if (comm_rank(comm) == 0) root = text;
-  MPI_Bcast(root.data(), length, MPI_CHAR, 0, comm);
-  int same = root == text ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, comm);
-  return same == 1;
 }
 
 /// True on every rank when `local` is true on every rank of `comm`. Collective.

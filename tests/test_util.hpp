@@ -2,10 +2,12 @@
 // Helpers shared by the test binaries: fresh random data agreed across ranks,
 // local blocks with any storage order and padding, message agreement checks.
 
+#include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <Eigen/Core>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,16 +19,50 @@ namespace summa::test {
 template <class T>
 using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
 
-/// A seed drawn fresh on rank 0 for every call and shared with all ranks, so
-/// each run uses new data while every rank sees the same global matrices.
-inline std::uint64_t fresh_seed() {
+/// splitmix64 finaliser.
+inline std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+inline std::uint64_t hash_string(const std::string& s) {
+  std::uint64_t h = 1469598103934665603ULL;  // FNV-1a
+  for (char ch : s) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ULL;
+  return h;
+}
+
+/// Seed of the current test, identical on every rank: SUMMA_TEST_SEED if set
+/// (to reproduce a failure), otherwise a fresh value drawn on rank 0 for every
+/// call; mixed with the test's name. Collective over MPI_COMM_WORLD.
+inline std::uint64_t test_seed() {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  unsigned long long seed = 0;
-  if (rank == 0)
-    seed = (static_cast<unsigned long long>(std::random_device{}()) << 32) ^ std::random_device{}();
-  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
-  return seed;
+  unsigned long long base = 0;
+  if (rank == 0) {
+    if (const char* env = std::getenv("SUMMA_TEST_SEED"))
+      base = std::strtoull(env, nullptr, 0);
+    else
+      base =
+          (static_cast<unsigned long long>(std::random_device{}()) << 32) ^ std::random_device{}();
+  }
+  MPI_Bcast(&base, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
+  const std::string name =
+      info ? std::string(info->test_suite_name()) + "." + info->name() : std::string();
+  return mix(base ^ hash_string(name));
+}
+
+inline std::string seed_note(std::uint64_t seed) {
+  return "test seed " + std::to_string(seed) + " (rerun with SUMMA_TEST_SEED to reproduce)";
+}
+
+/// A new seed for each call (fresh data every time), the same on every rank;
+/// reproducible in sequence when SUMMA_TEST_SEED is set. Collective.
+inline std::uint64_t fresh_seed() {
+  static std::uint64_t calls = 0;
+  return mix(test_seed() + ++calls);
 }
 
 template <class T>
@@ -77,17 +113,17 @@ class Block {
   std::vector<T> storage_;
 };
 
-/// True when `message` is identical on every rank of MPI_COMM_WORLD.
-inline bool same_on_all_ranks(const std::string& message) {
-  int length = static_cast<int>(message.size());
-  MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD);
+/// True when `text` is identical on every rank of `comm`. Collective.
+inline bool same_on_all_ranks(const std::string& text, MPI_Comm comm = MPI_COMM_WORLD) {
+  int length = static_cast<int>(text.size());
+  MPI_Bcast(&length, 1, MPI_INT, 0, comm);
   std::string root(static_cast<std::size_t>(length), '\0');
   int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) root = message;
-  MPI_Bcast(root.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD);
-  int same = root == message ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Comm_rank(comm, &rank);
+  if (rank == 0) root = text;
+  MPI_Bcast(root.data(), length, MPI_CHAR, 0, comm);
+  int same = root == text ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, comm);
   return same == 1;
 }
 
