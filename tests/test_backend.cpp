@@ -125,6 +125,25 @@ TEST(CpuBackend, CopyAxpbyScale) {
   EXPECT_EQ(y.read(), Mat<double>::Zero(7, 5));
 }
 
+TEST(CpuBackend, BiasAndColumnSums) {
+  CpuBackend backend;
+  std::mt19937_64 gen(fresh_seed());
+  const Mat<double> X = random_matrix<double>(6, 4, gen), b = random_matrix<double>(1, 4, gen);
+  for (Order o : {Order::col_major, Order::row_major}) {
+    Block<double> x(6, 4, o, 2);
+    x.fill(X);
+    backend.add_bias(x.view(), b.data());
+    Mat<double> want = X;
+    want.rowwise() += b.row(0);
+    EXPECT_LT((x.read() - want).cwiseAbs().maxCoeff(), 1e-15);
+    std::vector<double> sums(4, std::numeric_limits<double>::quiet_NaN());
+    backend.column_sums(x.view(), 0.0, sums.data());  // beta = 0 never reads out
+    for (index_t c = 0; c < 4; ++c) EXPECT_NEAR(sums[c], want.col(c).sum(), 1e-14);
+    backend.column_sums(x.view(), 2.0, sums.data());
+    for (index_t c = 0; c < 4; ++c) EXPECT_NEAR(sums[c], 3 * want.col(c).sum(), 1e-13);
+  }
+}
+
 TEST(CpuBackend, ShapeErrorsNameTheOperands) {
   CpuBackend backend;
   Mat<float> A(4, 3), B(5, 2), C(4, 2);

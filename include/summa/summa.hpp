@@ -13,5 +13,6 @@
 #include "summa/core/types.hpp"
 #include "summa/grid/placement.hpp"
 #include "summa/grid/process_grid.hpp"
+#include "summa/layers/linear2d.hpp"
 #include "summa/memory/arena.hpp"
 #include "summa/summa/engine.hpp"

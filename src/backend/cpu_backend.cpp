@@ -164,6 +164,32 @@ void axpby_impl(T alpha, ConstMatrixView<T> X, T beta, MatrixView<T> C) {
   });
 }
 
+template <class T>
+void add_bias_impl(MatrixView<T> Y, const T* bias) {
+  if (Y.empty()) return;
+  const Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>> b(bias, Y.cols);
+  with_map(Y, [&](auto y) { y.rowwise() += b; });
+}
+
+template <class T>
+void column_sums_impl(ConstMatrixView<T> X, T beta, T* out) {
+  if (X.cols == 0) return;
+  Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> o(out, X.cols);
+  if (X.rows == 0) {
+    if (beta == T(0))
+      o.setZero();
+    else
+      o *= beta;
+    return;
+  }
+  with_map(X, [&](auto x) {
+    if (beta == T(0))
+      o = x.colwise().sum();
+    else
+      o = beta * o + x.colwise().sum();
+  });
+}
+
 }  // namespace
 
 void* CpuBackend::allocate(std::size_t bytes) {
@@ -206,6 +232,19 @@ void CpuBackend::scale(float beta, MatrixView<float> C) {
 }
 void CpuBackend::scale(double beta, MatrixView<double> C) {
   scale_impl(beta, C);
+}
+
+void CpuBackend::add_bias(MatrixView<float> Y, const float* bias) {
+  add_bias_impl(Y, bias);
+}
+void CpuBackend::add_bias(MatrixView<double> Y, const double* bias) {
+  add_bias_impl(Y, bias);
+}
+void CpuBackend::column_sums(ConstMatrixView<float> X, float beta, float* out) {
+  column_sums_impl(X, beta, out);
+}
+void CpuBackend::column_sums(ConstMatrixView<double> X, double beta, double* out) {
+  column_sums_impl(X, beta, out);
 }
 
 }  // namespace summa

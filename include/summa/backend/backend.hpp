@@ -54,6 +54,14 @@ class Backend {
   virtual void scale(float beta, MatrixView<float> C) = 0;
   virtual void scale(double beta, MatrixView<double> C) = 0;
 
+  /// Y[r, c] += bias[c] for every row r (bias holds Y.cols elements).
+  virtual void add_bias(MatrixView<float> Y, const float* bias) = 0;
+  virtual void add_bias(MatrixView<double> Y, const double* bias) = 0;
+
+  /// out[c] = beta * out[c] + sum over rows r of X[r, c] (beta == 0 never reads out).
+  virtual void column_sums(ConstMatrixView<float> X, float beta, float* out) = 0;
+  virtual void column_sums(ConstMatrixView<double> X, double beta, double* out) = 0;
+
   /// Waits until every operation issued so far has finished (no-op on CPU).
   virtual void synchronize() {}
 };

@@ -25,6 +25,10 @@ class CpuBackend final : public Backend {
   void axpby(double alpha, ConstMatrixView<double> X, double beta, MatrixView<double> C) override;
   void scale(float beta, MatrixView<float> C) override;
   void scale(double beta, MatrixView<double> C) override;
+  void add_bias(MatrixView<float> Y, const float* bias) override;
+  void add_bias(MatrixView<double> Y, const double* bias) override;
+  void column_sums(ConstMatrixView<float> X, float beta, float* out) override;
+  void column_sums(ConstMatrixView<double> X, double beta, double* out) override;
 };
 
 }  // namespace summa

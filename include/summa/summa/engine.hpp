@@ -69,6 +69,8 @@ class SummaEngine {
   const SummaOptions& options() const { return options_; }
   void set_options(const SummaOptions& o);
   int q() const { return q_; }
+  ProcessGrid& grid() const { return *grid_; }
+  Backend& backend() const { return *backend_; }
 
   /// Global m x n x k -> local block shapes; throws when q does not divide them.
   static BlockShapes block_shapes(Form form, index_t m, index_t n, index_t k, int q);

@@ -1,0 +1,97 @@
+#include "summa/layers/linear2d.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace summa {
+
+Linear2D::Linear2D(SummaEngine& engine, index_t tokens, index_t in, index_t out, bool has_bias)
+    : engine_(&engine), tokens_(tokens), in_(in), out_(out), has_bias_(has_bias), q_(engine.q()) {
+  std::optional<std::string> error;
+  for (auto [name, v] :
+       {std::pair<const char*, index_t>{"tokens", tokens}, {"in", in}, {"out", out}})
+    if (v <= 0 || v % q_ != 0) {
+      error = fmt::format("Linear2D: {}={} must be positive and divisible by q={}", name, v, q_);
+      break;
+    }
+  engine.grid().agree(CommAxis::mesh, error);
+}
+
+bool Linear2D::owns_bias() const {
+  return has_bias_ && engine_->grid().coords().row == 0;
+}
+
+std::size_t Linear2D::workspace_bytes(DType t) const {
+  const std::size_t bias =
+      has_bias_ ? Arena::rounded(static_cast<std::size_t>(local_out()) * size_of(t)) : 0;
+  const std::size_t summa = std::max({engine_->workspace_bytes(Form::AB, tokens_, out_, in_, t),
+                                      engine_->workspace_bytes(Form::ABt, tokens_, in_, out_, t),
+                                      engine_->workspace_bytes(Form::AtB, in_, out_, tokens_, t)});
+  return bias + summa;
+}
+
+template <class T>
+void Linear2D::forward(ConstMatrixView<T> X, ConstMatrixView<T> W, const T* bias, MatrixView<T> Y,
+                       Workspace& ws) {
+  ProcessGrid& grid = engine_->grid();
+  const bool owner = owns_bias();
+  grid.agree(CommAxis::mesh,
+             owner && bias == nullptr
+                 ? std::optional<std::string>("Linear2D forward: null bias on an owner")
+                 : std::nullopt);
+  ArenaScope scope(ws);
+  T* b = nullptr;
+  Request request;
+  const auto nb = static_cast<std::size_t>(local_out());
+  if (has_bias_) {  // broadcast the bias down the mesh column while the GEMM runs
+    b = ws.take<T>(nb);
+    if (owner) std::copy(bias, bias + nb, b);
+    request = grid.mesh_col().ibroadcast(b, nb, dtype_v<T>, 0);
+  }
+  engine_->multiply(Form::AB, tokens_, out_, in_, T(1), X, W, T(0), Y, ws);
+  if (has_bias_) {
+    grid.mesh_col().wait(request);
+    engine_->backend().add_bias(Y, b);
+  }
+}
+
+template <class T>
+void Linear2D::backward(ConstMatrixView<T> X, ConstMatrixView<T> W, ConstMatrixView<T> dY,
+                        MatrixView<T> dX, MatrixView<T> dW, T* dbias, Workspace& ws,
+                        bool accumulate) {
+  ProcessGrid& grid = engine_->grid();
+  const bool owner = owns_bias();
+  grid.agree(CommAxis::mesh,
+             owner && dbias == nullptr
+                 ? std::optional<std::string>("Linear2D backward: null bias gradient on an owner")
+                 : std::nullopt);
+  const T beta = accumulate ? T(1) : T(0);
+  if (!(dX.rows == 0 && dX.cols == 0))
+    engine_->multiply(Form::ABt, tokens_, in_, out_, T(1), dY, W, T(0), dX, ws);
+  engine_->multiply(Form::AtB, in_, out_, tokens_, T(1), X, dY, beta, dW, ws);
+  if (!has_bias_) return;
+  ArenaScope scope(ws);
+  const auto nb = static_cast<std::size_t>(local_out());
+  T* partial = ws.take<T>(nb);
+  engine_->backend().column_sums(dY, T(0), partial);
+  grid.mesh_col().reduce(partial, partial, nb, dtype_v<T>, ReduceOp::sum, 0);
+  if (owner) {
+    const auto n = static_cast<index_t>(nb);
+    engine_->backend().axpby(T(1), MatrixView<T>::dense(partial, 1, n), beta,
+                             MatrixView<T>::dense(dbias, 1, n));
+  }
+}
+
+template void Linear2D::forward<float>(ConstMatrixView<float>, ConstMatrixView<float>, const float*,
+                                       MatrixView<float>, Workspace&);
+template void Linear2D::forward<double>(ConstMatrixView<double>, ConstMatrixView<double>,
+                                        const double*, MatrixView<double>, Workspace&);
+template void Linear2D::backward<float>(ConstMatrixView<float>, ConstMatrixView<float>,
+                                        ConstMatrixView<float>, MatrixView<float>,
+                                        MatrixView<float>, float*, Workspace&, bool);
+template void Linear2D::backward<double>(ConstMatrixView<double>, ConstMatrixView<double>,
+                                         ConstMatrixView<double>, MatrixView<double>,
+                                         MatrixView<double>, double*, Workspace&, bool);
+
+}  // namespace summa
