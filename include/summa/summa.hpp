@@ -15,4 +15,5 @@
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/linear2d.hpp"
 #include "summa/memory/arena.hpp"
+#include "summa/reference/gpt.hpp"
 #include "summa/summa/engine.hpp"

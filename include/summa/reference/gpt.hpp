@@ -1,0 +1,240 @@
+#pragma once
+/// \file gpt.hpp
+/// Serial reference GPT-2: one process, no MPI, plain loops and Eigen in the
+/// implementation. It is the oracle the distributed model is compared against
+/// (forward, loss and every gradient) and a way for users to check a
+/// configuration on one core.
+///
+/// Architecture and names follow Hugging Face's GPT2LMHeadModel (transformer.*
+/// prefix dropped), so checkpoints map one to one:
+///   x = wte[tokens] + wpe[positions]
+///   N pre-LN blocks: x = x + Attn(LN1(x)); x = x + MLP(LN2(x))
+///   logits = LN_f(x) · wteᵀ (tied head), loss = mean cross-entropy.
+/// Linear layers use the Conv1D layout: weight [in, out], y = x W + b, row-major.
+/// The attention projection c_attn produces [q | k | v] (each n_embd wide);
+/// head j of each is columns [j·d, (j+1)·d) with d = n_embd / n_head. The MLP
+/// uses GeLU in its tanh form. No dropout.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "summa/core/matrix_view.hpp"
+#include "summa/core/types.hpp"
+
+namespace summa::reference {
+
+/// Model shape (Hugging Face GPT2Config field names).
+struct GptConfig {
+  int n_layer = 0;
+  int n_head = 0;
+  int n_embd = 0;
+  int n_positions = 0;
+  int vocab_size = 0;
+  double layer_norm_epsilon = 1e-5;
+
+  /// Throws summa::Error naming the values: every integer field positive,
+  /// n_embd divisible by n_head, epsilon positive and finite.
+  void validate() const;
+  /// d = n_embd / n_head.
+  index_t head_dim() const { return n_head > 0 ? n_embd / n_head : 0; }
+};
+
+/// A parameter tensor: its name and logical (row-major) shape, 1-D or 2-D.
+struct ParamInfo {
+  std::string name;
+  std::vector<index_t> shape;
+  index_t size() const;
+  /// The 2-D shape used by matrix views: [rows, cols] of a 2-D tensor, [1, n]
+  /// of a 1-D one.
+  index_t rows() const { return shape.size() == 2 ? shape[0] : 1; }
+  index_t cols() const { return shape.back(); }
+};
+
+/// Every parameter in the fixed order: wte.weight, wpe.weight, then for i = 0..n_layer-1
+/// h.{i}.ln_1.weight, h.{i}.ln_1.bias, h.{i}.attn.c_attn.weight,
+/// h.{i}.attn.c_attn.bias, h.{i}.attn.c_proj.weight, h.{i}.attn.c_proj.bias,
+/// h.{i}.ln_2.weight, h.{i}.ln_2.bias, h.{i}.mlp.c_fc.weight, h.{i}.mlp.c_fc.bias,
+/// h.{i}.mlp.c_proj.weight, h.{i}.mlp.c_proj.bias; then ln_f.weight, ln_f.bias.
+/// Validates the config.
+std::vector<ParamInfo> parameter_list(const GptConfig& config);
+/// Total number of parameter elements (the tied head counts once).
+index_t parameter_count(const GptConfig& config);
+
+// ---------------------------------------------------------------- initialisation
+//
+// Layout-invariant: every element's initial value is a pure function of
+// (seed, parameter name, flat row-major index in the global tensor), so any
+// shard of any layout can be generated on its own and the global weights are
+// identical. The generator is counter-based (no state):
+//   mix(z)  = splitmix64's finaliser: z ^= z >> 30; z *= 0xBF58476D1CE4E5B9;
+//             z ^= z >> 27; z *= 0x94D049BB133111EB; z ^= z >> 31
+//   γ       = 0x9E3779B97F4A7C15, fnv1a64 = 64-bit FNV-1a of the name's bytes
+//   key     = mix(mix(seed + γ) ^ fnv1a64(name))
+//   u_k     = ((mix(key + (2·index + k + 1)·γ) >> 11) + 1) · 2⁻⁵³ in (0, 1], k = 0, 1
+//   z       = sqrt(−2 ln u_0) · cos(2π u_1)                     (Box–Muller)
+// with all integer arithmetic mod 2⁶⁴. The element's value is std · z,
+// computed in double and then rounded to the element type. GPT-2 init: wte, wpe and every linear
+// weight N(0, 0.02), except the residual projections attn.c_proj.weight and mlp.c_proj.weight,
+// which get N(0, 0.02 / sqrt(2·n_layer)); biases 0; LayerNorm weight 1, bias 0.
+
+/// The standard normal deviate z(seed, name, index) above (no scaling; any
+/// name and index are accepted).
+double init_normal(std::uint64_t seed, std::string_view name, std::uint64_t index);
+
+/// Initial value of element `index` (flat, row-major) of parameter `name`.
+/// Throws summa::Error for an unknown name or an index outside the tensor.
+double init_value(std::uint64_t seed, std::string_view name, index_t index,
+                  const GptConfig& config);
+
+/// out[i] = init_value(seed, name, first + i, config) for every i; the range
+/// must lie inside the tensor.
+template <class T>
+void init_fill(std::uint64_t seed, std::string_view name, index_t first, std::span<T> out,
+               const GptConfig& config);
+
+/// A block of the parameter seen as its 2-D matrix (ParamInfo::rows() x
+/// cols(), 1-D tensors as one row): block(i, j) = value at global (row0 + i,
+/// col0 + j), i.e. flat index (row0 + i)·cols + col0 + j. Any order and ld.
+template <class T>
+void init_fill_block(std::uint64_t seed, std::string_view name, index_t row0, index_t col0,
+                     MatrixView<T> block, const GptConfig& config);
+
+// ---------------------------------------------------------------- the model
+
+/// Name and shape of an activation kept by the last forward pass.
+struct ActivationInfo {
+  std::string name;
+  std::vector<index_t> shape;
+};
+
+/// The serial GPT-2, in float or double.
+///
+/// Parameters and gradients are each one contiguous buffer in parameter_list()
+/// order; param(name) / grad(name) are spans into them (stable for the life of
+/// the object). Gradients are *overwritten* by backward(): it zeroes every
+/// gradient tensor first, then writes dL/dθ of the loss of the last forward.
+///
+/// Copies are deep; a moved-from Gpt may only be assigned to or destroyed.
+///
+/// Precision: LayerNorm statistics (two-pass mean and variance), softmax and
+/// cross-entropy sums, and GeLU are evaluated in double for both element
+/// types; GEMMs run in T.
+template <class T>
+class Gpt {
+ public:
+  /// Validates the config and initialises with init_value(seed, ...).
+  Gpt(const GptConfig& config, std::uint64_t seed);
+  Gpt(const Gpt& other);
+  Gpt& operator=(const Gpt& other);
+  Gpt(Gpt&&) noexcept;
+  Gpt& operator=(Gpt&&) noexcept;
+  ~Gpt();
+
+  const GptConfig& config() const { return config_; }
+  const std::vector<ParamInfo>& parameter_info() const { return info_; }
+  index_t num_parameters() const { return static_cast<index_t>(params_.size()); }
+
+  /// Re-initialises every parameter from `seed` (gradients and activations
+  /// are left as they are).
+  void init(std::uint64_t seed);
+
+  /// Flat views of all parameters / gradients, in parameter_list() order.
+  std::span<T> params() { return params_; }
+  std::span<const T> params() const { return params_; }
+  std::span<T> grads() { return grads_; }
+  std::span<const T> grads() const { return grads_; }
+
+  /// One tensor by name (row-major elements); throws summa::Error for an
+  /// unknown name.
+  std::span<T> param(std::string_view name);
+  std::span<const T> param(std::string_view name) const;
+  std::span<T> grad(std::string_view name);
+  std::span<const T> grad(std::string_view name) const;
+  /// The same tensor as a row-major ParamInfo::rows() x cols() view.
+  MatrixView<T> param_matrix(std::string_view name);
+  MatrixView<T> grad_matrix(std::string_view name);
+
+  /// Forward pass on `batch` sequences of `seq` tokens (row-major [batch,
+  /// seq] int32 ids) with `targets` of the same shape (targets[b, t] is the
+  /// token to predict at position t, i.e. Hugging Face's labels already
+  /// shifted; every position counts); returns the mean cross-entropy over all
+  /// batch·seq positions and keeps the activations for backward(). Throws
+  /// summa::Error (before touching any state) for an empty batch, sizes that do not match
+  /// batch·seq, seq > n_positions, or an id outside [0, vocab_size).
+  T forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+            index_t batch, index_t seq);
+
+  /// Forward pass from given input embeddings ([batch, seq, n_embd], i.e.
+  /// what wte[tokens] + wpe[positions] would be). backward() then gives
+  /// input_grad() and leaves wpe's gradient zero; wte's gradient is the tied
+  /// head's contribution only. seq is not limited by n_positions here.
+  T forward_embeddings(std::span<const T> embeddings, std::span<const std::int32_t> targets,
+                       index_t batch, index_t seq);
+
+  /// Gradients of the last forward's loss w.r.t. every parameter (zeroed
+  /// first, then written) and w.r.t. the input embeddings. Throws if there
+  /// was no forward pass.
+  void backward();
+
+  /// Loss of the last forward pass.
+  T loss() const;
+  /// Logits of the last forward pass, row-major [batch, seq, vocab_size].
+  std::span<const T> logits() const;
+  /// dL/d(input embeddings) of the last backward, [batch, seq, n_embd].
+  std::span<const T> input_grad() const;
+
+  /// The activations of the last forward pass (row-major; B = batch, S = seq,
+  /// h = n_embd, H = n_head, V = vocab_size):
+  ///   embeddings                 [B, S, h]   input of block 0
+  ///   h.{i}.ln_1                 [B, S, h]
+  ///   h.{i}.attn.c_attn          [B, S, 3h]  q | k | v
+  ///   h.{i}.attn.probs           [B, H, S, S] softmax probabilities (0 above
+  ///                                          the diagonal)
+  ///   h.{i}.attn.context         [B, S, h]   heads concatenated, before c_proj
+  ///   h.{i}.attn.c_proj          [B, S, h]   attention output
+  ///   h.{i}.mid                  [B, S, h]   x + Attn(LN1(x))
+  ///   h.{i}.ln_2                 [B, S, h]
+  ///   h.{i}.mlp.c_fc             [B, S, 4h]  before GeLU
+  ///   h.{i}.mlp.gelu             [B, S, 4h]
+  ///   h.{i}.mlp.c_proj           [B, S, h]   MLP output
+  ///   h.{i}.output               [B, S, h]   block output
+  ///   ln_f                       [B, S, h]
+  ///   logits                     [B, S, V]
+  /// (Hugging Face's hidden_states are embeddings, h.{i}.output for i <
+  /// n_layer-1, and ln_f.)
+  std::vector<ActivationInfo> activation_info() const;
+  std::span<const T> activation(std::string_view name) const;
+  /// Gradient of the loss w.r.t. an activation, after backward(), for
+  /// embeddings, h.{i}.output, ln_f and logits.
+  std::span<const T> activation_grad(std::string_view name) const;
+
+ private:
+  struct State;
+  std::size_t index_of(std::string_view name) const;  // into info_ / offsets_
+  T run_forward(std::span<const std::int32_t> targets, index_t batch, index_t seq);
+
+  GptConfig config_;
+  std::vector<ParamInfo> info_;
+  std::vector<index_t> offsets_;  // element offset of each tensor in params_
+  std::vector<T> params_;
+  std::vector<T> grads_;
+  std::unique_ptr<State> state_;
+};
+
+extern template class Gpt<float>;
+extern template class Gpt<double>;
+extern template void init_fill<float>(std::uint64_t, std::string_view, index_t, std::span<float>,
+                                      const GptConfig&);
+extern template void init_fill<double>(std::uint64_t, std::string_view, index_t, std::span<double>,
+                                       const GptConfig&);
+extern template void init_fill_block<float>(std::uint64_t, std::string_view, index_t, index_t,
+                                            MatrixView<float>, const GptConfig&);
+extern template void init_fill_block<double>(std::uint64_t, std::string_view, index_t, index_t,
+                                             MatrixView<double>, const GptConfig&);
+
+}  // namespace summa::reference
