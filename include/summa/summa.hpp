@@ -13,6 +13,7 @@
 #include "summa/core/types.hpp"
 #include "summa/grid/placement.hpp"
 #include "summa/grid/process_grid.hpp"
+#include "summa/layers/layernorm2d.hpp"
 #include "summa/layers/linear2d.hpp"
 #include "summa/memory/arena.hpp"
 #include "summa/reference/gpt.hpp"

@@ -1,6 +1,7 @@
 #include "summa/backend/cpu_backend.hpp"
 
 #include <Eigen/Core>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <new>
@@ -190,6 +191,130 @@ void column_sums_impl(ConstMatrixView<T> X, T beta, T* out) {
   });
 }
 
+// ---- LayerNorm kernels ------------------------------------------------------
+
+template <class T>
+using ColVec = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;  // one value per row
+template <class T>
+using RowVec = Eigen::Map<const Eigen::Array<T, 1, Eigen::Dynamic>>;  // one value per column
+
+template <class T>
+void same_shape(const char* what, ConstMatrixView<T> A, index_t rows, index_t cols) {
+  require(A.rows == rows && A.cols == cols, [&] {
+    return std::string(what) + ": shapes differ (" + std::to_string(A.rows) + "x" +
+           std::to_string(A.cols) + " vs " + std::to_string(rows) + "x" + std::to_string(cols) +
+           ")";
+  });
+}
+
+template <class T>
+void ln_partial_sums_impl(ConstMatrixView<T> X, const T* center, T* out) {
+  if (X.rows == 0) return;
+  Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> o(out, X.rows);
+  if (X.cols == 0) {
+    o.setZero();
+    return;
+  }
+  with_map(X, [&](auto x) {
+    if (center == nullptr)
+      o = x.array().rowwise().sum();
+    else
+      o = (x.array().colwise() - ColVec<T>(center, X.rows)).square().rowwise().sum();
+  });
+}
+
+template <class T>
+void ln_mean_impl(index_t n, index_t h, const T* sums, T* mean) {
+  for (index_t r = 0; r < n; ++r) mean[r] = sums[r] / static_cast<T>(h);
+}
+
+template <class T>
+void ln_rstd_impl(index_t n, index_t h, double eps, const T* squares, T* rstd) {
+  for (index_t r = 0; r < n; ++r)
+    rstd[r] = T(1) / std::sqrt(squares[r] / static_cast<T>(h) + static_cast<T>(eps));
+}
+
+template <class T>
+void ln_apply_impl(ConstMatrixView<T> X, const T* mean, const T* rstd, const T* gamma,
+                   const T* beta, MatrixView<T> Y) {
+  same_shape<T>("layernorm_apply", X, Y.rows, Y.cols);
+  if (X.empty()) return;
+  const ColVec<T> m(mean, X.rows), r(rstd, X.rows);
+  const RowVec<T> g(gamma, X.cols), b(beta, X.cols);
+  with_map(Y, [&](auto y) {
+    with_map(X, [&](auto x) {
+      y.array() = (((x.array().colwise() - m).colwise() * r).rowwise() * g).rowwise() + b;
+    });
+  });
+}
+
+template <class T>
+void ln_backward_partials_impl(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T* mean,
+                               const T* rstd, const T* gamma, T* a, T* b) {
+  same_shape<T>("layernorm_backward_partials", dY, X.rows, X.cols);
+  if (X.rows == 0) return;
+  Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> ao(a, X.rows), bo(b, X.rows);
+  if (X.cols == 0) {
+    ao.setZero();
+    bo.setZero();
+    return;
+  }
+  const ColVec<T> m(mean, X.rows), r(rstd, X.rows);
+  const RowVec<T> gm(gamma, X.cols);
+  with_map(dY, [&](auto dy) {
+    with_map(X, [&](auto x) {
+      const auto g = dy.array().rowwise() * gm;
+      const auto xhat = (x.array().colwise() - m).colwise() * r;
+      ao = g.rowwise().sum();
+      bo = (g * xhat).rowwise().sum();
+    });
+  });
+}
+
+template <class T>
+void ln_backward_apply_impl(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T* mean,
+                            const T* rstd, const T* gamma, const T* a, const T* b, index_t h,
+                            MatrixView<T> dX) {
+  same_shape<T>("layernorm_backward_apply", dY, X.rows, X.cols);
+  same_shape<T>("layernorm_backward_apply", X, dX.rows, dX.cols);
+  if (X.empty()) return;
+  const ColVec<T> m(mean, X.rows), r(rstd, X.rows), av(a, X.rows), bv(b, X.rows);
+  const RowVec<T> gm(gamma, X.cols);
+  const T hh = static_cast<T>(h), inv_h = T(1) / hh;
+  with_map(dX, [&](auto dx) {
+    with_map(dY, [&](auto dy) {
+      with_map(X, [&](auto x) {
+        const auto g = dy.array().rowwise() * gm;
+        const auto xhat = (x.array().colwise() - m).colwise() * r;
+        // rstd/h * (h*g - a - xhat*b): broadcasting only plain maps keeps Eigen
+        // from evaluating a scaled a or b into a heap temporary.
+        dx.array() = (((g * hh).colwise() - av) - xhat.colwise() * bv).colwise() * r * inv_h;
+      });
+    });
+  });
+}
+
+template <class T>
+void ln_param_partials_impl(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T* mean,
+                            const T* rstd, T* dgamma, T* dbeta) {
+  same_shape<T>("layernorm_param_partials", dY, X.rows, X.cols);
+  if (X.cols == 0) return;
+  Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> go(dgamma, X.cols), bo(dbeta, X.cols);
+  if (X.rows == 0) {
+    go.setZero();
+    bo.setZero();
+    return;
+  }
+  const ColVec<T> m(mean, X.rows), r(rstd, X.rows);
+  with_map(dY, [&](auto dy) {
+    with_map(X, [&](auto x) {
+      const auto xhat = (x.array().colwise() - m).colwise() * r;
+      go = (dy.array() * xhat).colwise().sum();
+      bo = dy.array().colwise().sum();
+    });
+  });
+}
+
 }  // namespace
 
 void* CpuBackend::allocate(std::size_t bytes) {
@@ -245,6 +370,68 @@ void CpuBackend::column_sums(ConstMatrixView<float> X, float beta, float* out) {
 }
 void CpuBackend::column_sums(ConstMatrixView<double> X, double beta, double* out) {
   column_sums_impl(X, beta, out);
+}
+
+void CpuBackend::layernorm_partial_sums(ConstMatrixView<float> X, const float* center, float* out) {
+  ln_partial_sums_impl(X, center, out);
+}
+void CpuBackend::layernorm_partial_sums(ConstMatrixView<double> X, const double* center,
+                                        double* out) {
+  ln_partial_sums_impl(X, center, out);
+}
+void CpuBackend::layernorm_mean(index_t n, index_t h, const float* sums, float* mean) {
+  ln_mean_impl(n, h, sums, mean);
+}
+void CpuBackend::layernorm_mean(index_t n, index_t h, const double* sums, double* mean) {
+  ln_mean_impl(n, h, sums, mean);
+}
+void CpuBackend::layernorm_rstd(index_t n, index_t h, double eps, const float* squares,
+                                float* rstd) {
+  ln_rstd_impl(n, h, eps, squares, rstd);
+}
+void CpuBackend::layernorm_rstd(index_t n, index_t h, double eps, const double* squares,
+                                double* rstd) {
+  ln_rstd_impl(n, h, eps, squares, rstd);
+}
+void CpuBackend::layernorm_apply(ConstMatrixView<float> X, const float* mean, const float* rstd,
+                                 const float* gamma, const float* beta, MatrixView<float> Y) {
+  ln_apply_impl(X, mean, rstd, gamma, beta, Y);
+}
+void CpuBackend::layernorm_apply(ConstMatrixView<double> X, const double* mean, const double* rstd,
+                                 const double* gamma, const double* beta, MatrixView<double> Y) {
+  ln_apply_impl(X, mean, rstd, gamma, beta, Y);
+}
+void CpuBackend::layernorm_backward_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                             const float* mean, const float* rstd,
+                                             const float* gamma, float* a, float* b) {
+  ln_backward_partials_impl(X, dY, mean, rstd, gamma, a, b);
+}
+void CpuBackend::layernorm_backward_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                             const double* mean, const double* rstd,
+                                             const double* gamma, double* a, double* b) {
+  ln_backward_partials_impl(X, dY, mean, rstd, gamma, a, b);
+}
+void CpuBackend::layernorm_backward_apply(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                          const float* mean, const float* rstd, const float* gamma,
+                                          const float* a, const float* b, index_t h,
+                                          MatrixView<float> dX) {
+  ln_backward_apply_impl(X, dY, mean, rstd, gamma, a, b, h, dX);
+}
+void CpuBackend::layernorm_backward_apply(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                          const double* mean, const double* rstd,
+                                          const double* gamma, const double* a, const double* b,
+                                          index_t h, MatrixView<double> dX) {
+  ln_backward_apply_impl(X, dY, mean, rstd, gamma, a, b, h, dX);
+}
+void CpuBackend::layernorm_param_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                          const float* mean, const float* rstd, float* dgamma,
+                                          float* dbeta) {
+  ln_param_partials_impl(X, dY, mean, rstd, dgamma, dbeta);
+}
+void CpuBackend::layernorm_param_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                          const double* mean, const double* rstd, double* dgamma,
+                                          double* dbeta) {
+  ln_param_partials_impl(X, dY, mean, rstd, dgamma, dbeta);
 }
 
 }  // namespace summa

@@ -62,6 +62,66 @@ class Backend {
   virtual void column_sums(ConstMatrixView<float> X, float beta, float* out) = 0;
   virtual void column_sums(ConstMatrixView<double> X, double beta, double* out) = 0;
 
+  // ---- LayerNorm kernels (LayerNorm2D) --------------------------------------
+  // X, dY, Y and dX are local blocks of `n` rows; per-row arrays (center,
+  // mean, rstd, a, b) hold X.rows elements, per-column arrays (gamma, beta,
+  // dgamma, dbeta) X.cols. Sums accumulate in T (at least fp32). Outputs are
+  // written without being read (NaN in them is overwritten).
+
+  /// out[r] = sum_c X[r, c] when `center` is null, otherwise the sum of
+  /// squared deviations sum_c (X[r, c] - center[r])^2 (the second pass of a
+  /// two-pass variance).
+  virtual void layernorm_partial_sums(ConstMatrixView<float> X, const float* center,
+                                      float* out) = 0;
+  virtual void layernorm_partial_sums(ConstMatrixView<double> X, const double* center,
+                                      double* out) = 0;
+
+  /// Finishes the statistics of n rows over a hidden size h from all-reduced
+  /// sums: mean[r] = sums[r] / h; rstd[r] = 1 / sqrt(squares[r] / h + eps).
+  /// In place (sums == mean, squares == rstd) is allowed.
+  virtual void layernorm_mean(index_t n, index_t h, const float* sums, float* mean) = 0;
+  virtual void layernorm_mean(index_t n, index_t h, const double* sums, double* mean) = 0;
+  virtual void layernorm_rstd(index_t n, index_t h, double eps, const float* squares,
+                              float* rstd) = 0;
+  virtual void layernorm_rstd(index_t n, index_t h, double eps, const double* squares,
+                              double* rstd) = 0;
+
+  /// Y[r, c] = (X[r, c] - mean[r]) * rstd[r] * gamma[c] + beta[c].
+  virtual void layernorm_apply(ConstMatrixView<float> X, const float* mean, const float* rstd,
+                               const float* gamma, const float* beta, MatrixView<float> Y) = 0;
+  virtual void layernorm_apply(ConstMatrixView<double> X, const double* mean, const double* rstd,
+                               const double* gamma, const double* beta, MatrixView<double> Y) = 0;
+
+  /// With xhat = (X - mean[r]) * rstd[r] and g = dY[r, c] * gamma[c], the
+  /// per-row partial sums over the local columns: a[r] = sum_c g,
+  /// b[r] = sum_c g * xhat.
+  virtual void layernorm_backward_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                           const float* mean, const float* rstd, const float* gamma,
+                                           float* a, float* b) = 0;
+  virtual void layernorm_backward_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                           const double* mean, const double* rstd,
+                                           const double* gamma, double* a, double* b) = 0;
+
+  /// dX = rstd[r] * (g - a[r] / h - xhat * b[r] / h), with a and b the
+  /// all-reduced partials above and h the global hidden size.
+  virtual void layernorm_backward_apply(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                        const float* mean, const float* rstd, const float* gamma,
+                                        const float* a, const float* b, index_t h,
+                                        MatrixView<float> dX) = 0;
+  virtual void layernorm_backward_apply(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                        const double* mean, const double* rstd, const double* gamma,
+                                        const double* a, const double* b, index_t h,
+                                        MatrixView<double> dX) = 0;
+
+  /// Local column sums of the parameter gradients: dgamma[c] = sum_r dY * xhat,
+  /// dbeta[c] = sum_r dY (overwritten, never read).
+  virtual void layernorm_param_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                        const float* mean, const float* rstd, float* dgamma,
+                                        float* dbeta) = 0;
+  virtual void layernorm_param_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                        const double* mean, const double* rstd, double* dgamma,
+                                        double* dbeta) = 0;
+
   /// Waits until every operation issued so far has finished (no-op on CPU).
   virtual void synchronize() {}
 };

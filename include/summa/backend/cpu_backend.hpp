@@ -29,6 +29,39 @@ class CpuBackend final : public Backend {
   void add_bias(MatrixView<double> Y, const double* bias) override;
   void column_sums(ConstMatrixView<float> X, float beta, float* out) override;
   void column_sums(ConstMatrixView<double> X, double beta, double* out) override;
+
+  void layernorm_partial_sums(ConstMatrixView<float> X, const float* center, float* out) override;
+  void layernorm_partial_sums(ConstMatrixView<double> X, const double* center,
+                              double* out) override;
+  void layernorm_mean(index_t n, index_t h, const float* sums, float* mean) override;
+  void layernorm_mean(index_t n, index_t h, const double* sums, double* mean) override;
+  void layernorm_rstd(index_t n, index_t h, double eps, const float* squares, float* rstd) override;
+  void layernorm_rstd(index_t n, index_t h, double eps, const double* squares,
+                      double* rstd) override;
+  void layernorm_apply(ConstMatrixView<float> X, const float* mean, const float* rstd,
+                       const float* gamma, const float* beta, MatrixView<float> Y) override;
+  void layernorm_apply(ConstMatrixView<double> X, const double* mean, const double* rstd,
+                       const double* gamma, const double* beta, MatrixView<double> Y) override;
+  void layernorm_backward_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                   const float* mean, const float* rstd, const float* gamma,
+                                   float* a, float* b) override;
+  void layernorm_backward_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                   const double* mean, const double* rstd, const double* gamma,
+                                   double* a, double* b) override;
+  void layernorm_backward_apply(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                const float* mean, const float* rstd, const float* gamma,
+                                const float* a, const float* b, index_t h,
+                                MatrixView<float> dX) override;
+  void layernorm_backward_apply(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                const double* mean, const double* rstd, const double* gamma,
+                                const double* a, const double* b, index_t h,
+                                MatrixView<double> dX) override;
+  void layernorm_param_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                const float* mean, const float* rstd, float* dgamma,
+                                float* dbeta) override;
+  void layernorm_param_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                const double* mean, const double* rstd, double* dgamma,
+                                double* dbeta) override;
 };
 
 }  // namespace summa

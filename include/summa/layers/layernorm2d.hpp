@@ -1,0 +1,70 @@
+#pragma once
+/// \file layernorm2d.hpp
+/// Layer normalisation over the hidden dimension on a q x q mesh (Optimus
+/// §3.2.1): y = (x - mean) * rstd * gamma + beta per token.
+///
+/// Distribution, for X and Y [tokens, hidden]: split into q x q blocks, rank
+/// (i, j) holds block (i, j) — tokens over mesh rows, hidden over mesh
+/// columns. gamma and beta [hidden] are owned by mesh row 0 exactly like
+/// Linear2D's bias: rank (0, j) holds slice j (hidden/q elements), broadcasts
+/// it down mesh column j in forward and receives the column-reduced gradients
+/// in backward; ranks of rows > 0 hold no parameters.
+///
+/// forward:  per token, mean = (sum over the full hidden dim) / hidden from
+///           local partial sums all-reduced along the mesh row; then (two
+///           passes, numerically stable) the all-reduced sum of squared
+///           deviations from that mean gives var and rstd = 1/sqrt(var + eps).
+///           mean and rstd (tokens/q values each) are saved for backward.
+/// backward: with xhat = (x - mean) * rstd and g = dy * gamma, one all-reduce
+///           along the mesh row of the 2 * tokens/q partials a = sum g and
+///           b = sum g * xhat gives dx = rstd * (g - a/h - xhat * b/h);
+///           dgamma = column sums of dy * xhat and dbeta = column sums of dy,
+///           reduced along mesh columns to row 0.
+
+#include "summa/summa/engine.hpp"
+
+namespace summa {
+
+class LayerNorm2D {
+ public:
+  /// Global sizes; throws summa::Error (the same on every rank) unless they
+  /// are positive and divisible by q.
+  LayerNorm2D(SummaEngine& engine, index_t tokens, index_t hidden, double eps = 1e-5);
+
+  index_t tokens() const { return tokens_; }
+  index_t hidden() const { return hidden_; }
+  double eps() const { return eps_; }
+  /// True on the ranks that own a gamma / beta slice (mesh row 0).
+  bool owns_parameters() const;
+  /// Local block shapes: X, Y, dY and dX [tokens/q, hidden/q]; mean and rstd
+  /// tokens/q; gamma, beta and their gradients hidden/q on owners.
+  index_t local_tokens() const { return tokens_ / q_; }
+  index_t local_hidden() const { return hidden_ / q_; }
+
+  /// Workspace a forward or backward call needs.
+  std::size_t workspace_bytes(DType t) const;
+
+  /// Y = LayerNorm(X) * gamma + beta; writes the per-token mean and rstd
+  /// (local_tokens() each, never read) for backward. `gamma` and `beta` are
+  /// read on owners only (may be null elsewhere). Y is never read.
+  template <class T>
+  void forward(ConstMatrixView<T> X, const T* gamma, const T* beta, MatrixView<T> Y, T* mean_out,
+               T* rstd_out, Workspace& ws);
+
+  /// dX from dY and the saved mean / rstd (dX never read); dgamma and dbeta
+  /// (+)= their column-reduced gradients on owners (may be null elsewhere).
+  /// With `accumulate` the parameter gradients are added to, otherwise
+  /// overwritten (never read). `gamma` is read on owners only.
+  template <class T>
+  void backward(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T* gamma, const T* mean,
+                const T* rstd, MatrixView<T> dX, T* dgamma, T* dbeta, Workspace& ws,
+                bool accumulate = false);
+
+ private:
+  SummaEngine* engine_;
+  index_t tokens_, hidden_;
+  double eps_;
+  int q_;
+};
+
+}  // namespace summa

@@ -1,0 +1,252 @@
+// LayerNorm2D (Optimus §3.2.1 layer norm on a q x q mesh) against a serial
+// Eigen reference in double, at whatever q the rank count gives (CTest: 1, 4,
+// 9 ranks). Forward output, the saved mean and rstd, and every gradient (dX,
+// dgamma, dbeta), float and double, row- and column-major blocks with padded
+// leading dimensions, with and without accumulation, NaN-filled outputs.
+//
+// Tolerance: with inputs offset + U(-1, 1) (std ~ 0.58), float rounding of the
+// row sum over h = H values of size <= 1 + |offset| moves the mean by at most
+// ~ H * eps * (1 + |offset|) and xhat, Y, dX by a small multiple of that
+// (|gamma|, |dY| <= 1, rstd ~ 1.7), so Y, mean, rstd (relative) and dX are
+// compared with tol = 16 * H * eps * (1 + |offset|) and the column sums dgamma,
+// dbeta with M * tol (M tokens). At offset 1000 in float tol is 1.5e-2 (H = 8,
+// q = 1) to 4.6e-2 (H = 24, q = 3) while the observed Y / dX errors of the
+// two-pass statistics are ~1e-4; the one-pass E[x^2] - E[x]^2 (E[x^2] ~ 1e6,
+// float ulp 0.06 against var ~ 0.33) fails these bounds (checked by swapping
+// it in: Y, dX, rstd and dgamma all fail at offset 1000, at q = 1, 2, 3).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "test_util.hpp"
+
+namespace summa::test {
+namespace {
+
+struct Env {
+  ProcessGrid grid = ProcessGrid::mesh2d(MPI_COMM_WORLD);
+  CpuBackend backend;
+  SummaEngine engine{grid, backend, {.panel = 5, .overlap = true}};
+};
+Env& env() {
+  static Env e;
+  return e;
+}
+
+// Block (i, j) of a q x q split.
+template <class T>
+Mat<T> block(const Mat<T>& g, int q, int i, int j) {
+  return g.block(i * g.rows() / q, j * g.cols() / q, g.rows() / q, g.cols() / q);
+}
+
+double worst(double local) {
+  MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return local;
+}
+
+struct Reference {
+  Mat<double> Y, dX, mean, rstd, dgamma, dbeta;  // mean, rstd: M x 1; dgamma, dbeta: 1 x H
+};
+
+// Serial two-pass layer norm and its gradient, in double.
+Reference reference(const Mat<double>& X, const Mat<double>& gamma, const Mat<double>& beta,
+                    const Mat<double>& dY, double eps) {
+  const index_t H = X.cols();
+  Reference r;
+  r.mean = X.rowwise().mean();
+  const Mat<double> centered = X.colwise() - r.mean.col(0);
+  r.rstd =
+      ((centered.array().square().rowwise().sum() / static_cast<double>(H)) + eps).rsqrt().matrix();
+  const Mat<double> xhat = centered.array().colwise() * r.rstd.col(0).array();
+  r.Y = (xhat.array().rowwise() * gamma.row(0).array()).rowwise() + beta.row(0).array();
+  const Mat<double> g = dY.array().rowwise() * gamma.row(0).array();
+  const Eigen::ArrayXd a = g.rowwise().sum().array() / static_cast<double>(H);
+  const Eigen::ArrayXd b = (g.array() * xhat.array()).rowwise().sum() / static_cast<double>(H);
+  r.dX = ((g.array().colwise() - a) - xhat.array().colwise() * b).colwise() * r.rstd.col(0).array();
+  r.dgamma = (dY.array() * xhat.array()).colwise().sum();
+  r.dbeta = dY.colwise().sum();
+  return r;
+}
+
+template <class T>
+Mat<double> to_double(const Mat<T>& m) {
+  return m.template cast<double>();
+}
+
+template <class T>
+void check_layernorm(Order in_order, Order out_order, bool accumulate, double offset) {
+  Env& e = env();
+  const int q = e.engine.q(), i = e.grid.coords().row, j = e.grid.coords().col;
+  const index_t M = 6 * q, H = 8 * q, mt = M / q, nh = H / q;
+  const double eps_ln = 1e-5;
+  std::mt19937_64 gen(fresh_seed());
+  Mat<T> X = random_matrix<T>(M, H, gen);
+  X.array() += static_cast<T>(offset);
+  const Mat<T> dY = random_matrix<T>(M, H, gen), gamma = random_matrix<T>(1, H, gen),
+               beta = random_matrix<T>(1, H, gen), dgamma0 = random_matrix<T>(1, H, gen),
+               dbeta0 = random_matrix<T>(1, H, gen);
+
+  LayerNorm2D layer(e.engine, M, H, eps_ln);
+  ASSERT_EQ(layer.local_tokens(), mt);
+  ASSERT_EQ(layer.local_hidden(), nh);
+  EXPECT_EQ(layer.owns_parameters(), i == 0);
+  Workspace ws("workspace", e.backend, layer.workspace_bytes(dtype_v<T>));
+  Block<T> x(mt, nh, in_order, 3), dy(mt, nh, in_order, 1);
+  Block<T> y(mt, nh, out_order, 2), dx(mt, nh, out_order, 0);
+  x.fill(block(X, q, i, j));
+  dy.fill(block(dY, q, i, j));
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  y.fill_value(nan);
+  dx.fill_value(nan);
+  std::vector<T> mean(static_cast<std::size_t>(mt), nan), rstd(static_cast<std::size_t>(mt), nan);
+  std::vector<T> g, b, dg, db;
+  if (layer.owns_parameters()) {
+    for (index_t c = 0; c < nh; ++c) {
+      g.push_back(gamma(0, j * nh + c));
+      b.push_back(beta(0, j * nh + c));
+      dg.push_back(accumulate ? dgamma0(0, j * nh + c) : nan);
+      db.push_back(accumulate ? dbeta0(0, j * nh + c) : nan);
+    }
+  }
+  auto ptr = [](std::vector<T>& v) { return v.empty() ? nullptr : v.data(); };
+  layer.forward<T>(x.view(), ptr(g), ptr(b), y.view(), mean.data(), rstd.data(), ws);
+  layer.backward<T>(x.view(), dy.view(), ptr(g), mean.data(), rstd.data(), dx.view(), ptr(dg),
+                    ptr(db), ws, accumulate);
+
+  Reference r = reference(to_double(X), to_double(gamma), to_double(beta), to_double(dY), eps_ln);
+  if (accumulate) {
+    r.dgamma += to_double(dgamma0);
+    r.dbeta += to_double(dbeta0);
+  }
+  const double tol =
+      16.0 * static_cast<double>(H) * std::numeric_limits<T>::epsilon() * (1.0 + std::abs(offset));
+  auto err = [&](Block<T>& got, const Mat<double>& want) {
+    return worst((to_double(got.read()) - block(want, q, i, j)).cwiseAbs().maxCoeff() / tol);
+  };
+  EXPECT_LT(err(y, r.Y), 1.0) << "Y, offset " << offset;
+  EXPECT_LT(err(dx, r.dX), 1.0) << "dX, offset " << offset;
+  double mean_err = 0, rstd_err = 0;
+  for (index_t t = 0; t < mt; ++t) {
+    const auto k = static_cast<std::size_t>(t);
+    mean_err = std::max(mean_err, std::abs(mean[k] - r.mean(i * mt + t, 0)) / tol);
+    rstd_err =
+        std::max(rstd_err, std::abs(rstd[k] - r.rstd(i * mt + t, 0)) / r.rstd(i * mt + t, 0) / tol);
+  }
+  EXPECT_LT(worst(mean_err), 1.0) << "mean";
+  EXPECT_LT(worst(rstd_err), 1.0) << "rstd";
+  double param_err = 0;
+  for (std::size_t c = 0; c < dg.size(); ++c) {
+    const index_t col = j * nh + static_cast<index_t>(c);
+    param_err = std::max({param_err, std::abs(dg[c] - r.dgamma(0, col)) / (M * tol),
+                          std::abs(db[c] - r.dbeta(0, col)) / (M * tol)});
+  }
+  EXPECT_LT(worst(param_err), 1.0) << "dgamma / dbeta";
+  // Padding sentinels (zeros) outside the output views stay untouched.
+  double padding = 0;
+  for (Block<T>* out : {&y, &dx}) {
+    out->fill_value(T(0));
+    for (T v : out->storage()) padding = std::max(padding, std::abs(static_cast<double>(v)));
+  }
+  EXPECT_EQ(worst(padding), 0.0) << "padding written";
+}
+
+TEST(LayerNorm2D, ForwardBackwardFloatRowMajor) {
+  check_layernorm<float>(Order::row_major, Order::row_major, false, 0.0);
+}
+TEST(LayerNorm2D, ForwardBackwardDoubleColMajor) {
+  check_layernorm<double>(Order::col_major, Order::col_major, false, 0.0);
+}
+TEST(LayerNorm2D, MixedOrders) {
+  check_layernorm<float>(Order::row_major, Order::col_major, false, 0.0);
+  check_layernorm<double>(Order::col_major, Order::row_major, false, 0.0);
+}
+TEST(LayerNorm2D, LargeOffsetIsStableInFloat) {
+  check_layernorm<float>(Order::row_major, Order::row_major, false, 1000.0);
+  check_layernorm<float>(Order::col_major, Order::row_major, false, 1000.0);
+  check_layernorm<double>(Order::col_major, Order::col_major, false, 1000.0);
+}
+TEST(LayerNorm2D, GradientAccumulation) {
+  check_layernorm<double>(Order::row_major, Order::col_major, true, 0.0);
+  check_layernorm<float>(Order::col_major, Order::row_major, true, 0.0);
+}
+
+TEST(LayerNorm2D, NoHeapAllocation) {
+  if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting is off under ASan";
+  Env& e = env();
+  const int q = e.engine.q();
+  const index_t mt = 4, nh = 5;
+  LayerNorm2D layer(e.engine, mt * q, nh * q);
+  Workspace ws("workspace", e.backend, layer.workspace_bytes(DType::f32));
+  std::mt19937_64 gen(fresh_seed());
+  Block<float> x(mt, nh, Order::row_major, 0), dy(mt, nh, Order::col_major, 0);
+  Block<float> y(mt, nh, Order::row_major, 0), dx(mt, nh, Order::row_major, 0);
+  x.fill(random_matrix<float>(mt, nh, gen));
+  dy.fill(random_matrix<float>(mt, nh, gen));
+  std::vector<float> g(static_cast<std::size_t>(nh), 1.0f), b(g), dg(g), db(g);
+  std::vector<float> mean(static_cast<std::size_t>(mt)), rstd(mean);
+  auto call = [&] {
+    layer.forward<float>(x.view(), g.data(), b.data(), y.view(), mean.data(), rstd.data(), ws);
+    layer.backward<float>(x.view(), dy.view(), g.data(), mean.data(), rstd.data(), dx.view(),
+                          dg.data(), db.data(), ws, true);
+  };
+  call();  // warm-up
+  std::uint64_t allocations = 0;
+  std::string first;
+  {
+    CountAllocations counter;
+    call();
+    allocations = counter.count();
+    first = counter.first_caller();
+  }
+  EXPECT_EQ(allocations, 0u) << "first from " << first;
+}
+
+TEST(LayerNorm2D, NullParameterOnAnOwnerFailsEverywhere) {
+  Env& e = env();
+  const int q = e.engine.q();
+  LayerNorm2D layer(e.engine, 2 * q, 3 * q);
+  Workspace ws("workspace", e.backend, layer.workspace_bytes(DType::f64));
+  std::vector<double> x(6, 1.0), y(6), mean(2), rstd(2), beta(3, 0.0);
+  auto view = [](std::vector<double>& v) { return MatrixView<double>::dense(v.data(), 2, 3); };
+  std::string message;
+  try {  // gamma null everywhere, in particular on the owners
+    layer.forward<double>(view(x), nullptr, beta.data(), view(y), mean.data(), rstd.data(), ws);
+  } catch (const Error& err) {
+    message = err.what();
+  }
+  EXPECT_NE(message.find("LayerNorm2D forward: null gamma on an owner"), std::string::npos)
+      << message;
+  EXPECT_TRUE(same_on_all_ranks(message));
+  message.clear();
+  try {  // dbeta null
+    layer.backward<double>(view(x), view(x), beta.data(), mean.data(), rstd.data(), view(y),
+                           beta.data(), nullptr, ws);
+  } catch (const Error& err) {
+    message = err.what();
+  }
+  EXPECT_NE(message.find("LayerNorm2D backward: null beta gradient on an owner"), std::string::npos)
+      << message;
+  EXPECT_TRUE(same_on_all_ranks(message));
+}
+
+TEST(LayerNorm2D, ShapeErrorsOnEveryRank) {
+  Env& e = env();
+  const int q = e.engine.q();
+  const index_t hidden = q == 1 ? 0 : 8 * q + 1;
+  std::string message;
+  try {
+    LayerNorm2D layer(e.engine, 6 * q, hidden);
+  } catch (const Error& err) {
+    message = err.what();
+  }
+  EXPECT_NE(message.find("LayerNorm2D: hidden=" + std::to_string(hidden) +
+                         " must be positive and divisible by q=" + std::to_string(q)),
+            std::string::npos)
+      << message;
+  EXPECT_TRUE(same_on_all_ranks(message));
+}
+
+}  // namespace
+}  // namespace summa::test
