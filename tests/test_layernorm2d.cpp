@@ -25,27 +25,6 @@
 namespace summa::test {
 namespace {
 
-struct Env {
-  ProcessGrid grid = ProcessGrid::mesh2d(MPI_COMM_WORLD);
-  CpuBackend backend;
-  SummaEngine engine{grid, backend, {.panel = 5, .overlap = true}};
-};
-Env& env() {
-  static Env e;
-  return e;
-}
-
-// Block (i, j) of a q x q split.
-template <class T>
-Mat<T> block(const Mat<T>& g, int q, int i, int j) {
-  return g.block(i * g.rows() / q, j * g.cols() / q, g.rows() / q, g.cols() / q);
-}
-
-double worst(double local) {
-  MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return local;
-}
-
 struct Reference {
   Mat<double> Y, dX, mean, rstd, dgamma, dbeta;  // mean, rstd: M x 1; dgamma, dbeta: 1 x H
 };
@@ -77,7 +56,7 @@ Mat<double> to_double(const Mat<T>& m) {
 
 template <class T>
 void check_layernorm(Order in_order, Order out_order, bool accumulate, double offset) {
-  Env& e = env();
+  MeshEnv& e = mesh_env();
   const int q = e.engine.q(), i = e.grid.coords().row, j = e.grid.coords().col;
   const index_t M = 6 * q, H = 8 * q, mt = M / q, nh = H / q;
   const double eps_ln = 1e-5;
@@ -95,8 +74,8 @@ void check_layernorm(Order in_order, Order out_order, bool accumulate, double of
   Workspace ws("workspace", e.backend, layer.workspace_bytes(dtype_v<T>));
   Block<T> x(mt, nh, in_order, 3), dy(mt, nh, in_order, 1);
   Block<T> y(mt, nh, out_order, 2), dx(mt, nh, out_order, 0);
-  x.fill(block(X, q, i, j));
-  dy.fill(block(dY, q, i, j));
+  x.fill(block_of(X, q, i, j));
+  dy.fill(block_of(dY, q, i, j));
   const T nan = std::numeric_limits<T>::quiet_NaN();
   y.fill_value(nan);
   dx.fill_value(nan);
@@ -123,7 +102,8 @@ void check_layernorm(Order in_order, Order out_order, bool accumulate, double of
   const double tol =
       16.0 * static_cast<double>(H) * std::numeric_limits<T>::epsilon() * (1.0 + std::abs(offset));
   auto err = [&](Block<T>& got, const Mat<double>& want) {
-    return worst((to_double(got.read()) - block(want, q, i, j)).cwiseAbs().maxCoeff() / tol);
+    return max_over_ranks((to_double(got.read()) - block_of(want, q, i, j)).cwiseAbs().maxCoeff() /
+                          tol);
   };
   EXPECT_LT(err(y, r.Y), 1.0) << "Y, offset " << offset;
   EXPECT_LT(err(dx, r.dX), 1.0) << "dX, offset " << offset;
@@ -134,22 +114,22 @@ void check_layernorm(Order in_order, Order out_order, bool accumulate, double of
     rstd_err =
         std::max(rstd_err, std::abs(rstd[k] - r.rstd(i * mt + t, 0)) / r.rstd(i * mt + t, 0) / tol);
   }
-  EXPECT_LT(worst(mean_err), 1.0) << "mean";
-  EXPECT_LT(worst(rstd_err), 1.0) << "rstd";
+  EXPECT_LT(max_over_ranks(mean_err), 1.0) << "mean";
+  EXPECT_LT(max_over_ranks(rstd_err), 1.0) << "rstd";
   double param_err = 0;
   for (std::size_t c = 0; c < dg.size(); ++c) {
     const index_t col = j * nh + static_cast<index_t>(c);
     param_err = std::max({param_err, std::abs(dg[c] - r.dgamma(0, col)) / (M * tol),
                           std::abs(db[c] - r.dbeta(0, col)) / (M * tol)});
   }
-  EXPECT_LT(worst(param_err), 1.0) << "dgamma / dbeta";
+  EXPECT_LT(max_over_ranks(param_err), 1.0) << "dgamma / dbeta";
   // Padding sentinels (zeros) outside the output views stay untouched.
   double padding = 0;
   for (Block<T>* out : {&y, &dx}) {
     out->fill_value(T(0));
     for (T v : out->storage()) padding = std::max(padding, std::abs(static_cast<double>(v)));
   }
-  EXPECT_EQ(worst(padding), 0.0) << "padding written";
+  EXPECT_EQ(max_over_ranks(padding), 0.0) << "padding written";
 }
 
 TEST(LayerNorm2D, ForwardBackwardFloatRowMajor) {
@@ -174,7 +154,7 @@ TEST(LayerNorm2D, GradientAccumulation) {
 
 TEST(LayerNorm2D, NoHeapAllocation) {
   if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting is off under ASan";
-  Env& e = env();
+  MeshEnv& e = mesh_env();
   const int q = e.engine.q();
   const index_t mt = 4, nh = 5;
   LayerNorm2D layer(e.engine, mt * q, nh * q);
@@ -204,7 +184,7 @@ TEST(LayerNorm2D, NoHeapAllocation) {
 }
 
 TEST(LayerNorm2D, NullParameterOnAnOwnerFailsEverywhere) {
-  Env& e = env();
+  MeshEnv& e = mesh_env();
   const int q = e.engine.q();
   LayerNorm2D layer(e.engine, 2 * q, 3 * q);
   Workspace ws("workspace", e.backend, layer.workspace_bytes(DType::f64));
@@ -232,7 +212,7 @@ TEST(LayerNorm2D, NullParameterOnAnOwnerFailsEverywhere) {
 }
 
 TEST(LayerNorm2D, ShapeErrorsOnEveryRank) {
-  Env& e = env();
+  MeshEnv& e = mesh_env();
   const int q = e.engine.q();
   const index_t hidden = q == 1 ? 0 : 8 * q + 1;
   std::string message;

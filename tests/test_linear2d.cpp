@@ -12,23 +12,13 @@
 namespace summa::test {
 namespace {
 
-struct Env {
-  ProcessGrid grid = ProcessGrid::mesh2d(MPI_COMM_WORLD);
-  CpuBackend backend;
-  SummaEngine engine{grid, backend, {.panel = 5, .overlap = true}};
-};
-Env& env() {
-  static Env e;
-  return e;
-}
-
 template <class T>
 using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 // Block (i, j) of a q x q split, as a row-major copy.
 template <class T>
 RowMat<T> block(const Mat<T>& g, int q, int i, int j) {
-  return g.block(i * g.rows() / q, j * g.cols() / q, g.rows() / q, g.cols() / q);
+  return block_of(g, q, i, j);
 }
 template <class T>
 MatrixView<T> view(RowMat<T>& m) {
@@ -36,14 +26,8 @@ MatrixView<T> view(RowMat<T>& m) {
 }
 
 template <class T>
-double worst(double local) {
-  MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return local;
-}
-
-template <class T>
 void check_linear(bool has_bias, bool accumulate) {
-  Env& e = env();
+  MeshEnv& e = mesh_env();
   const int q = e.engine.q(), i = e.grid.coords().row, j = e.grid.coords().col;
   const index_t M = 10 * q, K = 6 * q, N = 8 * q;
   std::mt19937_64 gen(fresh_seed());
@@ -79,7 +63,7 @@ void check_linear(bool has_bias, bool accumulate) {
   const double eps = std::numeric_limits<T>::epsilon();
   auto err = [&](const RowMat<T>& got, const Mat<T>& want, index_t k) {
     const double scale = static_cast<double>(k) * eps * 4;  // |entries| <= 1, +bias/accumulate
-    return worst<T>((got - block(want, q, i, j)).cwiseAbs().maxCoeff() / scale);
+    return max_over_ranks((got - block(want, q, i, j)).cwiseAbs().maxCoeff() / scale);
   };
   EXPECT_LT(err(y, Y, K), 1.0) << "Y";
   EXPECT_LT(err(dx, dX, N), 1.0) << "dX";
@@ -89,7 +73,7 @@ void check_linear(bool has_bias, bool accumulate) {
     bias_err = std::max(bias_err, std::abs(static_cast<double>(dbias[c]) -
                                            db(0, j * N / q + static_cast<index_t>(c))) /
                                       (M * eps * 4));
-  EXPECT_LT(worst<T>(bias_err), 1.0) << "db";
+  EXPECT_LT(max_over_ranks(bias_err), 1.0) << "db";
   EXPECT_EQ(layer.owns_bias(), has_bias && i == 0);
 }
 
@@ -107,7 +91,7 @@ TEST(Linear2D, NoBias) {
 }
 
 TEST(Linear2D, ShapeErrorsOnEveryRank) {
-  Env& e = env();
+  MeshEnv& e = mesh_env();
   const int q = e.engine.q();
   if (q == 1) GTEST_SKIP() << "every size is divisible by q = 1";
   std::string message;

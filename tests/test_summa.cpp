@@ -71,13 +71,6 @@ Mat<T> serial(Form f, const Mat<T>& A, const Mat<T>& B) {
   return {};
 }
 
-// The (row, col) block of a global matrix on a q x q mesh.
-template <class T>
-Mat<T> block_of(const Mat<T>& g, int q, int r, int c) {
-  const index_t br = g.rows() / q, bc = g.cols() / q;
-  return g.block(r * br, c * bc, br, bc);
-}
-
 template <class T>
 struct Outcome {
   double normalized_error;

@@ -113,6 +113,30 @@ class Block {
   std::vector<T> storage_;
 };
 
+/// A q x q mesh on MPI_COMM_WORLD with a CPU backend and a SUMMA engine,
+/// built once per test binary (q from the rank count).
+struct MeshEnv {
+  ProcessGrid grid = ProcessGrid::mesh2d(MPI_COMM_WORLD);
+  CpuBackend backend;
+  SummaEngine engine{grid, backend, {.panel = 5, .overlap = true}};
+};
+inline MeshEnv& mesh_env() {
+  static MeshEnv e;
+  return e;
+}
+
+/// Block (i, j) of a global matrix split into q x q equal blocks.
+template <class T>
+Mat<T> block_of(const Mat<T>& g, int q, int i, int j) {
+  return g.block(i * g.rows() / q, j * g.cols() / q, g.rows() / q, g.cols() / q);
+}
+
+/// Maximum of `local` over MPI_COMM_WORLD. Collective.
+inline double max_over_ranks(double local) {
+  MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return local;
+}
+
 /// True when `text` is identical on every rank of `comm`. Collective.
 inline bool same_on_all_ranks(const std::string& text, MPI_Comm comm = MPI_COMM_WORLD) {
   int length = static_cast<int>(text.size());
