@@ -2,7 +2,7 @@
 # One-stop set-up for a fresh Debian machine: installs what is missing from
 # Debian packages, configures, builds, then runs what you ask for.
 #
-#   scripts/quickstart.sh demo    the main demo under mpirun on a 2x2 mesh
+#   scripts/quickstart.sh demo    the main demos under mpirun on a 2x2 mesh
 #   scripts/quickstart.sh test    the whole test suite (ctest)
 #   scripts/quickstart.sh asan    the whole test suite under ASan + UBSan
 #   scripts/quickstart.sh build   set-up and build only
@@ -44,6 +44,7 @@ case "$what" in
     dir=${BUILD_DIR:-build}
     configure_and_build "$dir" -DCMAKE_BUILD_TYPE=Release
     mpirun -np 4 "$dir/examples/summa_demo"
+    mpirun -np 4 "$dir/examples/gpt_memory"
     ;;
   test)
     dir=${BUILD_DIR:-build}

@@ -31,6 +31,7 @@
 #include <functional>
 #include <initializer_list>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,10 @@ using reference::parameter_list;
 
 GptConfig tiny_config() {
   return GptConfig{.n_layer = 2, .n_head = 2, .n_embd = 8, .n_positions = 8, .vocab_size = 11};
+}
+
+std::string fmt_layer(int i) {
+  return "h." + std::to_string(i) + ".";
 }
 
 bool ends_with(const std::string& s, std::string_view suffix) {
@@ -292,6 +297,301 @@ TEST(ReferenceGpt, LayersComposeAndActivationGradientsAgree) {
       EXPECT_NEAR(dlogits[static_cast<std::size_t>(r * v + c)], want_d, 1e-15);
     }
   }
+}
+
+// ---------------------------------------------------------------- activation gradients
+//
+// activation_grad() for the activations inside a block. An activation cannot
+// be perturbed on its own, so every one is checked by the identity that ties
+// it to its consumer's gradient, recomputed here with plain loops written
+// independently of the implementation (LayerNorm through its explicit
+// Jacobian, the attention backward from its definition):
+//   d(mlp.c_proj) = d(output),  d(attn.c_proj) = d(mid)           (bitwise)
+//   d(mlp.gelu) = d(mlp.c_proj)·W_c_projᵀ,  d(mlp.c_fc) = d(mlp.gelu)∘gelu'(c_fc),
+//   d(ln_2) = d(mlp.c_fc)·W_c_fcᵀ,  d(mid) = d(output) + J_LN2(mid)ᵀ·d(ln_2),
+//   d(attn.context) = d(attn.c_proj)·W_projᵀ,  d(attn.probs) = dC·Vᵀ,
+//   d(attn.c_attn) = [dS·K | dSᵀ·Q | Pᵀ·dC] with dS the softmax backward,
+//   d(ln_1) = d(attn.c_attn)·W_c_attnᵀ,  d(block input) = d(mid) + J_LN1(x)ᵀ·d(ln_1),
+//   d(ln_f) = d(logits)·wte,  d(last output) = J_LNf(out)ᵀ·d(ln_f).
+// Walking the chain from d(logits) (checked exactly in the test above) down
+// to d(embeddings) (checked by finite differences) pins every link. Each
+// identity must hold to max|a − b| <= 1e-12·max|b|: both sides are the same
+// double arithmetic in another order (sums of <= 32 terms of magnitude <= 1,
+// rounding ~1e-16 relative; observed <= 5e-16), so the margin is > 1000, while a wrong
+// factor or a missing path (e.g. d(mid) without the ln_2 part, which the test
+// shows is O(1) relative) fails by orders of magnitude.
+// Finally, every bias and LayerNorm-weight gradient, by finite differences of
+// the loss (same stencil and bound as above), must equal the column sums of
+// the matching activation gradient (weighted by x̂ for LayerNorm weights):
+// an end-to-end check of d(attn.c_attn), d(attn.c_proj), d(ln_1), d(ln_2),
+// d(mlp.c_fc) and d(mlp.c_proj) against the loss itself.
+
+using Vec = std::vector<double>;
+
+Vec to_vec(std::span<const double> s) {
+  return Vec(s.begin(), s.end());
+}
+
+// c[n, m] = a[n, k] · b, b stored [k, m] or (transpose_b) [m, k].
+Vec matmul(const Vec& a, std::span<const double> b, index_t n, index_t k, index_t m,
+           bool transpose_b) {
+  Vec c(static_cast<std::size_t>(n * m), 0.0);
+  for (index_t r = 0; r < n; ++r)
+    for (index_t j = 0; j < m; ++j) {
+      double s = 0;
+      for (index_t l = 0; l < k; ++l)
+        s += a[static_cast<std::size_t>(r * k + l)] *
+             b[static_cast<std::size_t>(transpose_b ? j * k + l : l * m + j)];
+      c[static_cast<std::size_t>(r * m + j)] = s;
+    }
+  return c;
+}
+
+// Row-wise J_LN(x)ᵀ·dy from the explicit Jacobian of y = x̂∘g + b:
+//   ∂y_j/∂x_k = g_j·rstd·(δ_jk − 1/h − x̂_j·x̂_k/h).
+Vec layernorm_vjp(const Vec& x, std::span<const double> g, const Vec& dy, index_t n, index_t h,
+                  double eps) {
+  Vec dx(x.size(), 0.0);
+  Vec xhat(static_cast<std::size_t>(h));
+  for (index_t r = 0; r < n; ++r) {
+    const double* xr = x.data() + r * h;
+    double mean = 0, var = 0;
+    for (index_t k = 0; k < h; ++k) mean += xr[k] / static_cast<double>(h);
+    for (index_t k = 0; k < h; ++k) var += (xr[k] - mean) * (xr[k] - mean) / static_cast<double>(h);
+    const double rstd = 1.0 / std::sqrt(var + eps);
+    for (index_t k = 0; k < h; ++k) xhat[static_cast<std::size_t>(k)] = (xr[k] - mean) * rstd;
+    for (index_t k = 0; k < h; ++k) {
+      double s = 0;
+      for (index_t j = 0; j < h; ++j) {
+        const double jac = g[static_cast<std::size_t>(j)] * rstd *
+                           ((j == k ? 1.0 : 0.0) - 1.0 / static_cast<double>(h) -
+                            xhat[static_cast<std::size_t>(j)] * xhat[static_cast<std::size_t>(k)] /
+                                static_cast<double>(h));
+        s += jac * dy[static_cast<std::size_t>(r * h + j)];
+      }
+      dx[static_cast<std::size_t>(r * h + k)] = s;
+    }
+  }
+  return dx;
+}
+
+// d/dx of 0.5·x·(1 + tanh(c·(x + a·x³))), with sech² = 1 / cosh².
+double gelu_derivative(double x) {
+  const double c = std::sqrt(2.0 / 3.14159265358979323846), a = 0.044715;
+  const double u = c * (x + a * x * x * x);
+  const double sech = 1.0 / std::cosh(u);
+  return 0.5 * (1.0 + std::tanh(u)) + 0.5 * x * sech * sech * c * (1.0 + 3.0 * a * x * x);
+}
+
+Vec plus(const Vec& a, const Vec& b) {
+  Vec c(a.size());
+  for (std::size_t k = 0; k < a.size(); ++k) c[k] = a[k] + b[k];
+  return c;
+}
+
+// max|a − b| / max|b|; the bound for the identities below.
+constexpr double kIdentityTol = 1e-12;
+double rel_err(const Vec& a, const Vec& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double err = 0, ref = 0;
+  for (std::size_t k = 0; k < a.size() && k < b.size(); ++k) {
+    err = std::max(err, std::abs(a[k] - b[k]));
+    ref = std::max(ref, std::abs(b[k]));
+  }
+  EXPECT_GT(ref, 0.0);
+  return err / ref;
+}
+
+TEST(ReferenceGpt, BlockActivationGradientsSatisfyTheChainRule) {
+  const GptConfig config = tiny_config();
+  const index_t batch = 2, seq = 4, n = batch * seq, h = config.n_embd, v = config.vocab_size;
+  const index_t heads = config.n_head, d = config.n_embd / config.n_head;
+  const double eps = config.layer_norm_epsilon, scale = 1.0 / std::sqrt(static_cast<double>(d));
+  std::mt19937_64 gen(fresh_seed());
+  Gpt<double> model(config, 12);
+  set_weights(model, random_weights(config, gen));
+  const auto tokens = random_ids(static_cast<std::size_t>(n), v, gen);
+  const auto targets = random_ids(static_cast<std::size_t>(n), v, gen);
+  model.forward(tokens, targets, batch, seq);
+  model.backward();
+  const auto act = [&](const std::string& name) { return to_vec(model.activation(name)); };
+  const auto grad = [&](const std::string& name) { return to_vec(model.activation_grad(name)); };
+
+  // Every activation has a gradient of its shape.
+  for (const auto& a : model.activation_info())
+    EXPECT_EQ(model.activation_grad(a.name).size(), model.activation(a.name).size()) << a.name;
+
+  // Top: d(ln_f) = d(logits)·wte, d(last output) through ln_f.
+  const std::string last = fmt_layer(config.n_layer - 1);
+  EXPECT_LT(
+      rel_err(grad("ln_f"), matmul(grad("logits"), model.param("wte.weight"), n, v, h, false)),
+      kIdentityTol);
+  EXPECT_LT(
+      rel_err(grad(last + "output"), layernorm_vjp(act(last + "output"), model.param("ln_f.weight"),
+                                                   grad("ln_f"), n, h, eps)),
+      kIdentityTol);
+
+  for (int i = config.n_layer - 1; i >= 0; --i) {
+    const std::string pre = fmt_layer(i);
+    SCOPED_TRACE(pre);
+    const auto W = [&](const char* suffix) { return model.param(pre + suffix); };
+    const Vec d_out = grad(pre + "output"), d_mid = grad(pre + "mid");
+
+    // Residual adds pass the gradient on unchanged.
+    EXPECT_EQ(grad(pre + "mlp.c_proj"), d_out);
+    EXPECT_EQ(grad(pre + "attn.c_proj"), d_mid);
+
+    // MLP.
+    const Vec d_gelu = grad(pre + "mlp.gelu"), d_fc = grad(pre + "mlp.c_fc");
+    EXPECT_LT(rel_err(d_gelu, matmul(d_out, W("mlp.c_proj.weight"), n, h, 4 * h, true)),
+              kIdentityTol);
+    const Vec fc = act(pre + "mlp.c_fc");
+    Vec want_fc(fc.size());
+    for (std::size_t k = 0; k < fc.size(); ++k) want_fc[k] = d_gelu[k] * gelu_derivative(fc[k]);
+    EXPECT_LT(rel_err(d_fc, want_fc), kIdentityTol);
+    EXPECT_GT(rel_err(d_gelu, d_fc), 1e-2);  // GeLU' is far from 1: the check sees the step
+    const Vec d_ln2 = grad(pre + "ln_2");
+    EXPECT_LT(rel_err(d_ln2, matmul(d_fc, W("mlp.c_fc.weight"), n, 4 * h, h, true)), kIdentityTol);
+    const Vec through_ln2 = layernorm_vjp(act(pre + "mid"), W("ln_2.weight"), d_ln2, n, h, eps);
+    EXPECT_LT(rel_err(d_mid, plus(d_out, through_ln2)), kIdentityTol);
+    EXPECT_GT(rel_err(d_out, d_mid), 1e-3) << "the ln_2 path carries no signal";
+
+    // Attention.
+    const Vec d_ctx = grad(pre + "attn.context");
+    EXPECT_LT(rel_err(d_ctx, matmul(d_mid, W("attn.c_proj.weight"), n, h, h, true)), kIdentityTol);
+    const Vec qkv = act(pre + "attn.c_attn"), probs = act(pre + "attn.probs");
+    Vec want_dp(probs.size()), want_qkv(qkv.size(), 0.0);
+    bool upper_nonzero = false;
+    for (index_t b = 0; b < batch; ++b)
+      for (index_t j = 0; j < heads; ++j) {
+        // element (row t of sequence b, column e of head j) of Q (part 0), K, V
+        const auto at = [&](index_t part, index_t t, index_t e) {
+          return static_cast<std::size_t>((b * seq + t) * 3 * h + part * h + j * d + e);
+        };
+        const auto dc = [&](index_t t, index_t e) {
+          return d_ctx[static_cast<std::size_t>((b * seq + t) * h + j * d + e)];
+        };
+        const auto p_at = [&](index_t r, index_t c) {
+          return static_cast<std::size_t>(((b * heads + j) * seq + r) * seq + c);
+        };
+        for (index_t r = 0; r < seq; ++r)
+          for (index_t c = 0; c < seq; ++c) {
+            double s = 0;
+            for (index_t e = 0; e < d; ++e) s += dc(r, e) * qkv[at(2, c, e)];
+            want_dp[p_at(r, c)] = s;
+          }
+        for (index_t r = 0; r < seq; ++r) {
+          double dot = 0;
+          for (index_t c = 0; c <= r; ++c) dot += probs[p_at(r, c)] * want_dp[p_at(r, c)];
+          for (index_t c = 0; c <= r; ++c) {
+            const double ds = probs[p_at(r, c)] * (want_dp[p_at(r, c)] - dot) * scale;
+            for (index_t e = 0; e < d; ++e) {
+              want_qkv[at(0, r, e)] += ds * qkv[at(1, c, e)];         // dQ = dS·K
+              want_qkv[at(1, c, e)] += ds * qkv[at(0, r, e)];         // dK = dSᵀ·Q
+              want_qkv[at(2, c, e)] += probs[p_at(r, c)] * dc(r, e);  // dV = Pᵀ·dC
+            }
+          }
+        }
+        upper_nonzero = upper_nonzero || want_dp[p_at(0, 1)] != 0.0;
+      }
+    EXPECT_LT(rel_err(grad(pre + "attn.probs"), want_dp), kIdentityTol);
+    EXPECT_TRUE(upper_nonzero);  // dL/dP is dC·Vᵀ above the diagonal too
+    const Vec d_qkv = grad(pre + "attn.c_attn");
+    EXPECT_LT(rel_err(d_qkv, want_qkv), kIdentityTol);
+    const Vec d_ln1 = grad(pre + "ln_1");
+    EXPECT_LT(rel_err(d_ln1, matmul(d_qkv, W("attn.c_attn.weight"), n, 3 * h, h, true)),
+              kIdentityTol);
+    const std::string input = i == 0 ? "embeddings" : fmt_layer(i - 1) + "output";
+    const Vec through_ln1 = layernorm_vjp(act(input), W("ln_1.weight"), d_ln1, n, h, eps);
+    EXPECT_LT(rel_err(grad(input), plus(d_mid, through_ln1)), kIdentityTol);
+  }
+}
+
+// Σ_rows of an activation gradient (weighted by x̂ = (y − b)/g for a
+// LayerNorm weight) is a parameter gradient; both must match finite
+// differences of the loss.
+TEST(ReferenceGpt, ActivationGradientColumnSumsMatchFiniteDifferences) {
+  const GptConfig config = tiny_config();
+  const index_t batch = 2, seq = 4, n = batch * seq, v = config.vocab_size;
+  std::mt19937_64 gen(fresh_seed());
+  Gpt<double> model(config, 13);
+  set_weights(model, random_weights(config, gen));
+  const auto tokens = random_ids(static_cast<std::size_t>(n), v, gen);
+  const auto targets = random_ids(static_cast<std::size_t>(n), v, gen);
+  model.forward(tokens, targets, batch, seq);
+  model.backward();
+  const auto loss = [&] { return model.forward(tokens, targets, batch, seq); };
+
+  struct Case {
+    std::string param, activation;
+    bool ln_weight;
+  };
+  std::vector<Case> cases;
+  for (int i = 0; i < config.n_layer; ++i) {
+    const std::string pre = fmt_layer(i);
+    cases.push_back({pre + "ln_1.weight", pre + "ln_1", true});
+    cases.push_back({pre + "ln_1.bias", pre + "ln_1", false});
+    cases.push_back({pre + "attn.c_attn.bias", pre + "attn.c_attn", false});
+    cases.push_back({pre + "attn.c_proj.bias", pre + "attn.c_proj", false});
+    cases.push_back({pre + "ln_2.weight", pre + "ln_2", true});
+    cases.push_back({pre + "ln_2.bias", pre + "ln_2", false});
+    cases.push_back({pre + "mlp.c_fc.bias", pre + "mlp.c_fc", false});
+    cases.push_back({pre + "mlp.c_proj.bias", pre + "mlp.c_proj", false});
+  }
+  // Column sums first: the finite differences below run new forward passes.
+  std::vector<Vec> sums;
+  for (const Case& c : cases) {
+    const Vec dy = to_vec(model.activation_grad(c.activation));
+    const Vec y = to_vec(model.activation(c.activation));
+    const index_t m = static_cast<index_t>(dy.size()) / n;
+    Vec sum(static_cast<std::size_t>(m), 0.0);
+    for (index_t r = 0; r < n; ++r)
+      for (index_t k = 0; k < m; ++k) {
+        const auto e = static_cast<std::size_t>(r * m + k);
+        double weight = 1.0;
+        if (c.ln_weight) {
+          const std::string base = c.param.substr(0, c.param.size() - std::string("weight").size());
+          weight = (y[e] - model.param(base + "bias")[static_cast<std::size_t>(k)]) /
+                   model.param(c.param)[static_cast<std::size_t>(k)];
+        }
+        sum[static_cast<std::size_t>(k)] += dy[e] * weight;
+      }
+    sums.push_back(std::move(sum));
+  }
+  for (std::size_t q = 0; q < cases.size(); ++q) {
+    auto values = model.param(cases[q].param);
+    ASSERT_EQ(values.size(), sums[q].size()) << cases[q].param;
+    double worst = 0, norm = 0;
+    for (std::size_t k = 0; k < values.size(); ++k) {
+      const double fd = central_difference(&values[k], loss);
+      worst = std::max(worst, fd_ratio(sums[q][k], fd));
+      norm += fd * fd;
+    }
+    EXPECT_LT(worst, 1.0) << cases[q].param << " vs column sums of " << cases[q].activation;
+    EXPECT_GT(std::sqrt(norm), 1e-6) << cases[q].param;
+  }
+}
+
+TEST(ReferenceGpt, ActivationGradientErrors) {
+  const GptConfig config = tiny_config();
+  std::mt19937_64 gen(fresh_seed());
+  Gpt<float> model(config, 14);
+  const auto tokens = random_ids(10, config.vocab_size, gen);
+  const auto targets = random_ids(10, config.vocab_size, gen);
+  expect_error([&] { (void)model.activation_grad("h.0.mid"); }, {"'h.0.mid'", "no backward"});
+  model.forward(tokens, targets, 2, 5);
+  expect_error([&] { (void)model.activation_grad("h.0.mid"); }, {"'h.0.mid'", "no backward"});
+  model.backward();
+  for (const auto& a : model.activation_info())
+    EXPECT_EQ(model.activation_grad(a.name).size(), model.activation(a.name).size()) << a.name;
+  for (const char* bad :
+       {"h.2.mid", "h.0.attn", "h.00.ln_1", "h.0.ln_1.weight", "mid", "h.-1.mid", "wte.weight", ""})
+    expect_error([&] { (void)model.activation_grad(bad); },
+                 {std::string("'").append(bad).append("'"), "n_layer=2", "h.{i}.", "attn.probs",
+                  "mlp.gelu"});
+  // A new forward pass invalidates the gradients until the next backward.
+  model.forward(tokens, targets, 2, 5);
+  expect_error([&] { (void)model.activation_grad("logits"); }, {"no backward"});
 }
 
 // ---------------------------------------------------------------- forward

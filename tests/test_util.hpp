@@ -6,10 +6,13 @@
 #include <mpi.h>
 
 #include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "summa/summa.hpp"
@@ -135,6 +138,35 @@ Mat<T> block_of(const Mat<T>& g, int q, int i, int j) {
 inline double max_over_ranks(double local) {
   MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return local;
+}
+
+/// max |a - b| / max |b| over two equally long sequences (max |a - b| when b
+/// is all zero): the relative error of a whole tensor.
+template <class A, class B>
+double rel_error(const A& a, const B& b) {
+  double diff = 0, scale = 0;
+  for (std::size_t k = 0; k < b.size(); ++k) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[k]) - static_cast<double>(b[k])));
+    scale = std::max(scale, std::abs(static_cast<double>(b[k])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+/// The elements of a view, row by row.
+template <class T>
+std::vector<T> read(ConstMatrixView<T> v) {
+  std::vector<T> out;
+  for (index_t r = 0; r < v.rows; ++r)
+    for (index_t c = 0; c < v.cols; ++c) out.push_back(v(r, c));
+  return out;
+}
+
+/// Tolerance of the layer and model tests (max relative error of a tensor
+/// against the serial reference): 1e-9 in double, 2e-3 in float; see
+/// test_gpt2d.cpp for the reasoning.
+template <class T>
+double model_tolerance() {
+  return std::is_same_v<T, float> ? 2e-3 : 1e-9;
 }
 
 /// True when `text` is identical on every rank of `comm`. Collective.

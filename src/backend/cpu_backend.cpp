@@ -1,10 +1,13 @@
 #include "summa/backend/cpu_backend.hpp"
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <new>
+#include <string>
 #include <type_traits>
 
 namespace summa {
@@ -315,6 +318,180 @@ void ln_param_partials_impl(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T
   });
 }
 
+// ---- Elementwise and row-wise kernels (GeLU, softmax, cross-entropy, embedding)
+// Plain loops over view elements: no Eigen temporaries, no heap. Elementwise
+// kernels walk the output in its storage order; row-wise kernels walk rows.
+
+// Calls fn(r, c) for every element, the inner loop along the contiguous axis of `o`.
+template <class Fn>
+void for_each_element(index_t rows, index_t cols, Order o, Fn&& fn) {
+  if (o == Order::col_major) {
+    for (index_t c = 0; c < cols; ++c)
+      for (index_t r = 0; r < rows; ++r) fn(r, c);
+  } else {
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t c = 0; c < cols; ++c) fn(r, c);
+  }
+}
+
+constexpr double kGeluC = 0.79788456080286535588;  // sqrt(2 / pi)
+constexpr double kGeluA = 0.044715;
+
+template <class T>
+void gelu_forward_impl(ConstMatrixView<T> X, MatrixView<T> Y) {
+  same_shape<T>("gelu_forward", X, Y.rows, Y.cols);
+  for_each_element(Y.rows, Y.cols, Y.order, [&](index_t r, index_t c) {
+    const double x = X(r, c);
+    const double t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
+    Y(r, c) = static_cast<T>(0.5 * x * (1.0 + t));
+  });
+}
+
+template <class T>
+void gelu_backward_impl(ConstMatrixView<T> X, ConstMatrixView<T> dY, MatrixView<T> dX) {
+  same_shape<T>("gelu_backward", X, dX.rows, dX.cols);
+  same_shape<T>("gelu_backward", dY, dX.rows, dX.cols);
+  for_each_element(dX.rows, dX.cols, dX.order, [&](index_t r, index_t c) {
+    const double x = X(r, c), dy = dY(r, c);  // read before dX (may be dY) is written
+    const double t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
+    const double d =
+        0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * kGeluC * (1.0 + 3.0 * kGeluA * x * x);
+    dX(r, c) = static_cast<T>(dy * d);
+  });
+}
+
+// Row r of a causal softmax uses columns [0, causal_end(r, cols)).
+inline index_t causal_end(index_t r, index_t cols) {
+  return r + 1 < cols ? r + 1 : cols;
+}
+
+template <class T>
+void softmax_causal_impl(ConstMatrixView<T> S, double scale, MatrixView<T> P) {
+  same_shape<T>("softmax_causal", S, P.rows, P.cols);
+  for (index_t r = 0; r < P.rows; ++r) {
+    const index_t end = causal_end(r, P.cols);
+    // Both reading passes over the row finish before the row is written, so
+    // P may be S.
+    double m = -std::numeric_limits<double>::infinity();
+    for (index_t c = 0; c < end; ++c) m = std::max(m, scale * static_cast<double>(S(r, c)));
+    double sum = 0;
+    for (index_t c = 0; c < end; ++c) sum += std::exp(scale * static_cast<double>(S(r, c)) - m);
+    const double inv = 1.0 / sum;
+    for (index_t c = 0; c < end; ++c)
+      P(r, c) = static_cast<T>(std::exp(scale * static_cast<double>(S(r, c)) - m) * inv);
+    for (index_t c = end; c < P.cols; ++c) P(r, c) = T(0);
+  }
+}
+
+template <class T>
+void softmax_causal_backward_impl(ConstMatrixView<T> P, ConstMatrixView<T> dP, double scale,
+                                  MatrixView<T> dS) {
+  same_shape<T>("softmax_causal_backward", P, dS.rows, dS.cols);
+  same_shape<T>("softmax_causal_backward", dP, dS.rows, dS.cols);
+  for (index_t r = 0; r < dS.rows; ++r) {
+    // P is zero above the diagonal, so the row dot product and dS only involve
+    // the causal window; dS is exactly 0 above it (whatever dP holds there).
+    const index_t end = causal_end(r, dS.cols);
+    double dot = 0;
+    for (index_t c = 0; c < end; ++c)
+      dot += static_cast<double>(dP(r, c)) * static_cast<double>(P(r, c));
+    for (index_t c = 0; c < end; ++c) {
+      const double p = P(r, c), dp = dP(r, c);  // read before dS (may be dP) is written
+      dS(r, c) = static_cast<T>(scale * p * (dp - dot));
+    }
+    for (index_t c = end; c < dS.cols; ++c) dS(r, c) = T(0);
+  }
+}
+
+template <class T>
+void row_max_impl(ConstMatrixView<T> Z, T* out) {
+  for (index_t r = 0; r < Z.rows; ++r) {
+    T m = -std::numeric_limits<T>::infinity();  // an empty local block
+    for (index_t c = 0; c < Z.cols; ++c) m = std::max(m, Z(r, c));
+    out[r] = m;
+  }
+}
+
+template <class T>
+void row_sum_exp_impl(ConstMatrixView<T> Z, const T* max, T* out) {
+  for (index_t r = 0; r < Z.rows; ++r) {
+    const double m = max[r];
+    double sum = 0;
+    for (index_t c = 0; c < Z.cols; ++c) sum += std::exp(static_cast<double>(Z(r, c)) - m);
+    out[r] = static_cast<T>(sum);
+  }
+}
+
+// Local column of global id `target` in a block of `cols` columns starting at
+// `col0`, or -1 when it is not local.
+inline index_t local_index(std::int32_t target, index_t col0, index_t cols) {
+  const index_t c = static_cast<index_t>(target) - col0;
+  return c >= 0 && c < cols ? c : index_t(-1);
+}
+
+template <class T>
+void pick_targets_impl(ConstMatrixView<T> Z, const std::int32_t* targets, index_t col0, T* out) {
+  for (index_t r = 0; r < Z.rows; ++r) {
+    const index_t c = local_index(targets[r], col0, Z.cols);
+    out[r] = c >= 0 ? Z(r, c) : T(0);
+  }
+}
+
+template <class T>
+double cross_entropy_sum_impl(index_t n, const T* max, const T* sum, const T* picked) {
+  double total = 0;
+  for (index_t r = 0; r < n; ++r)
+    total += std::log(static_cast<double>(sum[r])) + static_cast<double>(max[r]) -
+             static_cast<double>(picked[r]);
+  return total;
+}
+
+template <class T>
+void cross_entropy_grad_impl(MatrixView<T> Z, const T* max, const T* sum,
+                             const std::int32_t* targets, index_t col0, double scale) {
+  for_each_element(Z.rows, Z.cols, Z.order, [&](index_t r, index_t c) {
+    const double p = std::exp(static_cast<double>(Z(r, c)) - static_cast<double>(max[r])) /
+                     static_cast<double>(sum[r]);
+    const double hit = c + col0 == static_cast<index_t>(targets[r]) ? 1.0 : 0.0;
+    Z(r, c) = static_cast<T>(scale * (p - hit));
+  });
+}
+
+template <class T>
+void gather_rows_impl(const std::int32_t* ids, index_t row0, ConstMatrixView<T> table,
+                      bool accumulate, MatrixView<T> out) {
+  require(out.cols == table.cols, [&] {
+    return "gather_rows: out has " + std::to_string(out.cols) + " columns, table " +
+           std::to_string(table.cols);
+  });
+  for_each_element(out.rows, out.cols, out.order, [&](index_t r, index_t c) {
+    const index_t t = local_index(ids[r], row0, table.rows);
+    if (t >= 0) {
+      if (accumulate)
+        out(r, c) += table(t, c);
+      else
+        out(r, c) = table(t, c);
+    } else if (!accumulate) {
+      out(r, c) = T(0);
+    }
+  });
+}
+
+template <class T>
+void scatter_add_rows_impl(const std::int32_t* ids, index_t row0, ConstMatrixView<T> src,
+                           MatrixView<T> table) {
+  require(src.cols == table.cols, [&] {
+    return "scatter_add_rows: src has " + std::to_string(src.cols) + " columns, table " +
+           std::to_string(table.cols);
+  });
+  // Rows in order, so repeated ids accumulate deterministically.
+  for (index_t r = 0; r < src.rows; ++r) {
+    const index_t t = local_index(ids[r], row0, table.rows);
+    if (t < 0) continue;
+    for (index_t c = 0; c < src.cols; ++c) table(t, c) += src(r, c);
+  }
+}
+
 }  // namespace
 
 void* CpuBackend::allocate(std::size_t bytes) {
@@ -432,6 +609,90 @@ void CpuBackend::layernorm_param_partials(ConstMatrixView<double> X, ConstMatrix
                                           const double* mean, const double* rstd, double* dgamma,
                                           double* dbeta) {
   ln_param_partials_impl(X, dY, mean, rstd, dgamma, dbeta);
+}
+
+void CpuBackend::gelu_forward(ConstMatrixView<float> X, MatrixView<float> Y) {
+  gelu_forward_impl(X, Y);
+}
+void CpuBackend::gelu_forward(ConstMatrixView<double> X, MatrixView<double> Y) {
+  gelu_forward_impl(X, Y);
+}
+void CpuBackend::gelu_backward(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                               MatrixView<float> dX) {
+  gelu_backward_impl(X, dY, dX);
+}
+void CpuBackend::gelu_backward(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                               MatrixView<double> dX) {
+  gelu_backward_impl(X, dY, dX);
+}
+
+void CpuBackend::softmax_causal(ConstMatrixView<float> S, double scale, MatrixView<float> P) {
+  softmax_causal_impl(S, scale, P);
+}
+void CpuBackend::softmax_causal(ConstMatrixView<double> S, double scale, MatrixView<double> P) {
+  softmax_causal_impl(S, scale, P);
+}
+void CpuBackend::softmax_causal_backward(ConstMatrixView<float> P, ConstMatrixView<float> dP,
+                                         double scale, MatrixView<float> dS) {
+  softmax_causal_backward_impl(P, dP, scale, dS);
+}
+void CpuBackend::softmax_causal_backward(ConstMatrixView<double> P, ConstMatrixView<double> dP,
+                                         double scale, MatrixView<double> dS) {
+  softmax_causal_backward_impl(P, dP, scale, dS);
+}
+
+void CpuBackend::row_max(ConstMatrixView<float> Z, float* out) {
+  row_max_impl(Z, out);
+}
+void CpuBackend::row_max(ConstMatrixView<double> Z, double* out) {
+  row_max_impl(Z, out);
+}
+void CpuBackend::row_sum_exp(ConstMatrixView<float> Z, const float* max, float* out) {
+  row_sum_exp_impl(Z, max, out);
+}
+void CpuBackend::row_sum_exp(ConstMatrixView<double> Z, const double* max, double* out) {
+  row_sum_exp_impl(Z, max, out);
+}
+void CpuBackend::pick_targets(ConstMatrixView<float> Z, const std::int32_t* targets, index_t col0,
+                              float* out) {
+  pick_targets_impl(Z, targets, col0, out);
+}
+void CpuBackend::pick_targets(ConstMatrixView<double> Z, const std::int32_t* targets, index_t col0,
+                              double* out) {
+  pick_targets_impl(Z, targets, col0, out);
+}
+double CpuBackend::cross_entropy_sum(index_t n, const float* max, const float* sum,
+                                     const float* picked) {
+  return cross_entropy_sum_impl(n, max, sum, picked);
+}
+double CpuBackend::cross_entropy_sum(index_t n, const double* max, const double* sum,
+                                     const double* picked) {
+  return cross_entropy_sum_impl(n, max, sum, picked);
+}
+void CpuBackend::cross_entropy_grad(MatrixView<float> Z, const float* max, const float* sum,
+                                    const std::int32_t* targets, index_t col0, double scale) {
+  cross_entropy_grad_impl(Z, max, sum, targets, col0, scale);
+}
+void CpuBackend::cross_entropy_grad(MatrixView<double> Z, const double* max, const double* sum,
+                                    const std::int32_t* targets, index_t col0, double scale) {
+  cross_entropy_grad_impl(Z, max, sum, targets, col0, scale);
+}
+
+void CpuBackend::gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<float> table,
+                             bool accumulate, MatrixView<float> out) {
+  gather_rows_impl(ids, row0, table, accumulate, out);
+}
+void CpuBackend::gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<double> table,
+                             bool accumulate, MatrixView<double> out) {
+  gather_rows_impl(ids, row0, table, accumulate, out);
+}
+void CpuBackend::scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<float> src,
+                                  MatrixView<float> table) {
+  scatter_add_rows_impl(ids, row0, src, table);
+}
+void CpuBackend::scatter_add_rows(const std::int32_t* ids, index_t row0,
+                                  ConstMatrixView<double> src, MatrixView<double> table) {
+  scatter_add_rows_impl(ids, row0, src, table);
 }
 
 }  // namespace summa

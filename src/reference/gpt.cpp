@@ -9,6 +9,7 @@
 #include <limits>
 #include <numbers>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "summa/core/error.hpp"
@@ -374,7 +375,10 @@ struct Gpt<T>::State {
   struct Layer {
     std::vector<T> ln1, qkv, probs, ctx, attn_out, mid, ln2, fc, act, mlp_out, out;
     std::vector<double> mean1, rstd1, mean2, rstd2;
-    std::vector<T> d_out;  // dL/d out, after backward
+    // dL/d(activation) after backward, copied out of the backward's scratch.
+    // attn.c_proj's gradient is d_mid and mlp.c_proj's is d_out (identical
+    // tensors, so they are not stored twice).
+    std::vector<T> d_ln1, d_qkv, d_probs, d_ctx, d_mid, d_ln2, d_fc, d_act, d_out;
   };
   bool have_forward = false;
   bool have_backward = false;
@@ -387,7 +391,11 @@ struct Gpt<T>::State {
   std::vector<Layer> layers;
   // gradients of activations and backward scratch
   std::vector<T> d_embeddings, d_lnf, d_logits;
-  std::vector<T> d_x, d_mid, d_h, d_qkv, d_ctx, d_4h, d_p, d_s;
+  std::vector<T> d_x, d_mid, d_h, d_qkv, d_ctx, d_4h;
+
+  // The activation (grad = false) or its gradient (grad = true) called
+  // `name`; nullptr for an unknown name.
+  const std::vector<T>* find(std::string_view name, int n_layer, bool grad) const;
 };
 
 template <class T>
@@ -725,18 +733,24 @@ void Gpt<T>::backward() {
     st.d_mid = st.d_x;
     linear_backward(L.act.data(), P(kFc2W), st.d_x.data(), st.d_4h.data(), G(kFc2W), G(kFc2B), n,
                     4 * h, h);
+    L.d_act = st.d_4h;
     for (std::size_t k = 0; k < st.d_4h.size(); ++k)
       st.d_4h[k] =
           static_cast<T>(static_cast<double>(st.d_4h[k]) * gelu_grad(static_cast<double>(L.fc[k])));
+    L.d_fc = st.d_4h;
     linear_backward(L.ln2.data(), P(kFcW), st.d_4h.data(), st.d_h.data(), G(kFcW), G(kFcB), n, h,
                     4 * h);
+    L.d_ln2 = st.d_h;
     layernorm_backward(L.mid.data(), P(kLn2W), L.mean2.data(), L.rstd2.data(), st.d_h.data(),
                        st.d_mid.data(), G(kLn2W), G(kLn2B), n, h);
+    L.d_mid = st.d_mid;
 
     // attention: mid = x + c_proj(attn(c_attn(ln_1(x))))
     st.d_x = st.d_mid;
     linear_backward(L.ctx.data(), P(kProjW), st.d_mid.data(), st.d_ctx.data(), G(kProjW), G(kProjB),
                     n, h, h);
+    L.d_ctx = st.d_ctx;
+    L.d_probs.resize(sz(batch * heads * seq * seq));
     CMapM<T> qkv(L.qkv.data(), n, 3 * h), dctx(st.d_ctx.data(), n, h);
     MapM<T> dqkv(st.d_qkv.data(), n, 3 * h);
     for (index_t b = 0; b < batch; ++b)
@@ -747,6 +761,7 @@ void Gpt<T>::backward() {
         const auto dC = dctx.block(b * seq, j * d, seq, d);
         CMapM<T> probs(L.probs.data() + (b * heads + j) * seq * seq, seq, seq);
         dP.noalias() = dC * V.transpose();
+        MapM<T>(L.d_probs.data() + (b * heads + j) * seq * seq, seq, seq) = dP;
         dqkv.block(b * seq, 2 * h + j * d, seq, d).noalias() = probs.transpose() * dC;
         for (index_t r = 0; r < seq; ++r) {
           double dot = 0;
@@ -761,8 +776,10 @@ void Gpt<T>::backward() {
         dqkv.block(b * seq, j * d, seq, d).noalias() = dS * K;
         dqkv.block(b * seq, h + j * d, seq, d).noalias() = dS.transpose() * Q;
       }
+    L.d_qkv = st.d_qkv;
     linear_backward(L.ln1.data(), P(kAttnW), st.d_qkv.data(), st.d_h.data(), G(kAttnW), G(kAttnB),
                     n, h, 3 * h);
+    L.d_ln1 = st.d_h;
     layernorm_backward(x, P(kLn1W), L.mean1.data(), L.rstd1.data(), st.d_h.data(), st.d_x.data(),
                        G(kLn1W), G(kLn1B), n, h);
   }
@@ -848,31 +865,36 @@ std::optional<std::pair<std::size_t, std::string_view>> split_layer(std::string_
 }  // namespace
 
 template <class T>
+const std::vector<T>* Gpt<T>::State::find(std::string_view name, int n_layer, bool grad) const {
+  if (name == "embeddings") return grad ? &d_embeddings : &embeddings;
+  if (name == "ln_f") return grad ? &d_lnf : &lnf;
+  if (name == "logits") return grad ? &d_logits : &logits;
+  const auto split = split_layer(name, n_layer);
+  if (!split) return nullptr;
+  const Layer& L = layers[split->first];
+  // suffix, activation, its gradient
+  const std::tuple<std::string_view, const std::vector<T>*, const std::vector<T>*> table[] = {
+      {"ln_1", &L.ln1, &L.d_ln1},
+      {"attn.c_attn", &L.qkv, &L.d_qkv},
+      {"attn.probs", &L.probs, &L.d_probs},
+      {"attn.context", &L.ctx, &L.d_ctx},
+      {"attn.c_proj", &L.attn_out, &L.d_mid},  // mid = x + attn.c_proj
+      {"mid", &L.mid, &L.d_mid},
+      {"ln_2", &L.ln2, &L.d_ln2},
+      {"mlp.c_fc", &L.fc, &L.d_fc},
+      {"mlp.gelu", &L.act, &L.d_act},
+      {"mlp.c_proj", &L.mlp_out, &L.d_out},  // output = mid + mlp.c_proj
+      {"output", &L.out, &L.d_out}};
+  for (const auto& [suffix, value, gradient] : table)
+    if (suffix == split->second) return grad ? gradient : value;
+  return nullptr;
+}
+
+template <class T>
 std::span<const T> Gpt<T>::activation(std::string_view name) const {
   require(state_ != nullptr && state_->have_forward,
           [&] { return fmt::format("Gpt activation '{}': no forward pass yet", name); });
-  const State& st = *state_;
-  const std::vector<T>* found = nullptr;
-  if (name == "embeddings") found = &st.embeddings;
-  if (name == "ln_f") found = &st.lnf;
-  if (name == "logits") found = &st.logits;
-  if (auto split = split_layer(name, config_.n_layer)) {
-    const auto& L = st.layers[split->first];
-    const std::pair<std::string_view, const std::vector<T>*> table[] = {
-        {"ln_1", &L.ln1},
-        {"attn.c_attn", &L.qkv},
-        {"attn.probs", &L.probs},
-        {"attn.context", &L.ctx},
-        {"attn.c_proj", &L.attn_out},
-        {"mid", &L.mid},
-        {"ln_2", &L.ln2},
-        {"mlp.c_fc", &L.fc},
-        {"mlp.gelu", &L.act},
-        {"mlp.c_proj", &L.mlp_out},
-        {"output", &L.out}};
-    for (const auto& [suffix, vec] : table)
-      if (suffix == split->second) found = vec;
-  }
+  const std::vector<T>* found = state_->find(name, config_.n_layer, false);
   require(found != nullptr, [&] {
     return fmt::format("Gpt: no activation named '{}' (see activation_info())", name);
   });
@@ -883,16 +905,13 @@ template <class T>
 std::span<const T> Gpt<T>::activation_grad(std::string_view name) const {
   require(state_ != nullptr && state_->have_backward,
           [&] { return fmt::format("Gpt activation_grad '{}': no backward pass yet", name); });
-  const State& st = *state_;
-  const std::vector<T>* found = nullptr;
-  if (name == "embeddings") found = &st.d_embeddings;
-  if (name == "ln_f") found = &st.d_lnf;
-  if (name == "logits") found = &st.d_logits;
-  if (auto split = split_layer(name, config_.n_layer); split && split->second == "output")
-    found = &st.layers[split->first].d_out;
+  const std::vector<T>* found = state_->find(name, config_.n_layer, true);
   require(found != nullptr, [&] {
     return fmt::format(
-        "Gpt: no activation gradient named '{}' (embeddings, h.{{i}}.output, ln_f, logits)", name);
+        "Gpt: no activation gradient named '{}' (n_layer={}; valid: embeddings, h.{{i}}.{{ln_1, "
+        "attn.c_attn, attn.probs, attn.context, attn.c_proj, mid, ln_2, mlp.c_fc, mlp.gelu, "
+        "mlp.c_proj, output}} for 0 <= i < n_layer, ln_f, logits; see activation_info())",
+        name, config_.n_layer);
   });
   return *found;
 }

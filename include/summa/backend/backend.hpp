@@ -6,6 +6,7 @@
 /// backend live in the backend's memory space (host for CPU, device for CUDA).
 
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 
 #include "summa/core/matrix_view.hpp"
@@ -121,6 +122,82 @@ class Backend {
   virtual void layernorm_param_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
                                         const double* mean, const double* rstd, double* dgamma,
                                         double* dbeta) = 0;
+
+  // ---- GeLU (MLP2D) -----------------------------------------------------------
+  // tanh form: gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
+  // evaluated in at least fp32 (the CPU backend uses double per element).
+
+  /// Y = gelu(X) elementwise (Y never read; Y may be X itself).
+  virtual void gelu_forward(ConstMatrixView<float> X, MatrixView<float> Y) = 0;
+  virtual void gelu_forward(ConstMatrixView<double> X, MatrixView<double> Y) = 0;
+  /// dX = dY * gelu'(X) elementwise (dX never read; dX may be dY itself).
+  virtual void gelu_backward(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                             MatrixView<float> dX) = 0;
+  virtual void gelu_backward(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                             MatrixView<double> dX) = 0;
+
+  // ---- Attention softmax (Attention2D) ----------------------------------------
+
+  /// Row softmax of scale * S over the causal window: for a square S (s x s),
+  /// P[r, c] = exp(scale*S[r,c] - m_r) / sum_{c' <= r} exp(scale*S[r,c'] - m_r)
+  /// for c <= r (m_r the row max over c <= r), and P[r, c] = 0 for c > r.
+  /// P never read; P may be S itself (in place).
+  virtual void softmax_causal(ConstMatrixView<float> S, double scale, MatrixView<float> P) = 0;
+  virtual void softmax_causal(ConstMatrixView<double> S, double scale, MatrixView<double> P) = 0;
+  /// Backward of softmax_causal: with P its output and dP = dL/dP,
+  /// dS[r, c] = scale * P[r, c] * (dP[r, c] - sum_c' dP[r, c'] * P[r, c']).
+  /// (Zero above the diagonal since P is.) dS never read; dS may be dP itself.
+  virtual void softmax_causal_backward(ConstMatrixView<float> P, ConstMatrixView<float> dP,
+                                       double scale, MatrixView<float> dS) = 0;
+  virtual void softmax_causal_backward(ConstMatrixView<double> P, ConstMatrixView<double> dP,
+                                       double scale, MatrixView<double> dS) = 0;
+
+  // ---- Vocabulary-parallel cross-entropy --------------------------------------
+  // Z is a local block of logits [n, vcols] holding global vocabulary columns
+  // [col0, col0 + vcols); targets[r] is row r's global target id. Per-row
+  // outputs hold n values and are written without being read.
+
+  /// out[r] = max_c Z[r, c].
+  virtual void row_max(ConstMatrixView<float> Z, float* out) = 0;
+  virtual void row_max(ConstMatrixView<double> Z, double* out) = 0;
+  /// out[r] = sum_c exp(Z[r, c] - max[r]).
+  virtual void row_sum_exp(ConstMatrixView<float> Z, const float* max, float* out) = 0;
+  virtual void row_sum_exp(ConstMatrixView<double> Z, const double* max, double* out) = 0;
+  /// out[r] = Z[r, targets[r] - col0] when that column is local, else 0.
+  virtual void pick_targets(ConstMatrixView<float> Z, const std::int32_t* targets, index_t col0,
+                            float* out) = 0;
+  virtual void pick_targets(ConstMatrixView<double> Z, const std::int32_t* targets, index_t col0,
+                            double* out) = 0;
+  /// sum over r < n of (log(sum[r]) + max[r] - picked[r]), accumulated in double:
+  /// the summed cross-entropy of n rows from the globally reduced statistics.
+  virtual double cross_entropy_sum(index_t n, const float* max, const float* sum,
+                                   const float* picked) = 0;
+  virtual double cross_entropy_sum(index_t n, const double* max, const double* sum,
+                                   const double* picked) = 0;
+  /// In place, logits to gradient: Z[r, c] = scale * (exp(Z[r, c] - max[r]) /
+  /// sum[r] - [c + col0 == targets[r]]).
+  virtual void cross_entropy_grad(MatrixView<float> Z, const float* max, const float* sum,
+                                  const std::int32_t* targets, index_t col0, double scale) = 0;
+  virtual void cross_entropy_grad(MatrixView<double> Z, const double* max, const double* sum,
+                                  const std::int32_t* targets, index_t col0, double scale) = 0;
+
+  // ---- Embedding rows (Embedding2D) -------------------------------------------
+  // ids[r] (r < out.rows / src.rows) selects global row ids[r]; the table
+  // block holds global rows [row0, row0 + table.rows). Ids outside the block
+  // contribute nothing.
+
+  /// out[r, :] = table[ids[r] - row0, :] if local else 0; with `accumulate`
+  /// out[r, :] += that instead (out read).
+  virtual void gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<float> table,
+                           bool accumulate, MatrixView<float> out) = 0;
+  virtual void gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<double> table,
+                           bool accumulate, MatrixView<double> out) = 0;
+  /// table[ids[r] - row0, :] += src[r, :] for every r whose id is local
+  /// (repeated ids accumulate).
+  virtual void scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<float> src,
+                                MatrixView<float> table) = 0;
+  virtual void scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<double> src,
+                                MatrixView<double> table) = 0;
 
   /// Waits until every operation issued so far has finished (no-op on CPU).
   virtual void synchronize() {}

@@ -4,6 +4,8 @@
 /// caller's scratch, so a warmed-up step allocates nothing) and Eigen maps
 /// for the elementwise kernels. One thread unless Eigen was built with OpenMP.
 
+#include <cstdint>
+
 #include "summa/backend/backend.hpp"
 
 namespace summa {
@@ -62,6 +64,46 @@ class CpuBackend final : public Backend {
   void layernorm_param_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
                                 const double* mean, const double* rstd, double* dgamma,
                                 double* dbeta) override;
+
+  void gelu_forward(ConstMatrixView<float> X, MatrixView<float> Y) override;
+  void gelu_forward(ConstMatrixView<double> X, MatrixView<double> Y) override;
+  void gelu_backward(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                     MatrixView<float> dX) override;
+  void gelu_backward(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                     MatrixView<double> dX) override;
+
+  void softmax_causal(ConstMatrixView<float> S, double scale, MatrixView<float> P) override;
+  void softmax_causal(ConstMatrixView<double> S, double scale, MatrixView<double> P) override;
+  void softmax_causal_backward(ConstMatrixView<float> P, ConstMatrixView<float> dP, double scale,
+                               MatrixView<float> dS) override;
+  void softmax_causal_backward(ConstMatrixView<double> P, ConstMatrixView<double> dP, double scale,
+                               MatrixView<double> dS) override;
+
+  void row_max(ConstMatrixView<float> Z, float* out) override;
+  void row_max(ConstMatrixView<double> Z, double* out) override;
+  void row_sum_exp(ConstMatrixView<float> Z, const float* max, float* out) override;
+  void row_sum_exp(ConstMatrixView<double> Z, const double* max, double* out) override;
+  void pick_targets(ConstMatrixView<float> Z, const std::int32_t* targets, index_t col0,
+                    float* out) override;
+  void pick_targets(ConstMatrixView<double> Z, const std::int32_t* targets, index_t col0,
+                    double* out) override;
+  double cross_entropy_sum(index_t n, const float* max, const float* sum,
+                           const float* picked) override;
+  double cross_entropy_sum(index_t n, const double* max, const double* sum,
+                           const double* picked) override;
+  void cross_entropy_grad(MatrixView<float> Z, const float* max, const float* sum,
+                          const std::int32_t* targets, index_t col0, double scale) override;
+  void cross_entropy_grad(MatrixView<double> Z, const double* max, const double* sum,
+                          const std::int32_t* targets, index_t col0, double scale) override;
+
+  void gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<float> table,
+                   bool accumulate, MatrixView<float> out) override;
+  void gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<double> table,
+                   bool accumulate, MatrixView<double> out) override;
+  void scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<float> src,
+                        MatrixView<float> table) override;
+  void scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<double> src,
+                        MatrixView<double> table) override;
 };
 
 }  // namespace summa

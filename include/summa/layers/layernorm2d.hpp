@@ -21,6 +21,9 @@
 ///           dgamma = column sums of dy * xhat and dbeta = column sums of dy,
 ///           reduced along mesh columns to row 0.
 
+#include <string>
+
+#include "summa/layers/layer.hpp"
 #include "summa/summa/engine.hpp"
 
 namespace summa {
@@ -66,5 +69,37 @@ class LayerNorm2D {
   double eps_;
   int q_;
 };
+
+/// LayerNorm2D as a Layer with its parameters `<name>.weight` (gamma) and
+/// `<name>.bias` (beta), [hidden] each, owned by mesh row 0. forward() keeps
+/// the per-token mean and rstd (2 * tokens/q values) in buffers.forward.
+template <class T>
+class LayerNorm2DLayer final : public Layer<T> {
+ public:
+  LayerNorm2DLayer(SummaEngine& engine, std::string name, index_t tokens, index_t hidden,
+                   double eps = 1e-5);
+
+  std::string_view name() const override { return name_; }
+  void collect_parameters(std::vector<Param<T>*>& out) override;
+  BufferNeeds buffer_needs() const override;
+  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
+  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                bool accumulate = false) override;
+
+  const LayerNorm2D& op() const { return op_; }
+  Param<T>& weight() { return gamma_; }
+  Param<T>& bias() { return beta_; }
+
+ private:
+  LayerNorm2D op_;
+  std::string name_;
+  Param<T> gamma_, beta_;
+  ConstMatrixView<T> x_{};
+  T* mean_ = nullptr;
+  T* rstd_ = nullptr;
+};
+
+extern template class LayerNorm2DLayer<float>;
+extern template class LayerNorm2DLayer<double>;
 
 }  // namespace summa

@@ -16,6 +16,9 @@
 /// backward: dX = dY W' (SUMMA ABt), dW = X' dY (SUMMA AtB), db = column sums
 ///           of dY reduced along mesh columns to row 0.
 
+#include <string>
+
+#include "summa/layers/layer.hpp"
 #include "summa/summa/engine.hpp"
 
 namespace summa {
@@ -60,5 +63,51 @@ class Linear2D {
   bool has_bias_;
   int q_;
 };
+
+/// Linear2D as a Layer with its own parameters `<name>.weight` [in, out] and
+/// `<name>.bias` [out] (Hugging Face Conv1D layout).
+///
+/// `groups` > 1 splits the output features into that many equal groups (for
+/// c_attn: q | k | v) and distributes each group over the mesh columns, so
+/// mesh column j holds columns [g*out/groups + j*w, g*out/groups + (j+1)*w)
+/// of every group g (w = out/(groups*q)), stored side by side. For c_attn this
+/// is exactly the q, k and v columns of column j's heads, so attention is
+/// local. The weight shard is then several pieces of the global tensor (see
+/// ParamShard); global names and shapes are unchanged.
+template <class T>
+class Linear2DLayer final : public Layer<T> {
+ public:
+  Linear2DLayer(SummaEngine& engine, std::string name, index_t tokens, index_t in, index_t out,
+                bool has_bias = true, int groups = 1);
+
+  std::string_view name() const override { return name_; }
+  void collect_parameters(std::vector<Param<T>*>& out) override;
+  BufferNeeds buffer_needs() const override;
+  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
+  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                bool accumulate = false) override;
+
+  const Linear2D& op() const { return op_; }
+  Param<T>& weight() { return weight_; }
+  Param<T>& bias() { return bias_; }
+
+ private:
+  Linear2D op_;
+  std::string name_;
+  Param<T> weight_, bias_;
+  ConstMatrixView<T> x_{};  // input saved by forward
+};
+
+extern template class Linear2DLayer<float>;
+extern template class Linear2DLayer<double>;
+
+/// Shard of a [rows, cols] matrix parameter split into q x q blocks (rank
+/// (i, j) holds block (i, j)), with the columns in `groups` as Linear2DLayer
+/// describes.
+ParamShard matrix_shard(std::string name, index_t rows, index_t cols, int q, int i, int j,
+                        int groups = 1);
+/// Shard of a [n] vector parameter owned by mesh row 0: rank (0, j) holds
+/// slice j (with `groups` as above); other rows hold nothing.
+ParamShard row0_vector_shard(std::string name, index_t n, int q, int i, int j, int groups = 1);
 
 }  // namespace summa

@@ -209,8 +209,29 @@ class Gpt {
   /// n_layer-1, and ln_f.)
   std::vector<ActivationInfo> activation_info() const;
   std::span<const T> activation(std::string_view name) const;
-  /// Gradient of the loss w.r.t. an activation, after backward(), for
-  /// embeddings, h.{i}.output, ln_f and logits.
+  /// dL/d(activation) of the last backward(), same shape as activation(name),
+  /// for every name of activation_info(): the total derivative of the loss
+  /// with respect to that tensor as its consumers use it (every path, residual
+  /// ones included), exactly the values the backward pass propagated. In particular:
+  ///   embeddings          = input_grad()
+  ///   h.{i}.ln_1          dL/d LN1(x), i.e. d(attn.c_attn) · c_attn.weightᵀ
+  ///   h.{i}.attn.c_attn   [dQ | dK | dV]
+  ///   h.{i}.attn.probs    dL/dP = d(attn.context)_head · Vᵀ for every (r, c),
+  ///                       above the diagonal too (what perturbing P there
+  ///                       would give through context = P·V; the softmax
+  ///                       backward only uses the causal part)
+  ///   h.{i}.attn.context  d(attn.c_proj) · attn.c_proj.weightᵀ
+  ///   h.{i}.attn.c_proj   = h.{i}.mid's gradient (mid = x + attn.c_proj)
+  ///   h.{i}.mid           d(output) + the part through ln_2
+  ///   h.{i}.ln_2          d(mlp.c_fc) · mlp.c_fc.weightᵀ
+  ///   h.{i}.mlp.c_fc      w.r.t. the pre-GeLU values: d(mlp.gelu) ∘ gelu'(c_fc)
+  ///   h.{i}.mlp.gelu      w.r.t. the GeLU output: d(mlp.c_proj) · mlp.c_proj.weightᵀ
+  ///   h.{i}.mlp.c_proj    = h.{i}.output's gradient (output = mid + mlp.c_proj)
+  ///   h.{i}.output        input gradient of block i+1 (of ln_f for the last)
+  ///   ln_f                d(logits) · wte
+  ///   logits              (softmax − onehot) / (batch·seq)
+  /// Throws summa::Error (listing the valid names) for an unknown name, and if
+  /// there was no backward() since the last forward.
   std::span<const T> activation_grad(std::string_view name) const;
 
  private:

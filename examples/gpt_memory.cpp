@@ -1,0 +1,107 @@
+// Memory report of the 2D GPT: builds a GPT2D on a q x q mesh (q from the
+// rank count), runs one training step (forward + backward) and prints, per
+// rank, the bytes of parameters, gradients, activations (high water of the
+// forward and checkpoint buffers) and of every buffer (capacity and high
+// water). Rank 0 also prints the activations the serial reference keeps for
+// the same batch (reference::Gpt stores every activation, no checkpointing).
+//
+//   mpirun -np 4 ./gpt_memory [layers hidden heads seq batch vocab [checkpoint=1|0]]
+//
+// docs/memory.md uses it to show activation memory per rank falling as 1/q².
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "summa/summa.hpp"
+
+namespace {
+
+int run(int argc, char** argv) {
+  using summa::index_t;
+  if (argc != 1 && argc != 7 && argc != 8) {
+    std::fprintf(stderr, "usage: %s [layers hidden heads seq batch vocab [checkpoint=1|0]]\n",
+                 argv[0]);
+    return 2;
+  }
+  const auto arg = [&](int k, long fallback) { return argc > k ? std::atol(argv[k]) : fallback; };
+  summa::reference::GptConfig config;
+  config.n_layer = static_cast<int>(arg(1, 4));
+  config.n_embd = static_cast<int>(arg(2, 192));
+  config.n_head = static_cast<int>(arg(3, 6));
+  const index_t seq = arg(4, 128), batch = arg(5, 6);
+  config.vocab_size = static_cast<int>(arg(6, 2304));
+  config.n_positions = static_cast<int>(seq);
+  const bool checkpoint = arg(7, 1) != 0;
+
+  summa::ProcessGrid grid = summa::ProcessGrid::mesh2d(MPI_COMM_WORLD);
+  summa::CpuBackend backend;
+  summa::SummaEngine engine(grid, backend);
+  const int q = engine.q();
+  summa::GPT2D<float> model(engine, config, batch, seq, {.checkpoint = checkpoint});
+  model.init(1234);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * seq));
+  std::vector<std::int32_t> targets(tokens.size());
+  for (std::size_t k = 0; k < tokens.size(); ++k) {
+    tokens[k] = static_cast<std::int32_t>((k * 7919) % static_cast<std::size_t>(config.vocab_size));
+    targets[k] =
+        static_cast<std::int32_t>((k * 104729 + 1) % static_cast<std::size_t>(config.vocab_size));
+  }
+  const double loss = model.forward(tokens, targets);
+  model.backward();
+  const summa::MemoryReport report = model.memory_report();
+
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (rank == 0)
+    std::printf(
+        "GPT2D float: layers %d, hidden %d, heads %d, seq %ld, batch %ld, vocab %d, q %d, "
+        "checkpointing %s, loss %.6f\n",
+        config.n_layer, config.n_embd, config.n_head, static_cast<long>(seq),
+        static_cast<long>(batch), config.vocab_size, q, checkpoint ? "on" : "off", loss);
+  // Ranks print in order (one at a time, rank 0 first).
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) {
+      std::printf("rank %d (mesh %d,%d): parameters %zu B, gradients %zu B, activations %zu B\n",
+                  rank, grid.coords().row, grid.coords().col, report.parameters, report.gradients,
+                  report.activations);
+      std::printf("%s", report.to_string().c_str());
+      std::fflush(stdout);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  // The largest activation footprint over ranks (the one that limits the model).
+  unsigned long long mine = report.activations, worst = 0;
+  MPI_Reduce(&mine, &worst, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, 0, MPI_COMM_WORLD);
+  if (rank == 0) {
+    summa::reference::Gpt<float> serial(config, 1234);
+    serial.forward(tokens, targets, batch, seq);
+    std::size_t serial_bytes = 0;
+    for (const auto& a : serial.activation_info()) {
+      std::size_t n = sizeof(float);
+      for (index_t d : a.shape) n *= static_cast<std::size_t>(d);
+      serial_bytes += n;
+    }
+    std::printf("max activations per rank: %llu B; serial reference keeps %zu B of activations\n",
+                worst, serial_bytes);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int code = 1;
+  try {
+    code = run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt_memory: %s\n", e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  return code;
+}

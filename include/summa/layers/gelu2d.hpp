@@ -1,0 +1,31 @@
+#pragma once
+/// \file gelu2d.hpp
+/// GeLU (tanh form, as GPT-2) on local blocks: elementwise, so any
+/// distribution works and nothing is communicated. forward() keeps a view of
+/// X (the caller keeps X alive); backward() computes dX = dY * gelu'(X).
+
+#include "summa/layers/layer.hpp"
+#include "summa/summa/engine.hpp"
+
+namespace summa {
+
+template <class T>
+class GeLU2D final : public Layer<T> {
+ public:
+  explicit GeLU2D(Backend& backend) : backend_(&backend) {}
+  std::string_view name() const override { return "gelu"; }
+  void collect_parameters(std::vector<Param<T>*>&) override {}
+  BufferNeeds buffer_needs() const override { return {}; }
+  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
+  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                bool accumulate = false) override;
+
+ private:
+  Backend* backend_;
+  ConstMatrixView<T> x_{};
+};
+
+extern template class GeLU2D<float>;
+extern template class GeLU2D<double>;
+
+}  // namespace summa

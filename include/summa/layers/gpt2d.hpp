@@ -1,0 +1,119 @@
+#pragma once
+/// \file gpt2d.hpp
+/// GPT-2 on a q x q mesh (Optimus): weights and activations partitioned over
+/// the mesh, memory in pre-sized buffers, optional per-block activation
+/// checkpointing. The same model as summa::reference::Gpt (names, shapes,
+/// initialisation, loss), so the two can be compared element by element.
+///
+///   x_0 = wte[tokens] + wpe[positions]                      Embedding2D
+///   x_{i+1} = Block_i(x_i), i < n_layer                    TransformerBlock2D
+///   loss = CE(LN_f(x_N) · wteᵀ, targets)                   LayerNorm2D, LMHead2D
+///
+/// Activations are [batch*seq, h] in q x q blocks (mesh row i: sequences
+/// [i*b/q, (i+1)*b/q), mesh column j: hidden columns and heads of slice j).
+/// The block boundaries x_0..x_N live in the checkpoint buffer. With
+/// checkpointing, forward releases each block's saved activations and
+/// backward recomputes block i before differentiating it (forward buffer:
+/// one block); without it every block's activations stay in the forward
+/// buffer. No dropout (GPT-2 pretraining uses 0.1; summa's layers are
+/// deterministic so the distributed model matches the serial one exactly).
+///
+/// Requirements (checked at construction, the same error on every rank):
+/// batch, n_embd, n_head and vocab_size divisible by q, n_embd divisible by
+/// n_head, seq <= n_positions. Token and target ids are checked every step.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "summa/layers/block2d.hpp"
+#include "summa/layers/embedding2d.hpp"
+#include "summa/layers/lm_head2d.hpp"
+#include "summa/layers/parameters.hpp"
+#include "summa/memory/buffers.hpp"
+#include "summa/reference/gpt.hpp"
+
+namespace summa {
+
+struct GptOptions {
+  /// Per-block activation checkpointing (keep only block boundaries, recompute in backward).
+  bool checkpoint = true;
+};
+
+template <class T>
+class GPT2D final : public Module<T> {
+ public:
+  /// Builds the layers, sizes every buffer and allocates parameters (zero;
+  /// call init()). batch and seq are fixed: buffers are sized for them.
+  GPT2D(SummaEngine& engine, const reference::GptConfig& config, index_t batch, index_t seq,
+        GptOptions options = {});
+  ~GPT2D() override;
+  GPT2D(const GPT2D&) = delete;
+  GPT2D& operator=(const GPT2D&) = delete;
+
+  std::string_view name() const override { return ""; }
+  void collect_parameters(std::vector<Param<T>*>& out) override;
+  BufferNeeds buffer_needs() const override;
+
+  /// Layout-invariant initialisation: the same global weights as
+  /// reference::Gpt<T>(config, seed), whatever q.
+  void init(std::uint64_t seed);
+
+  /// Mean cross-entropy over all batch*seq tokens (the same on every rank).
+  /// tokens and targets are the global [batch, seq] ids (row-major, targets
+  /// already shifted), the same on every rank.
+  double forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets);
+  /// Parameter gradients of the last forward's loss: overwritten, or added
+  /// to with `accumulate`.
+  void backward(bool accumulate = false);
+
+  const reference::GptConfig& config() const { return config_; }
+  const GptOptions& options() const { return options_; }
+  index_t batch() const { return batch_; }
+  index_t seq() const { return seq_; }
+  ParameterStore<T>& parameters_store() { return *store_; }
+  ModelBuffers& buffers() { return *buffers_; }
+  /// Bytes per rank: parameters, gradients, activations, every buffer.
+  MemoryReport memory_report() const;
+
+  Embedding2D<T>& embedding() { return *embedding_; }
+  TransformerBlock2D<T>& block(int i) { return *blocks_.at(static_cast<std::size_t>(i)); }
+  LayerNorm2DLayer<T>& ln_f() { return *ln_f_; }
+  LMHead2D<T>& head() { return *head_; }
+
+  /// Local block views, valid until the next forward: x_i (i = 0: the
+  /// embeddings, i = n_layer: the last block's output), LN_f's output and
+  /// (until backward) the logits [b*s/q, V/q].
+  ConstMatrixView<T> boundary(int i) const;
+  ConstMatrixView<T> final_norm() const { return lnf_; }
+  ConstMatrixView<T> logits() const { return head_->logits(); }
+  /// dL/dx_0 (the embeddings) after backward.
+  ConstMatrixView<T> input_grad() const { return input_grad_; }
+
+ private:
+  MatrixView<T> slot(Arena& a, T*& p);
+
+  SummaEngine* engine_;
+  reference::GptConfig config_;
+  GptOptions options_;
+  index_t batch_, seq_;
+  int q_;
+  std::unique_ptr<Embedding2D<T>> embedding_;
+  std::vector<std::unique_ptr<TransformerBlock2D<T>>> blocks_;
+  std::unique_ptr<LayerNorm2DLayer<T>> ln_f_;
+  std::unique_ptr<LMHead2D<T>> head_;
+  std::unique_ptr<ParameterStore<T>> store_;
+  std::unique_ptr<ModelBuffers> buffers_;
+  std::vector<MatrixView<T>> boundaries_;  // x_0..x_N in the checkpoint buffer
+  MatrixView<T> conj_[2]{};
+  MatrixView<T> lnf_{};
+  MatrixView<T> input_grad_{};
+  std::vector<std::int32_t> tokens_, targets_;
+  bool have_forward_ = false;
+};
+
+extern template class GPT2D<float>;
+extern template class GPT2D<double>;
+
+}  // namespace summa

@@ -1,0 +1,152 @@
+#pragma once
+/// \file layer.hpp
+/// The one layer interface of summa.
+///
+/// A layer computes on *local* blocks of distributed activations and holds
+/// *local* shards of global parameters. What a rank holds is described by
+/// ParamShard: the parameter's global (Hugging Face) name and shape, and the
+/// pieces of the global tensor its local storage covers. Parameter values and
+/// gradients live in buffers owned by the caller (a ParameterStore or a
+/// model); layers only point into them.
+///
+/// Memory during a step comes from three arenas handed in as StepBuffers:
+///   workspace  temporaries of one operation (SUMMA panels, partial sums);
+///              free again when the operation returns
+///   forward    what forward() keeps for backward() (saved activations and
+///              statistics); the caller decides when to release it
+///   backward   temporaries of backward() (activation gradients inside a
+///              layer); free again when backward() returns
+/// A layer reports how many bytes of each it takes (BufferNeeds), so the
+/// caller sizes the arenas before the first step; running out throws, naming
+/// the arena, the request and the capacity.
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "summa/core/matrix_view.hpp"
+#include "summa/memory/arena.hpp"
+
+namespace summa {
+
+/// A rectangle of a global parameter held locally: global rows [global_row,
+/// global_row + rows) and columns [global_col, global_col + cols) sit at
+/// local rows [local_row, ...) and columns [local_col, ...). 1-D tensors are
+/// seen as one row (global_row = 0).
+struct ShardPiece {
+  index_t global_row = 0, global_col = 0;
+  index_t local_row = 0, local_col = 0;
+  index_t rows = 0, cols = 0;
+};
+
+/// What one rank holds of a global parameter. Local storage is row-major
+/// local_rows x local_cols (ld = local_cols). A rank that holds nothing has
+/// local_rows = local_cols = 0 and no pieces. Across the ranks of a mesh,
+/// the pieces of a parameter cover every global element exactly once (each
+/// element has exactly one owner, which the optimizer updates).
+struct ParamShard {
+  std::string name;                   ///< global name, e.g. "h.0.attn.c_attn.weight"
+  std::vector<index_t> global_shape;  ///< Hugging Face logical shape (1-D or 2-D)
+  index_t local_rows = 0, local_cols = 0;
+  std::vector<ShardPiece> pieces;
+
+  index_t local_size() const { return local_rows * local_cols; }
+  index_t global_size() const;
+  index_t global_rows() const { return global_shape.size() == 2 ? global_shape[0] : 1; }
+  index_t global_cols() const { return global_shape.empty() ? 0 : global_shape.back(); }
+};
+
+/// A parameter of a layer: its description and pointers to the local value
+/// and gradient (bound by a ParameterStore; null until then or where the
+/// rank holds nothing).
+template <class T>
+struct Param {
+  ParamShard shard;
+  T* value = nullptr;
+  T* grad = nullptr;
+
+  MatrixView<T> value_view() const {
+    return MatrixView<T>::dense(value, shard.local_rows, shard.local_cols, Order::row_major);
+  }
+  MatrixView<T> grad_view() const {
+    return MatrixView<T>::dense(grad, shard.local_rows, shard.local_cols, Order::row_major);
+  }
+  bool held() const { return shard.local_size() > 0; }
+};
+
+/// Bytes of each step arena a layer takes at most (each request rounded up
+/// to Arena::alignment).
+struct BufferNeeds {
+  std::size_t workspace = 0;  ///< peak during any one call
+  std::size_t forward = 0;    ///< kept from forward() until backward()
+  std::size_t backward = 0;   ///< peak during backward()
+
+  /// Sequential composition: forward adds up, the peaks take the maximum.
+  BufferNeeds& then(const BufferNeeds& o);
+};
+
+/// Accumulates arena requests of T elements the way Arena::take rounds them.
+template <class T>
+class ByteCount {
+ public:
+  ByteCount& add(index_t count) {
+    bytes_ += Arena::rounded(static_cast<std::size_t>(count) * sizeof(T));
+    return *this;
+  }
+  ByteCount& add_bytes(std::size_t b) {
+    bytes_ += Arena::rounded(b);
+    return *this;
+  }
+  std::size_t bytes() const { return bytes_; }
+  operator std::size_t() const { return bytes_; }
+
+ private:
+  std::size_t bytes_ = 0;
+};
+
+/// The arenas of one step (see the file comment).
+struct StepBuffers {
+  Arena& workspace;
+  Arena& forward;
+  Arena& backward;
+};
+
+/// Parameter side of the interface, shared by every layer and model.
+template <class T>
+class Module {
+ public:
+  virtual ~Module() = default;
+  /// Name prefix of the parameters (e.g. "h.0.attn"); may be empty.
+  virtual std::string_view name() const = 0;
+  /// Appends this module's parameters (and its children's) in a fixed order.
+  virtual void collect_parameters(std::vector<Param<T>*>& out) = 0;
+  /// Arena bytes forward + backward take (see BufferNeeds).
+  virtual BufferNeeds buffer_needs() const = 0;
+
+  std::vector<Param<T>*> parameters() {
+    std::vector<Param<T>*> list;
+    collect_parameters(list);
+    return list;
+  }
+};
+
+/// Activation to activation layers: X [tokens, in] -> Y [tokens, out], both
+/// as local blocks of the layer's distribution.
+///
+/// forward() may keep views of X and takes what it saves from
+/// buffers.forward; X and those allocations must stay valid until
+/// backward(). backward() writes dX (never read; an empty 0x0 view skips the
+/// input gradient) and sets the parameter gradients (overwrites them, or adds
+/// to them with `accumulate`), using buffers.backward and
+/// buffers.workspace for temporaries. Collective: every rank of the layer's
+/// grid calls each method with consistent arguments.
+template <class T>
+class Layer : public Module<T> {
+ public:
+  virtual void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) = 0;
+  virtual void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                        bool accumulate = false) = 0;
+};
+
+}  // namespace summa

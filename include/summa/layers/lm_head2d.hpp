@@ -1,0 +1,80 @@
+#pragma once
+/// \file lm_head2d.hpp
+/// Tied LM head and vocabulary-parallel cross-entropy on a q x q mesh.
+///
+/// LMHead2D: logits [b*s, V] = X wteᵀ with the embedding's wte blocks (SUMMA
+/// ABᵀ); rank (i, j) holds logits of token block i and vocabulary block j.
+/// backward: dX = dlogits · wte (SUMMA AB) and dwte += dlogitsᵀ · X (SUMMA
+/// AᵀB), added to the gradient the embedding contributes.
+///
+/// CrossEntropy2D: mean over all b*s tokens of log-sum-exp(z) - z[target],
+/// max-subtracted: the row max is all-reduced (max) along the mesh row, then
+/// the row sums of exp(z - max) and the target logits (0 except on the rank
+/// holding the target column) are all-reduced (sum) along the mesh row; the
+/// per-row losses are summed in double and all-reduced along the mesh column.
+/// backward turns the logits into dL/dz = (softmax - onehot) / (b*s) in place.
+
+#include <cstdint>
+#include <span>
+
+#include "summa/layers/layer.hpp"
+#include "summa/summa/engine.hpp"
+
+namespace summa {
+
+template <class T>
+class CrossEntropy2D {
+ public:
+  CrossEntropy2D(SummaEngine& engine, index_t tokens, index_t vocab);
+  BufferNeeds buffer_needs() const;
+  /// Z: local logits [tokens/q, vocab/q]; targets: global [tokens] ids, the
+  /// same on every rank. Returns the mean loss (the same on every rank) and
+  /// keeps the row statistics in buffers.forward.
+  double forward(ConstMatrixView<T> Z, std::span<const std::int32_t> targets, StepBuffers& buffers);
+  /// In place: Z (the logits given to forward) becomes dL/dZ.
+  void backward(MatrixView<T> Z, StepBuffers& buffers);
+
+ private:
+  SummaEngine* engine_;
+  index_t tokens_, vocab_;
+  int q_;
+  T* max_ = nullptr;
+  T* stats_ = nullptr;  // sum | picked target logit
+  std::span<const std::int32_t> targets_;
+};
+
+template <class T>
+class LMHead2D final : public Module<T> {
+ public:
+  /// `wte` is the embedding's parameter (tied; the head owns no parameter).
+  LMHead2D(SummaEngine& engine, Param<T>& wte, index_t tokens, index_t hidden, index_t vocab);
+
+  std::string_view name() const override { return "lm_head"; }
+  void collect_parameters(std::vector<Param<T>*>&) override {}
+  BufferNeeds buffer_needs() const override;
+
+  /// Logits of X [tokens/q, h/q] into buffers.forward, then the loss.
+  double forward(ConstMatrixView<T> X, std::span<const std::int32_t> targets, StepBuffers& buffers);
+  /// dX (never read) and wte's gradient (+)=.
+  void backward(MatrixView<T> dX, StepBuffers& buffers, bool accumulate = false);
+
+  /// Local logits block of the last forward; backward overwrites it with
+  /// dL/dlogits.
+  ConstMatrixView<T> logits() const { return logits_; }
+
+ private:
+  SummaEngine* engine_;
+  Param<T>* wte_;
+  index_t tokens_, hidden_, vocab_;
+  int q_;
+  CrossEntropy2D<T> loss_;
+  MatrixView<T> logits_{};
+  ConstMatrixView<T> x_{};
+};
+
+extern template class CrossEntropy2D<float>;
+extern template class CrossEntropy2D<double>;
+extern template class LMHead2D<float>;
+extern template class LMHead2D<double>;
+
+}  // namespace summa

@@ -1,0 +1,71 @@
+#pragma once
+/// \file parameters.hpp
+/// Storage for the local shards of a set of parameters: one "parameters"
+/// arena for the values and one "gradients" arena (the parameter-gradient
+/// buffer of Optimus §3.2.3) for their gradients, both sized exactly from the
+/// shard descriptions and bound to the layers' Param pointers.
+///
+/// Gradients persist across the step (the optimizer reads them); Optimus's
+/// trick of updating a layer's parameters right after its backward and
+/// reusing one layer-sized gradient buffer is left to the optimizer.
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "summa/grid/process_grid.hpp"
+#include "summa/layers/layer.hpp"
+#include "summa/reference/gpt.hpp"
+
+namespace summa {
+
+template <class T>
+class ParameterStore {
+ public:
+  /// Allocates values and gradients for `params` (in that order) from
+  /// `backend` and binds each Param's value / grad pointer (null where the
+  /// rank holds nothing). Values and gradients start at zero.
+  ParameterStore(Backend& backend, std::vector<Param<T>*> params);
+  ParameterStore(const ParameterStore&) = delete;
+  ParameterStore& operator=(const ParameterStore&) = delete;
+
+  const std::vector<Param<T>*>& params() const { return params_; }
+  /// The parameter called `name`; throws summa::Error if there is none.
+  Param<T>& find(std::string_view name) const;
+
+  /// Layout-invariant GPT-2 initialisation (summa::reference::init_value):
+  /// every local element gets the value the serial reference gives the same
+  /// global element, whatever the mesh.
+  void init_gpt(std::uint64_t seed, const reference::GptConfig& config);
+  /// Every gradient = 0.
+  void zero_grads();
+
+  /// Bytes of local values (equal to the bytes of gradients), including
+  /// alignment padding.
+  std::size_t bytes() const { return values_.capacity(); }
+  /// Local elements held.
+  index_t local_elements() const;
+  const Arena& values() const { return values_; }
+  const Arena& grads() const { return grads_; }
+
+ private:
+  static std::size_t bytes_for(const std::vector<Param<T>*>& params);
+  std::vector<Param<T>*> params_;
+  Backend* backend_;
+  Arena values_, grads_;
+};
+
+/// The global tensor (row-major, global_size() elements) of a parameter's
+/// value, or of its gradient with `grad`, assembled on every rank of the mesh
+/// from the owners' pieces. Collective over grid.mesh(); allocates (for
+/// tests, checkpoints and reports, not for steps). Throws summa::Error on
+/// every rank unless the pieces cover each element exactly once.
+template <class T>
+std::vector<T> gather_global(const Param<T>& p, ProcessGrid& grid, bool grad = false);
+
+extern template class ParameterStore<float>;
+extern template class ParameterStore<double>;
+extern template std::vector<float> gather_global(const Param<float>&, ProcessGrid&, bool);
+extern template std::vector<double> gather_global(const Param<double>&, ProcessGrid&, bool);
+
+}  // namespace summa

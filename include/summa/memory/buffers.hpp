@@ -1,0 +1,59 @@
+#pragma once
+/// \file buffers.hpp
+/// The step buffers of Optimus §3.2.3 / Fig. 6, each an Arena sized before
+/// the first step from the model configuration and the mesh:
+///   workspace    temporaries of one operation (SUMMA panels, reductions,
+///                attention GEMM scratch); sized to the largest operation
+///   forward      activations a layer keeps for its backward; with
+///                activation checkpointing one block's worth (plus the head),
+///                otherwise every block's
+///   backward     activation gradients inside one block
+///   conjunction  the gradient handed from block i+1 to block i (two slots)
+///   checkpoint   the block boundaries x_0 .. x_N (block inputs and the last
+///                output), kept for the whole step
+/// The parameter values and the parameter-gradient buffer are the
+/// "parameters" and "gradients" arenas of a ParameterStore. A request beyond
+/// an arena's capacity throws summa::Error naming the arena, the request and
+/// the capacity; high-water marks are read through usage().
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "summa/layers/layer.hpp"
+
+namespace summa {
+
+/// One arena's size and use.
+struct BufferUsage {
+  std::string name;
+  std::size_t capacity = 0;
+  std::size_t high_water = 0;
+};
+
+/// Per-rank memory of a model, in bytes.
+struct MemoryReport {
+  std::size_t parameters = 0;        ///< local parameter shards (the "parameters" arena)
+  std::size_t gradients = 0;         ///< the parameter-gradient buffer
+  std::size_t activations = 0;       ///< high water of forward + checkpoint (saved activations)
+  std::vector<BufferUsage> buffers;  ///< every arena, parameters and gradients included
+  /// Sum of all capacities.
+  std::size_t total() const;
+  /// A small human-readable table (one line per buffer).
+  std::string to_string() const;
+};
+
+class ModelBuffers {
+ public:
+  struct Sizes {
+    std::size_t workspace = 0, forward = 0, backward = 0, conjunction = 0, checkpoint = 0;
+  };
+  ModelBuffers(Backend& backend, const Sizes& sizes);
+
+  Arena workspace, forward, backward, conjunction, checkpoint;
+
+  StepBuffers step() { return {workspace, forward, backward}; }
+  std::vector<BufferUsage> usage() const;
+};
+
+}  // namespace summa

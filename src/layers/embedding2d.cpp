@@ -1,0 +1,157 @@
+#include "summa/layers/embedding2d.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace summa {
+
+namespace {
+
+SummaEngine& checked(SummaEngine& engine, index_t batch, index_t seq, index_t vocab, index_t hidden,
+                     index_t n_positions) {
+  const int q = engine.q();
+  std::optional<std::string> error;
+  if (batch <= 0 || seq <= 0 || vocab <= 0 || hidden <= 0 || n_positions <= 0)
+    error = fmt::format(
+        "Embedding2D: batch={}, seq={}, vocab={}, hidden={}, n_positions={} must be positive",
+        batch, seq, vocab, hidden, n_positions);
+  else if (seq > n_positions)
+    error = fmt::format("Embedding2D: seq={} is longer than the position table (n_positions={})",
+                        seq, n_positions);
+  else if (vocab % q != 0)
+    error = fmt::format("Embedding2D: vocab={} must be divisible by q={}", vocab, q);
+  else if (hidden % q != 0)
+    error = fmt::format("Embedding2D: hidden={} must be divisible by q={}", hidden, q);
+  else if ((batch * seq) % q != 0)
+    error = fmt::format("Embedding2D: batch*seq={} must be divisible by q={}", batch * seq, q);
+  engine.grid().agree(CommAxis::mesh, error);
+  return engine;
+}
+
+}  // namespace
+
+template <class T>
+Embedding2D<T>::Embedding2D(SummaEngine& engine, index_t batch, index_t seq, index_t vocab,
+                            index_t hidden, index_t n_positions)
+    : engine_(&checked(engine, batch, seq, vocab, hidden, n_positions)),
+      batch_(batch),
+      seq_(seq),
+      vocab_(vocab),
+      hidden_(hidden),
+      positions_(n_positions),
+      q_(engine.q()),
+      chunk_((n_positions + q_ - 1) / q_) {
+  const GridCoords& c = engine.grid().coords();
+  const index_t hq = hidden / q_;
+  wte_.shard.name = "wte.weight";
+  wte_.shard.global_shape = {vocab, hidden};
+  wte_.shard.local_rows = vocab / q_;
+  wte_.shard.local_cols = hq;
+  wte_.shard.pieces.push_back({.global_row = c.row * (vocab / q_),
+                               .global_col = c.col * hq,
+                               .local_row = 0,
+                               .local_col = 0,
+                               .rows = vocab / q_,
+                               .cols = hq});
+  const index_t first = c.row * chunk_;
+  const index_t rows = std::max<index_t>(0, std::min(n_positions, first + chunk_) - first);
+  wpe_.shard.name = "wpe.weight";
+  wpe_.shard.global_shape = {n_positions, hidden};
+  if (rows > 0) {
+    wpe_.shard.local_rows = rows;
+    wpe_.shard.local_cols = hq;
+    wpe_.shard.pieces.push_back({.global_row = first,
+                                 .global_col = c.col * hq,
+                                 .local_row = 0,
+                                 .local_col = 0,
+                                 .rows = rows,
+                                 .cols = hq});
+  }
+  position_ids_.resize(static_cast<std::size_t>(batch * seq));
+  for (std::size_t r = 0; r < position_ids_.size(); ++r)
+    position_ids_[r] = static_cast<std::int32_t>(static_cast<index_t>(r) % seq);
+}
+
+template <class T>
+void Embedding2D<T>::collect_parameters(std::vector<Param<T>*>& out) {
+  out.push_back(&wte_);
+  out.push_back(&wpe_);
+}
+
+template <class T>
+BufferNeeds Embedding2D<T>::buffer_needs() const {
+  const index_t tokens = batch_ * seq_, hq = hidden_ / q_;
+  ByteCount<T> fwd_ws, bwd_ws;
+  fwd_ws.add(tokens * hq).add(tokens / q_ * hq);
+  bwd_ws.add(tokens * hq);
+  return {.workspace = std::max(fwd_ws.bytes(), bwd_ws.bytes()), .forward = 0, .backward = 0};
+}
+
+template <class T>
+void Embedding2D<T>::check_ids(std::span<const std::int32_t> ids, const char* what) const {
+  std::optional<std::string> error;
+  const index_t expected = batch_ * seq_;
+  if (static_cast<index_t>(ids.size()) != expected) {
+    error = fmt::format("Embedding2D: {} ids has {} values, expected batch*seq = {}*{} = {}", what,
+                        ids.size(), batch_, seq_, expected);
+  } else {
+    const auto bad = std::find_if(ids.begin(), ids.end(),
+                                  [&](std::int32_t id) { return id < 0 || id >= vocab_; });
+    if (bad != ids.end())
+      error = fmt::format("Embedding2D: {} id {} at position {} is outside [0, vocab={})", what,
+                          *bad, bad - ids.begin(), vocab_);
+  }
+  engine_->grid().agree(CommAxis::mesh, error);
+}
+
+template <class T>
+void Embedding2D<T>::forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
+                             StepBuffers& buffers) {
+  check_ids(tokens, "token");
+  ProcessGrid& grid = engine_->grid();
+  Backend& be = engine_->backend();
+  const GridCoords& c = grid.coords();
+  const index_t n = batch_ * seq_, nt = n / q_, hq = hidden_ / q_;
+  require(Y.rows == nt && Y.cols == hq, [&] {
+    return fmt::format("Embedding2D forward: local Y is {}x{}, expected {}x{}", Y.rows, Y.cols, nt,
+                       hq);
+  });
+  ArenaScope scope(buffers.workspace);
+  const auto partial = MatrixView<T>::dense(
+      buffers.workspace.take<T>(static_cast<std::size_t>(n * hq)), n, hq, Order::row_major);
+  be.gather_rows(tokens.data(), c.row * (vocab_ / q_), wte_.value_view(), false, partial);
+  if (wpe_.held())
+    be.gather_rows(position_ids_.data(), c.row * chunk_, wpe_.value_view(), true, partial);
+  T* mine = buffers.workspace.take<T>(static_cast<std::size_t>(nt * hq));
+  grid.mesh_col().reduce_scatter(partial.data, mine, static_cast<std::size_t>(nt * hq), dtype_v<T>,
+                                 ReduceOp::sum);
+  be.copy(ConstMatrixView<T>::dense(mine, nt, hq, Order::row_major), Y);
+  tokens_ = tokens;
+}
+
+template <class T>
+void Embedding2D<T>::backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate) {
+  require(tokens_.data() != nullptr, "Embedding2D: backward without forward");
+  ProcessGrid& grid = engine_->grid();
+  Backend& be = engine_->backend();
+  const GridCoords& c = grid.coords();
+  const index_t n = batch_ * seq_, nt = n / q_, hq = hidden_ / q_;
+  ArenaScope scope(buffers.workspace);
+  T* full = buffers.workspace.take<T>(static_cast<std::size_t>(n * hq));
+  T* mine = full + c.row * nt * hq;
+  be.copy(dY, MatrixView<T>::dense(mine, nt, hq, Order::row_major));
+  grid.mesh_col().all_gather(mine, full, static_cast<std::size_t>(nt * hq));
+  const auto all = ConstMatrixView<T>::dense(full, n, hq, Order::row_major);
+  if (!accumulate) {
+    be.scale(T(0), wte_.grad_view());
+    if (wpe_.held()) be.scale(T(0), wpe_.grad_view());
+  }
+  be.scatter_add_rows(tokens_.data(), c.row * (vocab_ / q_), all, wte_.grad_view());
+  if (wpe_.held()) be.scatter_add_rows(position_ids_.data(), c.row * chunk_, all, wpe_.grad_view());
+}
+
+template class Embedding2D<float>;
+template class Embedding2D<double>;
+
+}  // namespace summa

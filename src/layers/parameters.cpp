@@ -1,0 +1,129 @@
+#include "summa/layers/parameters.hpp"
+
+#include <fmt/format.h>
+
+#include <optional>
+#include <string>
+
+namespace summa {
+
+index_t ParamShard::global_size() const {
+  index_t n = global_shape.empty() ? 0 : 1;
+  for (index_t d : global_shape) n *= d;
+  return n;
+}
+
+BufferNeeds& BufferNeeds::then(const BufferNeeds& o) {
+  workspace = std::max(workspace, o.workspace);
+  forward += o.forward;
+  backward = std::max(backward, o.backward);
+  return *this;
+}
+
+template <class T>
+std::size_t ParameterStore<T>::bytes_for(const std::vector<Param<T>*>& params) {
+  ByteCount<T> count;
+  for (const Param<T>* p : params)
+    if (p->held()) count.add(p->shard.local_size());
+  return count.bytes();
+}
+
+template <class T>
+ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> params)
+    : params_(std::move(params)),
+      backend_(&backend),
+      values_("parameters", backend, bytes_for(params_)),
+      grads_("gradients", backend, bytes_for(params_)) {
+  for (Param<T>* p : params_) {
+    require(p != nullptr, "ParameterStore: null parameter");
+    if (!p->held()) {
+      p->value = p->grad = nullptr;
+      continue;
+    }
+    p->value = values_.take<T>(static_cast<std::size_t>(p->shard.local_size()));
+    p->grad = grads_.take<T>(static_cast<std::size_t>(p->shard.local_size()));
+    backend.scale(T(0), p->value_view());
+    backend.scale(T(0), p->grad_view());
+  }
+}
+
+template <class T>
+Param<T>& ParameterStore<T>::find(std::string_view name) const {
+  for (Param<T>* p : params_)
+    if (p->shard.name == name) return *p;
+  throw Error(fmt::format("ParameterStore: no parameter named '{}'", name));
+}
+
+template <class T>
+void ParameterStore<T>::init_gpt(std::uint64_t seed, const reference::GptConfig& config) {
+  for (Param<T>* p : params_) {
+    if (!p->held()) continue;
+    // Host memory on the CPU backend; a device backend stages through the host.
+    for (const ShardPiece& piece : p->shard.pieces)
+      reference::init_fill_block<T>(
+          seed, p->shard.name, piece.global_row, piece.global_col,
+          p->value_view().block(piece.local_row, piece.local_col, piece.rows, piece.cols), config);
+  }
+}
+
+template <class T>
+void ParameterStore<T>::zero_grads() {
+  for (Param<T>* p : params_)
+    if (p->held()) backend_->scale(T(0), p->grad_view());
+}
+
+template <class T>
+index_t ParameterStore<T>::local_elements() const {
+  index_t n = 0;
+  for (const Param<T>* p : params_) n += p->shard.local_size();
+  return n;
+}
+
+template <class T>
+std::vector<T> gather_global(const Param<T>& p, ProcessGrid& grid, bool grad) {
+  const ParamShard& s = p.shard;
+  const index_t cols = s.global_cols(), total = s.global_size();
+  std::vector<T> global(static_cast<std::size_t>(total), T(0));
+  std::vector<T> count(static_cast<std::size_t>(total), T(0));
+  std::optional<std::string> error;
+  const T* local = grad ? p.grad : p.value;
+  if (p.held() && local == nullptr)
+    error = fmt::format("gather_global '{}': the local {} is not bound", s.name,
+                        grad ? "gradient" : "value");
+  for (const ShardPiece& piece : s.pieces) {
+    if (error) break;
+    if (piece.global_row < 0 || piece.global_col < 0 || piece.rows < 0 || piece.cols < 0 ||
+        piece.global_row + piece.rows > s.global_rows() || piece.global_col + piece.cols > cols ||
+        piece.local_row + piece.rows > s.local_rows ||
+        piece.local_col + piece.cols > s.local_cols) {
+      error = fmt::format("gather_global '{}': a shard piece lies outside the tensor", s.name);
+      break;
+    }
+    for (index_t r = 0; r < piece.rows; ++r)
+      for (index_t c = 0; c < piece.cols; ++c) {
+        const auto g =
+            static_cast<std::size_t>((piece.global_row + r) * cols + piece.global_col + c);
+        global[g] = local[(piece.local_row + r) * s.local_cols + piece.local_col + c];
+        count[g] += T(1);
+      }
+  }
+  grid.agree(CommAxis::mesh, error);
+  Communicator& mesh = grid.mesh();
+  mesh.all_reduce(global.data(), global.data(), global.size());
+  mesh.all_reduce(count.data(), count.data(), count.size());
+  for (std::size_t k = 0; k < count.size(); ++k)
+    require(count[k] == T(1), [&] {
+      return fmt::format(
+          "gather_global '{}': element {} is held by {} ranks (every element needs exactly one "
+          "owner)",
+          s.name, k, static_cast<double>(count[k]));
+    });
+  return global;
+}
+
+template class ParameterStore<float>;
+template class ParameterStore<double>;
+template std::vector<float> gather_global(const Param<float>&, ProcessGrid&, bool);
+template std::vector<double> gather_global(const Param<double>&, ProcessGrid&, bool);
+
+}  // namespace summa
