@@ -102,7 +102,7 @@ void Embedding2D<T>::check_ids(std::span<const std::int32_t> ids, const char* wh
       error = fmt::format("Embedding2D: {} id {} at position {} is outside [0, vocab={})", what,
                           *bad, bad - ids.begin(), vocab_);
   }
-  engine_->grid().agree(CommAxis::mesh, error);
+  engine_->settle(error);
 }
 
 template <class T>

@@ -39,12 +39,7 @@ class Checks {
       error_ = fmt::format("{}: workspace '{}' has {} bytes free, needs {}", where_, ws.name(),
                            free_bytes, needed);
   }
-  void settle(SummaEngine& engine) {
-    if (engine.options().consensus_checks)
-      engine.grid().agree(CommAxis::mesh, error_);
-    else if (error_)
-      throw Error(*error_);
-  }
+  void settle(SummaEngine& engine) { engine.settle(error_); }
 
  private:
   const char* where_;

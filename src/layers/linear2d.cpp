@@ -36,10 +36,9 @@ void Linear2D::forward(ConstMatrixView<T> X, ConstMatrixView<T> W, const T* bias
                        Workspace& ws) {
   ProcessGrid& grid = engine_->grid();
   const bool owner = owns_bias();
-  grid.agree(CommAxis::mesh,
-             owner && bias == nullptr
-                 ? std::optional<std::string>("Linear2D forward: null bias on an owner")
-                 : std::nullopt);
+  engine_->settle(owner && bias == nullptr
+                      ? std::optional<std::string>("Linear2D forward: null bias on an owner")
+                      : std::nullopt);
   ArenaScope scope(ws);
   T* b = nullptr;
   Request request;
@@ -62,10 +61,10 @@ void Linear2D::backward(ConstMatrixView<T> X, ConstMatrixView<T> W, ConstMatrixV
                         bool accumulate) {
   ProcessGrid& grid = engine_->grid();
   const bool owner = owns_bias();
-  grid.agree(CommAxis::mesh,
-             owner && dbias == nullptr
-                 ? std::optional<std::string>("Linear2D backward: null bias gradient on an owner")
-                 : std::nullopt);
+  engine_->settle(
+      owner && dbias == nullptr
+          ? std::optional<std::string>("Linear2D backward: null bias gradient on an owner")
+          : std::nullopt);
   const T beta = accumulate ? T(1) : T(0);
   if (!(dX.rows == 0 && dX.cols == 0))
     engine_->multiply(Form::ABt, tokens_, in_, out_, T(1), dY, W, T(0), dX, ws);

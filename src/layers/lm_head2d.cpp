@@ -42,7 +42,7 @@ double CrossEntropy2D<T>::forward(ConstMatrixView<T> Z, std::span<const std::int
              bad != targets.end())
       error = fmt::format("CrossEntropy2D: target id {} at position {} is outside [0, vocab={})",
                           *bad, bad - targets.begin(), vocab_);
-    grid.agree(CommAxis::mesh, error);
+    engine_->settle(error);
   }
   Backend& be = engine_->backend();
   const auto n = static_cast<std::size_t>(nt);

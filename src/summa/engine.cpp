@@ -152,6 +152,13 @@ std::size_t SummaEngine::workspace_bytes(Form form, index_t m, index_t n, index_
   return buffers * panels + Arena::rounded(scratch);
 }
 
+void SummaEngine::settle(const std::optional<std::string>& error) const {
+  if (options_.consensus_checks)
+    grid_->agree(CommAxis::mesh, error);
+  else if (error)
+    throw Error(*error);
+}
+
 template <class T>
 void SummaEngine::multiply(Form form, index_t m, index_t n, index_t k, T alpha, ConstView<T> A,
                            ConstView<T> B, std::type_identity_t<T> beta, View<T> C, Workspace& ws) {
@@ -186,10 +193,7 @@ void SummaEngine::multiply(Form form, index_t m, index_t n, index_t k, T alpha, 
   } catch (const Error& e) {
     error = e.what();
   }
-  if (options_.consensus_checks)
-    grid_->agree(CommAxis::mesh, error);
-  else if (error)
-    throw Error(*error);
+  settle(error);
 
   if (m == 0 || n == 0) return;
   if (alpha == T(0) || k == 0) {  // BLAS: A and B are not referenced

@@ -23,6 +23,8 @@
 /// alpha, beta, m, n, k and the options must be the same on every rank.
 
 #include <cstddef>
+#include <optional>
+#include <string>
 #include <type_traits>
 
 #include "summa/backend/backend.hpp"
@@ -47,6 +49,8 @@ struct SummaOptions {
   /// polls a broadcast would make no progress during the GEMM. 1 = no polls.
   int progress_slices = 4;
   /// Agree on shape errors across the mesh before communicating (see above).
+  /// Also honoured by the layers' per-call checks (SummaEngine::settle); one
+  /// 4-byte all-reduce per check. Constructors always agree.
   bool consensus_checks = true;
 };
 
@@ -71,6 +75,11 @@ class SummaEngine {
   int q() const { return q_; }
   ProcessGrid& grid() const { return *grid_; }
   Backend& backend() const { return *backend_; }
+
+  /// Ends a call's local checks: with consensus_checks the mesh agrees on
+  /// `error` (every rank throws the lowest failing rank's message), otherwise
+  /// this rank throws its own error, if any.
+  void settle(const std::optional<std::string>& error) const;
 
   /// Global m x n x k -> local block shapes; throws when q does not divide them.
   static BlockShapes block_shapes(Form form, index_t m, index_t n, index_t k, int q);

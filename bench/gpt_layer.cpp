@@ -1,0 +1,527 @@
+// gpt_layer: times one TransformerBlock2D and the whole GPT2D (forward, and
+// forward + backward, with and without activation checkpointing) on a q x q
+// mesh and, at q = 1, the serial reference::Gpt on the same configuration.
+// Prints one JSON object per line per case; see bench/README.md.
+//
+//   mpirun -np 4 ./gpt_layer [--layers 2] [--hidden 192] [--heads 6] [--seq 64] [--batch 6]
+//                            [--vocab 1536] [--dtype f32,f64] [--checkpoint on|off|both]
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "summa/summa.hpp"
+
+namespace {
+
+using summa::index_t;
+
+/// A bad command line or configuration: detected identically on every rank.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+// One run of `call` on every rank, started after a barrier: its time, the
+// maximum over ranks.
+template <class F>
+double time_collective(F&& call) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto t0 = std::chrono::steady_clock::now();
+  call();
+  double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return dt;
+}
+
+std::uint64_t max_over_ranks(std::uint64_t v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return v;
+}
+
+bool all_ranks(bool v) {
+  int x = v ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return x != 0;
+}
+
+// ---------------------------------------------------------------- JSON lines
+class JsonLine {
+ public:
+  JsonLine& str(std::string_view key, std::string_view v) {
+    std::string s = "\"";
+    for (char c : v) {
+      if (c == '"' || c == '\\') s += '\\';
+      s += c;
+    }
+    return raw(key, s + "\"");
+  }
+  JsonLine& num(std::string_view key, double v) {
+    if (!std::isfinite(v)) return raw(key, "null");
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.6g", v);
+    return raw(key, buf);
+  }
+  JsonLine& integer(std::string_view key, long long v) { return raw(key, std::to_string(v)); }
+  JsonLine& boolean(std::string_view key, bool v) { return raw(key, v ? "true" : "false"); }
+  JsonLine& null(std::string_view key) { return raw(key, "null"); }
+  std::string text() const { return "{" + body_ + "}"; }
+
+ private:
+  JsonLine& raw(std::string_view key, const std::string& v) {
+    if (!body_.empty()) body_ += ", ";
+    body_ += "\"";
+    body_ += key;
+    body_ += "\": ";
+    body_ += v;
+    return *this;
+  }
+  std::string body_;
+};
+
+// ---------------------------------------------------------------- FLOPs
+// Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+// Clusters Using Megatron-LM" (SC '21), FLOPs per iteration: per transformer layer
+// the forward pass takes 24·B·s·h² + 4·B·s²·h FLOPs, the logit layer 2·B·s·h·V;
+// backward is twice the forward, and activation recomputation adds one more
+// forward of every transformer layer (not of the logit layer). Hence, for B
+// sequences of s tokens, l layers, hidden h, vocabulary V:
+//   forward                       24·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))
+//   forward + backward            72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))
+//   forward + backward + recompute 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))
+// One block alone: l = 1, no vocabulary term.
+struct Flops {
+  double value;
+  const char* formula;
+};
+
+Flops gpt_flops(double B, double s, double l, double h, double V, bool backward, bool recompute) {
+  const double base = B * s * l * h * h;
+  if (!backward)
+    return {24 * base * (1 + s / (6 * h) + V / (12 * l * h)), "24Bslh^2(1+s/6h+V/12lh)"};
+  if (!recompute)
+    return {72 * base * (1 + s / (6 * h) + V / (12 * l * h)), "72Bslh^2(1+s/6h+V/12lh)"};
+  return {96 * base * (1 + s / (6 * h) + V / (16 * l * h)), "96Bslh^2(1+s/6h+V/16lh)"};
+}
+
+Flops block_flops(double B, double s, double h, bool backward) {
+  const double base = B * s * h * h * (1 + s / (6 * h));
+  return backward ? Flops{72 * base, "72Bsh^2(1+s/6h)"} : Flops{24 * base, "24Bsh^2(1+s/6h)"};
+}
+
+// ---------------------------------------------------------------- settings
+struct Settings {
+  summa::reference::GptConfig config;
+  index_t batch = 6, seq = 64;
+  int reps = 5, warmup = 1;
+  std::vector<bool> checkpoints;
+  std::vector<std::string> dtypes;
+  bool run_block = true, run_gpt = true;
+  std::uint64_t seed = 1234;
+};
+
+struct Context {
+  summa::ProcessGrid* grid;
+  summa::CpuBackend* backend;
+  summa::SummaEngine* engine;
+  int q, ranks, rank;
+  const Settings* s;
+};
+
+// Sum of the bytes sent over every axis since the last reset, max over ranks.
+std::uint64_t bytes_sent(const summa::ProcessGrid& g) {
+  return max_over_ranks(g.traffic().total().bytes_sent);
+}
+std::uint64_t bytes_received(const summa::ProcessGrid& g) {
+  return max_over_ranks(g.traffic().total().bytes_received);
+}
+
+// The fields every line has.
+JsonLine header(const Context& ctx, std::string_view what, bool backward, std::string_view dtype) {
+  const Settings& s = *ctx.s;
+  const summa::SummaOptions& o = ctx.engine->options();
+  JsonLine j;
+  j.str("bench", "gpt_layer")
+      .str("what", what)
+      .str("pass", backward ? "fwd_bwd" : "fwd")
+      .integer("q", ctx.q)
+      .integer("ranks", ctx.ranks)
+      .str("dtype", dtype)
+      .integer("layers", s.config.n_layer)
+      .integer("hidden", s.config.n_embd)
+      .integer("heads", s.config.n_head)
+      .integer("seq", s.seq)
+      .integer("batch", s.batch)
+      .integer("vocab", s.config.vocab_size)
+      .integer("positions", s.config.n_positions)
+      .integer("panel", o.panel)
+      .boolean("overlap", o.overlap)
+      .integer("reps", s.reps)
+      .integer("warmup", s.warmup);
+  return j;
+}
+
+// Timing, throughput and FLOP/s fields.
+void add_rates(JsonLine& j, const Context& ctx, const std::vector<double>& times, Flops model,
+               Flops hardware) {
+  const double t = median(times);
+  const double tokens = static_cast<double>(ctx.s->batch * ctx.s->seq);
+  j.num("median_s", t)
+      .num("min_s", *std::min_element(times.begin(), times.end()))
+      .num("tokens_per_s", tokens / t)
+      .str("flops_formula", model.formula)
+      .num("model_flops", model.value)
+      .num("model_flops_per_s", model.value / t)
+      .str("hardware_flops_formula", hardware.formula)
+      .num("hardware_flops", hardware.value)
+      .num("hardware_flops_per_s", hardware.value / t);
+}
+
+void emit(const Context& ctx, const JsonLine& j) {
+  if (ctx.rank != 0) return;
+  std::printf("%s\n", j.text().c_str());
+  std::fflush(stdout);
+}
+
+template <class T>
+bool all_finite(const std::vector<T>& v) {
+  return std::all_of(v.begin(), v.end(), [](T x) { return std::isfinite(x); });
+}
+
+// ---------------------------------------------------------------- (a) one block
+// TransformerBlock2D "h.0" with GPT-2 initialised parameters in a
+// ParameterStore and arenas sized from buffer_needs(), on random local input
+// activations (and random output gradients for backward). Returns false when
+// an output is not finite.
+template <class T>
+bool run_block(Context& ctx) {
+  const Settings& s = *ctx.s;
+  const auto& c = s.config;
+  const int q = ctx.q;
+  const std::string_view dtype = summa::name_of(summa::dtype_v<T>);
+  summa::TransformerBlock2D<T> block(*ctx.engine, "h.0", s.batch, s.seq, c.n_embd, c.n_head,
+                                     c.layer_norm_epsilon);
+  summa::ParameterStore<T> store(*ctx.backend, block.parameters());
+  store.init_gpt(s.seed, c);
+  const summa::BufferNeeds needs = block.buffer_needs();
+
+  const index_t nt = s.batch * s.seq / q, hq = c.n_embd / q;
+  const auto n = static_cast<std::size_t>(nt * hq);
+  std::vector<T> x(n), y(n), dy(n), dx(n);
+  std::mt19937_64 rng(s.seed + 7919 * static_cast<std::uint64_t>(ctx.rank + 1));
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  for (T& e : x) e = static_cast<T>(u(rng));
+  for (T& e : dy) e = static_cast<T>(1e-3 * u(rng));
+  const auto view = [&](std::vector<T>& v) {
+    return summa::MatrixView<T>::dense(v.data(), nt, hq, summa::Order::row_major);
+  };
+
+  bool ok = true;
+  for (bool backward : {false, true}) {
+    // Fresh arenas per pass, so the forward-only high-water marks are its own.
+    summa::Arena workspace("workspace", *ctx.backend, needs.workspace);
+    summa::Arena forward("forward", *ctx.backend, needs.forward);
+    summa::Arena bwd("backward", *ctx.backend, needs.backward);
+    summa::StepBuffers step{workspace, forward, bwd};
+    const auto call = [&] {
+      workspace.reset();
+      forward.reset();
+      bwd.reset();
+      block.forward(view(x), view(y), step);
+      if (backward) block.backward(view(dy), view(dx), step);
+    };
+    for (int w = 0; w < s.warmup; ++w) call();
+    std::vector<double> times;
+    for (int r = 0; r < s.reps; ++r) times.push_back(time_collective(call));
+    ctx.grid->reset_traffic();
+    call();  // the measured step
+    const std::uint64_t sent = bytes_sent(*ctx.grid), received = bytes_received(*ctx.grid);
+    const bool finite = all_ranks(all_finite(y) && (!backward || all_finite(dx)));
+    ok = ok && finite;
+    const std::uint64_t peak =
+        max_over_ranks(workspace.high_water() + forward.high_water() + bwd.high_water());
+
+    const Flops f = block_flops(static_cast<double>(s.batch), static_cast<double>(s.seq),
+                                static_cast<double>(c.n_embd), backward);
+    JsonLine j = header(ctx, "block", backward, dtype);
+    j.null("checkpoint");
+    add_rates(j, ctx, times, f, f);
+    j.integer("bytes_sent_per_rank", static_cast<long long>(sent))
+        .integer("bytes_received_per_rank", static_cast<long long>(received))
+        .integer("peak_buffer_bytes_per_rank", static_cast<long long>(peak))
+        .integer("param_bytes_per_rank", static_cast<long long>(max_over_ranks(store.bytes())))
+        .boolean("finite", finite);
+    emit(ctx, j);
+  }
+  return ok;
+}
+
+// ---------------------------------------------------------------- (b), (c) the model
+// The same tokens on every rank: ids uniform in [0, vocab), targets the next
+// token (the last one of each sequence random).
+struct Batch {
+  std::vector<std::int32_t> tokens, targets;
+};
+
+Batch make_batch(const Settings& s) {
+  const auto count = static_cast<std::size_t>(s.batch * s.seq);
+  Batch b{std::vector<std::int32_t>(count), std::vector<std::int32_t>(count)};
+  std::mt19937_64 rng(s.seed);
+  const auto V = static_cast<std::uint64_t>(s.config.vocab_size);
+  std::vector<std::int32_t> stream(count + static_cast<std::size_t>(s.batch));
+  for (auto& t : stream) t = static_cast<std::int32_t>(rng() % V);
+  for (index_t i = 0; i < s.batch; ++i)
+    for (index_t t = 0; t < s.seq; ++t) {
+      const auto k = static_cast<std::size_t>(i * s.seq + t);
+      const auto src = static_cast<std::size_t>(i * (s.seq + 1) + t);
+      b.tokens[k] = stream[src];
+      b.targets[k] = stream[src + 1];
+    }
+  return b;
+}
+
+// GPT2D with `checkpoint`; at q = 1 also the serial reference (`serial`, the
+// same weights), its repetitions interleaved with the distributed ones so the
+// ratio is paired. Returns false when a loss is not finite.
+template <class T>
+bool run_gpt(Context& ctx, const Batch& data, bool checkpoint, summa::reference::Gpt<T>* serial) {
+  const Settings& s = *ctx.s;
+  const auto& c = s.config;
+  const std::string_view dtype = summa::name_of(summa::dtype_v<T>);
+  summa::GPT2D<T> model(*ctx.engine, c, s.batch, s.seq,
+                        summa::GptOptions{.checkpoint = checkpoint});
+  model.init(s.seed);
+
+  bool ok = true;
+  for (bool backward : {false, true}) {
+    double loss = 0, serial_loss = 0;
+    bool finite = true;
+    const auto call = [&] {
+      loss = model.forward(data.tokens, data.targets);
+      finite = finite && std::isfinite(loss);
+      if (backward) model.backward();
+    };
+    const auto serial_call = [&] {
+      serial_loss = static_cast<double>(serial->forward(data.tokens, data.targets, s.batch, s.seq));
+      finite = finite && std::isfinite(serial_loss);
+      if (backward) serial->backward();
+    };
+    for (int w = 0; w < s.warmup; ++w) {
+      if (serial) serial_call();
+      call();
+    }
+    std::vector<double> times, serial_times;
+    for (int r = 0; r < s.reps; ++r) {
+      if (serial) serial_times.push_back(time_collective(serial_call));
+      times.push_back(time_collective(call));
+    }
+    ctx.grid->reset_traffic();
+    call();  // the measured step
+    const std::uint64_t sent = bytes_sent(*ctx.grid), received = bytes_received(*ctx.grid);
+    finite = all_ranks(finite);
+    ok = ok && finite;
+
+    const summa::MemoryReport mem = model.memory_report();
+    std::uint64_t peak = 0;
+    for (const summa::BufferUsage& b : mem.buffers) peak += b.high_water;
+    peak = max_over_ranks(peak);
+
+    const auto B = static_cast<double>(s.batch), S = static_cast<double>(s.seq),
+               L = static_cast<double>(c.n_layer), H = static_cast<double>(c.n_embd),
+               V = static_cast<double>(c.vocab_size);
+    const Flops model_f = gpt_flops(B, S, L, H, V, backward, false);
+    const Flops hw_f = gpt_flops(B, S, L, H, V, backward, backward && checkpoint);
+    JsonLine j = header(ctx, "gpt", backward, dtype);
+    j.boolean("checkpoint", checkpoint);
+    add_rates(j, ctx, times, model_f, hw_f);
+    j.integer("bytes_sent_per_rank", static_cast<long long>(sent))
+        .integer("bytes_received_per_rank", static_cast<long long>(received))
+        .integer("peak_buffer_bytes_per_rank", static_cast<long long>(peak))
+        .integer("param_bytes_per_rank", static_cast<long long>(max_over_ranks(mem.parameters)))
+        .integer("activation_bytes_per_rank",
+                 static_cast<long long>(max_over_ranks(mem.activations)))
+        .integer("buffer_capacity_bytes_per_rank",
+                 static_cast<long long>(max_over_ranks(mem.total())))
+        .num("loss", loss);
+    if (serial) {
+      const double st = median(serial_times);
+      j.num("serial_median_s", st)
+          .num("serial_tokens_per_s", B * S / st)
+          .num("serial_model_flops_per_s", model_f.value / st)
+          .num("vs_serial", median(times) / st)
+          .num("serial_loss", serial_loss);
+    }
+    j.boolean("finite", finite);
+    emit(ctx, j);
+  }
+  return ok;
+}
+
+template <class T>
+bool run_dtype(Context& ctx) {
+  const Settings& s = *ctx.s;
+  bool ok = true;
+  if (s.run_block) ok = run_block<T>(ctx) && ok;
+  if (s.run_gpt) {
+    const Batch data = make_batch(s);
+    std::optional<summa::reference::Gpt<T>> serial;
+    if (ctx.q == 1) serial.emplace(s.config, s.seed);
+    for (bool cp : s.checkpoints) ok = run_gpt<T>(ctx, data, cp, serial ? &*serial : nullptr) && ok;
+  }
+  return ok;
+}
+
+// The requirements of GPT2D and TransformerBlock2D, checked up front with
+// the command-line names (identical on every rank).
+void validate(const Settings& s, int q) {
+  const auto& c = s.config;
+  const auto need = [](bool ok, const std::string& msg) {
+    if (!ok) throw UsageError(msg);
+  };
+  const auto div = [&](const char* what, long long v, long long by, const char* by_what) {
+    need(v % by == 0, std::string(what) + "=" + std::to_string(v) + " must be divisible by " +
+                          by_what + "=" + std::to_string(by));
+  };
+  div("--hidden", c.n_embd, c.n_head, "--heads");
+  div("--batch", s.batch, q, "q");
+  div("--heads", c.n_head, q, "q");
+  div("--hidden", c.n_embd, q, "q");
+  div("--vocab", c.vocab_size, q, "q");
+  need(s.seq <= c.n_positions,
+       "--seq=" + std::to_string(s.seq) + " exceeds --positions=" + std::to_string(c.n_positions));
+  c.validate();  // summa::Error for anything else
+}
+
+int run(int argc, char** argv, int rank, int ranks) {
+  CLI::App app{
+      "gpt_layer: one TransformerBlock2D and the whole GPT2D (forward, forward+backward) on a\n"
+      "q x q mesh, and at q = 1 the serial reference GPT. Run under mpirun with a square number\n"
+      "of ranks; prints one JSON object per case."};
+  Settings s;
+  int layers = 2, hidden = 192, heads = 6, vocab = 1536, positions = 0;
+  long long batch = 6, seq = 64;
+  std::vector<std::string> checkpoint{"on"}, dtypes{"f32"}, what{"block", "gpt"};
+  app.add_option("--layers", layers, "Transformer blocks of the GPT")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--hidden", hidden, "Hidden size h (divisible by --heads and q)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--heads", heads, "Attention heads (divisible by q)")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--seq", seq, "Tokens per sequence s")
+      ->check(CLI::Range(1LL, 1LL << 24))
+      ->capture_default_str();
+  app.add_option("--batch", batch, "Sequences per step B, global (divisible by q)")
+      ->check(CLI::Range(1LL, 1LL << 24))
+      ->capture_default_str();
+  app.add_option("--vocab", vocab, "Vocabulary size V (divisible by q)")
+      ->check(CLI::Range(1, 1 << 26))
+      ->capture_default_str();
+  app.add_option("--positions", positions, "Position table size (default: --seq)")
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_option("--dtype", dtypes, "Element types (list of f32, f64)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"f32", "f64"}))
+      ->capture_default_str();
+  app.add_option("--reps", s.reps, "Timed runs per case (median reported)")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--warmup", s.warmup, "Untimed runs before timing")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  app.add_option("--checkpoint", checkpoint,
+                 "GPT activation checkpointing (list of on, off; both = on,off)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"on", "off", "both"}))
+      ->capture_default_str();
+  app.add_option("--what", what, "What to time (list of block, gpt)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"block", "gpt"}))
+      ->capture_default_str();
+  app.add_option("--seed", s.seed, "Seed of weights, tokens and activations")
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (rank == 0) return app.exit(e);
+    return e.get_exit_code();
+  }
+  s.config.n_layer = layers;
+  s.config.n_embd = hidden;
+  s.config.n_head = heads;
+  s.config.vocab_size = vocab;
+  s.config.n_positions = positions > 0 ? positions : static_cast<int>(seq);
+  s.batch = batch;
+  s.seq = seq;
+  const auto has = [](const std::vector<std::string>& v, const char* x) {
+    return std::find(v.begin(), v.end(), x) != v.end();
+  };
+  if (has(checkpoint, "on") || has(checkpoint, "both")) s.checkpoints.push_back(true);
+  if (has(checkpoint, "off") || has(checkpoint, "both")) s.checkpoints.push_back(false);
+  s.dtypes = dtypes;
+  s.run_block = has(what, "block");
+  s.run_gpt = has(what, "gpt");
+
+  summa::ProcessGrid grid = summa::ProcessGrid::mesh2d(MPI_COMM_WORLD);
+  summa::CpuBackend backend;
+  summa::SummaEngine engine(grid, backend);
+  const int q = grid.shape().rows;
+  validate(s, q);
+
+  Context ctx{&grid, &backend, &engine, q, ranks, rank, &s};
+  if (rank == 0)
+    std::fprintf(stderr, "gpt_layer: %d ranks, %dx%d mesh, %lld parameters\n", ranks, q, q,
+                 static_cast<long long>(summa::reference::parameter_count(s.config)));
+  bool ok = true;
+  for (const auto& dt : s.dtypes)
+    ok = (dt == "f32" ? run_dtype<float>(ctx) : run_dtype<double>(ctx)) && ok;
+  if (!ok && rank == 0)
+    std::fprintf(stderr, "gpt_layer: FAILED: a loss or an output was not finite\n");
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // One thread per rank (Eigen is built without OpenMP; these cover any BLAS).
+  setenv("BLIS_NUM_THREADS", "1", 1);
+  setenv("OMP_NUM_THREADS", "1", 1);
+  setenv("OPENBLAS_NUM_THREADS", "1", 1);
+  MPI_Init(&argc, &argv);
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  int status = 0;
+  try {
+    status = run(argc, argv, rank, ranks);
+  } catch (const UsageError& e) {  // the same on every rank
+    if (rank == 0) std::fprintf(stderr, "gpt_layer: %s\n", e.what());
+    status = 2;
+  } catch (const summa::Error& e) {  // summa reports errors on every rank alike
+    if (rank == 0) std::fprintf(stderr, "gpt_layer: %s\n", e.what());
+    status = 2;
+  } catch (const std::exception& e) {  // possibly on this rank only: do not hang
+    std::fprintf(stderr, "gpt_layer (rank %d): %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+  MPI_Finalize();
+  return status;
+}
