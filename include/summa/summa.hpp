@@ -18,6 +18,7 @@
 #include "summa/layers/embedding2d.hpp"
 #include "summa/layers/gelu2d.hpp"
 #include "summa/layers/gpt2d.hpp"
+#include "summa/layers/gpt_model.hpp"
 #include "summa/layers/layer.hpp"
 #include "summa/layers/layernorm2d.hpp"
 #include "summa/layers/linear2d.hpp"

@@ -91,7 +91,7 @@ std::vector<T> gather_global(const Param<T>& p, ProcessGrid& grid, bool grad) {
     error = fmt::format("gather_global '{}': the local {} is not bound", s.name,
                         grad ? "gradient" : "value");
   for (const ShardPiece& piece : s.pieces) {
-    if (error) break;
+    if (error || !s.owner) break;
     if (piece.global_row < 0 || piece.global_col < 0 || piece.rows < 0 || piece.cols < 0 ||
         piece.global_row + piece.rows > s.global_rows() || piece.global_col + piece.cols > cols ||
         piece.local_row + piece.rows > s.local_rows ||
@@ -107,10 +107,10 @@ std::vector<T> gather_global(const Param<T>& p, ProcessGrid& grid, bool grad) {
         count[g] += T(1);
       }
   }
-  grid.agree(CommAxis::mesh, error);
-  Communicator& mesh = grid.mesh();
-  mesh.all_reduce(global.data(), global.data(), global.size());
-  mesh.all_reduce(count.data(), count.data(), count.size());
+  grid.agree(CommAxis::tensor, error);
+  Communicator& group = grid.tensor();
+  group.all_reduce(global.data(), global.data(), global.size());
+  group.all_reduce(count.data(), count.data(), count.size());
   for (std::size_t k = 0; k < count.size(); ++k)
     require(count[k] == T(1), [&] {
       return fmt::format(

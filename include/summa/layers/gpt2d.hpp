@@ -29,6 +29,7 @@
 
 #include "summa/layers/block2d.hpp"
 #include "summa/layers/embedding2d.hpp"
+#include "summa/layers/gpt_model.hpp"
 #include "summa/layers/lm_head2d.hpp"
 #include "summa/layers/parameters.hpp"
 #include "summa/memory/buffers.hpp"
@@ -36,13 +37,8 @@
 
 namespace summa {
 
-struct GptOptions {
-  /// Per-block activation checkpointing (keep only block boundaries, recompute in backward).
-  bool checkpoint = true;
-};
-
 template <class T>
-class GPT2D final : public Module<T> {
+class GPT2D final : public GptModel<T> {
  public:
   /// Builds the layers, sizes every buffer and allocates parameters (zero;
   /// call init()). batch and seq are fixed: buffers are sized for them.
@@ -58,24 +54,25 @@ class GPT2D final : public Module<T> {
 
   /// Layout-invariant initialisation: the same global weights as
   /// reference::Gpt<T>(config, seed), whatever q.
-  void init(std::uint64_t seed);
+  void init(std::uint64_t seed) override;
 
   /// Mean cross-entropy over all batch*seq tokens (the same on every rank).
   /// tokens and targets are the global [batch, seq] ids (row-major, targets
   /// already shifted), the same on every rank.
-  double forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets);
+  double forward(std::span<const std::int32_t> tokens,
+                 std::span<const std::int32_t> targets) override;
   /// Parameter gradients of the last forward's loss: overwritten, or added
   /// to with `accumulate`.
-  void backward(bool accumulate = false);
+  void backward(bool accumulate = false) override;
 
-  const reference::GptConfig& config() const { return config_; }
-  const GptOptions& options() const { return options_; }
-  index_t batch() const { return batch_; }
-  index_t seq() const { return seq_; }
-  ParameterStore<T>& parameters_store() { return *store_; }
+  const reference::GptConfig& config() const override { return config_; }
+  const GptOptions& options() const override { return options_; }
+  index_t batch() const override { return batch_; }
+  index_t seq() const override { return seq_; }
+  ProcessGrid& grid() const override { return engine_->grid(); }
+  ParameterStore<T>& parameters_store() override { return *store_; }
   ModelBuffers& buffers() { return *buffers_; }
-  /// Bytes per rank: parameters, gradients, activations, every buffer.
-  MemoryReport memory_report() const;
+  MemoryReport memory_report() const override;
 
   Embedding2D<T>& embedding() { return *embedding_; }
   TransformerBlock2D<T>& block(int i) { return *blocks_.at(static_cast<std::size_t>(i)); }

@@ -42,14 +42,19 @@ struct ShardPiece {
 
 /// What one rank holds of a global parameter. Local storage is row-major
 /// local_rows x local_cols (ld = local_cols). A rank that holds nothing has
-/// local_rows = local_cols = 0 and no pieces. Across the ranks of a mesh,
-/// the pieces of a parameter cover every global element exactly once (each
-/// element has exactly one owner, which the optimizer updates).
+/// local_rows = local_cols = 0 and no pieces. Across the ranks of a tensor
+/// group, the pieces of the owners (owner = true) cover every global element
+/// exactly once: each element has exactly one owner, which the optimizer
+/// updates and gather_global reads. A replica (owner = false, e.g. a
+/// LayerNorm weight replicated on every rank of a 1D group) holds a copy
+/// that its layer keeps identical to the owner's (same gradient, computed
+/// redundantly or broadcast).
 struct ParamShard {
   std::string name;                   ///< global name, e.g. "h.0.attn.c_attn.weight"
   std::vector<index_t> global_shape;  ///< Hugging Face logical shape (1-D or 2-D)
   index_t local_rows = 0, local_cols = 0;
   std::vector<ShardPiece> pieces;
+  bool owner = true;
 
   index_t local_size() const { return local_rows * local_cols; }
   index_t global_size() const;

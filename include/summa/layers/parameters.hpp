@@ -56,10 +56,11 @@ class ParameterStore {
 };
 
 /// The global tensor (row-major, global_size() elements) of a parameter's
-/// value, or of its gradient with `grad`, assembled on every rank of the mesh
-/// from the owners' pieces. Collective over grid.mesh(); allocates (for
+/// value, or of its gradient with `grad`, assembled on every rank of the
+/// tensor group (grid.tensor(): the mesh, line or 3D grid of one data group)
+/// from the owners' pieces. Collective over grid.tensor(); allocates (for
 /// tests, checkpoints and reports, not for steps). Throws summa::Error on
-/// every rank unless the pieces cover each element exactly once.
+/// every rank unless the owners' pieces cover each element exactly once.
 template <class T>
 std::vector<T> gather_global(const Param<T>& p, ProcessGrid& grid, bool grad = false);
 

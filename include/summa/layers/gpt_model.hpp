@@ -1,0 +1,49 @@
+#pragma once
+/// \file gpt_model.hpp
+/// The scheme-independent face of a distributed GPT-2: whatever the
+/// tensor-parallel scheme (2D SUMMA, 1D Megatron, ...), the same
+/// training-step code drives it through this interface, and parameters keep
+/// their global Hugging Face names and shapes.
+
+#include <cstdint>
+#include <span>
+
+#include "summa/grid/process_grid.hpp"
+#include "summa/layers/parameters.hpp"
+#include "summa/memory/buffers.hpp"
+#include "summa/reference/gpt.hpp"
+
+namespace summa {
+
+struct GptOptions {
+  /// Per-block activation checkpointing (keep only block boundaries, recompute in backward).
+  bool checkpoint = true;
+};
+
+template <class T>
+class GptModel : public Module<T> {
+ public:
+  /// Layout-invariant initialisation: the global weights of
+  /// reference::Gpt<T>(config, seed), whatever the scheme and grid.
+  virtual void init(std::uint64_t seed) = 0;
+  /// Mean cross-entropy over all batch*seq tokens of the global batch (the
+  /// same on every rank). tokens and targets: the global [batch, seq] ids
+  /// (row-major, targets already shifted), the same on every rank.
+  virtual double forward(std::span<const std::int32_t> tokens,
+                         std::span<const std::int32_t> targets) = 0;
+  /// Gradients of the last forward's loss: overwritten, or added to with
+  /// `accumulate`.
+  virtual void backward(bool accumulate = false) = 0;
+
+  virtual const reference::GptConfig& config() const = 0;
+  virtual const GptOptions& options() const = 0;
+  /// Global batch (sequences) and sequence length the buffers are sized for.
+  virtual index_t batch() const = 0;
+  virtual index_t seq() const = 0;
+  virtual ProcessGrid& grid() const = 0;
+  virtual ParameterStore<T>& parameters_store() = 0;
+  /// Bytes per rank: parameters, gradients, activations, every buffer.
+  virtual MemoryReport memory_report() const = 0;
+};
+
+}  // namespace summa
