@@ -7,8 +7,13 @@
 namespace summa {
 
 template <class T>
-CrossEntropy2D<T>::CrossEntropy2D(SummaEngine& engine, index_t tokens, index_t vocab)
-    : engine_(&engine), tokens_(tokens), vocab_(vocab), q_(engine.q()) {
+CrossEntropy2D<T>::CrossEntropy2D(SummaEngine& engine, index_t tokens, index_t vocab,
+                                  index_t normalizer)
+    : engine_(&engine),
+      tokens_(tokens),
+      vocab_(vocab),
+      normalizer_(normalizer > 0 ? normalizer : tokens),
+      q_(engine.q()) {
   std::optional<std::string> error;
   if (tokens <= 0 || vocab <= 0 || tokens % q_ != 0 || vocab % q_ != 0)
     error =
@@ -59,7 +64,7 @@ double CrossEntropy2D<T>::forward(ConstMatrixView<T> Z, std::span<const std::int
   // the row blocks along the mesh column gives the total over all tokens.
   double total = be.cross_entropy_sum(nt, max_, stats_, stats_ + n);
   grid.mesh_col().all_reduce(&total, &total, 1, DType::f64, ReduceOp::sum);
-  return total / static_cast<double>(tokens_);
+  return total / static_cast<double>(normalizer_);
 }
 
 template <class T>
@@ -68,19 +73,19 @@ void CrossEntropy2D<T>::backward(MatrixView<T> Z, StepBuffers&) {
   const index_t nv = vocab_ / q_;
   engine_->backend().cross_entropy_grad(Z, max_, stats_, targets_.data(),
                                         engine_->grid().coords().col * nv,
-                                        1.0 / static_cast<double>(tokens_));
+                                        1.0 / static_cast<double>(normalizer_));
 }
 
 template <class T>
 LMHead2D<T>::LMHead2D(SummaEngine& engine, Param<T>& wte, index_t tokens, index_t hidden,
-                      index_t vocab)
+                      index_t vocab, index_t normalizer)
     : engine_(&engine),
       wte_(&wte),
       tokens_(tokens),
       hidden_(hidden),
       vocab_(vocab),
       q_(engine.q()),
-      loss_(engine, tokens, vocab) {
+      loss_(engine, tokens, vocab, normalizer) {
   std::optional<std::string> error;
   if (hidden <= 0 || hidden % q_ != 0)
     error = fmt::format("LMHead2D: hidden={} must be positive and divisible by q={}", hidden, q_);

@@ -22,10 +22,9 @@ BufferNeeds& BufferNeeds::then(const BufferNeeds& o) {
 
 template <class T>
 std::size_t ParameterStore<T>::bytes_for(const std::vector<Param<T>*>& params) {
-  ByteCount<T> count;
-  for (const Param<T>* p : params)
-    if (p->held()) count.add(p->shard.local_size());
-  return count.bytes();
+  index_t total = 0;
+  for (const Param<T>* p : params) total += p->shard.local_size();
+  return ByteCount<T>().add(total).bytes();
 }
 
 template <class T>
@@ -34,17 +33,26 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
       backend_(&backend),
       values_("parameters", backend, bytes_for(params_)),
       grads_("gradients", backend, bytes_for(params_)) {
+  // Packed: the parameters follow each other without padding, so the
+  // gradients of consecutive parameters (a block's) form one contiguous range.
+  const auto total = static_cast<std::size_t>(local_elements());
+  T* values = values_.take<T>(total);
+  T* grads = grads_.take<T>(total);
+  index_t offset = 0;
   for (Param<T>* p : params_) {
     require(p != nullptr, "ParameterStore: null parameter");
     if (!p->held()) {
       p->value = p->grad = nullptr;
       continue;
     }
-    p->value = values_.take<T>(static_cast<std::size_t>(p->shard.local_size()));
-    p->grad = grads_.take<T>(static_cast<std::size_t>(p->shard.local_size()));
-    backend.scale(T(0), p->value_view());
-    backend.scale(T(0), p->grad_view());
+    p->value = values + offset;
+    p->grad = grads + offset;
+    offset += p->shard.local_size();
   }
+  const auto all = MatrixView<T>::dense(values, 1, static_cast<index_t>(total), Order::row_major);
+  backend.scale(T(0), all);
+  backend.scale(T(0),
+                MatrixView<T>::dense(grads, 1, static_cast<index_t>(total), Order::row_major));
 }
 
 template <class T>
@@ -68,8 +76,9 @@ void ParameterStore<T>::init_gpt(std::uint64_t seed, const reference::GptConfig&
 
 template <class T>
 void ParameterStore<T>::zero_grads() {
-  for (Param<T>* p : params_)
-    if (p->held()) backend_->scale(T(0), p->grad_view());
+  const index_t total = local_elements();
+  if (total > 0)
+    backend_->scale(T(0), MatrixView<T>::dense(grads_base(), 1, total, Order::row_major));
 }
 
 template <class T>

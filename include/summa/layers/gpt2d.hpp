@@ -18,9 +18,20 @@
 /// buffer. No dropout (GPT-2 pretraining uses 0.1; summa's layers are
 /// deterministic so the distributed model matches the serial one exactly).
 ///
+/// Data-parallel axis: on a grid with data > 1 (ProcessGrid::mesh2d(comm, q,
+/// data)) every data group holds a full copy of the model on its own q x q
+/// mesh and takes batch/data consecutive sequences of the global batch
+/// (group d: sequences [d*batch/data, (d+1)*batch/data)). The loss is
+/// normalised by the global token count, so group losses and gradients add
+/// up: backward all-reduces the gradients over the data axis in buckets
+/// (LN_f, then each block as soon as its backward is done, then the
+/// embedding), non-blocking, overlapped with the backward of the blocks
+/// below, and waits for all of them at its end (the one completion point).
+///
 /// Requirements (checked at construction, the same error on every rank):
-/// batch, n_embd, n_head and vocab_size divisible by q, n_embd divisible by
-/// n_head, seq <= n_positions. Token and target ids are checked every step.
+/// batch divisible by data*q, n_embd, n_head and vocab_size divisible by q,
+/// n_embd divisible by n_head, seq <= n_positions. Token and target ids are
+/// checked every step.
 
 #include <cstdint>
 #include <memory>
@@ -89,13 +100,21 @@ class GPT2D final : public GptModel<T> {
   ConstMatrixView<T> input_grad() const { return input_grad_; }
 
  private:
-  MatrixView<T> slot(Arena& a, T*& p);
+  struct Bucket {
+    T* begin = nullptr;
+    index_t count = 0;
+    Request request;
+  };
+  void reduce_bucket(std::size_t k);
+  void finish_gradients();
 
   SummaEngine* engine_;
   reference::GptConfig config_;
   GptOptions options_;
   index_t batch_, seq_;
   int q_;
+  int data_;             // data-parallel groups
+  index_t local_batch_;  // sequences per data group
   std::unique_ptr<Embedding2D<T>> embedding_;
   std::vector<std::unique_ptr<TransformerBlock2D<T>>> blocks_;
   std::unique_ptr<LayerNorm2DLayer<T>> ln_f_;
@@ -106,7 +125,8 @@ class GPT2D final : public GptModel<T> {
   MatrixView<T> conj_[2]{};
   MatrixView<T> lnf_{};
   MatrixView<T> input_grad_{};
-  std::vector<std::int32_t> tokens_, targets_;
+  std::vector<std::int32_t> tokens_, targets_;  // this data group's ids
+  std::vector<Bucket> buckets_;                 // gradient buckets of the data axis
   bool have_forward_ = false;
 };
 

@@ -25,18 +25,21 @@ namespace summa {
 template <class T>
 class CrossEntropy2D {
  public:
-  CrossEntropy2D(SummaEngine& engine, index_t tokens, index_t vocab);
+  /// `normalizer`: the token count the summed loss is divided by (0: tokens).
+  /// A data-parallel model passes the global token count, so that the losses
+  /// and gradients of its data groups simply add up.
+  CrossEntropy2D(SummaEngine& engine, index_t tokens, index_t vocab, index_t normalizer = 0);
   BufferNeeds buffer_needs() const;
-  /// Z: local logits [tokens/q, vocab/q]; targets: global [tokens] ids, the
-  /// same on every rank. Returns the mean loss (the same on every rank) and
-  /// keeps the row statistics in buffers.forward.
+  /// Z: local logits [tokens/q, vocab/q]; targets: [tokens] ids, the same on
+  /// every rank of the mesh. Returns the summed loss / normalizer (the same
+  /// on every rank) and keeps the row statistics in buffers.forward.
   double forward(ConstMatrixView<T> Z, std::span<const std::int32_t> targets, StepBuffers& buffers);
   /// In place: Z (the logits given to forward) becomes dL/dZ.
   void backward(MatrixView<T> Z, StepBuffers& buffers);
 
  private:
   SummaEngine* engine_;
-  index_t tokens_, vocab_;
+  index_t tokens_, vocab_, normalizer_;
   int q_;
   T* max_ = nullptr;
   T* stats_ = nullptr;  // sum | picked target logit
@@ -47,7 +50,9 @@ template <class T>
 class LMHead2D final : public Module<T> {
  public:
   /// `wte` is the embedding's parameter (tied; the head owns no parameter).
-  LMHead2D(SummaEngine& engine, Param<T>& wte, index_t tokens, index_t hidden, index_t vocab);
+  /// `normalizer` as for CrossEntropy2D.
+  LMHead2D(SummaEngine& engine, Param<T>& wte, index_t tokens, index_t hidden, index_t vocab,
+           index_t normalizer = 0);
 
   std::string_view name() const override { return "lm_head"; }
   void collect_parameters(std::vector<Param<T>*>&) override {}

@@ -39,9 +39,13 @@ class ParameterStore {
   void init_gpt(std::uint64_t seed, const reference::GptConfig& config);
   /// Every gradient = 0.
   void zero_grads();
+  /// All local values / gradients, packed in the order of params() (each
+  /// parameter's local elements follow the previous one's, no padding).
+  T* values_base() const { return static_cast<T*>(values_.base()); }
+  T* grads_base() const { return static_cast<T*>(grads_.base()); }
 
-  /// Bytes of local values (equal to the bytes of gradients), including
-  /// alignment padding.
+  /// Bytes of local values (equal to the bytes of gradients), rounded up to
+  /// the arena alignment.
   std::size_t bytes() const { return values_.capacity(); }
   /// Local elements held.
   index_t local_elements() const;

@@ -42,6 +42,8 @@ class Arena {
   std::size_t used() const { return used_; }
   std::size_t high_water() const { return high_water_; }
   Backend& backend() const { return *backend_; }
+  /// Start of the arena's memory.
+  void* base() const { return base_; }
 
   /// Bytes `bytes` occupies once rounded up to the alignment.
   static constexpr std::size_t rounded(std::size_t bytes) {
