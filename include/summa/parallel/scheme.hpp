@@ -1,0 +1,81 @@
+#pragma once
+/// \file scheme.hpp
+/// A tensor-parallel scheme and its grid as one runtime value, parsed from a
+/// short text, and the model built from it: the same GPT configuration and
+/// the same training-step code under any scheme.
+///
+/// Grammar (items separated by commas, in any order, exactly one scheme):
+///   1d:p=P          Megatron-LM 1D over P ranks
+///   2d:q=Q          Optimus 2D SUMMA on a Q x Q mesh
+///   3d:XxYxZ        AxoNN 3D parallel matrix multiply on an X x Y x Z grid
+///   data=D          D data-parallel groups on top (default 1)
+/// e.g. "2d:q=3", "1d:p=4", "3d:2x2x2", "data=2,2d:q=2".
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "summa/backend/backend.hpp"
+#include "summa/grid/process_grid.hpp"
+#include "summa/layers/gpt_model.hpp"
+#include "summa/summa/engine.hpp"
+
+namespace summa {
+
+enum class Scheme { megatron1d, summa2d, axonn3d };
+
+struct SchemeSpec {
+  Scheme scheme = Scheme::summa2d;
+  int p = 1;                   ///< 1D: ranks of the tensor group
+  int q = 1;                   ///< 2D: mesh side
+  int gx = 1, gy = 1, gz = 1;  ///< 3D: grid
+  int data = 1;                ///< data-parallel groups
+
+  /// Ranks of one tensor group (P, Q², X·Y·Z).
+  int tensor_ranks() const;
+  /// All ranks: data · tensor_ranks().
+  int ranks() const { return data * tensor_ranks(); }
+  /// Canonical text, parseable back ("data=2,2d:q=2"; "data=1" omitted).
+  std::string str() const;
+  /// Throws summa::Error naming the offending item and the grammar.
+  static SchemeSpec parse(std::string_view text);
+  friend bool operator==(const SchemeSpec&, const SchemeSpec&) = default;
+};
+
+/// Every scheme (without a data axis and with every data factor) whose rank
+/// count is exactly `ranks`: 1D at p = ranks / data, 2D when ranks / data is
+/// a square, 3D for every factorisation X·Y·Z.
+std::vector<SchemeSpec> schemes_for(int ranks);
+
+/// The grid of a scheme on `comm` (whose size must be spec.ranks(); the same
+/// error on every rank otherwise).
+ProcessGrid make_grid(MPI_Comm comm, const SchemeSpec& spec, GridOptions options = {});
+
+/// A distributed GPT under a scheme: owns the grid, the SUMMA engine (2D)
+/// and the model. Collective over `comm`.
+template <class T>
+class ParallelGpt {
+ public:
+  ParallelGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
+              const reference::GptConfig& config, index_t batch, index_t seq,
+              GptOptions options = {}, SummaOptions summa = {});
+  ~ParallelGpt();
+  ParallelGpt(const ParallelGpt&) = delete;
+  ParallelGpt& operator=(const ParallelGpt&) = delete;
+
+  const SchemeSpec& spec() const { return spec_; }
+  ProcessGrid& grid() { return grid_; }
+  GptModel<T>& model() { return *model_; }
+
+ private:
+  SchemeSpec spec_;
+  ProcessGrid grid_;
+  std::unique_ptr<SummaEngine> engine_;
+  std::unique_ptr<GptModel<T>> model_;
+};
+
+extern template class ParallelGpt<float>;
+extern template class ParallelGpt<double>;
+
+}  // namespace summa

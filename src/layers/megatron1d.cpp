@@ -1,0 +1,336 @@
+// The 1D (Megatron) shard descriptions, column- and row-parallel linear
+// layers and the replicated LayerNorm.
+#include "summa/layers/megatron1d.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "megatron1d_detail.hpp"
+
+namespace summa {
+
+using detail1d::check_view;
+using detail1d::take_scratch;
+
+// ---------------------------------------------------------------- shards
+
+ParamShard column_parallel_shard(std::string name, index_t rows, index_t cols, int p, int r,
+                                 int groups) {
+  ParamShard s;
+  s.name = std::move(name);
+  s.global_shape = {rows, cols};
+  s.local_rows = rows;
+  s.local_cols = cols / p;
+  const index_t w = cols / (static_cast<index_t>(groups) * p);
+  for (int g = 0; g < groups; ++g)
+    s.pieces.push_back({.global_row = 0,
+                        .global_col = g * (cols / groups) + r * w,
+                        .local_row = 0,
+                        .local_col = g * w,
+                        .rows = rows,
+                        .cols = w});
+  return s;
+}
+
+ParamShard column_parallel_vector_shard(std::string name, index_t n, int p, int r, int groups) {
+  ParamShard s = column_parallel_shard(std::move(name), 1, n, p, r, groups);
+  s.global_shape = {n};
+  return s;
+}
+
+ParamShard row_parallel_shard(std::string name, index_t rows, index_t cols, int p, int r) {
+  ParamShard s;
+  s.name = std::move(name);
+  s.global_shape = {rows, cols};
+  s.local_rows = rows / p;
+  s.local_cols = cols;
+  s.pieces.push_back({.global_row = r * (rows / p),
+                      .global_col = 0,
+                      .local_row = 0,
+                      .local_col = 0,
+                      .rows = rows / p,
+                      .cols = cols});
+  return s;
+}
+
+ParamShard replicated_shard(std::string name, std::vector<index_t> shape, int r) {
+  ParamShard s;
+  s.name = std::move(name);
+  s.global_shape = std::move(shape);
+  s.local_rows = s.global_rows();
+  s.local_cols = s.global_cols();
+  s.owner = r == 0;
+  s.pieces.push_back({.global_row = 0,
+                      .global_col = 0,
+                      .local_row = 0,
+                      .local_col = 0,
+                      .rows = s.local_rows,
+                      .cols = s.local_cols});
+  return s;
+}
+
+namespace {
+
+ProcessGrid& checked_linear(ProcessGrid& grid, const char* kind, const std::string& name,
+                            index_t tokens, index_t in, index_t out, index_t split, int groups) {
+  const int p = detail1d::group_size(grid);
+  std::optional<std::string> error;
+  if (tokens <= 0 || in <= 0 || out <= 0 || groups < 1)
+    error = fmt::format("{} '{}': tokens={}, in={}, out={}, groups={} must be positive", kind, name,
+                        tokens, in, out, groups);
+  else if (split % (static_cast<index_t>(groups) * p) != 0)
+    error = groups > 1 ? fmt::format("{} '{}': {}={} must be divisible by groups*p = {}*{}", kind,
+                                     name, split == out ? "out" : "in", split, groups, p)
+                       : fmt::format("{} '{}': {}={} must be divisible by p={}", kind, name,
+                                     split == out ? "out" : "in", split, p);
+  detail1d::agree(grid, error);
+  return grid;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- column-parallel
+
+template <class T>
+ColumnParallelLinear1D<T>::ColumnParallelLinear1D(ProcessGrid& grid, Backend& backend,
+                                                  std::string name, index_t tokens, index_t in,
+                                                  index_t out, bool has_bias, int groups)
+    : grid_(&checked_linear(grid, "ColumnParallelLinear1D", name, tokens, in, out, out, groups)),
+      backend_(&backend),
+      name_(std::move(name)),
+      tokens_(tokens),
+      in_(in),
+      out_(out),
+      has_bias_(has_bias),
+      p_(detail1d::group_size(grid)) {
+  const int r = detail1d::group_rank(grid);
+  weight_.shard = column_parallel_shard(name_ + ".weight", in, out, p_, r, groups);
+  if (has_bias) bias_.shard = column_parallel_vector_shard(name_ + ".bias", out, p_, r, groups);
+}
+
+template <class T>
+void ColumnParallelLinear1D<T>::collect_parameters(std::vector<Param<T>*>& out) {
+  out.push_back(&weight_);
+  if (has_bias_) out.push_back(&bias_);
+}
+
+template <class T>
+std::size_t ColumnParallelLinear1D<T>::scratch_bytes() const {
+  const index_t n = local_out();
+  const DType t = dtype_v<T>;
+  return std::max({backend_->gemm_scratch_bytes(tokens_, n, in_, t),    // Y = X W_r
+                   backend_->gemm_scratch_bytes(tokens_, in_, n, t),    // dX = dY W_rᵀ
+                   backend_->gemm_scratch_bytes(in_, n, tokens_, t)});  // dW = Xᵀ dY
+}
+
+template <class T>
+BufferNeeds ColumnParallelLinear1D<T>::buffer_needs() const {
+  ByteCount<T> ws;
+  ws.add_bytes(scratch_bytes());
+  return {.workspace = ws, .forward = 0, .backward = 0};
+}
+
+template <class T>
+void ColumnParallelLinear1D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y,
+                                        StepBuffers& buffers) {
+  check_view("ColumnParallelLinear1D forward", "X", X, tokens_, in_);
+  check_view("ColumnParallelLinear1D forward", "Y", Y, tokens_, local_out());
+  ArenaScope scope(buffers.workspace);
+  const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
+  backend_->gemm(Op::N, Op::N, T(1), X, ConstMatrixView<T>(weight_.value_view()), T(0), Y, scratch);
+  if (has_bias_) backend_->add_bias(Y, bias_.value);
+  x_ = X;
+}
+
+template <class T>
+void ColumnParallelLinear1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX,
+                                         StepBuffers& buffers, bool accumulate) {
+  require(x_.data != nullptr, [&] {
+    return fmt::format("ColumnParallelLinear1D '{}': backward without forward", name_);
+  });
+  const bool want_dx = !(dX.rows == 0 && dX.cols == 0);
+  check_view("ColumnParallelLinear1D backward", "dY", dY, tokens_, local_out());
+  if (want_dx) check_view("ColumnParallelLinear1D backward", "dX", dX, tokens_, in_, true);
+  const T beta = accumulate ? T(1) : T(0);
+  Communicator& group = grid_->tensor();
+  ArenaScope scope(buffers.workspace);
+  const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
+  Request request;
+  if (want_dx) {  // partial dX = dY_r W_rᵀ, summed over the group while dW is computed
+    backend_->gemm(Op::N, Op::T, T(1), dY, ConstMatrixView<T>(weight_.value_view()), T(0), dX,
+                   scratch);
+    request = group.iall_reduce(dX.data, dX.data, static_cast<std::size_t>(tokens_ * in_),
+                                dtype_v<T>, ReduceOp::sum);
+  }
+  backend_->gemm(Op::T, Op::N, T(1), x_, dY, beta, weight_.grad_view(), scratch);
+  if (has_bias_) backend_->column_sums(dY, beta, bias_.grad);
+  group.wait(request);
+}
+
+// ---------------------------------------------------------------- row-parallel
+
+template <class T>
+RowParallelLinear1D<T>::RowParallelLinear1D(ProcessGrid& grid, Backend& backend, std::string name,
+                                            index_t tokens, index_t in, index_t out, bool has_bias)
+    : grid_(&checked_linear(grid, "RowParallelLinear1D", name, tokens, in, out, in, 1)),
+      backend_(&backend),
+      name_(std::move(name)),
+      tokens_(tokens),
+      in_(in),
+      out_(out),
+      has_bias_(has_bias),
+      p_(detail1d::group_size(grid)) {
+  const int r = detail1d::group_rank(grid);
+  weight_.shard = row_parallel_shard(name_ + ".weight", in, out, p_, r);
+  if (has_bias) bias_.shard = replicated_shard(name_ + ".bias", {out}, r);
+}
+
+template <class T>
+void RowParallelLinear1D<T>::collect_parameters(std::vector<Param<T>*>& out) {
+  out.push_back(&weight_);
+  if (has_bias_) out.push_back(&bias_);
+}
+
+template <class T>
+std::size_t RowParallelLinear1D<T>::scratch_bytes() const {
+  const index_t k = local_in();
+  const DType t = dtype_v<T>;
+  return std::max({backend_->gemm_scratch_bytes(tokens_, out_, k, t),    // Y = X_r W_r
+                   backend_->gemm_scratch_bytes(tokens_, k, out_, t),    // dX_r = dY W_rᵀ
+                   backend_->gemm_scratch_bytes(k, out_, tokens_, t)});  // dW_r = X_rᵀ dY
+}
+
+template <class T>
+BufferNeeds RowParallelLinear1D<T>::buffer_needs() const {
+  ByteCount<T> ws;
+  ws.add_bytes(scratch_bytes());
+  return {.workspace = ws, .forward = 0, .backward = 0};
+}
+
+template <class T>
+void RowParallelLinear1D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
+  check_view("RowParallelLinear1D forward", "X", X, tokens_, local_in());
+  check_view("RowParallelLinear1D forward", "Y", Y, tokens_, out_, true);
+  {
+    ArenaScope scope(buffers.workspace);
+    const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
+    backend_->gemm(Op::N, Op::N, T(1), X, ConstMatrixView<T>(weight_.value_view()), T(0), Y,
+                   scratch);
+  }
+  grid_->tensor().all_reduce(Y.data, Y.data, static_cast<std::size_t>(tokens_ * out_), dtype_v<T>,
+                             ReduceOp::sum);
+  if (has_bias_) backend_->add_bias(Y, bias_.value);  // once, after the sum
+  x_ = X;
+}
+
+template <class T>
+void RowParallelLinear1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                                      bool accumulate) {
+  require(x_.data != nullptr,
+          [&] { return fmt::format("RowParallelLinear1D '{}': backward without forward", name_); });
+  const bool want_dx = !(dX.rows == 0 && dX.cols == 0);
+  check_view("RowParallelLinear1D backward", "dY", dY, tokens_, out_);
+  if (want_dx) check_view("RowParallelLinear1D backward", "dX", dX, tokens_, local_in());
+  const T beta = accumulate ? T(1) : T(0);
+  ArenaScope scope(buffers.workspace);
+  const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
+  const auto W = ConstMatrixView<T>(weight_.value_view());
+  if (want_dx) backend_->gemm(Op::N, Op::T, T(1), dY, W, T(0), dX, scratch);
+  backend_->gemm(Op::T, Op::N, T(1), x_, dY, beta, weight_.grad_view(), scratch);
+  // dY is the same on every rank: so is this column sum, replicas stay equal.
+  if (has_bias_) backend_->column_sums(dY, beta, bias_.grad);
+}
+
+// ---------------------------------------------------------------- layer norm
+
+namespace {
+
+ProcessGrid& checked_layernorm(ProcessGrid& grid, const std::string& name, index_t tokens,
+                               index_t hidden, double eps) {
+  std::optional<std::string> error;
+  if (tokens <= 0 || hidden <= 0)
+    error = fmt::format("LayerNorm1D '{}': tokens={} and hidden={} must be positive", name, tokens,
+                        hidden);
+  else if (!(eps >= 0))
+    error = fmt::format("LayerNorm1D '{}': eps={} must be non-negative", name, eps);
+  detail1d::agree(grid, error);
+  return grid;
+}
+
+}  // namespace
+
+template <class T>
+LayerNorm1D<T>::LayerNorm1D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens,
+                            index_t hidden, double eps)
+    : backend_((checked_layernorm(grid, name, tokens, hidden, eps), &backend)),
+      name_(std::move(name)),
+      tokens_(tokens),
+      hidden_(hidden),
+      eps_(eps) {
+  const int r = detail1d::group_rank(grid);
+  gamma_.shard = replicated_shard(name_ + ".weight", {hidden}, r);
+  beta_.shard = replicated_shard(name_ + ".bias", {hidden}, r);
+}
+
+template <class T>
+void LayerNorm1D<T>::collect_parameters(std::vector<Param<T>*>& out) {
+  out.push_back(&gamma_);
+  out.push_back(&beta_);
+}
+
+template <class T>
+BufferNeeds LayerNorm1D<T>::buffer_needs() const {
+  ByteCount<T> fwd, ws;
+  fwd.add(tokens_).add(tokens_);         // mean, rstd
+  ws.add(2 * tokens_).add(2 * hidden_);  // a | b; dgamma | dbeta
+  return {.workspace = ws, .forward = fwd, .backward = 0};
+}
+
+template <class T>
+void LayerNorm1D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
+  check_view("LayerNorm1D forward", "X", X, tokens_, hidden_);
+  check_view("LayerNorm1D forward", "Y", Y, tokens_, hidden_);
+  Backend& be = *backend_;
+  const auto n = static_cast<std::size_t>(tokens_);
+  mean_ = buffers.forward.take<T>(n);
+  rstd_ = buffers.forward.take<T>(n);
+  be.layernorm_partial_sums(X, nullptr, mean_);
+  be.layernorm_mean(tokens_, hidden_, mean_, mean_);
+  be.layernorm_partial_sums(X, mean_, rstd_);  // second pass: squared deviations
+  be.layernorm_rstd(tokens_, hidden_, eps_, rstd_, rstd_);
+  be.layernorm_apply(X, mean_, rstd_, gamma_.value, beta_.value, Y);
+  x_ = X;
+}
+
+template <class T>
+void LayerNorm1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                              bool accumulate) {
+  require(mean_ != nullptr,
+          [&] { return fmt::format("LayerNorm1D '{}': backward without forward", name_); });
+  check_view("LayerNorm1D backward", "dY", dY, tokens_, hidden_);
+  check_view("LayerNorm1D backward", "dX", dX, tokens_, hidden_);
+  Backend& be = *backend_;
+  const auto n = static_cast<std::size_t>(tokens_), h = static_cast<std::size_t>(hidden_);
+  ArenaScope scope(buffers.workspace);
+  T* ab = buffers.workspace.take<T>(2 * n);       // a | b row sums
+  T* partial = buffers.workspace.take<T>(2 * h);  // dgamma | dbeta
+  be.layernorm_param_partials(x_, dY, mean_, rstd_, partial, partial + h);
+  be.layernorm_backward_partials(x_, dY, mean_, rstd_, gamma_.value, ab, ab + n);
+  be.layernorm_backward_apply(x_, dY, mean_, rstd_, gamma_.value, ab, ab + n, hidden_, dX);
+  const T beta = accumulate ? T(1) : T(0);
+  be.axpby(T(1), ConstMatrixView<T>::dense(partial, 1, hidden_), beta, gamma_.grad_view());
+  be.axpby(T(1), ConstMatrixView<T>::dense(partial + h, 1, hidden_), beta, beta_.grad_view());
+}
+
+template class ColumnParallelLinear1D<float>;
+template class ColumnParallelLinear1D<double>;
+template class RowParallelLinear1D<float>;
+template class RowParallelLinear1D<double>;
+template class LayerNorm1D<float>;
+template class LayerNorm1D<double>;
+
+}  // namespace summa

@@ -1,0 +1,293 @@
+// The 1D (Megatron) attention, MLP and transformer block.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "megatron1d_detail.hpp"
+#include "summa/layers/megatron1d.hpp"
+
+namespace summa {
+
+using detail1d::check_view;
+using detail1d::take_scratch;
+
+// ---------------------------------------------------------------- attention
+
+namespace {
+
+ProcessGrid& checked_attention(ProcessGrid& grid, const std::string& name, index_t batch,
+                               index_t seq, index_t hidden, index_t heads) {
+  const int p = detail1d::group_size(grid);
+  std::optional<std::string> error;
+  if (batch <= 0 || seq <= 0 || hidden <= 0 || heads <= 0)
+    error = fmt::format("Attention1D '{}': batch={}, seq={}, hidden={}, heads={} must be positive",
+                        name, batch, seq, hidden, heads);
+  else if (hidden % heads != 0)
+    error = fmt::format("Attention1D '{}': hidden={} must be divisible by heads={}", name, hidden,
+                        heads);
+  else if (heads % p != 0)
+    error =
+        fmt::format("Attention1D '{}': heads={} must be divisible by p={} (whole heads per rank)",
+                    name, heads, p);
+  detail1d::agree(grid, error);
+  return grid;
+}
+
+}  // namespace
+
+template <class T>
+Attention1D<T>::Attention1D(ProcessGrid& grid, Backend& backend, std::string name, index_t batch,
+                            index_t seq, index_t hidden, index_t heads)
+    : backend_((checked_attention(grid, name, batch, seq, hidden, heads), &backend)),
+      name_(std::move(name)),
+      batch_(batch),
+      seq_(seq),
+      hidden_(hidden),
+      heads_(heads),
+      p_(detail1d::group_size(grid)),
+      c_attn_(grid, backend, name_ + ".c_attn", batch * seq, hidden, 3 * hidden, true, 3),
+      c_proj_(grid, backend, name_ + ".c_proj", batch * seq, hidden, hidden) {}
+
+template <class T>
+void Attention1D<T>::collect_parameters(std::vector<Param<T>*>& out) {
+  c_attn_.collect_parameters(out);
+  c_proj_.collect_parameters(out);
+}
+
+template <class T>
+std::size_t Attention1D<T>::gemm_scratch() const {
+  const index_t s = seq_, d = hidden_ / heads_;
+  return std::max(backend_->gemm_scratch_bytes(s, s, d, dtype_v<T>),
+                  backend_->gemm_scratch_bytes(s, d, s, dtype_v<T>));
+}
+
+template <class T>
+BufferNeeds Attention1D<T>::buffer_needs() const {
+  const index_t nt = batch_ * seq_, hp = hidden_ / p_;
+  const index_t pairs = batch_ * (heads_ / p_);
+  ByteCount<T> fwd, bwd, ws;
+  fwd.add(nt * 3 * hp).add(pairs * seq_ * seq_).add(nt * hp);  // qkv, probs, context
+  bwd.add(nt * hp).add(nt * 3 * hp).add(seq_ * seq_);          // dcontext, dqkv, dP
+  ws.add_bytes(gemm_scratch());
+  return {.workspace = std::max(
+              {ws.bytes(), c_attn_.buffer_needs().workspace, c_proj_.buffer_needs().workspace}),
+          .forward = fwd,
+          .backward = bwd};
+}
+
+template <class T>
+void Attention1D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
+  const index_t s = seq_, d = hidden_ / heads_, hp = hidden_ / p_;
+  const index_t nt = batch_ * seq_, lh = heads_ / p_;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  Backend& be = *backend_;
+  Arena& fwd = buffers.forward;
+  qkv_ = MatrixView<T>::dense(fwd.take<T>(static_cast<std::size_t>(nt * 3 * hp)), nt, 3 * hp,
+                              Order::row_major);
+  c_attn_.forward(X, qkv_, buffers);
+  probs_ = fwd.take<T>(static_cast<std::size_t>(batch_ * lh * s * s));
+  ctx_ = MatrixView<T>::dense(fwd.take<T>(static_cast<std::size_t>(nt * hp)), nt, hp,
+                              Order::row_major);
+  {
+    ArenaScope scope(buffers.workspace);
+    const Scratch scratch = take_scratch(buffers.workspace, gemm_scratch());
+    for (index_t b = 0; b < batch_; ++b)
+      for (index_t k = 0; k < lh; ++k) {
+        const auto Q = qkv_.block(b * s, k * d, s, d);
+        const auto K = qkv_.block(b * s, hp + k * d, s, d);
+        const auto V = qkv_.block(b * s, 2 * hp + k * d, s, d);
+        const auto P = MatrixView<T>::dense(probs_ + (b * lh + k) * s * s, s, s, Order::row_major);
+        be.gemm(Op::N, Op::T, T(1), Q, K, T(0), P, scratch);
+        be.softmax_causal(P, scale, P);
+        be.gemm(Op::N, Op::N, T(1), P, V, T(0), ctx_.block(b * s, k * d, s, d), scratch);
+      }
+  }
+  c_proj_.forward(ctx_, Y, buffers);
+}
+
+template <class T>
+void Attention1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                              bool accumulate) {
+  require(probs_ != nullptr,
+          [&] { return fmt::format("Attention1D '{}': backward without forward", name_); });
+  const index_t s = seq_, d = hidden_ / heads_, hp = hidden_ / p_;
+  const index_t nt = batch_ * seq_, lh = heads_ / p_;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  Backend& be = *backend_;
+  Arena& bwd = buffers.backward;
+  ArenaScope scope(bwd);
+  const auto dctx = MatrixView<T>::dense(bwd.take<T>(static_cast<std::size_t>(nt * hp)), nt, hp,
+                                         Order::row_major);
+  c_proj_.backward(dY, dctx, buffers, accumulate);
+  const auto dqkv = MatrixView<T>::dense(bwd.take<T>(static_cast<std::size_t>(nt * 3 * hp)), nt,
+                                         3 * hp, Order::row_major);
+  const auto dP =
+      MatrixView<T>::dense(bwd.take<T>(static_cast<std::size_t>(s * s)), s, s, Order::row_major);
+  {
+    ArenaScope ws_scope(buffers.workspace);
+    const Scratch scratch = take_scratch(buffers.workspace, gemm_scratch());
+    for (index_t b = 0; b < batch_; ++b)
+      for (index_t k = 0; k < lh; ++k) {
+        const auto Q = qkv_.block(b * s, k * d, s, d);
+        const auto K = qkv_.block(b * s, hp + k * d, s, d);
+        const auto V = qkv_.block(b * s, 2 * hp + k * d, s, d);
+        const auto dC = dctx.block(b * s, k * d, s, d);
+        const auto P = MatrixView<T>::dense(probs_ + (b * lh + k) * s * s, s, s, Order::row_major);
+        be.gemm(Op::N, Op::T, T(1), dC, V, T(0), dP, scratch);  // dP = dC Vᵀ
+        be.gemm(Op::T, Op::N, T(1), P, dC, T(0), dqkv.block(b * s, 2 * hp + k * d, s, d),
+                scratch);                              // dV = Pᵀ dC
+        be.softmax_causal_backward(P, dP, scale, dP);  // dS
+        be.gemm(Op::N, Op::N, T(1), dP, K, T(0), dqkv.block(b * s, k * d, s, d), scratch);  // dQ
+        be.gemm(Op::T, Op::N, T(1), dP, Q, T(0), dqkv.block(b * s, hp + k * d, s, d),
+                scratch);  // dK = dSᵀ Q
+      }
+  }
+  c_attn_.backward(dqkv, dX, buffers, accumulate);
+}
+
+// ---------------------------------------------------------------- MLP
+
+template <class T>
+MLP1D<T>::MLP1D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens,
+                index_t hidden)
+    : name_(std::move(name)),
+      tokens_(tokens),
+      hidden_(hidden),
+      p_(detail1d::group_size(grid)),
+      c_fc_(grid, backend, name_ + ".c_fc", tokens, hidden, 4 * hidden),
+      c_proj_(grid, backend, name_ + ".c_proj", tokens, 4 * hidden, hidden),
+      gelu_(backend) {}
+
+template <class T>
+void MLP1D<T>::collect_parameters(std::vector<Param<T>*>& out) {
+  c_fc_.collect_parameters(out);
+  c_proj_.collect_parameters(out);
+}
+
+template <class T>
+BufferNeeds MLP1D<T>::buffer_needs() const {
+  const index_t n = tokens_ * (4 * hidden_ / p_);
+  ByteCount<T> fwd, bwd;
+  fwd.add(n).add(n);  // pre- and post-GeLU
+  bwd.add(n);
+  return {.workspace = std::max(c_fc_.buffer_needs().workspace, c_proj_.buffer_needs().workspace),
+          .forward = fwd,
+          .backward = bwd};
+}
+
+template <class T>
+void MLP1D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
+  const index_t nf = 4 * hidden_ / p_;
+  const auto count = static_cast<std::size_t>(tokens_ * nf);
+  fc_ = MatrixView<T>::dense(buffers.forward.take<T>(count), tokens_, nf, Order::row_major);
+  act_ = MatrixView<T>::dense(buffers.forward.take<T>(count), tokens_, nf, Order::row_major);
+  c_fc_.forward(X, fc_, buffers);
+  gelu_.forward(fc_, act_, buffers);
+  c_proj_.forward(act_, Y, buffers);
+}
+
+template <class T>
+void MLP1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                        bool accumulate) {
+  require(fc_.data != nullptr,
+          [&] { return fmt::format("MLP1D '{}': backward without forward", name_); });
+  const index_t nf = 4 * hidden_ / p_;
+  ArenaScope scope(buffers.backward);
+  const auto d4h =
+      MatrixView<T>::dense(buffers.backward.take<T>(static_cast<std::size_t>(tokens_ * nf)),
+                           tokens_, nf, Order::row_major);
+  c_proj_.backward(dY, d4h, buffers, accumulate);
+  gelu_.backward(d4h, d4h, buffers);  // in place: dgelu -> dfc
+  c_fc_.backward(d4h, dX, buffers, accumulate);
+}
+
+// ---------------------------------------------------------------- block
+
+template <class T>
+TransformerBlock1D<T>::TransformerBlock1D(ProcessGrid& grid, Backend& backend, std::string name,
+                                          index_t batch, index_t seq, index_t hidden, index_t heads,
+                                          double eps)
+    : backend_(&backend),
+      name_(std::move(name)),
+      tokens_(batch * seq),
+      hidden_(hidden),
+      ln_1_(grid, backend, name_ + ".ln_1", batch * seq, hidden, eps),
+      attn_(grid, backend, name_ + ".attn", batch, seq, hidden, heads),
+      ln_2_(grid, backend, name_ + ".ln_2", batch * seq, hidden, eps),
+      mlp_(grid, backend, name_ + ".mlp", batch * seq, hidden) {}
+
+template <class T>
+void TransformerBlock1D<T>::collect_parameters(std::vector<Param<T>*>& out) {
+  ln_1_.collect_parameters(out);
+  attn_.collect_parameters(out);
+  ln_2_.collect_parameters(out);
+  mlp_.collect_parameters(out);
+}
+
+template <class T>
+BufferNeeds TransformerBlock1D<T>::buffer_needs() const {
+  const index_t n = tokens_ * hidden_;
+  BufferNeeds needs;
+  ByteCount<T> own_fwd;
+  own_fwd.add(n).add(n).add(n);  // ln1, mid, ln2
+  needs.forward = own_fwd;
+  for (const BufferNeeds& sub :
+       {ln_1_.buffer_needs(), attn_.buffer_needs(), ln_2_.buffer_needs(), mlp_.buffer_needs()})
+    needs.then(sub);
+  ByteCount<T> held;  // dmid and one [tokens, h] held while a sublayer runs backward
+  held.add(n).add(n);
+  needs.backward += held;
+  return needs;
+}
+
+template <class T>
+void TransformerBlock1D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
+  const auto count = static_cast<std::size_t>(tokens_ * hidden_);
+  Backend& be = *backend_;
+  const auto take = [&] {
+    return MatrixView<T>::dense(buffers.forward.take<T>(count), tokens_, hidden_, Order::row_major);
+  };
+  ln1_ = take();
+  mid_ = take();
+  ln2_ = take();
+  ln_1_.forward(X, ln1_, buffers);
+  attn_.forward(ln1_, mid_, buffers);
+  be.axpby(T(1), X, T(1), mid_);  // mid = X + Attn(LN1(X))
+  ln_2_.forward(mid_, ln2_, buffers);
+  mlp_.forward(ln2_, Y, buffers);
+  be.axpby(T(1), ConstMatrixView<T>(mid_), T(1), Y);  // Y = mid + MLP(LN2(mid))
+}
+
+template <class T>
+void TransformerBlock1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                                     bool accumulate) {
+  require(mid_.data != nullptr,
+          [&] { return fmt::format("TransformerBlock1D '{}': backward without forward", name_); });
+  const auto count = static_cast<std::size_t>(tokens_ * hidden_);
+  Backend& be = *backend_;
+  Arena& bwd = buffers.backward;
+  ArenaScope scope(bwd);
+  const auto dmid = MatrixView<T>::dense(bwd.take<T>(count), tokens_, hidden_, Order::row_major);
+  const auto dtmp = MatrixView<T>::dense(bwd.take<T>(count), tokens_, hidden_, Order::row_major);
+  // MLP half: dmid = dY + LN2ᵀ(MLPᵀ(dY))
+  mlp_.backward(dY, dtmp, buffers, accumulate);
+  ln_2_.backward(dtmp, dmid, buffers, accumulate);
+  be.axpby(T(1), dY, T(1), dmid);
+  // attention half: dX = dmid + LN1ᵀ(Attnᵀ(dmid))
+  attn_.backward(dmid, dtmp, buffers, accumulate);
+  ln_1_.backward(dtmp, dX, buffers, accumulate);
+  be.axpby(T(1), ConstMatrixView<T>(dmid), T(1), dX);
+}
+
+template class Attention1D<float>;
+template class Attention1D<double>;
+template class MLP1D<float>;
+template class MLP1D<double>;
+template class TransformerBlock1D<float>;
+template class TransformerBlock1D<double>;
+
+}  // namespace summa

@@ -1,0 +1,50 @@
+#pragma once
+// Helpers shared by the sources of the 1D (Megatron) layers; not installed.
+
+#include <fmt/format.h>
+
+#include <cstddef>
+#include <optional>
+#include <string>
+
+#include "summa/grid/process_grid.hpp"
+#include "summa/layers/layer.hpp"
+
+namespace summa::detail1d {
+
+/// Ranks of the tensor group and this rank's place in it.
+inline int group_size(ProcessGrid& grid) {
+  return grid.tensor().size();
+}
+inline int group_rank(ProcessGrid& grid) {
+  return grid.tensor().rank();
+}
+
+/// Construction-time agreement: every rank of the tensor group throws the
+/// same summa::Error if any has one.
+inline void agree(ProcessGrid& grid, const std::optional<std::string>& error) {
+  grid.agree(CommAxis::tensor, error);
+}
+
+/// `bytes` of GEMM scratch from the workspace (released by the caller's scope).
+inline Scratch take_scratch(Arena& ws, std::size_t bytes) {
+  return Scratch{ws.take_bytes(bytes), bytes};
+}
+
+/// Local check of a view's shape and layout (shapes are rank-independent in
+/// 1D, so consistent arguments fail on every rank alike). Allocates nothing
+/// unless it throws.
+template <class V>
+void check_view(const char* where, const char* what, const V& v, index_t rows, index_t cols,
+                bool contiguous = false) {
+  require(v.rows == rows && v.cols == cols, [&] {
+    return fmt::format("{}: {} is {}x{}, expected {}x{}", where, what, v.rows, v.cols, rows, cols);
+  });
+  v.check_layout(what);
+  if (contiguous)
+    require(v.contiguous(), [&] {
+      return fmt::format("{}: {} must be contiguous (it takes part in a collective)", where, what);
+    });
+}
+
+}  // namespace summa::detail1d

@@ -1,0 +1,164 @@
+#include "summa/parallel/scheme.hpp"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <optional>
+
+#include "summa/layers/gpt1d.hpp"
+#include "summa/layers/gpt2d.hpp"
+
+namespace summa {
+
+namespace {
+
+constexpr const char* kGrammar =
+    "expected comma-separated items: one of '1d:p=P', '2d:q=Q', '3d:XxYxZ', and optionally "
+    "'data=D' (e.g. 'data=2,2d:q=2')";
+
+int positive(std::string_view digits, std::string_view item) {
+  int v = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  require(ec == std::errc() && end == digits.data() + digits.size() && v > 0, [&] {
+    return fmt::format("scheme item '{}': '{}' is not a positive integer; {}", item, digits,
+                       kGrammar);
+  });
+  return v;
+}
+
+}  // namespace
+
+int SchemeSpec::tensor_ranks() const {
+  switch (scheme) {
+    case Scheme::megatron1d:
+      return p;
+    case Scheme::summa2d:
+      return q * q;
+    case Scheme::axonn3d:
+      return gx * gy * gz;
+  }
+  return 0;
+}
+
+std::string SchemeSpec::str() const {
+  std::string s = data > 1 ? fmt::format("data={},", data) : std::string();
+  switch (scheme) {
+    case Scheme::megatron1d:
+      return s + fmt::format("1d:p={}", p);
+    case Scheme::summa2d:
+      return s + fmt::format("2d:q={}", q);
+    case Scheme::axonn3d:
+      return s + fmt::format("3d:{}x{}x{}", gx, gy, gz);
+  }
+  return s;
+}
+
+SchemeSpec SchemeSpec::parse(std::string_view text) {
+  SchemeSpec spec;
+  bool have_scheme = false, have_data = false;
+  require(!text.empty(), [&] { return fmt::format("empty scheme; {}", kGrammar); });
+  for (bool more = true; more;) {
+    const std::size_t comma = text.find(',');
+    const std::string_view item = text.substr(0, comma);
+    more = comma != std::string_view::npos;
+    text = more ? text.substr(comma + 1) : std::string_view();
+    require(!item.empty(), [&] { return fmt::format("scheme: an empty item; {}", kGrammar); });
+    const auto starts = [&](std::string_view prefix) { return item.starts_with(prefix); };
+    if (starts("data=")) {
+      require(!have_data, [&] { return fmt::format("scheme: 'data=' given twice; {}", kGrammar); });
+      spec.data = positive(item.substr(5), item);
+      have_data = true;
+      continue;
+    }
+    require(!have_scheme, [&] {
+      return fmt::format("scheme item '{}': a second scheme (or an unknown item); {}", item,
+                         kGrammar);
+    });
+    have_scheme = true;
+    if (starts("1d:p=")) {
+      spec.scheme = Scheme::megatron1d;
+      spec.p = positive(item.substr(5), item);
+    } else if (starts("2d:q=")) {
+      spec.scheme = Scheme::summa2d;
+      spec.q = positive(item.substr(5), item);
+    } else if (starts("3d:")) {
+      spec.scheme = Scheme::axonn3d;
+      std::string_view dims = item.substr(3);
+      int* out[3] = {&spec.gx, &spec.gy, &spec.gz};
+      for (int k = 0; k < 3; ++k) {
+        const std::size_t x = dims.find('x');
+        require((k < 2) == (x != std::string_view::npos), [&] {
+          return fmt::format("scheme item '{}': a 3d grid is XxYxZ; {}", item, kGrammar);
+        });
+        *out[k] = positive(dims.substr(0, x), item);
+        dims = k < 2 ? dims.substr(x + 1) : std::string_view();
+      }
+    } else {
+      throw Error(fmt::format("scheme item '{}' is not understood; {}", item, kGrammar));
+    }
+  }
+  require(have_scheme, [&] { return fmt::format("scheme: no tensor scheme given; {}", kGrammar); });
+  return spec;
+}
+
+std::vector<SchemeSpec> schemes_for(int ranks) {
+  std::vector<SchemeSpec> list;
+  for (int data = 1; data <= ranks; ++data) {
+    if (ranks % data != 0) continue;
+    const int t = ranks / data;
+    list.push_back({.scheme = Scheme::megatron1d, .p = t, .data = data});
+    for (int q = 1; q * q <= t; ++q)
+      if (q * q == t) list.push_back({.scheme = Scheme::summa2d, .q = q, .data = data});
+    for (int x = 1; x <= t; ++x)
+      for (int y = 1; x * y <= t; ++y)
+        if (t % (x * y) == 0)
+          list.push_back(
+              {.scheme = Scheme::axonn3d, .gx = x, .gy = y, .gz = t / (x * y), .data = data});
+  }
+  return list;
+}
+
+ProcessGrid make_grid(MPI_Comm comm, const SchemeSpec& spec, GridOptions options) {
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  agree_on(comm, size == spec.ranks() ? std::nullopt
+                                      : std::optional<std::string>(fmt::format(
+                                            "scheme '{}' needs {} ranks, the communicator has {}",
+                                            spec.str(), spec.ranks(), size)));
+  switch (spec.scheme) {
+    case Scheme::megatron1d:
+      return ProcessGrid::linear1d(comm, spec.p, spec.data, options);
+    case Scheme::summa2d:
+      return ProcessGrid::mesh2d(comm, spec.q, spec.data, options);
+    case Scheme::axonn3d:
+      return ProcessGrid::grid3d(comm, spec.gx, spec.gy, spec.gz, spec.data, options);
+  }
+  throw Error("make_grid: unknown scheme");
+}
+
+template <class T>
+ParallelGpt<T>::ParallelGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
+                            const reference::GptConfig& config, index_t batch, index_t seq,
+                            GptOptions options, SummaOptions summa)
+    : spec_(spec), grid_(make_grid(comm, spec)) {
+  switch (spec.scheme) {
+    case Scheme::summa2d:
+      engine_ = std::make_unique<SummaEngine>(grid_, backend, summa);
+      model_ = std::make_unique<GPT2D<T>>(*engine_, config, batch, seq, options);
+      break;
+    case Scheme::megatron1d:
+      model_ = std::make_unique<GPT1D<T>>(grid_, backend, config, batch, seq, options);
+      break;
+    case Scheme::axonn3d:
+      throw Error(
+          fmt::format("scheme '{}': the 3D (AxoNN) GPT is not implemented yet", spec.str()));
+  }
+}
+
+template <class T>
+ParallelGpt<T>::~ParallelGpt() = default;
+
+template class ParallelGpt<float>;
+template class ParallelGpt<double>;
+
+}  // namespace summa

@@ -1,0 +1,152 @@
+// One model, any scheme: every implemented scheme that fits the rank count
+// (CTest: 1, 2, 4, 8 and 9 ranks) is built from its text with ParallelGpt
+// and driven by the same training-step code; loss and every gathered
+// parameter gradient must equal the serial reference's on the same global
+// weights and batch (tolerances as in test_gpt2d.cpp). Also the scheme
+// grammar: parsing, canonical text, errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "summa/parallel/scheme.hpp"
+#include "test_util.hpp"
+
+namespace summa::test {
+namespace {
+
+int world_size() {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+bool implemented(const SchemeSpec& s) {
+  if (s.scheme == Scheme::axonn3d) return false;
+  if (s.scheme == Scheme::megatron1d && s.data > 1) return false;
+  return true;
+}
+
+// The same training step whatever the scheme.
+template <class T>
+double train_step(GptModel<T>& model, const std::vector<std::int32_t>& tokens,
+                  const std::vector<std::int32_t>& targets) {
+  const double loss = model.forward(tokens, targets);
+  model.backward();
+  return loss;
+}
+
+template <class T>
+void every_scheme_matches_reference() {
+  const int ranks = world_size();
+  // Divisible by every tensor size up to 9 that these rank counts give:
+  // heads by p (1, 2, 4, 8) and q (1, 2, 3), batch by data*q and by data.
+  reference::GptConfig config;
+  config.n_layer = 2;
+  config.n_head = 72;  // divisible by p up to 9 and by q = 2, 3
+  config.n_embd = 144;
+  config.n_positions = 8;
+  config.vocab_size = 72;
+  const index_t batch = 72, seq = 4;
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  std::uniform_int_distribution<int> dist(0, config.vocab_size - 1);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * seq)), targets(tokens.size());
+  for (auto& t : tokens) t = dist(gen);
+  for (auto& t : targets) t = dist(gen);
+  reference::Gpt<T> ref(config, seed);
+  const double ref_loss = ref.forward(tokens, targets, batch, seq);
+  ref.backward();
+
+  CpuBackend backend;
+  int tested = 0;
+  for (const SchemeSpec& spec : schemes_for(ranks)) {
+    if (!implemented(spec)) continue;
+    SCOPED_TRACE(spec.str());
+    ParallelGpt<T> run(MPI_COMM_WORLD, spec, backend, config, batch, seq);
+    run.model().init(seed);
+    const double loss = train_step(run.model(), tokens, targets);
+    EXPECT_NEAR(loss, ref_loss, model_tolerance<T>() * std::abs(ref_loss));
+    for (Param<T>* p : run.model().parameters_store().params())
+      EXPECT_LE(
+          max_over_ranks(rel_error(gather_global(*p, run.grid(), true), ref.grad(p->shard.name))),
+          model_tolerance<T>())
+          << p->shard.name;
+    ++tested;
+  }
+  EXPECT_GE(tested, 1);
+  testing::Test::RecordProperty("schemes", tested);
+}
+
+TEST(Schemes, EverySchemeMatchesReferenceDouble) {
+  every_scheme_matches_reference<double>();
+}
+TEST(Schemes, EverySchemeMatchesReferenceFloat) {
+  every_scheme_matches_reference<float>();
+}
+
+TEST(Schemes, ParseAndPrint) {
+  const SchemeSpec a = SchemeSpec::parse("2d:q=3");
+  EXPECT_EQ(a.scheme, Scheme::summa2d);
+  EXPECT_EQ(a.q, 3);
+  EXPECT_EQ(a.ranks(), 9);
+  const SchemeSpec b = SchemeSpec::parse("1d:p=4");
+  EXPECT_EQ(b.scheme, Scheme::megatron1d);
+  EXPECT_EQ(b.ranks(), 4);
+  const SchemeSpec c = SchemeSpec::parse("3d:2x1x4");
+  EXPECT_EQ(c.scheme, Scheme::axonn3d);
+  EXPECT_EQ(c.gx, 2);
+  EXPECT_EQ(c.gy, 1);
+  EXPECT_EQ(c.gz, 4);
+  const SchemeSpec d = SchemeSpec::parse("data=2,2d:q=2");
+  EXPECT_EQ(d.data, 2);
+  EXPECT_EQ(d.ranks(), 8);
+  EXPECT_EQ(SchemeSpec::parse("2d:q=2,data=2"), d);
+  for (const SchemeSpec& s : {a, b, c, d}) EXPECT_EQ(SchemeSpec::parse(s.str()), s) << s.str();
+  EXPECT_EQ(d.str(), "data=2,2d:q=2");
+}
+
+TEST(Schemes, BadTextThrows) {
+  for (const char* text : {"", "2d", "2d:q=0", "2d:q=-1", "1d:p=2,2d:q=2", "3d:2x2", "3d:2x2x2x2",
+                           "data=2", "data=2,data=2,1d:p=1", "4d:q=2", "2d:q=2x", "2d:q=2,"}) {
+    EXPECT_THROW(SchemeSpec::parse(text), Error) << text;
+  }
+  try {
+    SchemeSpec::parse("2d:q=two");
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'two'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Schemes, SchemesForRankCount) {
+  for (int ranks : {1, 4, 8, 9}) {
+    for (const SchemeSpec& s : schemes_for(ranks)) EXPECT_EQ(s.ranks(), ranks) << s.str();
+  }
+  const auto eight = schemes_for(8);
+  const auto has = [&](const char* text) {
+    const SchemeSpec want = SchemeSpec::parse(text);
+    return std::find(eight.begin(), eight.end(), want) != eight.end();
+  };
+  EXPECT_TRUE(has("1d:p=8"));
+  EXPECT_TRUE(has("3d:2x2x2"));
+  EXPECT_TRUE(has("data=2,2d:q=2"));
+  EXPECT_TRUE(has("data=2,3d:1x2x2"));
+  EXPECT_FALSE(has("2d:q=2"));
+}
+
+TEST(Schemes, WrongRankCountThrowsEverywhere) {
+  const int ranks = world_size();
+  std::string msg;
+  try {
+    make_grid(MPI_COMM_WORLD, SchemeSpec::parse("1d:p=" + std::to_string(ranks + 1)));
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("needs"), std::string::npos) << msg;
+  EXPECT_TRUE(same_on_all_ranks(msg));
+}
+
+}  // namespace
+}  // namespace summa::test
