@@ -24,7 +24,6 @@ int world_size() {
 
 bool implemented(const SchemeSpec& s) {
   if (s.scheme == Scheme::axonn3d) return false;
-  if (s.scheme == Scheme::megatron1d && s.data > 1) return false;
   return true;
 }
 

@@ -19,6 +19,7 @@
 #include "summa/layers/gelu2d.hpp"
 #include "summa/layers/gpt1d.hpp"
 #include "summa/layers/gpt2d.hpp"
+#include "summa/layers/gpt_base.hpp"
 #include "summa/layers/gpt_model.hpp"
 #include "summa/layers/layer.hpp"
 #include "summa/layers/layernorm2d.hpp"

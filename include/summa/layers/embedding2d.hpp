@@ -19,13 +19,14 @@
 #include <span>
 #include <vector>
 
+#include "summa/layers/gpt_base.hpp"
 #include "summa/layers/layer.hpp"
 #include "summa/summa/engine.hpp"
 
 namespace summa {
 
 template <class T>
-class Embedding2D final : public Module<T> {
+class Embedding2D final : public EmbeddingModule<T> {
  public:
   Embedding2D(SummaEngine& engine, index_t batch, index_t seq, index_t vocab, index_t hidden,
               index_t n_positions);
@@ -36,13 +37,14 @@ class Embedding2D final : public Module<T> {
 
   /// Throws summa::Error on every rank unless `ids` holds batch*seq ids in
   /// [0, vocab) (what = "token" or "target", for the message).
-  void check_ids(std::span<const std::int32_t> ids, const char* what) const;
+  void check_ids(std::span<const std::int32_t> ids, const char* what) const override;
 
   /// Y [batch*seq/q, h/q] = wte[tokens] + wpe[positions] (local block).
   /// Keeps a view of `tokens` for backward (the caller keeps it alive).
-  void forward(std::span<const std::int32_t> tokens, MatrixView<T> Y, StepBuffers& buffers);
+  void forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
+               StepBuffers& buffers) override;
   /// wte / wpe gradients (+)= the rows' gradients from dY.
-  void backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate = false);
+  void backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate = false) override;
 
   Param<T>& wte() { return wte_; }
   Param<T>& wpe() { return wpe_; }

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <span>
 
+#include "summa/layers/gpt_base.hpp"
 #include "summa/layers/layer.hpp"
 #include "summa/summa/engine.hpp"
 
@@ -47,7 +48,7 @@ class CrossEntropy2D {
 };
 
 template <class T>
-class LMHead2D final : public Module<T> {
+class LMHead2D final : public LossHead<T> {
  public:
   /// `wte` is the embedding's parameter (tied; the head owns no parameter).
   /// `normalizer` as for CrossEntropy2D.
@@ -59,13 +60,14 @@ class LMHead2D final : public Module<T> {
   BufferNeeds buffer_needs() const override;
 
   /// Logits of X [tokens/q, h/q] into buffers.forward, then the loss.
-  double forward(ConstMatrixView<T> X, std::span<const std::int32_t> targets, StepBuffers& buffers);
+  double forward(ConstMatrixView<T> X, std::span<const std::int32_t> targets,
+                 StepBuffers& buffers) override;
   /// dX (never read) and wte's gradient (+)=.
-  void backward(MatrixView<T> dX, StepBuffers& buffers, bool accumulate = false);
+  void backward(MatrixView<T> dX, StepBuffers& buffers, bool accumulate = false) override;
 
   /// Local logits block of the last forward; backward overwrites it with
   /// dL/dlogits.
-  ConstMatrixView<T> logits() const { return logits_; }
+  ConstMatrixView<T> logits() const override { return logits_; }
 
  private:
   SummaEngine* engine_;

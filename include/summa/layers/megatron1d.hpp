@@ -40,6 +40,7 @@
 
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/gelu2d.hpp"
+#include "summa/layers/gpt_base.hpp"
 #include "summa/layers/layer.hpp"
 
 namespace summa {
@@ -315,7 +316,7 @@ class TransformerBlock1D final : public Layer<T> {
 /// Token ids are the global batch ([batch*seq], row-major [batch, seq]), the
 /// same on every rank.
 template <class T>
-class Embedding1D final : public Module<T> {
+class Embedding1D final : public EmbeddingModule<T> {
  public:
   Embedding1D(ProcessGrid& grid, Backend& backend, index_t batch, index_t seq, index_t vocab,
               index_t hidden, index_t n_positions);
@@ -326,13 +327,14 @@ class Embedding1D final : public Module<T> {
 
   /// Throws summa::Error on every rank unless `ids` holds batch*seq ids in
   /// [0, vocab) (what = "token" or "target", for the message).
-  void check_ids(std::span<const std::int32_t> ids, const char* what) const;
+  void check_ids(std::span<const std::int32_t> ids, const char* what) const override;
 
   /// Y [batch*seq, h] (contiguous) = wte[tokens] + wpe[positions]. Keeps a
   /// view of `tokens` for backward (the caller keeps it alive).
-  void forward(std::span<const std::int32_t> tokens, MatrixView<T> Y, StepBuffers& buffers);
+  void forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
+               StepBuffers& buffers) override;
   /// wte / wpe gradients (+)= the rows' gradients from dY [batch*seq, h].
-  void backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate = false);
+  void backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate = false) override;
 
   Param<T>& wte() { return wte_; }
   Param<T>& wpe() { return wpe_; }
@@ -389,7 +391,7 @@ class CrossEntropy1D {
 /// CrossEntropy1D. backward: dX = dZ_r wte_r, all-reduced (sum, tokens*h
 /// elements; overlapped with dwte), dwte_r (+)= dZ_rᵀ X locally.
 template <class T>
-class LMHead1D final : public Module<T> {
+class LMHead1D final : public LossHead<T> {
  public:
   /// `wte` is the embedding's parameter (tied; the head owns no parameter);
   /// `normalizer` as for CrossEntropy1D.
@@ -401,13 +403,14 @@ class LMHead1D final : public Module<T> {
   BufferNeeds buffer_needs() const override;
 
   /// Logits of X [tokens, h] into buffers.forward, then the loss.
-  double forward(ConstMatrixView<T> X, std::span<const std::int32_t> targets, StepBuffers& buffers);
+  double forward(ConstMatrixView<T> X, std::span<const std::int32_t> targets,
+                 StepBuffers& buffers) override;
   /// dX [tokens, h] (contiguous, never read) and wte's gradient (+)=.
-  void backward(MatrixView<T> dX, StepBuffers& buffers, bool accumulate = false);
+  void backward(MatrixView<T> dX, StepBuffers& buffers, bool accumulate = false) override;
 
   /// Local logits [tokens, V/p] (vocabulary columns [r*V/p, (r+1)*V/p)) of
   /// the last forward; backward overwrites them with dL/dlogits.
-  ConstMatrixView<T> logits() const { return logits_; }
+  ConstMatrixView<T> logits() const override { return logits_; }
 
  private:
   std::size_t scratch_bytes() const;

@@ -1,0 +1,246 @@
+#include "summa/layers/gpt_base.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+
+namespace summa {
+
+namespace {
+
+ProcessGrid& checked(const char* what, ProcessGrid& grid, const reference::GptConfig& c,
+                     index_t batch, index_t seq) {
+  std::optional<std::string> error;
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    error = fmt::format("{}: {}", what, e.what());
+  }
+  const int data = grid.shape().data;
+  if (!error && (batch <= 0 || seq <= 0))
+    error = fmt::format("{}: batch={} and seq={} must be positive", what, batch, seq);
+  if (!error && batch % data != 0)
+    error = fmt::format("{}: batch={} must be divisible by the data-parallel groups data={}", what,
+                        batch, data);
+  if (!error && seq > c.n_positions)
+    error = fmt::format("{}: seq={} is longer than the position table (n_positions={})", what, seq,
+                        c.n_positions);
+  grid.agree(CommAxis::world, error);
+  return grid;
+}
+
+}  // namespace
+
+template <class T>
+GptBase<T>::GptBase(const char* what, ProcessGrid& grid, Backend& backend,
+                    const reference::GptConfig& config, index_t batch, index_t seq,
+                    GptOptions options)
+    : grid_(&checked(what, grid, config, batch, seq)),
+      backend_(&backend),
+      config_(config),
+      options_(options),
+      batch_(batch),
+      seq_(seq),
+      data_(grid.shape().data),
+      local_batch_(batch / data_) {}
+
+template <class T>
+GptBase<T>::~GptBase() = default;
+
+template <class T>
+void GptBase<T>::finish_construction(index_t rows, index_t cols) {
+  rows_ = rows;
+  cols_ = cols;
+  store_ = std::make_unique<ParameterStore<T>>(*backend_, this->parameters());
+  const BufferNeeds needs = buffer_needs();
+  ByteCount<T> slot;
+  slot.add(rows * cols);
+  ModelBuffers::Sizes sizes{.workspace = needs.workspace,
+                            .forward = needs.forward,
+                            .backward = needs.backward,
+                            .conjunction = 2 * slot.bytes(),
+                            .checkpoint = static_cast<std::size_t>(config_.n_layer + 1) * slot};
+  buffers_ = std::make_unique<ModelBuffers>(*backend_, sizes);
+  const auto take = [&](Arena& a) {
+    return MatrixView<T>::dense(a.take<T>(static_cast<std::size_t>(rows * cols)), rows, cols,
+                                Order::row_major);
+  };
+  for (int i = 0; i <= config_.n_layer; ++i) boundaries_.push_back(take(buffers_->checkpoint));
+  conj_[0] = take(buffers_->conjunction);
+  conj_[1] = take(buffers_->conjunction);
+  tokens_.resize(static_cast<std::size_t>(local_batch_ * seq_));
+  targets_.resize(tokens_.size());
+  // Gradient buckets for the data axis, in the order backward finishes them.
+  const auto bucket_of = [&](Module<T>& m) {
+    Bucket b;
+    for (Param<T>* p : m.parameters()) {
+      if (!p->held()) continue;
+      if (b.begin == nullptr) b.begin = p->grad;
+      require(p->grad == b.begin + b.count, "GptBase: a bucket's gradients are not contiguous");
+      b.count += p->shard.local_size();
+    }
+    return b;
+  };
+  buckets_.push_back(bucket_of(*ln_f_));
+  for (std::size_t i = blocks_.size(); i-- > 0;) buckets_.push_back(bucket_of(*blocks_[i]));
+  buckets_.push_back(bucket_of(*embedding_));
+}
+
+template <class T>
+void GptBase<T>::collect_parameters(std::vector<Param<T>*>& out) {
+  embedding_->collect_parameters(out);
+  for (auto& b : blocks_) b->collect_parameters(out);
+  ln_f_->collect_parameters(out);
+  head_->collect_parameters(out);  // tied: nothing of its own
+}
+
+template <class T>
+BufferNeeds GptBase<T>::buffer_needs() const {
+  ByteCount<T> slot;
+  slot.add(rows_ * cols_);
+  const BufferNeeds block = blocks_.front()->buffer_needs();
+  // the head: LN_f's output and statistics, the logits and loss statistics
+  BufferNeeds head{.workspace = 0, .forward = slot, .backward = 0};
+  head.then(ln_f_->buffer_needs()).then(head_->buffer_needs());
+  const std::size_t head_backward = slot + head.backward;  // dL/d LN_f output
+  BufferNeeds all;
+  all.workspace = std::max({embedding_->buffer_needs().workspace, block.workspace, head.workspace});
+  all.forward = options_.checkpoint
+                    ? std::max(block.forward, head.forward)
+                    : static_cast<std::size_t>(config_.n_layer) * block.forward + head.forward;
+  all.backward = std::max(block.backward, head_backward);
+  return all;
+}
+
+template <class T>
+void GptBase<T>::init(std::uint64_t seed) {
+  store_->init_gpt(seed, config_);
+}
+
+template <class T>
+ConstMatrixView<T> GptBase<T>::boundary(int i) const {
+  require(i >= 0 && i <= config_.n_layer,
+          [&] { return fmt::format("GPT boundary {}: expected 0..{}", i, config_.n_layer); });
+  return boundaries_[static_cast<std::size_t>(i)];
+}
+
+template <class T>
+void GptBase<T>::reduce_bucket(std::size_t k) {
+  if (data_ == 1) return;
+  Bucket& b = buckets_[k];
+  if (b.count > 0)
+    b.request = grid_->data().iall_reduce(b.begin, b.begin, static_cast<std::size_t>(b.count),
+                                          dtype_v<T>, ReduceOp::sum);
+}
+
+template <class T>
+double GptBase<T>::forward(std::span<const std::int32_t> tokens,
+                           std::span<const std::int32_t> targets) {
+  have_forward_ = false;
+  {
+    std::optional<std::string> error;
+    const auto expected = static_cast<std::size_t>(batch_ * seq_);
+    for (auto [what, ids] : {std::pair{"token", tokens}, std::pair{"target", targets}}) {
+      if (ids.size() != expected) {
+        error = fmt::format("GPT: {} ids has {} values, expected batch*seq = {}*{} = {}", what,
+                            ids.size(), batch_, seq_, expected);
+        break;
+      }
+      const auto bad = std::find_if(ids.begin(), ids.end(), [&](std::int32_t id) {
+        return id < 0 || id >= config_.vocab_size;
+      });
+      if (bad != ids.end()) {
+        error = fmt::format("GPT: {} id {} at position {} is outside [0, vocab={})", what, *bad,
+                            bad - ids.begin(), config_.vocab_size);
+        break;
+      }
+    }
+    grid_->agree(CommAxis::world, error);
+  }
+  // This data group's sequences.
+  const auto first = static_cast<std::ptrdiff_t>(grid_->coords().data) *
+                     static_cast<std::ptrdiff_t>(tokens_.size());
+  std::copy_n(tokens.begin() + first, tokens_.size(), tokens_.begin());
+  std::copy_n(targets.begin() + first, targets_.size(), targets_.begin());
+
+  ModelBuffers& B = *buffers_;
+  B.forward.reset();
+  B.backward.reset();
+  B.workspace.reset();
+  StepBuffers step = B.step();
+  embedding_->forward(tokens_, boundaries_[0], step);
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    const std::size_t mark = B.forward.mark();
+    blocks_[i]->forward(boundaries_[i], boundaries_[i + 1], step);
+    if (options_.checkpoint) B.forward.release(mark);
+  }
+  lnf_ = MatrixView<T>::dense(B.forward.take<T>(static_cast<std::size_t>(rows_ * cols_)), rows_,
+                              cols_, Order::row_major);
+  ln_f_->forward(boundaries_.back(), lnf_, step);
+  double loss = head_->forward(lnf_, targets_, step);
+  if (data_ > 1) grid_->data().all_reduce(&loss, &loss, 1, DType::f64, ReduceOp::sum);
+  have_forward_ = true;
+  return loss;
+}
+
+template <class T>
+void GptBase<T>::backward(bool accumulate) {
+  require(have_forward_, "GPT backward: no forward pass to differentiate");
+  have_forward_ = false;
+  ModelBuffers& B = *buffers_;
+  StepBuffers step = B.step();
+  const index_t total = store_->local_elements();
+  const auto all_grads = MatrixView<T>::dense(store_->grads_base(), 1, total, Order::row_major);
+  if (!accumulate) {
+    store_->zero_grads();
+  } else if (data_ > 1 && total > 0) {
+    // The data-axis sum below would count the accumulated (already summed,
+    // identical) gradients once per group: pre-scale them by 1/data.
+    backend_->scale(T(1) / static_cast<T>(data_), all_grads);
+  }
+  {
+    ArenaScope scope(B.backward);
+    const auto dlnf =
+        MatrixView<T>::dense(B.backward.take<T>(static_cast<std::size_t>(rows_ * cols_)), rows_,
+                             cols_, Order::row_major);
+    head_->backward(dlnf, step, true);
+    ln_f_->backward(dlnf, conj_[0], step, true);
+  }
+  std::size_t bucket = 0;
+  reduce_bucket(bucket++);  // LN_f's gradients are final
+  int cur = 0;
+  for (std::size_t i = blocks_.size(); i-- > 0;) {
+    if (options_.checkpoint) {
+      // Recompute block i from its checkpointed input; its output goes to the
+      // free conjunction slot (backward does not read a block's output).
+      B.forward.reset();
+      blocks_[i]->forward(boundaries_[i], conj_[1 - cur], step);
+    }
+    blocks_[i]->backward(conj_[cur], conj_[1 - cur], step, true);
+    reduce_bucket(bucket++);  // in flight while the blocks below run
+    cur = 1 - cur;
+  }
+  embedding_->backward(conj_[cur], step, true);
+  reduce_bucket(bucket++);
+  input_grad_ = conj_[cur];
+  for (Bucket& b : buckets_) grid_->data().wait(b.request);  // the one completion point
+}
+
+template <class T>
+MemoryReport GptBase<T>::memory_report() const {
+  MemoryReport r;
+  r.parameters = store_->values().capacity();
+  r.gradients = store_->grads().capacity();
+  r.activations = buffers_->forward.high_water() + buffers_->checkpoint.high_water();
+  r.buffers.push_back({"parameters", store_->values().capacity(), store_->values().high_water()});
+  r.buffers.push_back({"gradients", store_->grads().capacity(), store_->grads().high_water()});
+  for (BufferUsage& u : buffers_->usage()) r.buffers.push_back(std::move(u));
+  return r;
+}
+
+template class GptBase<float>;
+template class GptBase<double>;
+
+}  // namespace summa
