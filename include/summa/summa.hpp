@@ -30,6 +30,7 @@
 #include "summa/layers/parameters.hpp"
 #include "summa/memory/arena.hpp"
 #include "summa/memory/buffers.hpp"
+#include "summa/model/traffic.hpp"
 #include "summa/parallel/scheme.hpp"
 #include "summa/reference/gpt.hpp"
 #include "summa/summa/engine.hpp"

@@ -1,0 +1,24 @@
+#pragma once
+/// \file traffic.hpp
+/// Closed-form communication volume of one training step (forward +
+/// backward) of a distributed GPT, per rank and per grid axis, in the
+/// direct-exchange model the traffic counters use (docs/communication.md).
+/// tests/test_traffic.cpp checks every prediction against the counters of
+/// a real step, exactly. The derivation, per layer, is in
+/// docs/communication.md ("A training step").
+
+#include "summa/comm/counters.hpp"
+#include "summa/grid/placement.hpp"
+#include "summa/layers/gpt_model.hpp"
+#include "summa/parallel/scheme.hpp"
+
+namespace summa::model {
+
+/// Bytes sent and received on every axis by the rank at `coords` in one
+/// forward + backward of a GPT with this configuration (calls are left 0).
+/// Throws summa::Error for a scheme without a model (3D, for now).
+TrafficCounters predict_step_traffic(const SchemeSpec& spec, const reference::GptConfig& config,
+                                     index_t batch, index_t seq, const GptOptions& options,
+                                     DType dtype, const GridCoords& coords);
+
+}  // namespace summa::model

@@ -1,0 +1,222 @@
+#include "summa/model/traffic.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace summa::model {
+
+namespace {
+
+using u64 = std::uint64_t;
+
+// Adds collectives to per-axis counters with the formulas of
+// docs/communication.md; g = group size, r = this rank's group rank, e =
+// element size, counts in elements.
+class Tally {
+ public:
+  TrafficCounters t;
+
+  void both(CommAxis a, u64 bytes) {
+    t[a].bytes_sent += bytes;
+    t[a].bytes_received += bytes;
+  }
+  void all_reduce(CommAxis a, u64 count, u64 g, u64 r, u64 e) {
+    const u64 c = count / g + (r < count % g ? 1 : 0);
+    both(a, (count - c + (g - 1) * c) * e);
+  }
+  void broadcast(CommAxis a, u64 count, u64 g, bool root, u64 e) {
+    if (root)
+      t[a].bytes_sent += (g - 1) * count * e;
+    else
+      t[a].bytes_received += count * e;
+  }
+  void reduce(CommAxis a, u64 count, u64 g, bool root, u64 e) {
+    if (root)
+      t[a].bytes_received += (g - 1) * count * e;
+    else
+      t[a].bytes_sent += count * e;
+  }
+  void gather_or_scatter(CommAxis a, u64 per_rank, u64 g, u64 e) {
+    both(a, (g - 1) * per_rank * e);
+  }
+  // SUMMA (docs/communication.md, "SUMMA per call"), global m x n x k.
+  void summa(Form f, u64 m, u64 n, u64 k, u64 q, u64 e) {
+    const u64 mb = m / q, nb = n / q, kb = k / q;
+    switch (f) {
+      case Form::AB:
+        both(CommAxis::mesh_row, (q - 1) * mb * kb * e);
+        both(CommAxis::mesh_col, (q - 1) * kb * nb * e);
+        break;
+      case Form::ABt:
+        both(CommAxis::mesh_row, (q - 1) * mb * nb * e);
+        both(CommAxis::mesh_col, (q - 1) * nb * kb * e);
+        break;
+      case Form::AtB:
+        both(CommAxis::mesh_row, (q - 1) * kb * mb * e);
+        both(CommAxis::mesh_col, (q - 1) * mb * nb * e);
+        break;
+    }
+  }
+};
+
+struct Shape {
+  u64 L, h, V, P, T;  // layers, hidden, vocabulary, positions, tokens per data group
+  u64 e;              // element size
+  bool checkpoint;
+};
+
+// ---- 2D (Optimus): rank (i, j); mesh_row rank j, mesh_col rank i, roots on row 0.
+struct Model2D {
+  Tally& t;
+  const Shape& s;
+  u64 q, i, j;
+
+  void linear_forward(u64 in, u64 out) {
+    t.summa(Form::AB, s.T, out, in, q, s.e);
+    t.broadcast(CommAxis::mesh_col, out / q, q, i == 0, s.e);  // bias from row 0
+  }
+  void linear_backward(u64 in, u64 out) {
+    t.summa(Form::ABt, s.T, in, out, q, s.e);               // dX
+    t.summa(Form::AtB, in, out, s.T, q, s.e);               // dW
+    t.reduce(CommAxis::mesh_col, out / q, q, i == 0, s.e);  // dbias to row 0
+  }
+  void layernorm_forward() {
+    t.broadcast(CommAxis::mesh_col, 2 * (s.h / q), q, i == 0, s.e);  // gamma | beta
+    t.all_reduce(CommAxis::mesh_row, s.T / q, q, j, s.e);            // sums
+    t.all_reduce(CommAxis::mesh_row, s.T / q, q, j, s.e);            // squared deviations
+  }
+  void layernorm_backward() {
+    t.broadcast(CommAxis::mesh_col, s.h / q, q, i == 0, s.e);     // gamma
+    t.reduce(CommAxis::mesh_col, 2 * (s.h / q), q, i == 0, s.e);  // dgamma | dbeta
+    t.all_reduce(CommAxis::mesh_row, 2 * (s.T / q), q, j, s.e);   // a | b partials
+  }
+  void block_forward() {
+    const u64 h = s.h;
+    layernorm_forward();
+    linear_forward(h, 3 * h);
+    linear_forward(h, h);
+    layernorm_forward();
+    linear_forward(h, 4 * h);
+    linear_forward(4 * h, h);
+  }
+  void block_backward() {
+    const u64 h = s.h;
+    linear_backward(4 * h, h);
+    linear_backward(h, 4 * h);
+    layernorm_backward();
+    linear_backward(h, h);
+    linear_backward(h, 3 * h);
+    layernorm_backward();
+  }
+  void step() {
+    const u64 tq = s.T / q, hq = s.h / q;
+    // forward
+    t.gather_or_scatter(CommAxis::mesh_col, tq * hq, q, s.e);  // embedding reduce-scatter
+    for (u64 l = 0; l < s.L; ++l) block_forward();
+    layernorm_forward();                                        // ln_f
+    t.summa(Form::ABt, s.T, s.V, s.h, q, s.e);                  // logits
+    t.all_reduce(CommAxis::mesh_row, tq, q, j, s.e);            // row max
+    t.all_reduce(CommAxis::mesh_row, 2 * tq, q, j, s.e);        // sum exp | target
+    t.all_reduce(CommAxis::mesh_col, 1, q, i, sizeof(double));  // loss
+    // backward
+    t.summa(Form::AB, s.T, s.h, s.V, q, s.e);   // dX = dZ wte
+    t.summa(Form::AtB, s.V, s.h, s.T, q, s.e);  // dwte += dZᵀ X
+    layernorm_backward();                       // ln_f
+    for (u64 l = 0; l < s.L; ++l) {
+      if (s.checkpoint) block_forward();  // recomputation
+      block_backward();
+    }
+    t.gather_or_scatter(CommAxis::mesh_col, tq * hq, q, s.e);  // embedding all-gather
+  }
+  // Local parameter elements of the data-axis buckets.
+  u64 block_params() const {
+    const u64 h = s.h, hq = h / q;
+    return 12 * h * h / (q * q) + (i == 0 ? 13 * hq : 0);
+  }
+  u64 ln_f_params() const { return i == 0 ? 2 * (s.h / q) : 0; }
+  u64 embedding_params() const {
+    const u64 chunk = (s.P + q - 1) / q, first = i * chunk;
+    const u64 rows = first >= s.P ? 0 : std::min(s.P, first + chunk) - first;
+    return (s.V / q) * (s.h / q) + rows * (s.h / q);
+  }
+};
+
+// ---- 1D (Megatron): every collective an all-reduce over the p ranks.
+struct Model1D {
+  Tally& t;
+  const Shape& s;
+  u64 p, r;
+
+  void ar(u64 count) { t.all_reduce(CommAxis::tensor, count, p, r, s.e); }
+  void step() {
+    const u64 Th = s.T * s.h;
+    ar(Th);  // embedding
+    for (u64 l = 0; l < s.L; ++l) {
+      ar(Th);  // attention c_proj (row-parallel)
+      ar(Th);  // MLP c_proj (row-parallel)
+    }
+    ar(s.T);      // cross-entropy row max
+    ar(2 * s.T);  // sum exp | target logit
+    ar(Th);       // head dX
+    for (u64 l = 0; l < s.L; ++l) {
+      if (s.checkpoint) {
+        ar(Th);
+        ar(Th);
+      }
+      ar(Th);  // MLP c_fc dX (column-parallel)
+      ar(Th);  // attention c_attn dX (column-parallel)
+    }
+  }
+  u64 block_params() const {
+    const u64 h = s.h;
+    return 12 * h * h / p + 7 * h / p + 6 * h;  // + replicated LayerNorms and row-parallel biases
+  }
+  u64 ln_f_params() const { return 2 * s.h; }
+  u64 embedding_params() const { return (s.V / p) * s.h + s.P * s.h; }  // wpe replicated
+};
+
+template <class M>
+void data_axis(Tally& t, const M& m, const Shape& s, u64 data, u64 d) {
+  if (data == 1) return;
+  t.all_reduce(CommAxis::data, 1, data, d, sizeof(double));  // the loss
+  t.all_reduce(CommAxis::data, m.ln_f_params(), data, d, s.e);
+  for (u64 l = 0; l < s.L; ++l) t.all_reduce(CommAxis::data, m.block_params(), data, d, s.e);
+  t.all_reduce(CommAxis::data, m.embedding_params(), data, d, s.e);
+}
+
+}  // namespace
+
+TrafficCounters predict_step_traffic(const SchemeSpec& spec, const reference::GptConfig& config,
+                                     index_t batch, index_t seq, const GptOptions& options,
+                                     DType dtype, const GridCoords& coords) {
+  const auto u = [](auto v) { return static_cast<u64>(v); };
+  const Shape s{.L = u(config.n_layer),
+                .h = u(config.n_embd),
+                .V = u(config.vocab_size),
+                .P = u(config.n_positions),
+                .T = u(batch / spec.data * seq),
+                .e = u(size_of(dtype)),
+                .checkpoint = options.checkpoint};
+  Tally t;
+  switch (spec.scheme) {
+    case Scheme::summa2d: {
+      Model2D m{t, s, u(spec.q), u(coords.row), u(coords.col)};
+      m.step();
+      data_axis(t, m, s, u(spec.data), u(coords.data));
+      break;
+    }
+    case Scheme::megatron1d: {
+      Model1D m{t, s, u(spec.p), u(coords.col)};
+      m.step();
+      data_axis(t, m, s, u(spec.data), u(coords.data));
+      break;
+    }
+    case Scheme::axonn3d:
+      throw Error(fmt::format("predict_step_traffic: no model for scheme '{}' yet", spec.str()));
+  }
+  return t.t;
+}
+
+}  // namespace summa::model
