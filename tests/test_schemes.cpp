@@ -22,11 +22,6 @@ int world_size() {
   return size;
 }
 
-bool implemented(const SchemeSpec& s) {
-  if (s.scheme == Scheme::axonn3d) return false;
-  return true;
-}
-
 // The same training step whatever the scheme.
 template <class T>
 double train_step(GptModel<T>& model, const std::vector<std::int32_t>& tokens,
@@ -62,7 +57,6 @@ void every_scheme_matches_reference() {
   CpuBackend backend;
   int tested = 0;
   for (const SchemeSpec& spec : schemes_for(ranks)) {
-    if (!implemented(spec)) continue;
     SCOPED_TRACE(spec.str());
     ParallelGpt<T> run(MPI_COMM_WORLD, spec, backend, config, batch, seq);
     run.model().init(seed);
@@ -145,6 +139,61 @@ TEST(Schemes, WrongRankCountThrowsEverywhere) {
   }
   EXPECT_NE(msg.find("needs"), std::string::npos) << msg;
   EXPECT_TRUE(same_on_all_ranks(msg));
+}
+
+}  // namespace
+}  // namespace summa::test
+
+namespace summa::test {
+namespace {
+
+// The planner's capacities are those a real model allocates, and the
+// largest batch under a budget is the boundary: it fits, one more step does not.
+TEST(Schemes, MemoryPlannerMatchesRealModels) {
+  const int ranks = world_size();
+  reference::GptConfig config;
+  config.n_layer = 2;
+  config.n_head = 72;
+  config.n_embd = 144;
+  config.n_positions = 8;
+  config.vocab_size = 72;
+  const index_t seq = 4;
+  CpuBackend backend;
+  for (const SchemeSpec& spec : schemes_for(ranks)) {
+    SCOPED_TRACE(spec.str());
+    const index_t batch = 2 * batch_granularity(spec);
+    const MemoryReport plan = plan_memory<float>(MPI_COMM_WORLD, spec, backend, config, batch, seq);
+    ParallelGpt<float> real(MPI_COMM_WORLD, spec, backend, config, batch, seq);
+    const MemoryReport got = real.model().memory_report();
+    ASSERT_EQ(plan.buffers.size(), got.buffers.size());
+    for (std::size_t k = 0; k < got.buffers.size(); ++k)
+      EXPECT_EQ(plan.buffers[k].capacity, got.buffers[k].capacity) << got.buffers[k].name;
+    EXPECT_EQ(plan.parameters, got.parameters);
+    EXPECT_EQ(plan.total(), got.total());
+    EXPECT_THROW(
+        ParallelGpt<float>(MPI_COMM_WORLD, spec, backend, config, batch, seq, {.plan_only = true})
+            .model()
+            .forward({}, {}),
+        Error);
+
+    // a budget between two batch sizes
+    const index_t step = batch_granularity(spec);
+    const auto planned_max = [&](index_t b) {
+      unsigned long long t =
+          plan_memory<float>(MPI_COMM_WORLD, spec, backend, config, b, seq).total();
+      MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+      return static_cast<std::size_t>(t);
+    };
+    const std::size_t budget = (planned_max(5 * step) + planned_max(6 * step)) / 2;
+    const index_t best =
+        largest_batch<float>(MPI_COMM_WORLD, spec, backend, config, seq, {}, budget, 64 * step);
+    EXPECT_EQ(best, 5 * step);
+    EXPECT_EQ(largest_batch<float>(MPI_COMM_WORLD, spec, backend, config, seq, {}, 1, 64 * step),
+              0);
+    EXPECT_EQ(largest_batch<float>(MPI_COMM_WORLD, spec, backend, config, seq, {},
+                                   planned_max(3 * step), 3 * step),
+              3 * step);
+  }
 }
 
 }  // namespace

@@ -53,16 +53,20 @@ template <class T>
 void GptBase<T>::finish_construction(index_t rows, index_t cols) {
   rows_ = rows;
   cols_ = cols;
-  store_ = std::make_unique<ParameterStore<T>>(*backend_, this->parameters());
   const BufferNeeds needs = buffer_needs();
   ByteCount<T> slot;
   slot.add(rows * cols);
-  ModelBuffers::Sizes sizes{.workspace = needs.workspace,
-                            .forward = needs.forward,
-                            .backward = needs.backward,
-                            .conjunction = 2 * slot.bytes(),
-                            .checkpoint = static_cast<std::size_t>(config_.n_layer + 1) * slot};
-  buffers_ = std::make_unique<ModelBuffers>(*backend_, sizes);
+  sizes_ = {.workspace = needs.workspace,
+            .forward = needs.forward,
+            .backward = needs.backward,
+            .conjunction = 2 * slot.bytes(),
+            .checkpoint = static_cast<std::size_t>(config_.n_layer + 1) * slot};
+  index_t elements = 0;
+  for (const Param<T>* p : this->parameters()) elements += p->shard.local_size();
+  parameter_bytes_ = ByteCount<T>().add(elements).bytes();
+  if (options_.plan_only) return;
+  store_ = std::make_unique<ParameterStore<T>>(*backend_, this->parameters());
+  buffers_ = std::make_unique<ModelBuffers>(*backend_, sizes_);
   const auto take = [&](Arena& a) {
     return MatrixView<T>::dense(a.take<T>(static_cast<std::size_t>(rows * cols)), rows, cols,
                                 Order::row_major);
@@ -115,7 +119,27 @@ BufferNeeds GptBase<T>::buffer_needs() const {
 }
 
 template <class T>
+void GptBase<T>::require_allocated(const char* what) const {
+  require(!options_.plan_only, [&] {
+    return fmt::format("GPT {}: this model was built with plan_only (no memory)", what);
+  });
+}
+
+template <class T>
+ParameterStore<T>& GptBase<T>::parameters_store() {
+  require_allocated("parameters_store");
+  return *store_;
+}
+
+template <class T>
+ModelBuffers& GptBase<T>::buffers() {
+  require_allocated("buffers");
+  return *buffers_;
+}
+
+template <class T>
 void GptBase<T>::init(std::uint64_t seed) {
+  require_allocated("init");
   store_->init_gpt(seed, config_);
 }
 
@@ -138,6 +162,7 @@ void GptBase<T>::reduce_bucket(std::size_t k) {
 template <class T>
 double GptBase<T>::forward(std::span<const std::int32_t> tokens,
                            std::span<const std::int32_t> targets) {
+  require_allocated("forward");
   have_forward_ = false;
   {
     std::optional<std::string> error;
@@ -231,6 +256,15 @@ void GptBase<T>::backward(bool accumulate) {
 template <class T>
 MemoryReport GptBase<T>::memory_report() const {
   MemoryReport r;
+  if (options_.plan_only) {
+    r.parameters = r.gradients = parameter_bytes_;
+    r.activations = sizes_.forward + sizes_.checkpoint;
+    r.buffers = {{"parameters", parameter_bytes_, 0}, {"gradients", parameter_bytes_, 0},
+                 {"workspace", sizes_.workspace, 0},  {"forward", sizes_.forward, 0},
+                 {"backward", sizes_.backward, 0},    {"conjunction", sizes_.conjunction, 0},
+                 {"checkpoint", sizes_.checkpoint, 0}};
+    return r;
+  }
   r.parameters = store_->values().capacity();
   r.gradients = store_->grads().capacity();
   r.activations = buffers_->forward.high_water() + buffers_->checkpoint.high_water();

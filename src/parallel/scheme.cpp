@@ -7,6 +7,7 @@
 
 #include "summa/layers/gpt1d.hpp"
 #include "summa/layers/gpt2d.hpp"
+#include "summa/layers/gpt3d.hpp"
 
 namespace summa {
 
@@ -150,15 +151,76 @@ ParallelGpt<T>::ParallelGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& back
       model_ = std::make_unique<GPT1D<T>>(grid_, backend, config, batch, seq, options);
       break;
     case Scheme::axonn3d:
-      throw Error(
-          fmt::format("scheme '{}': the 3D (AxoNN) GPT is not implemented yet", spec.str()));
+      model_ = std::make_unique<GPT3D<T>>(grid_, backend, config, batch, seq, options);
+      break;
   }
 }
 
 template <class T>
 ParallelGpt<T>::~ParallelGpt() = default;
 
+index_t batch_granularity(const SchemeSpec& spec) {
+  switch (spec.scheme) {
+    case Scheme::megatron1d:
+      return spec.data;
+    case Scheme::summa2d:
+      return static_cast<index_t>(spec.data) * spec.q;
+    case Scheme::axonn3d:
+      return static_cast<index_t>(spec.data) * spec.gz;
+  }
+  return spec.data;
+}
+
+template <class T>
+MemoryReport plan_memory(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
+                         const reference::GptConfig& config, index_t batch, index_t seq,
+                         GptOptions options) {
+  options.plan_only = true;
+  ParallelGpt<T> run(comm, spec, backend, config, batch, seq, options);
+  return run.model().memory_report();
+}
+
+template <class T>
+index_t largest_batch(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
+                      const reference::GptConfig& config, index_t seq, GptOptions options,
+                      std::size_t budget_bytes, index_t max_batch) {
+  const index_t step = batch_granularity(spec);
+  const auto fits = [&](index_t units) {
+    const MemoryReport r = plan_memory<T>(comm, spec, backend, config, units * step, seq, options);
+    unsigned long long total = r.total();
+    MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm);
+    return total <= budget_bytes;
+  };
+  const index_t max_units = max_batch / step;
+  if (max_units < 1 || !fits(1)) return 0;
+  index_t good = 1, bad = 2;
+  while (bad <= max_units && fits(bad)) {
+    good = bad;
+    bad *= 2;
+  }
+  if (bad > max_units) {
+    if (fits(max_units)) return max_units * step;
+    bad = max_units;
+  }
+  while (bad - good > 1) {
+    const index_t mid = good + (bad - good) / 2;
+    (fits(mid) ? good : bad) = mid;
+  }
+  return good * step;
+}
+
 template class ParallelGpt<float>;
 template class ParallelGpt<double>;
+template MemoryReport plan_memory<float>(MPI_Comm, const SchemeSpec&, Backend&,
+                                         const reference::GptConfig&, index_t, index_t, GptOptions);
+template MemoryReport plan_memory<double>(MPI_Comm, const SchemeSpec&, Backend&,
+                                          const reference::GptConfig&, index_t, index_t,
+                                          GptOptions);
+template index_t largest_batch<float>(MPI_Comm, const SchemeSpec&, Backend&,
+                                      const reference::GptConfig&, index_t, GptOptions, std::size_t,
+                                      index_t);
+template index_t largest_batch<double>(MPI_Comm, const SchemeSpec&, Backend&,
+                                       const reference::GptConfig&, index_t, GptOptions,
+                                       std::size_t, index_t);
 
 }  // namespace summa

@@ -76,9 +76,9 @@ class GptBase : public GptModel<T> {
   index_t batch() const override { return batch_; }
   index_t seq() const override { return seq_; }
   ProcessGrid& grid() const override { return *grid_; }
-  ParameterStore<T>& parameters_store() override { return *store_; }
+  ParameterStore<T>& parameters_store() override;
   MemoryReport memory_report() const override;
-  ModelBuffers& buffers() { return *buffers_; }
+  ModelBuffers& buffers();
 
   /// Data-parallel groups and the sequences each one takes.
   int data_groups() const { return data_; }
@@ -124,7 +124,11 @@ class GptBase : public GptModel<T> {
   };
   void reduce_bucket(std::size_t k);
 
+  void require_allocated(const char* what) const;
+
   index_t rows_ = 0, cols_ = 0;  // local activation block
+  ModelBuffers::Sizes sizes_{};  // of every step buffer
+  std::size_t parameter_bytes_ = 0;
   std::unique_ptr<ParameterStore<T>> store_;
   std::unique_ptr<ModelBuffers> buffers_;
   std::vector<MatrixView<T>> boundaries_;  // x_0..x_N in the checkpoint buffer

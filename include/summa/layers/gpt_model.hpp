@@ -18,6 +18,11 @@ namespace summa {
 struct GptOptions {
   /// Per-block activation checkpointing (keep only block boundaries, recompute in backward).
   bool checkpoint = true;
+  /// Build the layers and size every buffer, but allocate nothing: the model
+  /// only answers memory_report() (capacities, high water 0). This is the
+  /// memory planner (summa::plan_memory); init, forward, backward and
+  /// parameters_store() throw.
+  bool plan_only = false;
 };
 
 template <class T>

@@ -75,7 +75,42 @@ class ParallelGpt {
   std::unique_ptr<GptModel<T>> model_;
 };
 
+/// Sequences per data group must be a multiple of this for the scheme
+/// (2D: q, 3D: Z, 1D: 1); a global batch, of data times that.
+index_t batch_granularity(const SchemeSpec& spec);
+
+/// The memory planner: the report (capacities of parameters, gradients and
+/// every step buffer on this rank) of the GPT `spec` would build, computed
+/// from the layers' analytic sizes without allocating them
+/// (GptOptions::plan_only). Collective over `comm`.
+template <class T>
+MemoryReport plan_memory(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
+                         const reference::GptConfig& config, index_t batch, index_t seq,
+                         GptOptions options = {});
+
+/// Largest global batch, a multiple of batch_granularity(spec) and at most
+/// `max_batch`, whose planned total (MemoryReport::total(), the largest over
+/// ranks) fits in `budget_bytes` per rank; 0 when even the smallest does not.
+/// Memory grows with the batch, so this is a doubling then bisection search
+/// over plans. Collective over `comm`.
+template <class T>
+index_t largest_batch(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
+                      const reference::GptConfig& config, index_t seq, GptOptions options,
+                      std::size_t budget_bytes, index_t max_batch);
+
 extern template class ParallelGpt<float>;
 extern template class ParallelGpt<double>;
+extern template MemoryReport plan_memory<float>(MPI_Comm, const SchemeSpec&, Backend&,
+                                                const reference::GptConfig&, index_t, index_t,
+                                                GptOptions);
+extern template MemoryReport plan_memory<double>(MPI_Comm, const SchemeSpec&, Backend&,
+                                                 const reference::GptConfig&, index_t, index_t,
+                                                 GptOptions);
+extern template index_t largest_batch<float>(MPI_Comm, const SchemeSpec&, Backend&,
+                                             const reference::GptConfig&, index_t, GptOptions,
+                                             std::size_t, index_t);
+extern template index_t largest_batch<double>(MPI_Comm, const SchemeSpec&, Backend&,
+                                              const reference::GptConfig&, index_t, GptOptions,
+                                              std::size_t, index_t);
 
 }  // namespace summa

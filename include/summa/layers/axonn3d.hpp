@@ -1,0 +1,417 @@
+#pragma once
+/// \file axonn3d.hpp
+/// The 3D parallel-matrix-multiply GPT-2 layers of AxoNN (Singh et al.,
+/// "A 4D hybrid algorithm to scale parallel training to thousands of GPUs",
+/// §V-A, Algorithm 1) on a Gx x Gy x Gz grid (ProcessGrid::grid3d), behind
+/// the same Layer / Module interface as the 1D and 2D layers.
+///
+/// Axes. Rank (x, y, z) = (coords().row, coords().col, coords().depth):
+///   X group  grid.mesh_col()  ranks sharing (z, y), x varies (Gx = rows)
+///   Y group  grid.mesh_row()  ranks sharing (z, x), y varies (Gy = cols)
+///   Z group  grid.depth()     ranks sharing (x, y), z varies (Gz = depth)
+///
+/// Activations [T, h] (T = batch*seq tokens) are split by token rows over Z
+/// (rank z holds rows [z*T/Gz, (z+1)*T/Gz), whole sequences) and by columns
+/// over Y or X: a "Y-layout" block [T/Gz, h/Gy] holds column block y and is
+/// replicated over X, an "X-layout" block [T/Gz, n/Gx] column block x,
+/// replicated over Y. Block inputs and outputs are Y-layout.
+///
+/// Linear3D, Y = X W + b (HF Conv1D: W [in, out]). Orientation normal: the
+/// input is Y-layout, W's block (y, x) (rows block y of in/Gy, columns block
+/// x of out/Gx) lives on the ranks (x, y, *), further sharded over Z by rows
+/// (rank z stores rows [z*in/(Gy*Gz), ...) of the block: Ŵ, local
+/// [in/(Gy*Gz), out/Gx]); the output is X-layout. Transposed: X and Y swap
+/// roles (input X-layout, W rows over X and columns over Y, output Y-layout).
+/// Consecutive linears alternate (c_attn / c_fc normal, c_proj transposed),
+/// so no activation is ever redistributed. With A the axis of the input
+/// columns (normal: Y) and B that of the output columns (normal: X):
+///   forward   all-gather_Z(Ŵ) -> W(a, b)   [in/A, out/B] (workspace)
+///             Ô = X W(a, b); all-reduce_A(Ô) -> O; O += b
+///   backward  all-gather_Z(Ŵ) again (W is not cached: FSDP-style);
+///             dX̂ = dO Wᵀ, all-reduce_B (non-blocking with OAR, overlapped
+///             with the next two steps); dW = Xᵀ dO [in/A, out/B],
+///             reduce-scatter_Z -> the rank's shard of dŴ;
+///             db = column sums of dO, all-reduce_Z.
+/// The bias [out] is split over B like the output columns and replicated
+/// over A and Z; its owner is the rank with a = 0 and z = 0. dO is
+/// replicated over A and the Z all-reduce sums the token blocks, so every
+/// replica computes the same (bit-identical) gradient.
+///
+/// LayerNorm3D on a Y-layout block: the two-pass statistics are all-reduced
+/// over Y (T/Gz values each); dX needs one all-reduce over Y of 2*T/Gz
+/// partial sums. gamma / beta [h] are split over Y (local h/Gy), replicated
+/// over X and Z (owner x = 0, z = 0); their gradients, column sums over the
+/// rank's tokens, are all-reduced over Z (2*h/Gy values); inputs and output
+/// gradients are replicated over X, so X replicas agree bit for bit.
+///
+/// Embedding3D / LMHead3D (tied). wte [V, h] is stored like a weight whose
+/// rows are split over X (vocabulary block x of V/Gx) and columns over Y
+/// (hidden block y), Z-sharded by rows: local [V/(Gx*Gz), h/Gy]. The head
+/// treats wteᵀ [h, V] as a normal linear: logits [T/Gz, V/Gx] (X-layout) =
+/// X wte(x, y)ᵀ all-reduced over Y; vocabulary-parallel cross-entropy over X
+/// (row max, then sum of exp and target logit); the loss is summed over Z.
+/// The embedding gathers the rows of the tokens in vocabulary block x (zero
+/// elsewhere) from the all-gathered block and all-reduces over X. wpe [P, h]
+/// is split over Y, replicated over X and Z (owner x = 0, z = 0). Backward:
+/// each of head and embedding scatters / multiplies into a gathered-size
+/// [V/Gx, h/Gy] gradient and reduce-scatters it over Z into the shard (two
+/// reduce-scatters per step); wpe's gradient is all-reduced over Z.
+///
+/// Attention heads are split over X (heads % Gx == 0), sequences over Z
+/// (batch % Gz == 0); attention itself is local and computed redundantly by
+/// the Y ranks (which hold the same q, k, v).
+///
+/// Per-call shape checks are local: every rank's local shapes are the same,
+/// so consistent arguments pass or fail everywhere alike. Construction-time
+/// checks and id checks agree over grid.tensor(). Buffers that take part in
+/// a collective (Linear3D outputs and input gradients, the embedding output,
+/// the head's input gradient) must be contiguous.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "summa/grid/process_grid.hpp"
+#include "summa/layers/gelu2d.hpp"
+#include "summa/layers/gpt_base.hpp"
+#include "summa/layers/layer.hpp"
+
+namespace summa {
+
+/// How a Linear3D maps its matrices on the grid (see the file comment).
+enum class Orientation3D : std::uint8_t {
+  normal,      ///< input columns over Y, output columns over X
+  transposed,  ///< input columns over X, output columns over Y
+};
+
+/// The overlap switches of AxoNN §V-D that are implemented.
+struct Axonn3DOptions {
+  /// OAR: the input-gradient all-reduce of a linear is non-blocking and
+  /// overlapped with its weight-gradient GEMM and reduce-scatter. Results
+  /// are identical either way.
+  bool overlap_all_reduce = true;
+};
+
+// ---------------------------------------------------------------- shards
+
+/// A [rows, cols] matrix with rows split over `row_split` ranks (this rank's
+/// block `row_block`), each row block further split over `gz` ranks (this
+/// rank's part `z`), and columns split over `col_split` ranks (block
+/// `col_block`; with `groups` > 1 the columns form that many equal groups,
+/// each split over the ranks, side by side locally: one piece per group).
+/// Local [rows/(row_split*gz), cols/col_split]; owned everywhere.
+ParamShard sharded3d(std::string name, index_t rows, index_t cols, int row_split, int row_block,
+                     int gz, int z, int col_split, int col_block, int groups = 1);
+/// A 1-D [n] vector or 2-D [rows, n] matrix whose last dimension is split
+/// over `split` ranks (block `block`, `groups` as above), all rows held;
+/// `owner` marks the one copy among the replicas.
+ParamShard column_split3d(std::string name, std::vector<index_t> shape, int split, int block,
+                          bool owner, int groups = 1);
+
+// ---------------------------------------------------------------- linear
+
+/// Y = X W + b with the 3D PMM of AxoNN (see the file comment). `tokens` is
+/// the global token count T (divisible by Gz); X is [T/Gz, in/A], Y
+/// [T/Gz, out/B] with A, B the input / output column axes of the
+/// orientation. `groups` as ColumnParallelLinear1D (3 for c_attn: the
+/// output block x is [Q_x | K_x | V_x]).
+template <class T>
+class Linear3D final : public Layer<T> {
+ public:
+  /// Throws summa::Error (the same on every rank) unless the sizes are
+  /// positive, tokens % Gz == 0, in % (A*Gz) == 0 and out % (groups*B) == 0.
+  Linear3D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens, index_t in,
+           index_t out, Orientation3D orientation, bool has_bias = true, int groups = 1,
+           Axonn3DOptions options = {});
+
+  std::string_view name() const override { return name_; }
+  void collect_parameters(std::vector<Param<T>*>& out) override;
+  BufferNeeds buffer_needs() const override;
+  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
+  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                bool accumulate = false) override;
+
+  Orientation3D orientation() const { return orientation_; }
+  index_t local_tokens() const { return tokens_ / gz_; }
+  index_t local_in() const { return in_ / in_split_; }
+  index_t local_out() const { return out_ / out_split_; }
+  Param<T>& weight() { return weight_; }
+  Param<T>& bias() { return bias_; }
+
+ private:
+  std::size_t scratch_bytes() const;
+  /// W(a, b) [local_in, local_out]: the stored shard itself when Gz = 1,
+  /// otherwise all-gathered over Z into `buffer`.
+  MatrixView<T> gathered_weight(T* buffer);
+
+  ProcessGrid* grid_;
+  Backend* backend_;
+  std::string name_;
+  index_t tokens_, in_, out_;
+  Orientation3D orientation_;
+  bool has_bias_;
+  Axonn3DOptions options_;
+  Communicator* in_comm_;   // A: the all-reduce of the forward output
+  Communicator* out_comm_;  // B: the all-reduce of the input gradient
+  int in_split_, out_split_, gz_;
+  Param<T> weight_, bias_;
+  ConstMatrixView<T> x_{};
+};
+
+// ---------------------------------------------------------------- layer norm, GeLU
+
+/// LayerNorm on Y-layout blocks [T/Gz, h/Gy] (see the file comment).
+/// forward() keeps mean and rstd (T/Gz values each) in buffers.forward.
+template <class T>
+class LayerNorm3D final : public Layer<T> {
+ public:
+  LayerNorm3D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens, index_t hidden,
+              double eps = 1e-5);
+
+  std::string_view name() const override { return name_; }
+  void collect_parameters(std::vector<Param<T>*>& out) override;
+  BufferNeeds buffer_needs() const override;
+  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
+  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                bool accumulate = false) override;
+
+  index_t local_tokens() const { return tokens_ / gz_; }
+  index_t local_hidden() const { return hidden_ / gy_; }
+  Param<T>& weight() { return gamma_; }
+  Param<T>& bias() { return beta_; }
+
+ private:
+  ProcessGrid* grid_;
+  Backend* backend_;
+  std::string name_;
+  index_t tokens_, hidden_;
+  double eps_;
+  int gy_, gz_;
+  Param<T> gamma_, beta_;
+  ConstMatrixView<T> x_{};
+  T* mean_ = nullptr;
+  T* rstd_ = nullptr;
+};
+
+/// GeLU is elementwise: the 2D layer works on any distribution.
+template <class T>
+using GeLU3D = GeLU2D<T>;
+
+// ---------------------------------------------------------------- attention, MLP, block
+
+/// GPT-2 causal self-attention: c_attn normal (groups 3: rank (x, *, z)
+/// holds q | k | v of heads [x*n/Gx, (x+1)*n/Gx) for its batch/Gz
+/// sequences), local attention per sequence and head, c_proj transposed.
+/// Y-layout in and out. Requires hidden % heads, heads % Gx, batch % Gz and
+/// the Linear3D divisibilities. forward() keeps qkv, the probabilities and
+/// the context in buffers.forward.
+template <class T>
+class Attention3D final : public Layer<T> {
+ public:
+  Attention3D(ProcessGrid& grid, Backend& backend, std::string name, index_t batch, index_t seq,
+              index_t hidden, index_t heads, Axonn3DOptions options = {});
+
+  std::string_view name() const override { return name_; }
+  void collect_parameters(std::vector<Param<T>*>& out) override;
+  BufferNeeds buffer_needs() const override;
+  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
+  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                bool accumulate = false) override;
+
+  Linear3D<T>& c_attn() { return c_attn_; }
+  Linear3D<T>& c_proj() { return c_proj_; }
+  /// The last forward's local qkv ([Q_x | K_x | V_x]) and context [T/Gz, h/Gx].
+  ConstMatrixView<T> qkv() const { return qkv_; }
+  ConstMatrixView<T> context() const { return ctx_; }
+
+ private:
+  std::size_t gemm_scratch() const;
+
+  Backend* backend_;
+  std::string name_;
+  index_t batch_, seq_, hidden_, heads_;
+  int gx_, gz_;
+  Linear3D<T> c_attn_;
+  Linear3D<T> c_proj_;
+  MatrixView<T> qkv_{}, ctx_{};
+  T* probs_ = nullptr;
+};
+
+/// GPT-2 MLP: c_fc normal (h -> 4h, X-layout [T/Gz, 4h/Gx]), GeLU, c_proj
+/// transposed (4h -> h, Y-layout).
+template <class T>
+class MLP3D final : public Layer<T> {
+ public:
+  MLP3D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens, index_t hidden,
+        Axonn3DOptions options = {});
+
+  std::string_view name() const override { return name_; }
+  void collect_parameters(std::vector<Param<T>*>& out) override;
+  BufferNeeds buffer_needs() const override;
+  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
+  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                bool accumulate = false) override;
+
+  Linear3D<T>& c_fc() { return c_fc_; }
+  Linear3D<T>& c_proj() { return c_proj_; }
+
+ private:
+  std::string name_;
+  Linear3D<T> c_fc_;
+  Linear3D<T> c_proj_;
+  GeLU3D<T> gelu_;
+  MatrixView<T> fc_{}, act_{};
+};
+
+/// One pre-LayerNorm GPT-2 block on Y-layout blocks [T/Gz, h/Gy] (residual
+/// adds local).
+template <class T>
+class TransformerBlock3D final : public Layer<T> {
+ public:
+  TransformerBlock3D(ProcessGrid& grid, Backend& backend, std::string name, index_t batch,
+                     index_t seq, index_t hidden, index_t heads, double eps = 1e-5,
+                     Axonn3DOptions options = {});
+
+  std::string_view name() const override { return name_; }
+  void collect_parameters(std::vector<Param<T>*>& out) override;
+  BufferNeeds buffer_needs() const override;
+  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
+  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                bool accumulate = false) override;
+
+  LayerNorm3D<T>& ln_1() { return ln_1_; }
+  Attention3D<T>& attn() { return attn_; }
+  LayerNorm3D<T>& ln_2() { return ln_2_; }
+  MLP3D<T>& mlp() { return mlp_; }
+
+ private:
+  Backend* backend_;
+  std::string name_;
+  index_t rows_, cols_;  // local block
+  LayerNorm3D<T> ln_1_;
+  Attention3D<T> attn_;
+  LayerNorm3D<T> ln_2_;
+  MLP3D<T> mlp_;
+  MatrixView<T> ln1_{}, mid_{}, ln2_{};
+};
+
+// ---------------------------------------------------------------- embedding, head, loss
+
+/// Token and position embeddings (see the file comment). Token ids are the
+/// global batch ([batch*seq], row-major [batch, seq]), the same on every
+/// rank; the rank embeds its Z block of rows. Output Y-layout.
+template <class T>
+class Embedding3D final : public EmbeddingModule<T> {
+ public:
+  Embedding3D(ProcessGrid& grid, Backend& backend, index_t batch, index_t seq, index_t vocab,
+              index_t hidden, index_t n_positions);
+
+  std::string_view name() const override { return ""; }
+  void collect_parameters(std::vector<Param<T>*>& out) override;
+  BufferNeeds buffer_needs() const override;
+
+  /// Throws summa::Error on every rank unless `ids` holds batch*seq ids in
+  /// [0, vocab) (what = "token" or "target", for the message).
+  void check_ids(std::span<const std::int32_t> ids, const char* what) const override;
+  /// Y [T/Gz, h/Gy] (contiguous). Keeps a view of `tokens` for backward.
+  void forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
+               StepBuffers& buffers) override;
+  /// wte / wpe gradients (+)= the rows' gradients from dY [T/Gz, h/Gy].
+  void backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate = false) override;
+
+  Param<T>& wte() { return wte_; }
+  Param<T>& wpe() { return wpe_; }
+  /// First global vocabulary row of this rank's block x.
+  index_t vocab_begin() const;
+
+ private:
+  ProcessGrid* grid_;
+  Backend* backend_;
+  index_t batch_, seq_, vocab_, hidden_, positions_;
+  int gx_, gy_, gz_;
+  Param<T> wte_, wpe_;
+  std::vector<std::int32_t> position_ids_;  // r % seq for the local rows
+  std::span<const std::int32_t> tokens_;    // the local rows' ids
+};
+
+/// Vocabulary-parallel cross-entropy on X-layout logits [T/Gz, V/Gx]: row
+/// max all-reduced (max) over X, then sum of exp and target logit (sum, 2
+/// values per row) over X; the rank's summed loss is all-reduced over Z
+/// (one double). backward turns the logits into dL/dlogits in place.
+template <class T>
+class CrossEntropy3D {
+ public:
+  /// `tokens` the global token count; `normalizer` as CrossEntropy1D.
+  CrossEntropy3D(ProcessGrid& grid, Backend& backend, index_t tokens, index_t vocab,
+                 index_t normalizer = 0);
+  BufferNeeds buffer_needs() const;
+  /// Z: local logits [T/Gz, V/Gx]; targets: global [T] ids, the same on
+  /// every rank. Returns the summed loss / normalizer (the same everywhere).
+  double forward(ConstMatrixView<T> Z, std::span<const std::int32_t> targets, StepBuffers& buffers);
+  void backward(MatrixView<T> Z, StepBuffers& buffers);
+
+ private:
+  ProcessGrid* grid_;
+  Backend* backend_;
+  index_t tokens_, vocab_, normalizer_;
+  int gx_, gz_;
+  T* max_ = nullptr;
+  T* stats_ = nullptr;  // sum | picked target logit
+  std::span<const std::int32_t> targets_;
+};
+
+/// Tied LM head: logits = X wteᵀ as a normal 3D linear (see the file
+/// comment), then CrossEntropy3D. X and dX are Y-layout [T/Gz, h/Gy].
+template <class T>
+class LMHead3D final : public LossHead<T> {
+ public:
+  LMHead3D(ProcessGrid& grid, Backend& backend, Param<T>& wte, index_t tokens, index_t hidden,
+           index_t vocab, index_t normalizer = 0, Axonn3DOptions options = {});
+
+  std::string_view name() const override { return "lm_head"; }
+  void collect_parameters(std::vector<Param<T>*>&) override {}
+  BufferNeeds buffer_needs() const override;
+
+  double forward(ConstMatrixView<T> X, std::span<const std::int32_t> targets,
+                 StepBuffers& buffers) override;
+  /// dX (contiguous, never read) and wte's gradient (+)=.
+  void backward(MatrixView<T> dX, StepBuffers& buffers, bool accumulate = false) override;
+
+  /// Local logits [T/Gz, V/Gx] of the last forward; backward overwrites
+  /// them with dL/dlogits.
+  ConstMatrixView<T> logits() const override { return logits_; }
+
+ private:
+  std::size_t scratch_bytes() const;
+  MatrixView<T> gathered_wte(T* buffer);
+
+  ProcessGrid* grid_;
+  Backend* backend_;
+  Param<T>* wte_;
+  index_t tokens_, hidden_, vocab_;
+  int gx_, gy_, gz_;
+  Axonn3DOptions options_;
+  CrossEntropy3D<T> loss_;
+  MatrixView<T> logits_{};
+  ConstMatrixView<T> x_{};
+};
+
+extern template class Linear3D<float>;
+extern template class Linear3D<double>;
+extern template class LayerNorm3D<float>;
+extern template class LayerNorm3D<double>;
+extern template class Attention3D<float>;
+extern template class Attention3D<double>;
+extern template class MLP3D<float>;
+extern template class MLP3D<double>;
+extern template class TransformerBlock3D<float>;
+extern template class TransformerBlock3D<double>;
+extern template class Embedding3D<float>;
+extern template class Embedding3D<double>;
+extern template class CrossEntropy3D<float>;
+extern template class CrossEntropy3D<double>;
+extern template class LMHead3D<float>;
+extern template class LMHead3D<double>;
+
+}  // namespace summa

@@ -1,0 +1,318 @@
+// The 3D (AxoNN) shard descriptions, the 3D PMM linear layer and LayerNorm.
+#include "summa/layers/axonn3d.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "axonn3d_detail.hpp"
+
+namespace summa {
+
+using detail3d::check_view;
+using detail3d::take_scratch;
+
+// ---------------------------------------------------------------- shards
+
+ParamShard sharded3d(std::string name, index_t rows, index_t cols, int row_split, int row_block,
+                     int gz, int z, int col_split, int col_block, int groups) {
+  ParamShard s;
+  s.name = std::move(name);
+  s.global_shape = {rows, cols};
+  s.local_rows = rows / (static_cast<index_t>(row_split) * gz);
+  s.local_cols = cols / col_split;
+  const index_t w = cols / (static_cast<index_t>(groups) * col_split);
+  const index_t row0 = row_block * (rows / row_split) + z * s.local_rows;
+  for (int g = 0; g < groups; ++g)
+    s.pieces.push_back({.global_row = row0,
+                        .global_col = g * (cols / groups) + col_block * w,
+                        .local_row = 0,
+                        .local_col = g * w,
+                        .rows = s.local_rows,
+                        .cols = w});
+  return s;
+}
+
+ParamShard column_split3d(std::string name, std::vector<index_t> shape, int split, int block,
+                          bool owner, int groups) {
+  ParamShard s;
+  s.name = std::move(name);
+  s.global_shape = std::move(shape);
+  const index_t rows = s.global_rows(), cols = s.global_cols();
+  s.local_rows = rows;
+  s.local_cols = cols / split;
+  s.owner = owner;
+  const index_t w = cols / (static_cast<index_t>(groups) * split);
+  for (int g = 0; g < groups; ++g)
+    s.pieces.push_back({.global_row = 0,
+                        .global_col = g * (cols / groups) + block * w,
+                        .local_row = 0,
+                        .local_col = g * w,
+                        .rows = rows,
+                        .cols = w});
+  return s;
+}
+
+// ---------------------------------------------------------------- linear
+
+namespace {
+
+ProcessGrid& checked_linear(ProcessGrid& grid, const std::string& name, index_t tokens, index_t in,
+                            index_t out, Orientation3D o, int groups) {
+  const bool normal = o == Orientation3D::normal;
+  const int a = normal ? detail3d::gy(grid) : detail3d::gx(grid);
+  const int b = normal ? detail3d::gx(grid) : detail3d::gy(grid);
+  const int gz = detail3d::gz(grid);
+  const char* an = normal ? "Gy" : "Gx";
+  const char* bn = normal ? "Gx" : "Gy";
+  std::optional<std::string> error;
+  if (tokens <= 0 || in <= 0 || out <= 0 || groups < 1)
+    error = fmt::format("Linear3D '{}': tokens={}, in={}, out={}, groups={} must be positive", name,
+                        tokens, in, out, groups);
+  else if (tokens % gz != 0)
+    error = fmt::format("Linear3D '{}': tokens={} must be divisible by Gz={}", name, tokens, gz);
+  else if (in % (static_cast<index_t>(a) * gz) != 0)
+    error =
+        fmt::format("Linear3D '{}': in={} must be divisible by {}*Gz = {}*{}", name, in, an, a, gz);
+  else if (out % (static_cast<index_t>(groups) * b) != 0)
+    error = fmt::format("Linear3D '{}': out={} must be divisible by groups*{} = {}*{}", name, out,
+                        bn, groups, b);
+  detail3d::agree(grid, error);
+  return grid;
+}
+
+}  // namespace
+
+template <class T>
+Linear3D<T>::Linear3D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens,
+                      index_t in, index_t out, Orientation3D orientation, bool has_bias, int groups,
+                      Axonn3DOptions options)
+    : grid_(&checked_linear(grid, name, tokens, in, out, orientation, groups)),
+      backend_(&backend),
+      name_(std::move(name)),
+      tokens_(tokens),
+      in_(in),
+      out_(out),
+      orientation_(orientation),
+      has_bias_(has_bias),
+      options_(options) {
+  const bool normal = orientation == Orientation3D::normal;
+  in_comm_ = normal ? &detail3d::y_comm(grid) : &detail3d::x_comm(grid);
+  out_comm_ = normal ? &detail3d::x_comm(grid) : &detail3d::y_comm(grid);
+  in_split_ = in_comm_->size();
+  out_split_ = out_comm_->size();
+  gz_ = detail3d::gz(grid);
+  const int a = in_comm_->rank(), b = out_comm_->rank(), z = detail3d::z_of(grid);
+  weight_.shard =
+      sharded3d(name_ + ".weight", in, out, in_split_, a, gz_, z, out_split_, b, groups);
+  if (has_bias)
+    bias_.shard = column_split3d(name_ + ".bias", {out}, out_split_, b, a == 0 && z == 0, groups);
+}
+
+template <class T>
+void Linear3D<T>::collect_parameters(std::vector<Param<T>*>& out) {
+  out.push_back(&weight_);
+  if (has_bias_) out.push_back(&bias_);
+}
+
+template <class T>
+std::size_t Linear3D<T>::scratch_bytes() const {
+  const index_t m = local_tokens(), k = local_in(), n = local_out();
+  const DType t = dtype_v<T>;
+  return std::max({backend_->gemm_scratch_bytes(m, n, k, t),    // Y = X W
+                   backend_->gemm_scratch_bytes(m, k, n, t),    // dX = dY Wᵀ
+                   backend_->gemm_scratch_bytes(k, n, m, t)});  // dW = Xᵀ dY
+}
+
+template <class T>
+BufferNeeds Linear3D<T>::buffer_needs() const {
+  ByteCount<T> ws;
+  if (gz_ > 1) ws.add(local_in() * local_out());  // gathered W, reused for dW
+  if (has_bias_ && gz_ > 1) ws.add(local_out());  // bias column sums
+  ws.add_bytes(scratch_bytes());
+  return {.workspace = ws, .forward = 0, .backward = 0};
+}
+
+template <class T>
+MatrixView<T> Linear3D<T>::gathered_weight(T* buffer) {
+  if (gz_ == 1) return weight_.value_view();
+  grid_->depth().all_gather(weight_.value, buffer,
+                            static_cast<std::size_t>(weight_.shard.local_size()));
+  return MatrixView<T>::dense(buffer, local_in(), local_out(), Order::row_major);
+}
+
+template <class T>
+void Linear3D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
+  check_view("Linear3D forward", "X", X, local_tokens(), local_in());
+  check_view("Linear3D forward", "Y", Y, local_tokens(), local_out(), true);
+  ArenaScope scope(buffers.workspace);
+  T* wbuf = gz_ > 1 ? buffers.workspace.take<T>(static_cast<std::size_t>(local_in() * local_out()))
+                    : nullptr;
+  const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
+  const auto W = ConstMatrixView<T>(gathered_weight(wbuf));
+  backend_->gemm(Op::N, Op::N, T(1), X, W, T(0), Y, scratch);
+  detail3d::all_reduce(*in_comm_, Y.data, local_tokens() * local_out());
+  if (has_bias_) backend_->add_bias(Y, bias_.value);  // once, after the sum
+  x_ = X;
+}
+
+template <class T>
+void Linear3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                           bool accumulate) {
+  require(x_.data != nullptr,
+          [&] { return fmt::format("Linear3D '{}': backward without forward", name_); });
+  const bool want_dx = !(dX.rows == 0 && dX.cols == 0);
+  const index_t m = local_tokens(), k = local_in(), n = local_out();
+  check_view("Linear3D backward", "dY", dY, m, n);
+  if (want_dx) check_view("Linear3D backward", "dX", dX, m, k, true);
+  const T beta = accumulate ? T(1) : T(0);
+  Backend& be = *backend_;
+  ArenaScope scope(buffers.workspace);
+  T* wbuf = gz_ > 1 ? buffers.workspace.take<T>(static_cast<std::size_t>(k * n)) : nullptr;
+  T* bsum = has_bias_ && gz_ > 1 ? buffers.workspace.take<T>(static_cast<std::size_t>(n)) : nullptr;
+  const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
+  Request request;
+  if (want_dx) {  // partial dX = dY W(a, b)ᵀ, summed over B
+    const auto W = ConstMatrixView<T>(gathered_weight(wbuf));
+    be.gemm(Op::N, Op::T, T(1), dY, W, T(0), dX, scratch);
+    if (options_.overlap_all_reduce)
+      request = detail3d::iall_reduce(*out_comm_, dX.data, m * k);
+    else
+      detail3d::all_reduce(*out_comm_, dX.data, m * k);
+  }
+  if (gz_ == 1) {
+    be.gemm(Op::T, Op::N, T(1), x_, dY, beta, weight_.grad_view(), scratch);
+  } else {
+    // dW(a, b) = Xᵀ dY over the rank's tokens (W is no longer needed: reuse
+    // its buffer), summed over Z and scattered: rank z keeps its row shard.
+    const auto dW = MatrixView<T>::dense(wbuf, k, n, Order::row_major);
+    be.gemm(Op::T, Op::N, T(1), x_, dY, T(0), dW, scratch);
+    const auto shard = static_cast<std::size_t>(weight_.shard.local_size());
+    if (accumulate) {
+      grid_->depth().reduce_scatter(wbuf, wbuf, shard, dtype_v<T>, ReduceOp::sum);
+      be.axpby(T(1), ConstMatrixView<T>::dense(wbuf, weight_.shard.local_rows, n, Order::row_major),
+               T(1), weight_.grad_view());
+    } else {
+      grid_->depth().reduce_scatter(wbuf, weight_.grad, shard, dtype_v<T>, ReduceOp::sum);
+    }
+  }
+  if (has_bias_) {
+    // dY is replicated over A; the column sums over the rank's tokens are
+    // summed over Z, so every replica gets the same gradient.
+    if (gz_ == 1) {
+      be.column_sums(dY, beta, bias_.grad);
+    } else {
+      be.column_sums(dY, T(0), bsum);
+      detail3d::all_reduce(grid_->depth(), bsum, n);
+      be.axpby(T(1), ConstMatrixView<T>::dense(bsum, 1, n), beta, bias_.grad_view());
+    }
+  }
+  out_comm_->wait(request);
+}
+
+// ---------------------------------------------------------------- layer norm
+
+namespace {
+
+ProcessGrid& checked_layernorm(ProcessGrid& grid, const std::string& name, index_t tokens,
+                               index_t hidden, double eps) {
+  const int gy = detail3d::gy(grid), gz = detail3d::gz(grid);
+  std::optional<std::string> error;
+  if (tokens <= 0 || hidden <= 0)
+    error = fmt::format("LayerNorm3D '{}': tokens={} and hidden={} must be positive", name, tokens,
+                        hidden);
+  else if (tokens % gz != 0)
+    error = fmt::format("LayerNorm3D '{}': tokens={} must be divisible by Gz={}", name, tokens, gz);
+  else if (hidden % gy != 0)
+    error = fmt::format("LayerNorm3D '{}': hidden={} must be divisible by Gy={}", name, hidden, gy);
+  else if (!(eps >= 0))
+    error = fmt::format("LayerNorm3D '{}': eps={} must be non-negative", name, eps);
+  detail3d::agree(grid, error);
+  return grid;
+}
+
+}  // namespace
+
+template <class T>
+LayerNorm3D<T>::LayerNorm3D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens,
+                            index_t hidden, double eps)
+    : grid_(&checked_layernorm(grid, name, tokens, hidden, eps)),
+      backend_(&backend),
+      name_(std::move(name)),
+      tokens_(tokens),
+      hidden_(hidden),
+      eps_(eps),
+      gy_(detail3d::gy(grid)),
+      gz_(detail3d::gz(grid)) {
+  const int y = detail3d::y_of(grid);
+  const bool owner = detail3d::x_of(grid) == 0 && detail3d::z_of(grid) == 0;
+  gamma_.shard = column_split3d(name_ + ".weight", {hidden}, gy_, y, owner);
+  beta_.shard = column_split3d(name_ + ".bias", {hidden}, gy_, y, owner);
+}
+
+template <class T>
+void LayerNorm3D<T>::collect_parameters(std::vector<Param<T>*>& out) {
+  out.push_back(&gamma_);
+  out.push_back(&beta_);
+}
+
+template <class T>
+BufferNeeds LayerNorm3D<T>::buffer_needs() const {
+  const index_t m = local_tokens(), n = local_hidden();
+  ByteCount<T> fwd, ws;
+  fwd.add(m).add(m);         // mean, rstd
+  ws.add(2 * m).add(2 * n);  // a | b; dgamma | dbeta
+  return {.workspace = ws, .forward = fwd, .backward = 0};
+}
+
+template <class T>
+void LayerNorm3D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
+  const index_t m = local_tokens(), n = local_hidden();
+  check_view("LayerNorm3D forward", "X", X, m, n);
+  check_view("LayerNorm3D forward", "Y", Y, m, n);
+  Backend& be = *backend_;
+  Communicator& row = detail3d::y_comm(*grid_);
+  mean_ = buffers.forward.take<T>(static_cast<std::size_t>(m));
+  rstd_ = buffers.forward.take<T>(static_cast<std::size_t>(m));
+  be.layernorm_partial_sums(X, nullptr, mean_);
+  detail3d::all_reduce(row, mean_, m);
+  be.layernorm_mean(m, hidden_, mean_, mean_);
+  be.layernorm_partial_sums(X, mean_, rstd_);  // second pass: squared deviations
+  detail3d::all_reduce(row, rstd_, m);
+  be.layernorm_rstd(m, hidden_, eps_, rstd_, rstd_);
+  be.layernorm_apply(X, mean_, rstd_, gamma_.value, beta_.value, Y);
+  x_ = X;
+}
+
+template <class T>
+void LayerNorm3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                              bool accumulate) {
+  require(mean_ != nullptr,
+          [&] { return fmt::format("LayerNorm3D '{}': backward without forward", name_); });
+  const index_t m = local_tokens(), n = local_hidden();
+  check_view("LayerNorm3D backward", "dY", dY, m, n);
+  check_view("LayerNorm3D backward", "dX", dX, m, n);
+  Backend& be = *backend_;
+  ArenaScope scope(buffers.workspace);
+  T* ab = buffers.workspace.take<T>(static_cast<std::size_t>(2 * m));       // a | b row sums
+  T* partial = buffers.workspace.take<T>(static_cast<std::size_t>(2 * n));  // dgamma | dbeta
+  be.layernorm_param_partials(x_, dY, mean_, rstd_, partial, partial + n);
+  Request request = detail3d::iall_reduce(grid_->depth(), partial, 2 * n);  // sum over Z tokens
+  be.layernorm_backward_partials(x_, dY, mean_, rstd_, gamma_.value, ab, ab + m);
+  detail3d::all_reduce(detail3d::y_comm(*grid_), ab, 2 * m);
+  be.layernorm_backward_apply(x_, dY, mean_, rstd_, gamma_.value, ab, ab + m, hidden_, dX);
+  grid_->depth().wait(request);
+  const T beta = accumulate ? T(1) : T(0);
+  be.axpby(T(1), ConstMatrixView<T>::dense(partial, 1, n), beta, gamma_.grad_view());
+  be.axpby(T(1), ConstMatrixView<T>::dense(partial + n, 1, n), beta, beta_.grad_view());
+}
+
+template class Linear3D<float>;
+template class Linear3D<double>;
+template class LayerNorm3D<float>;
+template class LayerNorm3D<double>;
+
+}  // namespace summa

@@ -1,0 +1,563 @@
+// The 3D (AxoNN) parallel-matrix-multiply scheme against serial oracles, on
+// every Gx x Gy x Gz factorisation of the rank count (CTest: 1, 4 and 8
+// ranks; at 4: 1x1x4, 1x2x2, 1x4x1, 2x1x2, 2x2x1, 4x1x1; at 8 the ten
+// factorisations of 8, 2x2x2 and 1x2x4 among them), each grid built once
+// with ProcessGrid::grid3d(MPI_COMM_WORLD, gx, gy, gz).
+//
+// Layers3D: Linear3D in both orientations (plain and with the q|k|v groups
+// of c_attn) against a serial Eigen product on random data: output, input
+// gradient, weight and bias gradients (gathered), accumulation, OAR on vs
+// off; the shard descriptions of a block and the embedding cover every
+// global element once with the reference's initial values.
+//
+// Gpt3D: the whole model against summa::reference::Gpt on fresh random
+// weights and tokens: loss, every block boundary, the final norm, the local
+// logits, the input gradient and every parameter gradient, in float and
+// double, with activation checkpointing on and off; replicas (biases,
+// LayerNorms, wpe) bit-identical to their owners in value and gradient;
+// OAR on vs off; no heap allocation in a step; buffers sized exactly;
+// configuration and id errors thrown the same on every rank.
+//
+// Tolerances: test_util.hpp model_tolerance (1e-9 double, 2e-3 float).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "test_util.hpp"
+
+namespace summa::test {
+namespace {
+
+// ---------------------------------------------------------------- environment
+
+int world_size() {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+struct GridEnv {
+  std::vector<ProcessGrid> grids;
+  CpuBackend backend;
+  GridEnv() {
+    const int p = world_size();
+    for (int x = 1; x <= p; ++x)
+      for (int y = 1; x * y <= p; ++y)
+        if (p % (x * y) == 0)
+          grids.push_back(ProcessGrid::grid3d(MPI_COMM_WORLD, x, y, p / (x * y)));
+  }
+};
+GridEnv& env() {
+  static GridEnv e;
+  return e;
+}
+
+std::string describe(const ProcessGrid& g) {
+  return std::to_string(g.shape().rows) + "x" + std::to_string(g.shape().cols) + "x" +
+         std::to_string(g.shape().depth);
+}
+
+reference::GptConfig test_config(int n_layer = 2) {
+  reference::GptConfig c;
+  c.n_layer = n_layer;
+  c.n_head = 8;
+  c.n_embd = 32;
+  c.n_positions = 8;
+  c.vocab_size = 48;
+  return c;
+}
+constexpr index_t kBatch = 8, kSeq = 4;
+
+std::vector<std::int32_t> random_ids(index_t n, int vocab, std::mt19937_64& gen) {
+  std::uniform_int_distribution<int> dist(0, vocab - 1);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
+  for (auto& id : ids) id = dist(gen);
+  return ids;
+}
+
+// How an activation [T, cols] is laid out: token rows split over Z, columns
+// over X, over Y, or whole (`groups` equal column groups, each split, side
+// by side locally).
+enum class Axis { none, x, y };
+struct Dist {
+  index_t cols;
+  Axis axis = Axis::y;
+  int groups = 1;
+};
+
+template <class T>
+std::vector<T> local_of(const ProcessGrid& g, std::span<const T> global, index_t rows, Dist d) {
+  const int gz = g.shape().depth, z = g.coords().depth;
+  const int split = d.axis == Axis::x ? g.shape().rows : d.axis == Axis::y ? g.shape().cols : 1;
+  const int block = d.axis == Axis::x ? g.coords().row : d.axis == Axis::y ? g.coords().col : 0;
+  const index_t lr = rows / gz, gw = d.cols / d.groups, w = gw / split;
+  std::vector<T> out;
+  for (index_t r = z * lr; r < (z + 1) * lr; ++r)
+    for (int gr = 0; gr < d.groups; ++gr)
+      for (index_t c = gr * gw + block * w; c < gr * gw + (block + 1) * w; ++c)
+        out.push_back(global[static_cast<std::size_t>(r * d.cols + c)]);
+  return out;
+}
+
+template <class T>
+struct Local {
+  index_t rows, cols;
+  std::vector<T> data;
+  Local(index_t r, index_t c, std::vector<T> d = {}) : rows(r), cols(c), data(std::move(d)) {
+    data.resize(static_cast<std::size_t>(r * c), std::numeric_limits<T>::quiet_NaN());
+  }
+  MatrixView<T> view() { return MatrixView<T>::dense(data.data(), rows, cols, Order::row_major); }
+};
+
+struct Arenas {
+  Arena workspace, forward, backward;
+  StepBuffers step{workspace, forward, backward};
+  Arenas(Backend& b, const BufferNeeds& n)
+      : workspace("workspace", b, n.workspace),
+        forward("forward", b, n.forward),
+        backward("backward", b, n.backward) {}
+};
+
+// Sets a parameter's local storage (owner or replica) from its global tensor.
+template <class T>
+void set_global(Param<T>& p, const std::vector<T>& global) {
+  const index_t cols = p.shard.global_cols();
+  for (const ShardPiece& piece : p.shard.pieces)
+    for (index_t r = 0; r < piece.rows; ++r)
+      for (index_t c = 0; c < piece.cols; ++c)
+        p.value[(piece.local_row + r) * p.shard.local_cols + piece.local_col + c] =
+            global[static_cast<std::size_t>((piece.global_row + r) * cols + piece.global_col + c)];
+}
+
+// True when every rank's local value (or gradient) equals, bit for bit, the
+// global tensor gathered from the owners at every element it holds. Collective.
+template <class T>
+bool replicas_match(const Param<T>& p, ProcessGrid& g, bool grad) {
+  const std::vector<T> global = gather_global(p, g, grad);
+  const T* local = grad ? p.grad : p.value;
+  const index_t cols = p.shard.global_cols();
+  int same = 1;
+  for (const ShardPiece& piece : p.shard.pieces)
+    for (index_t r = 0; r < piece.rows; ++r)
+      for (index_t c = 0; c < piece.cols; ++c) {
+        const T a = local[(piece.local_row + r) * p.shard.local_cols + piece.local_col + c];
+        const T b =
+            global[static_cast<std::size_t>((piece.global_row + r) * cols + piece.global_col + c)];
+        if (std::memcmp(&a, &b, sizeof(T)) != 0) same = 0;
+      }
+  MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return same == 1;
+}
+
+template <class Make>
+std::string error_of(Make make) {
+  std::string msg;
+  try {
+    make();
+  } catch (const Error& err) {
+    msg = err.what();
+  }
+  EXPECT_TRUE(same_on_all_ranks(msg)) << msg;
+  return msg;
+}
+
+template <class T>
+std::vector<T> flat(const Mat<T>& m) {  // row-major
+  std::vector<T> v;
+  for (index_t r = 0; r < m.rows(); ++r)
+    for (index_t c = 0; c < m.cols(); ++c) v.push_back(m(r, c));
+  return v;
+}
+
+// ---------------------------------------------------------------- Linear3D alone
+
+template <class T>
+void linear_vs_eigen(Orientation3D orientation, int groups) {
+  const index_t tokens = 16, in = 16, out = 24;
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  const Mat<T> X = random_matrix<T>(tokens, in, gen), W = random_matrix<T>(in, out, gen);
+  const Mat<T> b = random_matrix<T>(1, out, gen), dY = random_matrix<T>(tokens, out, gen);
+  Mat<T> Y = X * W;
+  Y.rowwise() += b.row(0);
+  const Mat<T> dX = dY * W.transpose(), dW = X.transpose() * dY;
+  const Mat<T> db = dY.colwise().sum();
+  const bool normal = orientation == Orientation3D::normal;
+  const Dist din{in, normal ? Axis::y : Axis::x}, dout{out, normal ? Axis::x : Axis::y, groups};
+  const std::vector<T> gX = flat(X), gY = flat(Y), gdX = flat(dX), gdY = flat(dY);
+  for (ProcessGrid& g : env().grids) {
+    SCOPED_TRACE(describe(g));
+    std::vector<std::vector<T>> results[2];  // OAR on, off
+    for (bool oar : {true, false}) {
+      Linear3D<T> layer(g, env().backend, "lin", tokens, in, out, orientation, true, groups,
+                        {.overlap_all_reduce = oar});
+      ParameterStore<T> store(env().backend, layer.parameters());
+      set_global(layer.weight(), flat(W));
+      set_global(layer.bias(), flat(b));
+      Arenas arenas(env().backend, layer.buffer_needs());
+      const index_t m = layer.local_tokens();
+      Local<T> x(m, layer.local_in(), local_of<T>(g, gX, tokens, din));
+      Local<T> y(m, layer.local_out()), dx(m, layer.local_in());
+      Local<T> dy(m, layer.local_out(), local_of<T>(g, gdY, tokens, dout));
+      layer.forward(x.view(), y.view(), arenas.step);
+      EXPECT_LE(max_over_ranks(rel_error(y.data, local_of<T>(g, gY, tokens, dout))),
+                model_tolerance<T>());
+      layer.backward(dy.view(), dx.view(), arenas.step);
+      EXPECT_LE(max_over_ranks(rel_error(dx.data, local_of<T>(g, gdX, tokens, din))),
+                model_tolerance<T>());
+      const auto gw = gather_global(layer.weight(), g, true);
+      const auto gb = gather_global(layer.bias(), g, true);
+      EXPECT_LE(rel_error(gw, flat(dW)), model_tolerance<T>());
+      EXPECT_LE(rel_error(gb, flat(db)), model_tolerance<T>());
+      EXPECT_TRUE(replicas_match(layer.bias(), g, true));
+      results[oar ? 0 : 1] = {y.data, dx.data, gw, gb};
+      // a second backward with accumulate doubles the parameter gradients
+      layer.backward(dy.view(), dx.view(), arenas.step, true);
+      auto twice = gw;
+      for (T& v : twice) v *= T(2);
+      EXPECT_LE(rel_error(gather_global(layer.weight(), g, true), twice), 1e-6);
+    }
+    for (std::size_t k = 0; k < 4; ++k)
+      EXPECT_LE(max_over_ranks(rel_error(results[0][k], results[1][k])), 1e-12) << k;
+  }
+}
+
+TEST(Layers3D, LinearNormalDouble) {
+  linear_vs_eigen<double>(Orientation3D::normal, 1);
+}
+TEST(Layers3D, LinearTransposedDouble) {
+  linear_vs_eigen<double>(Orientation3D::transposed, 1);
+}
+TEST(Layers3D, LinearNormalGroupsFloat) {
+  linear_vs_eigen<float>(Orientation3D::normal, 3);
+}
+TEST(Layers3D, LinearTransposedFloat) {
+  linear_vs_eigen<float>(Orientation3D::transposed, 1);
+}
+
+// Shards keep Hugging Face names and shapes and cover every element once
+// with the reference's initial values; replicas hold the same values.
+TEST(Layers3D, ShardsCoverEachElementOnce) {
+  const reference::GptConfig config = test_config(1);
+  const std::vector<reference::ParamInfo> infos = reference::parameter_list(config);
+  for (ProcessGrid& g : env().grids) {
+    SCOPED_TRACE(describe(g));
+    GPT3D<double> model(g, env().backend, config, kBatch, kSeq);
+    model.init(11);
+    const auto params = model.parameters_store().params();
+    EXPECT_EQ(params.size(), infos.size());
+    for (Param<double>* p : params) {
+      const auto info = std::find_if(infos.begin(), infos.end(),
+                                     [&](const auto& i) { return i.name == p->shard.name; });
+      ASSERT_NE(info, infos.end()) << p->shard.name;
+      EXPECT_EQ(p->shard.global_shape, info->shape) << p->shard.name;
+      const auto global = gather_global(*p, g);  // throws unless covered exactly once
+      for (index_t k = 0; k < p->shard.global_size(); ++k)
+        ASSERT_EQ(global[static_cast<std::size_t>(k)],
+                  reference::init_value(11, p->shard.name, k, config))
+            << p->shard.name << " element " << k;
+      EXPECT_TRUE(replicas_match(*p, g, false)) << p->shard.name;
+    }
+  }
+}
+
+TEST(Layers3D, ConfigErrors) {
+  for (ProcessGrid& g : env().grids) {
+    SCOPED_TRACE(describe(g));
+    const int gx = g.shape().rows, gy = g.shape().cols, gz = g.shape().depth;
+    const auto linear = [&](index_t tokens, index_t in, index_t out, Orientation3D o) {
+      return error_of([&] { Linear3D<float> l(g, env().backend, "c", tokens, in, out, o); });
+    };
+    const index_t ok = 2 * gx * gy * gz;
+    EXPECT_EQ(linear(ok, ok, ok, Orientation3D::normal), "");
+    EXPECT_NE(linear(0, ok, ok, Orientation3D::normal).find("must be positive"), std::string::npos);
+    if (gz > 1) {
+      EXPECT_NE(linear(gz + 1, ok, ok, Orientation3D::normal).find("tokens="), std::string::npos);
+    }
+    if (gy * gz > 1) {
+      EXPECT_NE(linear(ok, gy * gz + 1, ok, Orientation3D::normal).find("in="), std::string::npos);
+    }
+    if (gx > 1) {
+      EXPECT_NE(linear(ok, ok, gx + 1, Orientation3D::normal).find("out="), std::string::npos);
+    }
+    if (gy > 1) {
+      EXPECT_NE(linear(ok, ok, gy + 1, Orientation3D::transposed).find("out="), std::string::npos);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- the model
+
+template <class T>
+double view_error(const ProcessGrid& g, ConstMatrixView<T> local, std::span<const T> global,
+                  Dist d) {
+  return max_over_ranks(rel_error(read(local), local_of<T>(g, global, kBatch * kSeq, d)));
+}
+
+template <class T>
+void check_against_reference(bool checkpoint) {
+  const reference::GptConfig config = test_config();
+  const index_t tokens_n = kBatch * kSeq, h = config.n_embd, V = config.vocab_size;
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  const auto tokens = random_ids(tokens_n, config.vocab_size, gen);
+  const auto targets = random_ids(tokens_n, config.vocab_size, gen);
+  reference::Gpt<T> ref(config, seed);
+  const double ref_loss = ref.forward(tokens, targets, kBatch, kSeq);
+  ref.backward();
+  const double tol = model_tolerance<T>();
+  for (ProcessGrid& g : env().grids) {
+    SCOPED_TRACE(describe(g));
+    GPT3D<T> model(g, env().backend, config, kBatch, kSeq, {.checkpoint = checkpoint});
+    model.init(seed);
+    for (Param<T>* p : model.parameters_store().params()) {
+      const auto global = gather_global(*p, g);
+      const auto want = ref.param(p->shard.name);
+      ASSERT_EQ(global.size(), want.size()) << p->shard.name;
+      EXPECT_TRUE(std::equal(global.begin(), global.end(), want.begin())) << p->shard.name;
+    }
+    const double loss = model.forward(tokens, targets);
+    EXPECT_NEAR(loss, ref_loss, tol * std::abs(ref_loss));
+    double all[2] = {loss, -loss};  // the same on every rank
+    MPI_Allreduce(MPI_IN_PLACE, all, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(all[0], -all[1]);
+    EXPECT_LE(view_error<T>(g, model.boundary(0), ref.activation("embeddings"), {h}), tol);
+    for (int i = 0; i < config.n_layer; ++i)
+      EXPECT_LE(view_error<T>(g, model.boundary(i + 1),
+                              ref.activation("h." + std::to_string(i) + ".output"), {h}),
+                tol)
+          << "block " << i;
+    EXPECT_LE(view_error<T>(g, model.final_norm(), ref.activation("ln_f"), {h}), tol);
+    EXPECT_LE(view_error<T>(g, model.logits(), ref.activation("logits"), {V, Axis::x}), tol);
+    if (!checkpoint) {  // block 0's saved activations are released with checkpointing
+      EXPECT_LE(view_error<T>(g, ConstMatrixView<T>(model.block(0).attn().qkv()),
+                              ref.activation("h.0.attn.c_attn"), {3 * h, Axis::x, 3}),
+                tol);
+    }
+    model.backward();
+    EXPECT_LE(view_error<T>(g, model.input_grad(), ref.activation_grad("embeddings"), {h}), tol);
+    for (Param<T>* p : model.parameters_store().params())
+      EXPECT_LE(max_over_ranks(rel_error(gather_global(*p, g, true), ref.grad(p->shard.name))), tol)
+          << p->shard.name;
+  }
+}
+
+TEST(Gpt3D, MatchesReferenceDoubleCheckpointed) {
+  check_against_reference<double>(true);
+}
+TEST(Gpt3D, MatchesReferenceDoubleNoCheckpoint) {
+  check_against_reference<double>(false);
+}
+TEST(Gpt3D, MatchesReferenceFloatCheckpointed) {
+  check_against_reference<float>(true);
+}
+TEST(Gpt3D, MatchesReferenceFloatNoCheckpoint) {
+  check_against_reference<float>(false);
+}
+
+// Replicas stay bit-identical to their owners (values and gradients, after
+// an accumulating second step); `accumulate` doubles the gradients; OAR on
+// and off agree.
+template <class T>
+void replicas_and_switches() {
+  const reference::GptConfig config = test_config();
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  const auto tokens = random_ids(kBatch * kSeq, config.vocab_size, gen);
+  const auto targets = random_ids(kBatch * kSeq, config.vocab_size, gen);
+  for (ProcessGrid& g : env().grids) {
+    SCOPED_TRACE(describe(g));
+    GPT3D<T> a(g, env().backend, config, kBatch, kSeq, {.checkpoint = true},
+               {.overlap_all_reduce = true});
+    GPT3D<T> b(g, env().backend, config, kBatch, kSeq, {.checkpoint = false},
+               {.overlap_all_reduce = false});
+    a.init(seed);
+    b.init(seed);
+    const double la = a.forward(tokens, targets), lb = b.forward(tokens, targets);
+    EXPECT_NEAR(la, lb, 1e-12 * std::abs(lb));
+    a.backward();
+    b.backward();
+    const auto pa = a.parameters_store().params(), pb = b.parameters_store().params();
+    std::vector<std::vector<T>> first;
+    for (std::size_t k = 0; k < pa.size(); ++k) {
+      first.push_back(gather_global(*pa[k], g, true));
+      EXPECT_LE(rel_error(first.back(), gather_global(*pb[k], g, true)),
+                (std::is_same_v<T, float> ? 1e-5 : 1e-12))
+          << pa[k]->shard.name;
+    }
+    a.forward(tokens, targets);
+    a.backward(/*accumulate=*/true);
+    for (std::size_t k = 0; k < pa.size(); ++k) {
+      auto twice = first[k];
+      for (T& v : twice) v *= T(2);
+      EXPECT_LE(rel_error(gather_global(*pa[k], g, true), twice), 1e-6) << pa[k]->shard.name;
+      EXPECT_TRUE(replicas_match(*pa[k], g, false)) << pa[k]->shard.name;
+      EXPECT_TRUE(replicas_match(*pa[k], g, true)) << pa[k]->shard.name;
+    }
+  }
+}
+TEST(Gpt3D, ReplicasIdenticalAndSwitchesAgreeDouble) {
+  replicas_and_switches<double>();
+}
+TEST(Gpt3D, ReplicasIdenticalAndSwitchesAgreeFloat) {
+  replicas_and_switches<float>();
+}
+
+// The collectives of a step, per axis, are exactly those gpt3d.hpp lists
+// (calls; groups of one issue nothing). Without checkpointing, L blocks:
+//   forward   Z: wte gather (embedding, head), 4L weight gathers, the loss
+//             sum; Y: 2 per LayerNorm (2L+1), the normal linears' output
+//             (2L), the logits; X: the embedding, the transposed linears'
+//             output (2L), max and sums of the loss
+//   backward  Z: per linear a gather, a reduce-scatter and the bias sum
+//             (12L), per LayerNorm one (2L+1), wpe, 2 wte reduce-scatters,
+//             the head's gather; Y: per LayerNorm one (2L+1), transposed
+//             linears' dX (2L); X: normal linears' dX (2L), the head's dX
+TEST(Gpt3D, CollectivesPerAxis) {
+  const reference::GptConfig config = test_config();
+  const std::uint64_t L = static_cast<std::uint64_t>(config.n_layer);
+  std::mt19937_64 gen(fresh_seed());
+  const auto tokens = random_ids(kBatch * kSeq, config.vocab_size, gen);
+  const auto targets = random_ids(kBatch * kSeq, config.vocab_size, gen);
+  for (ProcessGrid& g : env().grids) {
+    SCOPED_TRACE(describe(g));
+    const bool X = g.shape().rows > 1, Y = g.shape().cols > 1, Z = g.shape().depth > 1;
+    GPT3D<float> model(g, env().backend, config, kBatch, kSeq, {.checkpoint = false});
+    model.init(4);
+    g.reset_traffic();
+    model.forward(tokens, targets);
+    const TrafficCounters fwd = g.traffic();
+    EXPECT_EQ(fwd[CommAxis::depth].calls, Z ? 3 + 4 * L : 0);
+    EXPECT_EQ(fwd[CommAxis::mesh_row].calls, Y ? 6 * L + 3 : 0);
+    EXPECT_EQ(fwd[CommAxis::mesh_col].calls, X ? 2 * L + 3 : 0);
+    EXPECT_EQ(fwd.total().calls, fwd[CommAxis::depth].calls + fwd[CommAxis::mesh_row].calls +
+                                     fwd[CommAxis::mesh_col].calls);
+    g.reset_traffic();
+    model.backward();
+    const TrafficCounters bwd = g.traffic();
+    EXPECT_EQ(bwd[CommAxis::depth].calls, Z ? 14 * L + 5 : 0);
+    EXPECT_EQ(bwd[CommAxis::mesh_row].calls, Y ? 4 * L + 1 : 0);
+    EXPECT_EQ(bwd[CommAxis::mesh_col].calls, X ? 2 * L + 1 : 0);
+    EXPECT_EQ(bwd.total().calls, bwd[CommAxis::depth].calls + bwd[CommAxis::mesh_row].calls +
+                                     bwd[CommAxis::mesh_col].calls);
+  }
+}
+
+TEST(Gpt3D, TrainingStepAllocatesNothing) {
+  if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting unavailable (ASan)";
+  const reference::GptConfig config = test_config();
+  std::mt19937_64 gen(fresh_seed());
+  const auto tokens = random_ids(kBatch * kSeq, config.vocab_size, gen);
+  const auto targets = random_ids(kBatch * kSeq, config.vocab_size, gen);
+  for (ProcessGrid& g : env().grids) {
+    SCOPED_TRACE(describe(g));
+    GPT3D<float> model(g, env().backend, config, kBatch, kSeq, {.checkpoint = true});
+    model.init(1);
+    model.forward(tokens, targets);
+    model.backward();
+    std::uint64_t count = 0;
+    std::string caller;
+    {
+      CountAllocations counter;
+      model.forward(tokens, targets);
+      model.backward();
+      count = counter.count();
+      caller = counter.first_caller();
+    }
+    EXPECT_EQ(count, 0u) << "first allocation from " << caller;
+  }
+}
+
+TEST(Gpt3D, BuffersSizedExactly) {
+  const reference::GptConfig config = test_config();
+  std::mt19937_64 gen(fresh_seed());
+  const auto tokens = random_ids(kBatch * kSeq, config.vocab_size, gen);
+  const auto targets = random_ids(kBatch * kSeq, config.vocab_size, gen);
+  for (ProcessGrid& g : env().grids) {
+    SCOPED_TRACE(describe(g));
+    for (bool checkpoint : {true, false}) {
+      GPT3D<double> model(g, env().backend, config, kBatch, kSeq, {.checkpoint = checkpoint});
+      model.init(3);
+      model.forward(tokens, targets);
+      model.backward();
+      const MemoryReport r = model.memory_report();
+      for (const BufferUsage& b : r.buffers) {
+        EXPECT_LE(b.high_water, b.capacity) << b.name;
+        if (b.name != "workspace") {
+          EXPECT_EQ(b.high_water, b.capacity) << b.name;
+        }
+      }
+    }
+  }
+}
+
+void expect_config_error(ProcessGrid& g, const reference::GptConfig& c, index_t batch, index_t seq,
+                         const std::string& needle) {
+  const std::string msg = error_of([&] { GPT3D<float> model(g, env().backend, c, batch, seq); });
+  EXPECT_NE(msg.find(needle), std::string::npos) << "'" << msg << "' lacks '" << needle << "'";
+}
+
+TEST(Gpt3D, InvalidConfigurationsThrowEverywhere) {
+  const reference::GptConfig good = test_config();
+  for (ProcessGrid& g : env().grids) {
+    SCOPED_TRACE(describe(g));
+    const int gx = g.shape().rows, gy = g.shape().cols, gz = g.shape().depth;
+    expect_config_error(g, good, kBatch, good.n_positions + 1, "longer than the position table");
+    expect_config_error(g, good, 0, 4, "must be positive");
+    if (gz > 1) expect_config_error(g, good, gz + 1, 4, "batch=");
+    if (gx > 1) {
+      auto c = good;
+      c.n_head = gx + 1;
+      c.n_embd = (gx + 1) * 8 * gx * gy * gz;
+      expect_config_error(g, c, kBatch, 4, "n_head=");
+    }
+    if (gx * gz > 1) {
+      auto c = good;
+      c.vocab_size = good.vocab_size + 1;
+      expect_config_error(g, c, kBatch, 4, "vocab_size");
+    }
+    if (gx == 1 && gy * gz > 1) {
+      auto c = good;
+      c.n_head = 1;
+      c.n_embd = 8 * gx * gy * gz + 1;
+      expect_config_error(g, c, kBatch, 4, "n_embd (hidden)");
+    }
+  }
+  const int p = world_size();
+  if (p > 1) {
+    // with a data axis the global batch must split over the data groups
+    ProcessGrid data_grid = ProcessGrid::grid3d(MPI_COMM_WORLD, 1, 1, 1, p);
+    expect_config_error(data_grid, good, kBatch * p + 1, 4, "data-parallel");
+  }
+}
+
+TEST(Gpt3D, BadIdsThrowEverywhere) {
+  const reference::GptConfig config = test_config();
+  for (ProcessGrid& g : env().grids) {
+    SCOPED_TRACE(describe(g));
+    GPT3D<float> model(g, env().backend, config, kBatch, kSeq);
+    model.init(5);
+    std::vector<std::int32_t> ok(static_cast<std::size_t>(kBatch * kSeq), 1);
+    for (auto [where, value, needle] :
+         {std::tuple{0, config.vocab_size, "token id"}, std::tuple{1, -1, "target id"}}) {
+      auto tokens = ok, targets = ok;
+      (where == 0 ? tokens : targets)[2] = value;
+      const std::string msg = error_of([&] { model.forward(tokens, targets); });
+      EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    }
+    EXPECT_THROW(model.backward(), Error);
+  }
+}
+
+}  // namespace
+}  // namespace summa::test
