@@ -33,7 +33,6 @@ void step_bytes_match(bool checkpoint) {
   CpuBackend backend;
   int tested = 0;
   for (const SchemeSpec& spec : schemes_for(ranks)) {
-    if (spec.scheme == Scheme::axonn3d) continue;
     SCOPED_TRACE(spec.str());
     const GptOptions options{.checkpoint = checkpoint};
     ParallelGpt<T> run(MPI_COMM_WORLD, spec, backend, config, batch, seq, options);
@@ -59,12 +58,6 @@ TEST(Traffic, StepBytesMatchClosedFormFloat) {
 }
 TEST(Traffic, StepBytesMatchClosedFormDoubleNoCheckpoint) {
   step_bytes_match<double>(false);
-}
-
-TEST(Traffic, NoModelFor3DYet) {
-  EXPECT_THROW(
-      model::predict_step_traffic(SchemeSpec::parse("3d:1x1x1"), {}, 1, 1, {}, DType::f32, {}),
-      Error);
 }
 
 }  // namespace

@@ -177,6 +177,95 @@ struct Model1D {
   u64 embedding_params() const { return (s.V / p) * s.h + s.P * s.h; }  // wpe replicated
 };
 
+// ---- 3D (AxoNN): X = mesh_col (rank x), Y = mesh_row (rank y), Z = depth (rank z).
+struct Model3D {
+  Tally& t;
+  const Shape& s;
+  u64 gx, gy, gz, x, y, z;
+
+  struct Axis {
+    CommAxis axis;
+    u64 g, r;
+  };
+  Axis X() const { return {CommAxis::mesh_col, gx, x}; }
+  Axis Y() const { return {CommAxis::mesh_row, gy, y}; }
+  Axis Z() const { return {CommAxis::depth, gz, z}; }
+  void ar(Axis a, u64 count, u64 e) { t.all_reduce(a.axis, count, a.g, a.r, e); }
+  void ag_rs_z(u64 per_rank) { t.gather_or_scatter(CommAxis::depth, per_rank, gz, s.e); }
+  u64 m() const { return s.T / gz; }
+
+  // normal: input columns over Y (A), outputs over X (B); transposed: swapped.
+  void linear_forward(u64 in, u64 out, bool transposed) {
+    const Axis A = transposed ? X() : Y(), B = transposed ? Y() : X();
+    ag_rs_z(in * out / (A.g * B.g * gz));  // all-gather the weight shard over Z
+    ar(A, m() * out / B.g, s.e);           // partial outputs over the input axis
+  }
+  void linear_backward(u64 in, u64 out, bool transposed) {
+    const Axis A = transposed ? X() : Y(), B = transposed ? Y() : X();
+    const u64 shard = in * out / (A.g * B.g * gz);
+    ag_rs_z(shard);              // the weight again (not cached)
+    ar(B, m() * in / A.g, s.e);  // dX over the output axis
+    ag_rs_z(shard);              // dW reduce-scatter over Z
+    ar(Z(), out / B.g, s.e);     // bias gradient over Z
+  }
+  void layernorm_forward() {
+    ar(Y(), m(), s.e);
+    ar(Y(), m(), s.e);
+  }
+  void layernorm_backward() {
+    ar(Y(), 2 * m(), s.e);
+    ar(Z(), 2 * (s.h / gy), s.e);
+  }
+  void block_forward() {
+    const u64 h = s.h;
+    layernorm_forward();
+    linear_forward(h, 3 * h, false);
+    linear_forward(h, h, true);
+    layernorm_forward();
+    linear_forward(h, 4 * h, false);
+    linear_forward(4 * h, h, true);
+  }
+  void block_backward() {
+    const u64 h = s.h;
+    linear_backward(4 * h, h, true);
+    linear_backward(h, 4 * h, false);
+    layernorm_backward();
+    linear_backward(h, h, true);
+    linear_backward(h, 3 * h, false);
+    layernorm_backward();
+  }
+  void step() {
+    const u64 wte_shard = s.V * s.h / (gx * gy * gz);
+    // forward
+    ag_rs_z(wte_shard);            // embedding: the wte shard
+    ar(X(), m() * s.h / gy, s.e);  // rows held per vocabulary block
+    for (u64 l = 0; l < s.L; ++l) block_forward();
+    layernorm_forward();           // ln_f
+    ag_rs_z(wte_shard);            // head: the wte shard
+    ar(Y(), m() * s.V / gx, s.e);  // logits
+    ar(X(), m(), s.e);             // row max
+    ar(X(), 2 * m(), s.e);         // sum exp | target
+    ar(Z(), 1, sizeof(double));    // loss
+    // backward
+    ag_rs_z(wte_shard);            // head: the wte shard again
+    ar(X(), m() * s.h / gy, s.e);  // dX
+    ag_rs_z(wte_shard);            // dwte reduce-scatter
+    layernorm_backward();          // ln_f
+    for (u64 l = 0; l < s.L; ++l) {
+      if (s.checkpoint) block_forward();
+      block_backward();
+    }
+    ar(Z(), s.P * (s.h / gy), s.e);  // embedding: wpe gradient
+    ag_rs_z(wte_shard);              // embedding: dwte reduce-scatter
+  }
+  u64 block_params() const {
+    const u64 h = s.h;
+    return 12 * h * h / (gx * gy * gz) + 7 * h / gx + 6 * h / gy;
+  }
+  u64 ln_f_params() const { return 2 * (s.h / gy); }
+  u64 embedding_params() const { return s.V * s.h / (gx * gy * gz) + s.P * (s.h / gy); }
+};
+
 template <class M>
 void data_axis(Tally& t, const M& m, const Shape& s, u64 data, u64 d) {
   if (data == 1) return;
@@ -213,8 +302,13 @@ TrafficCounters predict_step_traffic(const SchemeSpec& spec, const reference::Gp
       data_axis(t, m, s, u(spec.data), u(coords.data));
       break;
     }
-    case Scheme::axonn3d:
-      throw Error(fmt::format("predict_step_traffic: no model for scheme '{}' yet", spec.str()));
+    case Scheme::axonn3d: {
+      Model3D m{
+          t, s, u(spec.gx), u(spec.gy), u(spec.gz), u(coords.row), u(coords.col), u(coords.depth)};
+      m.step();
+      data_axis(t, m, s, u(spec.data), u(coords.data));
+      break;
+    }
   }
   return t.t;
 }
