@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
 #include <vector>
 
 #include "summa/model/traffic.hpp"
@@ -58,6 +59,42 @@ TEST(Traffic, StepBytesMatchClosedFormFloat) {
 }
 TEST(Traffic, StepBytesMatchClosedFormDoubleNoCheckpoint) {
   step_bytes_match<double>(false);
+}
+
+// AxoNN §V-A: with X only, 3D is Megatron (the same bytes as 1D, on the X
+// axis instead of the tensor axis); with Z only it is FSDP / ZeRO-3 (no
+// activation traffic over X or Y, everything over Z).
+TEST(Traffic, ThreeDReducesToMegatronAndFsdp) {
+  int ranks = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  if (ranks == 1) GTEST_SKIP() << "needs more than one rank";
+  reference::GptConfig config;
+  config.n_layer = 2;
+  config.n_head = 72;
+  config.n_embd = 144;
+  config.n_positions = 8;
+  config.vocab_size = 72;
+  const index_t batch = 72, seq = 3;
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * seq), 5), targets = tokens;
+  CpuBackend backend;
+  const auto measured = [&](const std::string& text) {
+    ParallelGpt<float> run(MPI_COMM_WORLD, SchemeSpec::parse(text), backend, config, batch, seq);
+    run.model().init(1);
+    run.grid().reset_traffic();
+    run.model().forward(tokens, targets);
+    run.model().backward();
+    return run.grid().traffic();
+  };
+  const std::string p = std::to_string(ranks);
+  const TrafficCounters megatron = measured("1d:p=" + p);
+  const TrafficCounters x_only = measured("3d:" + p + "x1x1");
+  EXPECT_EQ(x_only[CommAxis::mesh_col].bytes_sent, megatron[CommAxis::tensor].bytes_sent);
+  EXPECT_EQ(x_only.total().bytes_sent, megatron.total().bytes_sent);
+  const TrafficCounters z_only = measured("3d:1x1x" + p);
+  EXPECT_EQ(z_only[CommAxis::mesh_col].bytes_sent, 0u);
+  EXPECT_EQ(z_only[CommAxis::mesh_row].bytes_sent, 0u);
+  EXPECT_GT(z_only[CommAxis::depth].bytes_sent, 0u);
+  EXPECT_EQ(z_only.total().bytes_sent, z_only[CommAxis::depth].bytes_sent);
 }
 
 }  // namespace
