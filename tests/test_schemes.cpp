@@ -60,6 +60,13 @@ void every_scheme_matches_reference() {
     SCOPED_TRACE(spec.str());
     ParallelGpt<T> run(MPI_COMM_WORLD, spec, backend, config, batch, seq);
     run.model().init(seed);
+    // one seed, the same global weights under every scheme (layout invariance)
+    for (Param<T>* p : run.model().parameters_store().params()) {
+      const auto global = gather_global(*p, run.grid());
+      const auto want = ref.param(p->shard.name);
+      EXPECT_TRUE(std::equal(global.begin(), global.end(), want.begin(), want.end()))
+          << p->shard.name;
+    }
     const double loss = train_step(run.model(), tokens, targets);
     EXPECT_NEAR(loss, ref_loss, model_tolerance<T>() * std::abs(ref_loss));
     for (Param<T>* p : run.model().parameters_store().params())
