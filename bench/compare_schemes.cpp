@@ -1,0 +1,692 @@
+// compare_schemes: one GPT configuration under every tensor-parallel scheme
+// (1D Megatron, 2D Optimus SUMMA, 3D AxoNN, each with every data axis) that
+// fits the world size, or under a given list: step time, throughput, bytes
+// per rank and axis against the closed-form prediction, memory per rank, and
+// the largest global batch that fits a per-rank memory budget (found by the
+// planner, then confirmed by a real step). See bench/README.md and
+// docs/schemes.md.
+//
+//   mpirun -np 4 ./compare_schemes [--layers 2] [--hidden 192] [--heads 24] [--seq 32]
+//                                  [--batch 24] [--vocab 1536] [--schemes "2d:q=2;1d:p=4"]
+//                                  [--budget-mib 64] [--max-batch 4096] [--format both]
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "summa/summa.hpp"
+
+namespace {
+
+using summa::CommAxis;
+using summa::index_t;
+using u64 = std::uint64_t;
+
+/// A bad command line or configuration: detected identically on every rank.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+// One run of `call` on every rank, started after a barrier: its time, the
+// maximum over ranks.
+template <class F>
+double time_collective(F&& call) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto t0 = std::chrono::steady_clock::now();
+  call();
+  double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return dt;
+}
+
+u64 max_over_ranks(u64 v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return v;
+}
+
+bool all_ranks(bool v) {
+  int x = v ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return x != 0;
+}
+
+// ---------------------------------------------------------------- JSON lines
+class JsonLine {
+ public:
+  JsonLine& str(std::string_view key, std::string_view v) { return raw(key, quote(v)); }
+  JsonLine& num(std::string_view key, double v) {
+    if (!std::isfinite(v)) return raw(key, "null");
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.6g", v);
+    return raw(key, buf);
+  }
+  JsonLine& integer(std::string_view key, long long v) { return raw(key, std::to_string(v)); }
+  JsonLine& boolean(std::string_view key, bool v) { return raw(key, v ? "true" : "false"); }
+  JsonLine& null(std::string_view key) { return raw(key, "null"); }
+  /// A nested object, given as the text of another JsonLine.
+  JsonLine& object(std::string_view key, const JsonLine& o) { return raw(key, o.text()); }
+  std::string text() const { return "{" + body_ + "}"; }
+
+ private:
+  static std::string quote(std::string_view v) {
+    std::string s = "\"";
+    for (char c : v) {
+      if (c == '"' || c == '\\') s += '\\';
+      s += c;
+    }
+    return s + "\"";
+  }
+  JsonLine& raw(std::string_view key, const std::string& v) {
+    if (!body_.empty()) body_ += ", ";
+    body_ += quote(key);
+    body_ += ": ";
+    body_ += v;
+    return *this;
+  }
+  std::string body_;
+};
+
+// ---------------------------------------------------------------- FLOPs
+// Narayanan et al. 2021 (SC '21), as in bench/gpt_layer.cpp: forward +
+// backward of B sequences of s tokens, l layers, hidden h, vocabulary V,
+// 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)); with activation recomputation
+// 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)).
+double step_flops(double B, double s, double l, double h, double V, bool recompute) {
+  const double base = B * s * l * h * h;
+  return recompute ? 96 * base * (1 + s / (6 * h) + V / (16 * l * h))
+                   : 72 * base * (1 + s / (6 * h) + V / (12 * l * h));
+}
+
+// ---------------------------------------------------------------- axes
+// The axes a GPT step uses, in table order; the world, mesh and other
+// communicators carry no step traffic (they are still compared with the
+// prediction).
+constexpr std::array<CommAxis, 5> kAxes = {CommAxis::data, CommAxis::depth, CommAxis::mesh_row,
+                                           CommAxis::mesh_col, CommAxis::tensor};
+
+// What an axis is for under a scheme; empty when the scheme does not use it
+// (not part of the scheme, or a group of one rank).
+std::string_view role(const summa::SchemeSpec& spec, CommAxis axis) {
+  if (axis == CommAxis::data) return spec.data > 1 ? "data" : "";
+  switch (spec.scheme) {
+    case summa::Scheme::megatron1d:
+      return axis == CommAxis::tensor && spec.p > 1 ? "tensor" : "";
+    case summa::Scheme::summa2d:
+      if (spec.q == 1) return "";
+      return axis == CommAxis::mesh_row ? "row" : axis == CommAxis::mesh_col ? "col" : "";
+    case summa::Scheme::axonn3d:
+      // grid3d: rows = X, cols = Y, depth = Z; the mesh_col communicator
+      // spans the rows (X varies), the mesh_row one the columns (Y varies).
+      if (axis == CommAxis::mesh_col) return spec.gx > 1 ? "X" : "";
+      if (axis == CommAxis::mesh_row) return spec.gy > 1 ? "Y" : "";
+      if (axis == CommAxis::depth) return spec.gz > 1 ? "Z" : "";
+      return "";
+  }
+  return "";
+}
+
+// Table headers of kAxes: the axis and its roles.
+constexpr std::array<const char*, 5> kAxisHeads = {"data", "depth:Z", "mesh_row:row,Y",
+                                                   "mesh_col:col,X", "tensor:1D"};
+
+// ---------------------------------------------------------------- settings
+struct Settings {
+  summa::reference::GptConfig config;
+  index_t batch = 24, seq = 32;
+  int reps = 3, warmup = 1;
+  bool checkpoint = true;
+  std::string dtype = "f32";
+  double budget_mib = 64;
+  index_t max_batch = 4096;
+  std::vector<summa::SchemeSpec> schemes;
+  std::string format = "both";
+  std::uint64_t seed = 1234;
+};
+
+// The same tokens on every rank: ids uniform in [0, vocab), targets the next
+// token (the last one of each sequence random).
+struct Batch {
+  std::vector<std::int32_t> tokens, targets;
+};
+
+Batch make_batch(const Settings& s, index_t batch) {
+  const auto count = static_cast<std::size_t>(batch * s.seq);
+  Batch b{std::vector<std::int32_t>(count), std::vector<std::int32_t>(count)};
+  std::mt19937_64 rng(s.seed);
+  const auto V = static_cast<std::uint64_t>(s.config.vocab_size);
+  std::vector<std::int32_t> stream(count + static_cast<std::size_t>(batch));
+  for (auto& t : stream) t = static_cast<std::int32_t>(rng() % V);
+  for (index_t i = 0; i < batch; ++i)
+    for (index_t t = 0; t < s.seq; ++t) {
+      const auto k = static_cast<std::size_t>(i * s.seq + t);
+      const auto src = static_cast<std::size_t>(i * (s.seq + 1) + t);
+      b.tokens[k] = stream[src];
+      b.targets[k] = stream[src + 1];
+    }
+  return b;
+}
+
+// ---------------------------------------------------------------- one scheme
+struct Memory {
+  u64 parameters = 0, gradients = 0, activations = 0, total = 0, high_water = 0;
+  bool within_capacity = true;  // on every rank, every arena
+};
+
+Memory memory_of(const summa::MemoryReport& r) {
+  Memory m;
+  m.parameters = max_over_ranks(r.parameters);
+  m.gradients = max_over_ranks(r.gradients);
+  m.activations = max_over_ranks(r.activations);
+  m.total = max_over_ranks(r.total());
+  u64 hw = 0;
+  bool within = true;
+  for (const summa::BufferUsage& b : r.buffers) {
+    hw += b.high_water;
+    within = within && b.high_water <= b.capacity;
+  }
+  m.high_water = max_over_ranks(hw);
+  m.within_capacity = all_ranks(within);
+  return m;
+}
+
+struct Result {
+  summa::SchemeSpec spec;
+  std::string skipped;  // the reason, when the scheme did not run
+  double step_s = NAN, tokens_per_s = NAN, loss = NAN;
+  bool finite = true;
+  std::array<u64, 5> sent{}, received{};  // kAxes, max over ranks
+  bool have_prediction = false, prediction_matches = false;
+  std::array<u64, 5> predicted_sent{}, predicted_received{};
+  std::string prediction_note;
+  Memory mem;
+  index_t largest = 0;
+  std::string largest_note;  // why there is none
+  bool capped = false;
+  std::optional<bool> confirmed, maximal;
+  Memory largest_mem;
+  double largest_step_s = NAN;
+
+  bool failed() const {
+    return !skipped.empty() ? false
+                            : !finite || (have_prediction && !prediction_matches) ||
+                                  confirmed == false || maximal == false;
+  }
+};
+
+template <class T>
+void one_step(summa::GptModel<T>& model, const Batch& b, double& loss) {
+  loss = model.forward(b.tokens, b.targets);
+  model.backward();
+}
+
+template <class T>
+Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::CpuBackend& backend,
+                  const Batch& data) {
+  Result r;
+  r.spec = spec;
+  const summa::GptOptions options{.checkpoint = s.checkpoint};
+  std::optional<summa::ParallelGpt<T>> run;
+  try {
+    run.emplace(MPI_COMM_WORLD, spec, backend, s.config, s.batch, s.seq, options);
+  } catch (const summa::Error& e) {  // identical on every rank
+    r.skipped = e.what();
+    return r;
+  }
+  summa::GptModel<T>& model = run->model();
+  summa::ProcessGrid& grid = run->grid();
+  model.init(s.seed);
+
+  // Warm-up, then the measured step (traffic), then the timed steps.
+  double loss = 0;
+  bool finite = true;
+  const auto step = [&] {
+    one_step(model, data, loss);
+    finite = finite && std::isfinite(loss);
+  };
+  for (int w = 0; w < s.warmup; ++w) step();
+  grid.reset_traffic();
+  step();
+  const summa::TrafficCounters measured = grid.traffic();
+  std::vector<double> times;
+  for (int k = 0; k < s.reps; ++k) times.push_back(time_collective(step));
+  r.step_s = median(times);
+  r.tokens_per_s = static_cast<double>(s.batch * s.seq) / r.step_s;
+  r.loss = loss;
+  r.finite = all_ranks(finite);
+  for (std::size_t a = 0; a < kAxes.size(); ++a) {
+    r.sent[a] = max_over_ranks(measured[kAxes[a]].bytes_sent);
+    r.received[a] = max_over_ranks(measured[kAxes[a]].bytes_received);
+  }
+
+  // The closed form for this rank; a scheme without a model throws on every rank.
+  try {
+    const summa::TrafficCounters want = summa::model::predict_step_traffic(
+        spec, s.config, s.batch, s.seq, options, summa::dtype_v<T>, grid.coords());
+    bool match = true;
+    for (std::size_t a = 0; a < summa::comm_axis_count; ++a) {
+      const auto axis = static_cast<CommAxis>(a);
+      match = match && measured[axis].bytes_sent == want[axis].bytes_sent &&
+              measured[axis].bytes_received == want[axis].bytes_received;
+    }
+    r.have_prediction = true;
+    r.prediction_matches = all_ranks(match);
+    for (std::size_t a = 0; a < kAxes.size(); ++a) {
+      r.predicted_sent[a] = max_over_ranks(want[kAxes[a]].bytes_sent);
+      r.predicted_received[a] = max_over_ranks(want[kAxes[a]].bytes_received);
+    }
+  } catch (const summa::Error& e) {
+    r.prediction_note = e.what();
+  }
+  r.mem = memory_of(model.memory_report());
+  run.reset();  // free this model before the largest-batch one
+
+  // Largest global batch within the budget (planner), then a real step there.
+  const auto budget = static_cast<std::size_t>(s.budget_mib * 1024 * 1024);
+  try {
+    r.largest = summa::largest_batch<T>(MPI_COMM_WORLD, spec, backend, s.config, s.seq, options,
+                                        budget, s.max_batch);
+  } catch (const summa::Error& e) {
+    r.largest_note = e.what();
+    return r;
+  }
+  if (r.largest == 0) {
+    r.largest_note = "even the smallest batch exceeds the budget";
+    return r;
+  }
+  const index_t next = r.largest + summa::batch_granularity(spec);
+  r.capped = next > s.max_batch;
+  try {
+    summa::ParallelGpt<T> big(MPI_COMM_WORLD, spec, backend, s.config, r.largest, s.seq, options);
+    big.model().init(s.seed);
+    const Batch big_data = make_batch(s, r.largest);
+    double big_loss = 0;
+    r.largest_step_s = time_collective([&] { one_step(big.model(), big_data, big_loss); });
+    r.largest_mem = memory_of(big.model().memory_report());
+    r.confirmed = r.largest_mem.within_capacity && r.largest_mem.total <= budget &&
+                  all_ranks(std::isfinite(big_loss));
+  } catch (const summa::Error& e) {
+    r.largest_note = std::string("confirmation step failed: ") + e.what();
+    r.confirmed = false;
+  }
+  if (!r.capped) {
+    // The next batch really exceeds the budget: built (allocated), not run.
+    try {
+      summa::ParallelGpt<T> over(MPI_COMM_WORLD, spec, backend, s.config, next, s.seq, options);
+      r.maximal = max_over_ranks(over.model().memory_report().total()) > budget;
+    } catch (const summa::Error&) {
+      r.maximal = true;  // cannot even be built at that batch
+    }
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------- output
+std::string mib(u64 bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+std::string kib(u64 bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(bytes) / 1024.0);
+  return buf;
+}
+
+JsonLine json_of(const Settings& s, const Result& r, int ranks) {
+  JsonLine j;
+  j.str("bench", "compare_schemes")
+      .str("scheme", r.spec.str())
+      .integer("ranks", ranks)
+      .integer("tensor_ranks", r.spec.tensor_ranks())
+      .integer("data", r.spec.data)
+      .str("dtype", s.dtype)
+      .boolean("checkpoint", s.checkpoint)
+      .integer("layers", s.config.n_layer)
+      .integer("hidden", s.config.n_embd)
+      .integer("heads", s.config.n_head)
+      .integer("seq", s.seq)
+      .integer("batch", s.batch)
+      .integer("vocab", s.config.vocab_size)
+      .integer("positions", s.config.n_positions)
+      .integer("reps", s.reps)
+      .integer("warmup", s.warmup);
+  if (!r.skipped.empty()) {
+    j.boolean("ok", true).str("skipped", r.skipped);
+    return j;
+  }
+  j.null("skipped").num("median_s", r.step_s).num("tokens_per_s", r.tokens_per_s);
+  const double flops =
+      step_flops(static_cast<double>(s.batch), static_cast<double>(s.seq),
+                 static_cast<double>(s.config.n_layer), static_cast<double>(s.config.n_embd),
+                 static_cast<double>(s.config.vocab_size), false);
+  j.num("model_flops_per_s", flops / r.step_s).num("loss", r.loss).boolean("finite", r.finite);
+  JsonLine roles, sent, received, psent, preceived;
+  for (std::size_t a = 0; a < kAxes.size(); ++a) {
+    const std::string name(summa::name_of(kAxes[a]));
+    const std::string_view what = role(r.spec, kAxes[a]);
+    if (what.empty())
+      roles.null(name);
+    else
+      roles.str(name, what);
+    sent.integer(name, static_cast<long long>(r.sent[a]));
+    received.integer(name, static_cast<long long>(r.received[a]));
+    psent.integer(name, static_cast<long long>(r.predicted_sent[a]));
+    preceived.integer(name, static_cast<long long>(r.predicted_received[a]));
+  }
+  j.object("axis_roles", roles)
+      .object("bytes_sent_per_rank", sent)
+      .object("bytes_received_per_rank", received);
+  if (r.have_prediction) {
+    j.object("predicted_bytes_sent_per_rank", psent)
+        .object("predicted_bytes_received_per_rank", preceived)
+        .boolean("prediction_matches", r.prediction_matches);
+  } else {
+    j.null("predicted_bytes_sent_per_rank")
+        .null("predicted_bytes_received_per_rank")
+        .null("prediction_matches")
+        .str("prediction_note", r.prediction_note);
+  }
+  const auto mem = [](const Memory& m) {
+    JsonLine o;
+    o.integer("parameters", static_cast<long long>(m.parameters))
+        .integer("gradients", static_cast<long long>(m.gradients))
+        .integer("activations", static_cast<long long>(m.activations))
+        .integer("buffer_high_water", static_cast<long long>(m.high_water))
+        .integer("total_capacity", static_cast<long long>(m.total));
+    return o;
+  };
+  j.object("memory_bytes_per_rank", mem(r.mem))
+      .num("budget_mib", s.budget_mib)
+      .integer("max_batch", s.max_batch)
+      .integer("largest_batch", r.largest)
+      .boolean("largest_batch_capped", r.capped);
+  if (r.confirmed)
+    j.boolean("confirmed", *r.confirmed);
+  else
+    j.null("confirmed");
+  if (r.maximal)
+    j.boolean("next_batch_exceeds", *r.maximal);
+  else
+    j.null("next_batch_exceeds");
+  if (r.confirmed) {
+    j.object("largest_batch_memory_bytes_per_rank", mem(r.largest_mem))
+        .num("largest_batch_step_s", r.largest_step_s);
+  }
+  if (!r.largest_note.empty()) j.str("largest_batch_note", r.largest_note);
+  j.boolean("ok", !r.failed());
+  return j;
+}
+
+// A plain-text table: columns padded to their widest cell.
+class Table {
+ public:
+  void row(std::vector<std::string> cells) { rows_.push_back(std::move(cells)); }
+  void print(std::FILE* out) const {
+    std::vector<std::size_t> width;
+    for (const auto& r : rows_)
+      for (std::size_t c = 0; c < r.size(); ++c) {
+        if (width.size() <= c) width.push_back(0);
+        width[c] = std::max(width[c], r[c].size());
+      }
+    for (std::size_t i = 0; i < rows_.size(); ++i) {
+      std::string line;
+      for (std::size_t c = 0; c < rows_[i].size(); ++c) {
+        const std::string& cell = rows_[i][c];
+        const std::string pad(width[c] - cell.size(), ' ');
+        line += c == 0 ? cell + pad : "  " + pad + cell;  // first column left, others right
+      }
+      while (!line.empty() && line.back() == ' ') line.pop_back();
+      std::fprintf(out, "%s\n", line.c_str());
+      if (i == 0) std::fprintf(out, "%s\n", std::string(line.size(), '-').c_str());
+    }
+  }
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+void print_table(std::FILE* out, const Settings& s, const std::vector<Result>& results, int ranks) {
+  std::fprintf(out,
+               "\ncompare_schemes: %d ranks, layers %d, hidden %d, heads %d, seq %lld, batch %lld, "
+               "vocab %d, positions %d, %s, checkpoint %s, budget %.6g MiB/rank, max batch "
+               "%lld\n",
+               ranks, s.config.n_layer, s.config.n_embd, s.config.n_head,
+               static_cast<long long>(s.seq), static_cast<long long>(s.batch), s.config.vocab_size,
+               s.config.n_positions, s.dtype.c_str(), s.checkpoint ? "on" : "off", s.budget_mib,
+               static_cast<long long>(s.max_batch));
+  std::fprintf(
+      out,
+      "bytes: KiB sent per rank in one step (max over ranks) per axis:role ('-': axis unused); "
+      "pred: '=' every rank and axis equals the closed form, '!=' not, '-' no model\n"
+      "memory: MiB per rank (max over ranks); largest: global batch within the budget "
+      "(+ confirmed by a real step, ! not confirmed, * = --max-batch cap)\n\n");
+  Table t;
+  std::vector<std::string> head = {"scheme", "step_s", "tokens/s"};
+  for (const char* a : kAxisHeads) head.emplace_back(a);
+  for (const char* h : {"pred", "param", "grad", "act", "total", "largest"}) head.emplace_back(h);
+  t.row(head);
+  for (const Result& r : results) {
+    if (!r.skipped.empty()) continue;
+    char buf[32];
+    std::vector<std::string> row = {r.spec.str()};
+    std::snprintf(buf, sizeof buf, "%.4f", r.step_s);
+    row.emplace_back(buf);
+    std::snprintf(buf, sizeof buf, "%.0f", r.tokens_per_s);
+    row.emplace_back(buf);
+    for (std::size_t a = 0; a < kAxes.size(); ++a) {
+      const std::string_view what = role(r.spec, kAxes[a]);
+      row.push_back(r.sent[a] == 0 && what.empty() ? "-" : kib(r.sent[a]));
+    }
+    row.emplace_back(!r.have_prediction ? "-" : r.prediction_matches ? "=" : "!=");
+    row.push_back(mib(r.mem.parameters));
+    row.push_back(mib(r.mem.gradients));
+    row.push_back(mib(r.mem.activations));
+    row.push_back(mib(r.mem.total));
+    std::string largest = std::to_string(r.largest);
+    if (r.confirmed) largest += *r.confirmed && r.maximal != false ? " +" : " !";
+    if (r.capped) largest += "*";
+    row.push_back(largest);
+    t.row(row);
+  }
+  t.print(out);
+  bool any_skipped = false;
+  for (const Result& r : results) {
+    if (r.skipped.empty()) continue;
+    if (!any_skipped) std::fprintf(out, "\nskipped:\n");
+    any_skipped = true;
+    std::fprintf(out, "  %s: %s\n", r.spec.str().c_str(), r.skipped.c_str());
+  }
+  for (const Result& r : results)
+    if (r.failed())
+      std::fprintf(out, "FAILED %s: %s\n", r.spec.str().c_str(),
+                   !r.finite                                    ? "loss not finite"
+                   : r.have_prediction && !r.prediction_matches ? "measured bytes != prediction"
+                   : r.confirmed == false                       ? "largest batch not confirmed"
+                                          : "the next batch also fits the budget");
+}
+
+template <class T>
+int run_all(const Settings& s, int rank, int ranks) {
+  summa::CpuBackend backend;
+  const Batch data = make_batch(s, s.batch);
+  // In "json" mode stdout carries only JSON lines; the rest goes to stderr.
+  std::FILE* text = s.format == "json" ? stderr : stdout;
+  std::vector<Result> results;
+  for (const summa::SchemeSpec& spec : s.schemes) {
+    const auto t0 = std::chrono::steady_clock::now();
+    results.push_back(run_scheme<T>(s, spec, backend, data));
+    const Result& r = results.back();
+    if (rank != 0) continue;
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s.format != "json") {
+      if (r.skipped.empty())
+        std::fprintf(text, "# %-18s ran in %.1f s\n", spec.str().c_str(), dt);
+      else
+        std::fprintf(text, "# %-18s skipped: %s\n", spec.str().c_str(), r.skipped.c_str());
+    }
+    if (s.format != "table")
+      std::fprintf(stdout, "%s%s\n", s.format == "both" ? "json: " : "",
+                   json_of(s, r, ranks).text().c_str());
+    std::fflush(stdout);
+    std::fflush(stderr);
+  }
+  bool failed = false;
+  int ran = 0;
+  for (const Result& r : results) {
+    failed = failed || r.failed();
+    ran += r.skipped.empty() ? 1 : 0;
+  }
+  if (rank == 0) {
+    print_table(text, s, results, ranks);
+    if (ran == 0) std::fprintf(text, "compare_schemes: FAILED: no scheme accepted the config\n");
+    std::fflush(text);
+  }
+  return failed || ran == 0 ? 1 : 0;
+}
+
+std::vector<summa::SchemeSpec> parse_schemes(const std::string& list, int ranks) {
+  if (list.empty()) return summa::schemes_for(ranks);
+  std::vector<summa::SchemeSpec> out;
+  std::string_view rest = list;
+  while (!rest.empty()) {
+    const std::size_t semi = rest.find(';');
+    const std::string_view item = rest.substr(0, semi);
+    rest = semi == std::string_view::npos ? std::string_view() : rest.substr(semi + 1);
+    if (item.empty()) continue;
+    const summa::SchemeSpec spec = summa::SchemeSpec::parse(item);  // summa::Error when bad
+    if (spec.ranks() != ranks)
+      throw UsageError("--schemes: '" + spec.str() + "' needs " + std::to_string(spec.ranks()) +
+                       " ranks, running on " + std::to_string(ranks));
+    out.push_back(spec);
+  }
+  if (out.empty()) throw UsageError("--schemes: no scheme given");
+  return out;
+}
+
+int run(int argc, char** argv, int rank, int ranks) {
+  CLI::App app{
+      "compare_schemes: one GPT configuration under every tensor-parallel scheme that fits the\n"
+      "world size (or --schemes): step time, bytes per rank and axis vs the closed form, memory\n"
+      "per rank, and the largest batch within --budget-mib (planned, then confirmed by a real\n"
+      "step). Exits 1 when a measured byte count differs from an existing prediction, a largest\n"
+      "batch is not confirmed, or a loss is not finite."};
+  Settings s;
+  int layers = 2, hidden = 192, heads = 24, vocab = 1536, positions = 0;
+  long long batch = 24, seq = 32, max_batch = 4096;
+  std::string checkpoint = "on", schemes;
+  app.add_option("--layers", layers, "Transformer blocks")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--hidden", hidden, "Hidden size h")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--heads", heads, "Attention heads")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--seq", seq, "Tokens per sequence")
+      ->check(CLI::Range(1LL, 1LL << 24))
+      ->capture_default_str();
+  app.add_option("--batch", batch, "Global batch (sequences) of the timed steps")
+      ->check(CLI::Range(1LL, 1LL << 24))
+      ->capture_default_str();
+  app.add_option("--vocab", vocab, "Vocabulary size")
+      ->check(CLI::Range(1, 1 << 26))
+      ->capture_default_str();
+  app.add_option("--positions", positions, "Position table size (default: --seq)")
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_option("--dtype", s.dtype, "Element type")
+      ->check(CLI::IsMember({"f32", "f64"}))
+      ->capture_default_str();
+  app.add_option("--reps", s.reps, "Timed steps per scheme (median reported)")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--warmup", s.warmup, "Untimed steps before the measured one")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  app.add_option("--checkpoint", checkpoint, "Activation checkpointing")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app.add_option("--budget-mib", s.budget_mib, "Memory budget per rank for the largest batch")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-batch", max_batch, "Largest global batch the search considers")
+      ->check(CLI::Range(1LL, 1LL << 24))
+      ->capture_default_str();
+  app.add_option("--schemes", schemes,
+                 "Schemes separated by ';' (e.g. \"2d:q=2;1d:p=4;data=2,3d:1x1x2\"); default: "
+                 "every scheme for the world size");
+  app.add_option("--format", s.format,
+                 "both: progress, table and 'json: '-prefixed JSON lines on stdout; json: only "
+                 "bare JSON lines on stdout (the rest on stderr); table: no JSON")
+      ->check(CLI::IsMember({"both", "json", "table"}))
+      ->capture_default_str();
+  app.add_option("--seed", s.seed, "Seed of weights and tokens")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (rank == 0) return app.exit(e);
+    return e.get_exit_code();
+  }
+  s.config.n_layer = layers;
+  s.config.n_embd = hidden;
+  s.config.n_head = heads;
+  s.config.vocab_size = vocab;
+  s.config.n_positions = positions > 0 ? positions : static_cast<int>(seq);
+  s.batch = batch;
+  s.seq = seq;
+  s.max_batch = max_batch;
+  s.checkpoint = checkpoint == "on";
+  if (s.seq > s.config.n_positions)
+    throw UsageError("--seq=" + std::to_string(s.seq) +
+                     " exceeds --positions=" + std::to_string(s.config.n_positions));
+  s.config.validate();  // summa::Error
+  s.schemes = parse_schemes(schemes, ranks);
+  return s.dtype == "f32" ? run_all<float>(s, rank, ranks) : run_all<double>(s, rank, ranks);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // One thread per rank (Eigen is built without OpenMP; these cover any BLAS).
+  setenv("BLIS_NUM_THREADS", "1", 1);
+  setenv("OMP_NUM_THREADS", "1", 1);
+  setenv("OPENBLAS_NUM_THREADS", "1", 1);
+  MPI_Init(&argc, &argv);
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  int status = 0;
+  try {
+    status = run(argc, argv, rank, ranks);
+  } catch (const UsageError& e) {  // the same on every rank
+    if (rank == 0) std::fprintf(stderr, "compare_schemes: %s\n", e.what());
+    status = 2;
+  } catch (const summa::Error& e) {  // summa reports errors on every rank alike
+    if (rank == 0) std::fprintf(stderr, "compare_schemes: %s\n", e.what());
+    status = 2;
+  } catch (const std::exception& e) {  // possibly on this rank only: do not hang
+    std::fprintf(stderr, "compare_schemes (rank %d): %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+  MPI_Finalize();
+  return status;
+}
