@@ -19,6 +19,7 @@
 // configuration and id errors thrown the same on every rank.
 //
 // Tolerances: test_util.hpp model_tolerance (1e-9 double, 2e-3 float).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -413,6 +414,116 @@ TEST(Gpt3D, ReplicasIdenticalAndSwitchesAgreeFloat) {
   replicas_and_switches<float>();
 }
 
+// The overlap switches (OAR, ORS, OAG: every combination, with and without
+// checkpointing) change when collectives complete, never what is computed
+// or sent: two steps (the second accumulating, so OAG replays a recorded
+// order and ORS takes its accumulate path) give the same loss and gradients
+// as everything off, and the same bytes on every axis. OAG's gathers are
+// bit-identical; sums from non-blocking and blocking MPI collectives may
+// associate differently for Gz > 2, hence 1e-12 (double) on gradients.
+TEST(Gpt3D, OverlapSwitchesAgree) {
+  const reference::GptConfig config = test_config();
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  const auto tokens = random_ids(kBatch * kSeq, config.vocab_size, gen);
+  const auto targets = random_ids(kBatch * kSeq, config.vocab_size, gen);
+  const std::uint64_t L = static_cast<std::uint64_t>(config.n_layer);
+  for (ProcessGrid& g : env().grids) {
+    SCOPED_TRACE(describe(g));
+    const bool Z = g.shape().depth > 1;
+    for (bool checkpoint : {false, true}) {
+      SCOPED_TRACE(checkpoint ? "checkpointed" : "no checkpointing");
+      std::vector<std::vector<double>> want;
+      double want_loss[2] = {0, 0};
+      TrafficCounters want_traffic{};
+      for (int bits = 0; bits < 8; ++bits) {
+        const Axonn3DOptions o{.overlap_all_reduce = (bits & 1) != 0,
+                               .overlap_reduce_scatter = (bits & 2) != 0,
+                               .overlap_all_gather = (bits & 4) != 0};
+        SCOPED_TRACE(fmt::format("OAR {} ORS {} OAG {}", o.overlap_all_reduce,
+                                 o.overlap_reduce_scatter, o.overlap_all_gather));
+        GPT3D<double> model(g, env().backend, config, kBatch, kSeq, {.checkpoint = checkpoint}, o);
+        model.init(seed);
+        g.reset_traffic();
+        double loss[2];
+        loss[0] = model.forward(tokens, targets);
+        model.backward();
+        loss[1] = model.forward(tokens, targets);
+        model.backward(/*accumulate=*/true);
+        const TrafficCounters traffic = g.traffic();
+        std::vector<std::vector<double>> grads;
+        for (Param<double>* p : model.parameters_store().params())
+          grads.push_back(gather_global(*p, g, true));
+        const Overlap3D<double>& ov = model.overlap();
+        // ORS defers every linear's reduce-scatter (4 per block, 2 steps).
+        EXPECT_EQ(ov.deferred_count(), o.overlap_reduce_scatter && Z ? 2 * 4 * L : 0);
+        if (o.overlap_all_gather && Z) {
+          // Step 1 records the order (all on demand); step 2 prefetches all
+          // but its first gather.
+          const std::uint64_t per_step = (checkpoint ? 3 : 2) * 4 * L;
+          EXPECT_EQ(ov.prefetch_misses(), static_cast<std::int64_t>(per_step + 1));
+          EXPECT_EQ(ov.prefetch_hits(), static_cast<std::int64_t>(per_step - 1));
+        } else {
+          EXPECT_EQ(ov.prefetch_hits() + ov.prefetch_misses(), 0);
+        }
+        if (bits == 0) {
+          want = grads;
+          want_loss[0] = loss[0];
+          want_loss[1] = loss[1];
+          want_traffic = traffic;
+          continue;
+        }
+        EXPECT_EQ(loss[0], want_loss[0]);
+        EXPECT_EQ(loss[1], want_loss[1]);
+        for (std::size_t k = 0; k < grads.size(); ++k)
+          EXPECT_LE(rel_error(grads[k], want[k]), 1e-12)
+              << model.parameters_store().params()[k]->shard.name;
+        for (CommAxis a : {CommAxis::depth, CommAxis::mesh_row, CommAxis::mesh_col}) {
+          EXPECT_EQ(traffic[a].bytes_sent, want_traffic[a].bytes_sent);
+          EXPECT_EQ(traffic[a].calls, want_traffic[a].calls);
+        }
+      }
+    }
+  }
+}
+
+// ORS with a data axis: the buckets are all-reduced after the deferred
+// reduce-scatters complete, and the gradients equal those without ORS.
+TEST(Gpt3D, DeferredReduceScatterWithDataAxis) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world < 4 || world % 2 != 0) GTEST_SKIP() << "needs an even world of at least 4 ranks";
+  const reference::GptConfig config = test_config();
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  const auto tokens = random_ids(kBatch * kSeq, config.vocab_size, gen);
+  const auto targets = random_ids(kBatch * kSeq, config.vocab_size, gen);
+  ProcessGrid g = ProcessGrid::grid3d(MPI_COMM_WORLD, 1, 1, world / 2, 2);
+  reference::Gpt<double> ref(config, seed);
+  ref.forward(tokens, targets, kBatch, kSeq);
+  ref.backward();
+  std::vector<std::vector<double>> off;
+  for (bool ors : {false, true}) {
+    GPT3D<double> model(g, env().backend, config, kBatch, kSeq, {.checkpoint = true},
+                        {.overlap_reduce_scatter = ors, .overlap_all_gather = ors});
+    model.init(seed);
+    model.forward(tokens, targets);
+    model.backward();
+    std::size_t k = 0;
+    for (Param<double>* p : model.parameters_store().params()) {
+      const auto grad = gather_global(*p, g, true);
+      EXPECT_LE(max_over_ranks(rel_error(grad, ref.grad(p->shard.name))), 1e-9) << p->shard.name;
+      if (!ors)
+        off.push_back(grad);
+      else
+        EXPECT_LE(rel_error(grad, off[k]), 1e-12) << p->shard.name;
+      ++k;
+    }
+  }
+}
+
 // The collectives of a step, per axis, are exactly those gpt3d.hpp lists
 // (calls; groups of one issue nothing). Without checkpointing, L blocks:
 //   forward   Z: wte gather (embedding, head), 4L weight gathers, the loss
@@ -461,7 +572,10 @@ TEST(Gpt3D, TrainingStepAllocatesNothing) {
   const auto targets = random_ids(kBatch * kSeq, config.vocab_size, gen);
   for (ProcessGrid& g : env().grids) {
     SCOPED_TRACE(describe(g));
-    GPT3D<float> model(g, env().backend, config, kBatch, kSeq, {.checkpoint = true});
+    // Every overlap on: OAG's recorded order and ORS's deferred list too.
+    GPT3D<float> model(
+        g, env().backend, config, kBatch, kSeq, {.checkpoint = true},
+        {.overlap_all_reduce = true, .overlap_reduce_scatter = true, .overlap_all_gather = true});
     model.init(1);
     model.forward(tokens, targets);
     model.backward();
@@ -486,7 +600,9 @@ TEST(Gpt3D, BuffersSizedExactly) {
   for (ProcessGrid& g : env().grids) {
     SCOPED_TRACE(describe(g));
     for (bool checkpoint : {true, false}) {
-      GPT3D<double> model(g, env().backend, config, kBatch, kSeq, {.checkpoint = checkpoint});
+      GPT3D<double> model(
+          g, env().backend, config, kBatch, kSeq, {.checkpoint = checkpoint},
+          {.overlap_all_reduce = true, .overlap_reduce_scatter = true, .overlap_all_gather = true});
       model.init(3);
       model.forward(tokens, targets);
       model.backward();

@@ -56,7 +56,14 @@ void every_scheme_matches_reference() {
 
   CpuBackend backend;
   int tested = 0;
-  for (const SchemeSpec& spec : schemes_for(ranks)) {
+  std::vector<SchemeSpec> specs = schemes_for(ranks);
+  for (const SchemeSpec& s : schemes_for(ranks))
+    if (s.scheme == Scheme::axonn3d && s.gz > 1 && s.data > 1) {  // every 3D overlap on
+      SchemeSpec all = s;
+      all.ors = all.oag = true;
+      specs.push_back(all);
+    }
+  for (const SchemeSpec& spec : specs) {
     SCOPED_TRACE(spec.str());
     ParallelGpt<T> run(MPI_COMM_WORLD, spec, backend, config, batch, seq);
     run.model().init(seed);
@@ -106,11 +113,22 @@ TEST(Schemes, ParseAndPrint) {
   EXPECT_EQ(SchemeSpec::parse("2d:q=2,data=2"), d);
   for (const SchemeSpec& s : {a, b, c, d}) EXPECT_EQ(SchemeSpec::parse(s.str()), s) << s.str();
   EXPECT_EQ(d.str(), "data=2,2d:q=2");
+  const SchemeSpec e = SchemeSpec::parse("3d:1x1x4,overlap=ors+oag");
+  EXPECT_FALSE(e.oar);
+  EXPECT_TRUE(e.ors);
+  EXPECT_TRUE(e.oag);
+  EXPECT_EQ(e.str(), "3d:1x1x4,overlap=ors+oag");
+  const SchemeSpec f = SchemeSpec::parse("overlap=none,3d:2x1x2");
+  EXPECT_FALSE(f.oar || f.ors || f.oag);
+  for (const SchemeSpec& s : {e, f}) EXPECT_EQ(SchemeSpec::parse(s.str()), s) << s.str();
+  EXPECT_EQ(SchemeSpec::parse("3d:2x1x2,overlap=oar").str(), "3d:2x1x2");  // the default
 }
 
 TEST(Schemes, BadTextThrows) {
   for (const char* text : {"", "2d", "2d:q=0", "2d:q=-1", "1d:p=2,2d:q=2", "3d:2x2", "3d:2x2x2x2",
-                           "data=2", "data=2,data=2,1d:p=1", "4d:q=2", "2d:q=2x", "2d:q=2,"}) {
+                           "data=2", "data=2,data=2,1d:p=1", "4d:q=2", "2d:q=2x", "2d:q=2,",
+                           "2d:q=2,overlap=ors", "3d:1x1x2,overlap=xyz", "3d:1x1x2,overlap=ors+ors",
+                           "3d:1x1x2,overlap=", "3d:1x1x2,overlap=oar,overlap=ors"}) {
     EXPECT_THROW(SchemeSpec::parse(text), Error) << text;
   }
   try {
@@ -166,7 +184,14 @@ TEST(Schemes, MemoryPlannerMatchesRealModels) {
   config.vocab_size = 72;
   const index_t seq = 4;
   CpuBackend backend;
-  for (const SchemeSpec& spec : schemes_for(ranks)) {
+  std::vector<SchemeSpec> specs = schemes_for(ranks);
+  for (const SchemeSpec& s : schemes_for(ranks))
+    if (s.scheme == Scheme::axonn3d && s.gz > 1 && s.data > 1) {  // every 3D overlap on
+      SchemeSpec all = s;
+      all.ors = all.oag = true;
+      specs.push_back(all);
+    }
+  for (const SchemeSpec& spec : specs) {
     SCOPED_TRACE(spec.str());
     const index_t batch = 2 * batch_granularity(spec);
     const MemoryReport plan = plan_memory<float>(MPI_COMM_WORLD, spec, backend, config, batch, seq);

@@ -89,7 +89,7 @@ ProcessGrid& checked_linear(ProcessGrid& grid, const std::string& name, index_t 
 template <class T>
 Linear3D<T>::Linear3D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens,
                       index_t in, index_t out, Orientation3D orientation, bool has_bias, int groups,
-                      Axonn3DOptions options)
+                      Axonn3DOptions options, Overlap3D<T>* overlap)
     : grid_(&checked_linear(grid, name, tokens, in, out, orientation, groups)),
       backend_(&backend),
       name_(std::move(name)),
@@ -98,7 +98,8 @@ Linear3D<T>::Linear3D(ProcessGrid& grid, Backend& backend, std::string name, ind
       out_(out),
       orientation_(orientation),
       has_bias_(has_bias),
-      options_(options) {
+      options_(options),
+      overlap_(overlap) {
   const bool normal = orientation == Orientation3D::normal;
   in_comm_ = normal ? &detail3d::y_comm(grid) : &detail3d::x_comm(grid);
   out_comm_ = normal ? &detail3d::x_comm(grid) : &detail3d::y_comm(grid);
@@ -110,6 +111,10 @@ Linear3D<T>::Linear3D(ProcessGrid& grid, Backend& backend, std::string name, ind
       sharded3d(name_ + ".weight", in, out, in_split_, a, gz_, z, out_split_, b, groups);
   if (has_bias)
     bias_.shard = column_split3d(name_ + ".bias", {out}, out_split_, b, a == 0 && z == 0, groups);
+  if (overlap_ != nullptr && (overlap_->prefetching() || overlap_->deferring()))
+    overlap_id_ = overlap_->add(weight_, local_in() * local_out());
+  else
+    overlap_ = nullptr;
 }
 
 template <class T>
@@ -139,6 +144,9 @@ BufferNeeds Linear3D<T>::buffer_needs() const {
 template <class T>
 MatrixView<T> Linear3D<T>::gathered_weight(T* buffer) {
   if (gz_ == 1) return weight_.value_view();
+  if (overlap_ != nullptr && overlap_->prefetching())  // OAG
+    return MatrixView<T>::dense(overlap_->gathered_weight(overlap_id_), local_in(), local_out(),
+                                Order::row_major);
   grid_->depth().all_gather(weight_.value, buffer,
                             static_cast<std::size_t>(weight_.shard.local_size()));
   return MatrixView<T>::dense(buffer, local_in(), local_out(), Order::row_major);
@@ -188,10 +196,16 @@ void Linear3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers&
   } else {
     // dW(a, b) = Xᵀ dY over the rank's tokens (W is no longer needed: reuse
     // its buffer), summed over Z and scattered: rank z keeps its row shard.
-    const auto dW = MatrixView<T>::dense(wbuf, k, n, Order::row_major);
+    // ORS: computed into the staging block and reduce-scattered at the
+    // model's completion point.
+    const bool defer = overlap_ != nullptr && overlap_->deferring();
+    T* dw = defer ? overlap_->staging(overlap_id_) : wbuf;
+    const auto dW = MatrixView<T>::dense(dw, k, n, Order::row_major);
     be.gemm(Op::T, Op::N, T(1), x_, dY, T(0), dW, scratch);
     const auto shard = static_cast<std::size_t>(weight_.shard.local_size());
-    if (accumulate) {
+    if (defer) {
+      overlap_->defer(overlap_id_, weight_.grad, accumulate);
+    } else if (accumulate) {
       grid_->depth().reduce_scatter(wbuf, wbuf, shard, dtype_v<T>, ReduceOp::sum);
       be.axpby(T(1), ConstMatrixView<T>::dense(wbuf, weight_.shard.local_rows, n, Order::row_major),
                T(1), weight_.grad_view());

@@ -44,7 +44,8 @@ ProcessGrid& checked_attention(ProcessGrid& grid, const std::string& name, index
 
 template <class T>
 Attention3D<T>::Attention3D(ProcessGrid& grid, Backend& backend, std::string name, index_t batch,
-                            index_t seq, index_t hidden, index_t heads, Axonn3DOptions options)
+                            index_t seq, index_t hidden, index_t heads, Axonn3DOptions options,
+                            Overlap3D<T>* overlap)
     : backend_((checked_attention(grid, name, batch, seq, hidden, heads), &backend)),
       name_(std::move(name)),
       batch_(batch),
@@ -54,9 +55,9 @@ Attention3D<T>::Attention3D(ProcessGrid& grid, Backend& backend, std::string nam
       gx_(detail3d::gx(grid)),
       gz_(detail3d::gz(grid)),
       c_attn_(grid, backend, name_ + ".c_attn", batch * seq, hidden, 3 * hidden,
-              Orientation3D::normal, true, 3, options),
+              Orientation3D::normal, true, 3, options, overlap),
       c_proj_(grid, backend, name_ + ".c_proj", batch * seq, hidden, hidden,
-              Orientation3D::transposed, true, 1, options) {}
+              Orientation3D::transposed, true, 1, options, overlap) {}
 
 template <class T>
 void Attention3D<T>::collect_parameters(std::vector<Param<T>*>& out) {
@@ -159,12 +160,12 @@ void Attention3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffe
 
 template <class T>
 MLP3D<T>::MLP3D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens,
-                index_t hidden, Axonn3DOptions options)
+                index_t hidden, Axonn3DOptions options, Overlap3D<T>* overlap)
     : name_(std::move(name)),
       c_fc_(grid, backend, name_ + ".c_fc", tokens, hidden, 4 * hidden, Orientation3D::normal, true,
-            1, options),
+            1, options, overlap),
       c_proj_(grid, backend, name_ + ".c_proj", tokens, 4 * hidden, hidden,
-              Orientation3D::transposed, true, 1, options),
+              Orientation3D::transposed, true, 1, options, overlap),
       gelu_(backend) {}
 
 template <class T>
@@ -214,15 +215,15 @@ void MLP3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& bu
 template <class T>
 TransformerBlock3D<T>::TransformerBlock3D(ProcessGrid& grid, Backend& backend, std::string name,
                                           index_t batch, index_t seq, index_t hidden, index_t heads,
-                                          double eps, Axonn3DOptions options)
+                                          double eps, Axonn3DOptions options, Overlap3D<T>* overlap)
     : backend_(&backend),
       name_(std::move(name)),
       rows_(0),
       cols_(0),
       ln_1_(grid, backend, name_ + ".ln_1", batch * seq, hidden, eps),
-      attn_(grid, backend, name_ + ".attn", batch, seq, hidden, heads, options),
+      attn_(grid, backend, name_ + ".attn", batch, seq, hidden, heads, options, overlap),
       ln_2_(grid, backend, name_ + ".ln_2", batch * seq, hidden, eps),
-      mlp_(grid, backend, name_ + ".mlp", batch * seq, hidden, options) {
+      mlp_(grid, backend, name_ + ".mlp", batch * seq, hidden, options, overlap) {
   rows_ = ln_1_.local_tokens();
   cols_ = ln_1_.local_hidden();
 }

@@ -31,21 +31,44 @@ void check_3d(ProcessGrid& grid, const reference::GptConfig& c, index_t batch) {
 template <class T>
 GPT3D<T>::GPT3D(ProcessGrid& grid, Backend& backend, const reference::GptConfig& config,
                 index_t batch, index_t seq, GptOptions options, Axonn3DOptions axonn)
-    : GptBase<T>("GPT3D", grid, backend, config, batch, seq, options), axonn_(axonn) {
+    : GptBase<T>("GPT3D", grid, backend, config, batch, seq, options),
+      axonn_(axonn),
+      overlap_(std::make_unique<Overlap3D<T>>(grid, backend, axonn)) {
   check_3d(grid, config, batch);
   const index_t h = config.n_embd, b = this->local_batch_, tokens = b * seq;
   this->embedding_ = std::make_unique<Embedding3D<T>>(grid, backend, b, seq, config.vocab_size, h,
                                                       config.n_positions);
   for (int i = 0; i < config.n_layer; ++i)
-    this->blocks_.push_back(
-        std::make_unique<TransformerBlock3D<T>>(grid, backend, fmt::format("h.{}", i), b, seq, h,
-                                                config.n_head, config.layer_norm_epsilon, axonn));
+    this->blocks_.push_back(std::make_unique<TransformerBlock3D<T>>(
+        grid, backend, fmt::format("h.{}", i), b, seq, h, config.n_head, config.layer_norm_epsilon,
+        axonn, overlap_.get()));
   this->ln_f_ =
       std::make_unique<LayerNorm3D<T>>(grid, backend, "ln_f", tokens, h, config.layer_norm_epsilon);
   // The loss is normalised by the global token count (see GptBase).
   this->head_ = std::make_unique<LMHead3D<T>>(grid, backend, embedding().wte(), tokens, h,
                                               config.vocab_size, batch * seq, axonn);
+  overlap_->allocate(options.plan_only);
   this->finish_construction(tokens / grid.shape().depth, h / grid.shape().cols);
+}
+
+template <class T>
+void GPT3D<T>::begin_forward() {
+  overlap_->begin_step();
+}
+
+template <class T>
+bool GPT3D<T>::defers_gradients() const {
+  return overlap_->deferring();
+}
+
+template <class T>
+void GPT3D<T>::complete_deferred() {
+  overlap_->complete();
+}
+
+template <class T>
+void GPT3D<T>::append_buffers(std::vector<BufferUsage>& out) const {
+  for (BufferUsage& u : overlap_->usage()) out.push_back(std::move(u));
 }
 
 template class GPT3D<float>;

@@ -152,7 +152,7 @@ ConstMatrixView<T> GptBase<T>::boundary(int i) const {
 
 template <class T>
 void GptBase<T>::reduce_bucket(std::size_t k) {
-  if (data_ == 1) return;
+  if (data_ == 1 || defers_gradients()) return;  // deferred: all at the end
   Bucket& b = buckets_[k];
   if (b.count > 0)
     b.request = grid_->data().iall_reduce(b.begin, b.begin, static_cast<std::size_t>(b.count),
@@ -189,6 +189,7 @@ double GptBase<T>::forward(std::span<const std::int32_t> tokens,
                      static_cast<std::ptrdiff_t>(tokens_.size());
   std::copy_n(tokens.begin() + first, tokens_.size(), tokens_.begin());
   std::copy_n(targets.begin() + first, targets_.size(), targets_.begin());
+  begin_forward();
 
   ModelBuffers& B = *buffers_;
   B.forward.reset();
@@ -250,7 +251,15 @@ void GptBase<T>::backward(bool accumulate) {
   embedding_->backward(conj_[cur], step, true);
   reduce_bucket(bucket++);
   input_grad_ = conj_[cur];
-  for (Bucket& b : buckets_) grid_->data().wait(b.request);  // the one completion point
+  // The one completion point: deferred gradient work (ORS), then the
+  // data-axis buckets (issued here when gradients were deferred).
+  complete_deferred();
+  if (data_ > 1 && defers_gradients())
+    for (Bucket& b : buckets_)
+      if (b.count > 0)
+        b.request = grid_->data().iall_reduce(b.begin, b.begin, static_cast<std::size_t>(b.count),
+                                              dtype_v<T>, ReduceOp::sum);
+  for (Bucket& b : buckets_) grid_->data().wait(b.request);
 }
 
 template <class T>
@@ -263,6 +272,7 @@ MemoryReport GptBase<T>::memory_report() const {
                  {"workspace", sizes_.workspace, 0},  {"forward", sizes_.forward, 0},
                  {"backward", sizes_.backward, 0},    {"conjunction", sizes_.conjunction, 0},
                  {"checkpoint", sizes_.checkpoint, 0}};
+    append_buffers(r.buffers);
     return r;
   }
   r.parameters = store_->values().capacity();
@@ -271,6 +281,7 @@ MemoryReport GptBase<T>::memory_report() const {
   r.buffers.push_back({"parameters", store_->values().capacity(), store_->values().high_water()});
   r.buffers.push_back({"gradients", store_->grads().capacity(), store_->grads().high_water()});
   for (BufferUsage& u : buffers_->usage()) r.buffers.push_back(std::move(u));
+  append_buffers(r.buffers);
   return r;
 }
 

@@ -15,7 +15,8 @@ namespace {
 
 constexpr const char* kGrammar =
     "expected comma-separated items: one of '1d:p=P', '2d:q=Q', '3d:XxYxZ', and optionally "
-    "'data=D' (e.g. 'data=2,2d:q=2')";
+    "'data=D' and (3d only) 'overlap=' with '+'-separated oar, ors, oag or 'none' (e.g. "
+    "'data=2,2d:q=2', '3d:2x1x2,overlap=oar+ors')";
 
 int positive(std::string_view digits, std::string_view item) {
   int v = 0;
@@ -48,15 +49,28 @@ std::string SchemeSpec::str() const {
       return s + fmt::format("1d:p={}", p);
     case Scheme::summa2d:
       return s + fmt::format("2d:q={}", q);
-    case Scheme::axonn3d:
-      return s + fmt::format("3d:{}x{}x{}", gx, gy, gz);
+    case Scheme::axonn3d: {
+      s += fmt::format("3d:{}x{}x{}", gx, gy, gz);
+      if (oar != SchemeSpec{}.oar || ors != SchemeSpec{}.ors || oag != SchemeSpec{}.oag) {
+        std::string list;
+        for (auto [on, name] :
+             {std::pair{oar, "oar"}, std::pair{ors, "ors"}, std::pair{oag, "oag"}})
+          if (on) {
+            if (!list.empty()) list += '+';
+            list += name;
+          }
+        s += ",overlap=";
+        s += list.empty() ? std::string_view("none") : std::string_view(list);
+      }
+      return s;
+    }
   }
   return s;
 }
 
 SchemeSpec SchemeSpec::parse(std::string_view text) {
   SchemeSpec spec;
-  bool have_scheme = false, have_data = false;
+  bool have_scheme = false, have_data = false, have_overlap = false;
   require(!text.empty(), [&] { return fmt::format("empty scheme; {}", kGrammar); });
   for (bool more = true; more;) {
     const std::size_t comma = text.find(',');
@@ -69,6 +83,30 @@ SchemeSpec SchemeSpec::parse(std::string_view text) {
       require(!have_data, [&] { return fmt::format("scheme: 'data=' given twice; {}", kGrammar); });
       spec.data = positive(item.substr(5), item);
       have_data = true;
+      continue;
+    }
+    if (starts("overlap=")) {
+      require(!have_overlap,
+              [&] { return fmt::format("scheme: 'overlap=' given twice; {}", kGrammar); });
+      have_overlap = true;
+      spec.oar = spec.ors = spec.oag = false;
+      std::string_view list = item.substr(8);
+      if (list == "none") continue;
+      for (bool again = true; again;) {
+        const std::size_t plus = list.find('+');
+        const std::string_view name = list.substr(0, plus);
+        again = plus != std::string_view::npos;
+        list = again ? list.substr(plus + 1) : std::string_view();
+        bool* flag = name == "oar"   ? &spec.oar
+                     : name == "ors" ? &spec.ors
+                     : name == "oag" ? &spec.oag
+                                     : nullptr;
+        require(flag != nullptr && !*flag, [&] {
+          return fmt::format("scheme item '{}': '{}' is not one of oar, ors, oag (each once); {}",
+                             item, name, kGrammar);
+        });
+        *flag = true;
+      }
       continue;
     }
     require(!have_scheme, [&] {
@@ -99,6 +137,9 @@ SchemeSpec SchemeSpec::parse(std::string_view text) {
     }
   }
   require(have_scheme, [&] { return fmt::format("scheme: no tensor scheme given; {}", kGrammar); });
+  require(!have_overlap || spec.scheme == Scheme::axonn3d, [&] {
+    return fmt::format("scheme: 'overlap=' applies to the 3d scheme only; {}", kGrammar);
+  });
   return spec;
 }
 
@@ -151,7 +192,10 @@ ParallelGpt<T>::ParallelGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& back
       model_ = std::make_unique<GPT1D<T>>(grid_, backend, config, batch, seq, options);
       break;
     case Scheme::axonn3d:
-      model_ = std::make_unique<GPT3D<T>>(grid_, backend, config, batch, seq, options);
+      model_ = std::make_unique<GPT3D<T>>(grid_, backend, config, batch, seq, options,
+                                          Axonn3DOptions{.overlap_all_reduce = spec.oar,
+                                                         .overlap_reduce_scatter = spec.ors,
+                                                         .overlap_all_gather = spec.oag});
       break;
   }
 }

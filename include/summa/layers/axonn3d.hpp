@@ -68,6 +68,7 @@
 /// the head's input gradient) must be contiguous.
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -85,12 +86,112 @@ enum class Orientation3D : std::uint8_t {
   transposed,  ///< input columns over X, output columns over Y
 };
 
-/// The overlap switches of AxoNN §V-D that are implemented.
+/// The overlap switches of AxoNN §V-D. Each changes only when a
+/// collective completes, never what it computes: results are bit-identical
+/// on and off (tested), and the bytes sent are the same.
 struct Axonn3DOptions {
   /// OAR: the input-gradient all-reduce of a linear is non-blocking and
-  /// overlapped with its weight-gradient GEMM and reduce-scatter. Results
-  /// are identical either way.
+  /// overlapped with its weight-gradient GEMM and reduce-scatter.
   bool overlap_all_reduce = true;
+  /// ORS: a linear's weight-gradient reduce-scatter over Z is issued
+  /// non-blocking and completed only at the end of backward (the model's
+  /// one completion point), so it overlaps every layer below. The unreduced
+  /// gradients wait in the "deferred" buffer: one [in/A, out/B] block per
+  /// Linear3D, i.e. Gz times the weight shards — the memory price of the
+  /// overlap, hence off by default. No effect when Gz = 1. With a data axis
+  /// the gradient buckets are all-reduced after that completion.
+  bool overlap_reduce_scatter = false;
+  /// OAG: while a linear computes, the all-gather over Z of the weight of
+  /// the linear that ran next in the previous step is already in flight
+  /// (the order is recorded each step, so checkpoint recomputation and
+  /// backward are covered from the second step on). Two gathered-weight
+  /// slots (the "prefetch" buffer). No effect when Gz = 1. Off by default:
+  /// on CPU MPI without a progress thread the gather advances only inside
+  /// MPI calls, so it pays mainly on GPUs (NCCL streams).
+  bool overlap_all_gather = false;
+};
+
+template <class T>
+class Linear3D;
+
+/// The cross-layer state of the ORS and OAG overlaps, shared by the
+/// Linear3D layers of one model (GPT3D owns it). Collective protocol: every
+/// rank of the grid makes the same calls in the same order.
+template <class T>
+class Overlap3D {
+ public:
+  Overlap3D(ProcessGrid& grid, Backend& backend, Axonn3DOptions options);
+  ~Overlap3D();
+  Overlap3D(const Overlap3D&) = delete;
+  Overlap3D& operator=(const Overlap3D&) = delete;
+
+  const Axonn3DOptions& options() const { return options_; }
+  /// OAG / ORS in effect (switched on and Gz > 1).
+  bool prefetching() const { return prefetch_on_; }
+  bool deferring() const { return defer_on_; }
+
+  /// Construction time: registers a linear's weight (its shard is
+  /// all-gathered into [gathered] elements); returns the linear's id.
+  int add(const Param<T>& weight, index_t gathered);
+  /// After every add(): sizes the "prefetch" (two slots of the largest
+  /// gathered weight) and "deferred" (every linear's gathered size) buffers
+  /// and allocates them unless `plan_only`.
+  void allocate(bool plan_only);
+  /// Capacities and high-water marks of the two buffers.
+  std::vector<BufferUsage> usage() const;
+
+  /// Start of a forward pass: ends any prediction of the previous pass.
+  void begin_step();
+  /// OAG: linear `id`'s all-gathered weight (waits for its prefetch, or
+  /// gathers now), after issuing the prefetch of the linear predicted next.
+  /// Valid until the next call.
+  T* gathered_weight(int id);
+  /// ORS: where linear `id` computes its unreduced weight gradient.
+  T* staging(int id);
+  /// ORS: reduce-scatters staging(id) over Z into `grad` (overwrite) or, with
+  /// `accumulate`, adds it there at complete().
+  void defer(int id, T* grad, bool accumulate);
+  /// The completion point: waits for every deferred reduce-scatter (and
+  /// accumulates) and for an unused prefetch; records this step's order.
+  void complete();
+
+  /// OAG statistics since construction: weights found already gathered
+  /// (prefetched) and weights gathered on demand.
+  std::int64_t prefetch_hits() const { return hits_; }
+  std::int64_t prefetch_misses() const { return misses_; }
+  /// ORS: reduce-scatters deferred since construction.
+  std::int64_t deferred_count() const { return deferred_count_; }
+
+ private:
+  struct Entry {
+    const Param<T>* weight;
+    index_t gathered;
+    std::size_t offset;  // in the deferred buffer
+  };
+  struct Deferred {
+    int id;
+    T* grad;
+    bool accumulate;
+    Request request;
+  };
+  void drain_prefetch();
+
+  ProcessGrid* grid_;
+  Backend* backend_;
+  Axonn3DOptions options_;
+  bool prefetch_on_ = false, defer_on_ = false;
+  std::vector<Entry> entries_;
+  index_t max_gathered_ = 0;
+  std::size_t deferred_bytes_ = 0;
+  std::unique_ptr<Arena> prefetch_, deferred_;
+  T* slot_[2] = {nullptr, nullptr};
+  int slot_id_[2] = {-1, -1};  // which linear's weight a slot holds (or receives)
+  int pending_slot_ = -1;      // slot with an all-gather in flight
+  Request pending_;
+  std::vector<int> trace_, current_;  // gather order of the previous / this step
+  bool following_ = true;             // this step matches trace_ so far
+  std::vector<Deferred> deferred_list_;
+  std::int64_t hits_ = 0, misses_ = 0, deferred_count_ = 0;
 };
 
 // ---------------------------------------------------------------- shards
@@ -123,7 +224,7 @@ class Linear3D final : public Layer<T> {
   /// positive, tokens % Gz == 0, in % (A*Gz) == 0 and out % (groups*B) == 0.
   Linear3D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens, index_t in,
            index_t out, Orientation3D orientation, bool has_bias = true, int groups = 1,
-           Axonn3DOptions options = {});
+           Axonn3DOptions options = {}, Overlap3D<T>* overlap = nullptr);
 
   std::string_view name() const override { return name_; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
@@ -152,6 +253,8 @@ class Linear3D final : public Layer<T> {
   Orientation3D orientation_;
   bool has_bias_;
   Axonn3DOptions options_;
+  Overlap3D<T>* overlap_;  // ORS / OAG state (null: neither)
+  int overlap_id_ = -1;
   Communicator* in_comm_;   // A: the all-reduce of the forward output
   Communicator* out_comm_;  // B: the all-reduce of the input gradient
   int in_split_, out_split_, gz_;
@@ -210,7 +313,8 @@ template <class T>
 class Attention3D final : public Layer<T> {
  public:
   Attention3D(ProcessGrid& grid, Backend& backend, std::string name, index_t batch, index_t seq,
-              index_t hidden, index_t heads, Axonn3DOptions options = {});
+              index_t hidden, index_t heads, Axonn3DOptions options = {},
+              Overlap3D<T>* overlap = nullptr);
 
   std::string_view name() const override { return name_; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
@@ -244,7 +348,7 @@ template <class T>
 class MLP3D final : public Layer<T> {
  public:
   MLP3D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens, index_t hidden,
-        Axonn3DOptions options = {});
+        Axonn3DOptions options = {}, Overlap3D<T>* overlap = nullptr);
 
   std::string_view name() const override { return name_; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
@@ -271,7 +375,7 @@ class TransformerBlock3D final : public Layer<T> {
  public:
   TransformerBlock3D(ProcessGrid& grid, Backend& backend, std::string name, index_t batch,
                      index_t seq, index_t hidden, index_t heads, double eps = 1e-5,
-                     Axonn3DOptions options = {});
+                     Axonn3DOptions options = {}, Overlap3D<T>* overlap = nullptr);
 
   std::string_view name() const override { return name_; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
@@ -397,6 +501,8 @@ class LMHead3D final : public LossHead<T> {
   ConstMatrixView<T> x_{};
 };
 
+extern template class Overlap3D<float>;
+extern template class Overlap3D<double>;
 extern template class Linear3D<float>;
 extern template class Linear3D<double>;
 extern template class LayerNorm3D<float>;

@@ -60,9 +60,18 @@ class GPT3D final : public GptBase<T> {
   }
   LayerNorm3D<T>& ln_f() { return static_cast<LayerNorm3D<T>&>(*this->ln_f_); }
   LMHead3D<T>& head() { return static_cast<LMHead3D<T>&>(*this->head_); }
+  /// The ORS / OAG state shared by the linears.
+  Overlap3D<T>& overlap() { return *overlap_; }
+
+ protected:
+  void begin_forward() override;
+  bool defers_gradients() const override;
+  void complete_deferred() override;
+  void append_buffers(std::vector<BufferUsage>& out) const override;
 
  private:
   Axonn3DOptions axonn_;
+  std::unique_ptr<Overlap3D<T>> overlap_;
 };
 
 extern template class GPT3D<float>;

@@ -20,7 +20,9 @@
 /// over the data axis, and backward all-reduces the gradients in buckets —
 /// LN_f, then each block as soon as its backward is done, then the
 /// embedding — non-blocking, in flight while the blocks below run, and
-/// waits for all of them at its end (the one completion point).
+/// waits for all of them at its end (the one completion point). A scheme
+/// that defers gradient work (GPT3D with ORS) completes it at the same point,
+/// before the buckets are all-reduced.
 
 #include <cstdint>
 #include <memory>
@@ -103,6 +105,18 @@ class GptBase : public GptModel<T> {
   /// head_ exist: allocates parameters and buffers. Local activation blocks
   /// are rows x cols.
   void finish_construction(index_t rows, index_t cols);
+
+  /// Hooks for a scheme whose layers share overlap state across calls
+  /// (GPT3D's ORS / OAG). begin_forward() runs first in every forward.
+  virtual void begin_forward() {}
+  /// True when some parameter gradients are complete only after
+  /// complete_deferred(); the data-axis buckets are then all-reduced after it
+  /// rather than block by block.
+  virtual bool defers_gradients() const { return false; }
+  /// Completes deferred gradient work; part of backward()'s completion point.
+  virtual void complete_deferred() {}
+  /// The scheme's own buffers, for memory_report() (planned or allocated).
+  virtual void append_buffers(std::vector<BufferUsage>& /*out*/) const {}
 
   ProcessGrid* grid_;
   Backend* backend_;

@@ -9,7 +9,9 @@
 ///   2d:q=Q          Optimus 2D SUMMA on a Q x Q mesh
 ///   3d:XxYxZ        AxoNN 3D parallel matrix multiply on an X x Y x Z grid
 ///   data=D          D data-parallel groups on top (default 1)
-/// e.g. "2d:q=3", "1d:p=4", "3d:2x2x2", "data=2,2d:q=2".
+///   overlap=LIST    3D only: the AxoNN overlaps on, '+'-separated from
+///                   oar, ors, oag, or 'none' (default: oar; see Axonn3DOptions)
+/// e.g. "2d:q=3", "1d:p=4", "3d:2x2x2", "data=2,2d:q=2", "3d:1x1x4,overlap=oar+ors+oag".
 
 #include <memory>
 #include <string>
@@ -31,6 +33,8 @@ struct SchemeSpec {
   int q = 1;                   ///< 2D: mesh side
   int gx = 1, gy = 1, gz = 1;  ///< 3D: grid
   int data = 1;                ///< data-parallel groups
+  /// 3D overlap switches (Axonn3DOptions: OAR, ORS, OAG).
+  bool oar = true, ors = false, oag = false;
 
   /// Ranks of one tensor group (P, Q², X·Y·Z).
   int tensor_ranks() const;

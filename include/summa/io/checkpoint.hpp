@@ -1,0 +1,145 @@
+#pragma once
+/// \file checkpoint.hpp
+/// Sharded checkpoints of a model's parameters and optimizer state, loadable
+/// under any other scheme, mesh or rank count (resharding).
+///
+/// A checkpoint is a directory root/step_<N>/ (N zero-padded to 8 digits)
+/// holding one shard file per rank of data group 0 (shard_<tensor rank>.bin,
+/// that rank's *owner* pieces of every parameter and of every optimizer slot)
+/// and a text manifest (step, free-form metadata, the parameter list, the
+/// slots, the shard files with sizes and checksums, and every piece with its
+/// global rectangle, byte offsets and checksums). root/latest names the newest
+/// complete checkpoint. Writing goes to root/step_<N>.tmp/ and is renamed into
+/// place only when complete, so a crash at any point leaves the previous
+/// checkpoint loadable. Loading reads, for each local piece of each parameter
+/// (owners and replicas), exactly the saved pieces that intersect it, and
+/// converts element types (f32 <-> f64) where the saved and the live types
+/// differ. See docs/checkpoints.md for the layout and the guarantees.
+///
+/// Every collective function here is collective over grid.world() and reports
+/// errors as a summa::Error thrown on every rank (message of the lowest failing
+/// rank), naming the file and the problem. All ranks must see one shared file
+/// system. Parameter and slot memory is read and written directly, so it must
+/// be host memory (the CPU backend).
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "summa/core/types.hpp"
+#include "summa/grid/process_grid.hpp"
+#include "summa/layers/parameters.hpp"
+
+namespace summa {
+
+/// One optimizer state buffer (e.g. Adam's "exp_avg"): `data` holds
+/// ParameterStore::local_elements() elements of `dtype`, packed exactly like
+/// ParameterStore::values_base() (params() order, each parameter's local
+/// row-major elements, replicas included). `data` may be null only on a rank
+/// that holds no elements.
+struct StateSlot {
+  std::string name;
+  DType dtype = DType::f32;
+  void* data = nullptr;
+};
+
+/// What a checkpoint carries besides tensors: the training step and free-form
+/// text metadata (scheme, model config, optimizer kind, data seed, learning
+/// rate schedule, ...), round-tripped byte for byte (any characters).
+struct CheckpointInfo {
+  std::int64_t step = 0;
+  std::map<std::string, std::string> meta;
+  friend bool operator==(const CheckpointInfo&, const CheckpointInfo&) = default;
+};
+
+/// Writes the checkpoint of `info.step` under `root` (created if needed):
+/// root/step_<N>.tmp/ is filled (every file fsync'ed), then world rank 0
+/// renames it to root/step_<N> (atomically replacing an existing one) and
+/// atomically rewrites root/latest. Only ranks of data group 0 write shards
+/// (the other data groups hold identical copies); replica pieces are skipped.
+/// Every rank must pass the same slot names and dtypes, in the same order.
+/// Collective over grid.world(); throws summa::Error on every rank on bad
+/// input (negative step, empty or duplicate slot names, a null slot buffer
+/// where elements are held, slots differing across ranks) or any I/O error,
+/// in which case root/latest and earlier checkpoints are untouched.
+template <class T>
+void save_checkpoint(const std::filesystem::path& root, ParameterStore<T>& store,
+                     std::span<const StateSlot> slots, const CheckpointInfo& info,
+                     ProcessGrid& grid);
+
+/// Loads a checkpoint into `store` and `slots`, whatever scheme and grid wrote
+/// it. `path_or_root` is a checkpoint directory (one containing a manifest) or
+/// a root, whose `latest` is then followed. Every local element of every
+/// parameter and slot, owners and replicas, is set from the saved piece that
+/// covers it, converted to the live element type. Returns the step and the
+/// metadata. Collective over grid.world(); throws summa::Error on every rank
+/// (naming the file and the problem) for: no manifest or `latest`, a bad magic
+/// or version, a corrupted manifest or shard (checksum mismatch), a missing or
+/// truncated shard file, a parameter list that differs from the store's (names
+/// or global shapes; both are named), slot names that differ, or saved pieces
+/// that do not cover every local element exactly once. On error the contents
+/// of the store and slots are unspecified.
+template <class T>
+CheckpointInfo load_checkpoint(const std::filesystem::path& path_or_root, ParameterStore<T>& store,
+                               std::span<const StateSlot> slots, ProcessGrid& grid);
+
+/// The checkpoint directory root/latest points to, or nullopt when there is no
+/// root/latest (nothing was ever completely saved). Not collective; throws
+/// summa::Error when `latest` is unreadable or malformed.
+std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& root);
+
+/// Step and metadata of a checkpoint (a directory or a root, as for
+/// load_checkpoint), e.g. to rebuild the model before loading into it. Reads
+/// and verifies only the manifest. Not collective.
+CheckpointInfo read_checkpoint_info(const std::filesystem::path& path_or_root);
+/// The same, collective over `comm`: rank 0 reads, every rank gets the result
+/// or the same summa::Error.
+CheckpointInfo read_checkpoint_info(const std::filesystem::path& path_or_root, MPI_Comm comm);
+
+/// Full offline verification of one checkpoint (a directory or a root): the
+/// manifest, then every shard file's existence, size, header, whole-file
+/// checksum and every piece's checksum. Throws summa::Error at the first
+/// problem; returns the info otherwise. Not collective (reads everything).
+CheckpointInfo verify_checkpoint(const std::filesystem::path& path_or_root);
+
+/// XXH64 (xxHash, 64-bit, Yann Collet's published algorithm) of a byte
+/// stream: the checksum of checkpoint pieces, shard files and manifests.
+/// update() any number of times, then digest() (which does not consume the
+/// state). Fast (about the speed of memory) and allocation-free.
+class Checksum64 {
+ public:
+  explicit Checksum64(std::uint64_t seed = 0);
+  Checksum64& update(const void* data, std::size_t bytes);
+  std::uint64_t digest() const;
+
+ private:
+  std::uint64_t v_[4];
+  std::uint64_t seed_;
+  std::uint64_t total_ = 0;
+  unsigned char buffer_[32];
+  std::size_t buffered_ = 0;
+};
+
+/// One-shot XXH64 of `bytes` bytes at `data`.
+std::uint64_t checksum64(const void* data, std::size_t bytes, std::uint64_t seed = 0);
+
+extern template void save_checkpoint<float>(const std::filesystem::path&, ParameterStore<float>&,
+                                            std::span<const StateSlot>, const CheckpointInfo&,
+                                            ProcessGrid&);
+extern template void save_checkpoint<double>(const std::filesystem::path&, ParameterStore<double>&,
+                                             std::span<const StateSlot>, const CheckpointInfo&,
+                                             ProcessGrid&);
+extern template CheckpointInfo load_checkpoint<float>(const std::filesystem::path&,
+                                                      ParameterStore<float>&,
+                                                      std::span<const StateSlot>, ProcessGrid&);
+extern template CheckpointInfo load_checkpoint<double>(const std::filesystem::path&,
+                                                       ParameterStore<double>&,
+                                                       std::span<const StateSlot>, ProcessGrid&);
+
+}  // namespace summa

@@ -1,0 +1,250 @@
+#pragma once
+/// \file optimizer.hpp
+/// Optimizers on local parameter shards, the learning-rate schedule and
+/// global-norm gradient clipping.
+///
+/// Every rank updates exactly the elements it holds (ParameterStore values,
+/// from the store's gradients), owners and replicas alike: a replica receives
+/// a gradient bit-identical to its owner's, so the same update keeps it
+/// bit-identical. No communication is needed for the step itself; only the
+/// gradient norm of clipping is reduced (over the tensor group).
+///
+/// Optimizer state (moments, momentum buffers) is kept in master_t<T>: fp32
+/// for float (and future bf16) parameters, fp64 for double ones, so double
+/// runs match a serial double implementation to rounding. Each state slot is
+/// packed exactly like ParameterStore::values_base() (same params() order,
+/// same local element counts, no padding), so a checkpoint writer locates any
+/// element of it with the parameter's ParamShard pieces.
+///
+/// The per-element arithmetic lives in small free functions on raw pointers
+/// (namespace summa::optim); a device backend replaces them with kernels.
+/// See docs/training.md for the formulas.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "summa/core/types.hpp"
+#include "summa/grid/process_grid.hpp"
+#include "summa/layers/parameters.hpp"
+#include "summa/memory/arena.hpp"
+
+namespace summa {
+
+/// Element type of optimizer state for parameters of type T: double for
+/// double, float otherwise (fp32 master precision for float / bf16).
+template <class T>
+using master_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+/// Learning rate as a function of the step (counted from 0):
+///
+///   warm-up  (warmup > 0, step < warmup):   lr · (step + 1) / warmup
+///   constant (total == 0, step >= warmup):  lr
+///   cosine   (warmup <= step < total):      min_lr + ½ (lr − min_lr) (1 + cos(π·r)),
+///                                           r = (step − warmup) / (total − warmup)
+///   after    (total > 0, step >= total):    min_lr
+///
+/// So at(0) = lr / warmup, at(warmup − 1) = lr, at(warmup) = lr, the cosine
+/// midpoint is (lr + min_lr) / 2 and at(total) = min_lr.
+struct LrSchedule {
+  double lr = 3e-4;         ///< peak learning rate
+  std::int64_t warmup = 0;  ///< linear warm-up steps (0: none)
+  std::int64_t total = 0;   ///< step at which the cosine reaches min_lr (0: no decay)
+  double min_lr = 0;        ///< floor of the cosine decay
+
+  /// The learning rate of step `step` (see above). Throws summa::Error for a
+  /// negative step or an invalid schedule. Does not allocate unless it throws.
+  double at(std::int64_t step) const;
+  /// Throws summa::Error naming the field and value unless lr and min_lr are
+  /// finite with 0 <= min_lr <= lr, warmup >= 0, total >= 0 and (total == 0
+  /// or total >= warmup).
+  void validate() const;
+};
+
+/// What make_optimizer builds.
+///
+/// kind "adamw": torch.optim.AdamW — decoupled weight decay then Adam with
+///   bias correction (beta1, beta2, eps, weight_decay).
+/// kind "sgd": torch.optim.SGD — weight decay added to the gradient (L2, not
+///   decoupled), momentum buffer with dampening 0, optional Nesterov.
+/// Weight decay applies to 2-D parameters only (linear weights, wte, wpe);
+/// 1-D ones (biases, LayerNorm) are excluded unless decay_vectors.
+struct OptimizerOptions {
+  std::string kind = "adamw";                    ///< "adamw" or "sgd"
+  double momentum = 0.9;                         ///< sgd: in [0, 1)
+  bool nesterov = false;                         ///< sgd: Nesterov momentum (needs momentum > 0)
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;  ///< adamw: betas in [0, 1), eps > 0
+  double weight_decay = 0.0;                     ///< >= 0
+  bool decay_vectors = false;                    ///< also decay 1-D parameters (biases, LayerNorm)
+
+  /// Throws summa::Error naming the option and its value when one is out of
+  /// range, non-finite, or the kind is unknown.
+  void validate() const;
+};
+
+/// Per-element update arithmetic on raw pointers (host memory on the CPU
+/// backend). These are the seams a device backend replaces with kernels.
+namespace optim {
+
+/// Scalars of one AdamW update (PyTorch's _single_tensor_adamw):
+/// step_size = lr / (1 − beta1^t), bias_correction2_sqrt = sqrt(1 − beta2^t).
+struct AdamWCoefficients {
+  double lr = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0;
+  double step_size = 0, bias_correction2_sqrt = 1;
+};
+
+/// For i in [0, n), in M arithmetic:
+///   p ← p · (1 − lr·weight_decay)
+///   m ← beta1·m + (1 − beta1)·g;  v ← beta2·v + (1 − beta2)·g²
+///   p ← p − step_size · m / (sqrt(v) / bias_correction2_sqrt + eps)
+template <class T, class M>
+void adamw_update(T* param, const T* grad, M* exp_avg, M* exp_avg_sq, index_t n,
+                  const AdamWCoefficients& c);
+
+/// Scalars of one SGD update (PyTorch's _single_tensor_sgd, dampening 0).
+struct SgdCoefficients {
+  double lr = 0, weight_decay = 0, momentum = 0;
+  bool nesterov = false;
+};
+
+/// For i in [0, n), in M arithmetic:
+///   d ← g + weight_decay·p;  buf ← momentum·buf + d
+///   p ← p − lr · (nesterov ? d + momentum·buf : buf)
+/// (A zero buffer makes the first step buf = d, as PyTorch's clone.)
+template <class T, class M>
+void sgd_update(T* param, const T* grad, M* momentum_buffer, index_t n, const SgdCoefficients& c);
+
+/// Σ x[i]² in double.
+template <class T>
+double sum_of_squares(const T* x, index_t n);
+
+/// x[i] ← x[i] · factor (factor rounded to T).
+template <class T>
+void scale_in_place(T* x, index_t n, double factor);
+
+}  // namespace optim
+
+/// An optimizer over the local shards of a ParameterStore (see the file
+/// comment). Built by make_optimizer; holds a reference to the store, which
+/// must outlive it. Not collective: each rank steps on its own.
+template <class T>
+class Optimizer {
+ public:
+  using master_type = master_t<T>;
+
+  virtual ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  /// One update of every locally held element (owners and replicas) from the
+  /// store's current gradients, with learning rate `lr` (e.g.
+  /// LrSchedule::at(steps())). Increments steps() first, so AdamW's bias
+  /// correction uses t = steps() after the increment (1 on the first step).
+  /// Throws summa::Error if lr is negative or not finite. No heap allocation.
+  void step(double lr);
+
+  /// Steps taken (or set for a resume).
+  std::int64_t steps() const { return steps_; }
+  /// Sets the step count, e.g. after loading the state from a checkpoint;
+  /// throws summa::Error if negative.
+  void set_steps(std::int64_t steps);
+
+  /// "adamw" or "sgd".
+  virtual std::string_view kind() const = 0;
+  const OptimizerOptions& options() const { return options_; }
+  ParameterStore<T>& store() const { return *store_; }
+
+  /// Names of the state slots: AdamW {"exp_avg", "exp_avg_sq"}, SGD
+  /// {"momentum_buffer"} (PyTorch's state keys).
+  const std::vector<std::string>& state_names() const { return state_names_; }
+  /// Slot `slot` (an index into state_names()): state_elements() values
+  /// packed like store().values_base(). Starts at zero. Throws summa::Error
+  /// for a slot out of range. Null when the rank holds no elements.
+  master_type* state(std::size_t slot);
+  const master_type* state(std::size_t slot) const;
+  /// Elements per slot (= store().local_elements()).
+  index_t state_elements() const { return elements_; }
+
+ protected:
+  /// A parameter's range in the packed local buffers.
+  struct Segment {
+    index_t offset = 0, count = 0;
+    bool decay = false;  ///< weight decay applies to it
+  };
+
+  Optimizer(const OptimizerOptions& options, ParameterStore<T>& store,
+            std::vector<std::string> state_names);
+  /// The update itself, with steps() already incremented.
+  virtual void update(double lr) = 0;
+
+  const std::vector<Segment>& segments() const { return segments_; }
+
+ private:
+  OptimizerOptions options_;
+  ParameterStore<T>* store_;
+  std::vector<std::string> state_names_;
+  std::vector<Segment> segments_;
+  index_t elements_ = 0;
+  std::size_t slot_stride_ = 0;  ///< elements between consecutive slots in state_
+  Arena state_;
+  master_type* state_base_ = nullptr;
+  std::int64_t steps_ = 0;
+};
+
+/// Validates `options` (summa::Error naming the bad option) and builds the
+/// optimizer of options.kind over `store`, with zero state and steps() = 0.
+/// The state is allocated here from the store's backend; step() allocates
+/// nothing.
+template <class T>
+std::unique_ptr<Optimizer<T>> make_optimizer(const OptimizerOptions& options,
+                                             ParameterStore<T>& store);
+
+/// Σ g² over the gradient of the whole model, in double: each global element
+/// counted exactly once (the pieces of owner shards only; replicas skipped),
+/// summed over grid.tensor(). Data groups hold identical gradients after the
+/// data all-reduce, so nothing is reduced over the data axis. The same on
+/// every rank of a tensor group. Collective over grid.tensor(); no heap
+/// allocation.
+template <class T>
+double global_norm_sq(const ParameterStore<T>& store, ProcessGrid& grid);
+
+/// torch.nn.utils.clip_grad_norm_: norm = sqrt(global_norm_sq(store, grid));
+/// when max_norm > 0 and c = max_norm / (norm + 1e-6) < 1 (so whenever norm >
+/// max_norm), every local gradient (owners and replicas) is multiplied by c.
+/// max_norm = 0 only measures. A non-finite norm (inf / NaN gradients) leaves
+/// the gradients as they are; the caller sees it in the result (and may skip
+/// the step). Returns the pre-clip norm, the same on every rank.
+/// Collective over grid.tensor() (one all-reduce of 2 doubles); throws
+/// summa::Error on every rank of the tensor group if max_norm is negative
+/// or not finite on any of them. No heap allocation unless it throws.
+template <class T>
+double clip_grad_norm(ParameterStore<T>& store, ProcessGrid& grid, double max_norm);
+
+extern template class Optimizer<float>;
+extern template class Optimizer<double>;
+extern template std::unique_ptr<Optimizer<float>> make_optimizer(const OptimizerOptions&,
+                                                                 ParameterStore<float>&);
+extern template std::unique_ptr<Optimizer<double>> make_optimizer(const OptimizerOptions&,
+                                                                  ParameterStore<double>&);
+extern template double global_norm_sq(const ParameterStore<float>&, ProcessGrid&);
+extern template double global_norm_sq(const ParameterStore<double>&, ProcessGrid&);
+extern template double clip_grad_norm(ParameterStore<float>&, ProcessGrid&, double);
+extern template double clip_grad_norm(ParameterStore<double>&, ProcessGrid&, double);
+
+namespace optim {
+extern template void adamw_update(float*, const float*, float*, float*, index_t,
+                                  const AdamWCoefficients&);
+extern template void adamw_update(double*, const double*, double*, double*, index_t,
+                                  const AdamWCoefficients&);
+extern template void sgd_update(float*, const float*, float*, index_t, const SgdCoefficients&);
+extern template void sgd_update(double*, const double*, double*, index_t, const SgdCoefficients&);
+extern template double sum_of_squares(const float*, index_t);
+extern template double sum_of_squares(const double*, index_t);
+extern template void scale_in_place(float*, index_t, double);
+extern template void scale_in_place(double*, index_t, double);
+}  // namespace optim
+
+}  // namespace summa

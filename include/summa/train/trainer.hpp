@@ -1,0 +1,127 @@
+#pragma once
+/// \file trainer.hpp
+/// Training end to end under any scheme: a GPT (ParallelGpt), its optimizer
+/// and learning-rate schedule, gradient clipping, the token loader, sharded
+/// checkpoints that resume under any other scheme, and the Hugging Face
+/// export. examples/gpt_train is a command line over this class; the
+/// resharding and training-equivalence tests drive it directly.
+///
+/// One step: batch(step) from the loader (the same global batch on every
+/// rank, a pure function of the data seed and the step), forward, backward,
+/// clip the gradient's global norm, optimizer step at schedule.at(step).
+/// A checkpoint stores parameters, optimizer state, the step and the
+/// options that fix the run (model shape, data seed, ...); resuming restores
+/// them, so the losses continue as in an uninterrupted run, whatever the
+/// scheme and mesh of either run.
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "summa/io/checkpoint.hpp"
+#include "summa/io/data.hpp"
+#include "summa/optim/optimizer.hpp"
+#include "summa/parallel/scheme.hpp"
+
+namespace summa {
+
+struct TrainerOptions {
+  reference::GptConfig config;
+  /// Scheme text (SchemeSpec::parse); its rank count must equal the
+  /// communicator's size.
+  std::string scheme = "2d:q=1";
+  index_t batch = 8;  ///< global sequences per step
+  index_t seq = 32;   ///< tokens per sequence
+  GptOptions gpt;     ///< activation checkpointing
+  OptimizerOptions optimizer;
+  LrSchedule schedule;
+  /// Clip the gradient's global norm to this (0: no clipping, the norm is
+  /// still computed and reported).
+  double clip = 1.0;
+  std::uint64_t init_seed = 1234;  ///< weights (reference::init_value)
+  std::uint64_t data_seed = 1234;  ///< batch windows (io::TokenLoader)
+  double val_fraction = 0.1;       ///< held-out tail of the token stream
+
+  /// Throws summa::Error naming the first bad value.
+  void validate() const;
+};
+
+/// What one step did.
+struct StepStats {
+  std::int64_t step = 0;  ///< the step just taken (0-based)
+  double loss = 0;        ///< mean cross-entropy of its batch (before the update)
+  double grad_norm = 0;   ///< global gradient norm before clipping
+  double lr = 0;          ///< learning rate applied
+};
+
+template <class T>
+class Trainer {
+ public:
+  /// Builds the model under options.scheme on `comm`, the optimizer and the
+  /// loader over `tokens` (ids must be < config.vocab_size), and initialises
+  /// the weights from init_seed. Collective over `comm`; invalid options
+  /// throw the same summa::Error on every rank.
+  Trainer(MPI_Comm comm, const TrainerOptions& options, Backend& backend,
+          std::vector<std::uint16_t> tokens);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  /// One training step (see the file comment); then step() == s.step + 1.
+  StepStats train_step();
+  /// Mean loss over `batches` validation batches (training batches when
+  /// the loader has no validation split); no gradient, no update.
+  double evaluate(int batches = 4);
+
+  /// Steps taken so far (the next step's index).
+  std::int64_t step() const { return step_; }
+
+  /// Sharded checkpoint of parameters and optimizer state at step() under
+  /// `root` (io::save_checkpoint: atomic, checksummed).
+  void save(const std::filesystem::path& root);
+  /// Resumes from a checkpoint (a step directory, or a root's latest) saved
+  /// under any scheme: parameters, optimizer state, step and data seed.
+  /// Throws summa::Error on every rank when the checkpoint's model shape or
+  /// optimizer differs from this trainer's.
+  void load(const std::filesystem::path& path_or_root);
+  /// Hugging Face GPT-2 export / import (io::export_hf_gpt2 / import_hf_gpt2).
+  void export_hf(const std::filesystem::path& dir);
+  void import_hf(const std::filesystem::path& dir);
+
+  const TrainerOptions& options() const { return options_; }
+  ParallelGpt<T>& parallel() { return *run_; }
+  GptModel<T>& model() { return run_->model(); }
+  Optimizer<T>& optimizer() { return *optimizer_; }
+  const io::TokenLoader& loader() const { return *loader_; }
+  /// The metadata a checkpoint of this trainer carries.
+  std::map<std::string, std::string> checkpoint_meta() const;
+
+ private:
+  std::vector<StateSlot> slots();
+
+  TrainerOptions options_;
+  std::unique_ptr<ParallelGpt<T>> run_;
+  std::unique_ptr<Optimizer<T>> optimizer_;
+  std::unique_ptr<io::TokenLoader> loader_;
+  std::vector<std::int32_t> tokens_, targets_;
+  std::int64_t step_ = 0;
+};
+
+/// The model shape a checkpoint of a Trainer records (its metadata keys
+/// n_layer, n_head, n_embd, n_positions, vocab_size, layer_norm_epsilon), so
+/// a resuming program can build the same model before loading. Throws
+/// summa::Error naming a missing or malformed key.
+reference::GptConfig config_from_meta(const std::map<std::string, std::string>& meta);
+
+/// Model FLOPs of one training step (forward + backward, no recomputation)
+/// of a GPT-2, Narayanan et al. (SC'21) eq. 3:
+/// 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)).
+double model_flops_per_step(const reference::GptConfig& config, index_t batch, index_t seq);
+
+extern template class Trainer<float>;
+extern template class Trainer<double>;
+
+}  // namespace summa

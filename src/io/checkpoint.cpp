@@ -1,0 +1,1132 @@
+#include "summa/io/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "summa/comm/mpi_communicator.hpp"
+#include "summa/core/error.hpp"
+
+namespace summa {
+
+namespace fs = std::filesystem;
+
+// ============================================================ XXH64
+
+namespace {
+
+constexpr std::uint64_t kP1 = 0x9E3779B185EBCA87ULL;
+constexpr std::uint64_t kP2 = 0xC2B2AE3D27D4EB4FULL;
+constexpr std::uint64_t kP3 = 0x165667B19E3779F9ULL;
+constexpr std::uint64_t kP4 = 0x85EBCA77C2B2AE63ULL;
+constexpr std::uint64_t kP5 = 0x27D4EB2F165667C5ULL;
+
+inline std::uint64_t rotl(std::uint64_t x, int r) {
+  return (x << r) | (x >> (64 - r));
+}
+// Little-endian loads (the format is defined on little-endian bytes).
+inline std::uint64_t load64(const unsigned char* p) {
+  std::uint64_t v = 0;
+  for (int k = 7; k >= 0; --k) v = (v << 8) | p[k];
+  return v;
+}
+inline std::uint64_t load32(const unsigned char* p) {
+  std::uint64_t v = 0;
+  for (int k = 3; k >= 0; --k) v = (v << 8) | p[k];
+  return v;
+}
+inline std::uint64_t xxh_round(std::uint64_t acc, std::uint64_t input) {
+  acc += input * kP2;
+  acc = rotl(acc, 31);
+  return acc * kP1;
+}
+inline std::uint64_t xxh_merge(std::uint64_t acc, std::uint64_t v) {
+  acc ^= xxh_round(0, v);
+  return acc * kP1 + kP4;
+}
+
+}  // namespace
+
+Checksum64::Checksum64(std::uint64_t seed)
+    : v_{seed + kP1 + kP2, seed + kP2, seed, seed - kP1}, seed_(seed), buffer_{} {}
+
+Checksum64& Checksum64::update(const void* data, std::size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  total_ += bytes;
+  if (buffered_ + bytes < 32) {
+    if (bytes > 0) std::memcpy(buffer_ + buffered_, p, bytes);
+    buffered_ += bytes;
+    return *this;
+  }
+  if (buffered_ > 0) {
+    const std::size_t fill = 32 - buffered_;
+    std::memcpy(buffer_ + buffered_, p, fill);
+    for (int k = 0; k < 4; ++k) v_[k] = xxh_round(v_[k], load64(buffer_ + 8 * k));
+    p += fill;
+    bytes -= fill;
+    buffered_ = 0;
+  }
+  while (bytes >= 32) {
+    for (int k = 0; k < 4; ++k) v_[k] = xxh_round(v_[k], load64(p + 8 * k));
+    p += 32;
+    bytes -= 32;
+  }
+  if (bytes > 0) std::memcpy(buffer_, p, bytes);
+  buffered_ = bytes;
+  return *this;
+}
+
+std::uint64_t Checksum64::digest() const {
+  std::uint64_t h;
+  if (total_ >= 32) {
+    h = rotl(v_[0], 1) + rotl(v_[1], 7) + rotl(v_[2], 12) + rotl(v_[3], 18);
+    for (int k = 0; k < 4; ++k) h = xxh_merge(h, v_[k]);
+  } else {
+    h = seed_ + kP5;
+  }
+  h += total_;
+  const unsigned char* p = buffer_;
+  std::size_t left = buffered_;
+  while (left >= 8) {
+    h ^= xxh_round(0, load64(p));
+    h = rotl(h, 27) * kP1 + kP4;
+    p += 8;
+    left -= 8;
+  }
+  if (left >= 4) {
+    h ^= load32(p) * kP1;
+    h = rotl(h, 23) * kP2 + kP3;
+    p += 4;
+    left -= 4;
+  }
+  while (left > 0) {
+    h ^= (*p) * kP5;
+    h = rotl(h, 11) * kP1;
+    ++p;
+    --left;
+  }
+  h ^= h >> 33;
+  h *= kP2;
+  h ^= h >> 29;
+  h *= kP3;
+  h ^= h >> 32;
+  return h;
+}
+
+std::uint64_t checksum64(const void* data, std::size_t bytes, std::uint64_t seed) {
+  return Checksum64(seed).update(data, bytes).digest();
+}
+
+// ============================================================ files, text
+
+namespace {
+
+constexpr int kVersion = 1;
+constexpr std::string_view kManifestMagic = "summa-checkpoint";
+constexpr char kShardMagic[8] = {'S', 'U', 'M', 'M', 'A', 'C', 'K', 'P'};
+constexpr std::size_t kHeaderBytes = 64;
+constexpr const char* kManifestName = "manifest";
+constexpr const char* kLatestName = "latest";
+constexpr std::size_t kIoBuffer = std::size_t{1} << 20;
+
+std::string step_dir_name(std::int64_t step) {
+  return fmt::format("step_{:08d}", step);
+}
+std::string shard_file_name(int tensor_rank) {
+  return fmt::format("shard_{:05d}.bin", tensor_rank);
+}
+std::string quoted(const fs::path& p) {
+  return fmt::format("'{}'", p.string());
+}
+std::string system_error(int code) {
+  return std::strerror(code);
+}
+
+// Runs f; returns the message of any exception it throws (so that the caller
+// can agree on it across ranks instead of leaving the others in a collective).
+template <class F>
+std::optional<std::string> capture(F&& f) {
+  try {
+    f();
+    return std::nullopt;
+  } catch (const std::exception& e) {
+    return std::string(e.what());
+  }
+}
+
+// A file written through one buffer, checksummed on the way, fsync'ed on finish().
+class OutFile {
+ public:
+  explicit OutFile(fs::path path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      throw Error(
+          fmt::format("checkpoint: cannot create {}: {}", quoted(path_), system_error(errno)));
+    buffer_.reserve(kIoBuffer);
+  }
+  ~OutFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  OutFile(const OutFile&) = delete;
+  OutFile& operator=(const OutFile&) = delete;
+
+  void write(const void* data, std::size_t bytes) {
+    checksum_.update(data, bytes);
+    bytes_ += bytes;
+    const auto* p = static_cast<const char*>(data);
+    if (buffer_.size() + bytes > kIoBuffer) flush();
+    if (bytes >= kIoBuffer)
+      write_all(p, bytes);
+    else
+      buffer_.insert(buffer_.end(), p, p + bytes);
+  }
+  void finish() {
+    flush();
+    if (::fsync(fd_) != 0)
+      throw Error(
+          fmt::format("checkpoint: fsync of {} failed: {}", quoted(path_), system_error(errno)));
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0)
+      throw Error(
+          fmt::format("checkpoint: closing {} failed: {}", quoted(path_), system_error(errno)));
+  }
+  std::uint64_t bytes() const { return bytes_; }
+  std::uint64_t checksum() const { return checksum_.digest(); }
+
+ private:
+  void flush() {
+    write_all(buffer_.data(), buffer_.size());
+    buffer_.clear();
+  }
+  void write_all(const char* p, std::size_t n) {
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        throw Error(
+            fmt::format("checkpoint: writing {} failed: {}", quoted(path_), system_error(errno)));
+      }
+      p += w;
+      n -= static_cast<std::size_t>(w);
+    }
+  }
+  fs::path path_;
+  int fd_ = -1;
+  std::vector<char> buffer_;
+  Checksum64 checksum_;
+  std::uint64_t bytes_ = 0;
+};
+
+// A file read with pread.
+class InFile {
+ public:
+  InFile(fs::path path, std::string_view what) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) {
+      const int code = errno;
+      throw Error(code == ENOENT ? fmt::format("checkpoint: {} {} is missing", what, quoted(path_))
+                                 : fmt::format("checkpoint: cannot open {} {}: {}", what,
+                                               quoted(path_), system_error(code)));
+    }
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0)
+      throw Error(
+          fmt::format("checkpoint: cannot stat {}: {}", quoted(path_), system_error(errno)));
+    size_ = static_cast<std::uint64_t>(st.st_size);
+  }
+  ~InFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  InFile(InFile&& o) noexcept : path_(std::move(o.path_)), fd_(o.fd_), size_(o.size_) {
+    o.fd_ = -1;
+  }
+  InFile(const InFile&) = delete;
+  InFile& operator=(const InFile&) = delete;
+  InFile& operator=(InFile&&) = delete;
+
+  std::uint64_t size() const { return size_; }
+  const fs::path& path() const { return path_; }
+  void read(std::uint64_t offset, void* out, std::size_t n) const {
+    auto* p = static_cast<char*>(out);
+    while (n > 0) {
+      const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        throw Error(
+            fmt::format("checkpoint: reading {} failed: {}", quoted(path_), system_error(errno)));
+      }
+      if (r == 0)
+        throw Error(fmt::format("checkpoint: {} is truncated (ends before byte {})", quoted(path_),
+                                offset + n));
+      p += r;
+      n -= static_cast<std::size_t>(r);
+      offset += static_cast<std::uint64_t>(r);
+    }
+  }
+  std::string read_all() const {
+    std::string text(static_cast<std::size_t>(size_), '\0');
+    read(0, text.data(), text.size());
+    return text;
+  }
+
+ private:
+  fs::path path_;
+  int fd_ = -1;
+  std::uint64_t size_ = 0;
+};
+
+// Best effort: makes renames and new entries of a directory durable. File
+// systems that cannot fsync a directory are ignored.
+void sync_directory(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)::fsync(fd);
+  ::close(fd);
+}
+
+void rename_or_throw(const fs::path& from, const fs::path& to) {
+  if (std::rename(from.c_str(), to.c_str()) != 0)
+    throw Error(fmt::format("checkpoint: renaming {} to {} failed: {}", quoted(from), quoted(to),
+                            system_error(errno)));
+}
+
+// Percent-encoding of free text into one token: bytes <= ' ', >= 0x7f and '%'
+// become %XX; the empty string is a lone '%'.
+std::string encode(std::string_view s) {
+  if (s.empty()) return "%";
+  std::string out;
+  for (char ch : s) {
+    const auto b = static_cast<unsigned char>(ch);
+    if (b <= 0x20 || b >= 0x7f || ch == '%')
+      out += fmt::format("%{:02X}", b);
+    else
+      out += ch;
+  }
+  return out;
+}
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+std::optional<std::string> decode(std::string_view token) {
+  if (token == "%") return std::string();
+  std::string out;
+  for (std::size_t k = 0; k < token.size(); ++k) {
+    if (token[k] != '%') {
+      out += token[k];
+      continue;
+    }
+    if (k + 2 >= token.size()) return std::nullopt;
+    const int hi = hex_digit(token[k + 1]), lo = hex_digit(token[k + 2]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out += static_cast<char>(hi * 16 + lo);
+    k += 2;
+  }
+  return out;
+}
+
+std::vector<std::string_view> split(std::string_view line) {
+  std::vector<std::string_view> out;
+  std::size_t k = 0;
+  while (k <= line.size()) {
+    const std::size_t e = std::min(line.find(' ', k), line.size());
+    out.push_back(line.substr(k, e - k));
+    k = e + 1;
+  }
+  return out;
+}
+
+std::optional<DType> parse_dtype(std::string_view s) {
+  if (s == "f32") return DType::f32;
+  if (s == "f64") return DType::f64;
+  return std::nullopt;
+}
+
+std::string shape_text(const std::vector<index_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// ============================================================ the manifest
+
+// Stream 0 is the parameter values; stream 1 + s is slot s.
+struct Stream {
+  std::string name;
+  DType dtype = DType::f64;
+};
+
+struct SavedPiece {
+  std::size_t shard = 0;
+  index_t global_row = 0, global_col = 0, rows = 0, cols = 0;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> streams;  // (byte offset, checksum)
+};
+
+struct SavedParam {
+  std::string name;
+  std::vector<index_t> shape;
+  std::vector<SavedPiece> pieces;
+  index_t rows() const { return shape.size() == 2 ? shape[0] : 1; }
+  index_t cols() const { return shape.empty() ? 0 : shape.back(); }
+};
+
+struct ShardEntry {
+  std::string file;
+  std::uint64_t bytes = 0, checksum = 0;
+};
+
+struct Manifest {
+  CheckpointInfo info;
+  std::vector<Stream> streams;
+  std::vector<SavedParam> params;
+  std::map<std::string, std::size_t, std::less<>> param_index;
+  std::vector<ShardEntry> shards;
+};
+
+// Parses and checks a manifest's text; `file` names it in errors.
+Manifest parse_manifest(const std::string& text, const fs::path& file) {
+  const auto fail = [&](const std::string& problem) {
+    return Error(fmt::format("checkpoint: manifest {}: {}", quoted(file), problem));
+  };
+  // magic and version first, so that a foreign file says so
+  const std::size_t first_end = text.find('\n');
+  const auto head = split(std::string_view(text).substr(0, std::min(first_end, text.size())));
+  if (head.size() != 2 || head[0] != kManifestMagic)
+    throw fail(
+        fmt::format("bad magic: not a summa checkpoint manifest (first line must be '{} {}')",
+                    kManifestMagic, kVersion));
+  if (head[1] != std::to_string(kVersion))
+    throw fail(
+        fmt::format("unsupported version '{}' (this build reads version {})", head[1], kVersion));
+  // the last line is the checksum of everything before it
+  if (text.empty() || text.back() != '\n') throw fail("corrupted: it does not end in a newline");
+  const std::size_t last_begin = text.rfind('\n', text.size() - 2) + 1;
+  const auto last = split(std::string_view(text).substr(last_begin, text.size() - 1 - last_begin));
+  std::uint64_t stored = 0;
+  if (last.size() != 2 || last[0] != "checksum" ||
+      std::from_chars(last[1].data(), last[1].data() + last[1].size(), stored, 16).ec !=
+          std::errc())
+    throw fail("corrupted or truncated: the last line is not its checksum");
+  const std::uint64_t actual = checksum64(text.data(), last_begin);
+  if (actual != stored)
+    throw fail(fmt::format("corrupted: checksum {:016x}, the file says {:016x}", actual, stored));
+
+  Manifest m;
+  bool have_step = false;
+  std::size_t line_no = 1;
+  std::size_t pos = first_end + 1;
+  const auto integer = [&](std::string_view s, auto& out, int base = 10) {
+    const auto r = std::from_chars(s.data(), s.data() + s.size(), out, base);
+    if (r.ec != std::errc() || r.ptr != s.data() + s.size())
+      throw fail(fmt::format("line {}: '{}' is not a number", line_no, s));
+  };
+  const auto text_token = [&](std::string_view s) {
+    auto d = decode(s);
+    if (!d) throw fail(fmt::format("line {}: bad escape in '{}'", line_no, s));
+    return *d;
+  };
+  while (pos < last_begin) {
+    ++line_no;
+    const std::size_t end = text.find('\n', pos);
+    const auto t = split(std::string_view(text).substr(pos, end - pos));
+    pos = end + 1;
+    const auto arity = [&](std::size_t n, bool at_least = false) {
+      if (at_least ? t.size() < n : t.size() != n)
+        throw fail(fmt::format("line {}: '{}' needs {}{} fields, has {}", line_no, t[0],
+                               at_least ? "at least " : "", n - 1, t.size() - 1));
+    };
+    const std::string_view key = t[0];
+    if (key == "step") {
+      arity(2);
+      integer(t[1], m.info.step);
+      have_step = true;
+    } else if (key == "meta") {
+      arity(3);
+      m.info.meta[text_token(t[1])] = text_token(t[2]);
+    } else if (key == "grid") {
+      // informational: the writer's grid
+    } else if (key == "values" || key == "slot") {
+      const bool values = key == "values";
+      arity(values ? 2 : 3);
+      if (values != m.streams.empty())
+        throw fail(fmt::format("line {}: 'values' must come once, before the slots", line_no));
+      const auto dtype = parse_dtype(t[values ? 1 : 2]);
+      if (!dtype) throw fail(fmt::format("line {}: unknown element type '{}'", line_no, t.back()));
+      m.streams.push_back({values ? std::string() : text_token(t[1]), *dtype});
+    } else if (key == "param") {
+      if (t.size() != 3 && t.size() != 4)
+        throw fail(fmt::format("line {}: a parameter has 1 or 2 dimensions", line_no));
+      SavedParam p;
+      p.name = text_token(t[1]);
+      for (std::size_t k = 2; k < t.size(); ++k) {
+        index_t d = 0;
+        integer(t[k], d);
+        if (d <= 0) throw fail(fmt::format("line {}: dimension {} of '{}'", line_no, d, p.name));
+        p.shape.push_back(d);
+      }
+      if (!m.param_index.emplace(p.name, m.params.size()).second)
+        throw fail(fmt::format("line {}: parameter '{}' listed twice", line_no, p.name));
+      m.params.push_back(std::move(p));
+    } else if (key == "shard") {
+      arity(4);
+      ShardEntry s;
+      s.file = text_token(t[1]);
+      if (s.file.empty() || s.file.find('/') != std::string::npos || s.file[0] == '.')
+        throw fail(fmt::format("line {}: bad shard file name '{}'", line_no, s.file));
+      integer(t[2], s.bytes);
+      integer(t[3], s.checksum, 16);
+      m.shards.push_back(std::move(s));
+    } else if (key == "piece") {
+      if (m.shards.empty()) throw fail(fmt::format("line {}: a piece before any shard", line_no));
+      if (m.streams.empty()) throw fail(fmt::format("line {}: a piece before 'values'", line_no));
+      arity(6 + 2 * m.streams.size());
+      const std::string name = text_token(t[1]);
+      const auto it = m.param_index.find(name);
+      if (it == m.param_index.end())
+        throw fail(fmt::format("line {}: piece of unlisted parameter '{}'", line_no, name));
+      SavedParam& p = m.params[it->second];
+      SavedPiece piece;
+      piece.shard = m.shards.size() - 1;
+      integer(t[2], piece.global_row);
+      integer(t[3], piece.global_col);
+      integer(t[4], piece.rows);
+      integer(t[5], piece.cols);
+      if (piece.global_row < 0 || piece.global_col < 0 || piece.rows <= 0 || piece.cols <= 0 ||
+          piece.global_row + piece.rows > p.rows() || piece.global_col + piece.cols > p.cols())
+        throw fail(fmt::format("line {}: piece [{}+{}, {}+{}] lies outside '{}' {}", line_no,
+                               piece.global_row, piece.rows, piece.global_col, piece.cols, name,
+                               shape_text(p.shape)));
+      const ShardEntry& shard = m.shards.back();
+      for (std::size_t s = 0; s < m.streams.size(); ++s) {
+        std::uint64_t offset = 0, sum = 0;
+        integer(t[6 + 2 * s], offset);
+        integer(t[7 + 2 * s], sum, 16);
+        const auto bytes =
+            static_cast<std::uint64_t>(piece.rows * piece.cols) * size_of(m.streams[s].dtype);
+        if (offset < kHeaderBytes || offset + bytes > shard.bytes)
+          throw fail(fmt::format("line {}: piece bytes [{}, {}) lie outside shard '{}' ({} bytes)",
+                                 line_no, offset, offset + bytes, shard.file, shard.bytes));
+        piece.streams.emplace_back(offset, sum);
+      }
+      p.pieces.push_back(std::move(piece));
+    } else {
+      throw fail(fmt::format("line {}: unknown entry '{}'", line_no, key));
+    }
+  }
+  if (!have_step) throw fail("no step");
+  if (m.streams.empty()) throw fail("no 'values' entry");
+  for (std::size_t a = 1; a < m.streams.size(); ++a)
+    for (std::size_t b = 1; b < a; ++b)
+      if (m.streams[a].name == m.streams[b].name)
+        throw fail(fmt::format("slot '{}' listed twice", m.streams[a].name));
+  // Every tensor is covered by its pieces' area (overlaps are caught on load).
+  for (const SavedParam& p : m.params) {
+    index_t area = 0;
+    for (const SavedPiece& piece : p.pieces) area += piece.rows * piece.cols;
+    if (area != p.rows() * p.cols())
+      throw fail(fmt::format("the pieces of '{}' hold {} elements, the tensor {} has {}", p.name,
+                             area, shape_text(p.shape), p.rows() * p.cols()));
+  }
+  return m;
+}
+
+// A directory or a root (then its `latest`) -> the checkpoint directory.
+fs::path resolve_checkpoint(const fs::path& path_or_root) {
+  std::error_code ec;
+  if (fs::exists(path_or_root / kManifestName, ec)) return path_or_root;
+  if (fs::exists(path_or_root / kLatestName, ec)) {
+    const auto dir = latest_checkpoint(path_or_root);
+    if (!fs::exists(*dir / kManifestName, ec))
+      throw Error(fmt::format("checkpoint: {} points to {}, which has no manifest (missing)",
+                              quoted(path_or_root / kLatestName), quoted(*dir)));
+    return *dir;
+  }
+  throw Error(fmt::format(
+      "checkpoint: no checkpoint at {} (missing: neither a manifest nor a '{}' file is there)",
+      quoted(path_or_root), kLatestName));
+}
+
+// Reads a checkpoint's manifest: (directory, text).
+std::pair<fs::path, std::string> read_manifest_text(const fs::path& path_or_root) {
+  fs::path dir = resolve_checkpoint(path_or_root);
+  InFile file(dir / kManifestName, "manifest");
+  return {std::move(dir), file.read_all()};
+}
+
+// Opens a shard file and checks its size against the manifest and its header.
+InFile open_shard(const fs::path& dir, const ShardEntry& entry) {
+  InFile file(dir / entry.file, "shard");
+  if (file.size() < entry.bytes)
+    throw Error(fmt::format("checkpoint: shard {} is truncated: {} bytes, the manifest says {}",
+                            quoted(file.path()), file.size(), entry.bytes));
+  if (file.size() != entry.bytes)
+    throw Error(fmt::format("checkpoint: shard {} has {} bytes, the manifest says {} (corrupted)",
+                            quoted(file.path()), file.size(), entry.bytes));
+  unsigned char header[kHeaderBytes];
+  file.read(0, header, kHeaderBytes);
+  if (std::memcmp(header, kShardMagic, sizeof kShardMagic) != 0)
+    throw Error(fmt::format("checkpoint: shard {}: bad magic (not a summa checkpoint shard)",
+                            quoted(file.path())));
+  const auto version = static_cast<int>(load32(header + 8));
+  if (version != kVersion)
+    throw Error(fmt::format("checkpoint: shard {}: unsupported version {} (this build reads {})",
+                            quoted(file.path()), version, kVersion));
+  return file;
+}
+
+// Reads one saved piece's stream into `scratch` and verifies its checksum.
+void read_piece(const InFile& file, std::uint64_t offset, std::size_t bytes, std::uint64_t expected,
+                std::vector<unsigned char>& scratch, std::string_view tensor,
+                std::string_view stream) {
+  scratch.resize(bytes);
+  file.read(offset, scratch.data(), bytes);
+  const std::uint64_t actual = checksum64(scratch.data(), bytes);
+  if (actual != expected)
+    throw Error(fmt::format(
+        "checkpoint: shard {} is corrupted: checksum mismatch in {} of '{}' at byte {} ({:016x}, "
+        "the manifest says {:016x})",
+        quoted(file.path()), stream, tensor, offset, actual, expected));
+}
+
+// dst[r, c] = (Dst) src[r, c] for a rows x cols block; leading dimensions in elements.
+template <class Src, class Dst>
+void convert_block(const unsigned char* src, index_t src_ld, unsigned char* dst, index_t dst_ld,
+                   index_t rows, index_t cols) {
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t c = 0; c < cols; ++c) {
+      Src s;
+      std::memcpy(&s, src + static_cast<std::size_t>(r * src_ld + c) * sizeof(Src), sizeof s);
+      const auto d = static_cast<Dst>(s);
+      std::memcpy(dst + static_cast<std::size_t>(r * dst_ld + c) * sizeof(Dst), &d, sizeof d);
+    }
+}
+
+void copy_block(const unsigned char* src, DType src_type, index_t src_ld, unsigned char* dst,
+                DType dst_type, index_t dst_ld, index_t rows, index_t cols) {
+  if (src_type == DType::f32 && dst_type == DType::f32)
+    convert_block<float, float>(src, src_ld, dst, dst_ld, rows, cols);
+  else if (src_type == DType::f32)
+    convert_block<float, double>(src, src_ld, dst, dst_ld, rows, cols);
+  else if (dst_type == DType::f32)
+    convert_block<double, float>(src, src_ld, dst, dst_ld, rows, cols);
+  else
+    convert_block<double, double>(src, src_ld, dst, dst_ld, rows, cols);
+}
+
+// Local checks of the caller's slots.
+void check_slots(std::span<const StateSlot> slots, index_t local_elements, const char* who) {
+  for (std::size_t a = 0; a < slots.size(); ++a) {
+    if (slots[a].name.empty()) throw Error(fmt::format("{}: slot {} has an empty name", who, a));
+    for (std::size_t b = 0; b < a; ++b)
+      if (slots[a].name == slots[b].name)
+        throw Error(fmt::format("{}: slot name '{}' is used twice", who, slots[a].name));
+    if (slots[a].dtype != DType::f32 && slots[a].dtype != DType::f64)
+      throw Error(fmt::format("{}: slot '{}' has an unknown element type", who, slots[a].name));
+    if (slots[a].data == nullptr && local_elements > 0)
+      throw Error(
+          fmt::format("{}: slot '{}' has no buffer (null data) but this rank holds {} "
+                      "elements",
+                      who, slots[a].name, local_elements));
+  }
+}
+
+std::string slot_list(std::span<const StateSlot> slots) {
+  std::string s;
+  for (const StateSlot& slot : slots)
+    s += fmt::format("{}{} {}", s.empty() ? "" : ", ", slot.name, name_of(slot.dtype));
+  return "[" + s + "]";
+}
+
+// Throws on every rank unless `text` is the same on all ranks of `comm`.
+void require_same_everywhere(MPI_Comm comm, const std::string& text, const std::string& what) {
+  std::uint64_t h[2] = {checksum64(text.data(), text.size()), 0};
+  h[1] = ~h[0];
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, h, 2, MPI_UINT64_T, MPI_MAX, comm), "MPI_Allreduce");
+  int rank = 0;
+  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  const bool same = h[0] == checksum64(text.data(), text.size()) && ~h[1] == h[0];
+  agree_on(comm, same ? std::nullopt
+                      : std::optional<std::string>(fmt::format(
+                            "{} differ across ranks (rank {} has {})", what, rank, text)));
+}
+
+// Concatenation of every rank's `text` on rank 0 (in rank order).
+std::string gather_on_root(MPI_Comm comm, const std::string& text) {
+  int rank = 0, size = 0;
+  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  int length = static_cast<int>(text.size());
+  std::vector<int> lengths(rank == 0 ? static_cast<std::size_t>(size) : 0), displs;
+  check_mpi(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm), "MPI_Gather");
+  std::string all;
+  if (rank == 0) {
+    displs.resize(lengths.size());
+    int total = 0;
+    for (std::size_t k = 0; k < lengths.size(); ++k) {
+      displs[k] = total;
+      total += lengths[k];
+    }
+    all.resize(static_cast<std::size_t>(total));
+  }
+  check_mpi(MPI_Gatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(),
+                        MPI_CHAR, 0, comm),
+            "MPI_Gatherv");
+  return all;
+}
+
+void broadcast_text(MPI_Comm comm, std::string& text) {
+  unsigned long long length = text.size();
+  check_mpi(MPI_Bcast(&length, 1, MPI_UNSIGNED_LONG_LONG, 0, comm), "MPI_Bcast");
+  text.resize(static_cast<std::size_t>(length));
+  // in chunks: MPI counts are int
+  constexpr std::size_t chunk = std::size_t{1} << 30;
+  for (std::size_t k = 0; k < text.size(); k += chunk)
+    check_mpi(MPI_Bcast(text.data() + k, static_cast<int>(std::min(chunk, text.size() - k)),
+                        MPI_CHAR, 0, comm),
+              "MPI_Bcast");
+}
+
+// Writes this rank's owner pieces of values and slots into dir/<file>;
+// returns its manifest lines ("shard ..." then one "piece ..." per piece).
+template <class T>
+std::string write_shard(const fs::path& dir, ParameterStore<T>& store,
+                        std::span<const StateSlot> slots, const ProcessGrid& grid,
+                        int tensor_rank) {
+  const std::string file_name = shard_file_name(tensor_rank);
+  OutFile out(dir / file_name);
+  unsigned char header[kHeaderBytes] = {};
+  std::memcpy(header, kShardMagic, sizeof kShardMagic);
+  const auto put32 = [&](std::size_t at, std::uint32_t v) {
+    for (int k = 0; k < 4; ++k) header[at + static_cast<std::size_t>(k)] = (v >> (8 * k)) & 0xFF;
+  };
+  put32(8, kVersion);
+  put32(12, static_cast<std::uint32_t>(tensor_rank));
+  put32(16, static_cast<std::uint32_t>(grid.shape().depth * grid.shape().rows * grid.shape().cols));
+  out.write(header, kHeaderBytes);
+
+  std::string pieces;
+  const T* values = store.values_base();
+  for (const Param<T>* p : store.params()) {
+    const ParamShard& s = p->shard;
+    if (!p->held() || !s.owner) continue;
+    const auto offset = static_cast<index_t>(p->value - values);
+    for (const ShardPiece& piece : s.pieces) {
+      if (piece.rows <= 0 || piece.cols <= 0) continue;
+      require(piece.global_row >= 0 && piece.global_col >= 0 &&
+                  piece.global_row + piece.rows <= s.global_rows() &&
+                  piece.global_col + piece.cols <= s.global_cols() && piece.local_row >= 0 &&
+                  piece.local_col >= 0 && piece.local_row + piece.rows <= s.local_rows &&
+                  piece.local_col + piece.cols <= s.local_cols,
+              [&] {
+                return fmt::format("save_checkpoint: a shard piece of '{}' lies outside the tensor",
+                                   s.name);
+              });
+      std::string line = fmt::format("piece {} {} {} {} {}", encode(s.name), piece.global_row,
+                                     piece.global_col, piece.rows, piece.cols);
+      for (std::size_t stream = 0; stream <= slots.size(); ++stream) {
+        const DType dtype = stream == 0 ? dtype_v<T> : slots[stream - 1].dtype;
+        const std::size_t es = size_of(dtype);
+        const auto* base = stream == 0 ? reinterpret_cast<const unsigned char*>(values)
+                                       : static_cast<const unsigned char*>(slots[stream - 1].data);
+        const std::uint64_t at = out.bytes();
+        Checksum64 sum;
+        for (index_t r = 0; r < piece.rows; ++r) {
+          const index_t local = offset + (piece.local_row + r) * s.local_cols + piece.local_col;
+          const unsigned char* row = base + static_cast<std::size_t>(local) * es;
+          const std::size_t bytes = static_cast<std::size_t>(piece.cols) * es;
+          out.write(row, bytes);
+          sum.update(row, bytes);
+        }
+        line += fmt::format(" {} {:016x}", at, sum.digest());
+      }
+      pieces += line;
+      pieces += '\n';
+    }
+  }
+  out.finish();
+  return fmt::format("shard {} {} {:016x}\n", encode(file_name), out.bytes(), out.checksum()) +
+         pieces;
+}
+
+// Puts `tmp` in place as `final_dir`: a plain rename, or an atomic exchange
+// with an existing `final_dir` (whose old contents are then removed).
+void install_directory(const fs::path& tmp, const fs::path& final_dir) {
+  std::error_code ec;
+  if (!fs::exists(final_dir, ec)) {
+    rename_or_throw(tmp, final_dir);
+    return;
+  }
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(tmp);  // now the previous contents
+    return;
+  }
+  // No atomic exchange on this file system: two renames (a short window
+  // without final_dir; `latest` may point to it meanwhile).
+  fs::path old = final_dir;
+  old += ".old";
+  fs::remove_all(old);
+  rename_or_throw(final_dir, old);
+  rename_or_throw(tmp, final_dir);
+  fs::remove_all(old);
+}
+
+void write_latest(const fs::path& root, const std::string& dir_name) {
+  const fs::path tmp = root / (std::string(kLatestName) + ".tmp");
+  {
+    OutFile out(tmp);
+    const std::string line = dir_name + "\n";
+    out.write(line.data(), line.size());
+    out.finish();
+  }
+  rename_or_throw(tmp, root / kLatestName);
+  sync_directory(root);
+}
+
+bool is_step_name(std::string_view name) {
+  if (name.size() <= 5 || name.substr(0, 5) != "step_") return false;
+  return std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Loads every local element of every held parameter from the checkpoint.
+template <class T>
+void load_pieces(const fs::path& dir, const Manifest& m, ParameterStore<T>& store,
+                 std::span<const StateSlot> slots, const std::vector<std::size_t>& slot_stream) {
+  std::vector<std::optional<InFile>> files(m.shards.size());
+  const auto shard = [&](std::size_t k) -> const InFile& {
+    if (!files[k]) files[k].emplace(open_shard(dir, m.shards[k]));
+    return *files[k];
+  };
+  std::vector<unsigned char> scratch;
+  struct Rect {
+    index_t r0, r1, c0, c1;
+  };
+  std::vector<Rect> hits;
+  T* values = store.values_base();
+  for (const Param<T>* p : store.params()) {
+    const ParamShard& s = p->shard;
+    if (!p->held()) continue;
+    const SavedParam& saved = m.params[m.param_index.find(s.name)->second];
+    const auto offset = static_cast<index_t>(p->value - values);
+    for (const ShardPiece& lp : s.pieces) {
+      if (lp.rows <= 0 || lp.cols <= 0) continue;
+      require(lp.local_row >= 0 && lp.local_col >= 0 && lp.local_row + lp.rows <= s.local_rows &&
+                  lp.local_col + lp.cols <= s.local_cols,
+              [&] {
+                return fmt::format(
+                    "load_checkpoint: a local piece of '{}' lies outside its local storage",
+                    s.name);
+              });
+      hits.clear();
+      index_t covered = 0;
+      for (const SavedPiece& sp : saved.pieces) {
+        const Rect x{std::max(lp.global_row, sp.global_row),
+                     std::min(lp.global_row + lp.rows, sp.global_row + sp.rows),
+                     std::max(lp.global_col, sp.global_col),
+                     std::min(lp.global_col + lp.cols, sp.global_col + sp.cols)};
+        if (x.r0 >= x.r1 || x.c0 >= x.c1) continue;
+        for (const Rect& h : hits)
+          if (std::max(h.r0, x.r0) < std::min(h.r1, x.r1) &&
+              std::max(h.c0, x.c0) < std::min(h.c1, x.c1))
+            throw Error(fmt::format(
+                "load_checkpoint: checkpoint {} is corrupted: saved pieces of '{}' overlap at "
+                "global row {}, column {}",
+                quoted(dir), s.name, std::max(h.r0, x.r0), std::max(h.c0, x.c0)));
+        hits.push_back(x);
+        covered += (x.r1 - x.r0) * (x.c1 - x.c0);
+        const InFile& file = shard(sp.shard);
+        for (std::size_t stream = 0; stream < m.streams.size(); ++stream) {
+          // destination: the values, or the caller's slot of this saved stream
+          unsigned char* dst = nullptr;
+          DType dst_type = dtype_v<T>;
+          if (stream == 0) {
+            dst = reinterpret_cast<unsigned char*>(values);
+          } else {
+            const StateSlot& slot = slots[slot_stream[stream]];
+            dst = static_cast<unsigned char*>(slot.data);
+            dst_type = slot.dtype;
+          }
+          const DType src_type = m.streams[stream].dtype;
+          const auto bytes = static_cast<std::size_t>(sp.rows * sp.cols) * size_of(src_type);
+          read_piece(file, sp.streams[stream].first, bytes, sp.streams[stream].second, scratch,
+                     s.name,
+                     stream == 0 ? std::string("values") : "slot " + m.streams[stream].name);
+          const unsigned char* src =
+              scratch.data() +
+              static_cast<std::size_t>((x.r0 - sp.global_row) * sp.cols + x.c0 - sp.global_col) *
+                  size_of(src_type);
+          const index_t local = offset + (lp.local_row + x.r0 - lp.global_row) * s.local_cols +
+                                lp.local_col + x.c0 - lp.global_col;
+          copy_block(src, src_type, sp.cols,
+                     dst + static_cast<std::size_t>(local) * size_of(dst_type), dst_type,
+                     s.local_cols, x.r1 - x.r0, x.c1 - x.c0);
+        }
+      }
+      if (covered != lp.rows * lp.cols)
+        throw Error(fmt::format(
+            "load_checkpoint: checkpoint {} covers {} of the {} elements of the local piece "
+            "[rows {}..{}, cols {}..{}] of '{}' (every element needs exactly one saved piece)",
+            quoted(dir), covered, lp.rows * lp.cols, lp.global_row, lp.global_row + lp.rows,
+            lp.global_col, lp.global_col + lp.cols, s.name));
+    }
+  }
+}
+
+// The manifest's parameters and slots against the store's and the caller's;
+// fills slot_stream[stream] = index of the caller's slot.
+template <class T>
+void match_manifest(const fs::path& dir, const Manifest& m, const ParameterStore<T>& store,
+                    std::span<const StateSlot> slots, std::vector<std::size_t>& slot_stream) {
+  const std::string where = quoted(dir);
+  for (const Param<T>* p : store.params()) {
+    const auto it = m.param_index.find(p->shard.name);
+    if (it == m.param_index.end())
+      throw Error(fmt::format(
+          "load_checkpoint: parameter list mismatch: the model's parameter '{}' {} is not in "
+          "checkpoint {}",
+          p->shard.name, shape_text(p->shard.global_shape), where));
+    const SavedParam& saved = m.params[it->second];
+    if (saved.shape != p->shard.global_shape)
+      throw Error(fmt::format(
+          "load_checkpoint: parameter list mismatch: parameter '{}' has global shape {} in "
+          "checkpoint {} but {} in the model",
+          p->shard.name, shape_text(saved.shape), where, shape_text(p->shard.global_shape)));
+  }
+  if (m.params.size() != store.params().size()) {
+    for (const SavedParam& saved : m.params) {
+      const bool found =
+          std::any_of(store.params().begin(), store.params().end(),
+                      [&](const Param<T>* p) { return p->shard.name == saved.name; });
+      if (!found)
+        throw Error(fmt::format(
+            "load_checkpoint: parameter list mismatch: checkpoint {} has parameter '{}' {} that "
+            "the model does not have",
+            where, saved.name, shape_text(saved.shape)));
+    }
+    throw Error(fmt::format(
+        "load_checkpoint: parameter list mismatch: checkpoint {} has {} parameters, the model {}",
+        where, m.params.size(), store.params().size()));
+  }
+  std::string saved_slots;
+  for (std::size_t k = 1; k < m.streams.size(); ++k)
+    saved_slots +=
+        fmt::format("{}{} {}", k > 1 ? ", " : "", m.streams[k].name, name_of(m.streams[k].dtype));
+  const auto mismatch = [&] {
+    return Error(fmt::format(
+        "load_checkpoint: slot mismatch: checkpoint {} has slots [{}], the caller passed {} "
+        "(names must match; element types convert)",
+        where, saved_slots, slot_list(slots)));
+  };
+  if (m.streams.size() != slots.size() + 1) throw mismatch();
+  slot_stream.assign(m.streams.size(), 0);
+  for (std::size_t k = 1; k < m.streams.size(); ++k) {
+    const auto it = std::find_if(slots.begin(), slots.end(),
+                                 [&](const StateSlot& s) { return s.name == m.streams[k].name; });
+    if (it == slots.end()) throw mismatch();
+    slot_stream[k] = static_cast<std::size_t>(it - slots.begin());
+  }
+}
+
+}  // namespace
+
+// ============================================================ public functions
+
+std::optional<fs::path> latest_checkpoint(const fs::path& root) {
+  std::error_code ec;
+  const fs::path file = root / kLatestName;
+  if (!fs::exists(file, ec)) return std::nullopt;
+  std::string text = InFile(file, "latest file").read_all();
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  if (!is_step_name(text))
+    throw Error(
+        fmt::format("checkpoint: {} is corrupted: it holds '{}', not the name of a step directory",
+                    quoted(file), text.substr(0, 64)));
+  return root / text;
+}
+
+CheckpointInfo read_checkpoint_info(const fs::path& path_or_root) {
+  const auto [dir, text] = read_manifest_text(path_or_root);
+  return parse_manifest(text, dir / kManifestName).info;
+}
+
+CheckpointInfo read_checkpoint_info(const fs::path& path_or_root, MPI_Comm comm) {
+  int rank = 0;
+  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  std::string dir, text;
+  agree_on(comm, rank != 0 ? std::nullopt : capture([&] {
+             auto read = read_manifest_text(path_or_root);
+             dir = (read.first / kManifestName).string();
+             text = std::move(read.second);
+           }));
+  broadcast_text(comm, dir);
+  broadcast_text(comm, text);
+  CheckpointInfo info;
+  agree_on(comm, capture([&] { info = parse_manifest(text, dir).info; }));
+  return info;
+}
+
+CheckpointInfo verify_checkpoint(const fs::path& path_or_root) {
+  const auto [dir, text] = read_manifest_text(path_or_root);
+  const Manifest m = parse_manifest(text, dir / kManifestName);
+  std::vector<unsigned char> buffer;
+  for (const ShardEntry& entry : m.shards) {
+    const InFile file = open_shard(dir, entry);
+    Checksum64 sum;
+    buffer.resize(kIoBuffer);
+    for (std::uint64_t at = 0; at < file.size(); at += kIoBuffer) {
+      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(kIoBuffer, file.size() - at));
+      file.read(at, buffer.data(), n);
+      sum.update(buffer.data(), n);
+    }
+    if (sum.digest() != entry.checksum)
+      throw Error(fmt::format(
+          "checkpoint: shard {} is corrupted: file checksum {:016x}, the manifest says {:016x}",
+          quoted(file.path()), sum.digest(), entry.checksum));
+  }
+  std::vector<std::optional<InFile>> files(m.shards.size());
+  for (const SavedParam& p : m.params)
+    for (const SavedPiece& piece : p.pieces) {
+      if (!files[piece.shard]) files[piece.shard].emplace(open_shard(dir, m.shards[piece.shard]));
+      const InFile& file = *files[piece.shard];
+      for (std::size_t s = 0; s < m.streams.size(); ++s)
+        read_piece(file, piece.streams[s].first,
+                   static_cast<std::size_t>(piece.rows * piece.cols) * size_of(m.streams[s].dtype),
+                   piece.streams[s].second, buffer, p.name,
+                   s == 0 ? std::string("values") : "slot " + m.streams[s].name);
+    }
+  return m.info;
+}
+
+template <class T>
+void save_checkpoint(const fs::path& root, ParameterStore<T>& store,
+                     std::span<const StateSlot> slots, const CheckpointInfo& info,
+                     ProcessGrid& grid) {
+  const MPI_Comm comm = grid.native(CommAxis::world);
+  int rank = 0;
+  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  grid.agree(CommAxis::world, capture([&] {
+               check_slots(slots, store.local_elements(), "save_checkpoint");
+               if (info.step < 0)
+                 throw Error(fmt::format("save_checkpoint: step {} is negative", info.step));
+               if (root.empty()) throw Error("save_checkpoint: empty checkpoint root");
+             }));
+  require_same_everywhere(comm,
+                          fmt::format("root {}, step {}, values {}, slots {}", root.string(),
+                                      info.step, name_of(dtype_v<T>), slot_list(slots)),
+                          "save_checkpoint: the arguments (root, step, slots)");
+
+  const std::string name = step_dir_name(info.step);
+  const fs::path final_dir = root / name;
+  fs::path tmp = final_dir;
+  tmp += ".tmp";
+  // 1. a fresh temporary directory (stale ones are leftovers of crashed saves)
+  grid.agree(CommAxis::world, rank != 0 ? std::nullopt : capture([&] {
+               fs::create_directories(root);
+               for (const auto& entry : fs::directory_iterator(root)) {
+                 const std::string n = entry.path().filename().string();
+                 if (n.size() > 4 && n.ends_with(".tmp") && is_step_name(n.substr(0, n.size() - 4)))
+                   fs::remove_all(entry.path());
+               }
+               fs::create_directory(tmp);
+             }));
+  // 2. the shards: data group 0 only (the other groups hold identical copies)
+  std::string lines;
+  grid.agree(CommAxis::world, grid.coords().data != 0 ? std::nullopt : capture([&] {
+               lines = write_shard(tmp, store, slots, grid, grid.tensor().rank());
+             }));
+  lines = gather_on_root(comm, lines);
+  // 3. the manifest, last; then the rename and `latest`
+  grid.agree(CommAxis::world, rank != 0 ? std::nullopt : capture([&] {
+               std::string text =
+                   fmt::format("{} {}\nstep {}\n", kManifestMagic, kVersion, info.step);
+               for (const auto& [key, value] : info.meta)
+                 text += fmt::format("meta {} {}\n", encode(key), encode(value));
+               const GridShape& g = grid.shape();
+               text += fmt::format("grid data={} depth={} rows={} cols={}\n", g.data, g.depth,
+                                   g.rows, g.cols);
+               text += fmt::format("values {}\n", name_of(dtype_v<T>));
+               for (const StateSlot& slot : slots)
+                 text += fmt::format("slot {} {}\n", encode(slot.name), name_of(slot.dtype));
+               for (const Param<T>* p : store.params()) {
+                 text += "param " + encode(p->shard.name);
+                 for (index_t d : p->shard.global_shape) text += fmt::format(" {}", d);
+                 text += '\n';
+               }
+               text += lines;
+               text += fmt::format("checksum {:016x}\n", checksum64(text.data(), text.size()));
+               // parse it back: what is written must load
+               (void)parse_manifest(text, tmp / kManifestName);
+               {
+                 OutFile out(tmp / kManifestName);
+                 out.write(text.data(), text.size());
+                 out.finish();
+               }
+               sync_directory(tmp);
+               install_directory(tmp, final_dir);
+               sync_directory(root);
+               write_latest(root, name);
+             }));
+}
+
+template <class T>
+CheckpointInfo load_checkpoint(const fs::path& path_or_root, ParameterStore<T>& store,
+                               std::span<const StateSlot> slots, ProcessGrid& grid) {
+  const MPI_Comm comm = grid.native(CommAxis::world);
+  int rank = 0, size = 1;
+  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  grid.agree(CommAxis::world,
+             capture([&] { check_slots(slots, store.local_elements(), "load_checkpoint"); }));
+  // 1. rank 0 finds and reads the manifest; every rank parses the same text
+  std::string dir_text, text;
+  grid.agree(CommAxis::world, rank != 0 ? std::nullopt : capture([&] {
+               auto read = read_manifest_text(path_or_root);
+               dir_text = read.first.string();
+               text = std::move(read.second);
+             }));
+  broadcast_text(comm, dir_text);
+  broadcast_text(comm, text);
+  const fs::path dir = dir_text;
+  Manifest m;
+  std::vector<std::size_t> slot_stream;
+  grid.agree(CommAxis::world, capture([&] {
+               m = parse_manifest(text, dir / kManifestName);
+               match_manifest(dir, m, store, slots, slot_stream);
+             }));
+  // 2. every shard file is checked (exists, size, header) by one rank, and
+  // every rank reads the saved pieces its local pieces need
+  grid.agree(CommAxis::world, capture([&] {
+               for (std::size_t k = static_cast<std::size_t>(rank); k < m.shards.size();
+                    k += static_cast<std::size_t>(size))
+                 (void)open_shard(dir, m.shards[k]);
+               load_pieces(dir, m, store, slots, slot_stream);
+             }));
+  return m.info;
+}
+
+template void save_checkpoint<float>(const fs::path&, ParameterStore<float>&,
+                                     std::span<const StateSlot>, const CheckpointInfo&,
+                                     ProcessGrid&);
+template void save_checkpoint<double>(const fs::path&, ParameterStore<double>&,
+                                      std::span<const StateSlot>, const CheckpointInfo&,
+                                      ProcessGrid&);
+template CheckpointInfo load_checkpoint<float>(const fs::path&, ParameterStore<float>&,
+                                               std::span<const StateSlot>, ProcessGrid&);
+template CheckpointInfo load_checkpoint<double>(const fs::path&, ParameterStore<double>&,
+                                                std::span<const StateSlot>, ProcessGrid&);
+
+}  // namespace summa

@@ -1,0 +1,460 @@
+#include "summa/io/hf_gpt2.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <system_error>
+
+#include "summa/core/error.hpp"
+#include "summa/io/safetensors.hpp"
+#include "summa/layers/parameters.hpp"
+
+namespace summa::io {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::uintmax_t max_config_bytes = 16u << 20;
+constexpr std::string_view prefix = "transformer.";
+
+std::string quoted(const fs::path& p) {
+  return fmt::format("'{}'", p.string());
+}
+
+std::string_view torch_dtype(DTypeOut d) {
+  switch (d) {
+    case DTypeOut::f32:
+      return "float32";
+    case DTypeOut::f64:
+      return "float64";
+    case DTypeOut::bf16:
+      return "bfloat16";
+  }
+  return "float32";
+}
+
+TensorDType tensor_dtype(DTypeOut d) {
+  switch (d) {
+    case DTypeOut::f32:
+      return TensorDType::f32;
+    case DTypeOut::f64:
+      return TensorDType::f64;
+    case DTypeOut::bf16:
+      return TensorDType::bf16;
+  }
+  return TensorDType::f32;
+}
+
+/// Shortest text that reads back as the same double (valid JSON for finite values).
+std::string json_number(double v) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+std::string shape_text(const std::vector<index_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+/// Writes `text` to `file` through a temporary file in the same directory
+/// and a rename, so readers see the old file or the whole new one.
+void write_text_atomic(const fs::path& file, const std::string& text) {
+  const auto stamp =
+      static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  fs::path temp = file;
+  temp += fmt::format(".tmp-{:016x}",
+                      stamp ^ (static_cast<std::uint64_t>(std::random_device{}()) << 32));
+  {
+    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+    if (!out) throw Error(fmt::format("cannot create the temporary file {}", quoted(temp)));
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    out.close();
+    if (!out) {
+      std::error_code ignored;
+      fs::remove(temp, ignored);
+      throw Error(fmt::format("writing {} failed", quoted(temp)));
+    }
+  }
+  std::error_code ec;
+  fs::rename(temp, file, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(temp, ignored);
+    throw Error(
+        fmt::format("renaming {} to {} failed: {}", quoted(temp), quoted(file), ec.message()));
+  }
+}
+
+/// The model's parameters must be exactly reference::parameter_list(config)
+/// (names and shapes), each once: what the file format assumes.
+template <class T>
+void check_parameters(const ParameterStore<T>& store, const reference::GptConfig& config) {
+  std::map<std::string, std::vector<index_t>> want;
+  for (const reference::ParamInfo& info : reference::parameter_list(config))
+    want.emplace(info.name, info.shape);
+  std::set<std::string> seen;
+  for (const Param<T>* p : store.params()) {
+    const auto it = want.find(p->shard.name);
+    if (it == want.end())
+      throw Error(fmt::format("parameter '{}' is not a GPT-2 parameter", p->shard.name));
+    if (it->second != p->shard.global_shape)
+      throw Error(fmt::format("parameter '{}' has shape {}, GPT-2 needs {}", p->shard.name,
+                              shape_text(p->shard.global_shape), shape_text(it->second)));
+    if (!seen.insert(p->shard.name).second)
+      throw Error(fmt::format("parameter '{}' appears twice", p->shard.name));
+  }
+  for (const auto& [name, shape] : want)
+    if (!seen.contains(name)) throw Error(fmt::format("the model has no parameter '{}'", name));
+}
+
+/// h.<digits>.attn.bias or h.<digits>.attn.masked_bias: causal-mask buffers
+/// that old GPT-2 checkpoints carry.
+bool is_attention_buffer(std::string_view name) {
+  if (!name.starts_with("h.")) return false;
+  std::size_t i = 2;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9') ++i;
+  if (i == 2) return false;
+  const std::string_view rest = name.substr(i);
+  return rest == ".attn.bias" || rest == ".attn.masked_bias";
+}
+
+std::string read_config_text(const fs::path& file) {
+  std::error_code ec;
+  const auto status = fs::status(file, ec);
+  if (ec || !fs::exists(status)) throw Error("no such file");
+  if (!fs::is_regular_file(status)) throw Error("not a regular file");
+  const auto size = fs::file_size(file, ec);
+  if (ec) throw Error("cannot get the file size: " + ec.message());
+  if (size > max_config_bytes)
+    throw Error(fmt::format("{} bytes is larger than the limit of {} bytes for a config", size,
+                            max_config_bytes));
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw Error("cannot open for reading");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw Error("read error");
+  return text;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- config.json
+
+std::string hf_gpt2_config_json(const reference::GptConfig& config, DTypeOut dtype) {
+  config.validate();
+  // Keys sorted, two-space indent: the layout transformers' save_pretrained uses.
+  return fmt::format(
+      "{{\n"
+      "  \"activation_function\": \"gelu_new\",\n"
+      "  \"architectures\": [\n"
+      "    \"GPT2LMHeadModel\"\n"
+      "  ],\n"
+      "  \"attn_pdrop\": 0.0,\n"
+      "  \"embd_pdrop\": 0.0,\n"
+      "  \"initializer_range\": 0.02,\n"
+      "  \"layer_norm_epsilon\": {},\n"
+      "  \"model_type\": \"gpt2\",\n"
+      "  \"n_ctx\": {},\n"
+      "  \"n_embd\": {},\n"
+      "  \"n_head\": {},\n"
+      "  \"n_inner\": null,\n"
+      "  \"n_layer\": {},\n"
+      "  \"n_positions\": {},\n"
+      "  \"reorder_and_upcast_attn\": false,\n"
+      "  \"resid_pdrop\": 0.0,\n"
+      "  \"scale_attn_by_inverse_layer_idx\": false,\n"
+      "  \"scale_attn_weights\": true,\n"
+      "  \"tie_word_embeddings\": true,\n"
+      "  \"torch_dtype\": \"{}\",\n"
+      "  \"use_cache\": true,\n"
+      "  \"vocab_size\": {}\n"
+      "}}\n",
+      json_number(config.layer_norm_epsilon), config.n_positions, config.n_embd, config.n_head,
+      config.n_layer, config.n_positions, torch_dtype(dtype), config.vocab_size);
+}
+
+reference::GptConfig read_hf_gpt2_config(const fs::path& path) {
+  std::error_code ec;
+  const fs::path file = fs::is_directory(path, ec) ? path / "config.json" : path;
+  const std::string where = "config file " + quoted(file);
+  std::string text;
+  try {
+    text = read_config_text(file);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", where, e.what()));
+  }
+  Json root;
+  try {
+    root = parse_json(text);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: not valid JSON: {}", where, e.what()));
+  }
+  if (!root.is_object())
+    throw Error(fmt::format("{}: not a JSON object (it is {})", where, root.describe()));
+
+  if (const Json* type = root.find("model_type");
+      type && (type->kind != Json::Kind::string || type->text != "gpt2"))
+    throw Error(
+        fmt::format("{}: \"model_type\" is {}, expected \"gpt2\"", where, type->describe()));
+
+  reference::GptConfig config;
+  const auto integer = [&](const char* key) {
+    const Json* v = root.find(key);
+    if (v == nullptr) throw Error(fmt::format("{}: missing \"{}\"", where, key));
+    const auto n = v->as_int64();
+    if (!n || *n <= 0 || *n > std::numeric_limits<int>::max())
+      throw Error(
+          fmt::format("{}: \"{}\" must be a positive integer, not {}", where, key, v->describe()));
+    return static_cast<int>(*n);
+  };
+  config.n_layer = integer("n_layer");
+  config.n_head = integer("n_head");
+  config.n_embd = integer("n_embd");
+  config.n_positions = integer("n_positions");
+  config.vocab_size = integer("vocab_size");
+  if (const Json* eps = root.find("layer_norm_epsilon")) {
+    const auto v = eps->as_double();
+    if (!v || !std::isfinite(*v) || *v <= 0)
+      throw Error(fmt::format("{}: \"layer_norm_epsilon\" must be a positive number, not {}", where,
+                              eps->describe()));
+    config.layer_norm_epsilon = *v;
+  }
+  if (const Json* act = root.find("activation_function")) {
+    const bool tanh_gelu =
+        act->kind == Json::Kind::string &&
+        (act->text == "gelu_new" || act->text == "gelu_pytorch_tanh" || act->text == "gelu_fast");
+    if (!tanh_gelu)
+      throw Error(
+          fmt::format("{}: \"activation_function\" is {}; summa's GPT-2 computes the tanh "
+                      "GeLU (\"gelu_new\")",
+                      where, act->describe()));
+  }
+  if (const Json* inner = root.find("n_inner"); inner && inner->kind != Json::Kind::null) {
+    const auto v = inner->as_int64();
+    if (!v || *v != 4 * static_cast<std::int64_t>(config.n_embd))
+      throw Error(fmt::format("{}: \"n_inner\" is {}; summa's GPT-2 has an MLP of 4 * n_embd = {}",
+                              where, inner->describe(),
+                              4 * static_cast<std::int64_t>(config.n_embd)));
+  }
+  const auto flag_must_be = [&](const char* key, bool required) {
+    const Json* v = root.find(key);
+    if (v && v->kind == Json::Kind::boolean && v->boolean != required)
+      throw Error(fmt::format("{}: \"{}\" is {}; summa's GPT-2 supports only {}", where, key,
+                              v->describe(), required ? "true" : "false"));
+  };
+  flag_must_be("tie_word_embeddings", true);
+  flag_must_be("scale_attn_weights", true);
+  flag_must_be("scale_attn_by_inverse_layer_idx", false);
+  try {
+    config.validate();
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", where, e.what()));
+  }
+  return config;
+}
+
+// ---------------------------------------------------------------- export
+
+template <class T>
+void export_hf_gpt2(GptModel<T>& model, const fs::path& dir, DTypeOut dtype) {
+  const std::string where = "export_hf_gpt2 " + quoted(dir);
+  ProcessGrid& grid = model.grid();
+  std::optional<std::string> error;
+  ParameterStore<T>* store = nullptr;
+  try {
+    store = &model.parameters_store();
+    check_parameters(*store, model.config());
+  } catch (const Error& e) {
+    error = fmt::format("{}: {}", where, e.what());
+  }
+  grid.agree(CommAxis::world, error);
+
+  // The world's rank 0 writes; data group 0's copy is as good as any other,
+  // since every data group gathers the same global tensors.
+  const bool writes = grid.rank() == 0;
+  std::unique_ptr<SafetensorsWriter> writer;
+  if (writes) {
+    try {
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      if (ec || !fs::is_directory(dir))
+        throw Error(fmt::format("cannot create the directory: {}",
+                                ec ? ec.message() : "a file of that name exists"));
+      std::vector<TensorSpec> specs;
+      for (const Param<T>* p : store->params())
+        specs.push_back({p->shard.name, p->shard.global_shape, tensor_dtype(dtype)});
+      writer = std::make_unique<SafetensorsWriter>(
+          dir / "model.safetensors", std::move(specs),
+          std::map<std::string, std::string>{{"format", "pt"}, {"producer", "summa"}});
+    } catch (const std::exception& e) {
+      error = fmt::format("{}: {}", where, e.what());
+    }
+  }
+  grid.agree(CommAxis::world, error);
+
+  // One global tensor at a time; a failed write is remembered and reported
+  // after the loop, so every rank still takes part in every gather.
+  for (const Param<T>* p : store->params()) {
+    const std::vector<T> global = gather_global(*p, grid);
+    if (writes && !error) {
+      try {
+        writer->write<T>(p->shard.name, global);
+      } catch (const std::exception& e) {
+        error = fmt::format("{}: {}", where, e.what());
+      }
+    }
+  }
+  if (writes && !error) {
+    try {
+      writer->commit();
+      write_text_atomic(dir / "config.json", hf_gpt2_config_json(model.config(), dtype));
+    } catch (const std::exception& e) {
+      error = fmt::format("{}: {}", where, e.what());
+    }
+  }
+  writer.reset();  // removes the temporary file unless committed
+  grid.agree(CommAxis::world, error);
+}
+
+// ---------------------------------------------------------------- import
+
+template <class T>
+void import_hf_gpt2(GptModel<T>& model, const fs::path& dir) {
+  const std::string where = "import_hf_gpt2 " + quoted(dir);
+  ProcessGrid& grid = model.grid();
+  std::optional<std::string> error;
+  ParameterStore<T>* store = nullptr;
+  std::unique_ptr<SafetensorsFile> file;
+  std::vector<std::string> sources;  // the file's tensor name of each parameter, in params() order
+
+  try {
+    store = &model.parameters_store();
+    const reference::GptConfig& have = model.config();
+    check_parameters(*store, have);
+    const reference::GptConfig got = read_hf_gpt2_config(dir / "config.json");
+    const auto same = [&](const char* key, int file_value, int model_value) {
+      if (file_value != model_value)
+        throw Error(fmt::format("config.json has {}={} but the model has {}={}", key, file_value,
+                                key, model_value));
+    };
+    same("n_layer", got.n_layer, have.n_layer);
+    same("n_head", got.n_head, have.n_head);
+    same("n_embd", got.n_embd, have.n_embd);
+    same("vocab_size", got.vocab_size, have.vocab_size);
+    same("n_positions", got.n_positions, have.n_positions);
+    if (std::abs(got.layer_norm_epsilon - have.layer_norm_epsilon) >
+        1e-9 * std::abs(have.layer_norm_epsilon))
+      throw Error(fmt::format("config.json has layer_norm_epsilon={} but the model has {}",
+                              got.layer_norm_epsilon, have.layer_norm_epsilon));
+
+    file = std::make_unique<SafetensorsFile>(dir / "model.safetensors");
+    std::map<std::string, const TensorInfo*, std::less<>> by_name;  // without the prefix
+    const TensorInfo* lm_head = nullptr;
+    for (const TensorInfo& t : file->tensors()) {
+      std::string_view name = t.name;
+      if (name.starts_with(prefix)) name.remove_prefix(prefix.size());
+      if (name == "lm_head.weight") {
+        lm_head = &t;
+        continue;
+      }
+      if (is_attention_buffer(name)) continue;
+      const auto [it, fresh] = by_name.emplace(std::string(name), &t);
+      if (!fresh)
+        throw Error(fmt::format("{}: holds both '{}' and '{}'", quoted(file->path()),
+                                it->second->name, t.name));
+    }
+    std::set<std::string, std::less<>> used;
+    for (const Param<T>* p : store->params()) {
+      const std::string& name = p->shard.name;
+      const auto it = by_name.find(name);
+      if (it == by_name.end())
+        throw Error(fmt::format("{}: missing tensor '{}' (shape {})", quoted(file->path()), name,
+                                shape_text(p->shard.global_shape)));
+      const TensorInfo& t = *it->second;
+      if (t.shape != p->shard.global_shape)
+        throw Error(fmt::format("{}: tensor '{}' has shape {}, the model needs {}",
+                                quoted(file->path()), t.name, shape_text(t.shape),
+                                shape_text(p->shard.global_shape)));
+      if (t.dtype == TensorDType::other)
+        throw Error(fmt::format("{}: tensor '{}' has dtype {}; summa reads F32, F64, BF16, F16",
+                                quoted(file->path()), t.name, t.dtype_name));
+      used.insert(name);
+      sources.push_back(t.name);
+    }
+    for (const auto& [name, t] : by_name)
+      if (!used.contains(name))
+        throw Error(fmt::format("{}: unexpected tensor '{}' (not a parameter of this GPT-2)",
+                                quoted(file->path()), t->name));
+    if (lm_head) {
+      const std::vector<index_t> wte = {have.vocab_size, have.n_embd};
+      if (lm_head->shape != wte)
+        throw Error(fmt::format(
+            "{}: '{}' has shape {}, not wte's {}: untied output heads are not "
+            "supported",
+            quoted(file->path()), lm_head->name, shape_text(lm_head->shape), shape_text(wte)));
+    }
+  } catch (const Error& e) {
+    error = fmt::format("{}: {}", where, e.what());
+  }
+  grid.agree(CommAxis::world, error);
+
+  // Stage the local shards (starting from the current values, so anything
+  // no piece covers keeps its value), then copy in only once every rank has
+  // read everything: on failure the model is unchanged.
+  std::vector<T> staged;
+  try {
+    staged.resize(static_cast<std::size_t>(store->local_elements()));
+    std::vector<T> rows;
+    std::size_t offset = 0, k = 0;
+    for (const Param<T>* p : store->params()) {
+      const std::string& source = sources[k++];
+      if (!p->held()) continue;
+      const ParamShard& s = p->shard;
+      T* local = staged.data() + offset;
+      std::copy(p->value, p->value + s.local_size(), local);
+      const index_t cols = s.global_cols();
+      for (const ShardPiece& piece : s.pieces) {
+        if (piece.rows < 0 || piece.cols < 0 || piece.global_col < 0 ||
+            piece.global_col + piece.cols > cols || piece.local_row < 0 || piece.local_col < 0 ||
+            piece.local_row + piece.rows > s.local_rows ||
+            piece.local_col + piece.cols > s.local_cols)
+          throw Error(fmt::format("a shard piece of '{}' lies outside the tensor", s.name));
+        rows.resize(static_cast<std::size_t>(piece.rows * cols));
+        file->read_rows<T>(source, piece.global_row, piece.rows, rows);
+        for (index_t r = 0; r < piece.rows; ++r)
+          std::copy_n(rows.begin() + r * cols + piece.global_col, piece.cols,
+                      local + (piece.local_row + r) * s.local_cols + piece.local_col);
+      }
+      offset += static_cast<std::size_t>(s.local_size());
+    }
+  } catch (const std::exception& e) {
+    error = fmt::format("{}: {}", where, e.what());
+  }
+  grid.agree(CommAxis::world, error);
+
+  std::size_t offset = 0;
+  for (Param<T>* p : store->params()) {
+    if (!p->held()) continue;
+    std::copy_n(staged.begin() + static_cast<std::ptrdiff_t>(offset), p->shard.local_size(),
+                p->value);
+    offset += static_cast<std::size_t>(p->shard.local_size());
+  }
+}
+
+template void export_hf_gpt2<float>(GptModel<float>&, const fs::path&, DTypeOut);
+template void export_hf_gpt2<double>(GptModel<double>&, const fs::path&, DTypeOut);
+template void import_hf_gpt2<float>(GptModel<float>&, const fs::path&);
+template void import_hf_gpt2<double>(GptModel<double>&, const fs::path&);
+
+}  // namespace summa::io

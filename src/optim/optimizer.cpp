@@ -1,0 +1,343 @@
+#include "summa/optim/optimizer.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <numbers>
+
+#include "summa/core/error.hpp"
+
+namespace summa {
+
+// ---------------------------------------------------------------- schedule
+
+void LrSchedule::validate() const {
+  require(std::isfinite(lr) && lr >= 0,
+          [&] { return fmt::format("LrSchedule: lr={} must be finite and >= 0", lr); });
+  require(std::isfinite(min_lr) && min_lr >= 0 && min_lr <= lr, [&] {
+    return fmt::format("LrSchedule: min_lr={} must be finite with 0 <= min_lr <= lr={}", min_lr,
+                       lr);
+  });
+  require(warmup >= 0, [&] { return fmt::format("LrSchedule: warmup={} must be >= 0", warmup); });
+  require(total >= 0,
+          [&] { return fmt::format("LrSchedule: total={} must be >= 0 (0: no decay)", total); });
+  require(total == 0 || total >= warmup, [&] {
+    return fmt::format("LrSchedule: total={} must be 0 (no decay) or >= warmup={}", total, warmup);
+  });
+}
+
+double LrSchedule::at(std::int64_t step) const {
+  validate();
+  require(step >= 0, [&] { return fmt::format("LrSchedule::at: step={} must be >= 0", step); });
+  if (warmup > 0 && step < warmup)
+    return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  if (total == 0) return lr;
+  if (step >= total) return min_lr;
+  const double r = static_cast<double>(step - warmup) / static_cast<double>(total - warmup);
+  return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(std::numbers::pi * r));
+}
+
+// ---------------------------------------------------------------- options
+
+void OptimizerOptions::validate() const {
+  require(kind == "adamw" || kind == "sgd", [&] {
+    return fmt::format("OptimizerOptions: unknown kind '{}' (expected 'adamw' or 'sgd')", kind);
+  });
+  const auto unit = [](double x) { return std::isfinite(x) && x >= 0 && x < 1; };
+  require(unit(momentum),
+          [&] { return fmt::format("OptimizerOptions: momentum={} must be in [0, 1)", momentum); });
+  require(!nesterov || (kind == "sgd" && momentum > 0), [&] {
+    return fmt::format(
+        "OptimizerOptions: nesterov needs kind 'sgd' with momentum > 0 (kind '{}', momentum={})",
+        kind, momentum);
+  });
+  require(unit(beta1),
+          [&] { return fmt::format("OptimizerOptions: beta1={} must be in [0, 1)", beta1); });
+  require(unit(beta2),
+          [&] { return fmt::format("OptimizerOptions: beta2={} must be in [0, 1)", beta2); });
+  require(std::isfinite(eps) && eps > 0,
+          [&] { return fmt::format("OptimizerOptions: eps={} must be finite and > 0", eps); });
+  require(std::isfinite(weight_decay) && weight_decay >= 0, [&] {
+    return fmt::format("OptimizerOptions: weight_decay={} must be finite and >= 0", weight_decay);
+  });
+}
+
+// ---------------------------------------------------------------- element kernels
+
+namespace optim {
+
+template <class T, class M>
+void adamw_update(T* __restrict param, const T* __restrict grad, M* __restrict exp_avg,
+                  M* __restrict exp_avg_sq, index_t n, const AdamWCoefficients& c) {
+  const M decay = static_cast<M>(1.0 - c.lr * c.weight_decay);
+  const M beta1 = static_cast<M>(c.beta1), one_minus_beta1 = static_cast<M>(1.0 - c.beta1);
+  const M beta2 = static_cast<M>(c.beta2), one_minus_beta2 = static_cast<M>(1.0 - c.beta2);
+  const M eps = static_cast<M>(c.eps), step_size = static_cast<M>(c.step_size);
+  const M bias_correction2_sqrt = static_cast<M>(c.bias_correction2_sqrt);
+  for (index_t i = 0; i < n; ++i) {
+    const M g = static_cast<M>(grad[i]);
+    const M m = beta1 * exp_avg[i] + one_minus_beta1 * g;
+    const M v = beta2 * exp_avg_sq[i] + one_minus_beta2 * g * g;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    const M denom = std::sqrt(v) / bias_correction2_sqrt + eps;
+    const M p = static_cast<M>(param[i]) * decay;
+    param[i] = static_cast<T>(p - step_size * m / denom);
+  }
+}
+
+template <class T, class M>
+void sgd_update(T* __restrict param, const T* __restrict grad, M* __restrict momentum_buffer,
+                index_t n, const SgdCoefficients& c) {
+  const M lr = static_cast<M>(c.lr), weight_decay = static_cast<M>(c.weight_decay);
+  const M momentum = static_cast<M>(c.momentum);
+  // Two loops rather than a branch per element, so each vectorises.
+  if (c.nesterov) {
+    for (index_t i = 0; i < n; ++i) {
+      const M p = static_cast<M>(param[i]);
+      const M d = static_cast<M>(grad[i]) + weight_decay * p;
+      const M b = momentum * momentum_buffer[i] + d;
+      momentum_buffer[i] = b;
+      param[i] = static_cast<T>(p - lr * (d + momentum * b));
+    }
+  } else {
+    for (index_t i = 0; i < n; ++i) {
+      const M p = static_cast<M>(param[i]);
+      const M d = static_cast<M>(grad[i]) + weight_decay * p;
+      const M b = momentum * momentum_buffer[i] + d;
+      momentum_buffer[i] = b;
+      param[i] = static_cast<T>(p - lr * b);
+    }
+  }
+}
+
+template <class T>
+double sum_of_squares(const T* x, index_t n) {
+  double sum = 0;
+  for (index_t i = 0; i < n; ++i) {
+    const auto v = static_cast<double>(x[i]);
+    sum += v * v;
+  }
+  return sum;
+}
+
+template <class T>
+void scale_in_place(T* x, index_t n, double factor) {
+  const auto f = static_cast<T>(factor);
+  for (index_t i = 0; i < n; ++i) x[i] *= f;
+}
+
+template void adamw_update(float*, const float*, float*, float*, index_t, const AdamWCoefficients&);
+template void adamw_update(double*, const double*, double*, double*, index_t,
+                           const AdamWCoefficients&);
+template void sgd_update(float*, const float*, float*, index_t, const SgdCoefficients&);
+template void sgd_update(double*, const double*, double*, index_t, const SgdCoefficients&);
+template double sum_of_squares(const float*, index_t);
+template double sum_of_squares(const double*, index_t);
+template void scale_in_place(float*, index_t, double);
+template void scale_in_place(double*, index_t, double);
+
+}  // namespace optim
+
+// ---------------------------------------------------------------- optimizers
+
+namespace {
+
+// Elements between consecutive state slots: the packed local elements,
+// rounded up so every slot starts on an arena-aligned boundary.
+template <class M>
+std::size_t slot_stride(index_t elements) {
+  return Arena::rounded(static_cast<std::size_t>(elements) * sizeof(M)) / sizeof(M);
+}
+
+}  // namespace
+
+template <class T>
+Optimizer<T>::Optimizer(const OptimizerOptions& options, ParameterStore<T>& store,
+                        std::vector<std::string> state_names)
+    : options_(options),
+      store_(&store),
+      state_names_(std::move(state_names)),
+      elements_(store.local_elements()),
+      slot_stride_(slot_stride<master_type>(elements_)),
+      state_("optimizer state", store.values().backend(),
+             state_names_.size() * slot_stride_ * sizeof(master_type)) {
+  options_.validate();
+  // Segments in params() order; a parameter's offset is where the store put
+  // its value, so the state slots share the packing of values_base().
+  const T* base = store.values_base();
+  for (const Param<T>* p : store.params()) {
+    if (!p->held()) continue;
+    const bool matrix = p->shard.global_shape.size() == 2;
+    segments_.push_back(Segment{.offset = static_cast<index_t>(p->value - base),
+                                .count = p->shard.local_size(),
+                                .decay = matrix || options_.decay_vectors});
+  }
+  if (elements_ > 0) {
+    state_base_ = state_.take<master_type>(state_names_.size() * slot_stride_);
+    auto all = MatrixView<master_type>::dense(
+        state_base_, 1, static_cast<index_t>(state_names_.size() * slot_stride_), Order::row_major);
+    state_.backend().scale(master_type(0), all);
+  }
+}
+
+template <class T>
+Optimizer<T>::~Optimizer() = default;
+
+template <class T>
+void Optimizer<T>::step(double lr) {
+  require(std::isfinite(lr) && lr >= 0, [&] {
+    return fmt::format("Optimizer::step ({}): lr={} must be finite and >= 0", kind(), lr);
+  });
+  ++steps_;
+  update(lr);
+}
+
+template <class T>
+void Optimizer<T>::set_steps(std::int64_t steps) {
+  require(steps >= 0,
+          [&] { return fmt::format("Optimizer::set_steps: steps={} must be >= 0", steps); });
+  steps_ = steps;
+}
+
+template <class T>
+auto Optimizer<T>::state(std::size_t slot) -> master_type* {
+  require(slot < state_names_.size(), [&] {
+    return fmt::format("Optimizer::state: slot {} out of range ({} has {} slots)", slot, kind(),
+                       state_names_.size());
+  });
+  return state_base_ == nullptr ? nullptr : state_base_ + slot * slot_stride_;
+}
+
+template <class T>
+auto Optimizer<T>::state(std::size_t slot) const -> const master_type* {
+  return const_cast<Optimizer*>(this)->state(slot);
+}
+
+namespace {
+
+template <class T>
+class AdamW final : public Optimizer<T> {
+ public:
+  AdamW(const OptimizerOptions& options, ParameterStore<T>& store)
+      : Optimizer<T>(options, store, {"exp_avg", "exp_avg_sq"}) {}
+  std::string_view kind() const override { return "adamw"; }
+
+ protected:
+  void update(double lr) override {
+    const OptimizerOptions& o = this->options();
+    const auto t = static_cast<double>(this->steps());
+    optim::AdamWCoefficients c;
+    c.lr = lr;
+    c.beta1 = o.beta1;
+    c.beta2 = o.beta2;
+    c.eps = o.eps;
+    c.step_size = lr / (1.0 - std::pow(o.beta1, t));
+    c.bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, t));
+    T* values = this->store().values_base();
+    const T* grads = this->store().grads_base();
+    auto* exp_avg = this->state(0);
+    auto* exp_avg_sq = this->state(1);
+    for (const auto& s : this->segments()) {
+      c.weight_decay = s.decay ? o.weight_decay : 0.0;
+      optim::adamw_update(values + s.offset, grads + s.offset, exp_avg + s.offset,
+                          exp_avg_sq + s.offset, s.count, c);
+    }
+  }
+};
+
+template <class T>
+class Sgd final : public Optimizer<T> {
+ public:
+  Sgd(const OptimizerOptions& options, ParameterStore<T>& store)
+      : Optimizer<T>(options, store, {"momentum_buffer"}) {}
+  std::string_view kind() const override { return "sgd"; }
+
+ protected:
+  void update(double lr) override {
+    const OptimizerOptions& o = this->options();
+    optim::SgdCoefficients c;
+    c.lr = lr;
+    c.momentum = o.momentum;
+    c.nesterov = o.nesterov;
+    T* values = this->store().values_base();
+    const T* grads = this->store().grads_base();
+    auto* buffer = this->state(0);
+    for (const auto& s : this->segments()) {
+      c.weight_decay = s.decay ? o.weight_decay : 0.0;
+      optim::sgd_update(values + s.offset, grads + s.offset, buffer + s.offset, s.count, c);
+    }
+  }
+};
+
+}  // namespace
+
+template <class T>
+std::unique_ptr<Optimizer<T>> make_optimizer(const OptimizerOptions& options,
+                                             ParameterStore<T>& store) {
+  options.validate();
+  if (options.kind == "adamw") return std::make_unique<AdamW<T>>(options, store);
+  return std::make_unique<Sgd<T>>(options, store);
+}
+
+// ---------------------------------------------------------------- clipping
+
+namespace {
+
+// Σ g² over the pieces of this rank's owner shards.
+template <class T>
+double local_norm_sq(const ParameterStore<T>& store) {
+  double sum = 0;
+  for (const Param<T>* p : store.params()) {
+    const ParamShard& s = p->shard;
+    if (!s.owner || !p->held()) continue;
+    for (const ShardPiece& piece : s.pieces)
+      for (index_t r = 0; r < piece.rows; ++r)
+        sum += optim::sum_of_squares(
+            p->grad + (piece.local_row + r) * s.local_cols + piece.local_col, piece.cols);
+  }
+  return sum;
+}
+
+}  // namespace
+
+template <class T>
+double global_norm_sq(const ParameterStore<T>& store, ProcessGrid& grid) {
+  double sum = local_norm_sq(store);
+  grid.tensor().all_reduce(&sum, &sum, 1);
+  return sum;
+}
+
+template <class T>
+double clip_grad_norm(ParameterStore<T>& store, ProcessGrid& grid, double max_norm) {
+  const bool bad = !(std::isfinite(max_norm) && max_norm >= 0);
+  // The validity flag travels with the sum, so every rank of the tensor group
+  // learns of a bad argument on any of them without a second collective.
+  double sums[2] = {bad ? 0.0 : local_norm_sq(store), bad ? 1.0 : 0.0};
+  grid.tensor().all_reduce(sums, sums, 2);
+  require(sums[1] == 0, [&] {
+    return fmt::format(
+        "clip_grad_norm: max_norm must be finite and >= 0 (got {} here; invalid on {} rank(s) "
+        "of the tensor group)",
+        max_norm, sums[1]);
+  });
+  const double norm = std::sqrt(sums[0]);
+  if (max_norm > 0 && std::isfinite(norm)) {
+    const double factor = max_norm / (norm + 1e-6);
+    if (factor < 1) optim::scale_in_place(store.grads_base(), store.local_elements(), factor);
+  }
+  return norm;
+}
+
+template class Optimizer<float>;
+template class Optimizer<double>;
+template std::unique_ptr<Optimizer<float>> make_optimizer(const OptimizerOptions&,
+                                                          ParameterStore<float>&);
+template std::unique_ptr<Optimizer<double>> make_optimizer(const OptimizerOptions&,
+                                                           ParameterStore<double>&);
+template double global_norm_sq(const ParameterStore<float>&, ProcessGrid&);
+template double global_norm_sq(const ParameterStore<double>&, ProcessGrid&);
+template double clip_grad_norm(ParameterStore<float>&, ProcessGrid&, double);
+template double clip_grad_norm(ParameterStore<double>&, ProcessGrid&, double);
+
+}  // namespace summa

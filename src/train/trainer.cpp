@@ -1,0 +1,235 @@
+#include "summa/train/trainer.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <optional>
+#include <utility>
+
+#include "summa/io/hf_gpt2.hpp"
+
+namespace summa {
+
+namespace {
+
+int world_size(MPI_Comm comm) {
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  return size;
+}
+
+std::string config_text(const reference::GptConfig& c) {
+  return fmt::format("n_layer={} n_head={} n_embd={} n_positions={} vocab_size={} eps={}",
+                     c.n_layer, c.n_head, c.n_embd, c.n_positions, c.vocab_size,
+                     c.layer_norm_epsilon);
+}
+
+}  // namespace
+
+void TrainerOptions::validate() const {
+  config.validate();
+  (void)SchemeSpec::parse(scheme);
+  require(batch > 0 && seq > 0,
+          [&] { return fmt::format("trainer: batch={} and seq={} must be positive", batch, seq); });
+  require(seq <= config.n_positions, [&] {
+    return fmt::format("trainer: seq={} exceeds n_positions={}", seq, config.n_positions);
+  });
+  require(std::isfinite(clip) && clip >= 0,
+          [&] { return fmt::format("trainer: clip={} must be finite and >= 0", clip); });
+  require(val_fraction >= 0 && val_fraction < 1,
+          [&] { return fmt::format("trainer: val_fraction={} must be in [0, 1)", val_fraction); });
+  optimizer.validate();
+  schedule.validate();
+}
+
+reference::GptConfig config_from_meta(const std::map<std::string, std::string>& meta) {
+  const auto get = [&](const char* key) -> const std::string& {
+    const auto it = meta.find(key);
+    require(it != meta.end(),
+            [&] { return fmt::format("checkpoint metadata has no '{}' (not a Trainer's?)", key); });
+    return it->second;
+  };
+  const auto integer = [&](const char* key) {
+    const std::string& v = get(key);
+    try {
+      std::size_t used = 0;
+      const int x = std::stoi(v, &used);
+      if (used == v.size()) return x;
+    } catch (const std::exception&) {
+    }
+    throw Error(fmt::format("checkpoint metadata '{}' = '{}' is not an integer", key, v));
+  };
+  reference::GptConfig c;
+  c.n_layer = integer("n_layer");
+  c.n_head = integer("n_head");
+  c.n_embd = integer("n_embd");
+  c.n_positions = integer("n_positions");
+  c.vocab_size = integer("vocab_size");
+  const std::string& eps = get("layer_norm_epsilon");
+  try {
+    c.layer_norm_epsilon = std::stod(eps);
+  } catch (const std::exception&) {
+    throw Error(
+        fmt::format("checkpoint metadata 'layer_norm_epsilon' = '{}' is not a number", eps));
+  }
+  c.validate();
+  return c;
+}
+
+double model_flops_per_step(const reference::GptConfig& c, index_t batch, index_t seq) {
+  const double B = static_cast<double>(batch), s = static_cast<double>(seq),
+               l = static_cast<double>(c.n_layer), h = static_cast<double>(c.n_embd),
+               V = static_cast<double>(c.vocab_size);
+  return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
+}
+
+template <class T>
+Trainer<T>::Trainer(MPI_Comm comm, const TrainerOptions& options, Backend& backend,
+                    std::vector<std::uint16_t> tokens)
+    : options_(options) {
+  // Validate everywhere before any collective: the same options (and the
+  // same error) on every rank.
+  std::optional<std::string> error;
+  try {
+    options_.validate();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree_on(comm, error);
+  const SchemeSpec spec = SchemeSpec::parse(options_.scheme);
+  agree_on(comm, spec.ranks() == world_size(comm)
+                     ? std::nullopt
+                     : std::optional<std::string>(
+                           fmt::format("trainer: scheme '{}' needs {} ranks, running on {}",
+                                       options_.scheme, spec.ranks(), world_size(comm))));
+  {
+    std::optional<std::string> data_error;
+    try {
+      loader_ = std::make_unique<io::TokenLoader>(
+          std::move(tokens), options_.config.vocab_size,
+          io::LoaderOptions{.batch = options_.batch,
+                            .seq = options_.seq,
+                            .seed = options_.data_seed,
+                            .val_fraction = options_.val_fraction});
+    } catch (const Error& e) {
+      data_error = e.what();
+    }
+    agree_on(comm, data_error);
+  }
+  run_ = std::make_unique<ParallelGpt<T>>(comm, spec, backend, options_.config, options_.batch,
+                                          options_.seq, options_.gpt);
+  run_->model().init(options_.init_seed);
+  optimizer_ = make_optimizer(options_.optimizer, run_->model().parameters_store());
+  tokens_.resize(static_cast<std::size_t>(options_.batch * options_.seq));
+  targets_.resize(tokens_.size());
+}
+
+template <class T>
+Trainer<T>::~Trainer() = default;
+
+template <class T>
+StepStats Trainer<T>::train_step() {
+  StepStats s;
+  s.step = step_;
+  loader_->fill(step_, io::Split::train, tokens_, targets_);
+  GptModel<T>& m = run_->model();
+  s.loss = m.forward(tokens_, targets_);
+  m.backward();
+  s.grad_norm = clip_grad_norm(m.parameters_store(), run_->grid(), options_.clip);
+  s.lr = options_.schedule.at(step_);
+  optimizer_->step(s.lr);
+  ++step_;
+  return s;
+}
+
+template <class T>
+double Trainer<T>::evaluate(int batches) {
+  require(batches > 0,
+          [&] { return fmt::format("evaluate: batches={} must be positive", batches); });
+  const io::Split split = loader_->has_val() ? io::Split::val : io::Split::train;
+  double sum = 0;
+  for (int b = 0; b < batches; ++b) {
+    loader_->fill(b, split, tokens_, targets_);
+    sum += run_->model().forward(tokens_, targets_);
+  }
+  return sum / batches;
+}
+
+template <class T>
+std::map<std::string, std::string> Trainer<T>::checkpoint_meta() const {
+  const reference::GptConfig& c = options_.config;
+  return {{"scheme", run_->spec().str()},
+          {"config", config_text(c)},
+          {"n_layer", std::to_string(c.n_layer)},
+          {"n_head", std::to_string(c.n_head)},
+          {"n_embd", std::to_string(c.n_embd)},
+          {"n_positions", std::to_string(c.n_positions)},
+          {"vocab_size", std::to_string(c.vocab_size)},
+          {"layer_norm_epsilon", fmt::format("{}", c.layer_norm_epsilon)},
+          {"optimizer", std::string(optimizer_->kind())},
+          {"data_seed", std::to_string(options_.data_seed)},
+          {"init_seed", std::to_string(options_.init_seed)},
+          {"batch", std::to_string(options_.batch)},
+          {"seq", std::to_string(options_.seq)},
+          {"dtype", std::string(name_of(dtype_v<T>))}};
+}
+
+template <class T>
+std::vector<StateSlot> Trainer<T>::slots() {
+  std::vector<StateSlot> list;
+  const auto& names = optimizer_->state_names();
+  for (std::size_t k = 0; k < names.size(); ++k)
+    list.push_back({.name = names[k],
+                    .dtype = dtype_v<master_t<T>>,
+                    .data = static_cast<void*>(optimizer_->state(k))});
+  return list;
+}
+
+template <class T>
+void Trainer<T>::save(const std::filesystem::path& root) {
+  const std::vector<StateSlot> s = slots();
+  save_checkpoint<T>(root, run_->model().parameters_store(), s,
+                     CheckpointInfo{.step = step_, .meta = checkpoint_meta()}, run_->grid());
+}
+
+template <class T>
+void Trainer<T>::load(const std::filesystem::path& path_or_root) {
+  MPI_Comm comm = run_->grid().native(CommAxis::world);
+  const CheckpointInfo head = read_checkpoint_info(path_or_root, comm);
+  // What must match before the tensors are read (the shapes are checked by
+  // load_checkpoint as well, naming the tensor).
+  std::optional<std::string> error;
+  const auto want = [&](const char* key, const std::string& mine) {
+    const auto it = head.meta.find(key);
+    if (!error && (it == head.meta.end() || it->second != mine))
+      error = fmt::format("resume from {}: checkpoint {} '{}' differs from this run's '{}'",
+                          path_or_root.string(), key,
+                          it == head.meta.end() ? std::string("(missing)") : it->second, mine);
+  };
+  want("config", config_text(options_.config));
+  want("optimizer", std::string(optimizer_->kind()));
+  // The batches are a function of (data seed, step): the same seed continues
+  // the saved run's stream.
+  want("data_seed", std::to_string(options_.data_seed));
+  agree_on(comm, error);
+  const std::vector<StateSlot> s = slots();
+  const CheckpointInfo info =
+      load_checkpoint<T>(path_or_root, run_->model().parameters_store(), s, run_->grid());
+  step_ = info.step;
+  optimizer_->set_steps(info.step);
+}
+
+template <class T>
+void Trainer<T>::export_hf(const std::filesystem::path& dir) {
+  io::export_hf_gpt2(run_->model(), dir);
+}
+
+template <class T>
+void Trainer<T>::import_hf(const std::filesystem::path& dir) {
+  io::import_hf_gpt2(run_->model(), dir);
+}
+
+template class Trainer<float>;
+template class Trainer<double>;
+
+}  // namespace summa

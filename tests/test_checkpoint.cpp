@@ -1,0 +1,600 @@
+// Sharded checkpoints (summa/io/checkpoint.hpp), at 1, 2, 4 and 8 ranks.
+//
+// Oracle: every parameter element is the layout-invariant GPT-2 initial value
+// reference::init_value(seed, name, global index) and every optimizer-slot
+// element a pure function of (seed, slot, name, global index), so what a rank
+// must hold after loading is known from its own pieces whatever scheme saved
+// the checkpoint. A checkpoint is saved under every scheme fitting the world
+// size (schemes_for) with its own fresh seed and loaded under every scheme;
+// values (owners and replicas, and gather_global of every tensor) and slots
+// must then equal the oracle exactly (bit for bit: the bytes are copied, and a
+// type conversion is the one static_cast applied to the saved element). Then
+// steps and `latest`, leftovers of a crashed save, element-type conversion, and
+// every error (truncated, corrupted or missing files, other model, other
+// slots, bad arguments), each of which must throw on every rank with the
+// expected words while the previous checkpoint still loads.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <limits>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "summa/io/checkpoint.hpp"
+#include "summa/parallel/scheme.hpp"
+#include "test_util.hpp"
+
+namespace summa::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+int world_size() {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+void barrier() {
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Concatenation (GCC 12 warns falsely about `"literal" + std::string`).
+std::string cat(std::initializer_list<std::string_view> parts) {
+  std::string out;
+  for (std::string_view p : parts) out.append(p);
+  return out;
+}
+
+// Divisible as every scheme up to 8 ranks needs: heads by p and Gx (8), hidden
+// by q, Gy and Gz, vocab by Gx*Gz (8), batch by data*q and Gz.
+reference::GptConfig small_config(int n_embd = 16, int n_layer = 2) {
+  reference::GptConfig c;
+  c.n_layer = n_layer;
+  c.n_head = 8;
+  c.n_embd = n_embd;
+  c.n_positions = 4;
+  c.vocab_size = 24;
+  return c;
+}
+constexpr index_t kBatch = 8, kSeq = 2;
+
+// Value of slot `k` at flat global index `g` of tensor `name`: in [-1, 1).
+double slot_value(std::uint64_t seed, int k, const std::string& name, index_t g) {
+  const std::uint64_t h = mix(mix(seed ^ hash_string(name)) +
+                              static_cast<std::uint64_t>(k + 1) * 0x632BE59BD9B4E019ULL +
+                              static_cast<std::uint64_t>(g));
+  return static_cast<double>(h >> 11) * 0x1p-52 - 1.0;
+}
+
+// A unique directory under the system temp dir, agreed on rank 0; removed at
+// the end of the test.
+class TempRoot {
+ public:
+  TempRoot() {
+    const std::uint64_t salt = fresh_seed();  // collective
+    std::string name;
+    if (world_rank() == 0) {
+      name = (fs::temp_directory_path() /
+              cat({"summa_ckpt_", std::to_string(::getpid()), "_", std::to_string(salt % 1000003)}))
+                 .string();
+      fs::remove_all(name);
+    }
+    int length = static_cast<int>(name.size());
+    MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    name.resize(static_cast<std::size_t>(length));
+    MPI_Bcast(name.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD);
+    path_ = name;
+  }
+  ~TempRoot() {
+    barrier();
+    if (world_rank() == 0) {
+      std::error_code ec;
+      fs::remove_all(path_, ec);
+    }
+    barrier();
+  }
+  TempRoot(const TempRoot&) = delete;
+  TempRoot& operator=(const TempRoot&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// A model under a scheme with two optimizer slots of element type S, packed
+// like the store's values.
+template <class T, class S = T>
+struct Model {
+  ParallelGpt<T> gpt;
+  std::vector<S> exp_avg, exp_avg_sq;
+  std::vector<StateSlot> slots;
+
+  Model(const SchemeSpec& spec, Backend& backend, const reference::GptConfig& config)
+      : gpt(MPI_COMM_WORLD, spec, backend, config, kBatch, kSeq) {
+    const auto n = static_cast<std::size_t>(store().local_elements());
+    exp_avg.assign(n, std::numeric_limits<S>::quiet_NaN());
+    exp_avg_sq.assign(n, std::numeric_limits<S>::quiet_NaN());
+    slots = {{"exp_avg", dtype_v<S>, exp_avg.data()},
+             {"exp_avg_sq", dtype_v<S>, exp_avg_sq.data()}};
+  }
+  ParameterStore<T>& store() { return gpt.model().parameters_store(); }
+  ProcessGrid& grid() { return gpt.grid(); }
+  S* slot(int k) { return k == 0 ? exp_avg.data() : exp_avg_sq.data(); }
+
+  // Calls f(param, local flat index, global flat index) for every element of
+  // every local piece (owners and replicas).
+  template <class F>
+  void each_element(F&& f) {
+    for (Param<T>* p : store().params()) {
+      if (!p->held()) continue;
+      const ParamShard& s = p->shard;
+      for (const ShardPiece& piece : s.pieces)
+        for (index_t r = 0; r < piece.rows; ++r)
+          for (index_t c = 0; c < piece.cols; ++c)
+            f(*p, (piece.local_row + r) * s.local_cols + piece.local_col + c,
+              (piece.global_row + r) * s.global_cols() + piece.global_col + c);
+    }
+  }
+  std::size_t offset(const Param<T>& p) {
+    return static_cast<std::size_t>(p.value - store().values_base());
+  }
+
+  // The state a checkpoint of `seed` holds: weights of reference GPT `seed`,
+  // slots slot_value(seed, ...).
+  void fill(std::uint64_t seed) {
+    gpt.model().init(seed);
+    each_element([&](Param<T>& p, index_t local, index_t g) {
+      for (int k = 0; k < 2; ++k)
+        slot(k)[offset(p) + static_cast<std::size_t>(local)] =
+            static_cast<S>(slot_value(seed, k, p.shard.name, g));
+    });
+  }
+  // Something else, so that a load that misses an element is seen.
+  void scramble(std::uint64_t seed) {
+    gpt.model().init(mix(seed));
+    std::fill(exp_avg.begin(), exp_avg.end(), std::numeric_limits<S>::quiet_NaN());
+    std::fill(exp_avg_sq.begin(), exp_avg_sq.end(), std::numeric_limits<S>::quiet_NaN());
+  }
+
+  // Elements (local values and slots of every piece, then, with `gather`,
+  // every tensor assembled by gather_global) differing from what a
+  // checkpoint of `seed` saved with value type TS and slot type SS gives
+  // after conversion; the maximum over ranks. Collective.
+  template <class TS, class SS>
+  long long mismatches(std::uint64_t seed, bool gather = true) {
+    const reference::GptConfig& config = gpt.model().config();
+    const auto want_value = [&](const std::string& name, index_t g) {
+      return static_cast<T>(static_cast<TS>(reference::init_value(seed, name, g, config)));
+    };
+    long long bad = 0;
+    each_element([&](Param<T>& p, index_t local, index_t g) {
+      if (!(p.value[local] == want_value(p.shard.name, g))) ++bad;
+      for (int k = 0; k < 2; ++k)
+        if (!(slot(k)[offset(p) + static_cast<std::size_t>(local)] ==
+              static_cast<S>(static_cast<SS>(slot_value(seed, k, p.shard.name, g)))))
+          ++bad;
+    });
+    for (Param<T>* p : store().params()) {
+      if (!gather) break;
+      const std::vector<T> global = gather_global(*p, grid());
+      for (std::size_t g = 0; g < global.size(); ++g)
+        if (!(global[g] == want_value(p->shard.name, static_cast<index_t>(g)))) ++bad;
+    }
+    return static_cast<long long>(max_over_ranks(static_cast<double>(bad)));
+  }
+};
+
+CheckpointInfo make_info(std::int64_t step, const std::string& scheme) {
+  CheckpointInfo info;
+  info.step = step;
+  info.meta["scheme"] = scheme;
+  info.meta["gpt"] = "n_layer=2 n_head=8 n_embd=16";
+  info.meta["odd text"] = "spaces, 100% escapes\nnew line\ttab \xc3\xa9 end ";
+  info.meta["empty"] = "";
+  info.meta[""] = "empty key";
+  return info;
+}
+
+std::string step_name(int step) {
+  std::string digits = std::to_string(step);
+  return cat({"step_", std::string(8 - digits.size(), '0'), digits});
+}
+
+// f() must throw summa::Error on every rank, with the same message containing
+// every word of `words`.
+template <class F>
+void expect_error_everywhere(F&& f, const std::vector<std::string>& words,
+                             const std::string& what) {
+  SCOPED_TRACE(what);
+  std::string message;
+  int threw = 0;
+  try {
+    f();
+  } catch (const Error& e) {
+    threw = 1;
+    message = e.what();
+  }
+  int all = threw;
+  MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  EXPECT_EQ(all, 1) << "not every rank threw";
+  for (const std::string& w : words)
+    EXPECT_NE(message.find(w), std::string::npos) << "'" << w << "' not in: " << message;
+  EXPECT_TRUE(same_on_all_ranks(message)) << message;
+}
+
+// Rank 0 changes a file; the others wait.
+template <class F>
+void on_rank0(F&& f) {
+  if (world_rank() == 0) f();
+  barrier();
+}
+
+void flip_byte(const fs::path& file, std::uintmax_t at) {
+  std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekg(static_cast<std::streamoff>(at));
+  char c = 0;
+  io.read(&c, 1);
+  c = static_cast<char>(c ^ 0x20);
+  io.seekp(static_cast<std::streamoff>(at));
+  io.write(&c, 1);
+}
+
+fs::path last_shard(const fs::path& dir) {
+  fs::path last;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind("shard_", 0) == 0 && e.path() > last) last = e.path();
+  return last;
+}
+
+TEST(Checksum64, MatchesXxh64ReferenceVectors) {
+  EXPECT_EQ(checksum64("", 0), 0xEF46DB3751D8E999ULL);
+  EXPECT_EQ(checksum64("a", 1), 0xD24EC4F1A98C6E5BULL);
+  EXPECT_EQ(checksum64("abc", 3), 0x44BC2CF5AD770999ULL);
+  const std::string nobody = "Nobody inspects the spammish repetition";  // 39 bytes: stripes
+  EXPECT_EQ(checksum64(nobody.data(), nobody.size()), 0xFBCEA83C8A378BF1ULL);
+  // xxHash's own sanity buffer (101 bytes), seeds 0 and 2654435761
+  unsigned char sanity[101];
+  std::uint32_t gen = 2654435761U;
+  for (unsigned char& b : sanity) {
+    b = static_cast<unsigned char>(gen >> 24);
+    gen *= gen;
+  }
+  EXPECT_EQ(checksum64(sanity, 1), 0x4FCE394CC88952D8ULL);
+  EXPECT_EQ(checksum64(sanity, 14), 0xCFFA8DB881BC3A3DULL);
+  EXPECT_EQ(checksum64(sanity, 101), 0x0EAB543384F878ADULL);
+  EXPECT_EQ(checksum64(sanity, 101, 2654435761U), 0xCAA65939306F1E21ULL);
+  EXPECT_EQ(checksum64(sanity, 14, 2654435761U), 0x5B9611585EFCC9CBULL);
+
+  // streamed in random pieces == one shot, on fresh random data
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen64(seed);
+  std::vector<unsigned char> data(1000 + gen64() % 3000);
+  for (auto& b : data) b = static_cast<unsigned char>(gen64());
+  for (int trial = 0; trial < 20; ++trial) {
+    Checksum64 sum(trial);
+    std::size_t at = 0;
+    while (at < data.size()) {
+      const std::size_t n = std::min<std::size_t>(gen64() % 70, data.size() - at);
+      sum.update(data.data() + at, n);
+      at += n;
+    }
+    EXPECT_EQ(sum.digest(),
+              checksum64(data.data(), data.size(), static_cast<std::uint64_t>(trial)));
+  }
+  // one flipped bit changes it
+  const std::uint64_t before = checksum64(data.data(), data.size());
+  data[gen64() % data.size()] ^= 0x04;
+  EXPECT_NE(checksum64(data.data(), data.size()), before);
+}
+
+// Save under every scheme of this world size, load under every scheme. Every
+// load checks every local element (owners and replicas) of values and slots;
+// the gathered tensors (gather_global, 2 all-reduces per tensor) are checked
+// for every pair up to 4 ranks (15 schemes) and, to keep 8 ranks (26 schemes,
+// 676 pairs) in seconds, for every fifth pair there (each checkpoint under 5
+// or 6 loading schemes).
+TEST(Checkpoint, ReshardsBetweenEveryPairOfSchemes) {
+  TempRoot tmp;
+  CpuBackend backend;
+  const auto config = small_config();
+  const std::vector<SchemeSpec> schemes = schemes_for(world_size());
+  std::vector<std::uint64_t> seeds;
+  for (std::size_t i = 0; i < schemes.size(); ++i) {
+    seeds.push_back(fresh_seed());
+    SCOPED_TRACE(cat({"save under ", schemes[i].str(), ", ", seed_note(seeds[i])}));
+    Model<double> run(schemes[i], backend, config);
+    run.fill(seeds[i]);
+    const fs::path root = tmp.path() / cat({"s", std::to_string(i)});
+    save_checkpoint(root, run.store(), run.slots,
+                    make_info(static_cast<std::int64_t>(10 + i), schemes[i].str()), run.grid());
+    // saving does not change the state; one shard per rank of a tensor group
+    EXPECT_EQ((run.mismatches<double, double>(seeds[i])), 0);
+    if (world_rank() == 0) {
+      int shards = 0;
+      for (const auto& e : fs::directory_iterator(root / step_name(static_cast<int>(10 + i))))
+        shards += e.path().filename().string().rfind("shard_", 0) == 0 ? 1 : 0;
+      EXPECT_EQ(shards, schemes[i].tensor_ranks());
+      EXPECT_NO_THROW(verify_checkpoint(root));
+    }
+  }
+  const std::size_t gather_stride = schemes.size() <= 15 ? 1 : 5;
+  for (std::size_t j = 0; j < schemes.size(); ++j) {
+    const SchemeSpec& spec = schemes[j];
+    Model<double> run(spec, backend, config);
+    for (std::size_t i = 0; i < schemes.size(); ++i) {
+      SCOPED_TRACE(cat({"saved under ", schemes[i].str(), ", loaded under ", spec.str(), ", ",
+                        seed_note(seeds[i])}));
+      run.scramble(seeds[i]);
+      const CheckpointInfo info = load_checkpoint(tmp.path() / cat({"s", std::to_string(i)}),
+                                                  run.store(), run.slots, run.grid());
+      EXPECT_EQ(info, make_info(static_cast<std::int64_t>(10 + i), schemes[i].str()));
+      EXPECT_EQ((run.mismatches<double, double>(seeds[i], (i + j) % gather_stride == 0)), 0);
+    }
+  }
+}
+
+// float <-> double: each element is the one static_cast of the saved element.
+TEST(Checkpoint, ConvertsElementTypes) {
+  TempRoot tmp;
+  CpuBackend backend;
+  const auto config = small_config();
+  const std::vector<SchemeSpec> schemes = schemes_for(world_size());
+  const SchemeSpec& a = schemes.front();
+  const SchemeSpec& b = schemes.back();
+  const std::uint64_t s1 = fresh_seed(), s2 = fresh_seed(), s3 = fresh_seed();
+  SCOPED_TRACE(seed_note(s1));
+  {
+    Model<float> run(a, backend, config);
+    run.fill(s1);
+    save_checkpoint(tmp.path() / "f", run.store(), run.slots, make_info(1, a.str()), run.grid());
+  }
+  {
+    Model<double> run(b, backend, config);
+    run.fill(s2);
+    save_checkpoint(tmp.path() / "d", run.store(), run.slots, make_info(2, b.str()), run.grid());
+  }
+  {
+    Model<double, float> run(a, backend, config);  // double weights, float slots
+    run.fill(s3);
+    save_checkpoint(tmp.path() / "df", run.store(), run.slots, make_info(3, a.str()), run.grid());
+  }
+  {
+    Model<double> run(b, backend, config);
+    load_checkpoint(tmp.path() / "f", run.store(), run.slots, run.grid());
+    EXPECT_EQ((run.mismatches<float, float>(s1)), 0) << "float -> double";
+    load_checkpoint(tmp.path() / "df", run.store(), run.slots, run.grid());
+    EXPECT_EQ((run.mismatches<double, float>(s3)), 0) << "double, float slots -> double";
+  }
+  {
+    Model<float> run(a, backend, config);
+    load_checkpoint(tmp.path() / "d", run.store(), run.slots, run.grid());
+    EXPECT_EQ((run.mismatches<double, double>(s2)), 0) << "double -> float";
+    load_checkpoint(tmp.path() / "f", run.store(), run.slots, run.grid());
+    EXPECT_EQ((run.mismatches<float, float>(s1)), 0) << "float -> float";
+  }
+}
+
+// Steps, `latest`, replacing a step, leftovers of a crashed save, failed saves.
+TEST(Checkpoint, StepsLatestAndCrashLeftovers) {
+  TempRoot tmp;
+  CpuBackend backend;
+  const auto config = small_config();
+  const std::vector<SchemeSpec> schemes = schemes_for(world_size());
+  const SchemeSpec& a = schemes.front();
+  const SchemeSpec& b = schemes[schemes.size() / 2];
+  const fs::path root = tmp.path() / "run";
+  const std::uint64_t s1 = fresh_seed(), s2 = fresh_seed(), s3 = fresh_seed(), s4 = fresh_seed();
+  SCOPED_TRACE(seed_note(s1));
+  EXPECT_FALSE(latest_checkpoint(root).has_value());
+
+  Model<double> saver(a, backend, config);
+  Model<double> loader(b, backend, config);
+  saver.fill(s1);
+  save_checkpoint(root, saver.store(), saver.slots, make_info(1, a.str()), saver.grid());
+  saver.fill(s2);
+  save_checkpoint(root, saver.store(), saver.slots, make_info(2, a.str()), saver.grid());
+  EXPECT_EQ(latest_checkpoint(root), root / step_name(2));
+  EXPECT_EQ(read_checkpoint_info(root).step, 2);
+  EXPECT_EQ(read_checkpoint_info(root / step_name(1), MPI_COMM_WORLD), make_info(1, a.str()));
+
+  loader.scramble(s1);
+  EXPECT_EQ(load_checkpoint(root, loader.store(), loader.slots, loader.grid()).step, 2);
+  EXPECT_EQ((loader.mismatches<double, double>(s2)), 0);
+  EXPECT_EQ(load_checkpoint(root / step_name(1), loader.store(), loader.slots, loader.grid()).step,
+            1);
+  EXPECT_EQ((loader.mismatches<double, double>(s1)), 0);
+
+  // a crash while writing step 3 leaves step_00000003.tmp: ignored
+  on_rank0([&] {
+    fs::create_directories(root / (step_name(3) + ".tmp"));
+    std::ofstream(root / (step_name(3) + ".tmp") / "manifest") << "summa-checkpoint 1\nstep 3\n";
+    std::ofstream(root / (step_name(3) + ".tmp") / "shard_00000.bin") << "partial";
+  });
+  EXPECT_EQ(latest_checkpoint(root), root / step_name(2));
+  loader.scramble(s1);
+  EXPECT_EQ(load_checkpoint(root, loader.store(), loader.slots, loader.grid()).step, 2);
+  EXPECT_EQ((loader.mismatches<double, double>(s2)), 0);
+
+  // saving step 2 again replaces it (and clears the leftover)
+  saver.fill(s3);
+  save_checkpoint(root, saver.store(), saver.slots, make_info(2, "again"), saver.grid());
+  if (world_rank() == 0) {
+    EXPECT_FALSE(fs::exists(root / (step_name(3) + ".tmp")));
+  }
+  EXPECT_EQ(load_checkpoint(root, loader.store(), loader.slots, loader.grid()),
+            make_info(2, "again"));
+  EXPECT_EQ((loader.mismatches<double, double>(s3)), 0);
+  load_checkpoint(root / step_name(1), loader.store(), loader.slots, loader.grid());
+  EXPECT_EQ((loader.mismatches<double, double>(s1)), 0);
+
+  // failed saves write nothing and leave `latest` alone
+  saver.fill(s4);
+  std::vector<StateSlot> twice = saver.slots;
+  twice[1].name = twice[0].name;
+  expect_error_everywhere(
+      [&] { save_checkpoint(root, saver.store(), twice, make_info(4, a.str()), saver.grid()); },
+      {"save_checkpoint", "'exp_avg'", "twice"}, "duplicate slot names");
+  expect_error_everywhere(
+      [&] {
+        save_checkpoint(root, saver.store(), saver.slots, make_info(-4, a.str()), saver.grid());
+      },
+      {"step -4", "negative"}, "negative step");
+  std::vector<StateSlot> null_on_0 = saver.slots;
+  if (world_rank() == 0) null_on_0[1].data = nullptr;
+  expect_error_everywhere(
+      [&] { save_checkpoint(root, saver.store(), null_on_0, make_info(4, a.str()), saver.grid()); },
+      {"'exp_avg_sq'", "null"}, "a null slot buffer on rank 0 only");
+  if (world_size() > 1) {
+    std::vector<StateSlot> other = saver.slots;
+    if (world_rank() == world_size() - 1) std::swap(other[0].name, other[1].name);
+    expect_error_everywhere(
+        [&] { save_checkpoint(root, saver.store(), other, make_info(4, a.str()), saver.grid()); },
+        {"differ across ranks"}, "slots differing across ranks");
+  }
+  EXPECT_EQ(latest_checkpoint(root), root / step_name(2));
+  if (world_rank() == 0) {
+    EXPECT_FALSE(fs::exists(root / step_name(4)));
+    EXPECT_NO_THROW(verify_checkpoint(root));
+  }
+  save_checkpoint(root, saver.store(), saver.slots, make_info(4, a.str()), saver.grid());
+  EXPECT_EQ(latest_checkpoint(root), root / step_name(4));
+  EXPECT_EQ(load_checkpoint(root, loader.store(), loader.slots, loader.grid()).step, 4);
+  EXPECT_EQ((loader.mismatches<double, double>(s4)), 0);
+}
+
+// Every error throws on every rank, naming the problem; the previous
+// checkpoint still loads.
+TEST(Checkpoint, ErrorsThrowOnEveryRank) {
+  TempRoot tmp;
+  CpuBackend backend;
+  const auto config = small_config();
+  const std::vector<SchemeSpec> schemes = schemes_for(world_size());
+  const SchemeSpec& a = schemes.back();
+  const SchemeSpec& b = schemes.front();
+  const fs::path root = tmp.path() / "run";
+  const std::uint64_t s1 = fresh_seed(), s2 = fresh_seed();
+  SCOPED_TRACE(seed_note(s1));
+  Model<double> saver(a, backend, config);
+  Model<double> loader(b, backend, config);
+  saver.fill(s1);
+  save_checkpoint(root, saver.store(), saver.slots, make_info(1, a.str()), saver.grid());
+  saver.fill(s2);
+  const fs::path step2 = root / step_name(2);
+  const auto fresh_step2 = [&] {
+    save_checkpoint(root, saver.store(), saver.slots, make_info(2, a.str()), saver.grid());
+  };
+  const auto load = [&](const fs::path& p) {
+    return load_checkpoint(p, loader.store(), loader.slots, loader.grid());
+  };
+  const auto previous_still_loads = [&] {
+    loader.scramble(s2);
+    EXPECT_EQ(load(root / step_name(1)).step, 1);
+    EXPECT_EQ((loader.mismatches<double, double>(s1)), 0);
+  };
+
+  fresh_step2();
+  on_rank0([&] {
+    const fs::path shard = last_shard(step2);
+    fs::resize_file(shard, fs::file_size(shard) - 8);
+  });
+  expect_error_everywhere([&] { load(root); }, {"shard_", "truncated"}, "truncated shard");
+  previous_still_loads();
+
+  fresh_step2();
+  on_rank0([&] {
+    const fs::path shard = last_shard(step2);
+    flip_byte(shard, fs::file_size(shard) - 3);
+  });
+  expect_error_everywhere([&] { load(root); }, {"shard_", "corrupted", "checksum"},
+                          "flipped byte in a shard");
+  previous_still_loads();
+
+  fresh_step2();
+  on_rank0([&] { flip_byte(step2 / "manifest", fs::file_size(step2 / "manifest") / 2); });
+  expect_error_everywhere([&] { load(root); }, {"manifest", "corrupted"},
+                          "flipped byte in the manifest");
+  previous_still_loads();
+
+  fresh_step2();
+  on_rank0([&] { fs::remove(last_shard(step2)); });
+  expect_error_everywhere([&] { load(root); }, {"shard_", "missing"}, "deleted shard");
+  previous_still_loads();
+
+  fresh_step2();
+  on_rank0([&] { flip_byte(last_shard(step2), 0); });
+  expect_error_everywhere([&] { load(root); }, {"shard_", "bad magic"}, "bad shard magic");
+  previous_still_loads();
+
+  fresh_step2();
+  on_rank0([&] { fs::remove(step2 / "manifest"); });
+  expect_error_everywhere([&] { load(step2); }, {step2.string(), "no checkpoint", "missing"},
+                          "no manifest");
+  expect_error_everywhere([&] { load(root); }, {"latest", "no manifest"},
+                          "latest pointing to a directory without a manifest");
+  previous_still_loads();
+
+  fresh_step2();
+  on_rank0([&] {
+    std::fstream io(step2 / "manifest", std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(static_cast<std::streamoff>(std::string("summa-checkpoint ").size()));
+    io.write("7", 1);
+  });
+  expect_error_everywhere([&] { load(root); }, {"manifest", "version '7'"}, "future version");
+  on_rank0([&] { std::ofstream(step2 / "manifest") << "hello\n"; });
+  expect_error_everywhere([&] { load(root); }, {"manifest", "bad magic"}, "not a manifest");
+  expect_error_everywhere([&] { read_checkpoint_info(root, MPI_COMM_WORLD); },
+                          {"manifest", "bad magic"}, "read_checkpoint_info of a bad manifest");
+  previous_still_loads();
+
+  expect_error_everywhere([&] { load(tmp.path() / "nothing"); }, {"nothing", "no checkpoint"},
+                          "no checkpoint at all");
+
+  // another model: the differing tensor and both shapes are named
+  fresh_step2();
+  {
+    Model<double> wider(b, backend, small_config(24));
+    expect_error_everywhere(
+        [&] { load_checkpoint(root, wider.store(), wider.slots, wider.grid()); },
+        {"parameter list mismatch", "'wte.weight'", "[24, 16]", "[24, 24]"}, "wider model");
+  }
+  {
+    Model<double> shallower(b, backend, small_config(16, 1));
+    expect_error_everywhere(
+        [&] { load_checkpoint(root, shallower.store(), shallower.slots, shallower.grid()); },
+        {"parameter list mismatch", "'h.1."}, "fewer layers");
+  }
+  {
+    Model<double> deeper(b, backend, small_config(16, 3));
+    expect_error_everywhere(
+        [&] { load_checkpoint(root, deeper.store(), deeper.slots, deeper.grid()); },
+        {"parameter list mismatch", "'h.2."}, "more layers");
+  }
+  // other slots
+  const std::vector<StateSlot> one(loader.slots.begin(), loader.slots.begin() + 1);
+  expect_error_everywhere([&] { load_checkpoint(root, loader.store(), one, loader.grid()); },
+                          {"slot mismatch", "exp_avg_sq"}, "one slot of two");
+  std::vector<StateSlot> renamed = loader.slots;
+  renamed[1].name = "momentum_buffer";
+  expect_error_everywhere([&] { load_checkpoint(root, loader.store(), renamed, loader.grid()); },
+                          {"slot mismatch", "momentum_buffer"}, "renamed slot");
+  // nothing above damaged step 2
+  loader.scramble(s1);
+  EXPECT_EQ(load(root).step, 2);
+  EXPECT_EQ((loader.mismatches<double, double>(s2)), 0);
+  previous_still_loads();
+}
+
+}  // namespace
+}  // namespace summa::test
