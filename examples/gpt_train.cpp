@@ -39,14 +39,14 @@ namespace fs = std::filesystem;
 using summa::index_t;
 
 struct Cli {
-  int layers = 2, hidden = 64, heads = 4, seq = 64, vocab = 0, positions = 0;
+  int layers = 4, hidden = 128, heads = 4, seq = 64, vocab = 0, positions = 0;
   std::string scheme;  // default: from the rank count
   std::string dtype = "float";
   bool recompute = true;
-  std::int64_t steps = 300;
+  std::int64_t steps = 400;
   index_t batch = 16;
   std::string optimizer = "adamw";
-  double lr = 3e-3, min_lr = -1, weight_decay = 0.1, beta2 = 0.95, momentum = 0.9, clip = 1.0;
+  double lr = 2e-3, min_lr = -1, weight_decay = 0.1, beta2 = 0.95, momentum = 0.9, clip = 1.0;
   std::int64_t warmup = 20;
   std::uint64_t seed = 1234, data_seed = 1234;
   std::string data = SUMMA_DEFAULT_CORPUS;
@@ -268,7 +268,7 @@ int train(const Cli& cli) {
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   const double val_after = eval("after training,");
-  trainer.save(ckpt_root);
+  if (trainer.step() > first || !resume) trainer.save(ckpt_root);  // nothing new otherwise
   if (!export_dir.empty()) trainer.export_hf(export_dir);
   if (!cli.check_batch.empty()) {
     // One validation batch and summa's loss on it, for scripts/hf_check.py

@@ -1,0 +1,54 @@
+# The gpt_train example end to end on 4 ranks, small and short: train under
+# 2D 2x2 with a checkpoint, resume under 1D p=4, check the outputs (export,
+# config.json, log lines, checkpoint), and check a bad scheme fails cleanly.
+# Arguments: -DMPIEXEC= -DMPIEXEC_FLAGS= -DEXE= -DWORK_DIR=
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+set(flags ${MPIEXEC_FLAGS})  # a CMake list
+set(small --layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 --eval-every 3
+          --eval-batches 1 --checkpoint-every 2 --warmup 2)
+
+function(run_train expect_fail)
+  execute_process(COMMAND ${MPIEXEC} -np 4 ${flags} ${EXE} ${small} ${ARGN}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message("${out}${err}")
+  if(expect_fail AND rc EQUAL 0)
+    message(FATAL_ERROR "gpt_train ${ARGN} succeeded, expected a failure")
+  elseif(NOT expect_fail AND NOT rc EQUAL 0)
+    message(FATAL_ERROR "gpt_train ${ARGN} failed (${rc})")
+  endif()
+  set(last_output "${out}${err}" PARENT_SCOPE)
+endfunction()
+
+run_train(FALSE --steps 4 --out ${WORK_DIR}/out)
+if(NOT last_output MATCHES "validation loss")
+  message(FATAL_ERROR "no validation line")
+endif()
+run_train(FALSE --steps 6 --scheme 1d:p=4 --resume --out ${WORK_DIR}/out)
+if(NOT last_output MATCHES "resuming from .*step 4, saved under 2d:q=2")
+  message(FATAL_ERROR "the second run did not resume from step 4 of the 2D run")
+endif()
+foreach(f export/model.safetensors export/config.json log.jsonl checkpoints/latest
+          checkpoints/step_00000006)
+  if(NOT EXISTS ${WORK_DIR}/out/${f})
+    message(FATAL_ERROR "missing output ${f}")
+  endif()
+endforeach()
+file(STRINGS ${WORK_DIR}/out/log.jsonl steps REGEX "\"loss\"")
+list(LENGTH steps n)
+if(NOT n EQUAL 6)
+  message(FATAL_ERROR "log.jsonl has ${n} step lines, expected 6 (4 + 2 resumed)")
+endif()
+file(READ ${WORK_DIR}/out/export/config.json config)
+if(NOT config MATCHES "\"n_layer\": *1" OR NOT config MATCHES "\"model_type\": *\"gpt2\"")
+  message(FATAL_ERROR "unexpected config.json: ${config}")
+endif()
+run_train(TRUE --steps 1 --scheme 2d:q=3 --out ${WORK_DIR}/bad)
+if(NOT last_output MATCHES "needs 9 ranks")
+  message(FATAL_ERROR "the bad scheme's error does not say what is wrong")
+endif()
+run_train(TRUE --steps 1 --data ${WORK_DIR}/missing.bin --out ${WORK_DIR}/bad)
+if(NOT last_output MATCHES "missing.bin")
+  message(FATAL_ERROR "the missing data file is not named")
+endif()
+file(REMOVE_RECURSE ${WORK_DIR})
