@@ -24,6 +24,7 @@
 #include <fstream>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,7 @@ struct Cli {
   bool resume = false;
   std::string resume_from, import_dir, export_dir = "<out>/export", log = "<out>/log.jsonl";
   std::string check_batch;
+  std::set<std::string> given;  // options set on the command line
 };
 
 int world_rank() {
@@ -141,6 +143,7 @@ int train(const Cli& cli) {
   o.data_seed = cli.data_seed;
   o.val_fraction = cli.val_fraction;
 
+  std::int64_t steps = cli.steps;
   // Resuming: the checkpoint fixes the model shape and the data stream.
   std::optional<fs::path> resume;
   if (!cli.resume_from.empty()) {
@@ -160,6 +163,24 @@ int train(const Cli& cli) {
     o.config = summa::config_from_meta(info.meta);
     if (const auto it = info.meta.find("data_seed"); it != info.meta.end())
       o.data_seed = std::stoull(it->second);
+    // The run's settings continue unless given again on the command line.
+    const auto keep = [&](const char* flag, const char* key, auto& field) {
+      const auto it = info.meta.find(key);
+      if (cli.given.count(flag) || it == info.meta.end()) return;
+      if constexpr (std::is_same_v<std::decay_t<decltype(field)>, double>)
+        field = std::stod(it->second);
+      else
+        field = static_cast<std::decay_t<decltype(field)>>(std::stoll(it->second));
+    };
+    keep("--batch", "batch", o.batch);
+    keep("--seq", "seq", o.seq);
+    keep("--lr", "lr", o.schedule.lr);
+    keep("--min-lr", "min_lr", o.schedule.min_lr);
+    keep("--warmup", "warmup", o.schedule.warmup);
+    keep("--steps", "total", o.schedule.total);
+    steps = o.schedule.total;
+    keep("--weight-decay", "weight_decay", o.optimizer.weight_decay);
+    keep("--clip", "clip", o.clip);
     if (root)
       std::printf("gpt_train: resuming from %s (step %lld, saved under %s)\n",
                   resume->string().c_str(), static_cast<long long>(info.step),
@@ -228,7 +249,7 @@ int train(const Cli& cli) {
   const std::int64_t first = trainer.step();
   std::vector<double> times, losses;
   const auto t_start = std::chrono::steady_clock::now();
-  for (std::int64_t s = first; s < cli.steps; ++s) {
+  for (std::int64_t s = first; s < steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
     const summa::StepStats st = trainer.train_step();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -242,18 +263,17 @@ int train(const Cli& cli) {
       std::vector<double> recent(times.end() - std::min<std::ptrdiff_t>(20, std::ssize(times)),
                                  times.end());
       std::nth_element(recent.begin(), recent.begin() + std::ssize(recent) / 2, recent.end());
-      const double eta = recent[recent.size() / 2] * static_cast<double>(cli.steps - s - 1);
+      const double eta = recent[recent.size() / 2] * static_cast<double>(steps - s - 1);
       char line[256];
       std::snprintf(line, sizeof line,
                     "step %5lld/%lld | loss %.4f | lr %.2e | |g| %.3f | %s | %s | mem %s/rank | "
                     "ETA %s",
-                    static_cast<long long>(s + 1), static_cast<long long>(cli.steps), st.loss,
-                    st.lr, st.grad_norm, human(tok_s, "tok/s").c_str(),
-                    human(flop_s, "FLOP/s").c_str(), human(mem, "B").c_str(),
-                    duration(eta).c_str());
+                    static_cast<long long>(s + 1), static_cast<long long>(steps), st.loss, st.lr,
+                    st.grad_norm, human(tok_s, "tok/s").c_str(), human(flop_s, "FLOP/s").c_str(),
+                    human(mem, "B").c_str(), duration(eta).c_str());
       if (tty)
         std::printf("\r%s\033[K", line);
-      else if ((s + 1) % cli.print_every == 0 || s == first || s + 1 == cli.steps)
+      else if ((s + 1) % cli.print_every == 0 || s == first || s + 1 == steps)
         std::printf("%s\n", line);
       std::fflush(stdout);
       if (log)
@@ -261,8 +281,8 @@ int train(const Cli& cli) {
             << ", \"grad_norm\": " << st.grad_norm << ", \"step_s\": " << dt_max
             << ", \"tokens_per_s\": " << tok_s << ", \"model_flops_per_s\": " << flop_s << "}\n";
     }
-    if (cli.eval_every > 0 && (s + 1) % cli.eval_every == 0 && s + 1 < cli.steps) eval("at");
-    if (cli.checkpoint_every > 0 && (s + 1) % cli.checkpoint_every == 0 && s + 1 < cli.steps)
+    if (cli.eval_every > 0 && (s + 1) % cli.eval_every == 0 && s + 1 < steps) eval("at");
+    if (cli.checkpoint_every > 0 && (s + 1) % cli.checkpoint_every == 0 && s + 1 < steps)
       trainer.save(ckpt_root);
   }
   const double elapsed =
@@ -311,11 +331,15 @@ int train(const Cli& cli) {
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted.empty() ? 0 : sorted[sorted.size() / 2];
     std::printf("\n== summary ==\n");
-    std::printf("steps %lld..%lld in %s (median step %.3f s, %s, %s)\n",
-                static_cast<long long>(first), static_cast<long long>(trainer.step()),
-                duration(elapsed).c_str(), median,
-                human(median > 0 ? tokens_per_step / median : 0, "tok/s").c_str(),
-                human(median > 0 ? flops_per_step / median : 0, "FLOP/s").c_str());
+    if (times.empty())
+      std::printf("nothing to train: at step %lld of %lld (--steps N to go further)\n",
+                  static_cast<long long>(trainer.step()), static_cast<long long>(steps));
+    else
+      std::printf("steps %lld..%lld in %s (median step %.3f s, %s, %s)\n",
+                  static_cast<long long>(first), static_cast<long long>(trainer.step()),
+                  duration(elapsed).c_str(), median,
+                  human(median > 0 ? tokens_per_step / median : 0, "tok/s").c_str(),
+                  human(median > 0 ? flops_per_step / median : 0, "FLOP/s").c_str());
     if (k)
       std::printf("training loss: mean of the first %zu steps %.4f -> last %zu steps %.4f\n", k,
                   head, k, tail);
@@ -403,6 +427,8 @@ int main(int argc, char** argv) {
       MPI_Finalize();
       return code;
     }
+    for (const CLI::Option* opt : app.get_options())
+      if (opt->count() > 0) cli.given.insert(opt->get_name());
     code = cli.dtype == "double" ? train<double>(cli) : train<float>(cli);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_train (rank %d): %s\n", world_rank(), e.what());

@@ -171,7 +171,13 @@ std::map<std::string, std::string> Trainer<T>::checkpoint_meta() const {
           {"init_seed", std::to_string(options_.init_seed)},
           {"batch", std::to_string(options_.batch)},
           {"seq", std::to_string(options_.seq)},
-          {"dtype", std::string(name_of(dtype_v<T>))}};
+          {"dtype", std::string(name_of(dtype_v<T>))},
+          {"lr", fmt::format("{}", options_.schedule.lr)},
+          {"min_lr", fmt::format("{}", options_.schedule.min_lr)},
+          {"warmup", std::to_string(options_.schedule.warmup)},
+          {"total", std::to_string(options_.schedule.total)},
+          {"weight_decay", fmt::format("{}", options_.optimizer.weight_decay)},
+          {"clip", fmt::format("{}", options_.clip)}};
 }
 
 template <class T>
