@@ -8,7 +8,12 @@
 #include <cmath>
 #include <vector>
 
+#include "summa/build_info.hpp"
 #include "summa/core/error.hpp"
+#if SUMMA_HAVE_CUDA
+#include "summa/comm/nccl_communicator.hpp"
+#include "summa/comm/staged_communicator.hpp"
+#endif
 
 namespace summa {
 
@@ -77,10 +82,55 @@ int linear_index(const GridShape& s, const GridCoords& c) {
   return ((c.data * s.depth + c.depth) * s.rows + c.row) * s.cols + c.col;
 }
 
+std::optional<std::string> check_comm_backend(const GridOptions& o) {
+  switch (o.comm) {
+    case CommBackend::mpi:
+      return std::nullopt;
+    case CommBackend::nccl:
+    case CommBackend::mpi_staged:
+      if (!SUMMA_HAVE_CUDA)
+        return fmt::format(
+            "ProcessGrid: GridOptions::comm = {} needs CUDA, but summa was built "
+            "without CUDA (configure with SUMMA_CUDA=ON where CUDA, cuBLAS and "
+            "NCCL are installed)",
+            to_string(o.comm));
+      return std::nullopt;
+  }
+  return fmt::format("ProcessGrid: unknown GridOptions::comm value {}", static_cast<int>(o.comm));
+}
+
+// Takes ownership of `comm` (freed with the communicator, also on a throw).
+std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, CommAxis axis,
+                                                TrafficCounter* counter, const GridOptions& o) {
+#if SUMMA_HAVE_CUDA
+  if (o.comm == CommBackend::nccl)
+    return std::make_unique<NcclCommunicator>(comm, true, axis, counter, o.compute_stream);
+  if (o.comm == CommBackend::mpi_staged)
+    return std::make_unique<StagedCommunicator>(comm, true, axis, counter, o.compute_stream,
+                                                o.staging_bytes);
+#else
+  (void)o;
+#endif
+  return std::make_unique<MpiCommunicator>(comm, true, axis, counter);
+}
+
 }  // namespace
 
+const char* to_string(CommBackend backend) {
+  switch (backend) {
+    case CommBackend::mpi:
+      return "mpi";
+    case CommBackend::nccl:
+      return "nccl";
+    case CommBackend::mpi_staged:
+      return "mpi_staged";
+  }
+  return "unknown";
+}
+
 struct ProcessGrid::Impl {
-  std::array<std::unique_ptr<MpiCommunicator>, comm_axis_count> comms;
+  std::array<std::unique_ptr<Communicator>, comm_axis_count> comms;
+  std::array<MPI_Comm, comm_axis_count> natives{};  ///< owned by comms[i]
 };
 
 ProcessGrid::ProcessGrid(MPI_Comm comm, GridShape shape, GridOptions options)
@@ -96,7 +146,10 @@ ProcessGrid::ProcessGrid(MPI_Comm comm, GridShape shape, GridOptions options)
                         describe(shape), shape.size());
   else if (options.ranks_per_node < 0)
     error = fmt::format("ProcessGrid: ranks_per_node must be >= 0, got {}", options.ranks_per_node);
+  else
+    error = check_comm_backend(options);
   agree_on(comm, error);
+  comm_backend_ = options.comm;
 
   const NodeInfo node = detect_nodes(comm, options.ranks_per_node);
   ranks_per_node_ = node.per_node;
@@ -135,8 +188,9 @@ ProcessGrid::ProcessGrid(MPI_Comm comm, GridShape shape, GridOptions options)
   MPI_Comm world;
   check_mpi(MPI_Comm_split(comm, 0, linear_index(shape, coords_), &world), "MPI_Comm_split");
   auto wrap = [&](CommAxis axis, MPI_Comm c) {
+    impl_->natives[static_cast<std::size_t>(axis)] = c;
     impl_->comms[static_cast<std::size_t>(axis)] =
-        std::make_unique<MpiCommunicator>(c, true, axis, &(*traffic_)[axis]);
+        make_communicator(c, axis, &(*traffic_)[axis], options);
   };
   wrap(CommAxis::world, world);
   const GridShape& s = shape_;
@@ -175,7 +229,7 @@ MPI_Comm ProcessGrid::native(CommAxis axis) const {
   require(c != nullptr, [&] {
     return fmt::format("ProcessGrid has no communicator for axis {}", name_of(axis));
   });
-  return c->native();
+  return impl_->natives[static_cast<std::size_t>(axis)];
 }
 
 void ProcessGrid::agree(CommAxis axis, const std::optional<std::string>& local_error) const {

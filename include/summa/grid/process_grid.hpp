@@ -5,6 +5,8 @@
 
 #include <mpi.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -14,13 +16,35 @@
 
 namespace summa {
 
+/// Which Communicator a ProcessGrid builds for each axis.
+enum class CommBackend : std::uint8_t {
+  mpi,         ///< MpiCommunicator: host buffers (the CPU backend)
+  nccl,        ///< NcclCommunicator: device buffers, one GPU per rank (needs CUDA)
+  mpi_staged,  ///< StagedCommunicator: device buffers over MPI via pinned host
+               ///< copies; several ranks may share a GPU (needs CUDA)
+};
+
 struct GridOptions {
   Placement placement = Placement::natural;
   /// Ranks per node for bunched placement; 0 detects it with
   /// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). Setting it lets a single node
   /// emulate several (tests), or override what detection finds.
   int ranks_per_node = 0;
+  /// Communicator of every axis. nccl and mpi_staged need a libsumma built
+  /// with CUDA (otherwise every rank throws "... built without CUDA") and the
+  /// rank's device chosen before the grid is built (select_device_for_rank()
+  /// or CudaBackend); nccl also needs a different GPU for each rank.
+  CommBackend comm = CommBackend::mpi;
+  /// The compute stream (a cudaStream_t, e.g. CudaBackend::stream()) the
+  /// nccl / mpi_staged communicators order their work with; null is the
+  /// legacy default stream. Ignored by mpi.
+  void* compute_stream = nullptr;
+  /// Pinned staging bytes of each mpi_staged communicator (one per axis).
+  std::size_t staging_bytes = std::size_t{64} << 20;
 };
+
+/// "mpi", "nccl" or "mpi_staged".
+const char* to_string(CommBackend backend);
 
 class ProcessGrid {
  public:
@@ -64,8 +88,11 @@ class ProcessGrid {
   Communicator& mesh() { return comm(CommAxis::mesh); }
   Communicator& tensor() { return comm(CommAxis::tensor); }
   Communicator& comm(CommAxis axis);
-  /// The MPI communicator of an axis (for MPI-level control traffic).
+  /// The MPI communicator of an axis (for MPI-level control traffic; under
+  /// every CommBackend, the MPI group the axis communicator was built from).
   MPI_Comm native(CommAxis axis) const;
+  /// The communicator backend the axes use (GridOptions::comm).
+  CommBackend comm_backend() const { return comm_backend_; }
 
   /// Bytes and calls per axis since construction or the last reset.
   const TrafficCounters& traffic() const { return *traffic_; }
@@ -85,6 +112,7 @@ class ProcessGrid {
   int ranks_per_node_ = 1;
   Placement placement_ = Placement::natural;
   std::string placement_note_;
+  CommBackend comm_backend_ = CommBackend::mpi;
   std::unique_ptr<TrafficCounters> traffic_;
   std::unique_ptr<Impl> impl_;
 };

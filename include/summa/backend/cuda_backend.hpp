@@ -1,0 +1,297 @@
+#pragma once
+/// \file cuda_backend.hpp
+/// Backend on one NVIDIA GPU: cuBLAS for GEMM, hand-written CUDA kernels for
+/// every other op, all issued on one compute stream.
+///
+/// This header needs no CUDA headers (the CUDA objects live behind a pimpl
+/// and streams travel as `void*`), so host-only code and the installed
+/// package can include it. The class is only *defined* in a libsumma built
+/// with CUDA (summa/build_info.hpp: SUMMA_HAVE_CUDA == 1); elsewhere a
+/// program that uses it fails to link.
+///
+/// Pointer contract: every pointer handed to a CudaBackend op — view data,
+/// per-row / per-column arrays (bias, mean, rstd, gamma, ...), token ids and
+/// targets — is a device pointer of the backend's device (cudaMalloc'd, e.g.
+/// from allocate() or an Arena on this backend). Host memory moves in and out
+/// through upload() / download(). Ops are asynchronous on stream(); only
+/// cross_entropy_sum(), sum_of_squares(), upload(), download(),
+/// synchronize() and the first gemm() of each shape while tuning wait for
+/// the stream; none synchronises the whole device.
+///
+/// Numerics (see docs/gpu.md): GEMM accumulates in fp32 for float (TF32
+/// tensor cores only with CudaOptions::allow_tf32) and fp64 for double.
+/// LayerNorm sums accumulate in T; row_sum_exp and cross_entropy_sum in
+/// double, like CpuBackend. Reductions run in a fixed order (results do not
+/// depend on timing) except scatter_add_rows, whose atomics may add repeated
+/// ids in any order.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "summa/backend/backend.hpp"
+
+namespace summa {
+
+namespace optim {
+struct AdamWCoefficients;
+struct SgdCoefficients;
+}  // namespace optim
+namespace cuda_detail {
+struct CudaState;  // the CUDA objects behind a CudaBackend (src/backend/cuda_backend.cu)
+}  // namespace cuda_detail
+
+/// How a tuned GEMM is carried out. cuBLAS computes column-major products, so
+/// the storage orders of A, B and C fix its mode (NN, NT, TN or TT); a
+/// variant copies A and/or B into the opposite storage order first (a tiled
+/// transpose kernel into the backend's tuning workspace), which changes
+/// the mode cuBLAS runs while computing the same C (seed paper §V-C: some
+/// modes are much slower than others for some shapes).
+enum class GemmVariant : std::uint8_t {
+  native,          ///< operands as they are
+  transpose_a,     ///< A copied to the opposite storage order first
+  transpose_b,     ///< B copied to the opposite storage order first
+  transpose_both,  ///< both copied
+};
+
+/// "native", "transpose_a", "transpose_b" or "transpose_both".
+const char* to_string(GemmVariant v);
+
+/// Construction options of a CudaBackend.
+struct CudaOptions {
+  /// Device ordinal to use; the constructor makes it current on the calling
+  /// thread (cudaSetDevice). -1 keeps the device current at construction.
+  int device = -1;
+  /// A cudaStream_t to issue every op on (not owned, not destroyed); null:
+  /// the backend creates its own non-blocking stream.
+  void* stream = nullptr;
+  /// Allow TF32 tensor cores in float GEMMs (about 10 mantissa bits per
+  /// product instead of 23; fp32 accumulation either way).
+  bool allow_tf32 = false;
+  /// Time the GEMM variants the first time each distinct GEMM is seen and
+  /// keep the fastest (gemm_tuning_report() lists the choices). Off: always
+  /// GemmVariant::native.
+  bool tune_gemm = true;
+  /// Timed runs per variant while tuning (after one untimed warm-up run).
+  int tune_repeats = 3;
+  /// Most distinct GEMMs remembered; later ones run native, untuned. The
+  /// table is allocated at construction, so a lookup never allocates.
+  std::size_t max_tuned_gemms = 1024;
+  /// Device workspace for the transposed operand copies of the non-native
+  /// variants and for timing runs when beta != 0 (allocated at
+  /// construction). A variant whose copies do not fit is never chosen.
+  std::size_t tune_workspace_bytes = std::size_t{64} << 20;
+  /// cuBLAS workspace, set once with cublasSetWorkspace (allocated at
+  /// construction; NVIDIA recommends 32 MiB on Hopper).
+  std::size_t cublas_workspace_bytes = std::size_t{32} << 20;
+  /// Testing and benchmarking: run every GEMM with this variant (throws
+  /// summa::Error when its copies do not fit the tuning workspace).
+  std::optional<GemmVariant> force_variant = std::nullopt;
+  /// Debugging the pointer contract: every op checks with
+  /// cudaPointerGetAttributes that its pointers are device (or managed)
+  /// memory and throws summa::Error naming the argument otherwise. Costs a
+  /// driver call per pointer; off by default.
+  bool check_pointers = false;
+};
+
+/// One tuned GEMM shape and its choice.
+struct GemmTuning {
+  index_t m = 0, n = 0, k = 0;  ///< C is m x n, inner dimension k
+  Op ta = Op::N, tb = Op::N;
+  DType dtype = DType::f32;
+  Order a_order = Order::col_major, b_order = Order::col_major, c_order = Order::col_major;
+  GemmVariant chosen = GemmVariant::native;
+  /// Milliseconds per call of each variant (index = GemmVariant), negative
+  /// when the variant was not timed: its copies did not fit the tuning
+  /// workspace, or it is the TT mode, which is never a target (all negative
+  /// when nothing but native fitted: then native is chosen untimed).
+  double milliseconds[4] = {-1, -1, -1, -1};
+};
+
+class CudaBackend final : public Backend {
+ public:
+  /// Selects the device, creates (or adopts) the compute stream and the
+  /// cuBLAS handle, allocates the workspaces. Throws summa::Error
+  /// ("CudaBackend: no CUDA device (cudaGetDeviceCount: ...)") when no device
+  /// is present, or naming the failing CUDA/cuBLAS call.
+  explicit CudaBackend(CudaOptions options = {});
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  /// Number of CUDA devices visible; 0 when there is none or the runtime
+  /// reports any error (no driver, ...). Never throws.
+  static int device_count() noexcept;
+
+  std::string_view name() const override { return "cuda-cublas"; }
+  /// The device ordinal in use.
+  int device() const;
+  /// The compute stream (a cudaStream_t) every op is issued on, e.g. for a
+  /// NCCL communicator to order its collectives with the math.
+  void* stream() const;
+  const CudaOptions& options() const;
+
+  /// Device memory from cudaMalloc (256-byte aligned; never managed memory).
+  /// Throws summa::Error naming the size when the device is out of memory.
+  void* allocate(std::size_t bytes) override;
+  /// cudaFree (which waits for the device); errors are ignored.
+  void deallocate(void* p, std::size_t bytes) noexcept override;
+  /// Always 0: cuBLAS uses the workspace set at construction.
+  std::size_t gemm_scratch_bytes(index_t m, index_t n, index_t k, DType t) const override;
+
+  /// Host -> device copy of `bytes` (ordered on stream(); returns when done).
+  void upload(void* device_dst, const void* host_src, std::size_t bytes);
+  /// Device -> host copy of `bytes` (ordered on stream(); returns when done).
+  void download(void* host_dst, const void* device_src, std::size_t bytes);
+  /// Sets `bytes` bytes of device memory to `value` (asynchronous).
+  void fill_bytes(void* device_dst, int value, std::size_t bytes);
+
+  /// cuBLAS GEMM. Row-major and column-major views with any leading
+  /// dimensions; dimensions and leading dimensions must fit in int32. With
+  /// tuning on, the first call of a distinct shape times the variants (and
+  /// waits for the stream); later calls of that shape never wait.
+  void gemm(Op ta, Op tb, float alpha, ConstMatrixView<float> A, ConstMatrixView<float> B,
+            float beta, MatrixView<float> C, Scratch scratch = {}) override;
+  void gemm(Op ta, Op tb, double alpha, ConstMatrixView<double> A, ConstMatrixView<double> B,
+            double beta, MatrixView<double> C, Scratch scratch = {}) override;
+
+  /// Turns GEMM tuning on or off (on keeps what was already tuned).
+  void set_gemm_tuning(bool on);
+  /// Every tuned GEMM so far, in the order first seen.
+  std::vector<GemmTuning> gemm_tunings() const;
+  /// A readable table of gemm_tunings(): shape, per-variant time, choice.
+  std::string gemm_tuning_report() const;
+
+  void copy(ConstMatrixView<float> src, MatrixView<float> dst) override;
+  void copy(ConstMatrixView<double> src, MatrixView<double> dst) override;
+  void axpby(float alpha, ConstMatrixView<float> X, float beta, MatrixView<float> C) override;
+  void axpby(double alpha, ConstMatrixView<double> X, double beta, MatrixView<double> C) override;
+  void scale(float beta, MatrixView<float> C) override;
+  void scale(double beta, MatrixView<double> C) override;
+  void add_bias(MatrixView<float> Y, const float* bias) override;
+  void add_bias(MatrixView<double> Y, const double* bias) override;
+  void column_sums(ConstMatrixView<float> X, float beta, float* out) override;
+  void column_sums(ConstMatrixView<double> X, double beta, double* out) override;
+
+  void layernorm_partial_sums(ConstMatrixView<float> X, const float* center, float* out) override;
+  void layernorm_partial_sums(ConstMatrixView<double> X, const double* center,
+                              double* out) override;
+  void layernorm_mean(index_t n, index_t h, const float* sums, float* mean) override;
+  void layernorm_mean(index_t n, index_t h, const double* sums, double* mean) override;
+  void layernorm_rstd(index_t n, index_t h, double eps, const float* squares, float* rstd) override;
+  void layernorm_rstd(index_t n, index_t h, double eps, const double* squares,
+                      double* rstd) override;
+  void layernorm_apply(ConstMatrixView<float> X, const float* mean, const float* rstd,
+                       const float* gamma, const float* beta, MatrixView<float> Y) override;
+  void layernorm_apply(ConstMatrixView<double> X, const double* mean, const double* rstd,
+                       const double* gamma, const double* beta, MatrixView<double> Y) override;
+  void layernorm_backward_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                   const float* mean, const float* rstd, const float* gamma,
+                                   float* a, float* b) override;
+  void layernorm_backward_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                   const double* mean, const double* rstd, const double* gamma,
+                                   double* a, double* b) override;
+  void layernorm_backward_apply(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                const float* mean, const float* rstd, const float* gamma,
+                                const float* a, const float* b, index_t h,
+                                MatrixView<float> dX) override;
+  void layernorm_backward_apply(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                const double* mean, const double* rstd, const double* gamma,
+                                const double* a, const double* b, index_t h,
+                                MatrixView<double> dX) override;
+  void layernorm_param_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                const float* mean, const float* rstd, float* dgamma,
+                                float* dbeta) override;
+  void layernorm_param_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                const double* mean, const double* rstd, double* dgamma,
+                                double* dbeta) override;
+
+  void gelu_forward(ConstMatrixView<float> X, MatrixView<float> Y) override;
+  void gelu_forward(ConstMatrixView<double> X, MatrixView<double> Y) override;
+  void gelu_backward(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                     MatrixView<float> dX) override;
+  void gelu_backward(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                     MatrixView<double> dX) override;
+
+  void softmax_causal(ConstMatrixView<float> S, double scale, MatrixView<float> P) override;
+  void softmax_causal(ConstMatrixView<double> S, double scale, MatrixView<double> P) override;
+  void softmax_causal_backward(ConstMatrixView<float> P, ConstMatrixView<float> dP, double scale,
+                               MatrixView<float> dS) override;
+  void softmax_causal_backward(ConstMatrixView<double> P, ConstMatrixView<double> dP, double scale,
+                               MatrixView<double> dS) override;
+
+  void row_max(ConstMatrixView<float> Z, float* out) override;
+  void row_max(ConstMatrixView<double> Z, double* out) override;
+  void row_sum_exp(ConstMatrixView<float> Z, const float* max, float* out) override;
+  void row_sum_exp(ConstMatrixView<double> Z, const double* max, double* out) override;
+  void pick_targets(ConstMatrixView<float> Z, const std::int32_t* targets, index_t col0,
+                    float* out) override;
+  void pick_targets(ConstMatrixView<double> Z, const std::int32_t* targets, index_t col0,
+                    double* out) override;
+  /// Reduced on the device; waits for the stream to copy the one value back.
+  double cross_entropy_sum(index_t n, const float* max, const float* sum,
+                           const float* picked) override;
+  double cross_entropy_sum(index_t n, const double* max, const double* sum,
+                           const double* picked) override;
+  void cross_entropy_grad(MatrixView<float> Z, const float* max, const float* sum,
+                          const std::int32_t* targets, index_t col0, double scale) override;
+  void cross_entropy_grad(MatrixView<double> Z, const double* max, const double* sum,
+                          const std::int32_t* targets, index_t col0, double scale) override;
+
+  void gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<float> table,
+                   bool accumulate, MatrixView<float> out) override;
+  void gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<double> table,
+                   bool accumulate, MatrixView<double> out) override;
+  /// atomicAdd per element: repeated ids accumulate in an unspecified order.
+  void scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<float> src,
+                        MatrixView<float> table) override;
+  void scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<double> src,
+                        MatrixView<double> table) override;
+
+  /// Σ x[i]² over n device elements, accumulated in double (like
+  /// summa::optim::sum_of_squares); waits for the stream.
+  double sum_of_squares(const float* x, index_t n);
+  double sum_of_squares(const double* x, index_t n);
+  /// x[i] ← x[i] · factor (factor rounded to T), asynchronous.
+  void scale_in_place(float* x, index_t n, double factor);
+  void scale_in_place(double* x, index_t n, double factor);
+
+  /// cudaStreamSynchronize(stream()).
+  void synchronize() override;
+
+ private:
+  std::unique_ptr<cuda_detail::CudaState> impl_;
+};
+
+/// Device versions of the optimizer arithmetic in summa::optim (same
+/// signatures and per-element formulas, see optimizer.hpp), plus the stream
+/// (a cudaStream_t; null = the legacy default stream) to run on. Every
+/// pointer is a device pointer; asynchronous; no allocation.
+namespace cuda {
+
+/// summa::optim::adamw_update on the device. T is float or double; M is
+/// master_t<T>.
+template <class T, class M>
+void adamw_update(T* param, const T* grad, M* exp_avg, M* exp_avg_sq, index_t n,
+                  const optim::AdamWCoefficients& c, void* stream = nullptr);
+
+/// summa::optim::sgd_update on the device.
+template <class T, class M>
+void sgd_update(T* param, const T* grad, M* momentum_buffer, index_t n,
+                const optim::SgdCoefficients& c, void* stream = nullptr);
+
+extern template void adamw_update(float*, const float*, float*, float*, index_t,
+                                  const optim::AdamWCoefficients&, void*);
+extern template void adamw_update(double*, const double*, double*, double*, index_t,
+                                  const optim::AdamWCoefficients&, void*);
+extern template void sgd_update(float*, const float*, float*, index_t,
+                                const optim::SgdCoefficients&, void*);
+extern template void sgd_update(double*, const double*, double*, index_t,
+                                const optim::SgdCoefficients&, void*);
+
+}  // namespace cuda
+
+}  // namespace summa

@@ -1,0 +1,1045 @@
+// CudaBackend: device memory, the compute stream, cuBLAS GEMM with AxoNN's
+// BLAS-mode tuning, and the checks in front of every kernel (kernels.cu).
+#include "summa/backend/cuda_backend.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "cuda/kernels.cuh"
+#include "summa/core/error.hpp"
+
+namespace summa {
+
+namespace {
+
+using cuda_detail::check_cuda;
+using cuda_detail::dview;
+using cuda_detail::kMaxPartials;
+
+void check_cublas(cublasStatus_t s, const char* call) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string("CudaBackend: ") + call + " failed: " + cublasGetStatusString(s) +
+                " (" + cublasGetStatusName(s) + ")");
+}
+
+constexpr std::size_t kDeviceAlign = 256;  // what cudaMalloc guarantees
+constexpr std::size_t round_up(std::size_t bytes) {
+  return (bytes + kDeviceAlign - 1) / kDeviceAlign * kDeviceAlign;
+}
+
+std::string shape(index_t rows, index_t cols) {
+  return std::to_string(rows) + "x" + std::to_string(cols);
+}
+
+template <class T>
+void check_view(ConstMatrixView<T> v, const char* what) {
+  v.check_layout(what);
+}
+
+template <class T>
+void same_shape(const char* what, ConstMatrixView<T> A, index_t rows, index_t cols) {
+  require(A.rows == rows && A.cols == cols, [&] {
+    return std::string(what) + ": shapes differ (" + shape(A.rows, A.cols) + " vs " +
+           shape(rows, cols) + ")";
+  });
+}
+
+// A non-empty per-row / per-column array must not be null.
+void require_array(const void* p, index_t count, const char* op, const char* name) {
+  require(count == 0 || p != nullptr, [&] {
+    return std::string(op) + ": null " + name + " for " + std::to_string(count) + " elements";
+  });
+}
+
+bool flips_a(GemmVariant v) {
+  return v == GemmVariant::transpose_a || v == GemmVariant::transpose_both;
+}
+bool flips_b(GemmVariant v) {
+  return v == GemmVariant::transpose_b || v == GemmVariant::transpose_both;
+}
+
+constexpr GemmVariant kVariants[4] = {GemmVariant::native, GemmVariant::transpose_a,
+                                      GemmVariant::transpose_b, GemmVariant::transpose_both};
+
+Order opposite(Order o) {
+  return o == Order::col_major ? Order::row_major : Order::col_major;
+}
+
+// Bytes of a dense copy of a rows x cols matrix, rounded to the device alignment.
+template <class T>
+std::size_t dense_bytes(index_t rows, index_t cols) {
+  return round_up(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) * sizeof(T));
+}
+
+// The cuBLAS call computing C (column-major) from the operands' storage:
+// transposition flags of the first and second operand, with A and B swapped
+// when C is row-major (row-major C = A B is column-major Cᵀ = Bᵀ Aᵀ).
+struct CublasMode {
+  bool first_t, second_t;
+};
+CublasMode cublas_mode(Op ta, Order a, Op tb, Order b, Order c) {
+  const bool fa = (ta == Op::T) != (a == Order::row_major);
+  const bool fb = (tb == Op::T) != (b == Order::row_major);
+  if (c == Order::col_major) return {fa, fb};
+  return {!fb, !fa};
+}
+CublasMode variant_mode(GemmVariant v, Op ta, Order a, Op tb, Order b, Order c) {
+  return cublas_mode(ta, flips_a(v) ? opposite(a) : a, tb, flips_b(v) ? opposite(b) : b, c);
+}
+std::string mode_name(CublasMode m) {
+  return std::string(m.first_t ? "T" : "N") + (m.second_t ? "T" : "N");
+}
+
+const char* order_name(Order o) {
+  return o == Order::col_major ? "col" : "row";
+}
+
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+bool same_key(const GemmTuning& t, index_t m, index_t n, index_t k, Op ta, Op tb, DType d, Order a,
+              Order b, Order c) {
+  return t.m == m && t.n == n && t.k == k && t.ta == ta && t.tb == tb && t.dtype == d &&
+         t.a_order == a && t.b_order == b && t.c_order == c;
+}
+
+}  // namespace
+
+const char* to_string(GemmVariant v) {
+  switch (v) {
+    case GemmVariant::native:
+      return "native";
+    case GemmVariant::transpose_a:
+      return "transpose_a";
+    case GemmVariant::transpose_b:
+      return "transpose_b";
+    case GemmVariant::transpose_both:
+      return "transpose_both";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------- state
+
+struct cuda_detail::CudaState {
+  CudaOptions options;
+  int device = 0;
+  cuda_detail::Launch launch;
+  bool own_stream = false;
+  cublasHandle_t cublas = nullptr;
+  void* cublas_workspace = nullptr;
+  void* tune_workspace = nullptr;
+  double* partials = nullptr;     // kMaxPartials + 1 doubles (device)
+  double* host_result = nullptr;  // 1 double (pinned host)
+  cudaEvent_t start = nullptr, stop = nullptr;
+  bool tuning = true;
+  std::vector<GemmTuning> tunings;  // first-seen order; capacity fixed at construction
+  std::vector<std::int32_t> slots;  // open-addressing hash: index into tunings, -1 empty
+
+  ~CudaState() {
+    // Best effort: errors while tearing down are ignored.
+    if (launch.stream != nullptr) cudaStreamSynchronize(launch.stream);
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stop != nullptr) cudaEventDestroy(stop);
+    if (cublas != nullptr) cublasDestroy(cublas);
+    if (cublas_workspace != nullptr) cudaFree(cublas_workspace);
+    if (tune_workspace != nullptr) cudaFree(tune_workspace);
+    if (partials != nullptr) cudaFree(partials);
+    if (host_result != nullptr) cudaFreeHost(host_result);
+    if (own_stream && launch.stream != nullptr) cudaStreamDestroy(launch.stream);
+  }
+
+  std::size_t slot_of(index_t m, index_t n, index_t k, Op ta, Op tb, DType d, Order a, Order b,
+                      Order c) const {
+    std::uint64_t h = mix(static_cast<std::uint64_t>(m));
+    h = mix(h ^ static_cast<std::uint64_t>(n));
+    h = mix(h ^ static_cast<std::uint64_t>(k));
+    h = mix(h ^ (static_cast<std::uint64_t>(ta) | static_cast<std::uint64_t>(tb) << 1 |
+                 static_cast<std::uint64_t>(d) << 2 | static_cast<std::uint64_t>(a) << 3 |
+                 static_cast<std::uint64_t>(b) << 4 | static_cast<std::uint64_t>(c) << 5));
+    const std::size_t mask = slots.size() - 1;
+    std::size_t s = static_cast<std::size_t>(h) & mask;
+    while (slots[s] >= 0 &&
+           !same_key(tunings[static_cast<std::size_t>(slots[s])], m, n, k, ta, tb, d, a, b, c))
+      s = (s + 1) & mask;
+    return s;  // the matching slot, or the empty one where the key belongs
+  }
+
+  // Bytes of the tuning workspace a variant needs: its operand copies, plus
+  // a dense C when timing must not touch the caller's C.
+  template <class T>
+  std::size_t variant_bytes(GemmVariant v, ConstMatrixView<T> A, ConstMatrixView<T> B) const {
+    return (flips_a(v) ? dense_bytes<T>(A.rows, A.cols) : 0) +
+           (flips_b(v) ? dense_bytes<T>(B.rows, B.cols) : 0);
+  }
+
+  template <class T>
+  void cublas_gemm(Op ta, Op tb, T alpha, ConstMatrixView<T> A, ConstMatrixView<T> B, T beta,
+                   MatrixView<T> C) {
+    const CublasMode mode = cublas_mode(ta, A.order, tb, B.order, C.order);
+    const bool col = C.order == Order::col_major;
+    const ConstMatrixView<T>& first = col ? A : B;
+    const ConstMatrixView<T>& second = col ? B : A;
+    const index_t M = col ? C.rows : C.cols, N = col ? C.cols : C.rows;
+    const index_t K = ta == Op::N ? A.cols : A.rows;
+    constexpr bool is_float = std::is_same_v<T, float>;
+    const cudaDataType_t type = is_float ? CUDA_R_32F : CUDA_R_64F;
+    const cublasComputeType_t compute =
+        !is_float ? CUBLAS_COMPUTE_64F
+                  : (options.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+    check_cublas(
+        cublasGemmEx(cublas, mode.first_t ? CUBLAS_OP_T : CUBLAS_OP_N,
+                     mode.second_t ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(M),
+                     static_cast<int>(N), static_cast<int>(K), &alpha, first.data, type,
+                     static_cast<int>(first.ld), second.data, type, static_cast<int>(second.ld),
+                     &beta, C.data, type, static_cast<int>(C.ld), compute, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
+  }
+
+  // A dense copy of `X` in the opposite storage order at `at` (device).
+  template <class T>
+  ConstMatrixView<T> transposed_copy(ConstMatrixView<T> X, void* at) {
+    const Order o = opposite(X.order);
+    MatrixView<T> out = MatrixView<T>::dense(static_cast<T*>(at), X.rows, X.cols, o);
+    cuda_detail::axpby(launch, T(1), dview(X), T(0), dview(out));
+    return out;
+  }
+
+  // Runs variant v; its operand copies go to the front of the tuning
+  // workspace (the caller checked they fit).
+  template <class T>
+  void run_variant(GemmVariant v, Op ta, Op tb, T alpha, ConstMatrixView<T> A, ConstMatrixView<T> B,
+                   T beta, MatrixView<T> C) {
+    auto* at = static_cast<unsigned char*>(tune_workspace);
+    if (flips_a(v)) {
+      A = transposed_copy(A, at);
+      at += dense_bytes<T>(A.rows, A.cols);
+    }
+    if (flips_b(v)) B = transposed_copy(B, at);
+    cublas_gemm(ta, tb, alpha, A, B, beta, C);
+  }
+
+  // Times the candidate variants of a new GEMM shape and returns the entry
+  // (milliseconds of each timed variant, the fastest chosen).
+  template <class T>
+  GemmTuning tune(Op ta, Op tb, T alpha, ConstMatrixView<T> A, ConstMatrixView<T> B, T beta,
+                  MatrixView<T> C) {
+    GemmTuning t;
+    t.m = C.rows;
+    t.n = C.cols;
+    t.k = ta == Op::N ? A.cols : A.rows;
+    t.ta = ta;
+    t.tb = tb;
+    t.dtype = dtype_v<T>;
+    t.a_order = A.order;
+    t.b_order = B.order;
+    t.c_order = C.order;
+    // Timing runs write C repeatedly: into C itself when beta == 0 (every
+    // run overwrites it), else into a dense scratch C after the copies.
+    const std::size_t c_bytes = beta == T(0) ? 0 : dense_bytes<T>(C.rows, C.cols);
+    GemmVariant candidates[4];
+    int count = 0;
+    for (GemmVariant v : kVariants) {
+      const CublasMode mode = variant_mode(v, ta, A.order, tb, B.order, C.order);
+      const bool target = v == GemmVariant::native || !(mode.first_t && mode.second_t);
+      if (target && variant_bytes<T>(v, A, B) + c_bytes <= options.tune_workspace_bytes)
+        candidates[count++] = v;
+    }
+    if (count < 2) return t;  // nothing to choose between: native, untimed
+    float best = -1;
+    for (int i = 0; i < count; ++i) {
+      const GemmVariant v = candidates[i];
+      MatrixView<T> target = C;
+      T target_beta = beta;
+      if (c_bytes > 0) {
+        target =
+            MatrixView<T>::dense(reinterpret_cast<T*>(static_cast<unsigned char*>(tune_workspace) +
+                                                      variant_bytes<T>(v, A, B)),
+                                 C.rows, C.cols, C.order);
+        target_beta = T(0);
+      }
+      run_variant(v, ta, tb, alpha, A, B, target_beta, target);  // warm-up
+      check_cuda(cudaEventRecord(start, launch.stream), "cudaEventRecord");
+      for (int r = 0; r < options.tune_repeats; ++r)
+        run_variant(v, ta, tb, alpha, A, B, target_beta, target);
+      check_cuda(cudaEventRecord(stop, launch.stream), "cudaEventRecord");
+      check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      float ms = 0;
+      check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+      ms /= static_cast<float>(options.tune_repeats);
+      t.milliseconds[static_cast<int>(v)] = ms;
+      if (best < 0 || ms < best) {
+        best = ms;
+        t.chosen = v;
+      }
+    }
+    return t;
+  }
+
+  template <class T>
+  void gemm(Op ta, Op tb, T alpha, ConstMatrixView<T> A, ConstMatrixView<T> B, T beta,
+            MatrixView<T> C) {
+    A.check_layout("gemm A");
+    B.check_layout("gemm B");
+    C.check_layout("gemm C");
+    check_gemm_shapes(ta, tb, A.rows, A.cols, B.rows, B.cols, C.rows, C.cols);
+    const index_t m = C.rows, n = C.cols, k = ta == Op::N ? A.cols : A.rows;
+    if (m == 0 || n == 0) return;
+    if (alpha == T(0) || k == 0) {  // never reads A or B; beta == 0 never reads C
+      scale(beta, C);
+      return;
+    }
+    const index_t extents[] = {m, n, k, A.ld, B.ld, C.ld};
+    for (index_t v : extents)
+      require(v <= INT_MAX, [&] {
+        return "gemm: dimension or leading dimension " + std::to_string(v) +
+               " exceeds cuBLAS's int32 range (C " + shape(m, n) + ", k " + std::to_string(k) +
+               ", ld " + std::to_string(A.ld) + "/" + std::to_string(B.ld) + "/" +
+               std::to_string(C.ld) + ")";
+      });
+    GemmVariant v = GemmVariant::native;
+    if (options.force_variant) {
+      v = *options.force_variant;
+      const std::size_t need = variant_bytes<T>(v, A, B);
+      require(need <= options.tune_workspace_bytes, [&] {
+        return std::string("gemm: forced variant ") + to_string(v) + " needs " +
+               std::to_string(need) +
+               " bytes of tuning workspace, CudaOptions::" + "tune_workspace_bytes is " +
+               std::to_string(options.tune_workspace_bytes);
+      });
+    } else if (tuning && !slots.empty()) {
+      const std::size_t s = slot_of(m, n, k, ta, tb, dtype_v<T>, A.order, B.order, C.order);
+      if (slots[s] >= 0) {
+        v = tunings[static_cast<std::size_t>(slots[s])].chosen;
+      } else if (tunings.size() < options.max_tuned_gemms) {
+        tunings.push_back(tune(ta, tb, alpha, A, B, beta, C));  // within the reserved capacity
+        slots[s] = static_cast<std::int32_t>(tunings.size() - 1);
+        v = tunings.back().chosen;
+      }
+    }
+    run_variant(v, ta, tb, alpha, A, B, beta, C);
+  }
+
+  template <class T>
+  void scale(T beta, MatrixView<T> C) {
+    if (C.empty() || beta == T(1)) return;
+    const bool row = C.order == Order::row_major;
+    if (beta == T(0)) {  // all-zero bits are +0.0; never reads C
+      const std::size_t pitch = static_cast<std::size_t>(C.ld) * sizeof(T);
+      const std::size_t width = static_cast<std::size_t>(row ? C.cols : C.rows) * sizeof(T);
+      check_cuda(cudaMemset2DAsync(C.data, pitch, 0, width,
+                                   static_cast<std::size_t>(row ? C.rows : C.cols), launch.stream),
+                 "cudaMemset2DAsync");
+      return;
+    }
+    cuda_detail::scale(launch, beta, dview(C));
+  }
+
+  // With CudaOptions::check_pointers, throws unless p is device memory.
+  void check_pointer(const void* p, const char* op, const char* name) const {
+    if (!options.check_pointers || p == nullptr) return;
+    cudaPointerAttributes attributes{};
+    const cudaError_t e = cudaPointerGetAttributes(&attributes, p);
+    if (e != cudaSuccess) cudaGetLastError();  // clear it; reported below
+    require(e == cudaSuccess && (attributes.type == cudaMemoryTypeDevice ||
+                                 attributes.type == cudaMemoryTypeManaged),
+            [&] {
+              return std::string(op) + ": " + name +
+                     " is not device memory (CudaBackend takes device pointers only)";
+            });
+  }
+};
+
+// ---------------------------------------------------------------- construction
+
+CudaBackend::CudaBackend(CudaOptions options) : impl_(std::make_unique<cuda_detail::CudaState>()) {
+  cuda_detail::CudaState& I = *impl_;
+  I.options = std::move(options);
+  const CudaOptions& o = I.options;
+  require(o.tune_repeats >= 1, [&] {
+    return "CudaBackend: CudaOptions::tune_repeats " + std::to_string(o.tune_repeats) +
+           " must be at least 1";
+  });
+  require(o.max_tuned_gemms <= (std::size_t{1} << 24), [&] {
+    return "CudaBackend: CudaOptions::max_tuned_gemms " + std::to_string(o.max_tuned_gemms) +
+           " is more than 2^24";
+  });
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    throw Error(std::string("CudaBackend: no CUDA device (cudaGetDeviceCount: ") +
+                (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")");
+  }
+  require(o.device < count, [&] {
+    return "CudaBackend: CudaOptions::device " + std::to_string(o.device) + " but only " +
+           std::to_string(count) + " CUDA device(s)";
+  });
+  if (o.device >= 0) check_cuda(cudaSetDevice(o.device), "cudaSetDevice");
+  check_cuda(cudaGetDevice(&I.device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&I.launch.sm_count, cudaDevAttrMultiProcessorCount, I.device),
+             "cudaDeviceGetAttribute(MultiProcessorCount)");
+  if (o.stream != nullptr) {
+    I.launch.stream = static_cast<cudaStream_t>(o.stream);
+  } else {
+    check_cuda(cudaStreamCreateWithFlags(&I.launch.stream, cudaStreamNonBlocking),
+               "cudaStreamCreateWithFlags");
+    I.own_stream = true;
+  }
+  check_cublas(cublasCreate(&I.cublas), "cublasCreate");
+  // cublasSetStream resets the workspace, so the workspace comes after it.
+  check_cublas(cublasSetStream(I.cublas, I.launch.stream), "cublasSetStream");
+  if (o.cublas_workspace_bytes > 0) {
+    check_cuda(cudaMalloc(&I.cublas_workspace, o.cublas_workspace_bytes),
+               "cudaMalloc(cuBLAS workspace)");
+    check_cublas(cublasSetWorkspace(I.cublas, I.cublas_workspace, o.cublas_workspace_bytes),
+                 "cublasSetWorkspace");
+  }
+  check_cublas(cublasSetMathMode(I.cublas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  check_cublas(cublasSetPointerMode(I.cublas, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
+  if (o.tune_workspace_bytes > 0)
+    check_cuda(cudaMalloc(&I.tune_workspace, o.tune_workspace_bytes),
+               "cudaMalloc(GEMM tuning workspace)");
+  check_cuda(cudaMalloc(&I.partials, (kMaxPartials + 1) * sizeof(double)),
+             "cudaMalloc(reduction partials)");
+  check_cuda(cudaMallocHost(&I.host_result, sizeof(double)), "cudaMallocHost");
+  check_cuda(cudaEventCreate(&I.start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&I.stop), "cudaEventCreate");
+  I.tuning = o.tune_gemm;
+  I.tunings.reserve(o.max_tuned_gemms);
+  std::size_t slots = 2;
+  while (slots < 2 * o.max_tuned_gemms) slots *= 2;
+  I.slots.assign(o.max_tuned_gemms > 0 ? slots : 0, -1);
+}
+
+CudaBackend::~CudaBackend() = default;
+
+int CudaBackend::device_count() noexcept {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+int CudaBackend::device() const {
+  return impl_->device;
+}
+void* CudaBackend::stream() const {
+  return impl_->launch.stream;
+}
+const CudaOptions& CudaBackend::options() const {
+  return impl_->options;
+}
+
+void* CudaBackend::allocate(std::size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes == 0 ? kDeviceAlign : bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw Error("CudaBackend::allocate: cudaMalloc(" + std::to_string(bytes) +
+                " bytes) failed: " + cudaGetErrorString(e));
+  }
+  return p;
+}
+
+void CudaBackend::deallocate(void* p, std::size_t) noexcept {
+  if (p != nullptr) cudaFree(p);
+}
+
+std::size_t CudaBackend::gemm_scratch_bytes(index_t, index_t, index_t, DType) const {
+  return 0;
+}
+
+void CudaBackend::upload(void* device_dst, const void* host_src, std::size_t bytes) {
+  if (bytes == 0) return;
+  check_cuda(
+      cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, impl_->launch.stream),
+      "cudaMemcpyAsync(host to device)");
+  check_cuda(cudaStreamSynchronize(impl_->launch.stream), "cudaStreamSynchronize");
+}
+
+void CudaBackend::download(void* host_dst, const void* device_src, std::size_t bytes) {
+  if (bytes == 0) return;
+  check_cuda(
+      cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, impl_->launch.stream),
+      "cudaMemcpyAsync(device to host)");
+  check_cuda(cudaStreamSynchronize(impl_->launch.stream), "cudaStreamSynchronize");
+}
+
+void CudaBackend::fill_bytes(void* device_dst, int value, std::size_t bytes) {
+  if (bytes == 0) return;
+  check_cuda(cudaMemsetAsync(device_dst, value, bytes, impl_->launch.stream), "cudaMemsetAsync");
+}
+
+void CudaBackend::synchronize() {
+  check_cuda(cudaStreamSynchronize(impl_->launch.stream), "cudaStreamSynchronize");
+}
+
+// ---------------------------------------------------------------- GEMM
+
+void CudaBackend::gemm(Op ta, Op tb, float alpha, ConstMatrixView<float> A,
+                       ConstMatrixView<float> B, float beta, MatrixView<float> C, Scratch) {
+  impl_->gemm(ta, tb, alpha, A, B, beta, C);
+}
+void CudaBackend::gemm(Op ta, Op tb, double alpha, ConstMatrixView<double> A,
+                       ConstMatrixView<double> B, double beta, MatrixView<double> C, Scratch) {
+  impl_->gemm(ta, tb, alpha, A, B, beta, C);
+}
+
+void CudaBackend::set_gemm_tuning(bool on) {
+  impl_->tuning = on;
+}
+
+std::vector<GemmTuning> CudaBackend::gemm_tunings() const {
+  return impl_->tunings;
+}
+
+std::string CudaBackend::gemm_tuning_report() const {
+  std::string out = "GEMM tuning (" + std::to_string(impl_->tunings.size()) + " shapes, " +
+                    (impl_->tuning ? "on" : "off") + "): ms per call per variant [cuBLAS mode]\n";
+  char buffer[64];
+  for (const GemmTuning& t : impl_->tunings) {
+    out += std::string(name_of(t.dtype)) + " C" + shape(t.m, t.n) + " k=" + std::to_string(t.k) +
+           " op=" + (t.ta == Op::N ? "N" : "T") + (t.tb == Op::N ? "N" : "T") +
+           " A=" + order_name(t.a_order) + " B=" + order_name(t.b_order) +
+           " C=" + order_name(t.c_order) + " |";
+    for (GemmVariant v : kVariants) {
+      const double ms = t.milliseconds[static_cast<int>(v)];
+      const CublasMode mode = variant_mode(v, t.ta, t.a_order, t.tb, t.b_order, t.c_order);
+      if (ms >= 0)
+        std::snprintf(buffer, sizeof buffer, " %.4f", ms);
+      else
+        std::snprintf(buffer, sizeof buffer, " -");
+      out += std::string(" ") + to_string(v) + "[" + mode_name(mode) + "]" + buffer;
+    }
+    out += std::string(" -> ") + to_string(t.chosen) + "\n";
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- elementwise
+
+// The remaining ops: validation as in CpuBackend (plus layouts and null
+// arrays), then one kernel.
+#define SUMMA_L impl_->launch
+
+template <class T>
+static void copy_impl(const cuda_detail::Launch& L, ConstMatrixView<T> src, MatrixView<T> dst) {
+  check_view(src, "copy src");
+  check_view<T>(dst, "copy dst");
+  require(src.rows == dst.rows && src.cols == dst.cols, [&] {
+    return "copy: shapes differ (" + shape(src.rows, src.cols) + " -> " +
+           shape(dst.rows, dst.cols) + ")";
+  });
+  if (src.empty() || (src.data == dst.data && src.ld == dst.ld && src.order == dst.order)) return;
+  if (src.order == dst.order) {
+    const bool row = dst.order == Order::row_major;
+    check_cuda(cudaMemcpy2DAsync(dst.data, static_cast<std::size_t>(dst.ld) * sizeof(T), src.data,
+                                 static_cast<std::size_t>(src.ld) * sizeof(T),
+                                 static_cast<std::size_t>(row ? dst.cols : dst.rows) * sizeof(T),
+                                 static_cast<std::size_t>(row ? dst.rows : dst.cols),
+                                 cudaMemcpyDeviceToDevice, L.stream),
+               "cudaMemcpy2DAsync");
+    return;
+  }
+  cuda_detail::axpby(L, T(1), dview(src), T(0), dview(dst));
+}
+
+void CudaBackend::copy(ConstMatrixView<float> src, MatrixView<float> dst) {
+  copy_impl(SUMMA_L, src, dst);
+}
+void CudaBackend::copy(ConstMatrixView<double> src, MatrixView<double> dst) {
+  copy_impl(SUMMA_L, src, dst);
+}
+
+template <class T>
+static void axpby_impl(const cuda_detail::Launch& L, T alpha, ConstMatrixView<T> X, T beta,
+                       MatrixView<T> C) {
+  check_view(X, "axpby X");
+  check_view<T>(C, "axpby C");
+  require(X.rows == C.rows && X.cols == C.cols, [&] {
+    return "axpby: shapes differ (" + shape(X.rows, X.cols) + " vs " + shape(C.rows, C.cols) + ")";
+  });
+  cuda_detail::axpby(L, alpha, dview(X), beta, dview(C));
+}
+
+void CudaBackend::axpby(float alpha, ConstMatrixView<float> X, float beta, MatrixView<float> C) {
+  axpby_impl(SUMMA_L, alpha, X, beta, C);
+}
+void CudaBackend::axpby(double alpha, ConstMatrixView<double> X, double beta,
+                        MatrixView<double> C) {
+  axpby_impl(SUMMA_L, alpha, X, beta, C);
+}
+
+void CudaBackend::scale(float beta, MatrixView<float> C) {
+  check_view<float>(C, "scale C");
+  impl_->scale(beta, C);
+}
+void CudaBackend::scale(double beta, MatrixView<double> C) {
+  check_view<double>(C, "scale C");
+  impl_->scale(beta, C);
+}
+
+template <class T>
+static void add_bias_impl(const cuda_detail::CudaState& I, MatrixView<T> Y, const T* bias) {
+  check_view<T>(Y, "add_bias Y");
+  require_array(bias, Y.rows > 0 ? Y.cols : 0, "add_bias", "bias");
+  I.check_pointer(bias, "add_bias", "bias");
+  cuda_detail::add_bias(I.launch, dview(Y), bias);
+}
+void CudaBackend::add_bias(MatrixView<float> Y, const float* bias) {
+  add_bias_impl(*impl_, Y, bias);
+}
+void CudaBackend::add_bias(MatrixView<double> Y, const double* bias) {
+  add_bias_impl(*impl_, Y, bias);
+}
+
+template <class T>
+static void column_sums_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> X, T beta,
+                             T* out) {
+  check_view(X, "column_sums X");
+  require_array(out, X.cols, "column_sums", "out");
+  I.check_pointer(out, "column_sums", "out");
+  cuda_detail::column_sums(I.launch, dview(X), beta, out);
+}
+void CudaBackend::column_sums(ConstMatrixView<float> X, float beta, float* out) {
+  column_sums_impl(*impl_, X, beta, out);
+}
+void CudaBackend::column_sums(ConstMatrixView<double> X, double beta, double* out) {
+  column_sums_impl(*impl_, X, beta, out);
+}
+
+// ---------------------------------------------------------------- LayerNorm
+
+template <class T>
+static void ln_partial_sums_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> X,
+                                 const T* center, T* out) {
+  check_view(X, "layernorm_partial_sums X");
+  require_array(out, X.rows, "layernorm_partial_sums", "out");
+  I.check_pointer(out, "layernorm_partial_sums", "out");
+  I.check_pointer(center, "layernorm_partial_sums", "center");
+  cuda_detail::layernorm_partial_sums(I.launch, dview(X), center, out);
+}
+void CudaBackend::layernorm_partial_sums(ConstMatrixView<float> X, const float* center,
+                                         float* out) {
+  ln_partial_sums_impl(*impl_, X, center, out);
+}
+void CudaBackend::layernorm_partial_sums(ConstMatrixView<double> X, const double* center,
+                                         double* out) {
+  ln_partial_sums_impl(*impl_, X, center, out);
+}
+
+template <class T>
+static void ln_stats_check(const cuda_detail::CudaState& I, const char* op, index_t n, index_t h,
+                           const T* in, T* out) {
+  require(n >= 0 && h > 0, [&] {
+    return std::string(op) + ": needs n >= 0 and h > 0 (n " + std::to_string(n) + ", h " +
+           std::to_string(h) + ")";
+  });
+  require_array(in, n, op, "input");
+  require_array(out, n, op, "output");
+  I.check_pointer(in, op, "input");
+  I.check_pointer(out, op, "output");
+}
+
+void CudaBackend::layernorm_mean(index_t n, index_t h, const float* sums, float* mean) {
+  ln_stats_check(*impl_, "layernorm_mean", n, h, sums, mean);
+  cuda_detail::layernorm_mean(SUMMA_L, n, h, sums, mean);
+}
+void CudaBackend::layernorm_mean(index_t n, index_t h, const double* sums, double* mean) {
+  ln_stats_check(*impl_, "layernorm_mean", n, h, sums, mean);
+  cuda_detail::layernorm_mean(SUMMA_L, n, h, sums, mean);
+}
+void CudaBackend::layernorm_rstd(index_t n, index_t h, double eps, const float* squares,
+                                 float* rstd) {
+  ln_stats_check(*impl_, "layernorm_rstd", n, h, squares, rstd);
+  cuda_detail::layernorm_rstd(SUMMA_L, n, h, eps, squares, rstd);
+}
+void CudaBackend::layernorm_rstd(index_t n, index_t h, double eps, const double* squares,
+                                 double* rstd) {
+  ln_stats_check(*impl_, "layernorm_rstd", n, h, squares, rstd);
+  cuda_detail::layernorm_rstd(SUMMA_L, n, h, eps, squares, rstd);
+}
+
+template <class T>
+static void ln_rows_cols_check(const cuda_detail::CudaState& I, const char* op, index_t rows,
+                               index_t cols, std::initializer_list<const T*> per_row,
+                               std::initializer_list<const T*> per_col) {
+  if (rows == 0 || cols == 0) return;
+  for (const T* p : per_row) {
+    require_array(p, rows, op, "per-row array");
+    I.check_pointer(p, op, "per-row array");
+  }
+  for (const T* p : per_col) {
+    require_array(p, cols, op, "per-column array");
+    I.check_pointer(p, op, "per-column array");
+  }
+}
+
+template <class T>
+static void ln_apply_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> X, const T* mean,
+                          const T* rstd, const T* gamma, const T* beta, MatrixView<T> Y) {
+  check_view(X, "layernorm_apply X");
+  check_view<T>(Y, "layernorm_apply Y");
+  same_shape<T>("layernorm_apply", X, Y.rows, Y.cols);
+  ln_rows_cols_check<T>(I, "layernorm_apply", X.rows, X.cols, {mean, rstd}, {gamma, beta});
+  cuda_detail::layernorm_apply(I.launch, dview(X), mean, rstd, gamma, beta, dview(Y));
+}
+void CudaBackend::layernorm_apply(ConstMatrixView<float> X, const float* mean, const float* rstd,
+                                  const float* gamma, const float* beta, MatrixView<float> Y) {
+  ln_apply_impl(*impl_, X, mean, rstd, gamma, beta, Y);
+}
+void CudaBackend::layernorm_apply(ConstMatrixView<double> X, const double* mean, const double* rstd,
+                                  const double* gamma, const double* beta, MatrixView<double> Y) {
+  ln_apply_impl(*impl_, X, mean, rstd, gamma, beta, Y);
+}
+
+template <class T>
+static void ln_backward_partials_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> X,
+                                      ConstMatrixView<T> dY, const T* mean, const T* rstd,
+                                      const T* gamma, T* a, T* b) {
+  check_view(X, "layernorm_backward_partials X");
+  check_view(dY, "layernorm_backward_partials dY");
+  same_shape<T>("layernorm_backward_partials", dY, X.rows, X.cols);
+  ln_rows_cols_check<T>(I, "layernorm_backward_partials", X.rows, X.cols, {mean, rstd}, {gamma});
+  require_array(a, X.rows, "layernorm_backward_partials", "a");
+  require_array(b, X.rows, "layernorm_backward_partials", "b");
+  cuda_detail::layernorm_backward_partials(I.launch, dview(X), dview(dY), mean, rstd, gamma, a, b);
+}
+void CudaBackend::layernorm_backward_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                              const float* mean, const float* rstd,
+                                              const float* gamma, float* a, float* b) {
+  ln_backward_partials_impl(*impl_, X, dY, mean, rstd, gamma, a, b);
+}
+void CudaBackend::layernorm_backward_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                              const double* mean, const double* rstd,
+                                              const double* gamma, double* a, double* b) {
+  ln_backward_partials_impl(*impl_, X, dY, mean, rstd, gamma, a, b);
+}
+
+template <class T>
+static void ln_backward_apply_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> X,
+                                   ConstMatrixView<T> dY, const T* mean, const T* rstd,
+                                   const T* gamma, const T* a, const T* b, index_t h,
+                                   MatrixView<T> dX) {
+  check_view(X, "layernorm_backward_apply X");
+  check_view(dY, "layernorm_backward_apply dY");
+  check_view<T>(dX, "layernorm_backward_apply dX");
+  same_shape<T>("layernorm_backward_apply", dY, X.rows, X.cols);
+  same_shape<T>("layernorm_backward_apply", X, dX.rows, dX.cols);
+  require(h > 0 || X.empty(), [&] {
+    return "layernorm_backward_apply: hidden size h " + std::to_string(h) + " must be positive";
+  });
+  ln_rows_cols_check<T>(I, "layernorm_backward_apply", X.rows, X.cols, {mean, rstd, a, b}, {gamma});
+  cuda_detail::layernorm_backward_apply(I.launch, dview(X), dview(dY), mean, rstd, gamma, a, b, h,
+                                        dview(dX));
+}
+void CudaBackend::layernorm_backward_apply(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                           const float* mean, const float* rstd, const float* gamma,
+                                           const float* a, const float* b, index_t h,
+                                           MatrixView<float> dX) {
+  ln_backward_apply_impl(*impl_, X, dY, mean, rstd, gamma, a, b, h, dX);
+}
+void CudaBackend::layernorm_backward_apply(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                           const double* mean, const double* rstd,
+                                           const double* gamma, const double* a, const double* b,
+                                           index_t h, MatrixView<double> dX) {
+  ln_backward_apply_impl(*impl_, X, dY, mean, rstd, gamma, a, b, h, dX);
+}
+
+template <class T>
+static void ln_param_partials_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> X,
+                                   ConstMatrixView<T> dY, const T* mean, const T* rstd, T* dgamma,
+                                   T* dbeta) {
+  check_view(X, "layernorm_param_partials X");
+  check_view(dY, "layernorm_param_partials dY");
+  same_shape<T>("layernorm_param_partials", dY, X.rows, X.cols);
+  ln_rows_cols_check<T>(I, "layernorm_param_partials", X.rows, X.cols, {mean, rstd}, {});
+  require_array(dgamma, X.cols, "layernorm_param_partials", "dgamma");
+  require_array(dbeta, X.cols, "layernorm_param_partials", "dbeta");
+  cuda_detail::layernorm_param_partials(I.launch, dview(X), dview(dY), mean, rstd, dgamma, dbeta);
+}
+void CudaBackend::layernorm_param_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                           const float* mean, const float* rstd, float* dgamma,
+                                           float* dbeta) {
+  ln_param_partials_impl(*impl_, X, dY, mean, rstd, dgamma, dbeta);
+}
+void CudaBackend::layernorm_param_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                           const double* mean, const double* rstd, double* dgamma,
+                                           double* dbeta) {
+  ln_param_partials_impl(*impl_, X, dY, mean, rstd, dgamma, dbeta);
+}
+
+// ---------------------------------------------------------------- GeLU
+
+template <class T>
+static void gelu_forward_impl(const cuda_detail::Launch& L, ConstMatrixView<T> X, MatrixView<T> Y) {
+  check_view(X, "gelu_forward X");
+  check_view<T>(Y, "gelu_forward Y");
+  same_shape<T>("gelu_forward", X, Y.rows, Y.cols);
+  cuda_detail::gelu_forward(L, dview(X), dview(Y));
+}
+void CudaBackend::gelu_forward(ConstMatrixView<float> X, MatrixView<float> Y) {
+  gelu_forward_impl(SUMMA_L, X, Y);
+}
+void CudaBackend::gelu_forward(ConstMatrixView<double> X, MatrixView<double> Y) {
+  gelu_forward_impl(SUMMA_L, X, Y);
+}
+
+template <class T>
+static void gelu_backward_impl(const cuda_detail::Launch& L, ConstMatrixView<T> X,
+                               ConstMatrixView<T> dY, MatrixView<T> dX) {
+  check_view(X, "gelu_backward X");
+  check_view(dY, "gelu_backward dY");
+  check_view<T>(dX, "gelu_backward dX");
+  same_shape<T>("gelu_backward", X, dX.rows, dX.cols);
+  same_shape<T>("gelu_backward", dY, dX.rows, dX.cols);
+  cuda_detail::gelu_backward(L, dview(X), dview(dY), dview(dX));
+}
+void CudaBackend::gelu_backward(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                MatrixView<float> dX) {
+  gelu_backward_impl(SUMMA_L, X, dY, dX);
+}
+void CudaBackend::gelu_backward(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                MatrixView<double> dX) {
+  gelu_backward_impl(SUMMA_L, X, dY, dX);
+}
+
+// ---------------------------------------------------------------- softmax
+
+template <class T>
+static void softmax_impl(const cuda_detail::Launch& L, ConstMatrixView<T> S, double scale,
+                         MatrixView<T> P) {
+  check_view(S, "softmax_causal S");
+  check_view<T>(P, "softmax_causal P");
+  same_shape<T>("softmax_causal", S, P.rows, P.cols);
+  cuda_detail::softmax_causal(L, dview(S), scale, dview(P));
+}
+void CudaBackend::softmax_causal(ConstMatrixView<float> S, double scale, MatrixView<float> P) {
+  softmax_impl(SUMMA_L, S, scale, P);
+}
+void CudaBackend::softmax_causal(ConstMatrixView<double> S, double scale, MatrixView<double> P) {
+  softmax_impl(SUMMA_L, S, scale, P);
+}
+
+template <class T>
+static void softmax_backward_impl(const cuda_detail::Launch& L, ConstMatrixView<T> P,
+                                  ConstMatrixView<T> dP, double scale, MatrixView<T> dS) {
+  check_view(P, "softmax_causal_backward P");
+  check_view(dP, "softmax_causal_backward dP");
+  check_view<T>(dS, "softmax_causal_backward dS");
+  same_shape<T>("softmax_causal_backward", P, dS.rows, dS.cols);
+  same_shape<T>("softmax_causal_backward", dP, dS.rows, dS.cols);
+  cuda_detail::softmax_causal_backward(L, dview(P), dview(dP), scale, dview(dS));
+}
+void CudaBackend::softmax_causal_backward(ConstMatrixView<float> P, ConstMatrixView<float> dP,
+                                          double scale, MatrixView<float> dS) {
+  softmax_backward_impl(SUMMA_L, P, dP, scale, dS);
+}
+void CudaBackend::softmax_causal_backward(ConstMatrixView<double> P, ConstMatrixView<double> dP,
+                                          double scale, MatrixView<double> dS) {
+  softmax_backward_impl(SUMMA_L, P, dP, scale, dS);
+}
+
+// ---------------------------------------------------------------- cross-entropy
+
+template <class T>
+static void row_max_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> Z, T* out) {
+  check_view(Z, "row_max Z");
+  require_array(out, Z.rows, "row_max", "out");
+  I.check_pointer(out, "row_max", "out");
+  cuda_detail::row_max(I.launch, dview(Z), out);
+}
+void CudaBackend::row_max(ConstMatrixView<float> Z, float* out) {
+  row_max_impl(*impl_, Z, out);
+}
+void CudaBackend::row_max(ConstMatrixView<double> Z, double* out) {
+  row_max_impl(*impl_, Z, out);
+}
+
+template <class T>
+static void row_sum_exp_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> Z, const T* max,
+                             T* out) {
+  check_view(Z, "row_sum_exp Z");
+  require_array(out, Z.rows, "row_sum_exp", "out");
+  require_array(max, Z.cols > 0 ? Z.rows : 0, "row_sum_exp", "max");
+  I.check_pointer(out, "row_sum_exp", "out");
+  I.check_pointer(max, "row_sum_exp", "max");
+  cuda_detail::row_sum_exp(I.launch, dview(Z), max, out);
+}
+void CudaBackend::row_sum_exp(ConstMatrixView<float> Z, const float* max, float* out) {
+  row_sum_exp_impl(*impl_, Z, max, out);
+}
+void CudaBackend::row_sum_exp(ConstMatrixView<double> Z, const double* max, double* out) {
+  row_sum_exp_impl(*impl_, Z, max, out);
+}
+
+template <class T>
+static void pick_targets_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> Z,
+                              const std::int32_t* targets, index_t col0, T* out) {
+  check_view(Z, "pick_targets Z");
+  require_array(targets, Z.rows, "pick_targets", "targets");
+  require_array(out, Z.rows, "pick_targets", "out");
+  I.check_pointer(targets, "pick_targets", "targets");
+  I.check_pointer(out, "pick_targets", "out");
+  cuda_detail::pick_targets(I.launch, dview(Z), targets, col0, out);
+}
+void CudaBackend::pick_targets(ConstMatrixView<float> Z, const std::int32_t* targets, index_t col0,
+                               float* out) {
+  pick_targets_impl(*impl_, Z, targets, col0, out);
+}
+void CudaBackend::pick_targets(ConstMatrixView<double> Z, const std::int32_t* targets, index_t col0,
+                               double* out) {
+  pick_targets_impl(*impl_, Z, targets, col0, out);
+}
+
+// Copies the one value the two-pass reduction left on the device back.
+static double fetch_result(cuda_detail::CudaState& I) {
+  check_cuda(cudaMemcpyAsync(I.host_result, I.partials + kMaxPartials, sizeof(double),
+                             cudaMemcpyDeviceToHost, I.launch.stream),
+             "cudaMemcpyAsync(device to host)");
+  check_cuda(cudaStreamSynchronize(I.launch.stream), "cudaStreamSynchronize");
+  return *I.host_result;
+}
+
+template <class T>
+static double cross_entropy_sum_impl(cuda_detail::CudaState& I, index_t n, const T* max,
+                                     const T* sum, const T* picked) {
+  require(n >= 0, [&] { return "cross_entropy_sum: negative n " + std::to_string(n); });
+  require_array(max, n, "cross_entropy_sum", "max");
+  require_array(sum, n, "cross_entropy_sum", "sum");
+  require_array(picked, n, "cross_entropy_sum", "picked");
+  I.check_pointer(max, "cross_entropy_sum", "max");
+  I.check_pointer(sum, "cross_entropy_sum", "sum");
+  I.check_pointer(picked, "cross_entropy_sum", "picked");
+  cuda_detail::cross_entropy_sum(I.launch, n, max, sum, picked, I.partials);
+  return fetch_result(I);
+}
+double CudaBackend::cross_entropy_sum(index_t n, const float* max, const float* sum,
+                                      const float* picked) {
+  return cross_entropy_sum_impl(*impl_, n, max, sum, picked);
+}
+double CudaBackend::cross_entropy_sum(index_t n, const double* max, const double* sum,
+                                      const double* picked) {
+  return cross_entropy_sum_impl(*impl_, n, max, sum, picked);
+}
+
+template <class T>
+static void cross_entropy_grad_impl(const cuda_detail::CudaState& I, MatrixView<T> Z, const T* max,
+                                    const T* sum, const std::int32_t* targets, index_t col0,
+                                    double scale) {
+  check_view<T>(Z, "cross_entropy_grad Z");
+  const index_t rows = Z.cols > 0 ? Z.rows : 0;
+  require_array(max, rows, "cross_entropy_grad", "max");
+  require_array(sum, rows, "cross_entropy_grad", "sum");
+  require_array(targets, rows, "cross_entropy_grad", "targets");
+  I.check_pointer(max, "cross_entropy_grad", "max");
+  I.check_pointer(sum, "cross_entropy_grad", "sum");
+  I.check_pointer(targets, "cross_entropy_grad", "targets");
+  cuda_detail::cross_entropy_grad(I.launch, dview(Z), max, sum, targets, col0, scale);
+}
+void CudaBackend::cross_entropy_grad(MatrixView<float> Z, const float* max, const float* sum,
+                                     const std::int32_t* targets, index_t col0, double scale) {
+  cross_entropy_grad_impl(*impl_, Z, max, sum, targets, col0, scale);
+}
+void CudaBackend::cross_entropy_grad(MatrixView<double> Z, const double* max, const double* sum,
+                                     const std::int32_t* targets, index_t col0, double scale) {
+  cross_entropy_grad_impl(*impl_, Z, max, sum, targets, col0, scale);
+}
+
+// ---------------------------------------------------------------- embedding rows
+
+template <class T>
+static void gather_rows_impl(const cuda_detail::CudaState& I, const std::int32_t* ids, index_t row0,
+                             ConstMatrixView<T> table, bool accumulate, MatrixView<T> out) {
+  check_view(table, "gather_rows table");
+  check_view<T>(out, "gather_rows out");
+  require(out.cols == table.cols, [&] {
+    return "gather_rows: out has " + std::to_string(out.cols) + " columns, table " +
+           std::to_string(table.cols);
+  });
+  require_array(ids, out.cols > 0 ? out.rows : 0, "gather_rows", "ids");
+  I.check_pointer(ids, "gather_rows", "ids");
+  cuda_detail::gather_rows(I.launch, ids, row0, dview(table), accumulate, dview(out));
+}
+void CudaBackend::gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<float> table,
+                              bool accumulate, MatrixView<float> out) {
+  gather_rows_impl(*impl_, ids, row0, table, accumulate, out);
+}
+void CudaBackend::gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<double> table,
+                              bool accumulate, MatrixView<double> out) {
+  gather_rows_impl(*impl_, ids, row0, table, accumulate, out);
+}
+
+template <class T>
+static void scatter_add_rows_impl(const cuda_detail::CudaState& I, const std::int32_t* ids,
+                                  index_t row0, ConstMatrixView<T> src, MatrixView<T> table) {
+  check_view(src, "scatter_add_rows src");
+  check_view<T>(table, "scatter_add_rows table");
+  require(src.cols == table.cols, [&] {
+    return "scatter_add_rows: src has " + std::to_string(src.cols) + " columns, table " +
+           std::to_string(table.cols);
+  });
+  require_array(ids, src.cols > 0 ? src.rows : 0, "scatter_add_rows", "ids");
+  I.check_pointer(ids, "scatter_add_rows", "ids");
+  cuda_detail::scatter_add_rows(I.launch, ids, row0, dview(src), dview(table));
+}
+void CudaBackend::scatter_add_rows(const std::int32_t* ids, index_t row0,
+                                   ConstMatrixView<float> src, MatrixView<float> table) {
+  scatter_add_rows_impl(*impl_, ids, row0, src, table);
+}
+void CudaBackend::scatter_add_rows(const std::int32_t* ids, index_t row0,
+                                   ConstMatrixView<double> src, MatrixView<double> table) {
+  scatter_add_rows_impl(*impl_, ids, row0, src, table);
+}
+
+// ---------------------------------------------------------------- optimizer helpers
+
+template <class T>
+static double sum_of_squares_impl(cuda_detail::CudaState& I, const T* x, index_t n) {
+  require(n >= 0, [&] { return "sum_of_squares: negative n " + std::to_string(n); });
+  require_array(x, n, "sum_of_squares", "x");
+  I.check_pointer(x, "sum_of_squares", "x");
+  cuda_detail::sum_of_squares(I.launch, x, n, I.partials);
+  return fetch_result(I);
+}
+double CudaBackend::sum_of_squares(const float* x, index_t n) {
+  return sum_of_squares_impl(*impl_, x, n);
+}
+double CudaBackend::sum_of_squares(const double* x, index_t n) {
+  return sum_of_squares_impl(*impl_, x, n);
+}
+
+template <class T>
+static void scale_in_place_impl(const cuda_detail::CudaState& I, T* x, index_t n, double factor) {
+  require(n >= 0, [&] { return "scale_in_place: negative n " + std::to_string(n); });
+  require_array(x, n, "scale_in_place", "x");
+  I.check_pointer(x, "scale_in_place", "x");
+  cuda_detail::scale_in_place(I.launch, x, n, factor);
+}
+void CudaBackend::scale_in_place(float* x, index_t n, double factor) {
+  scale_in_place_impl(*impl_, x, n, factor);
+}
+void CudaBackend::scale_in_place(double* x, index_t n, double factor) {
+  scale_in_place_impl(*impl_, x, n, factor);
+}
+
+#undef SUMMA_L
+
+}  // namespace summa
