@@ -605,8 +605,11 @@ TEST(ReferenceGpt, LossAtInitIsLogVocab) {
   const auto tokens = random_ids(batch * seq, config.vocab_size, gen);
   const auto targets = random_ids(batch * seq, config.vocab_size, gen);
   const double loss = model.forward(tokens, targets, batch, seq);
-  // logits ~ N(0, 0.02² · n_embd): the expected excess over log V is ~ var/2 ≈ 0.006.
-  EXPECT_NEAR(loss, std::log(50.0), 0.05);
+  // logits ~ N(0, 0.02² · n_embd), sd ≈ 0.11: the expected excess over log V
+  // is ~ var/2 ≈ 0.006. The mean target logit fluctuates with the random wte
+  // rows (50 of them): sd ≈ 0.11/√50 ≈ 0.016, plus the token sampling; 0.1
+  // is over 5 sd (0.05 failed about once in 700 fresh seeds).
+  EXPECT_NEAR(loss, std::log(50.0), 0.1);
   double biggest = 0;
   for (double l : model.logits()) biggest = std::max(biggest, std::abs(l));
   EXPECT_LT(biggest, 1.0);
