@@ -3,11 +3,9 @@
 # libsumma. Included from the top-level CMakeLists.txt (enable_language must
 # run at directory scope there).
 #
-#   SUMMA_CUDA               AUTO (default): detect the toolkit, cuBLAS and NCCL
-#                            and report them in build_info.hpp; ON: require them
-#                            and build the CUDA backend; OFF: CPU only. (AUTO
-#                            will build the backend too once it has been
-#                            verified on a GPU.)
+#   SUMMA_CUDA               AUTO (default): build the CUDA backend when the
+#                            toolkit, cuBLAS and NCCL are found, CPU only
+#                            otherwise; ON: require them; OFF: CPU only.
 #   SUMMA_CUDA_ARCHITECTURES GPU architectures to compile for (CMAKE_CUDA_ARCHITECTURES
 #                            syntax), default "80;90" (A100, H100); CUDA 13 builds
 #                            sm_75 and newer only.
@@ -51,11 +49,6 @@ if(SUMMA_CUDA_DETECTED AND SUMMA_SANITIZE)
                         "'${SUMMA_SANITIZE}': a sanitizer build is CPU only")
   endif()
   set(SUMMA_CUDA_DESCRIPTION "${SUMMA_CUDA_DESCRIPTION}; backend not built (sanitizer build)")
-elseif(SUMMA_CUDA_DETECTED AND NOT SUMMA_CUDA STREQUAL "ON")
-  # AUTO detects and reports; the backend is built on request only until it
-  # has been verified on a GPU (docs/gpu.md).
-  set(SUMMA_CUDA_DESCRIPTION
-      "${SUMMA_CUDA_DESCRIPTION}; backend not built (configure with -DSUMMA_CUDA=ON)")
 elseif(SUMMA_CUDA_DETECTED)
   if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
     if(CUDAToolkit_NVCC_EXECUTABLE)

@@ -1,10 +1,13 @@
 #include "summa/backend/cpu_backend.hpp"
 
+#include "summa/optim/optimizer.hpp"
+
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <string>
@@ -693,6 +696,42 @@ void CpuBackend::scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMa
 void CpuBackend::scatter_add_rows(const std::int32_t* ids, index_t row0,
                                   ConstMatrixView<double> src, MatrixView<double> table) {
   scatter_add_rows_impl(ids, row0, src, table);
+}
+
+void CpuBackend::upload(void* dst, const void* host_src, std::size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, host_src, bytes);
+}
+void CpuBackend::download(void* host_dst, const void* src, std::size_t bytes) {
+  if (bytes > 0) std::memcpy(host_dst, src, bytes);
+}
+
+void CpuBackend::adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                              index_t n, const optim::AdamWCoefficients& c) {
+  optim::adamw_update(param, grad, exp_avg, exp_avg_sq, n, c);
+}
+void CpuBackend::adamw_update(double* param, const double* grad, double* exp_avg,
+                              double* exp_avg_sq, index_t n, const optim::AdamWCoefficients& c) {
+  optim::adamw_update(param, grad, exp_avg, exp_avg_sq, n, c);
+}
+void CpuBackend::sgd_update(float* param, const float* grad, float* momentum_buffer, index_t n,
+                            const optim::SgdCoefficients& c) {
+  optim::sgd_update(param, grad, momentum_buffer, n, c);
+}
+void CpuBackend::sgd_update(double* param, const double* grad, double* momentum_buffer, index_t n,
+                            const optim::SgdCoefficients& c) {
+  optim::sgd_update(param, grad, momentum_buffer, n, c);
+}
+double CpuBackend::sum_of_squares(const float* x, index_t n) {
+  return optim::sum_of_squares(x, n);
+}
+double CpuBackend::sum_of_squares(const double* x, index_t n) {
+  return optim::sum_of_squares(x, n);
+}
+void CpuBackend::scale_in_place(float* x, index_t n, double factor) {
+  optim::scale_in_place(x, n, factor);
+}
+void CpuBackend::scale_in_place(double* x, index_t n, double factor) {
+  optim::scale_in_place(x, n, factor);
 }
 
 }  // namespace summa

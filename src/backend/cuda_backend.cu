@@ -1040,6 +1040,50 @@ void CudaBackend::scale_in_place(double* x, index_t n, double factor) {
   scale_in_place_impl(*impl_, x, n, factor);
 }
 
+template <class T, class M>
+static void adamw_impl(const cuda_detail::CudaState& I, T* param, const T* grad, M* exp_avg,
+                       M* exp_avg_sq, index_t n, const optim::AdamWCoefficients& c) {
+  require(n >= 0, [&] { return "adamw_update: negative n " + std::to_string(n); });
+  require_array(param, n, "adamw_update", "param");
+  require_array(grad, n, "adamw_update", "grad");
+  require_array(exp_avg, n, "adamw_update", "exp_avg");
+  require_array(exp_avg_sq, n, "adamw_update", "exp_avg_sq");
+  I.check_pointer(param, "adamw_update", "param");
+  I.check_pointer(grad, "adamw_update", "grad");
+  I.check_pointer(exp_avg, "adamw_update", "exp_avg");
+  I.check_pointer(exp_avg_sq, "adamw_update", "exp_avg_sq");
+  cuda::adamw_update(param, grad, exp_avg, exp_avg_sq, n, c, I.launch.stream);
+}
+void CudaBackend::adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                               index_t n, const optim::AdamWCoefficients& c) {
+  adamw_impl(*impl_, param, grad, exp_avg, exp_avg_sq, n, c);
+}
+void CudaBackend::adamw_update(double* param, const double* grad, double* exp_avg,
+                               double* exp_avg_sq, index_t n, const optim::AdamWCoefficients& c) {
+  adamw_impl(*impl_, param, grad, exp_avg, exp_avg_sq, n, c);
+}
+
+template <class T, class M>
+static void sgd_impl(const cuda_detail::CudaState& I, T* param, const T* grad, M* momentum_buffer,
+                     index_t n, const optim::SgdCoefficients& c) {
+  require(n >= 0, [&] { return "sgd_update: negative n " + std::to_string(n); });
+  require_array(param, n, "sgd_update", "param");
+  require_array(grad, n, "sgd_update", "grad");
+  require_array(momentum_buffer, n, "sgd_update", "momentum_buffer");
+  I.check_pointer(param, "sgd_update", "param");
+  I.check_pointer(grad, "sgd_update", "grad");
+  I.check_pointer(momentum_buffer, "sgd_update", "momentum_buffer");
+  cuda::sgd_update(param, grad, momentum_buffer, n, c, I.launch.stream);
+}
+void CudaBackend::sgd_update(float* param, const float* grad, float* momentum_buffer, index_t n,
+                             const optim::SgdCoefficients& c) {
+  sgd_impl(*impl_, param, grad, momentum_buffer, n, c);
+}
+void CudaBackend::sgd_update(double* param, const double* grad, double* momentum_buffer, index_t n,
+                             const optim::SgdCoefficients& c) {
+  sgd_impl(*impl_, param, grad, momentum_buffer, n, c);
+}
+
 #undef SUMMA_L
 
 }  // namespace summa

@@ -13,6 +13,11 @@
 
 namespace summa {
 
+namespace optim {
+struct AdamWCoefficients;  // summa/optim/optimizer.hpp
+struct SgdCoefficients;
+}  // namespace optim
+
 /// Caller-provided scratch memory a backend may use for one call.
 struct Scratch {
   void* data = nullptr;
@@ -198,6 +203,39 @@ class Backend {
                                 MatrixView<float> table) = 0;
   virtual void scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<double> src,
                                 MatrixView<double> table) = 0;
+
+  // ---- Host <-> backend memory -----------------------------------------------
+
+  /// True when pointers of the backend's memory space may be dereferenced
+  /// by host code (CpuBackend); false for device memory (CudaBackend).
+  virtual bool host_accessible() const = 0;
+  /// Copies `bytes` from host memory to backend memory `dst`, ordered after
+  /// the work issued before it; `host_src` may be reused on return.
+  virtual void upload(void* dst, const void* host_src, std::size_t bytes) = 0;
+  /// Copies `bytes` of backend memory `src` to host memory after the work
+  /// issued before it has finished; `host_dst` holds the data on return.
+  virtual void download(void* host_dst, const void* src, std::size_t bytes) = 0;
+
+  // ---- Optimizer arithmetic (summa/optim/optimizer.hpp) -----------------------
+  // Per-element formulas of summa::optim::adamw_update / sgd_update on n
+  // elements of backend memory; state in master precision (fp32 for float,
+  // fp64 for double). No allocation.
+
+  virtual void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                            index_t n, const optim::AdamWCoefficients& c) = 0;
+  virtual void adamw_update(double* param, const double* grad, double* exp_avg, double* exp_avg_sq,
+                            index_t n, const optim::AdamWCoefficients& c) = 0;
+  virtual void sgd_update(float* param, const float* grad, float* momentum_buffer, index_t n,
+                          const optim::SgdCoefficients& c) = 0;
+  virtual void sgd_update(double* param, const double* grad, double* momentum_buffer, index_t n,
+                          const optim::SgdCoefficients& c) = 0;
+  /// Σ x[i]² over n elements, accumulated in double; returns the host value
+  /// (a device backend waits for its stream).
+  virtual double sum_of_squares(const float* x, index_t n) = 0;
+  virtual double sum_of_squares(const double* x, index_t n) = 0;
+  /// x[i] ← x[i] · factor (factor rounded to T).
+  virtual void scale_in_place(float* x, index_t n, double factor) = 0;
+  virtual void scale_in_place(double* x, index_t n, double factor) = 0;
 
   /// Waits until every operation issued so far has finished (no-op on CPU).
   virtual void synchronize() {}

@@ -104,6 +104,25 @@ class CpuBackend final : public Backend {
                         MatrixView<float> table) override;
   void scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<double> src,
                         MatrixView<double> table) override;
+
+  bool host_accessible() const override { return true; }
+  /// std::memcpy.
+  void upload(void* dst, const void* host_src, std::size_t bytes) override;
+  void download(void* host_dst, const void* src, std::size_t bytes) override;
+
+  /// summa::optim::adamw_update, sgd_update, sum_of_squares, scale_in_place.
+  void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, index_t n,
+                    const optim::AdamWCoefficients& c) override;
+  void adamw_update(double* param, const double* grad, double* exp_avg, double* exp_avg_sq,
+                    index_t n, const optim::AdamWCoefficients& c) override;
+  void sgd_update(float* param, const float* grad, float* momentum_buffer, index_t n,
+                  const optim::SgdCoefficients& c) override;
+  void sgd_update(double* param, const double* grad, double* momentum_buffer, index_t n,
+                  const optim::SgdCoefficients& c) override;
+  double sum_of_squares(const float* x, index_t n) override;
+  double sum_of_squares(const double* x, index_t n) override;
+  void scale_in_place(float* x, index_t n, double factor) override;
+  void scale_in_place(double* x, index_t n, double factor) override;
 };
 
 }  // namespace summa

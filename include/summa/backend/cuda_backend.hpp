@@ -143,9 +143,9 @@ class CudaBackend final : public Backend {
   std::size_t gemm_scratch_bytes(index_t m, index_t n, index_t k, DType t) const override;
 
   /// Host -> device copy of `bytes` (ordered on stream(); returns when done).
-  void upload(void* device_dst, const void* host_src, std::size_t bytes);
+  void upload(void* device_dst, const void* host_src, std::size_t bytes) override;
   /// Device -> host copy of `bytes` (ordered on stream(); returns when done).
-  void download(void* host_dst, const void* device_src, std::size_t bytes);
+  void download(void* host_dst, const void* device_src, std::size_t bytes) override;
   /// Sets `bytes` bytes of device memory to `value` (asynchronous).
   void fill_bytes(void* device_dst, int value, std::size_t bytes);
 
@@ -253,11 +253,24 @@ class CudaBackend final : public Backend {
 
   /// Σ x[i]² over n device elements, accumulated in double (like
   /// summa::optim::sum_of_squares); waits for the stream.
-  double sum_of_squares(const float* x, index_t n);
-  double sum_of_squares(const double* x, index_t n);
+  double sum_of_squares(const float* x, index_t n) override;
+  double sum_of_squares(const double* x, index_t n) override;
   /// x[i] ← x[i] · factor (factor rounded to T), asynchronous.
-  void scale_in_place(float* x, index_t n, double factor);
-  void scale_in_place(double* x, index_t n, double factor);
+  void scale_in_place(float* x, index_t n, double factor) override;
+  void scale_in_place(double* x, index_t n, double factor) override;
+
+  /// summa::cuda::adamw_update / sgd_update on stream() (asynchronous).
+  void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, index_t n,
+                    const optim::AdamWCoefficients& c) override;
+  void adamw_update(double* param, const double* grad, double* exp_avg, double* exp_avg_sq,
+                    index_t n, const optim::AdamWCoefficients& c) override;
+  void sgd_update(float* param, const float* grad, float* momentum_buffer, index_t n,
+                  const optim::SgdCoefficients& c) override;
+  void sgd_update(double* param, const double* grad, double* momentum_buffer, index_t n,
+                  const optim::SgdCoefficients& c) override;
+
+  /// Device memory: false.
+  bool host_accessible() const override { return false; }
 
   /// cudaStreamSynchronize(stream()).
   void synchronize() override;
