@@ -1,10 +1,15 @@
 // gpt_layer: times one TransformerBlock2D and the whole GPT2D (forward, and
 // forward + backward, with and without activation checkpointing) on a q x q
 // mesh and, at q = 1, the serial reference::Gpt on the same configuration.
-// Prints one JSON object per line per case; see bench/README.md.
+// With --backend cuda (a libsumma built with CUDA) everything runs on the
+// node-local rank's GPU (CudaBackend, communicators --comm), timed with the
+// backend synchronised at the end of every timed step; the block's numbers
+// are what bench/torch_block.py measures for PyTorch eager (bench/README.md,
+// "GPU"). Prints one JSON object per line per case; see bench/README.md.
 //
 //   mpirun -np 4 ./gpt_layer [--layers 2] [--hidden 192] [--heads 6] [--seq 64] [--batch 6]
 //                            [--vocab 1536] [--dtype f32,f64] [--checkpoint on|off|both]
+//   ./gpt_layer --backend cuda --what block --hidden 1024 --heads 16 --seq 1024 --batch 8
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -14,6 +19,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -22,6 +28,13 @@
 #include <vector>
 
 #include "summa/summa.hpp"
+
+#if SUMMA_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "summa/backend/cuda_backend.hpp"
+#include "summa/comm/nccl_communicator.hpp"
+#endif
 
 namespace {
 
@@ -134,14 +147,47 @@ struct Settings {
   std::vector<std::string> dtypes;
   bool run_block = true, run_gpt = true;
   std::uint64_t seed = 1234;
+  std::string backend = "cpu";      // "cpu" or "cuda"
+  std::string comm = "mpi_staged";  // cuda: "mpi_staged" or "nccl"
+  bool tf32 = false;                // cuda: TF32 tensor cores in f32 GEMMs
 };
 
 struct Context {
   summa::ProcessGrid* grid;
-  summa::CpuBackend* backend;
+  summa::Backend* backend;
   summa::SummaEngine* engine;
   int q, ranks, rank;
   const Settings* s;
+  std::string device;  ///< "cpu" or the GPU's name
+};
+
+// n elements of T in the backend's memory (device memory on cuda), moved to
+// and from the host with upload/download outside the timed region.
+template <class T>
+class BackendArray {
+ public:
+  BackendArray(summa::Backend& backend, std::size_t n) : backend_(&backend), n_(n) {
+    if (n_ > 0) data_ = static_cast<T*>(backend_->allocate(n_ * sizeof(T)));
+  }
+  ~BackendArray() {
+    if (data_ != nullptr) backend_->deallocate(data_, n_ * sizeof(T));
+  }
+  BackendArray(const BackendArray&) = delete;
+  BackendArray& operator=(const BackendArray&) = delete;
+  T* data() const { return data_; }
+  void upload(const std::vector<T>& host) {
+    backend_->upload(data_, host.data(), std::min(n_, host.size()) * sizeof(T));
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(n_);
+    if (n_ > 0) backend_->download(host.data(), data_, n_ * sizeof(T));
+    return host;
+  }
+
+ private:
+  summa::Backend* backend_;
+  std::size_t n_;
+  T* data_ = nullptr;
 };
 
 // Sum of the bytes sent over every axis since the last reset, max over ranks.
@@ -173,7 +219,10 @@ JsonLine header(const Context& ctx, std::string_view what, bool backward, std::s
       .integer("panel", o.panel)
       .boolean("overlap", o.overlap)
       .integer("reps", s.reps)
-      .integer("warmup", s.warmup);
+      .integer("warmup", s.warmup)
+      .str("backend", s.backend)
+      .str("device", ctx.device);
+  if (s.backend == "cuda") j.str("comm", s.comm).boolean("tf32", s.tf32);
   return j;
 }
 
@@ -223,12 +272,16 @@ bool run_block(Context& ctx) {
 
   const index_t nt = s.batch * s.seq / q, hq = c.n_embd / q;
   const auto n = static_cast<std::size_t>(nt * hq);
-  std::vector<T> x(n), y(n), dy(n), dx(n);
+  std::vector<T> x_host(n), dy_host(n);
   std::mt19937_64 rng(s.seed + 7919 * static_cast<std::uint64_t>(ctx.rank + 1));
   std::uniform_real_distribution<double> u(-1.0, 1.0);
-  for (T& e : x) e = static_cast<T>(u(rng));
-  for (T& e : dy) e = static_cast<T>(1e-3 * u(rng));
-  const auto view = [&](std::vector<T>& v) {
+  for (T& e : x_host) e = static_cast<T>(u(rng));
+  for (T& e : dy_host) e = static_cast<T>(1e-3 * u(rng));
+  // Activations in the backend's memory (device memory on cuda).
+  BackendArray<T> x(*ctx.backend, n), y(*ctx.backend, n), dy(*ctx.backend, n), dx(*ctx.backend, n);
+  x.upload(x_host);
+  dy.upload(dy_host);
+  const auto view = [&](BackendArray<T>& v) {
     return summa::MatrixView<T>::dense(v.data(), nt, hq, summa::Order::row_major);
   };
 
@@ -245,6 +298,7 @@ bool run_block(Context& ctx) {
       bwd.reset();
       block.forward(view(x), view(y), step);
       if (backward) block.backward(view(dy), view(dx), step);
+      ctx.backend->synchronize();  // the step is over when the device is (no-op on CPU)
     };
     for (int w = 0; w < s.warmup; ++w) call();
     std::vector<double> times;
@@ -252,7 +306,8 @@ bool run_block(Context& ctx) {
     ctx.grid->reset_traffic();
     call();  // the measured step
     const std::uint64_t sent = bytes_sent(*ctx.grid), received = bytes_received(*ctx.grid);
-    const bool finite = all_ranks(all_finite(y) && (!backward || all_finite(dx)));
+    const bool finite =
+        all_ranks(all_finite(y.download()) && (!backward || all_finite(dx.download())));
     ok = ok && finite;
     const std::uint64_t peak =
         max_over_ranks(workspace.high_water() + forward.high_water() + bwd.high_water());
@@ -316,6 +371,7 @@ bool run_gpt(Context& ctx, const Batch& data, bool checkpoint, summa::reference:
       loss = model.forward(data.tokens, data.targets);
       finite = finite && std::isfinite(loss);
       if (backward) model.backward();
+      ctx.backend->synchronize();  // no-op on CPU
     };
     const auto serial_call = [&] {
       serial_loss = static_cast<double>(serial->forward(data.tokens, data.targets, s.batch, s.seq));
@@ -380,8 +436,8 @@ bool run_dtype(Context& ctx) {
   if (s.run_block) ok = run_block<T>(ctx) && ok;
   if (s.run_gpt) {
     const Batch data = make_batch(s);
-    std::optional<summa::reference::Gpt<T>> serial;
-    if (ctx.q == 1) serial.emplace(s.config, s.seed);
+    std::optional<summa::reference::Gpt<T>> serial;  // host code: CPU runs only
+    if (ctx.q == 1 && s.backend == "cpu") serial.emplace(s.config, s.seed);
     for (bool cp : s.checkpoints) ok = run_gpt<T>(ctx, data, cp, serial ? &*serial : nullptr) && ok;
   }
   return ok;
@@ -458,6 +514,17 @@ int run(int argc, char** argv, int rank, int ranks) {
       ->capture_default_str();
   app.add_option("--seed", s.seed, "Seed of weights, tokens and activations")
       ->capture_default_str();
+  app.add_option("--backend", s.backend,
+                 "cpu (CpuBackend, MPI) or cuda (CudaBackend on the node-local rank's GPU; "
+                 "needs a libsumma built with CUDA; --what defaults to block)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--comm", s.comm,
+                 "cuda: communicators, mpi_staged (ranks may share a GPU) or nccl (one GPU "
+                 "per rank)")
+      ->check(CLI::IsMember({"mpi_staged", "nccl"}))
+      ->capture_default_str();
+  app.add_flag("--tf32", s.tf32, "cuda: TF32 tensor cores in f32 GEMMs");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -477,19 +544,50 @@ int run(int argc, char** argv, int rank, int ranks) {
   if (has(checkpoint, "on") || has(checkpoint, "both")) s.checkpoints.push_back(true);
   if (has(checkpoint, "off") || has(checkpoint, "both")) s.checkpoints.push_back(false);
   s.dtypes = dtypes;
+  const bool cuda = s.backend == "cuda";
+  // On cuda the target is one block (the PyTorch comparison); the whole
+  // model only when asked for.
+  if (cuda && app.count("--what") == 0) what = {"block"};
   s.run_block = has(what, "block");
   s.run_gpt = has(what, "gpt");
+#if !SUMMA_HAVE_CUDA
+  if (cuda)
+    throw UsageError(
+        "--backend cuda: this gpt_layer was built without CUDA (libsumma has "
+        "SUMMA_HAVE_CUDA=0; configure with -DSUMMA_CUDA=ON)");
+#endif
+  if (!cuda && (s.tf32 || app.count("--comm") > 0))
+    throw UsageError("--tf32 and --comm need --backend cuda");
 
-  summa::ProcessGrid grid = summa::ProcessGrid::mesh2d(MPI_COMM_WORLD);
-  summa::CpuBackend backend;
-  summa::SummaEngine engine(grid, backend);
+  // The backend first: the communicators order their work with its stream.
+  std::unique_ptr<summa::Backend> backend;
+  summa::GridOptions grid_options;
+  std::string device = "cpu";
+#if SUMMA_HAVE_CUDA
+  if (cuda) {
+    summa::CudaOptions o;
+    o.device = summa::select_device_for_rank(MPI_COMM_WORLD);
+    o.allow_tf32 = s.tf32;
+    auto cb = std::make_unique<summa::CudaBackend>(o);
+    grid_options.comm =
+        s.comm == "nccl" ? summa::CommBackend::nccl : summa::CommBackend::mpi_staged;
+    grid_options.compute_stream = cb->stream();
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, o.device) == cudaSuccess) device = prop.name;
+    backend = std::move(cb);
+  }
+#endif
+  if (!backend) backend = std::make_unique<summa::CpuBackend>();
+  summa::ProcessGrid grid = summa::ProcessGrid::mesh2d(MPI_COMM_WORLD, 0, 1, grid_options);
+  summa::SummaEngine engine(grid, *backend);
   const int q = grid.shape().rows;
   validate(s, q);
 
-  Context ctx{&grid, &backend, &engine, q, ranks, rank, &s};
+  Context ctx{&grid, backend.get(), &engine, q, ranks, rank, &s, device};
   if (rank == 0)
-    std::fprintf(stderr, "gpt_layer: %d ranks, %dx%d mesh, %lld parameters\n", ranks, q, q,
-                 static_cast<long long>(summa::reference::parameter_count(s.config)));
+    std::fprintf(stderr, "gpt_layer: %d ranks, %dx%d mesh, %lld parameters, backend %s on %s\n",
+                 ranks, q, q, static_cast<long long>(summa::reference::parameter_count(s.config)),
+                 std::string(backend->name()).c_str(), device.c_str());
   bool ok = true;
   for (const auto& dt : s.dtypes)
     ok = (dt == "f32" ? run_dtype<float>(ctx) : run_dtype<double>(ctx)) && ok;

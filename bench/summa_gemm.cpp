@@ -1,10 +1,14 @@
 // summa_gemm: times SUMMA (summa::SummaEngine, forms AB, ABt, AtB) on a q x q
 // mesh against a plain single-process Eigen GEMM of the same global size and,
 // when built with ScaLAPACK, against PDGEMM/PSGEMM on the same q x q grid.
-// Prints one JSON object per line per case; see bench/README.md.
+// With --backend cuda (a libsumma built with CUDA) the blocks live on the GPU
+// (CudaBackend, communicators --comm) and the baseline is a plain
+// cublasGemmEx of the global size on one GPU, timed with CUDA events in the
+// same run. Prints one JSON object per line per case; see bench/README.md.
 //
 //   mpirun -np 4 ./summa_gemm [--size 2048,3072] [--forms AB,ABt,AtB] [--panel 256]
 //                             [--overlap on|off|both] [--dtype f32,f64] [--reps 5] [--check]
+//   ./summa_gemm --backend cuda --size 4096,8192 --panel 0 [--tf32] [--comm mpi_staged|nccl]
 #include <dlfcn.h>
 #include <mpi.h>
 
@@ -21,15 +25,25 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "summa/summa.hpp"
+
+#if SUMMA_HAVE_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "summa/backend/cuda_backend.hpp"
+#include "summa/comm/nccl_communicator.hpp"
+#endif
 
 #ifdef SUMMA_BENCH_HAVE_SCALAPACK
 // ScaLAPACK / PBLAS / BLACS (LP64: Fortran INTEGER is int). PBLAS's p?gemm_
@@ -259,7 +273,11 @@ struct Settings {
   double tol = 0;  // 0: per-dtype default
   bool eigen = true;
   bool pdgemm = true;
-  int pdgemm_nb = 0;  // PILAENV override; 0: ScaLAPACK's
+  int pdgemm_nb = 0;                // PILAENV override; 0: ScaLAPACK's
+  std::string backend = "cpu";      // "cpu" or "cuda"
+  std::string comm = "mpi_staged";  // cuda: "mpi_staged" or "nccl"
+  bool tf32 = false;                // cuda: TF32 tensor cores in fp32 GEMMs (summa and cuBLAS)
+  bool cublas = true;               // cuda: the cublasGemmEx baseline
 };
 
 // Default tolerance on max_rel_error (see README): 64 unit roundoffs of T.
@@ -400,6 +418,177 @@ class EigenGemm {
   Mat A_, B_, C_;
 };
 
+// ---------------------------------------------------------------- backend memory
+// n elements of T in a backend's memory space (host for CpuBackend, device for
+// CudaBackend), filled from and read back to the host with upload/download.
+template <class T>
+class BackendArray {
+ public:
+  BackendArray(summa::Backend& backend, std::size_t n) : backend_(&backend), n_(n) {
+    if (n_ > 0) data_ = static_cast<T*>(backend_->allocate(n_ * sizeof(T)));
+  }
+  BackendArray(summa::Backend& backend, const std::vector<T>& host)
+      : BackendArray(backend, host.size()) {
+    if (n_ > 0) backend_->upload(data_, host.data(), n_ * sizeof(T));
+  }
+  ~BackendArray() {
+    if (data_ != nullptr) backend_->deallocate(data_, n_ * sizeof(T));
+  }
+  BackendArray(const BackendArray&) = delete;
+  BackendArray& operator=(const BackendArray&) = delete;
+  T* data() const { return data_; }
+  std::vector<T> download() const {
+    std::vector<T> host(n_);
+    if (n_ > 0) backend_->download(host.data(), data_, n_ * sizeof(T));
+    return host;
+  }
+
+ private:
+  summa::Backend* backend_;
+  std::size_t n_;
+  T* data_ = nullptr;
+};
+
+// ---------------------------------------------------------------- cuBLAS baseline
+#if SUMMA_HAVE_CUDA
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorString(e));
+}
+void cublas_check(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string(what) + " failed: " + cublasGetStatusString(st));
+}
+
+/// Elapsed milliseconds between two events recorded on `stream` around `work`.
+class EventTimer {
+ public:
+  EventTimer() {
+    cuda_check(cudaEventCreate(&start_), "cudaEventCreate");
+    cuda_check(cudaEventCreate(&stop_), "cudaEventCreate");
+  }
+  ~EventTimer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  void start(cudaStream_t s) { cuda_check(cudaEventRecord(start_, s), "cudaEventRecord"); }
+  void stop(cudaStream_t s) { cuda_check(cudaEventRecord(stop_, s), "cudaEventRecord"); }
+  /// Seconds between start() and stop(); waits for stop().
+  double seconds() {
+    cuda_check(cudaEventSynchronize(stop_), "cudaEventSynchronize");
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
+    return 1e-3 * static_cast<double>(ms);
+  }
+
+ private:
+  cudaEvent_t start_{}, stop_{};
+};
+
+/// The baseline of the 85% criterion: one plain cublasGemmEx of the GLOBAL
+/// m x n x k product of `form`, on rank 0's GPU, column-major A, B and C
+/// filled with the same values as summa's blocks (the layouts summa uses at
+/// q = 1), fp32 accumulation (CUBLAS_COMPUTE_32F; _FAST_TF32 only with
+/// --tf32) or fp64, its own stream, handle and a 32 MiB cuBLAS workspace (as
+/// CudaBackend). Timed with CUDA events around the call alone.
+template <class T>
+class CublasGemm {
+ public:
+  CublasGemm(Form f, index_t m, index_t n, index_t k, bool tf32, bool active)
+      : active_(active), m_(m), n_(n), k_(k) {
+    if (!active) return;
+    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    cublas_check(cublasCreate(&handle_), "cublasCreate");
+    cublas_check(cublasSetStream(handle_, stream_), "cublasSetStream");
+    cuda_check(cudaMalloc(&workspace_, workspace_bytes), "cudaMalloc(cuBLAS workspace)");
+    cublas_check(cublasSetWorkspace(handle_, workspace_, workspace_bytes), "cublasSetWorkspace");
+    const Dims ad = a_dims(f, m, k), bd = b_dims(f, n, k);
+    ta_ = f == Form::AtB ? CUBLAS_OP_T : CUBLAS_OP_N;
+    tb_ = f == Form::ABt ? CUBLAS_OP_T : CUBLAS_OP_N;
+    lda_ = static_cast<int>(ad.rows);
+    ldb_ = static_cast<int>(bd.rows);
+    a_ = upload(fill_block<T>(1, 0, 0, ad.rows, ad.cols));
+    b_ = upload(fill_block<T>(2, 0, 0, bd.rows, bd.cols));
+    cuda_check(cudaMalloc(&c_, static_cast<std::size_t>(m * n) * sizeof(T)), "cudaMalloc(C)");
+    if constexpr (std::is_same_v<T, double>) {
+      compute_ = CUBLAS_COMPUTE_64F;
+      type_ = CUDA_R_64F;
+    } else {
+      compute_ = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+      type_ = CUDA_R_32F;
+    }
+  }
+  ~CublasGemm() {
+    if (!active_) return;
+    cudaFree(a_);
+    cudaFree(b_);
+    cudaFree(c_);
+    cudaFree(workspace_);
+    cublasDestroy(handle_);
+    cudaStreamDestroy(stream_);
+  }
+  CublasGemm(const CublasGemm&) = delete;
+  CublasGemm& operator=(const CublasGemm&) = delete;
+
+  /// Collective: rank 0 returns the seconds of one product (CUDA events),
+  /// the others 0.
+  double run_once() {
+    double dt = 0;
+    if (active_) {
+      timer_.start(stream_);
+      const T alpha = 1, beta = 0;
+      cublas_check(
+          cublasGemmEx(handle_, ta_, tb_, static_cast<int>(m_), static_cast<int>(n_),
+                       static_cast<int>(k_), &alpha, a_, type_, lda_, b_, type_, ldb_, &beta, c_,
+                       type_, static_cast<int>(m_), compute_, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx");
+      timer_.stop(stream_);
+      dt = timer_.seconds();
+      cuda_check(cudaGetLastError(), "cublasGemmEx (launch)");
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    return dt;
+  }
+
+  /// Rank 0: block (bi, bj) of C, rows x cols, column-major (the layout of
+  /// summa's C block at mesh coordinates (bi, bj)), copied to the host.
+  std::vector<T> block(int bi, int bj, index_t rows, index_t cols) {
+    std::vector<T> out(static_cast<std::size_t>(rows * cols));
+    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    const T* first = c_ + static_cast<std::size_t>(bi * rows + bj * cols * m_);
+    cuda_check(cudaMemcpy2D(out.data(), static_cast<std::size_t>(rows) * sizeof(T), first,
+                            static_cast<std::size_t>(m_) * sizeof(T),
+                            static_cast<std::size_t>(rows) * sizeof(T),
+                            static_cast<std::size_t>(cols), cudaMemcpyDeviceToHost),
+               "cudaMemcpy2D(C)");
+    return out;
+  }
+
+ private:
+  static constexpr std::size_t workspace_bytes = std::size_t{32} << 20;
+  T* upload(const std::vector<T>& host) {
+    void* p = nullptr;
+    cuda_check(cudaMalloc(&p, host.size() * sizeof(T)), "cudaMalloc(operand)");
+    cuda_check(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+               "cudaMemcpy(operand)");
+    return static_cast<T*>(p);
+  }
+  bool active_;
+  index_t m_, n_, k_;
+  cudaStream_t stream_{};
+  cublasHandle_t handle_{};
+  void* workspace_ = nullptr;
+  T *a_ = nullptr, *b_ = nullptr, *c_ = nullptr;
+  cublasOperation_t ta_ = CUBLAS_OP_N, tb_ = CUBLAS_OP_N;
+  int lda_ = 1, ldb_ = 1;
+  cublasComputeType_t compute_ = CUBLAS_COMPUTE_32F;
+  cudaDataType_t type_ = CUDA_R_32F;
+  EventTimer timer_;
+};
+#endif
+
 std::uint64_t mesh_bytes(const summa::ProcessGrid& g, bool sent) {
   const auto& row = g.traffic()[summa::CommAxis::mesh_row];
   const auto& col = g.traffic()[summa::CommAxis::mesh_col];
@@ -413,12 +602,14 @@ std::uint64_t max_over_ranks(std::uint64_t v) {
 
 struct Context {
   summa::ProcessGrid* grid;
-  summa::CpuBackend* backend;
+  summa::Backend* backend;
   int q, ranks, rank;
   Blas blas;
   Blacs blacs;
   const Settings* s;
-  int pdgemm_nb = 0;  ///< PBLAS's panel width in effect
+  int pdgemm_nb = 0;        ///< PBLAS's panel width in effect
+  void* stream = nullptr;   ///< cuda: the CudaBackend's cudaStream_t
+  std::string device_name;  ///< cuda: the GPU of rank 0
 };
 
 // One (size, form, dtype). For every panel and overlap setting, each timed
@@ -432,18 +623,23 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
   const summa::DType dtype = summa::dtype_v<T>;
   const summa::BlockShapes bs = summa::SummaEngine::block_shapes(form, m, n, k, q);
   const int bi = ctx.grid->coords().row, bj = ctx.grid->coords().col;
+  const bool cuda = s.backend == "cuda";
   const auto a = fill_block<T>(1, bi, bj, bs.a_rows, bs.a_cols);
   const auto b = fill_block<T>(2, bi, bj, bs.b_rows, bs.b_cols);
-  std::vector<T> c(static_cast<std::size_t>(bs.c_rows * bs.c_cols));
-  const double tol = s.tol > 0 ? s.tol : default_tol<T>();
+  // The operands and result in the backend's memory (device memory on cuda).
+  const BackendArray<T> a_mem(*ctx.backend, a), b_mem(*ctx.backend, b);
+  BackendArray<T> c_mem(*ctx.backend, static_cast<std::size_t>(bs.c_rows * bs.c_cols));
+  // TF32 rounds each operand to 10 mantissa bits (unit 2^-11): |error| <=
+  // 2 * 2^-11 * k max|A| max|B| plus fp32 accumulation, hence 2e-3.
+  const double tol = s.tol > 0                                      ? s.tol
+                     : (cuda && s.tf32 && std::is_same_v<T, float>) ? 2e-3
+                                                                    : default_tol<T>();
   bool ok = true;
 
   std::optional<Eigen::MatrixXd> ref;
-  double scale = 1;
-  if (s.check) {
-    ref = reference_block<T>(form, m, n, k, q, bi, bj);
-    scale = max_abs(a) * max_abs(b) * static_cast<double>(k);
-  }
+  // max|A| * max|B| * k: the normalisation of every error below.
+  const double scale = max_abs(a) * max_abs(b) * static_cast<double>(k);
+  if (s.check) ref = reference_block<T>(form, m, n, k, q, bi, bj);
 
   std::optional<EigenGemm<T>> eigen;
   if (s.eigen) {
@@ -467,7 +663,7 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
     dc = descriptor(g, q, m, n);
     pa = fill_block<T>(1, g.myrow, g.mycol, bs.a_rows, bs.a_cols);
     pb = fill_block<T>(2, g.myrow, g.mycol, bs.b_rows, bs.b_cols);
-    pc.resize(c.size());
+    pc.resize(static_cast<std::size_t>(bs.c_rows * bs.c_cols));
     pdgemm_call = [&] {
       pgemm(ta, tb, mnk, pa.data(), da.data(), pb.data(), db.data(), pc.data(), dc.data());
     };
@@ -482,9 +678,21 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
   }
 #endif
 
-  auto A = summa::MatrixView<const T>::dense(a.data(), bs.a_rows, bs.a_cols);
-  auto B = summa::MatrixView<const T>::dense(b.data(), bs.b_rows, bs.b_cols);
-  auto C = summa::MatrixView<T>::dense(c.data(), bs.c_rows, bs.c_cols);
+#if SUMMA_HAVE_CUDA
+  // The cuBLAS baseline of the global size on rank 0's GPU.
+  std::optional<CublasGemm<T>> cublas;
+  if (cuda && s.cublas) {
+    cublas.emplace(form, m, n, k, s.tf32, ctx.rank == 0);
+    for (int w = 0; w < std::max(s.warmup, 1); ++w) cublas->run_once();
+  }
+  std::optional<EventTimer> summa_timer;
+  if (cuda) summa_timer.emplace();
+  const auto stream = static_cast<cudaStream_t>(ctx.stream);
+#endif
+
+  auto A = summa::MatrixView<const T>::dense(a_mem.data(), bs.a_rows, bs.a_cols);
+  auto B = summa::MatrixView<const T>::dense(b_mem.data(), bs.b_rows, bs.b_cols);
+  auto C = summa::MatrixView<T>::dense(c_mem.data(), bs.c_rows, bs.c_cols);
   summa::SummaEngine engine(*ctx.grid, *ctx.backend);
   for (index_t panel : s.panels)
     for (bool overlap : s.overlaps)
@@ -493,24 +701,62 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
         const std::size_t ws_bytes = engine.workspace_bytes(form, m, n, k, dtype);
         summa::Workspace ws("workspace", *ctx.backend, ws_bytes);
         std::uint64_t sent = 0, received = 0;
+        std::vector<double> t_events;  // cuda: summa's span on the compute stream
+        [[maybe_unused]] bool timing_events = false;
         auto summa_call = [&] {
           const std::uint64_t s0 = mesh_bytes(*ctx.grid, true), r0 = mesh_bytes(*ctx.grid, false);
+#if SUMMA_HAVE_CUDA
+          if (timing_events) summa_timer->start(stream);
+#endif
           engine.multiply(form, m, n, k, T(1), A, B, T(0), C, ws);
+#if SUMMA_HAVE_CUDA
+          if (timing_events) summa_timer->stop(stream);
+#endif
+          // The product is complete when the call returns (no-op on the CPU).
+          ctx.backend->synchronize();
+#if SUMMA_HAVE_CUDA
+          if (timing_events) t_events.push_back(summa_timer->seconds());
+#endif
           sent = mesh_bytes(*ctx.grid, true) - s0;
           received = mesh_bytes(*ctx.grid, false) - r0;
         };
-        for (int w = 0; w < std::max(s.warmup, s.check ? 1 : 0); ++w) summa_call();
-        std::optional<double> err;
+        // At least one untimed run on cuda: the first call of each GEMM shape
+        // tunes CudaBackend's variants (docs/gpu.md).
+        for (int w = 0; w < std::max(s.warmup, s.check || cuda ? 1 : 0); ++w) summa_call();
+        std::optional<double> err, cublas_diff;
         if (s.check) {
-          err = rel_error(c, *ref, scale);
+          err = rel_error(c_mem.download(), *ref, scale);
           if (!(*err <= tol)) ok = false;
         }
-        std::vector<double> t_summa, t_eigen, t_pdgemm;
+        std::vector<double> t_summa, t_eigen, t_pdgemm, t_cublas;
+        timing_events = cuda;
         for (int r = 0; r < s.reps; ++r) {
           if (eigen) t_eigen.push_back(eigen->run_once());
           if (pdgemm_call) t_pdgemm.push_back(time_collective(pdgemm_call));
+#if SUMMA_HAVE_CUDA
+          if (cublas) t_cublas.push_back(cublas->run_once());
+#endif
           t_summa.push_back(time_collective(summa_call));
         }
+        timing_events = false;
+#if SUMMA_HAVE_CUDA
+        // Rank 0's block of summa's C against the same block of cuBLAS's
+        // (independent code, same inputs): max |difference| / (max|A| max|B| k).
+        if (cublas) {
+          double d = 0;
+          if (ctx.rank == 0) {
+            const std::vector<T> mine = c_mem.download();
+            const std::vector<T> theirs = cublas->block(bi, bj, bs.c_rows, bs.c_cols);
+            for (std::size_t i = 0; i < mine.size(); ++i)
+              d = std::max(d,
+                           std::abs(static_cast<double>(mine[i]) - static_cast<double>(theirs[i])));
+            d /= scale;
+          }
+          MPI_Bcast(&d, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+          cublas_diff = d;
+          if (s.check && !(d <= tol)) ok = false;
+        }
+#endif
         sent = max_over_ranks(sent);  // of the last call
         received = max_over_ranks(received);
 
@@ -548,13 +794,35 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
               .num("vs_pdgemm", gf / pg)
               .integer("pdgemm_nb", ctx.pdgemm_nb);
         }
-        j.str("blas", dtype == summa::DType::f32 ? ctx.blas.sgemm : ctx.blas.dgemm);
-        if (!ctx.blas.arch.empty()) j.str("blas_arch", ctx.blas.arch);
+        if (cuda) {
+          j.str("backend", "cuda")
+              .str("comm", s.comm)
+              .boolean("tf32", s.tf32)
+              .str("device", ctx.device_name);
+          // rank 0's summa span on the compute stream (events), its median
+          double ev = t_events.empty() ? std::nan("") : median(t_events);
+          MPI_Bcast(&ev, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+          j.num("event_seconds", ev);
+          if (!t_cublas.empty()) {
+            double cs = median(t_cublas);  // meaningful on rank 0
+            MPI_Bcast(&cs, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+            j.num("cublas_seconds", cs)
+                .num("cublas_gflops", gflops(m, n, k, cs))
+                .num("vs_cublas", cs / seconds)
+                .num("vs_cublas_events", cs / ev)
+                .num("cublas_max_rel_diff", cublas_diff.value_or(std::nan("")));
+          }
+        } else {
+          j.str("backend", "cpu")
+              .str("blas", dtype == summa::DType::f32 ? ctx.blas.sgemm : ctx.blas.dgemm);
+          if (!ctx.blas.arch.empty()) j.str("blas_arch", ctx.blas.arch);
+        }
         if (s.check) {
           j.num("max_rel_error", *err);
           if (pdgemm_err) j.num("pdgemm_max_rel_error", *pdgemm_err);
           j.num("tolerance", tol)
-              .boolean("check_ok", *err <= tol && (!pdgemm_err || *pdgemm_err <= tol));
+              .boolean("check_ok", *err <= tol && (!pdgemm_err || *pdgemm_err <= tol) &&
+                                       (!cublas_diff || *cublas_diff <= tol));
         }
         if (ctx.rank == 0) {
           std::printf("%s\n", j.text().c_str());
@@ -588,7 +856,7 @@ int run(int argc, char** argv, int rank, int ranks) {
   std::vector<int> slices{summa::SummaOptions{}.progress_slices};
   std::vector<std::string> dtypes{"f32"};
   Settings s;
-  bool no_eigen = false, no_pdgemm = false;
+  bool no_eigen = false, no_pdgemm = false, no_cublas = false;
   app.add_option("--size", sizes,
                  "Square sizes m=n=k (list). Default: 2048,3072 rounded to multiples of 256*q")
       ->delimiter(',')
@@ -615,6 +883,9 @@ int run(int argc, char** argv, int rank, int ranks) {
       ->delimiter(',')
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  // TODO(bf16): --dtype bf16 once SummaEngine::multiply is instantiated for
+  // summa::bf16 (the Backend seam is gaining it); the cuBLAS baseline then
+  // takes CUDA_R_16BF with CUBLAS_COMPUTE_32F.
   app.add_option("--dtype", dtypes, "Element types (list of f32, f64)")
       ->delimiter(',')
       ->check(CLI::IsMember({"f32", "f64"}))
@@ -631,6 +902,18 @@ int run(int argc, char** argv, int rank, int ranks) {
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--no-eigen", no_eigen, "Skip the single-process Eigen baseline");
   app.add_flag("--no-pdgemm", no_pdgemm, "Skip the ScaLAPACK PDGEMM comparison");
+  app.add_option("--backend", s.backend,
+                 "cpu (CpuBackend, MPI) or cuda (CudaBackend on the node-local rank's GPU; "
+                 "needs a libsumma built with CUDA)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--comm", s.comm,
+                 "cuda: communicators, mpi_staged (ranks may share a GPU) or nccl (one GPU "
+                 "per rank)")
+      ->check(CLI::IsMember({"mpi_staged", "nccl"}))
+      ->capture_default_str();
+  app.add_flag("--tf32", s.tf32, "cuda: TF32 tensor cores in f32 GEMMs (summa and cuBLAS)");
+  app.add_flag("--no-cublas", no_cublas, "cuda: skip the cublasGemmEx baseline");
   app.add_option("--pdgemm-nb", s.pdgemm_nb,
                  "PBLAS internal panel width (PILAENV) for PDGEMM; 0 keeps ScaLAPACK's (32)")
       ->check(CLI::NonNegativeNumber)
@@ -641,8 +924,20 @@ int run(int argc, char** argv, int rank, int ranks) {
     if (rank == 0) return app.exit(e);
     return e.get_exit_code();
   }
-  s.eigen = !no_eigen;
-  s.pdgemm = !no_pdgemm;
+  const bool cuda = s.backend == "cuda";
+  // On cuda the baseline is cuBLAS: the host Eigen GEMM and PDGEMM would
+  // compare a GPU with the host's cores, not summa with its local library.
+  s.eigen = !no_eigen && !cuda;
+  s.pdgemm = !no_pdgemm && !cuda;
+  s.cublas = !no_cublas;
+#if !SUMMA_HAVE_CUDA
+  if (cuda)
+    throw UsageError(
+        "--backend cuda: this summa_gemm was built without CUDA (libsumma has "
+        "SUMMA_HAVE_CUDA=0; configure with -DSUMMA_CUDA=ON)");
+#endif
+  if (!cuda && (s.tf32 || app.count("--comm") > 0))
+    throw UsageError("--tf32 and --comm need --backend cuda");
   for (const auto& f : forms) s.forms.push_back(parse_form(f));
   s.panels = panels;
   s.slices = slices;
@@ -650,8 +945,27 @@ int run(int argc, char** argv, int rank, int ranks) {
   if (overlap != "on") s.overlaps.push_back(false);
   s.dtypes = dtypes;
 
-  summa::ProcessGrid grid = summa::ProcessGrid::mesh2d(MPI_COMM_WORLD);
-  summa::CpuBackend backend;
+  // The backend first: the communicators order their work with its stream.
+  std::unique_ptr<summa::Backend> backend;
+  summa::GridOptions grid_options;
+  std::string device_name;
+#if SUMMA_HAVE_CUDA
+  if (cuda) {
+    summa::CudaOptions o;
+    o.device = summa::select_device_for_rank(MPI_COMM_WORLD);
+    o.allow_tf32 = s.tf32;
+    auto cb = std::make_unique<summa::CudaBackend>(o);
+    grid_options.comm =
+        s.comm == "nccl" ? summa::CommBackend::nccl : summa::CommBackend::mpi_staged;
+    grid_options.compute_stream = cb->stream();
+    cudaDeviceProp prop{};
+    cuda_check(cudaGetDeviceProperties(&prop, o.device), "cudaGetDeviceProperties");
+    device_name = prop.name;
+    backend = std::move(cb);
+  }
+#endif
+  if (!backend) backend = std::make_unique<summa::CpuBackend>();
+  summa::ProcessGrid grid = summa::ProcessGrid::mesh2d(MPI_COMM_WORLD, 0, 1, grid_options);
   const int q = grid.shape().rows;
 
   if (m > 0 || n > 0 || k > 0) {
@@ -669,7 +983,10 @@ int run(int argc, char** argv, int rank, int ranks) {
       throw UsageError("m=" + std::to_string(mm) + " n=" + std::to_string(nn) +
                        " k=" + std::to_string(kk) + " must be multiples of q=" + std::to_string(q));
 
-  Context ctx{&grid, &backend, q, ranks, rank, blas_info(), {}, &s};
+  Context ctx{&grid, backend.get(), q, ranks, rank, blas_info(), {}, &s, 0, nullptr, device_name};
+#if SUMMA_HAVE_CUDA
+  if (cuda) ctx.stream = static_cast<summa::CudaBackend&>(*backend).stream();
+#endif
 #ifdef SUMMA_BENCH_HAVE_SCALAPACK
   if (s.pdgemm) ctx.blacs = blacs_init(q);
   pilaenv_override = s.pdgemm_nb;
@@ -678,7 +995,11 @@ int run(int argc, char** argv, int rank, int ranks) {
     ctx.pdgemm_nb = pilaenv_(&ctx.blacs.context, &d);
   }
 #endif
-  if (rank == 0)
+  if (rank == 0 && cuda)
+    std::fprintf(stderr, "summa_gemm: %d ranks, %dx%d mesh, backend %s on %s, comm %s%s\n", ranks,
+                 q, q, std::string(backend->name()).c_str(), device_name.c_str(), s.comm.c_str(),
+                 s.tf32 ? ", TF32" : "");
+  else if (rank == 0)
     std::fprintf(stderr, "summa_gemm: %d ranks, %dx%d mesh, dgemm_ from %s, sgemm_ from %s%s%s\n",
                  ranks, q, q, ctx.blas.dgemm.c_str(), ctx.blas.sgemm.c_str(),
                  ctx.blas.arch.empty() ? "" : ", BLIS sub-configuration ", ctx.blas.arch.c_str());

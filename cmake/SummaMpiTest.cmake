@@ -13,13 +13,18 @@ if(_summa_mpiexec_version MATCHES "Open MPI|OpenRTE")
 endif()
 set(SUMMA_TEST_TIMEOUT 600 CACHE STRING "Seconds before a hung test is killed")
 
-# summa_add_mpi_test(<name> <target> <ranks> [ARGS ...] [LABELS ...])
+# summa_add_mpi_test(<name> <target> <ranks> [ARGS ...] [LABELS ...] [ENVIRONMENT VAR=value ...])
+# ENVIRONMENT sets the test's environment (inherited by every rank), e.g.
+# SUMMA_TEST_BACKEND=cuda for the `cuda` variants of a test.
 function(summa_add_mpi_test name target ranks)
-  cmake_parse_arguments(ARG "" "" "ARGS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "" "ARGS;LABELS;ENVIRONMENT" ${ARGN})
   add_test(NAME ${name}
            COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks}
                    ${SUMMA_MPIEXEC_PREFLAGS} $<TARGET_FILE:${target}> ${MPIEXEC_POSTFLAGS}
                    ${ARG_ARGS})
   set_tests_properties(${name} PROPERTIES PROCESSORS ${ranks} TIMEOUT ${SUMMA_TEST_TIMEOUT}
                        LABELS "mpi;np${ranks};${ARG_LABELS}")
+  if(ARG_ENVIRONMENT)
+    set_tests_properties(${name} PROPERTIES ENVIRONMENT "${ARG_ENVIRONMENT}")
+  endif()
 endfunction()

@@ -4,6 +4,8 @@
 //
 //   mpirun -np 4 ./gpt_train                      # small GPT, bundled corpus, 2x2 mesh
 //   mpirun -np 4 ./gpt_train --scheme 1d:p=4 --resume
+//   mpirun -np 4 ./gpt_train --backend cuda      # one GPU per rank (NCCL)
+//   mpirun -np 4 ./gpt_train --backend cuda --comm mpi_staged   # ranks share GPUs
 //   ./gpt_train --help
 //
 // Rank 0 prints a progress line per step (step, loss, learning rate,
@@ -22,6 +24,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -29,6 +32,10 @@
 #include <vector>
 
 #include "summa/summa.hpp"
+#if SUMMA_HAVE_CUDA
+#include "summa/backend/cuda_backend.hpp"
+#include "summa/comm/nccl_communicator.hpp"
+#endif
 
 #ifndef SUMMA_DEFAULT_CORPUS
 #define SUMMA_DEFAULT_CORPUS "examples/data/corpus.txt"
@@ -43,6 +50,9 @@ struct Cli {
   int layers = 4, hidden = 128, heads = 4, seq = 64, vocab = 0, positions = 0;
   std::string scheme;  // default: from the rank count
   std::string dtype = "float";
+  std::string backend = "cpu";
+  std::string comm;  // default: mpi on cpu, nccl on cuda
+  bool tf32 = false;
   bool recompute = true;
   std::int64_t steps = 400;
   index_t batch = 16;
@@ -104,6 +114,42 @@ std::string replace_out(std::string path, const std::string& out) {
   const std::string key = "<out>";
   if (path.rfind(key, 0) == 0) path = out + path.substr(key.size());
   return path;
+}
+
+// The backend of --backend, and the grid's communicators (--comm) to go with
+// it. Throws summa::Error on every rank for a combination that cannot work
+// (checked from the options alone, or collectively: select_device_for_rank
+// throws on every rank when any rank sees no device).
+std::unique_ptr<summa::Backend> make_backend(const Cli& cli, summa::GridOptions& grid) {
+  const std::string comm = cli.comm.empty() ? (cli.backend == "cuda" ? "nccl" : "mpi") : cli.comm;
+  if (cli.backend == "cpu") {
+    if (comm != "mpi")
+      throw summa::Error("gpt_train: --comm " + comm +
+                         " carries device memory and needs --backend cuda (the cpu backend "
+                         "uses --comm mpi)");
+    if (cli.tf32) throw summa::Error("gpt_train: --tf32 applies to --backend cuda only");
+    grid.comm = summa::CommBackend::mpi;
+    return std::make_unique<summa::CpuBackend>();
+  }
+  if (comm == "mpi")
+    throw summa::Error(
+        "gpt_train: --backend cuda with --comm mpi: MPI communicators cannot take device "
+        "memory; use --comm nccl (one GPU per rank) or --comm mpi_staged (ranks may share a "
+        "GPU)");
+#if SUMMA_HAVE_CUDA
+  summa::CudaOptions o;
+  o.device = summa::select_device_for_rank(MPI_COMM_WORLD);
+  o.allow_tf32 = cli.tf32;
+  auto backend = std::make_unique<summa::CudaBackend>(o);
+  grid.comm = comm == "nccl" ? summa::CommBackend::nccl : summa::CommBackend::mpi_staged;
+  grid.compute_stream = backend->stream();
+  return backend;
+#else
+  throw summa::Error(
+      "gpt_train: --backend cuda: this summa was built without CUDA (summa/build_info.hpp "
+      "SUMMA_HAVE_CUDA=0; configure with -DSUMMA_CUDA=ON where the CUDA toolkit, cuBLAS and NCCL "
+      "are installed)");
+#endif
 }
 
 template <class T>
@@ -198,8 +244,8 @@ int train(const Cli& cli) {
     summa::agree_on(MPI_COMM_WORLD, error);
   }
   const std::size_t n_tokens = tokens.size();
-  summa::CpuBackend backend;
-  summa::Trainer<T> trainer(MPI_COMM_WORLD, o, backend, std::move(tokens));
+  const std::unique_ptr<summa::Backend> backend = make_backend(cli, o.grid);
+  summa::Trainer<T> trainer(MPI_COMM_WORLD, o, *backend, std::move(tokens));
   if (!cli.import_dir.empty()) trainer.import_hf(cli.import_dir);
   if (resume) trainer.load(*resume);
 
@@ -224,14 +270,15 @@ int train(const Cli& cli) {
     if (!log) std::fprintf(stderr, "gpt_train: cannot write the log %s\n", log_path.c_str());
     std::printf(
         "gpt_train: GPT-2 n_layer=%d n_head=%d n_embd=%d seq=%lld vocab=%d (%lld parameters) | "
-        "%s on %d ranks | %s | batch %lld x %lld tokens | %s lr %.3g (warm-up %lld, cosine to "
-        "%.3g) | %zu tokens from %s\n",
+        "%s on %d ranks | %s on %s (comm %s%s) | batch %lld x %lld tokens | %s lr %.3g (warm-up "
+        "%lld, cosine to %.3g) | %zu tokens from %s\n",
         o.config.n_layer, o.config.n_head, o.config.n_embd, static_cast<long long>(o.seq),
         o.config.vocab_size, static_cast<long long>(summa::reference::parameter_count(o.config)),
         trainer.parallel().spec().str().c_str(), ranks, cli.dtype.c_str(),
-        static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.optimizer.kind.c_str(),
-        o.schedule.lr, static_cast<long long>(o.schedule.warmup), o.schedule.min_lr, n_tokens,
-        cli.data.c_str());
+        std::string(backend->name()).c_str(), summa::to_string(o.grid.comm),
+        cli.tf32 ? ", tf32" : "", static_cast<long long>(o.batch), static_cast<long long>(o.seq),
+        o.optimizer.kind.c_str(), o.schedule.lr, static_cast<long long>(o.schedule.warmup),
+        o.schedule.min_lr, n_tokens, cli.data.c_str());
   }
   const bool tty = root && isatty(fileno(stdout));
   const auto eval = [&](const char* when) {
@@ -379,6 +426,17 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", cli.dtype, "float or double")
       ->check(CLI::IsMember({"float", "double"}))
       ->capture_default_str();
+  app.add_option("--backend", cli.backend,
+                 "cpu (Eigen) or cuda (one GPU per rank, chosen from the node-local rank; needs "
+                 "summa built with CUDA)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--comm", cli.comm,
+                 "communicators: mpi (cpu only), nccl (cuda, one GPU per rank) or mpi_staged "
+                 "(cuda, through pinned host buffers; several ranks may share a GPU). Default: "
+                 "mpi on cpu, nccl on cuda")
+      ->check(CLI::IsMember({"mpi", "nccl", "mpi_staged"}));
+  app.add_flag("--tf32", cli.tf32, "cuda: TF32 tensor cores in float GEMMs");
   app.add_flag("!--no-recompute", cli.recompute, "keep every activation (no checkpointing)");
   app.add_option("--steps", cli.steps, "total training steps")->capture_default_str();
   app.add_option("--batch", cli.batch, "global batch (sequences per step)")->capture_default_str();

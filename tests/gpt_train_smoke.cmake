@@ -1,6 +1,8 @@
 # The gpt_train example end to end on 4 ranks, small and short: train under
 # 2D 2x2 with a checkpoint, resume under 1D p=4, check the outputs (export,
-# config.json, log lines, checkpoint), and check a bad scheme fails cleanly.
+# config.json, log lines, checkpoint), and check a bad scheme, a missing data
+# file and the backend flags (--backend cuda without a device or CUDA build,
+# --comm nccl on the cpu backend) fail cleanly.
 # Arguments: -DMPIEXEC= -DMPIEXEC_FLAGS= -DEXE= -DWORK_DIR=
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
@@ -50,5 +52,23 @@ endif()
 run_train(TRUE --steps 1 --data ${WORK_DIR}/missing.bin --out ${WORK_DIR}/bad)
 if(NOT last_output MATCHES "missing.bin")
   message(FATAL_ERROR "the missing data file is not named")
+endif()
+# Backend flags. --backend cuda without a usable device (or in a summa built
+# without CUDA) must fail on every rank with a message naming the problem;
+# with GPUs (several ranks may share one under mpi_staged) it trains.
+execute_process(COMMAND ${MPIEXEC} -np 4 ${flags} ${EXE} ${small} --steps 2 --backend cuda
+                        --comm mpi_staged --out ${WORK_DIR}/cuda
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 300)
+message("${out}${err}")
+if(rc EQUAL 0)
+  if(NOT "${out}" MATCHES "cuda-cublas")
+    message(FATAL_ERROR "--backend cuda succeeded but did not train on the CUDA backend")
+  endif()
+elseif(NOT "${out}${err}" MATCHES "built without CUDA|no CUDA device")
+  message(FATAL_ERROR "--backend cuda failed (${rc}) without saying CUDA is missing")
+endif()
+run_train(TRUE --steps 1 --comm nccl --out ${WORK_DIR}/bad)
+if(NOT last_output MATCHES "--comm nccl.*needs --backend cuda")
+  message(FATAL_ERROR "--comm nccl on the cpu backend does not say what is wrong")
 endif()
 file(REMOVE_RECURSE ${WORK_DIR})

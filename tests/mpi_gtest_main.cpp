@@ -6,6 +6,8 @@
 
 #include <cstdio>
 
+#include "test_backend_env.hpp"
+
 namespace {
 
 // Forwards only failures on ranks other than 0, prefixed with the rank.
@@ -26,6 +28,8 @@ class RankPrinter : public testing::EmptyTestEventListener {
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
+  // SUMMA_TEST_BACKEND=cuda without a device: "no CUDA device: skipped", exit 0.
+  summa::test::skip_unless_backend_available();
   testing::InitGoogleTest(&argc, argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -6,8 +6,11 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "test_util.hpp"
@@ -666,6 +669,557 @@ TEST(CpuBackend, NewKernelsAllocateNothing) {
     backend.gather_rows(ids.data(), 5, table.view(), false, b.view());
     backend.gather_rows(ids.data(), 5, table.view(), true, b.view());
     backend.scatter_add_rows(ids.data(), 5, a.view(), table.view());
+    count = counter.count();
+    first = counter.first_caller();
+  }
+  EXPECT_EQ(count, 0u) << "first from " << first;
+}
+
+// ---- bf16 (mixed precision) -------------------------------------------------
+// Every bf16 op of CpuBackend against the float op of CpuBackend on the same
+// inputs (random values rounded to bf16, so both ops see identical numbers).
+// Tolerance of a bf16 output x (rounded once, to nearest even, from its fp32
+// value): |x - ref| <= 2^-8 |ref| + slack, where 2^-8 |ref| bounds half a unit
+// in the last of bf16's 8 significant bits and slack covers the fp32 values
+// of the two ops differing by summation order: k terms of magnitude M differ
+// by at most about 2 k 2^-24 M, so slack = k 2^-22 M. fp32 outputs (per-row
+// statistics) get the slack only; ops that copy (row_max, pick_targets,
+// gather, copy, convert) are exact.
+
+constexpr double kBf16Rel = 1.0 / 256;      // 2^-8
+constexpr double kF32Eps = 1.0 / 16777216;  // 2^-24
+
+float round_bf16(double x) {
+  return static_cast<float>(bf16(x));
+}
+
+// The same matrix as float and as bf16 blocks of one geometry.
+struct Twin {
+  Block<float> f;
+  Block<bf16> b;
+  Mat<float> value;
+  Twin(index_t rows, index_t cols, Order o, index_t pad, std::mt19937_64& gen, double scale = 1.0)
+      : f(rows, cols, o, pad), b(rows, cols, o, pad) {
+    value = random_matrix<float>(rows, cols, gen);
+    for (index_t j = 0; j < cols; ++j)
+      for (index_t i = 0; i < rows; ++i) value(i, j) = round_bf16(value(i, j) * scale);
+    reset();
+  }
+  void reset() {
+    f.fill(value);
+    const auto v = b.view();
+    for (index_t j = 0; j < v.cols; ++j)
+      for (index_t i = 0; i < v.rows; ++i) v(i, j) = bf16(value(i, j));
+  }
+  void fill_nan() {
+    f.fill_value(std::numeric_limits<float>::quiet_NaN());
+    b.fill_value(bf16(std::numeric_limits<float>::quiet_NaN()));
+  }
+  MatrixView<float> fv() { return f.view(); }
+  MatrixView<bf16> bv() { return b.view(); }
+};
+
+// Rounded bf16 vector and its float copy.
+struct TwinVec {
+  std::vector<float> f;
+  std::vector<bf16> b;
+  TwinVec(index_t n, std::mt19937_64& gen, double lo = -1, double hi = 1) {
+    std::uniform_real_distribution<double> dist(lo, hi);
+    for (index_t i = 0; i < n; ++i) {
+      f.push_back(round_bf16(dist(gen)));
+      b.push_back(bf16(f.back()));
+    }
+  }
+};
+
+void expect_bf16_near(MatrixView<bf16> got, MatrixView<float> ref, double slack,
+                      const std::string& where) {
+  ASSERT_EQ(got.rows, ref.rows);
+  ASSERT_EQ(got.cols, ref.cols);
+  double worst = 0;
+  index_t wr = 0, wc = 0;
+  for (index_t j = 0; j < got.cols; ++j)
+    for (index_t i = 0; i < got.rows; ++i) {
+      const double r = ref(i, j), g = static_cast<float>(got(i, j));
+      const double diff = std::abs(g - r);  // NaN when either is NaN
+      const double excess = diff == 0 ? 0.0 : diff / (kBf16Rel * std::abs(r) + slack);
+      if (!(excess <= worst)) {  // NaN counts as a failure
+        worst = std::isnan(excess) ? std::numeric_limits<double>::infinity() : excess;
+        wr = i;
+        wc = j;
+      }
+    }
+  EXPECT_LE(worst, 1.0) << where << ": worst at (" << wr << ", " << wc << "): bf16 "
+                        << static_cast<float>(got(wr, wc)) << " vs float " << ref(wr, wc);
+}
+
+void expect_bf16_near(const std::vector<bf16>& got, const std::vector<float>& ref, double slack,
+                      const std::string& where) {
+  expect_bf16_near(
+      MatrixView<bf16>::dense(const_cast<bf16*>(got.data()), 1, static_cast<index_t>(got.size())),
+      MatrixView<float>::dense(const_cast<float*>(ref.data()), 1, static_cast<index_t>(ref.size())),
+      slack, where);
+}
+
+void expect_f32_near(const std::vector<float>& got, const std::vector<float>& ref, double slack,
+                     const std::string& where) {
+  ASSERT_EQ(got.size(), ref.size());
+  for (std::size_t i = 0; i < got.size(); ++i)
+    EXPECT_LE(std::abs(double(got[i]) - double(ref[i])), slack) << where << " element " << i;
+}
+
+TEST(Bf16, RoundTripAndRounding) {
+  // Every bf16 bit pattern survives bf16 -> float -> bf16 (NaNs stay NaN).
+  for (std::uint32_t u = 0; u < 65536; ++u) {
+    const bf16 x = bf16::from_bits(static_cast<std::uint16_t>(u));
+    const float f = static_cast<float>(x);
+    const bf16 y(f);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(static_cast<float>(y))) << u;
+      EXPECT_EQ(y.bits & 0x8000u, x.bits & 0x8000u) << "NaN sign, bits " << u;
+    } else {
+      EXPECT_EQ(y.bits, x.bits) << u;
+    }
+  }
+  // Round to nearest even: 1 + 2^-8 is halfway between 1 and 1 + 2^-7.
+  EXPECT_EQ(static_cast<float>(bf16(1.0f + 0x1p-8f)), 1.0f);
+  EXPECT_EQ(static_cast<float>(bf16(1.0f + 3 * 0x1p-8f)), 1.0f + 0x1p-6f);
+  EXPECT_EQ(static_cast<float>(bf16(1.0f + 0x1p-8f + 0x1p-20f)), 1.0f + 0x1p-7f);
+  EXPECT_EQ(static_cast<float>(bf16(-1.0f - 0x1p-8f)), -1.0f);
+  EXPECT_EQ(bf16(-0.0f).bits, 0x8000u);
+  EXPECT_EQ(bf16(0.0f), bf16(-0.0f));
+  EXPECT_EQ(static_cast<float>(bf16(std::numeric_limits<float>::infinity())),
+            std::numeric_limits<float>::infinity());
+  EXPECT_EQ(static_cast<float>(bf16(std::numeric_limits<float>::max())),
+            std::numeric_limits<float>::infinity());              // beyond bf16's max + half an ulp
+  EXPECT_EQ(static_cast<float>(bf16(0x1.fep127f)), 0x1.fep127f);  // bf16's largest finite
+  EXPECT_EQ(static_cast<float>(bf16(std::numeric_limits<float>::denorm_min())), 0.0f);
+  // Signalling NaN in, quiet NaN out.
+  const bf16 q(std::numeric_limits<float>::signaling_NaN());
+  EXPECT_TRUE(std::isnan(static_cast<float>(q)));
+  EXPECT_NE(q.bits & 0x0040u, 0u);
+  // Templated layer code: T(0), T(1), static_cast<T>(double).
+  EXPECT_EQ(bf16(0).bits, 0u);
+  EXPECT_EQ(static_cast<float>(bf16(1)), 1.0f);
+  EXPECT_EQ(static_cast<double>(bf16(0.5)), 0.5);
+  static_assert(std::is_same_v<acc_t<bf16>, float> && std::is_same_v<acc_t<float>, float> &&
+                std::is_same_v<acc_t<double>, double>);
+  static_assert(dtype_v<bf16> == DType::bf16 && size_of(DType::bf16) == 2);
+  EXPECT_EQ(name_of(DType::bf16), "bf16");
+
+  // Random floats: the result is the nearer of the two bf16 neighbours (the
+  // even one on a tie), checked in double.
+  std::mt19937_64 gen(fresh_seed());
+  std::uniform_real_distribution<double> mant(-2.0, 2.0);
+  std::uniform_int_distribution<int> expo(-130, 127);
+  for (int i = 0; i < 20000; ++i) {
+    const float x = static_cast<float>(std::ldexp(mant(gen), expo(gen)));
+    if (!std::isfinite(x) || std::abs(x) > 0x1.fep127f) continue;
+    std::uint32_t u;
+    std::memcpy(&u, &x, 4);
+    const bf16 lo = bf16::from_bits(static_cast<std::uint16_t>(u >> 16));
+    const bf16 hi = bf16::from_bits(static_cast<std::uint16_t>((u >> 16) + 1));
+    const double dl = std::abs(double(x) - double(static_cast<float>(lo)));
+    const double dh = std::abs(double(static_cast<float>(hi)) - double(x));
+    const bf16 want = dl < dh ? lo : dh < dl ? hi : ((lo.bits & 1u) == 0 ? lo : hi);
+    EXPECT_EQ(bf16(x).bits, want.bits) << "x = " << x << ", " << seed_note(test_seed());
+  }
+}
+
+TEST(CpuBackend, Bf16GemmMatchesFloatGemm) {
+  CpuBackend backend;
+  std::mt19937_64 gen(fresh_seed());
+  // k = 300 > the 256-deep fp32 panels: the accumulation crosses panels.
+  for (index_t k : {index_t(17), index_t(300)}) {
+    const index_t m = 13, n = 9;
+    for (Op ta : {Op::N, Op::T})
+      for (Op tb : {Op::N, Op::T})
+        for (Order oa : kOrders)
+          for (Order ob : kOrders)
+            for (Order oc : kOrders) {
+              const std::string where =
+                  "k=" + std::to_string(k) + " ta=" + std::to_string(int(ta)) +
+                  " tb=" + std::to_string(int(tb)) + " orders " + std::to_string(int(oa)) +
+                  std::to_string(int(ob)) + std::to_string(int(oc));
+              Twin a(ta == Op::N ? m : k, ta == Op::N ? k : m, oa, 2, gen);
+              Twin b(tb == Op::N ? k : n, tb == Op::N ? n : k, ob, 1, gen);
+              Twin c(m, n, oc, 3, gen);
+              for (float beta : {-1.5f, 0.0f}) {
+                c.reset();
+                if (beta == 0.0f) c.fill_nan();  // beta = 0 never reads C
+                const float alpha = 0.75f;
+                std::vector<char> s32(backend.gemm_scratch_bytes(m, n, k, DType::f32));
+                std::vector<char> s16(backend.gemm_scratch_bytes(m, n, k, DType::bf16));
+                backend.gemm(ta, tb, alpha, a.fv(), b.fv(), beta, c.fv(), {s32.data(), s32.size()});
+                backend.gemm(ta, tb, alpha, a.bv(), b.bv(), beta, c.bv(), {s16.data(), s16.size()});
+                const double slack = double(k) * 4 * kF32Eps * std::abs(alpha) + 4 * kF32Eps * 1.5;
+                expect_bf16_near(c.bv(), c.fv(), slack, where + " beta " + std::to_string(beta));
+              }
+            }
+  }
+}
+
+TEST(CpuBackend, Bf16GemmBlasSemanticsAndNoAllocation) {
+  CpuBackend backend;
+  std::mt19937_64 gen(fresh_seed());
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Twin a(6, 4, Order::col_major, 0, gen), c(6, 5, Order::row_major, 1, gen);
+  Block<bf16> an(6, 4, Order::col_major, 0), bn(4, 5, Order::col_major, 0);
+  an.fill_value(bf16(nan));
+  bn.fill_value(bf16(nan));
+  backend.gemm(Op::N, Op::N, 0.0f, an.view(), bn.view(), 2.0f, c.bv());  // alpha = 0: no A, B
+  backend.scale(2.0f, c.fv());
+  expect_bf16_near(c.bv(), c.fv(), 0, "alpha = 0");
+  c.reset();
+  backend.gemm(Op::N, Op::N, 1.0f, MatrixView<bf16>(an.view().data, 6, 0, 6),
+               MatrixView<bf16>(bn.view().data, 0, 5, 1), -1.0f, c.bv());  // k = 0
+  backend.scale(-1.0f, c.fv());
+  expect_bf16_near(c.bv(), c.fv(), 0, "k = 0");
+  // Shape errors name the operands, as for float.
+  EXPECT_THROW(backend.gemm(Op::N, Op::N, 1.0f, a.bv(), an.view(), 0.0f, c.bv()), Error);
+
+  if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting is off under ASan";
+  // k = 600 and 257: full 256-deep panels and a short last one (Eigen's
+  // blocking differs with the depth; both must fit the scratch).
+  for (auto [m, n, k] :
+       {std::tuple<index_t, index_t, index_t>{300, 280, 600}, {512, 384, 257}, {1, 500, 70}}) {
+    Twin A(m, k, Order::row_major, 0, gen), B(n, k, Order::col_major, 0, gen),
+        C(m, n, Order::row_major, 0, gen);
+    std::vector<char> scratch(backend.gemm_scratch_bytes(m, n, k, DType::bf16));
+    std::uint64_t count = 0;
+    std::string first;
+    {
+      CountAllocations counter;
+      backend.gemm(Op::N, Op::T, 1.0f, A.bv(), B.bv(), 0.5f, C.bv(),
+                   {scratch.data(), scratch.size()});
+      count = counter.count();
+      first = counter.first_caller();
+    }
+    EXPECT_EQ(count, 0u) << m << "x" << n << "x" << k << ", first from " << first;
+    backend.gemm(Op::N, Op::T, 1.0f, A.fv(), B.fv(), 0.5f, C.fv());
+    expect_bf16_near(C.bv(), C.fv(), double(k) * 4 * kF32Eps + kF32Eps, "no-allocation gemm");
+  }
+}
+
+TEST(CpuBackend, Bf16CopyConvertAxpbyScaleBiasColumnSums) {
+  CpuBackend backend;
+  std::mt19937_64 gen(fresh_seed());
+  const index_t r = 7, c = 5;
+  for (Order ox : kOrders)
+    for (Order oy : kOrders) {
+      const std::string where = "orders " + std::to_string(int(ox)) + std::to_string(int(oy));
+      Twin x(r, c, ox, 2, gen), y(r, c, oy, 1, gen);
+      backend.copy(x.bv(), y.bv());
+      expect_bf16_near(y.bv(), x.fv(), 0, where + " copy");
+      // convert: float -> bf16 rounds each element once; bf16 -> float is exact.
+      Block<float> wide(r, c, oy, 3), full(r, c, ox, 0);
+      const Mat<float> F = random_matrix<float>(r, c, gen);
+      full.fill(F);
+      backend.convert(full.view(), y.bv());
+      for (index_t j = 0; j < c; ++j)
+        for (index_t i = 0; i < r; ++i)
+          EXPECT_EQ(y.bv()(i, j).bits, bf16(F(i, j)).bits) << where << " convert";
+      backend.convert(ConstMatrixView<bf16>(y.bv()), wide.view());
+      for (index_t j = 0; j < c; ++j)
+        for (index_t i = 0; i < r; ++i)
+          EXPECT_EQ(wide.view()(i, j), static_cast<float>(y.bv()(i, j))) << where << " widen";
+
+      y.reset();
+      backend.axpby(2.0f, x.fv(), -0.5f, y.fv());
+      backend.axpby(2.0f, x.bv(), -0.5f, y.bv());
+      expect_bf16_near(y.bv(), y.fv(), 0, where + " axpby");
+      y.fill_nan();
+      backend.axpby(3.0f, x.fv(), 0.0f, y.fv());
+      backend.axpby(3.0f, x.bv(), 0.0f, y.bv());  // beta = 0 never reads C
+      expect_bf16_near(y.bv(), y.fv(), 0, where + " axpby beta 0");
+      y.reset();
+      backend.scale(-0.3f, y.fv());
+      backend.scale(-0.3f, y.bv());
+      expect_bf16_near(y.bv(), y.fv(), 0, where + " scale");
+      y.fill_nan();
+      backend.scale(0.0f, y.bv());
+      for (index_t j = 0; j < c; ++j)
+        for (index_t i = 0; i < r; ++i)
+          EXPECT_EQ(static_cast<float>(y.bv()(i, j)), 0.0f) << where << " scale 0";
+
+      TwinVec bias(c, gen);
+      y.reset();
+      backend.add_bias(y.fv(), bias.f.data());
+      backend.add_bias(y.bv(), bias.b.data());
+      expect_bf16_near(y.bv(), y.fv(), 0, where + " add_bias");
+      TwinVec sums(c, gen);
+      backend.column_sums(x.fv(), 0.5f, sums.f.data());
+      backend.column_sums(x.bv(), 0.5f, sums.b.data());
+      expect_bf16_near(sums.b, sums.f, double(r + 1) * 4 * kF32Eps, where + " column_sums");
+      std::fill(sums.b.begin(), sums.b.end(), bf16(std::numeric_limits<float>::quiet_NaN()));
+      backend.column_sums(x.fv(), 0.0f, sums.f.data());
+      backend.column_sums(x.bv(), 0.0f, sums.b.data());  // beta = 0 never reads out
+      expect_bf16_near(sums.b, sums.f, double(r + 1) * 4 * kF32Eps, where + " column_sums 0");
+    }
+  EXPECT_THROW(backend.copy(MatrixView<bf16>(nullptr, 0, 2, 1), MatrixView<bf16>(nullptr, 0, 3, 1)),
+               Error);
+}
+
+TEST(CpuBackend, Bf16LayerNormKernelsMatchFloat) {
+  CpuBackend backend;
+  std::mt19937_64 gen(fresh_seed());
+  const index_t n = 6, h = 40;
+  for (Order o : kOrders) {
+    const std::string where = "order " + std::to_string(int(o));
+    Twin x(n, h, o, 2, gen, 3.0), dy(n, h, o == Order::col_major ? Order::row_major : o, 1, gen);
+    TwinVec gamma(h, gen, 0.5, 1.5), beta(h, gen);
+    const double slack = double(h) * 4 * kF32Eps * 16;  // |x| <= 3, squares <= 9 (+ margin)
+    std::vector<float> sums_f(n), sums_b(n), sq_f(n), sq_b(n), mean(n), rstd(n);
+    backend.layernorm_partial_sums(x.fv(), nullptr, sums_f.data());
+    backend.layernorm_partial_sums(x.bv(), nullptr, sums_b.data());
+    expect_f32_near(sums_b, sums_f, slack, where + " sums");
+    backend.layernorm_mean(n, h, sums_f.data(), mean.data());
+    backend.layernorm_partial_sums(x.fv(), mean.data(), sq_f.data());
+    backend.layernorm_partial_sums(x.bv(), mean.data(), sq_b.data());
+    expect_f32_near(sq_b, sq_f, slack * 8, where + " squares");
+    backend.layernorm_rstd(n, h, 1e-5, sq_f.data(), rstd.data());
+
+    Twin y(n, h, o, 0, gen);
+    y.fill_nan();
+    backend.layernorm_apply(x.fv(), mean.data(), rstd.data(), gamma.f.data(), beta.f.data(),
+                            y.fv());
+    backend.layernorm_apply(x.bv(), mean.data(), rstd.data(), gamma.b.data(), beta.b.data(),
+                            y.bv());
+    expect_bf16_near(y.bv(), y.fv(), 16 * kF32Eps * 8, where + " apply");
+
+    std::vector<float> a_f(n), b_f(n), a_b(n), b_b(n);
+    backend.layernorm_backward_partials(x.fv(), dy.fv(), mean.data(), rstd.data(), gamma.f.data(),
+                                        a_f.data(), b_f.data());
+    backend.layernorm_backward_partials(x.bv(), dy.bv(), mean.data(), rstd.data(), gamma.b.data(),
+                                        a_b.data(), b_b.data());
+    expect_f32_near(a_b, a_f, slack, where + " partial a");
+    expect_f32_near(b_b, b_f, slack * 4, where + " partial b");
+
+    Twin dx(n, h, o, 1, gen);
+    dx.fill_nan();
+    backend.layernorm_backward_apply(x.fv(), dy.fv(), mean.data(), rstd.data(), gamma.f.data(),
+                                     a_f.data(), b_f.data(), h, dx.fv());
+    backend.layernorm_backward_apply(x.bv(), dy.bv(), mean.data(), rstd.data(), gamma.b.data(),
+                                     a_f.data(), b_f.data(), h, dx.bv());
+    // dX = rstd/h (h g - a - xhat b): cancellation between O(h) terms.
+    expect_bf16_near(dx.bv(), dx.fv(), 64 * kF32Eps * double(h) * 4, where + " backward apply");
+
+    TwinVec dg(h, gen), db(h, gen);
+    std::fill(dg.b.begin(), dg.b.end(), bf16(std::numeric_limits<float>::quiet_NaN()));
+    backend.layernorm_param_partials(x.fv(), dy.fv(), mean.data(), rstd.data(), dg.f.data(),
+                                     db.f.data());
+    backend.layernorm_param_partials(x.bv(), dy.bv(), mean.data(), rstd.data(), dg.b.data(),
+                                     db.b.data());
+    expect_bf16_near(dg.b, dg.f, double(n) * 4 * kF32Eps * 8, where + " dgamma");
+    expect_bf16_near(db.b, db.f, double(n) * 4 * kF32Eps, where + " dbeta");
+  }
+}
+
+TEST(CpuBackend, Bf16GeluSoftmaxMatchFloat) {
+  CpuBackend backend;
+  std::mt19937_64 gen(fresh_seed());
+  const index_t s = 23;
+  for (Order o : kOrders) {
+    const std::string where = "order " + std::to_string(int(o));
+    Twin x(s, s, o, 2, gen, 4.0), dy(s, s, o == Order::col_major ? Order::row_major : o, 1, gen);
+    Twin y(s, s, o, 0, gen);
+    y.fill_nan();
+    backend.gelu_forward(x.fv(), y.fv());
+    backend.gelu_forward(x.bv(), y.bv());
+    expect_bf16_near(y.bv(), y.fv(), 4 * kF32Eps, where + " gelu");
+    y.fill_nan();
+    backend.gelu_backward(x.fv(), dy.fv(), y.fv());
+    backend.gelu_backward(x.bv(), dy.bv(), y.bv());
+    expect_bf16_near(y.bv(), y.fv(), 4 * kF32Eps, where + " gelu backward");
+
+    y.fill_nan();
+    backend.softmax_causal(x.fv(), 0.7, y.fv());
+    backend.softmax_causal(x.bv(), 0.7, y.bv());
+    expect_bf16_near(y.bv(), y.fv(), 4 * kF32Eps, where + " softmax");
+    Twin p(s, s, o, 0, gen);  // a bf16-rounded probability matrix for the backward
+    backend.softmax_causal(x.fv(), 0.7, p.fv());
+    backend.convert(ConstMatrixView<float>(p.fv()), p.bv());
+    backend.convert(ConstMatrixView<bf16>(p.bv()), p.fv());
+    y.fill_nan();
+    backend.softmax_causal_backward(p.fv(), dy.fv(), 0.7, y.fv());
+    backend.softmax_causal_backward(p.bv(), dy.bv(), 0.7, y.bv());
+    expect_bf16_near(y.bv(), y.fv(), double(s) * 4 * kF32Eps, where + " softmax backward");
+    // In place (P = S) like the float op.
+    backend.softmax_causal(x.bv(), 0.7, x.bv());
+    backend.softmax_causal(x.fv(), 0.7, x.fv());
+    expect_bf16_near(x.bv(), x.fv(), 4 * kF32Eps, where + " softmax in place");
+  }
+}
+
+TEST(CpuBackend, Bf16CrossEntropyAndEmbeddingMatchFloat) {
+  CpuBackend backend;
+  std::mt19937_64 gen(fresh_seed());
+  const index_t n = 9, cols = 11, col0 = 20;
+  for (Order o : kOrders) {
+    const std::string where = "order " + std::to_string(int(o));
+    Twin z(n, cols, o, 3, gen, 5.0);
+    const std::vector<std::int32_t> targets = make_targets(n, col0, cols, gen);
+    std::vector<float> mx_f(n), mx_b(n), sum_f(n), sum_b(n), pk_f(n), pk_b(n);
+    backend.row_max(z.fv(), mx_f.data());
+    backend.row_max(z.bv(), mx_b.data());
+    EXPECT_EQ(mx_b, mx_f) << where;
+    backend.row_sum_exp(z.fv(), mx_f.data(), sum_f.data());
+    backend.row_sum_exp(z.bv(), mx_f.data(), sum_b.data());
+    expect_f32_near(sum_b, sum_f, 4 * kF32Eps * double(cols), where + " row_sum_exp");
+    backend.pick_targets(z.fv(), targets.data(), col0, pk_f.data());
+    backend.pick_targets(z.bv(), targets.data(), col0, pk_b.data());
+    EXPECT_EQ(pk_b, pk_f) << where;
+    for (double scale : {1.0, -0.125}) {
+      z.reset();
+      backend.cross_entropy_grad(z.fv(), mx_f.data(), sum_f.data(), targets.data(), col0, scale);
+      backend.cross_entropy_grad(z.bv(), mx_f.data(), sum_f.data(), targets.data(), col0, scale);
+      expect_bf16_near(z.bv(), z.fv(), 4 * kF32Eps, where + " cross_entropy_grad");
+    }
+  }
+
+  const index_t vrows = 9, row0 = 30, h = 6, rows = 14;
+  std::vector<std::int32_t> ids(rows);
+  std::uniform_int_distribution<std::int32_t> dist(row0 - 3, row0 + vrows + 2);
+  for (auto& id : ids) id = dist(gen);
+  ids[5] = ids[6] = ids[7] = row0 + 4;  // repeats
+  for (Order ot : kOrders)
+    for (Order oo : kOrders) {
+      const std::string where = "orders " + std::to_string(int(ot)) + std::to_string(int(oo));
+      Twin table(vrows, h, ot, 2, gen), out(rows, h, oo, 3, gen), src(rows, h, oo, 1, gen);
+      out.fill_nan();  // never read without accumulate
+      backend.gather_rows(ids.data(), row0, table.fv(), false, out.fv());
+      backend.gather_rows(ids.data(), row0, table.bv(), false, out.bv());
+      expect_bf16_near(out.bv(), out.fv(), 0, where + " gather");
+      out.reset();
+      backend.gather_rows(ids.data(), row0, table.fv(), true, out.fv());
+      backend.gather_rows(ids.data(), row0, table.bv(), true, out.bv());
+      expect_bf16_near(out.bv(), out.fv(), 0, where + " gather accumulate");
+      // Scatter rounds once per hit: up to 4 hits of values <= 1 here.
+      backend.scatter_add_rows(ids.data(), row0, src.fv(), table.fv());
+      backend.scatter_add_rows(ids.data(), row0, src.bv(), table.bv());
+      const auto tb = table.bv();
+      const auto tf = table.fv();
+      for (index_t t = 0; t < vrows; ++t) {
+        int hits = 0;
+        for (auto id : ids) hits += id == row0 + t ? 1 : 0;
+        for (index_t c = 0; c < h; ++c)
+          EXPECT_LE(std::abs(double(static_cast<float>(tb(t, c))) - double(tf(t, c))),
+                    hits == 0 ? 0.0 : kBf16Rel * hits * (hits + 1))
+              << where << " scatter row " << t << " hits " << hits;
+      }
+    }
+}
+
+TEST(CpuBackend, Bf16OptimizerOpsKeepFp32MasterWeights) {
+  CpuBackend backend;
+  std::mt19937_64 gen(fresh_seed());
+  const index_t n = 257;
+  TwinVec param(n, gen), grad(n, gen);
+  std::vector<float> master = param.f;  // master initialised from the parameters
+  std::vector<float> m_f(n, 0), v_f(n, 0), m_b(n, 0), v_b(n, 0);
+  optim::AdamWCoefficients ac;
+  ac.lr = 1e-2;
+  ac.weight_decay = 0.1;
+  ac.beta1 = 0.9;
+  ac.beta2 = 0.999;
+  ac.eps = 1e-8;
+  for (int step = 1; step <= 3; ++step) {
+    ac.step_size = ac.lr / (1 - std::pow(ac.beta1, step));
+    ac.bias_correction2_sqrt = std::sqrt(1 - std::pow(ac.beta2, step));
+    // float reference: the fp32 update of the master with the widened gradient.
+    backend.adamw_update(param.f.data(), grad.f.data(), m_f.data(), v_f.data(), n, ac);
+    backend.adamw_update(param.b.data(), grad.b.data(), m_b.data(), v_b.data(), master.data(), n,
+                         ac);
+    for (index_t i = 0; i < n; ++i) {
+      // The same fp32 arithmetic: equal up to contraction into fused multiply-adds.
+      EXPECT_NEAR(master[i], param.f[i], 4 * kF32Eps * std::abs(param.f[i]) + 1e-12) << i;
+      EXPECT_NEAR(m_b[i], m_f[i], 4 * kF32Eps * std::abs(m_f[i]) + 1e-12) << i;
+      EXPECT_NEAR(v_b[i], v_f[i], 4 * kF32Eps * std::abs(v_f[i]) + 1e-12) << i;
+      EXPECT_EQ(param.b[i].bits, bf16(master[i]).bits) << i;  // param = bf16(master)
+    }
+  }
+  for (bool nesterov : {false, true}) {
+    TwinVec p(n, gen), g(n, gen);
+    std::vector<float> mst = p.f, buf_f(n, 0), buf_b(n, 0);
+    optim::SgdCoefficients sc;
+    sc.lr = 0.05;
+    sc.weight_decay = 0.01;
+    sc.momentum = 0.9;
+    sc.nesterov = nesterov;
+    for (int step = 0; step < 3; ++step) {
+      backend.sgd_update(p.f.data(), g.f.data(), buf_f.data(), n, sc);
+      backend.sgd_update(p.b.data(), g.b.data(), buf_b.data(), mst.data(), n, sc);
+    }
+    for (index_t i = 0; i < n; ++i) {
+      EXPECT_NEAR(mst[i], p.f[i], 8 * kF32Eps * (std::abs(p.f[i]) + 1)) << i;
+      EXPECT_EQ(p.b[i].bits, bf16(mst[i]).bits) << i;
+    }
+  }
+  const double ss_f = backend.sum_of_squares(grad.f.data(), n);
+  EXPECT_EQ(backend.sum_of_squares(grad.b.data(), n), ss_f);  // exact widening, same double sum
+  backend.scale_in_place(grad.f.data(), n, 0.37);
+  backend.scale_in_place(grad.b.data(), n, 0.37);
+  expect_bf16_near(grad.b, grad.f, 0, "scale_in_place");
+}
+
+TEST(CpuBackend, Bf16KernelsAllocateNothing) {
+  if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting is off under ASan";
+  CpuBackend backend;
+  std::mt19937_64 gen(fresh_seed());
+  const index_t s = 64;
+  Twin a(s, s, Order::row_major, 3, gen), b(s, s, Order::col_major, 1, gen),
+      c(s, s, Order::row_major, 0, gen), table(s, s, Order::col_major, 2, gen);
+  TwinVec gamma(s, gen), beta(s, gen), v(s, gen);
+  std::vector<float> mx(s), sum(s), picked(s), mean(s), rstd(s), pa(s), pb(s), f32s(s * s),
+      master(s, 0.5f), m(s, 0), w(s, 0);
+  std::vector<std::int32_t> ids(s);
+  for (index_t i = 0; i < s; ++i) ids[i] = static_cast<std::int32_t>((i * 7) % (2 * s));
+  optim::AdamWCoefficients ac;
+  ac.lr = 1e-3;
+  ac.beta1 = 0.9;
+  ac.beta2 = 0.99;
+  ac.eps = 1e-8;
+  ac.step_size = 1e-3;
+  optim::SgdCoefficients sc;
+  sc.lr = 0.1;
+  std::uint64_t count = 0;
+  std::string first;
+  {
+    CountAllocations counter;
+    backend.copy(a.bv(), c.bv());
+    backend.convert(ConstMatrixView<bf16>(a.bv()), MatrixView<float>::dense(f32s.data(), s, s));
+    backend.convert(ConstMatrixView<float>(MatrixView<float>::dense(f32s.data(), s, s)), c.bv());
+    backend.axpby(1.0f, a.bv(), 0.5f, c.bv());
+    backend.scale(0.5f, c.bv());
+    backend.add_bias(c.bv(), v.b.data());
+    backend.column_sums(c.bv(), 0.0f, v.b.data());
+    backend.layernorm_partial_sums(a.bv(), nullptr, mean.data());
+    backend.layernorm_mean(s, s, mean.data(), mean.data());
+    backend.layernorm_partial_sums(a.bv(), mean.data(), rstd.data());
+    backend.layernorm_rstd(s, s, 1e-5, rstd.data(), rstd.data());
+    backend.layernorm_apply(a.bv(), mean.data(), rstd.data(), gamma.b.data(), beta.b.data(),
+                            c.bv());
+    backend.layernorm_backward_partials(a.bv(), b.bv(), mean.data(), rstd.data(), gamma.b.data(),
+                                        pa.data(), pb.data());
+    backend.layernorm_backward_apply(a.bv(), b.bv(), mean.data(), rstd.data(), gamma.b.data(),
+                                     pa.data(), pb.data(), s, c.bv());
+    backend.layernorm_param_partials(a.bv(), b.bv(), mean.data(), rstd.data(), gamma.b.data(),
+                                     beta.b.data());
+    backend.gelu_forward(a.bv(), c.bv());
+    backend.gelu_backward(a.bv(), b.bv(), c.bv());
+    backend.softmax_causal(a.bv(), 0.125, c.bv());
+    backend.softmax_causal_backward(c.bv(), a.bv(), 0.125, b.bv());
+    backend.row_max(c.bv(), mx.data());
+    backend.row_sum_exp(c.bv(), mx.data(), sum.data());
+    backend.pick_targets(c.bv(), ids.data(), 10, picked.data());
+    backend.cross_entropy_grad(c.bv(), mx.data(), sum.data(), ids.data(), 10, 0.5);
+    backend.gather_rows(ids.data(), 5, table.bv(), true, b.bv());
+    backend.scatter_add_rows(ids.data(), 5, a.bv(), table.bv());
+    backend.adamw_update(v.b.data(), gamma.b.data(), m.data(), w.data(), master.data(), s, ac);
+    backend.sgd_update(v.b.data(), gamma.b.data(), m.data(), master.data(), s, sc);
+    volatile double norm = backend.sum_of_squares(v.b.data(), s);
+    (void)norm;
+    backend.scale_in_place(v.b.data(), s, 0.5);
     count = counter.count();
     first = counter.first_caller();
   }

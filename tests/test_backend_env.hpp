@@ -119,12 +119,12 @@ class DeviceArray {
   /// Copies host.size() (<= size()) elements in.
   void upload(const std::vector<T>& host) {
     if (host.size() > n_) throw Error("DeviceArray::upload: more elements than the array holds");
-    backend_->upload(data_, host.data(), host.size() * sizeof(T));
+    if (!host.empty()) backend_->upload(data_, host.data(), host.size() * sizeof(T));
   }
   /// All elements, on the host.
   std::vector<T> download() const {
     std::vector<T> host(n_);
-    backend_->download(host.data(), data_, n_ * sizeof(T));
+    if (n_ > 0) backend_->download(host.data(), data_, n_ * sizeof(T));
     return host;
   }
   /// A rows x cols view of the first rows * cols elements (ld = the minimum).

@@ -13,6 +13,12 @@
 // every error (truncated, corrupted or missing files, other model, other
 // slots, bad arguments), each of which must throw on every rank with the
 // expected words while the previous checkpoint still loads.
+//
+// Backend: test_backend() with test_grid_options() (SUMMA_TEST_BACKEND=cpu|
+// cuda). The values and the slot buffers live in its memory (device memory
+// on CUDA, where save/load stage through host copies); the test fills and
+// checks them through host mirrors (upload / download), so the oracle and
+// its exactness are the same on both backends.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -112,25 +118,45 @@ class TempRoot {
   fs::path path_;
 };
 
-// A model under a scheme with two optimizer slots of element type S, packed
-// like the store's values.
+// A model under a scheme (on `backend`, with test_grid_options()) with two
+// optimizer slots of element type S in the backend's memory, packed like the
+// store's values. exp_avg / exp_avg_sq are their host mirrors: push()
+// uploads them, pull() downloads the slots (and the values) into them.
 template <class T, class S = T>
 struct Model {
   ParallelGpt<T> gpt;
   std::vector<S> exp_avg, exp_avg_sq;
+  DeviceArray<S> device_exp_avg, device_exp_avg_sq;
+  std::vector<T> values;  // host copy of the store's values (pull())
   std::vector<StateSlot> slots;
 
   Model(const SchemeSpec& spec, Backend& backend, const reference::GptConfig& config)
-      : gpt(MPI_COMM_WORLD, spec, backend, config, kBatch, kSeq) {
+      : gpt(MPI_COMM_WORLD, spec, backend, config, kBatch, kSeq, GptOptions{}, SummaOptions{},
+            test_grid_options()) {
     const auto n = static_cast<std::size_t>(store().local_elements());
     exp_avg.assign(n, std::numeric_limits<S>::quiet_NaN());
     exp_avg_sq.assign(n, std::numeric_limits<S>::quiet_NaN());
-    slots = {{"exp_avg", dtype_v<S>, exp_avg.data()},
-             {"exp_avg_sq", dtype_v<S>, exp_avg_sq.data()}};
+    device_exp_avg = DeviceArray<S>(n, backend);
+    device_exp_avg_sq = DeviceArray<S>(n, backend);
+    push();
+    slots = {{"exp_avg", dtype_v<S>, device_exp_avg.data()},
+             {"exp_avg_sq", dtype_v<S>, device_exp_avg_sq.data()}};
   }
   ParameterStore<T>& store() { return gpt.model().parameters_store(); }
   ProcessGrid& grid() { return gpt.grid(); }
   S* slot(int k) { return k == 0 ? exp_avg.data() : exp_avg_sq.data(); }
+  void push() {
+    if (exp_avg.empty()) return;  // a rank holding nothing
+    device_exp_avg.upload(exp_avg);
+    device_exp_avg_sq.upload(exp_avg_sq);
+  }
+  void pull() {
+    values.resize(static_cast<std::size_t>(store().local_elements()));
+    if (values.empty()) return;
+    exp_avg = device_exp_avg.download();
+    exp_avg_sq = device_exp_avg_sq.download();
+    store().backend().download(values.data(), store().values_base(), values.size() * sizeof(T));
+  }
 
   // Calls f(param, local flat index, global flat index) for every element of
   // every local piece (owners and replicas).
@@ -159,12 +185,14 @@ struct Model {
         slot(k)[offset(p) + static_cast<std::size_t>(local)] =
             static_cast<S>(slot_value(seed, k, p.shard.name, g));
     });
+    push();
   }
   // Something else, so that a load that misses an element is seen.
   void scramble(std::uint64_t seed) {
     gpt.model().init(mix(seed));
     std::fill(exp_avg.begin(), exp_avg.end(), std::numeric_limits<S>::quiet_NaN());
     std::fill(exp_avg_sq.begin(), exp_avg_sq.end(), std::numeric_limits<S>::quiet_NaN());
+    push();
   }
 
   // Elements (local values and slots of every piece, then, with `gather`,
@@ -178,8 +206,10 @@ struct Model {
       return static_cast<T>(static_cast<TS>(reference::init_value(seed, name, g, config)));
     };
     long long bad = 0;
+    pull();
     each_element([&](Param<T>& p, index_t local, index_t g) {
-      if (!(p.value[local] == want_value(p.shard.name, g))) ++bad;
+      if (!(values[offset(p) + static_cast<std::size_t>(local)] == want_value(p.shard.name, g)))
+        ++bad;
       for (int k = 0; k < 2; ++k)
         if (!(slot(k)[offset(p) + static_cast<std::size_t>(local)] ==
               static_cast<S>(static_cast<SS>(slot_value(seed, k, p.shard.name, g)))))
@@ -307,7 +337,7 @@ TEST(Checksum64, MatchesXxh64ReferenceVectors) {
 // or 6 loading schemes).
 TEST(Checkpoint, ReshardsBetweenEveryPairOfSchemes) {
   TempRoot tmp;
-  CpuBackend backend;
+  Backend& backend = test_backend();
   const auto config = small_config();
   const std::vector<SchemeSpec> schemes = schemes_for(world_size());
   std::vector<std::uint64_t> seeds;
@@ -348,7 +378,7 @@ TEST(Checkpoint, ReshardsBetweenEveryPairOfSchemes) {
 // float <-> double: each element is the one static_cast of the saved element.
 TEST(Checkpoint, ConvertsElementTypes) {
   TempRoot tmp;
-  CpuBackend backend;
+  Backend& backend = test_backend();
   const auto config = small_config();
   const std::vector<SchemeSpec> schemes = schemes_for(world_size());
   const SchemeSpec& a = schemes.front();
@@ -389,7 +419,7 @@ TEST(Checkpoint, ConvertsElementTypes) {
 // Steps, `latest`, replacing a step, leftovers of a crashed save, failed saves.
 TEST(Checkpoint, StepsLatestAndCrashLeftovers) {
   TempRoot tmp;
-  CpuBackend backend;
+  Backend& backend = test_backend();
   const auto config = small_config();
   const std::vector<SchemeSpec> schemes = schemes_for(world_size());
   const SchemeSpec& a = schemes.front();
@@ -478,7 +508,7 @@ TEST(Checkpoint, StepsLatestAndCrashLeftovers) {
 // checkpoint still loads.
 TEST(Checkpoint, ErrorsThrowOnEveryRank) {
   TempRoot tmp;
-  CpuBackend backend;
+  Backend& backend = test_backend();
   const auto config = small_config();
   const std::vector<SchemeSpec> schemes = schemes_for(world_size());
   const SchemeSpec& a = schemes.back();

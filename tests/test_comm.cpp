@@ -707,6 +707,115 @@ TEST(Collectives, TypedConveniencesAndBarrier) {
   EXPECT_EQ(grid.traffic().total(), want);
 }
 
+// ---------------------------------------------------------------- bf16
+
+// bf16 collectives against a float reference. Inputs are random values in
+// [-1, 1] rounded to bf16. Movement (broadcast, all_gather) and max/min are
+// exact. A sum over g members rounds once per pairwise combine (MPI user op:
+// widen, add in fp32, round to nearest even), so every partial sum on any
+// reduction tree is within 2^-8 of its magnitude: |got - float sum| <=
+// (g - 1) 2^-8 sum_m |x_m| (exact for g = 1). Counters count 2 bytes per
+// element (closed forms of counters.hpp with elem = 2).
+TEST(Collectives, Bf16AgainstFloatReference) {
+  using summa::bf16;
+  const std::uint64_t seed = test_seed();
+  SCOPED_TRACE(seed_note(seed));
+  MPI_Comm reversed;
+  MPI_Comm_split(MPI_COMM_WORLD, 0, world_size() - 1 - world_rank(), &reversed);
+  for (MPI_Comm comm : {MPI_COMM_WORLD, reversed}) {
+    TrafficCounter counter, want;
+    MpiCommunicator c(comm, false, CommAxis::other, &counter);
+    const int g = c.size(), r = c.rank();
+    const std::size_t n = 37;
+    auto data_of = [&](int member, std::size_t count, std::uint64_t call) {
+      std::mt19937 gen(static_cast<std::uint32_t>(
+          mix(seed ^ mix(call * 1000 + static_cast<std::uint64_t>(member)))));
+      std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+      std::vector<bf16> v(count);
+      for (auto& x : v) x = bf16(d(gen));
+      return v;
+    };
+    auto bits = [](const std::vector<bf16>& v) {
+      std::vector<std::uint16_t> b;
+      for (bf16 x : v) b.push_back(x.bits);
+      return b;
+    };
+    std::uint64_t call = 0;
+    // Sum, max and min of every member's data, from the float reference.
+    auto check_reduction = [&](const std::vector<bf16>& got, std::size_t offset, ReduceOp op,
+                               std::uint64_t k, const char* what) {
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        float sum = 0, mag = 0, mx = -2, mn = 2;
+        for (int m = 0; m < g; ++m) {
+          const float x = static_cast<float>(data_of(m, offset + got.size(), k)[offset + i]);
+          sum += x;
+          mag += std::abs(x);
+          mx = std::max(mx, x);
+          mn = std::min(mn, x);
+        }
+        const float v = static_cast<float>(got[i]);
+        if (op == ReduceOp::sum)
+          EXPECT_LE(std::abs(v - sum), (g - 1) * mag / 256.0f) << what << " element " << i;
+        else
+          EXPECT_EQ(v, op == ReduceOp::max ? mx : mn) << what << " element " << i;
+      }
+    };
+    for (ReduceOp op : kOps) {
+      ++call;
+      const std::vector<bf16> mine = data_of(r, n, call);
+      std::vector<bf16> out(n, bf16(7.0f));
+      c.all_reduce(mine.data(), out.data(), n, DType::bf16, op);
+      check_reduction(out, 0, op, call, "all_reduce");
+      want += closed_form(Kind::all_reduce, g, r, n, 2, 0);
+      std::vector<bf16> in_place = mine;  // in place, non-blocking
+      Request req = c.iall_reduce(in_place.data(), in_place.data(), n, DType::bf16, op);
+      c.wait(req);
+      // MPI may reduce in another order than the blocking call (Open MPI's
+      // non-blocking collectives use other algorithms), so the roundings may
+      // differ: checked against the reference, and identical on every member.
+      check_reduction(in_place, 0, op, call, "in-place iall_reduce");
+      auto text = [&](const std::vector<bf16>& v) {
+        std::string t;
+        for (std::uint16_t x : bits(v)) t += std::to_string(x) + " ";
+        return t;
+      };
+      EXPECT_TRUE(same_on_all_ranks(text(out), comm)) << "all_reduce differs between members";
+      EXPECT_TRUE(same_on_all_ranks(text(in_place), comm)) << "iall_reduce differs between members";
+      want += closed_form(Kind::all_reduce, g, r, n, 2, 0);
+      // reduce_scatter: member r gets block r of the reduction.
+      ++call;
+      const std::vector<bf16> full = data_of(r, n * static_cast<std::size_t>(g), call);
+      std::vector<bf16> block(n);
+      c.reduce_scatter(full.data(), block.data(), n, DType::bf16, op);
+      check_reduction(block, n * static_cast<std::size_t>(r), op, call, "reduce_scatter");
+      want += closed_form(Kind::reduce_scatter, g, r, n, 2, 0);
+      // reduce to the last member.
+      std::vector<bf16> at_root(n);
+      c.reduce(mine.data(), at_root.data(), n, DType::bf16, op, g - 1);
+      if (r == g - 1) check_reduction(at_root, 0, op, call - 1, "reduce");
+      want += closed_form(Kind::reduce, g, r, n, 2, g - 1);
+    }
+    // Movement is exact.
+    ++call;
+    std::vector<bf16> buf = data_of(r == 0 ? 0 : 100 + r, n, call);
+    c.broadcast(buf.data(), n, DType::bf16, 0);
+    EXPECT_EQ(bits(buf), bits(data_of(0, n, call))) << "broadcast";
+    want += closed_form(Kind::broadcast, g, r, n, 2, 0);
+    std::vector<bf16> all(n * static_cast<std::size_t>(g));
+    const std::vector<bf16> part = data_of(r, n, call);
+    c.all_gather(part.data(), all.data(), n, DType::bf16);
+    for (int m = 0; m < g; ++m) {
+      const std::vector<std::uint16_t> want_bits = bits(data_of(m, n, call));
+      for (std::size_t i = 0; i < n; ++i)
+        EXPECT_EQ(all[static_cast<std::size_t>(m) * n + i].bits, want_bits[i])
+            << "all_gather " << m;
+    }
+    want += closed_form(Kind::all_gather, g, r, n, 2, 0);
+    EXPECT_EQ(counter, want);
+  }
+  MPI_Comm_free(&reversed);
+}
+
 // ---------------------------------------------------------------- counters
 
 TEST(Counters, ClosedFormsByHand) {

@@ -23,6 +23,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "summa/backend/cuda_backend.hpp"
@@ -658,6 +659,334 @@ TYPED_TEST(CudaTyped, OptimizerKernels) {
 }
 
 // ---- Errors -------------------------------------------------------------------------------
+
+// ---- bf16 (mixed precision) ------------------------------------------------------------
+// Every bf16 op of CudaBackend against CpuBackend's bf16 op on the same
+// inputs (random values rounded to bf16). Both compute in fp32 and round each
+// stored element once, but their fp32 values differ by summation order (and
+// the GPU evaluates GeLU / softmax / exp in fp32 where the CPU uses double),
+// so a bf16 output may land one bf16 unit apart: |gpu - cpu| <= 2^-7 |cpu| +
+// 1e-5 max|cpu| per element (one unit in the last of 8 bits plus the fp32
+// slack). fp32 outputs (statistics): 1e-5 relative to max|cpu| as for float;
+// copies, conversions, row_max, pick_targets and gather: exact.
+
+float bf16_value(bf16 x) {
+  return static_cast<float>(x);
+}
+
+void expect_bf16_close(const std::vector<bf16>& got, const std::vector<bf16>& want,
+                       const std::string& what, bool exact = false) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 0;
+  for (bf16 w : want)
+    if (std::isfinite(bf16_value(w))) scale = std::max(scale, double(std::abs(bf16_value(w))));
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double g = bf16_value(got[i]), w = bf16_value(want[i]);
+    if (!std::isfinite(w) || !std::isfinite(g)) {
+      EXPECT_TRUE(std::isnan(w) ? std::isnan(g) : g == w)
+          << what << ": element " << i << " is " << g << ", want " << w;
+      continue;
+    }
+    const double tol = exact ? 0.0 : std::abs(w) / 128 + 1e-5 * scale;
+    EXPECT_LE(std::abs(g - w), tol) << what << ": element " << i << " is " << g << ", want " << w;
+  }
+}
+
+// A bf16 matrix in a host Block and a device copy of its whole storage.
+class Bf16Twin {
+ public:
+  Bf16Twin(index_t rows, index_t cols, Order order, index_t pad, std::mt19937_64& gen,
+           double scale = 1.0)
+      : host_(rows, cols, order, pad) {
+    std::fill(host_.storage().begin(), host_.storage().end(), bf16(-12345.5f));
+    std::uniform_real_distribution<double> dist(-scale, scale);
+    const MatrixView<bf16> v = host_.view();
+    for (index_t j = 0; j < cols; ++j)
+      for (index_t i = 0; i < rows; ++i) v(i, j) = bf16(dist(gen));
+    device_ = static_cast<bf16*>(gpu().allocate(bytes()));
+    upload();
+  }
+  Bf16Twin(const Bf16Twin&) = delete;
+  Bf16Twin& operator=(const Bf16Twin&) = delete;
+  ~Bf16Twin() { gpu().deallocate(device_, bytes()); }
+  void fill_value(bf16 x) {
+    host_.fill_value(x);
+    upload();
+  }
+  MatrixView<bf16> h() { return host_.view(); }
+  MatrixView<bf16> d() {
+    const MatrixView<bf16> v = host_.view();
+    return MatrixView<bf16>(device_, v.rows, v.cols, v.ld, v.order);
+  }
+  /// The device view matches the host one (see expect_bf16_close); padding exactly.
+  void check(const std::string& what, bool exact = false) {
+    std::vector<bf16> got(host_.storage().size());
+    gpu().download(got.data(), device_, bytes());
+    for (std::size_t i = 0; i < got.size(); ++i)
+      if (!in_view(i)) {
+        ASSERT_EQ(got[i].bits, host_.storage()[i].bits) << what << ": padding " << i << " changed";
+      }
+    std::vector<bf16> g, w;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      if (in_view(i)) {
+        g.push_back(got[i]);
+        w.push_back(host_.storage()[i]);
+      }
+    expect_bf16_close(g, w, what, exact);
+  }
+
+ private:
+  bool in_view(std::size_t i) {
+    const MatrixView<bf16> v = host_.view();
+    const index_t inner = v.order == Order::col_major ? v.rows : v.cols;
+    const index_t outer = v.order == Order::col_major ? v.cols : v.rows;
+    const auto in = static_cast<index_t>(i) % v.ld, out = static_cast<index_t>(i) / v.ld;
+    return in < inner && out < outer;
+  }
+  void upload() { gpu().upload(device_, host_.storage().data(), bytes()); }
+  std::size_t bytes() { return host_.storage().size() * sizeof(bf16); }
+  Block<bf16> host_;
+  bf16* device_ = nullptr;
+};
+
+std::vector<bf16> random_bf16(index_t n, std::mt19937_64& gen, double lo = -1, double hi = 1) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<bf16> v(static_cast<std::size_t>(n));
+  for (bf16& x : v) x = bf16(dist(gen));
+  return v;
+}
+
+void expect_bf16_vec(TwinVec<bf16>& v, const std::string& what, bool exact = false) {
+  expect_bf16_close(v.download(), std::vector<bf16>(v.h(), v.h() + v.download().size()), what,
+                    exact);
+}
+
+// Shapes: odd (scalar path) and multiples of 8 with padding 0 or 8 (the
+// 16-byte = 8-element vector path).
+constexpr Shape kBf16Shapes[] = {{37, 29, 0}, {37, 29, 3}, {24, 64, 0}, {16, 48, 8}};
+
+TEST_F(Cuda, Bf16GemmEveryTransposeAndOrder) {
+  CpuBackend cpu;
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  for (auto [m, n, k] : {std::tuple<index_t, index_t, index_t>{37, 29, 23}, {64, 40, 300}})
+    for (Op ta : {Op::N, Op::T})
+      for (Op tb : {Op::N, Op::T})
+        for (Order oa : kOrders)
+          for (Order ob : kOrders)
+            for (Order oc : kOrders)
+              for (float beta : {0.0f, -1.25f}) {
+                Bf16Twin A(ta == Op::N ? m : k, ta == Op::N ? k : m, oa, 2, gen);
+                Bf16Twin B(tb == Op::N ? k : n, tb == Op::N ? n : k, ob, 1, gen);
+                Bf16Twin C(m, n, oc, 3, gen);
+                if (beta == 0.0f) C.fill_value(bf16(std::numeric_limits<float>::quiet_NaN()));
+                cpu.gemm(ta, tb, 0.75f, A.h(), B.h(), beta, C.h());
+                gpu().gemm(ta, tb, 0.75f, A.d(), B.d(), beta, C.d());
+                C.check(cat("bf16 gemm k ", k, " op ", int(ta), int(tb), " orders ", int(oa),
+                            int(ob), int(oc), " beta ", beta));
+              }
+  // Tuning keys on DType::bf16.
+  bool seen = false;
+  for (const GemmTuning& t : gpu().gemm_tunings()) seen = seen || t.dtype == DType::bf16;
+  EXPECT_TRUE(seen) << gpu().gemm_tuning_report();
+}
+
+TEST_F(Cuda, Bf16ElementwiseAndReductions) {
+  CpuBackend cpu;
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  const bf16 nan(std::numeric_limits<float>::quiet_NaN());
+  for (const Shape& sh : kBf16Shapes)
+    for (Order ox : kOrders)
+      for (Order oy : kOrders) {
+        const std::string tag = cat(" ", sh.rows, "x", sh.cols, " ", layout_name(ox, sh.pad), "/",
+                                    layout_name(oy, sh.pad));
+        const index_t r = sh.rows, c = sh.cols;
+        Bf16Twin X(r, c, ox, sh.pad, gen, 3.0), Y(r, c, oy, sh.pad, gen), D(r, c, oy, sh.pad, gen);
+        cpu.copy(X.h(), Y.h());
+        gpu().copy(X.d(), Y.d());
+        Y.check("copy" + tag, true);
+        cpu.axpby(0.5f, X.h(), -2.0f, Y.h());
+        gpu().axpby(0.5f, X.d(), -2.0f, Y.d());
+        Y.check("axpby" + tag);
+        Y.fill_value(nan);
+        cpu.axpby(1.5f, X.h(), 0.0f, Y.h());
+        gpu().axpby(1.5f, X.d(), 0.0f, Y.d());
+        Y.check("axpby beta 0" + tag);
+        cpu.scale(-0.3f, Y.h());
+        gpu().scale(-0.3f, Y.d());
+        Y.check("scale" + tag);
+        // convert both ways through an fp32 twin.
+        Twin<float> F(r, c, ox, sh.pad, gen);
+        cpu.convert(ConstMatrixView<float>(F.h()), Y.h());
+        gpu().convert(ConstMatrixView<float>(F.d()), Y.d());
+        Y.check("convert to bf16" + tag, true);
+        cpu.convert(ConstMatrixView<bf16>(X.h()), F.h());
+        gpu().convert(ConstMatrixView<bf16>(X.d()), F.d());
+        F.check(0, "convert to float" + tag);
+
+        TwinVec<bf16> bias(random_bf16(c, gen)), sums(random_bf16(c, gen));
+        cpu.add_bias(Y.h(), bias.h());
+        gpu().add_bias(Y.d(), bias.d());
+        Y.check("add_bias" + tag);
+        cpu.column_sums(X.h(), 0.5f, sums.h());
+        gpu().column_sums(X.d(), 0.5f, sums.d());
+        expect_bf16_vec(sums, "column_sums" + tag);
+
+        // LayerNorm with fp32 statistics.
+        TwinVec<float> s1(nan_vector<float>(r)), s2(nan_vector<float>(r)),
+            mean(nan_vector<float>(r)), rstd(nan_vector<float>(r)), pa(nan_vector<float>(r)),
+            pb(nan_vector<float>(r));
+        TwinVec<bf16> gamma(random_bf16(c, gen, 0.5, 1.5)), beta(random_bf16(c, gen));
+        TwinVec<bf16> dgamma(std::vector<bf16>(static_cast<std::size_t>(c), nan)),
+            dbeta(std::vector<bf16>(static_cast<std::size_t>(c), nan));
+        cpu.layernorm_partial_sums(X.h(), nullptr, s1.h());
+        gpu().layernorm_partial_sums(X.d(), nullptr, s1.d());
+        s1.check(1e-5, "layernorm sums" + tag);
+        cpu.layernorm_mean(r, c, s1.h(), mean.h());
+        gpu().upload(mean.d(), mean.h(), static_cast<std::size_t>(r) * sizeof(float));
+        cpu.layernorm_partial_sums(X.h(), mean.h(), s2.h());
+        gpu().layernorm_partial_sums(X.d(), mean.d(), s2.d());
+        s2.check(1e-5, "layernorm squares" + tag);
+        cpu.layernorm_rstd(r, c, 1e-5, s2.h(), rstd.h());
+        gpu().upload(rstd.d(), rstd.h(), static_cast<std::size_t>(r) * sizeof(float));
+        cpu.layernorm_apply(X.h(), mean.h(), rstd.h(), gamma.h(), beta.h(), Y.h());
+        gpu().layernorm_apply(X.d(), mean.d(), rstd.d(), gamma.d(), beta.d(), Y.d());
+        Y.check("layernorm_apply" + tag);
+        cpu.layernorm_backward_partials(X.h(), D.h(), mean.h(), rstd.h(), gamma.h(), pa.h(),
+                                        pb.h());
+        gpu().layernorm_backward_partials(X.d(), D.d(), mean.d(), rstd.d(), gamma.d(), pa.d(),
+                                          pb.d());
+        pa.check(1e-5, "layernorm partial a" + tag);
+        pb.check(1e-5, "layernorm partial b" + tag);
+        gpu().upload(pa.d(), pa.h(), static_cast<std::size_t>(r) * sizeof(float));
+        gpu().upload(pb.d(), pb.h(), static_cast<std::size_t>(r) * sizeof(float));
+        cpu.layernorm_backward_apply(X.h(), D.h(), mean.h(), rstd.h(), gamma.h(), pa.h(), pb.h(), c,
+                                     Y.h());
+        gpu().layernorm_backward_apply(X.d(), D.d(), mean.d(), rstd.d(), gamma.d(), pa.d(), pb.d(),
+                                       c, Y.d());
+        Y.check("layernorm_backward_apply" + tag);
+        cpu.layernorm_param_partials(X.h(), D.h(), mean.h(), rstd.h(), dgamma.h(), dbeta.h());
+        gpu().layernorm_param_partials(X.d(), D.d(), mean.d(), rstd.d(), dgamma.d(), dbeta.d());
+        expect_bf16_vec(dgamma, "dgamma" + tag);
+        expect_bf16_vec(dbeta, "dbeta" + tag);
+
+        // GeLU and the causal softmax (square blocks use the first min(r, c) columns).
+        cpu.gelu_forward(X.h(), Y.h());
+        gpu().gelu_forward(X.d(), Y.d());
+        Y.check("gelu_forward" + tag);
+        cpu.gelu_backward(X.h(), D.h(), Y.h());
+        gpu().gelu_backward(X.d(), D.d(), Y.d());
+        Y.check("gelu_backward" + tag);
+        cpu.softmax_causal(X.h(), 0.7, Y.h());
+        gpu().softmax_causal(X.d(), 0.7, Y.d());
+        Y.check("softmax_causal" + tag);
+        cpu.softmax_causal_backward(Y.h(), D.h(), 0.7, D.h());
+        gpu().softmax_causal_backward(Y.d(), D.d(), 0.7, D.d());
+        D.check("softmax_causal_backward (in place)" + tag);
+      }
+}
+
+TEST_F(Cuda, Bf16CrossEntropyEmbeddingOptimizer) {
+  CpuBackend cpu;
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  for (const Shape& sh : kBf16Shapes)
+    for (Order o : kOrders) {
+      const std::string tag = cat(" ", sh.rows, "x", sh.cols, " ", layout_name(o, sh.pad));
+      const index_t n = sh.rows, cols = sh.cols, col0 = 10;
+      Bf16Twin Z(n, cols, o, sh.pad, gen, 5.0);
+      std::vector<std::int32_t> targets(static_cast<std::size_t>(n));
+      std::uniform_int_distribution<std::int32_t> td(5, static_cast<std::int32_t>(col0 + cols + 4));
+      for (auto& t : targets) t = td(gen);
+      TwinVec<std::int32_t> tv(targets);
+      TwinVec<float> mx(nan_vector<float>(n)), sum(nan_vector<float>(n)), pk(nan_vector<float>(n));
+      cpu.row_max(Z.h(), mx.h());
+      gpu().row_max(Z.d(), mx.d());
+      mx.check(0, "row_max" + tag);
+      cpu.row_sum_exp(Z.h(), mx.h(), sum.h());
+      gpu().row_sum_exp(Z.d(), mx.d(), sum.d());
+      sum.check(1e-5, "row_sum_exp" + tag);
+      gpu().upload(sum.d(), sum.h(), static_cast<std::size_t>(n) * sizeof(float));
+      cpu.pick_targets(Z.h(), tv.h(), col0, pk.h());
+      gpu().pick_targets(Z.d(), tv.d(), col0, pk.d());
+      pk.check(0, "pick_targets" + tag);
+      cpu.cross_entropy_grad(Z.h(), mx.h(), sum.h(), tv.h(), col0, 0.25);
+      gpu().cross_entropy_grad(Z.d(), mx.d(), sum.d(), tv.d(), col0, 0.25);
+      Z.check("cross_entropy_grad" + tag);
+
+      // Embedding rows: ids below, inside (repeated) and above the block.
+      const index_t vrows = 9, row0 = 30;
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
+      std::uniform_int_distribution<std::int32_t> idd(row0 - 3, row0 + vrows + 2);
+      for (auto& id : ids) id = idd(gen);
+      TwinVec<std::int32_t> idv(ids);
+      Bf16Twin table(vrows, cols, o, sh.pad, gen), out(n, cols, o, sh.pad, gen);
+      cpu.gather_rows(idv.h(), row0, table.h(), false, out.h());
+      gpu().gather_rows(idv.d(), row0, table.d(), false, out.d());
+      out.check("gather_rows" + tag, true);
+      cpu.gather_rows(idv.h(), row0, table.h(), true, out.h());
+      gpu().gather_rows(idv.d(), row0, table.d(), true, out.d());
+      out.check("gather_rows accumulate" + tag, true);
+      // Atomics add repeated ids in any order, each addition rounded: a row
+      // hit k times may differ by k bf16 units; k <= n here, values <= n + 1.
+      Bf16Twin src(n, cols, o, sh.pad, gen);
+      cpu.scatter_add_rows(idv.h(), row0, src.h(), table.h());
+      gpu().scatter_add_rows(idv.d(), row0, src.d(), table.d());
+      std::vector<bf16> got(static_cast<std::size_t>(table.h().ld) *
+                            static_cast<std::size_t>(o == Order::col_major ? cols : vrows));
+      gpu().download(got.data(), table.d().data, got.size() * sizeof(bf16));
+      const MatrixView<bf16> gv(got.data(), vrows, cols, table.h().ld, o);
+      for (index_t t = 0; t < vrows; ++t) {
+        int hits = 0;
+        for (auto id : ids) hits += id == row0 + t ? 1 : 0;
+        for (index_t c = 0; c < cols; ++c)
+          EXPECT_LE(std::abs(bf16_value(gv(t, c)) - bf16_value(table.h()(t, c))),
+                    hits * (hits + 1) / 128.0)
+              << "scatter_add_rows" << tag << " row " << t << " hits " << hits;
+      }
+    }
+
+  // Optimizer ops with fp32 master weights (fp32 arithmetic on both sides:
+  // master and state to 1e-5, parameters one bf16 unit).
+  const index_t n = 1001;
+  TwinVec<bf16> param(random_bf16(n, gen)), grad(random_bf16(n, gen));
+  std::vector<float> master0;
+  for (index_t i = 0; i < n; ++i) master0.push_back(bf16_value(param.h()[i]));
+  const std::vector<float> zeros(static_cast<std::size_t>(n), 0.0f);
+  TwinVec<float> master(master0), m(zeros), v(zeros);
+  optim::AdamWCoefficients ac;
+  ac.lr = 1e-2;
+  ac.weight_decay = 0.1;
+  ac.beta1 = 0.9;
+  ac.beta2 = 0.999;
+  ac.eps = 1e-8;
+  ac.step_size = 1e-2;
+  ac.bias_correction2_sqrt = 0.05;
+  cpu.adamw_update(param.h(), grad.h(), m.h(), v.h(), master.h(), n, ac);
+  gpu().adamw_update(param.d(), grad.d(), m.d(), v.d(), master.d(), n, ac);
+  master.check(1e-5, "adamw master");
+  m.check(1e-5, "adamw exp_avg");
+  v.check(1e-5, "adamw exp_avg_sq");
+  expect_bf16_vec(param, "adamw param");
+  optim::SgdCoefficients sc;
+  sc.lr = 0.05;
+  sc.momentum = 0.9;
+  sc.nesterov = true;
+  sc.weight_decay = 0.01;
+  cpu.sgd_update(param.h(), grad.h(), m.h(), master.h(), n, sc);
+  gpu().sgd_update(param.d(), grad.d(), m.d(), master.d(), n, sc);
+  master.check(1e-5, "sgd master");
+  expect_bf16_vec(param, "sgd param");
+  EXPECT_NEAR(gpu().sum_of_squares(grad.d(), n), cpu.sum_of_squares(grad.h(), n),
+              1e-12 * cpu.sum_of_squares(grad.h(), n));
+  cpu.scale_in_place(grad.h(), n, 0.37);
+  gpu().scale_in_place(grad.d(), n, 0.37);
+  expect_bf16_vec(grad, "scale_in_place", true);
+}
 
 template <class Fn>
 std::string error_of(Fn&& fn) {

@@ -26,6 +26,11 @@
 // 2e-3 in float (test_util.hpp model_tolerance; see test_gpt2d.cpp). The
 // config (n_head = 4, n_embd = 32, vocab = 44 for p in {1, 2, 4}) is
 // divisible by p; the batch (3) is not: 1D needs no batch divisibility.
+//
+// Backend: test_backend() (SUMMA_TEST_BACKEND=cpu|cuda) with its
+// communicators (test_grid_options()). Inputs are built on the host and
+// uploaded, outputs downloaded; on CUDA float runs in fp32 (no TF32) and
+// double in fp64, so the tolerances above hold unchanged.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -48,8 +53,8 @@ namespace {
 // ---------------------------------------------------------------- environment
 
 struct LineEnv {
-  ProcessGrid grid = ProcessGrid::linear1d(MPI_COMM_WORLD);
-  CpuBackend backend;
+  Backend& backend = test_backend();  // first: selects the rank's device
+  ProcessGrid grid = ProcessGrid::linear1d(MPI_COMM_WORLD, 0, 1, test_grid_options());
 };
 LineEnv& line_env() {
   static LineEnv e;
@@ -104,15 +109,19 @@ std::vector<T> local_of(std::span<const T> global, index_t rows, Dist d) {
   return out;
 }
 
-// A local activation stored row-major, NaN until written.
+// A local activation stored row-major in test_backend()'s memory, NaN
+// until written.
 template <class T>
 struct Local {
   index_t rows, cols;
-  std::vector<T> data;
-  Local(index_t r, index_t c, std::vector<T> d = {}) : rows(r), cols(c), data(std::move(d)) {
-    data.resize(static_cast<std::size_t>(r * c), std::numeric_limits<T>::quiet_NaN());
+  DeviceArray<T> array;
+  Local(index_t r, index_t c, std::vector<T> d = {}) : rows(r), cols(c) {
+    d.resize(static_cast<std::size_t>(r * c), std::numeric_limits<T>::quiet_NaN());
+    array = DeviceArray<T>(d);
   }
-  MatrixView<T> view() { return MatrixView<T>::dense(data.data(), rows, cols, Order::row_major); }
+  MatrixView<T> view() { return MatrixView<T>::dense(array.data(), rows, cols, Order::row_major); }
+  /// The contents, on the host.
+  std::vector<T> data() const { return array.download(); }
 };
 
 // Arenas sized from a layer's declared needs.
@@ -195,9 +204,9 @@ void check_layer(Layer<T>& layer, const Oracle<T>& o, const std::string& in, Dis
   Local<T> dy(nt, dout.local_cols(), o.dlocal(out, dout));
   layer.forward(x.view(), y.view(), arenas.step);
   if (after_forward) after_forward();
-  expect_close(y.data, o.local(out, dout), "Y");
+  expect_close(y.data(), o.local(out, dout), "Y");
   layer.backward(dy.view(), dx.view(), arenas.step);
-  expect_close(dx.data, want_dx, "dX");
+  expect_close(dx.data(), want_dx, "dX");
   expect_param_grads<T>(layer, o.ref);
 }
 
@@ -286,8 +295,9 @@ void attention() {
   Attention1D<T> attn(e.grid, e.backend, "h.0.attn", o.batch, o.seq, h, o.config.n_head);
   // the intermediates too: q | k | v of this rank's heads, its context columns
   const auto intermediates = [&] {
-    expect_close(read(attn.qkv()), o.local("h.0.attn.c_attn", {3 * h, true, 3}), "qkv");
-    expect_close(read(attn.context()), o.local("h.0.attn.context", {h, true}), "context");
+    expect_close(download_view<T>(attn.qkv()), o.local("h.0.attn.c_attn", {3 * h, true, 3}), "qkv");
+    expect_close(download_view<T>(attn.context()), o.local("h.0.attn.context", {h, true}),
+                 "context");
   };
   check_layer<T>(attn, o, "h.0.ln_1", {h}, "h.0.attn.c_proj", {h}, o.dlocal("h.0.ln_1", {h}),
                  intermediates);
@@ -346,7 +356,7 @@ void embedding() {
   Arenas arenas(e.backend, emb.buffer_needs());
   Local<T> y(nt, h), dy(nt, h, o.dlocal("embeddings", {h}));
   emb.forward(o.tokens, y.view(), arenas.step);
-  expect_close(y.data, o.local("embeddings", {h}), "embeddings");
+  expect_close(y.data(), o.local("embeddings", {h}), "embeddings");
   emb.backward(dy.view(), arenas.step);
   // wpe is only used here: the reference's gradient is exactly this layer's.
   EXPECT_LE(rel_error(gather_global(emb.wpe(), e.grid, true), o.ref.grad("wpe.weight")),
@@ -384,10 +394,10 @@ void lm_head() {
   EXPECT_NEAR(loss, static_cast<double>(o.ref.loss()),
               model_tolerance<T>() * std::abs(static_cast<double>(o.ref.loss())));
   EXPECT_TRUE(identical_on_all_ranks(std::vector<double>{loss}));
-  expect_close(read(head.logits()), o.local("logits", {V, true}), "logits");
+  expect_close(download_view<T>(head.logits()), o.local("logits", {V, true}), "logits");
   head.backward(dx.view(), arenas.step);
-  expect_close(read(head.logits()), o.dlocal("logits", {V, true}), "dlogits");
-  expect_close(dx.data, o.dlocal("ln_f", {h}), "dX");
+  expect_close(download_view<T>(head.logits()), o.dlocal("logits", {V, true}), "dlogits");
+  expect_close(dx.data(), o.dlocal("ln_f", {h}), "dX");
   // wte's head part, independently: dlogitsᵀ · ln_f.
   std::vector<double> want(static_cast<std::size_t>(V * h), 0.0);
   const auto dz = o.dact("logits");
@@ -508,14 +518,14 @@ StepResult<T> run_step(GPT1D<T>& model, const std::vector<std::int32_t>& tokens,
   model.backward();
   for (Param<T>* p : model.parameters_store().params())
     r.grads.push_back(gather_global(*p, line_env().grid, true));
-  r.input_grad = read(model.input_grad());
+  r.input_grad = download_view<T>(model.input_grad());
   return r;
 }
 
 // Largest error of a replicated (or column-split) view against the reference.
 template <class T>
 double view_error(ConstMatrixView<T> local, std::span<const T> global, Dist d) {
-  return max_over_ranks(rel_error(read(local), local_of(global, local.rows, d)));
+  return max_over_ranks(rel_error(download_view<T>(local), local_of(global, local.rows, d)));
 }
 
 template <class T>
@@ -630,20 +640,22 @@ void replicas_identical() {
   model.init(seed);
   model.forward(tokens, targets);
   for (int i = 0; i <= config.n_layer; ++i)
-    EXPECT_TRUE(identical_on_all_ranks(read(model.boundary(i)))) << "boundary " << i;
-  EXPECT_TRUE(identical_on_all_ranks(read(model.final_norm())));
+    EXPECT_TRUE(identical_on_all_ranks(download_view<T>(model.boundary(i)))) << "boundary " << i;
+  EXPECT_TRUE(identical_on_all_ranks(download_view<T>(model.final_norm())));
   model.backward();
   model.forward(tokens, targets);  // and again, accumulating
   model.backward(true);
-  EXPECT_TRUE(identical_on_all_ranks(read(model.input_grad())));
+  EXPECT_TRUE(identical_on_all_ranks(download_view<T>(model.input_grad())));
   int replicas = 0;
   for (Param<T>* p : model.parameters_store().params()) {
     int replica = p->shard.owner ? 0 : 1;  // a replica somewhere: replicated
     MPI_Allreduce(MPI_IN_PLACE, &replica, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (replica == 0) continue;
     ++replicas;
-    EXPECT_TRUE(identical_on_all_ranks(read(ConstMatrixView<T>(p->value_view())))) << p->shard.name;
-    EXPECT_TRUE(identical_on_all_ranks(read(ConstMatrixView<T>(p->grad_view())))) << p->shard.name;
+    EXPECT_TRUE(identical_on_all_ranks(download_view<T>(ConstMatrixView<T>(p->value_view()))))
+        << p->shard.name;
+    EXPECT_TRUE(identical_on_all_ranks(download_view<T>(ConstMatrixView<T>(p->grad_view()))))
+        << p->shard.name;
   }
   // per block: ln_1, ln_2 (weight, bias), attn / mlp c_proj bias; ln_f; wpe
   EXPECT_EQ(replicas, group_size() > 1 ? 6 * config.n_layer + 3 : 0);
@@ -705,6 +717,9 @@ TEST(Gpt1D, TrafficIsMegatrons) {
 // on) makes no heap allocation outside MPI's internals.
 TEST(Gpt1D, TrainingStepAllocatesNothing) {
   if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting unavailable (ASan)";
+  if (device_backend())
+    GTEST_SKIP() << "the CUDA runtime allocates host memory internally (pinned staging, "
+                    "launch bookkeeping): allocation counting runs on the CPU backend";
   LineEnv& e = line_env();
   const reference::GptConfig config = test_config();
   const index_t batch = 3, seq = 5;
@@ -794,7 +809,7 @@ TEST(Gpt1D, InvalidConfigurationsThrowEverywhere) {
     c.vocab_size = good.vocab_size + 1;
     expect_config_error(c, 1, 4, "vocab_size");
     // a grid with a data axis: every rank its own tensor group of one
-    ProcessGrid data_grid = ProcessGrid::linear1d(MPI_COMM_WORLD, 1, p);
+    ProcessGrid data_grid = ProcessGrid::linear1d(MPI_COMM_WORLD, 1, p, test_grid_options());
     const std::string msg = error_of([&] { GPT1D<float> m(data_grid, e.backend, good, 1, 3); });
     EXPECT_NE(msg.find("data-parallel"), std::string::npos) << msg;
   }

@@ -17,6 +17,13 @@
 // with k <= 4h = 96). Gradients with and without checkpointing are compared
 // to each other with the same bounds (recomputation is deterministic, so
 // they agree to rounding).
+//
+// The backend is test_backend() (SUMMA_TEST_BACKEND=cpu|cuda): inputs are
+// built on the host, the model uploads its token ids, and activations and
+// gradients are read back with download_view / gather_global. On CUDA the
+// float model computes in fp32 (cuBLAS with fp32 accumulation, no TF32) and
+// double in fp64, so the same tolerances apply; only the summation order of
+// the GEMMs and reductions differs, which the bounds above already cover.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -65,7 +72,7 @@ double block_error(ConstMatrixView<T> local, std::span<const T> global, index_t 
   MeshEnv& e = mesh_env();
   const auto want =
       local_block(global, rows, cols, e.engine.q(), e.grid.coords().row, e.grid.coords().col);
-  return max_over_ranks(rel_error(read(local), want));
+  return max_over_ranks(rel_error(download_view<T>(local), want));
 }
 
 template <class T>
@@ -83,7 +90,7 @@ StepResult<T> run_distributed(GPT2D<T>& model, const std::vector<std::int32_t>& 
   model.backward();
   for (Param<T>* p : model.parameters_store().params())
     r.grads.push_back(gather_global(*p, mesh_env().grid, true));
-  r.input_grad = read(model.input_grad());
+  r.input_grad = download_view<T>(model.input_grad());
   return r;
 }
 
@@ -192,6 +199,9 @@ TEST(Gpt2D, CheckpointingAgreesAndAccumulates) {
 // on) makes no heap allocation outside MPI's internals.
 TEST(Gpt2D, TrainingStepAllocatesNothing) {
   if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting unavailable (ASan)";
+  if (device_backend())
+    GTEST_SKIP() << "the CUDA runtime allocates host memory internally (pinned staging, "
+                    "launch bookkeeping): allocation counting runs on the CPU backend";
   MeshEnv& e = mesh_env();
   const int q = e.engine.q();
   const reference::GptConfig config = test_config(q);
@@ -248,6 +258,31 @@ TEST(Gpt2D, BuffersSizedExactly) {
               model.buffers().forward.high_water() + model.buffers().checkpoint.high_water());
     EXPECT_NE(r.to_string().find("conjunction"), std::string::npos);
   }
+}
+
+// The test grid's communicators are stream-ordered exactly when the backend
+// is a device backend (test_grid_options: MPI on the CPU, mpi_staged or nccl
+// on CUDA); a device backend on a grid of plain MPI communicators is refused
+// with the same error on every rank (the layers hand device buffers to the
+// communicators without waiting for the stream).
+TEST(Gpt2D, DeviceBackendNeedsStreamOrderedCommunicators) {
+  MeshEnv& e = mesh_env();
+  for (CommAxis axis : {CommAxis::mesh_row, CommAxis::mesh_col, CommAxis::tensor, CommAxis::data})
+    EXPECT_EQ(e.grid.comm(axis).stream_ordered(), device_backend());
+  if (!device_backend()) GTEST_SKIP() << "the refusal needs a device backend";
+  ProcessGrid mpi_grid = ProcessGrid::mesh2d(MPI_COMM_WORLD);
+  SummaEngine engine(mpi_grid, e.backend);
+  const reference::GptConfig config = test_config(engine.q());
+  std::string msg;
+  try {
+    GPT2D<float> model(engine, config, engine.q(), 4);
+  } catch (const Error& err) {
+    msg = err.what();
+  }
+  EXPECT_NE(msg.find("nccl or mpi_staged"), std::string::npos) << msg;
+  EXPECT_TRUE(same_on_all_ranks(msg)) << msg;
+  // a plan runs no step: allowed
+  EXPECT_NO_THROW(GPT2D<float>(engine, config, engine.q(), 4, {.plan_only = true}));
 }
 
 // An arena that is too small throws, naming the buffer, the request and the capacity.

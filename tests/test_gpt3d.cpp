@@ -19,6 +19,11 @@
 // configuration and id errors thrown the same on every rank.
 //
 // Tolerances: test_util.hpp model_tolerance (1e-9 double, 2e-3 float).
+//
+// Backend: test_backend() (SUMMA_TEST_BACKEND=cpu|cuda) with its
+// communicators (test_grid_options(), small staging buffers). Inputs and
+// weights are built on the host and uploaded, results downloaded; on CUDA
+// float runs in fp32 (no TF32) and double in fp64, so the tolerances hold.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -44,15 +49,25 @@ int world_size() {
   return size;
 }
 
+// test_grid_options() with small staging buffers (mpi_staged pins one per
+// axis of every grid, and there is a grid per factorisation of the ranks;
+// the largest collective here is a few KB).
+GridOptions grid_options() {
+  GridOptions o = test_grid_options();
+  o.staging_bytes = std::size_t{1} << 20;
+  return o;
+}
+
 struct GridEnv {
+  Backend& backend = test_backend();  // first: selects the rank's device
   std::vector<ProcessGrid> grids;
-  CpuBackend backend;
   GridEnv() {
     const int p = world_size();
     for (int x = 1; x <= p; ++x)
       for (int y = 1; x * y <= p; ++y)
         if (p % (x * y) == 0)
-          grids.push_back(ProcessGrid::grid3d(MPI_COMM_WORLD, x, y, p / (x * y)));
+          grids.push_back(
+              ProcessGrid::grid3d(MPI_COMM_WORLD, x, y, p / (x * y), 1, grid_options()));
   }
 };
 GridEnv& env() {
@@ -107,15 +122,29 @@ std::vector<T> local_of(const ProcessGrid& g, std::span<const T> global, index_t
   return out;
 }
 
+// A local activation stored row-major in test_backend()'s memory, NaN
+// until written.
 template <class T>
 struct Local {
   index_t rows, cols;
-  std::vector<T> data;
-  Local(index_t r, index_t c, std::vector<T> d = {}) : rows(r), cols(c), data(std::move(d)) {
-    data.resize(static_cast<std::size_t>(r * c), std::numeric_limits<T>::quiet_NaN());
+  DeviceArray<T> array;
+  Local(index_t r, index_t c, std::vector<T> d = {}) : rows(r), cols(c) {
+    d.resize(static_cast<std::size_t>(r * c), std::numeric_limits<T>::quiet_NaN());
+    array = DeviceArray<T>(d);
   }
-  MatrixView<T> view() { return MatrixView<T>::dense(data.data(), rows, cols, Order::row_major); }
+  MatrixView<T> view() { return MatrixView<T>::dense(array.data(), rows, cols, Order::row_major); }
+  /// The contents, on the host.
+  std::vector<T> data() const { return array.download(); }
 };
+
+// A parameter's local value or gradient, on the host.
+template <class T>
+std::vector<T> local_values(const Param<T>& p, bool grad) {
+  std::vector<T> host(static_cast<std::size_t>(p.shard.local_size()));
+  if (!host.empty())
+    env().backend.download(host.data(), grad ? p.grad : p.value, host.size() * sizeof(T));
+  return host;
+}
 
 struct Arenas {
   Arena workspace, forward, backward;
@@ -130,11 +159,14 @@ struct Arenas {
 template <class T>
 void set_global(Param<T>& p, const std::vector<T>& global) {
   const index_t cols = p.shard.global_cols();
+  std::vector<T> local = local_values(p, false);
   for (const ShardPiece& piece : p.shard.pieces)
     for (index_t r = 0; r < piece.rows; ++r)
       for (index_t c = 0; c < piece.cols; ++c)
-        p.value[(piece.local_row + r) * p.shard.local_cols + piece.local_col + c] =
+        local[static_cast<std::size_t>((piece.local_row + r) * p.shard.local_cols +
+                                       piece.local_col + c)] =
             global[static_cast<std::size_t>((piece.global_row + r) * cols + piece.global_col + c)];
+  if (!local.empty()) env().backend.upload(p.value, local.data(), local.size() * sizeof(T));
 }
 
 // True when every rank's local value (or gradient) equals, bit for bit, the
@@ -142,7 +174,8 @@ void set_global(Param<T>& p, const std::vector<T>& global) {
 template <class T>
 bool replicas_match(const Param<T>& p, ProcessGrid& g, bool grad) {
   const std::vector<T> global = gather_global(p, g, grad);
-  const T* local = grad ? p.grad : p.value;
+  const std::vector<T> host = local_values(p, grad);
+  const T* local = host.data();
   const index_t cols = p.shard.global_cols();
   int same = 1;
   for (const ShardPiece& piece : p.shard.pieces)
@@ -209,17 +242,17 @@ void linear_vs_eigen(Orientation3D orientation, int groups) {
       Local<T> y(m, layer.local_out()), dx(m, layer.local_in());
       Local<T> dy(m, layer.local_out(), local_of<T>(g, gdY, tokens, dout));
       layer.forward(x.view(), y.view(), arenas.step);
-      EXPECT_LE(max_over_ranks(rel_error(y.data, local_of<T>(g, gY, tokens, dout))),
+      EXPECT_LE(max_over_ranks(rel_error(y.data(), local_of<T>(g, gY, tokens, dout))),
                 model_tolerance<T>());
       layer.backward(dy.view(), dx.view(), arenas.step);
-      EXPECT_LE(max_over_ranks(rel_error(dx.data, local_of<T>(g, gdX, tokens, din))),
+      EXPECT_LE(max_over_ranks(rel_error(dx.data(), local_of<T>(g, gdX, tokens, din))),
                 model_tolerance<T>());
       const auto gw = gather_global(layer.weight(), g, true);
       const auto gb = gather_global(layer.bias(), g, true);
       EXPECT_LE(rel_error(gw, flat(dW)), model_tolerance<T>());
       EXPECT_LE(rel_error(gb, flat(db)), model_tolerance<T>());
       EXPECT_TRUE(replicas_match(layer.bias(), g, true));
-      results[oar ? 0 : 1] = {y.data, dx.data, gw, gb};
+      results[oar ? 0 : 1] = {y.data(), dx.data(), gw, gb};
       // a second backward with accumulate doubles the parameter gradients
       layer.backward(dy.view(), dx.view(), arenas.step, true);
       auto twice = gw;
@@ -300,7 +333,8 @@ TEST(Layers3D, ConfigErrors) {
 template <class T>
 double view_error(const ProcessGrid& g, ConstMatrixView<T> local, std::span<const T> global,
                   Dist d) {
-  return max_over_ranks(rel_error(read(local), local_of<T>(g, global, kBatch * kSeq, d)));
+  return max_over_ranks(
+      rel_error(download_view<T>(local), local_of<T>(g, global, kBatch * kSeq, d)));
 }
 
 template <class T>
@@ -500,7 +534,7 @@ TEST(Gpt3D, DeferredReduceScatterWithDataAxis) {
   std::mt19937_64 gen(seed);
   const auto tokens = random_ids(kBatch * kSeq, config.vocab_size, gen);
   const auto targets = random_ids(kBatch * kSeq, config.vocab_size, gen);
-  ProcessGrid g = ProcessGrid::grid3d(MPI_COMM_WORLD, 1, 1, world / 2, 2);
+  ProcessGrid g = ProcessGrid::grid3d(MPI_COMM_WORLD, 1, 1, world / 2, 2, grid_options());
   reference::Gpt<double> ref(config, seed);
   ref.forward(tokens, targets, kBatch, kSeq);
   ref.backward();
@@ -566,6 +600,9 @@ TEST(Gpt3D, CollectivesPerAxis) {
 
 TEST(Gpt3D, TrainingStepAllocatesNothing) {
   if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting unavailable (ASan)";
+  if (device_backend())
+    GTEST_SKIP() << "the CUDA runtime allocates host memory internally (pinned staging, "
+                    "launch bookkeeping): allocation counting runs on the CPU backend";
   const reference::GptConfig config = test_config();
   std::mt19937_64 gen(fresh_seed());
   const auto tokens = random_ids(kBatch * kSeq, config.vocab_size, gen);
@@ -652,7 +689,7 @@ TEST(Gpt3D, InvalidConfigurationsThrowEverywhere) {
   const int p = world_size();
   if (p > 1) {
     // with a data axis the global batch must split over the data groups
-    ProcessGrid data_grid = ProcessGrid::grid3d(MPI_COMM_WORLD, 1, 1, 1, p);
+    ProcessGrid data_grid = ProcessGrid::grid3d(MPI_COMM_WORLD, 1, 1, 1, p, grid_options());
     expect_config_error(data_grid, good, kBatch * p + 1, 4, "data-parallel");
   }
 }

@@ -13,6 +13,11 @@
 //  - HfTorch (CTest hf_torch): scripts/hf_check.py rebuilds GPT-2 in plain
 //    PyTorch (float64) from the exported directory and prints its loss, which
 //    must equal summa's to 1e-9 relative; skipped without torch.
+//
+// Backend: test_backend() with test_grid_options() (SUMMA_TEST_BACKEND=cpu|
+// cuda): the parameters live in its memory, so the test writes and reads
+// local shards through upload / download, and export / import stage through
+// the host. The same exactness applies on both (bytes are copied).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -99,18 +104,24 @@ constexpr index_t batch = 16,
 /// LayerNorm parameters included), the same global tensors under any layout.
 template <class T>
 void randomize(GptModel<T>& model, std::uint64_t seed) {
+  Backend& backend = model.parameters_store().backend();
   for (Param<T>* p : model.parameters_store().params()) {
+    if (!p->held()) continue;
     const ParamShard& s = p->shard;
     const bool ln_weight = s.name.find("ln_") != std::string::npos && s.name.ends_with(".weight");
     const double offset = ln_weight ? 1.0 : 0.0;
+    std::vector<T> local(static_cast<std::size_t>(s.local_size()));
+    backend.download(local.data(), p->value, local.size() * sizeof(T));
     for (const ShardPiece& piece : s.pieces)
       for (index_t r = 0; r < piece.rows; ++r)
         for (index_t c = 0; c < piece.cols; ++c) {
           const auto index = static_cast<std::uint64_t>((piece.global_row + r) * s.global_cols() +
                                                         piece.global_col + c);
-          p->value[(piece.local_row + r) * s.local_cols + piece.local_col + c] =
+          local[static_cast<std::size_t>((piece.local_row + r) * s.local_cols + piece.local_col +
+                                         c)] =
               static_cast<T>(0.1 * reference::init_normal(seed, s.name, index) + offset);
         }
+    backend.upload(p->value, local.data(), local.size() * sizeof(T));
   }
 }
 
@@ -119,13 +130,17 @@ void randomize(GptModel<T>& model, std::uint64_t seed) {
 template <class T>
 long long local_mismatches(GptModel<T>& model, const std::map<std::string, std::vector<T>>& want) {
   long long bad = 0;
+  Backend& backend = model.parameters_store().backend();
   for (const Param<T>* p : model.parameters_store().params()) {
     const ParamShard& s = p->shard;
     const std::vector<T>& g = want.at(s.name);
+    std::vector<T> local(static_cast<std::size_t>(s.local_size()));
+    if (!local.empty()) backend.download(local.data(), p->value, local.size() * sizeof(T));
     for (const ShardPiece& piece : s.pieces)
       for (index_t r = 0; r < piece.rows; ++r)
         for (index_t c = 0; c < piece.cols; ++c)
-          if (p->value[(piece.local_row + r) * s.local_cols + piece.local_col + c] !=
+          if (local[static_cast<std::size_t>((piece.local_row + r) * s.local_cols +
+                                             piece.local_col + c)] !=
               g[static_cast<std::size_t>((piece.global_row + r) * s.global_cols() +
                                          piece.global_col + c)])
             ++bad;
@@ -173,7 +188,7 @@ void export_import_across_schemes(io::DTypeOut dtype) {
   const reference::GptConfig config = test_config();
   const std::vector<SchemeSpec> schemes = schemes_for(world_size());
   ASSERT_FALSE(schemes.empty());
-  CpuBackend backend;
+  Backend& backend = test_backend();
   SharedTempDir tmp;
   for (std::size_t i = 0; i < schemes.size(); ++i) {
     const SchemeSpec& src = schemes[i];
@@ -184,13 +199,15 @@ void export_import_across_schemes(io::DTypeOut dtype) {
     const RandomBatch data = random_batch(seed + 1, config.vocab_size, batch, seq);
     const fs::path dir = tmp / ("pair" + std::to_string(i));
 
-    ParallelGpt<T> a(MPI_COMM_WORLD, src, backend, config, batch, seq);
+    ParallelGpt<T> a(MPI_COMM_WORLD, src, backend, config, batch, seq, GptOptions{}, SummaOptions{},
+                     test_grid_options());
     randomize(a.model(), seed);
     io::export_hf_gpt2(a.model(), dir, dtype);
     const auto want = gather_all(a);
     const double loss_a = a.model().forward(data.tokens, data.targets);
 
-    ParallelGpt<T> b(MPI_COMM_WORLD, dst, backend, config, batch, seq);
+    ParallelGpt<T> b(MPI_COMM_WORLD, dst, backend, config, batch, seq, GptOptions{}, SummaOptions{},
+                     test_grid_options());
     b.model().init(seed + 2);  // different weights before the import
     ASSERT_GT(local_mismatches(b.model(), want), 0);
     io::import_hf_gpt2(b.model(), dir);
@@ -201,7 +218,8 @@ void export_import_across_schemes(io::DTypeOut dtype) {
     }
     const double loss_b = b.model().forward(data.tokens, data.targets);
 
-    ParallelGpt<T> c(MPI_COMM_WORLD, dst, backend, config, batch, seq);
+    ParallelGpt<T> c(MPI_COMM_WORLD, dst, backend, config, batch, seq, GptOptions{}, SummaOptions{},
+                     test_grid_options());
     randomize(c.model(), seed);
     const double loss_c = c.model().forward(data.tokens, data.targets);
     EXPECT_EQ(loss_b, loss_c) << "same scheme, same weights: the same loss bit for bit";
@@ -223,11 +241,12 @@ void export_matches_reference(io::DTypeOut dtype, io::TensorDType stored) {
   const reference::GptConfig config = test_config();
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed_note(seed));
-  CpuBackend backend;
+  Backend& backend = test_backend();
   SharedTempDir tmp;
   const SchemeSpec spec = schemes_for(world_size()).back();
   SCOPED_TRACE(spec.str());
-  ParallelGpt<T> run(MPI_COMM_WORLD, spec, backend, config, batch, seq);
+  ParallelGpt<T> run(MPI_COMM_WORLD, spec, backend, config, batch, seq, GptOptions{},
+                     SummaOptions{}, test_grid_options());
   run.model().init(seed);
   io::export_hf_gpt2(run.model(), tmp / "ref", dtype);
   if (world_rank() == 0) {
@@ -276,11 +295,12 @@ TEST(HfGpt2, ExportBf16RoundsToNearestEven) {
 
 TEST(HfGpt2, ConfigMismatchThrowsOnEveryRank) {
   const reference::GptConfig config = test_config();
-  CpuBackend backend;
+  Backend& backend = test_backend();
   SharedTempDir tmp;
   const SchemeSpec spec = schemes_for(world_size()).front();
   {
-    ParallelGpt<double> run(MPI_COMM_WORLD, spec, backend, config, batch, seq);
+    ParallelGpt<double> run(MPI_COMM_WORLD, spec, backend, config, batch, seq, GptOptions{},
+                            SummaOptions{}, test_grid_options());
     run.model().init(fresh_seed());
     io::export_hf_gpt2(run.model(), tmp / "m");
   }
@@ -310,13 +330,15 @@ TEST(HfGpt2, ConfigMismatchThrowsOnEveryRank) {
   cases.push_back({"epsilon", c, "layer_norm_epsilon"});
   for (const Case& k : cases) {
     SCOPED_TRACE(k.field);
-    ParallelGpt<double> run(MPI_COMM_WORLD, spec, backend, k.config, batch, seq);
+    ParallelGpt<double> run(MPI_COMM_WORLD, spec, backend, k.config, batch, seq, GptOptions{},
+                            SummaOptions{}, test_grid_options());
     const std::string msg = error_of([&] { io::import_hf_gpt2(run.model(), tmp / "m"); });
     EXPECT_NE(msg.find(k.expect), std::string::npos) << msg;
     EXPECT_NE(msg.find((tmp / "m").string()), std::string::npos) << msg;
     EXPECT_TRUE(same_on_all_ranks(msg)) << msg;
   }
-  ParallelGpt<double> run(MPI_COMM_WORLD, spec, backend, config, batch, seq);
+  ParallelGpt<double> run(MPI_COMM_WORLD, spec, backend, config, batch, seq, GptOptions{},
+                          SummaOptions{}, test_grid_options());
   std::string msg = error_of([&] { io::import_hf_gpt2(run.model(), tmp / "nowhere"); });
   EXPECT_NE(msg.find("no such file"), std::string::npos) << msg;
   EXPECT_TRUE(same_on_all_ranks(msg)) << msg;
@@ -355,14 +377,15 @@ TEST(HfGpt2, ConfigMismatchThrowsOnEveryRank) {
 
 TEST(HfGpt2, ToleratedNamesAndBadTensors) {
   const reference::GptConfig config = test_config();
-  CpuBackend backend;
+  Backend& backend = test_backend();
   SharedTempDir tmp;
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed_note(seed));
   const std::vector<SchemeSpec> schemes = schemes_for(world_size());
   const SchemeSpec spec = schemes[schemes.size() / 2];
   SCOPED_TRACE(spec.str());
-  ParallelGpt<double> src(MPI_COMM_WORLD, spec, backend, config, batch, seq);
+  ParallelGpt<double> src(MPI_COMM_WORLD, spec, backend, config, batch, seq, GptOptions{},
+                          SummaOptions{}, test_grid_options());
   randomize(src.model(), seed);
   io::export_hf_gpt2(src.model(), tmp / "m", io::DTypeOut::f64);
   const auto want = gather_all(src);
@@ -391,7 +414,8 @@ TEST(HfGpt2, ToleratedNamesAndBadTensors) {
   using Tensors = std::map<std::string, std::vector<double>>;
   using Shapes = std::map<std::string, std::vector<index_t>>;
 
-  ParallelGpt<double> dst(MPI_COMM_WORLD, schemes.front(), backend, config, batch, seq);
+  ParallelGpt<double> dst(MPI_COMM_WORLD, schemes.front(), backend, config, batch, seq,
+                          GptOptions{}, SummaOptions{}, test_grid_options());
   // Hugging Face GPT2LMHeadModel names: "transformer." prefix, tied lm_head,
   // causal-mask buffers.
   rewrite([&](Tensors& t, Shapes& s) {
@@ -509,7 +533,7 @@ TEST(HfTorch, LossMatchesPyTorch) {
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed_note(seed));
   const RandomBatch data = random_batch(seed + 7, config.vocab_size, b, s);
-  CpuBackend backend;
+  Backend& backend = test_backend();
   SharedTempDir tmp;
   const fs::path batch_file = tmp / "batch.bin";
   if (world_rank() == 0) {
@@ -533,7 +557,8 @@ TEST(HfTorch, LossMatchesPyTorch) {
   for (const auto& [dtype, label] : exports) {
     SCOPED_TRACE(std::string(label) + " on " + spec.str());
     const fs::path dir = tmp / label;
-    ParallelGpt<double> run(MPI_COMM_WORLD, spec, backend, config, b, s);
+    ParallelGpt<double> run(MPI_COMM_WORLD, spec, backend, config, b, s, GptOptions{},
+                            SummaOptions{}, test_grid_options());
     randomize(run.model(), seed);
     io::export_hf_gpt2(run.model(), dir, dtype);
     io::import_hf_gpt2(run.model(), dir);  // no-op for f64; bf16-rounds the weights

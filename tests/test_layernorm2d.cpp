@@ -14,6 +14,12 @@
 // two-pass statistics are ~1e-4; the one-pass E[x^2] - E[x]^2 (E[x^2] ~ 1e6,
 // float ulp 0.06 against var ~ 0.33) fails these bounds (checked by swapping
 // it in: Y, dX, rstd and dgamma all fail at offset 1000, at q = 1, 2, 3).
+// The CUDA backend also accumulates the sums in T with the same two-pass
+// statistics, so the same bounds apply to it.
+//
+// Backend: test_backend(). Blocks (padding sentinels included) are built on
+// the host, uploaded, and every output and the padding downloaded before they
+// are checked.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -89,10 +95,20 @@ void check_layernorm(Order in_order, Order out_order, bool accumulate, double of
       db.push_back(accumulate ? dbeta0(0, j * nh + c) : nan);
     }
   }
-  auto ptr = [](std::vector<T>& v) { return v.empty() ? nullptr : v.data(); };
-  layer.forward<T>(x.view(), ptr(g), ptr(b), y.view(), mean.data(), rstd.data(), ws);
-  layer.backward<T>(x.view(), dy.view(), ptr(g), mean.data(), rstd.data(), dx.view(), ptr(dg),
-                    ptr(db), ws, accumulate);
+  {  // on the backend: inputs uploaded, outputs (NaN) and padding downloaded
+    DeviceBlock<T> x_d(x), dy_d(dy), y_d(y), dx_d(dx);
+    DeviceArray<T> mean_d(mean), rstd_d(rstd), g_d(g), b_d(b), dg_d(dg), db_d(db);
+    auto ptr = [](DeviceArray<T>& v) { return v.size() == 0 ? nullptr : v.data(); };
+    layer.forward<T>(x_d.view(), ptr(g_d), ptr(b_d), y_d.view(), mean_d.data(), rstd_d.data(), ws);
+    layer.backward<T>(x_d.view(), dy_d.view(), ptr(g_d), mean_d.data(), rstd_d.data(), dx_d.view(),
+                      ptr(dg_d), ptr(db_d), ws, accumulate);
+    y_d.download();
+    dx_d.download();
+    mean = mean_d.download();
+    rstd = rstd_d.download();
+    dg = dg_d.download();
+    db = db_d.download();
+  }
 
   Reference r = reference(to_double(X), to_double(gamma), to_double(beta), to_double(dY), eps_ln);
   if (accumulate) {
@@ -154,6 +170,8 @@ TEST(LayerNorm2D, GradientAccumulation) {
 
 TEST(LayerNorm2D, NoHeapAllocation) {
   if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting is off under ASan";
+  if (device_backend())
+    GTEST_SKIP() << "CPU only: counts host allocations, and the CUDA runtime allocates on its own";
   MeshEnv& e = mesh_env();
   const int q = e.engine.q();
   const index_t mt = 4, nh = 5;
@@ -188,8 +206,11 @@ TEST(LayerNorm2D, NullParameterOnAnOwnerFailsEverywhere) {
   const int q = e.engine.q();
   LayerNorm2D layer(e.engine, 2 * q, 3 * q);
   Workspace ws("workspace", e.backend, layer.workspace_bytes(DType::f64));
-  std::vector<double> x(6, 1.0), y(6), mean(2), rstd(2), beta(3, 0.0);
-  auto view = [](std::vector<double>& v) { return MatrixView<double>::dense(v.data(), 2, 3); };
+  const DeviceArray<double> x(std::vector<double>(6, 1.0)), y(6), mean(2), rstd(2),
+      beta(std::vector<double>(3, 0.0));
+  auto view = [](const DeviceArray<double>& v) {
+    return MatrixView<double>::dense(v.data(), 2, 3);
+  };
   std::string message;
   try {  // gamma null everywhere, in particular on the owners
     layer.forward<double>(view(x), nullptr, beta.data(), view(y), mean.data(), rstd.data(), ws);

@@ -1,7 +1,10 @@
 // Linear2D (Y = X W + b on a q x q mesh) against a serial Eigen reference, at
 // whatever q the rank count gives (CTest: 1, 4, 9 ranks). Forward output and
 // every gradient (dX, dW, db), with and without accumulation and bias.
-// Tolerance: the products' k * eps * max|A| * max|B| scale (see test_summa.cpp).
+// Tolerance: the products' k * eps * max|A| * max|B| scale (see test_summa.cpp;
+// it holds for any summation order with fp32 accumulation, so on CUDA too).
+// Backend: test_backend(); blocks are built on the host, uploaded, and the
+// results downloaded before they are compared.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,8 +24,8 @@ RowMat<T> block(const Mat<T>& g, int q, int i, int j) {
   return block_of(g, q, i, j);
 }
 template <class T>
-MatrixView<T> view(RowMat<T>& m) {
-  return MatrixView<T>::dense(m.data(), m.rows(), m.cols(), Order::row_major);
+MatrixView<T> view(const DeviceMat<T>& m) {
+  return m.view();
 }
 
 template <class T>
@@ -49,9 +52,17 @@ void check_linear(bool has_bias, bool accumulate) {
       dbias.push_back(accumulate ? b0(0, j * N / q + c) : std::numeric_limits<T>::quiet_NaN());
     }
   }
-  layer.forward<T>(view(x), view(w), bias.empty() ? nullptr : bias.data(), view(y), ws);
-  layer.backward<T>(view(x), view(w), view(dy), view(dx), view(dw),
-                    dbias.empty() ? nullptr : dbias.data(), ws, accumulate);
+  {  // on the backend: inputs uploaded, outputs (NaN where they must be written) downloaded
+    const DeviceMat<T> x_d(x), w_d(w), dy_d(dy), y_d(y), dx_d(dx), dw_d(dw);
+    DeviceArray<T> bias_d(bias), dbias_d(dbias);
+    layer.forward<T>(view(x_d), view(w_d), bias.empty() ? nullptr : bias_d.data(), view(y_d), ws);
+    layer.backward<T>(view(x_d), view(w_d), view(dy_d), view(dx_d), view(dw_d),
+                      dbias.empty() ? nullptr : dbias_d.data(), ws, accumulate);
+    y = y_d.template read<RowMat<T>>();
+    dx = dx_d.template read<RowMat<T>>();
+    dw = dw_d.template read<RowMat<T>>();
+    dbias = dbias_d.download();
+  }
 
   Mat<T> Y = X * W, dX = dY * W.transpose(), dW = X.transpose() * dY;
   Mat<T> db = dY.colwise().sum();

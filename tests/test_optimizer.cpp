@@ -29,11 +29,20 @@
 // (|Δ update| ≲ lr·|Δg|/eps); measured 3e-12 to 9e-12 (recorded as the
 // max_weight_error property).
 // The optimizer arithmetic alone is checked to 1e-12 on the same gradients.
+//
+// Backend: test_backend() with test_grid_options() (SUMMA_TEST_BACKEND=cpu|
+// cuda). Parameters, gradients and optimizer state live in its memory and
+// are read back with Backend::download / gather_global. On CUDA the model
+// and the optimizer kernels compute in the same precisions (fp64 for the
+// double runs), so the tolerances above hold unchanged; the seam-op test
+// (BackendOpsMatchReference) states its own. Allocation counting runs on the
+// CPU backend only (the CUDA runtime allocates host memory internally).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -69,6 +78,28 @@ constexpr index_t kSeq = 4;
 struct Ids {
   std::vector<std::int32_t> tokens, targets;
 };
+
+// A model under `spec` on the test backend and its communicators.
+template <class T>
+std::unique_ptr<ParallelGpt<T>> make_run(const SchemeSpec& spec, const reference::GptConfig& c,
+                                         index_t batch) {
+  return std::make_unique<ParallelGpt<T>>(MPI_COMM_WORLD, spec, test_backend(), c, batch, kSeq,
+                                          GptOptions{}, SummaOptions{}, test_grid_options());
+}
+
+// n elements of test-backend memory at `data`, on the host.
+template <class T>
+std::vector<T> host_copy(const T* data, index_t n) {
+  std::vector<T> out(static_cast<std::size_t>(n));
+  if (n > 0) test_backend().download(out.data(), data, out.size() * sizeof(T));
+  return out;
+}
+
+// A parameter's local value (or gradient) elements, on the host.
+template <class T>
+std::vector<T> local_host(const Param<T>& p, bool grad = false) {
+  return host_copy(grad ? p.grad : p.value, p.shard.local_size());
+}
 
 Ids random_ids(index_t batch, int vocab, std::mt19937_64& gen) {
   std::uniform_int_distribution<int> dist(0, vocab - 1);
@@ -110,10 +141,12 @@ long replica_mismatches(GptModel<T>& model, ProcessGrid& grid) {
   for (Param<T>* p : model.parameters_store().params()) {
     const auto global = gather_global(*p, grid);
     const ParamShard& s = p->shard;
+    const std::vector<T> value = local_host(*p);
     for (const ShardPiece& piece : s.pieces)
       for (index_t r = 0; r < piece.rows; ++r)
         for (index_t c = 0; c < piece.cols; ++c) {
-          const T local = p->value[(piece.local_row + r) * s.local_cols + piece.local_col + c];
+          const T local = value[static_cast<std::size_t>((piece.local_row + r) * s.local_cols +
+                                                         piece.local_col + c)];
           const T want = global[static_cast<std::size_t>((piece.global_row + r) * s.global_cols() +
                                                          piece.global_col + c)];
           if (std::memcmp(&local, &want, sizeof(T)) != 0) ++bad;
@@ -259,9 +292,9 @@ TEST(Optimizer, BadOptionsThrow) {
   EXPECT_NE(message({.kind = "adamw", .nesterov = true}).find("nesterov"), std::string::npos);
 
   // make_optimizer validates; step, set_steps and state check their arguments
-  CpuBackend backend;
   const SchemeSpec spec = schemes_for(world_size()).front();
-  ParallelGpt<double> run(MPI_COMM_WORLD, spec, backend, test_config(), batch_for(spec), kSeq);
+  const auto owned = make_run<double>(spec, test_config(), batch_for(spec));
+  ParallelGpt<double>& run = *owned;
   auto& store = run.model().parameters_store();
   EXPECT_THROW(make_optimizer<double>({.kind = "lamb"}, store), Error);
   auto opt = make_optimizer<double>({}, store);
@@ -299,7 +332,6 @@ TEST(Optimizer, BadOptionsThrow) {
 
 TEST(ClipGradNorm, CountsEveryElementOnceAndScales) {
   const reference::GptConfig config = test_config();
-  CpuBackend backend;
   int tested = 0;
   for (const SchemeSpec& spec : schemes_for(world_size())) {
     SCOPED_TRACE(spec.str());
@@ -315,7 +347,8 @@ TEST(ClipGradNorm, CountsEveryElementOnceAndScales) {
     for (double g : ref.grads()) ref_sq += g * g;
     const double ref_norm = std::sqrt(ref_sq);
 
-    ParallelGpt<double> run(MPI_COMM_WORLD, spec, backend, config, batch, kSeq);
+    const auto owned = make_run<double>(spec, config, batch);
+    ParallelGpt<double>& run = *owned;
     auto& store = run.model().parameters_store();
     run.model().init(seed);
     run.model().forward(ids.tokens, ids.targets);
@@ -345,10 +378,12 @@ TEST(ClipGradNorm, CountsEveryElementOnceAndScales) {
     for (Param<double>* p : store.params()) {
       const auto global = gather_global(*p, run.grid(), true);
       const ParamShard& s = p->shard;
+      const std::vector<double> grad = local_host(*p, true);
       for (const ShardPiece& piece : s.pieces)
         for (index_t r = 0; r < piece.rows; ++r)
           for (index_t c = 0; c < piece.cols; ++c)
-            if (p->grad[(piece.local_row + r) * s.local_cols + piece.local_col + c] !=
+            if (grad[static_cast<std::size_t>((piece.local_row + r) * s.local_cols +
+                                              piece.local_col + c)] !=
                 global[static_cast<std::size_t>((piece.global_row + r) * s.global_cols() +
                                                 piece.global_col + c)])
               ++bad;
@@ -364,7 +399,6 @@ TEST(ClipGradNorm, CountsEveryElementOnceAndScales) {
 
 void steps_match_serial(const OptimizerOptions& options, double tolerance) {
   const reference::GptConfig config = test_config();
-  CpuBackend backend;
   const LrSchedule schedule{.lr = 5e-3, .warmup = 2, .total = 3, .min_lr = 1e-3};
   double worst = 0;
   for (const SchemeSpec& spec : schemes_for(world_size())) {
@@ -375,7 +409,8 @@ void steps_match_serial(const OptimizerOptions& options, double tolerance) {
     const index_t batch = batch_for(spec);
     reference::Gpt<double> ref(config, seed);
     SerialOptimizer serial(options);
-    ParallelGpt<double> run(MPI_COMM_WORLD, spec, backend, config, batch, kSeq);
+    const auto owned = make_run<double>(spec, config, batch);
+    ParallelGpt<double>& run = *owned;
     run.model().init(seed);
     auto opt = make_optimizer(options, run.model().parameters_store());
     EXPECT_EQ(opt->kind(), options.kind);
@@ -420,7 +455,6 @@ TEST(Optimizer, SgdNesterovDecayVectorsStepsMatchSerial) {
 // set_steps) continues bit for bit.
 TEST(Optimizer, ArithmeticStateLayoutAndResume) {
   const reference::GptConfig config = test_config();
-  CpuBackend backend;
   for (const SchemeSpec& spec : schemes_for(world_size())) {
     SCOPED_TRACE(spec.str());
     const std::uint64_t seed = fresh_seed();
@@ -428,7 +462,8 @@ TEST(Optimizer, ArithmeticStateLayoutAndResume) {
     std::mt19937_64 gen(seed);
     const index_t batch = batch_for(spec);
     const OptimizerOptions options{.kind = "adamw", .weight_decay = 0.1};
-    ParallelGpt<double> run(MPI_COMM_WORLD, spec, backend, config, batch, kSeq);
+    const auto owned = make_run<double>(spec, config, batch);
+    ParallelGpt<double>& run = *owned;
     auto& store = run.model().parameters_store();
     run.model().init(seed);
     auto opt = make_optimizer(options, store);
@@ -454,6 +489,8 @@ TEST(Optimizer, ArithmeticStateLayoutAndResume) {
     long bad = 0;
     double worst = 0;
     index_t offset = 0;
+    const std::vector<double> state[2] = {host_copy(opt->state(0), opt->state_elements()),
+                                          host_copy(opt->state(1), opt->state_elements())};
     std::vector<index_t> flat_offset;
     for (const reference::ParamInfo& info : mirror.parameter_info()) {
       flat_offset.push_back(offset);
@@ -475,7 +512,7 @@ TEST(Optimizer, ArithmeticStateLayoutAndResume) {
                                                          piece.global_col + c);
             for (std::size_t slot = 0; slot < 2; ++slot) {
               const double want = slot == 0 ? serial.first[global] : serial.second[global];
-              const double got = opt->state(slot)[at + local];
+              const double got = state[slot][at + local];
               worst = std::max(worst, std::abs(got - want) / std::max(std::abs(want), 1e-300));
               if (!(std::abs(got - want) <= 1e-12 * std::abs(want))) ++bad;
             }
@@ -486,16 +523,19 @@ TEST(Optimizer, ArithmeticStateLayoutAndResume) {
 
     // resume: a fresh optimizer given the state and the step count continues
     // exactly like the original
+    // (through the host, as a checkpoint would)
+    Backend& backend = store.backend();
+    const auto bytes = static_cast<std::size_t>(store.local_elements()) * sizeof(double);
     auto resumed = make_optimizer(options, store);
     for (std::size_t slot = 0; slot < 2; ++slot)
-      std::copy(opt->state(slot), opt->state(slot) + opt->state_elements(), resumed->state(slot));
+      if (bytes > 0) backend.upload(resumed->state(slot), state[slot].data(), bytes);
     resumed->set_steps(opt->steps());
-    std::vector<double> saved(store.values_base(), store.values_base() + store.local_elements());
+    const std::vector<double> saved = host_copy(store.values_base(), store.local_elements());
     opt->step(1e-2);
-    std::vector<double> after(store.values_base(), store.values_base() + store.local_elements());
-    std::copy(saved.begin(), saved.end(), store.values_base());
+    const std::vector<double> after = host_copy(store.values_base(), store.local_elements());
+    if (bytes > 0) backend.upload(store.values_base(), saved.data(), bytes);
     resumed->step(1e-2);
-    EXPECT_TRUE(std::equal(after.begin(), after.end(), store.values_base()));
+    EXPECT_EQ(host_copy(store.values_base(), store.local_elements()), after);
   }
 }
 
@@ -527,7 +567,6 @@ TEST(Optimizer, FloatKernelsAndModel) {
   EXPECT_NEAR(optim::sum_of_squares(g.data(), n), optim::sum_of_squares(gd.data(), n), 0);
 
   const reference::GptConfig config = test_config();
-  CpuBackend backend;
   const SchemeSpec spec = schemes_for(world_size()).back();
   SCOPED_TRACE(spec.str());
   const std::uint64_t seed = fresh_seed();
@@ -538,7 +577,8 @@ TEST(Optimizer, FloatKernelsAndModel) {
   reference::Gpt<double> ref(config, seed);
   ref.forward(ids.tokens, ids.targets, batch, kSeq);
   ref.backward();
-  ParallelGpt<float> run(MPI_COMM_WORLD, spec, backend, config, batch, kSeq);
+  const auto owned = make_run<float>(spec, config, batch);
+  ParallelGpt<float>& run = *owned;
   run.model().init(seed);
   run.model().forward(ids.tokens, ids.targets);
   run.model().backward();
@@ -555,18 +595,130 @@ TEST(Optimizer, FloatKernelsAndModel) {
   EXPECT_EQ(replica_mismatches(run.model(), run.grid()), 0);
 }
 
+// ---------------------------------------------------------------- backend seam ops
+
+// Count of elements where |got - want| > tol · max(|want|, 1); worst: the largest ratio.
+template <class T>
+long count_off(const std::vector<T>& got, const std::vector<T>& want, double tol, double& worst) {
+  long bad = 0;
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    const double w = want[k], scale = std::max(1.0, std::abs(w));
+    const double err = std::abs(static_cast<double>(got[k]) - w) / scale;
+    if (!(err <= tol)) ++bad;
+    worst = std::max(worst, std::isfinite(err) ? err : 1e300);
+  }
+  return bad;
+}
+
+// Backend::adamw_update / sgd_update / sum_of_squares / scale_in_place (the
+// seam Optimizer and clip_grad_norm call) against the summa::optim reference
+// formulas, in T, on fresh random data of an odd length (parameters, moments
+// and gradients ~ N(0, 1), second moments = N(0, 1)², weight decay on).
+//
+// Tolerances: CpuBackend runs these very functions, so it must agree bit for
+// bit (0). A device backend's kernels evaluate the same formulas in T with
+// their own rounding (fused multiply-adds; IEEE sqrt and division): every
+// element within 8 units of T's epsilon relative to max(|want|, 1) (the
+// update is a sum of terms of size <= ~1 here, each rounded a few times).
+// sum_of_squares accumulates in double in another order: 1e-12 relative
+// (~n·2⁻⁵³ ≈ 1e-13 worst case for n ~ 1000). scale_in_place is one correctly
+// rounded product per element by the factor rounded to T: exact on both.
+template <class T>
+void backend_ops_match_reference() {
+  Backend& backend = test_backend();
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> normal;
+  std::uniform_int_distribution<index_t> length(900, 1100);
+  const index_t n = length(gen) | 1;
+  const auto random = [&](bool square) {
+    std::vector<T> v(static_cast<std::size_t>(n));
+    for (T& x : v) {
+      const double z = normal(gen);
+      x = static_cast<T>(square ? z * z : z);
+    }
+    return v;
+  };
+  const bool exact = backend.host_accessible();
+  const double tol = exact ? 0.0 : 8 * std::numeric_limits<T>::epsilon();
+  const std::vector<T> p0 = random(false), g = random(false), m0 = random(false), v0 = random(true);
+  double worst = 0;
+
+  // AdamW at step t = 3
+  {
+    const double lr = 1e-2, b1 = 0.9, b2 = 0.95, t = 3;
+    const optim::AdamWCoefficients c{.lr = lr,
+                                     .weight_decay = 0.1,
+                                     .beta1 = b1,
+                                     .beta2 = b2,
+                                     .eps = 1e-8,
+                                     .step_size = lr / (1 - std::pow(b1, t)),
+                                     .bias_correction2_sqrt = std::sqrt(1 - std::pow(b2, t))};
+    std::vector<T> p = p0, m = m0, v = v0;
+    optim::adamw_update(p.data(), g.data(), m.data(), v.data(), n, c);
+    DeviceArray<T> dp(p0), dg(g), dm(m0), dv(v0);
+    backend.adamw_update(dp.data(), dg.data(), dm.data(), dv.data(), n, c);
+    EXPECT_EQ(count_off(dp.download(), p, tol, worst), 0) << "adamw param, worst " << worst;
+    EXPECT_EQ(count_off(dm.download(), m, tol, worst), 0) << "adamw exp_avg, worst " << worst;
+    EXPECT_EQ(count_off(dv.download(), v, tol, worst), 0) << "adamw exp_avg_sq, worst " << worst;
+    EXPECT_EQ(count_off(dg.download(), g, 0.0, worst), 0) << "adamw wrote the gradient";
+  }
+  // SGD with momentum, plain and Nesterov
+  for (const bool nesterov : {false, true}) {
+    SCOPED_TRACE(nesterov ? "nesterov" : "momentum");
+    const optim::SgdCoefficients c{
+        .lr = 0.05, .weight_decay = 0.01, .momentum = 0.9, .nesterov = nesterov};
+    std::vector<T> p = p0, b = m0;
+    optim::sgd_update(p.data(), g.data(), b.data(), n, c);
+    DeviceArray<T> dp(p0), dg(g), db(m0);
+    backend.sgd_update(dp.data(), dg.data(), db.data(), n, c);
+    EXPECT_EQ(count_off(dp.download(), p, tol, worst), 0) << "sgd param, worst " << worst;
+    EXPECT_EQ(count_off(db.download(), b, tol, worst), 0) << "sgd buffer, worst " << worst;
+  }
+  // Σ x², and x · factor
+  {
+    DeviceArray<T> dx(g);
+    const double want = optim::sum_of_squares(g.data(), n);
+    const double got = backend.sum_of_squares(dx.data(), n);
+    if (exact)
+      EXPECT_EQ(got, want);
+    else
+      EXPECT_NEAR(got, want, 1e-12 * want);
+    const double factor = 0.5 + std::abs(normal(gen));
+    std::vector<T> x = g;
+    optim::scale_in_place(x.data(), n, factor);
+    backend.scale_in_place(dx.data(), n, factor);
+    EXPECT_EQ(dx.download(), x) << "scale_in_place by " << factor;
+    // an empty range is a no-op
+    EXPECT_EQ(backend.sum_of_squares(dx.data(), 0), 0.0);
+  }
+  testing::Test::RecordProperty(std::is_same_v<T, float> ? "worst_f32" : "worst_f64",
+                                fmt::format("{:.3g}", worst));
+}
+
+TEST(Optimizer, BackendOpsMatchReferenceFloat) {
+  backend_ops_match_reference<float>();
+}
+TEST(Optimizer, BackendOpsMatchReferenceDouble) {
+  backend_ops_match_reference<double>();
+}
+
 // ---------------------------------------------------------------- allocation
 
 TEST(Optimizer, StepAndClipAllocateNothing) {
   if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting unavailable (ASan)";
+  if (device_backend())
+    GTEST_SKIP() << "the CUDA runtime allocates host memory internally: allocation counting "
+                    "runs on the CPU backend";
   const reference::GptConfig config = test_config();
-  CpuBackend backend;
   for (const SchemeSpec& spec : schemes_for(world_size())) {
     SCOPED_TRACE(spec.str());
     std::mt19937_64 gen(fresh_seed());
     const index_t batch = batch_for(spec);
     const Ids ids = random_ids(batch, config.vocab_size, gen);
-    ParallelGpt<float> run(MPI_COMM_WORLD, spec, backend, config, batch, kSeq);
+    const auto owned = make_run<float>(spec, config, batch);
+    ParallelGpt<float>& run = *owned;
     auto& store = run.model().parameters_store();
     run.model().init(1);
     run.model().forward(ids.tokens, ids.targets);

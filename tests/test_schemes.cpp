@@ -4,6 +4,11 @@
 // parameter gradient must equal the serial reference's on the same global
 // weights and batch (tolerances as in test_gpt2d.cpp). Also the scheme
 // grammar: parsing, canonical text, errors.
+//
+// The models run on test_backend() (SUMMA_TEST_BACKEND=cpu|cuda) with its
+// communicators (test_grid_options(), handed to ParallelGpt / plan_memory /
+// largest_batch); on CUDA float runs in fp32 (no TF32) and double in fp64,
+// so the same tolerances hold.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +25,15 @@ int world_size() {
   int size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   return size;
+}
+
+// test_grid_options() with staging buffers sized for these models (the
+// data-axis gradient buckets of a step are in flight together: at most ~5 MB
+// in double) rather than the 64 MB default, since every scheme builds a grid.
+GridOptions grid_options() {
+  GridOptions o = test_grid_options();
+  o.staging_bytes = std::size_t{16} << 20;
+  return o;
 }
 
 // The same training step whatever the scheme.
@@ -54,7 +68,7 @@ void every_scheme_matches_reference() {
   const double ref_loss = ref.forward(tokens, targets, batch, seq);
   ref.backward();
 
-  CpuBackend backend;
+  Backend& backend = test_backend();
   int tested = 0;
   std::vector<SchemeSpec> specs = schemes_for(ranks);
   for (const SchemeSpec& s : schemes_for(ranks))
@@ -65,7 +79,7 @@ void every_scheme_matches_reference() {
     }
   for (const SchemeSpec& spec : specs) {
     SCOPED_TRACE(spec.str());
-    ParallelGpt<T> run(MPI_COMM_WORLD, spec, backend, config, batch, seq);
+    ParallelGpt<T> run(MPI_COMM_WORLD, spec, backend, config, batch, seq, {}, {}, grid_options());
     run.model().init(seed);
     // one seed, the same global weights under every scheme (layout invariance)
     for (Param<T>* p : run.model().parameters_store().params()) {
@@ -183,7 +197,8 @@ TEST(Schemes, MemoryPlannerMatchesRealModels) {
   config.n_positions = 8;
   config.vocab_size = 72;
   const index_t seq = 4;
-  CpuBackend backend;
+  Backend& backend = test_backend();
+  const GridOptions grid = grid_options();
   std::vector<SchemeSpec> specs = schemes_for(ranks);
   for (const SchemeSpec& s : schemes_for(ranks))
     if (s.scheme == Scheme::axonn3d && s.gz > 1 && s.data > 1) {  // every 3D overlap on
@@ -194,36 +209,38 @@ TEST(Schemes, MemoryPlannerMatchesRealModels) {
   for (const SchemeSpec& spec : specs) {
     SCOPED_TRACE(spec.str());
     const index_t batch = 2 * batch_granularity(spec);
-    const MemoryReport plan = plan_memory<float>(MPI_COMM_WORLD, spec, backend, config, batch, seq);
-    ParallelGpt<float> real(MPI_COMM_WORLD, spec, backend, config, batch, seq);
+    const MemoryReport plan =
+        plan_memory<float>(MPI_COMM_WORLD, spec, backend, config, batch, seq, {}, grid);
+    ParallelGpt<float> real(MPI_COMM_WORLD, spec, backend, config, batch, seq, {}, {}, grid);
     const MemoryReport got = real.model().memory_report();
     ASSERT_EQ(plan.buffers.size(), got.buffers.size());
     for (std::size_t k = 0; k < got.buffers.size(); ++k)
       EXPECT_EQ(plan.buffers[k].capacity, got.buffers[k].capacity) << got.buffers[k].name;
     EXPECT_EQ(plan.parameters, got.parameters);
     EXPECT_EQ(plan.total(), got.total());
-    EXPECT_THROW(
-        ParallelGpt<float>(MPI_COMM_WORLD, spec, backend, config, batch, seq, {.plan_only = true})
-            .model()
-            .forward({}, {}),
-        Error);
+    EXPECT_THROW(ParallelGpt<float>(MPI_COMM_WORLD, spec, backend, config, batch, seq,
+                                    {.plan_only = true}, {}, grid)
+                     .model()
+                     .forward({}, {}),
+                 Error);
 
     // a budget between two batch sizes
     const index_t step = batch_granularity(spec);
     const auto planned_max = [&](index_t b) {
       unsigned long long t =
-          plan_memory<float>(MPI_COMM_WORLD, spec, backend, config, b, seq).total();
+          plan_memory<float>(MPI_COMM_WORLD, spec, backend, config, b, seq, {}, grid).total();
       MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
       return static_cast<std::size_t>(t);
     };
     const std::size_t budget = (planned_max(5 * step) + planned_max(6 * step)) / 2;
-    const index_t best =
-        largest_batch<float>(MPI_COMM_WORLD, spec, backend, config, seq, {}, budget, 64 * step);
+    const index_t best = largest_batch<float>(MPI_COMM_WORLD, spec, backend, config, seq, {},
+                                              budget, 64 * step, grid);
     EXPECT_EQ(best, 5 * step);
-    EXPECT_EQ(largest_batch<float>(MPI_COMM_WORLD, spec, backend, config, seq, {}, 1, 64 * step),
-              0);
+    EXPECT_EQ(
+        largest_batch<float>(MPI_COMM_WORLD, spec, backend, config, seq, {}, 1, 64 * step, grid),
+        0);
     EXPECT_EQ(largest_batch<float>(MPI_COMM_WORLD, spec, backend, config, seq, {},
-                                   planned_max(3 * step), 3 * step),
+                                   planned_max(3 * step), 3 * step, grid),
               3 * step);
   }
 }

@@ -7,7 +7,13 @@
 // update). The tests require the max error divided by
 //   k * eps * max|A| * max|B| * |alpha| + 2 * eps * |beta| * max|C0|
 // to stay below 1. Observed values are around 0.01-0.1; a wrong panel, root or
-// offset gives errors of order 1 / eps.
+// offset gives errors of order 1 / eps. The bound holds for any summation
+// order and fp32 accumulation, so it is the same on the CUDA backend (cuBLAS
+// accumulates float products in fp32; TF32 is off in the tests).
+//
+// Backend: test_backend() (SUMMA_TEST_BACKEND=cpu|cuda). Operands are built
+// on the host (padding sentinels included), uploaded to the backend's memory,
+// and the results and the padding downloaded before they are checked.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,8 +27,8 @@ namespace summa::test {
 namespace {
 
 struct Env {
-  ProcessGrid grid = ProcessGrid::mesh2d(MPI_COMM_WORLD);
-  CpuBackend backend;
+  Backend& backend = test_backend();  // first: selects the rank's device
+  ProcessGrid grid = ProcessGrid::mesh2d(MPI_COMM_WORLD, 0, 1, test_grid_options());
   int q() const { return grid.shape().rows; }
   int row() const { return grid.coords().row; }
   int col() const { return grid.coords().col; }
@@ -109,10 +115,14 @@ Outcome<T> run_case(const Case& c, T alpha, T beta, bool nan_c = false) {
     }
   }
 
+  DeviceBlock<T> da(a), db(b), dc(cc);
   SummaEngine engine(e.grid, e.backend,
                      {.panel = c.panel, .overlap = c.overlap, .progress_slices = c.slices});
   Workspace ws("workspace", e.backend, engine.workspace_bytes(c.form, c.m, c.n, c.k, dtype_v<T>));
-  engine.multiply(c.form, c.m, c.n, c.k, alpha, a.view(), b.view(), beta, cc.view(), ws);
+  engine.multiply(c.form, c.m, c.n, c.k, alpha, da.view(), db.view(), beta, dc.view(), ws);
+  da.download();
+  db.download();
+  dc.download();
 
   const Mat<T> ref =
       alpha * serial(c.form, A, B) + (nan_c ? Mat<T>::Zero(c.m, c.n) : Mat<T>(beta * C0));
@@ -229,28 +239,33 @@ TEST(Summa, AlphaZeroAndEmptyDimensions) {
       std::mt19937_64 gen(fresh_seed());
       for (auto& x : cbuf) x = std::uniform_real_distribution<double>(-1, 1)(gen);
       const std::vector<double> c0 = cbuf;
+      const DeviceArray<double> da(a), db(b);
+      DeviceArray<double> dc(cbuf);
       Workspace ws("workspace", e.backend, engine.workspace_bytes(f, 3 * q, 2 * q, k, DType::f64));
       e.grid.reset_traffic();
       engine.multiply(f, 3 * q, 2 * q, k, k_zero ? 1.0 : 0.0,
-                      MatrixView<double>::dense(a.data(), s.a_rows, s.a_cols),
-                      MatrixView<double>::dense(b.data(), s.b_rows, s.b_cols), 0.5,
-                      MatrixView<double>::dense(cbuf.data(), s.c_rows, s.c_cols), ws);
+                      MatrixView<double>::dense(da.data(), s.a_rows, s.a_cols),
+                      MatrixView<double>::dense(db.data(), s.b_rows, s.b_cols), 0.5,
+                      MatrixView<double>::dense(dc.data(), s.c_rows, s.c_cols), ws);
+      cbuf = dc.download();
       for (std::size_t i = 0; i < cbuf.size(); ++i)
         EXPECT_EQ(cbuf[i], 0.5 * c0[i]) << name_of(f) << " k=" << k;
       EXPECT_EQ(e.grid.traffic().total().bytes_sent, 0u);
       // beta = 0 with k = 0 zeroes a NaN C.
       std::fill(cbuf.begin(), cbuf.end(), std::nan(""));
+      dc.upload(cbuf);
       engine.multiply(f, 3 * q, 2 * q, k, k_zero ? 1.0 : 0.0,
-                      MatrixView<double>::dense(a.data(), s.a_rows, s.a_cols),
-                      MatrixView<double>::dense(b.data(), s.b_rows, s.b_cols), 0.0,
-                      MatrixView<double>::dense(cbuf.data(), s.c_rows, s.c_cols), ws);
+                      MatrixView<double>::dense(da.data(), s.a_rows, s.a_cols),
+                      MatrixView<double>::dense(db.data(), s.b_rows, s.b_cols), 0.0,
+                      MatrixView<double>::dense(dc.data(), s.c_rows, s.c_cols), ws);
+      cbuf = dc.download();
       for (double x : cbuf) EXPECT_EQ(x, 0.0);
     }
     // m = 0 or n = 0: nothing to do, nothing read or written.
     for (auto [m, n] : {std::pair<index_t, index_t>{0, 2 * q}, {3 * q, 0}}) {
       SummaEngine engine(e.grid, e.backend);
       const BlockShapes s = SummaEngine::block_shapes(f, m, n, q, q);
-      std::vector<double> nan_storage(16, std::nan(""));
+      const DeviceArray<double> nan_storage(std::vector<double>(16, std::nan("")));
       Workspace ws("workspace", e.backend, engine.workspace_bytes(f, m, n, q, DType::f64));
       e.grid.reset_traffic();
       EXPECT_NO_THROW(engine.multiply(
@@ -259,7 +274,7 @@ TEST(Summa, AlphaZeroAndEmptyDimensions) {
           MatrixView<double>::dense(nan_storage.data(), s.c_rows, s.c_cols), ws))
           << name_of(f) << " m=" << m << " n=" << n;
       EXPECT_EQ(e.grid.traffic().total().bytes_sent, 0u);
-      for (double x : nan_storage) EXPECT_TRUE(std::isnan(x));
+      for (double x : nan_storage.download()) EXPECT_TRUE(std::isnan(x));
     }
   }
 }
@@ -278,14 +293,12 @@ TEST(Summa, ByteCountersMatchClosedForm) {
         SummaEngine engine(e.grid, e.backend, {.panel = panel, .overlap = overlap});
         BlockShapes s = SummaEngine::block_shapes(f, m, n, k, q);
         std::mt19937_64 gen(fresh_seed());
-        Mat<float> a = random_matrix<float>(s.a_rows, s.a_cols, gen);
-        Mat<float> b = random_matrix<float>(s.b_rows, s.b_cols, gen);
-        Mat<float> c(s.c_rows, s.c_cols);
+        const DeviceMat<float> a(random_matrix<float>(s.a_rows, s.a_cols, gen));
+        const DeviceMat<float> b(random_matrix<float>(s.b_rows, s.b_cols, gen));
+        const DeviceMat<float> c(s.c_rows, s.c_cols);
         Workspace ws("workspace", e.backend, engine.workspace_bytes(f, m, n, k, DType::f32));
         e.grid.reset_traffic();
-        engine.multiply(f, m, n, k, 1.0f, MatrixView<float>::dense(a.data(), a.rows(), a.cols()),
-                        MatrixView<float>::dense(b.data(), b.rows(), b.cols()), 0.0f,
-                        MatrixView<float>::dense(c.data(), c.rows(), c.cols()), ws);
+        engine.multiply(f, m, n, k, 1.0f, a.view(), b.view(), 0.0f, c.view(), ws);
         const TrafficCounters& t = e.grid.traffic();
         std::uint64_t row_bytes = 0, col_bytes = 0;
         switch (f) {
@@ -325,9 +338,7 @@ TEST(Summa, BackwardIdentities) {
   Workspace ws("workspace", e.backend, 1 << 22);
   const double eps = std::numeric_limits<double>::epsilon();
   auto blk = [&](const Mat<double>& g) { return Mat<double>(block_of(g, q, e.row(), e.col())); };
-  auto view = [](Mat<double>& x) {
-    return MatrixView<double>::dense(x.data(), x.rows(), x.cols());
-  };
+  auto view = [](const DeviceMat<double>& x) { return x.view(); };
   auto dot = [&](const Mat<double>& x, const Mat<double>& y) {
     double d = x.cwiseProduct(y).sum();
     MPI_Allreduce(MPI_IN_PLACE, &d, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
@@ -339,8 +350,9 @@ TEST(Summa, BackwardIdentities) {
     auto [br, bc] = b_shape(c);
     Mat<double> A = random_matrix<double>(ar, ac, gen), B = random_matrix<double>(br, bc, gen),
                 G = random_matrix<double>(m, n, gen);
-    Mat<double> a = blk(A), b = blk(B), g = blk(G);
-    Mat<double> cl(m / q, n / q), da(a.rows(), a.cols()), db(b.rows(), b.cols());
+    const Mat<double> a_host = blk(A), b_host = blk(B), g_host = blk(G);
+    const DeviceMat<double> a(a_host), b(b_host), g(g_host), cl(m / q, n / q),
+        da(a_host.rows(), a_host.cols()), db(b_host.rows(), b_host.cols());
     engine.multiply(f, m, n, k, 1.0, view(a), view(b), 0.0, view(cl), ws);
     Mat<double> dA_ref, dB_ref;
     switch (f) {
@@ -363,13 +375,14 @@ TEST(Summa, BackwardIdentities) {
         dB_ref = G.transpose() * A;
         break;
     }
-    const double L = dot(g, cl), la = dot(da, a), lb = dot(db, b);
+    const Mat<double> c_got = cl.read(), da_got = da.read(), db_got = db.read();
+    const double L = dot(g_host, c_got), la = dot(da_got, a_host), lb = dot(db_got, b_host);
     const double tol = 10 * eps * static_cast<double>(m * n * k);
     EXPECT_NEAR(la, L, tol) << name_of(f) << ": <dA, A> != <G, C>";
     EXPECT_NEAR(lb, L, tol) << name_of(f) << ": <dB, B> != <G, C>";
     const double scale = static_cast<double>(std::max({m, n, k})) * eps;
-    EXPECT_LT((da - blk(dA_ref)).cwiseAbs().maxCoeff(), scale) << name_of(f) << " dA";
-    EXPECT_LT((db - blk(dB_ref)).cwiseAbs().maxCoeff(), scale) << name_of(f) << " dB";
+    EXPECT_LT((da_got - blk(dA_ref)).cwiseAbs().maxCoeff(), scale) << name_of(f) << " dA";
+    EXPECT_LT((db_got - blk(dB_ref)).cwiseAbs().maxCoeff(), scale) << name_of(f) << " dB";
   }
 }
 
@@ -383,8 +396,9 @@ TEST(Summa, BadInputThrowsSameErrorEverywhere) {
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   SummaEngine engine(e.grid, e.backend, {.panel = 2, .overlap = true});
   const index_t m = 4 * q, n = 2 * q, k = 3 * q;
-  Mat<double> a = Mat<double>::Ones(4, 3), b = Mat<double>::Ones(3, 2), c(4, 2);
-  auto V = [](Mat<double>& x) { return MatrixView<double>::dense(x.data(), x.rows(), x.cols()); };
+  const DeviceMat<double> a(Mat<double>(Mat<double>::Ones(4, 3))),
+      b(Mat<double>(Mat<double>::Ones(3, 2))), c(4, 2);
+  auto V = [](const DeviceMat<double>& x) { return x.view(); };
   Workspace ws("workspace", e.backend, engine.workspace_bytes(Form::AB, m, n, k, DType::f64));
   Workspace tiny("tiny", e.backend, 64);
 
@@ -406,14 +420,14 @@ TEST(Summa, BadInputThrowsSameErrorEverywhere) {
                  "not divisible by q", "k % q");
   }
   // Only the last rank passes a wrongly shaped C block.
-  Mat<double> wrong(5, 2);
+  const DeviceMat<double> wrong(5, 2);
   expect_error(
       [&] {
         engine.ab(m, n, k, 1.0, V(a), V(b), 0.0, world_rank == world_size - 1 ? V(wrong) : V(c),
                   ws);
       },
       "local C block is 5x2, expected 4x2", "mismatched C block on one rank");
-  Mat<double> wrong_b(2, 3);
+  const DeviceMat<double> wrong_b(2, 3);
   expect_error([&] { engine.ab(m, n, k, 1.0, V(a), V(wrong_b), 0.0, V(c), ws); },
                "local B block is 2x3, expected 3x2", "mismatched B block");
   if (q > 1)
@@ -423,7 +437,7 @@ TEST(Summa, BadInputThrowsSameErrorEverywhere) {
                "negative m");
   // Still usable afterwards.
   engine.ab(m, n, k, 1.0, V(a), V(b), 0.0, V(c), ws);
-  EXPECT_EQ(c(0, 0), static_cast<double>(k));
+  EXPECT_EQ(c.read()(0, 0), static_cast<double>(k));
 }
 
 // After a warm-up call, a call allocates nothing: panels and Eigen's packing
@@ -432,6 +446,9 @@ TEST(Summa, BadInputThrowsSameErrorEverywhere) {
 // counted apart (reported, not asserted).
 TEST(Summa, NoHeapAllocationInsideTheLoop) {
   if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting is off under ASan";
+  if (device_backend())
+    GTEST_SKIP() << "CPU only: counts host allocations of Eigen's packing, and the CUDA runtime "
+                    "allocates on its own";
   Env& e = env();
   const int q = e.q();
   const index_t m = 300 * q, n = 280 * q, k = 40 * q;  // large enough to slice

@@ -15,6 +15,11 @@
 // Tolerance (double): 1e-9 relative on losses and norms, 1e-8 on weights —
 // the reference and the distributed model sum in different orders, and ten
 // Adam steps amplify rounding (the update divides by sqrt(v)).
+//
+// Backend: test_backend() and its communicators test_grid_options()
+// (SUMMA_TEST_BACKEND=cpu|cuda; TrainerOptions::grid). The model computes in
+// double on either, so the tolerances hold unchanged on CUDA. There, a
+// device backend with the default (MPI) communicators must be refused too.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -61,6 +66,7 @@ TrainerOptions options_for(const std::string& scheme, std::uint64_t seed) {
   o.init_seed = seed;
   o.data_seed = seed ^ 0x5eedULL;
   o.val_fraction = 0.1;
+  o.grid = test_grid_options();
   return o;
 }
 
@@ -148,7 +154,7 @@ TEST(Train, TrainingMatchesSerialReference) {
   const TrainerOptions base = options_for("2d:q=1", seed);
   const auto tokens = random_tokens(seed, base.config.vocab_size, 1500);
   const Curve want = reference_curve(base, tokens, steps);
-  CpuBackend backend;
+  Backend& backend = test_backend();
   for (const std::string& scheme : schemes) {
     SCOPED_TRACE(scheme);
     Trainer<double> t(MPI_COMM_WORLD, options_for(scheme, seed), backend, tokens);
@@ -193,7 +199,7 @@ TEST(Train, ReshardedResumeContinuesTheCurve) {
   const Curve want = reference_curve(base, tokens, 8);
   SharedTempDir dir;
   const fs::path root = dir.path / "ckpt";
-  CpuBackend backend;
+  Backend& backend = test_backend();
   const auto check = [&](const StepStats& st) {
     EXPECT_LE(rel(st.loss, want.loss[static_cast<std::size_t>(st.step)]), 1e-9)
         << "step " << st.step;
@@ -250,7 +256,7 @@ TEST(Train, ReshardedResumeContinuesTheCurve) {
 TEST(Train, InvalidOptionsThrowEverywhere) {
   const std::uint64_t seed = fresh_seed();
   const auto tokens = random_tokens(seed, 32, 500);
-  CpuBackend backend;
+  Backend& backend = test_backend();
   const auto expect = [&](TrainerOptions o, const std::string& needle) {
     const std::string msg =
         error_of([&] { Trainer<double> t(MPI_COMM_WORLD, o, backend, tokens); });
@@ -275,6 +281,11 @@ TEST(Train, InvalidOptionsThrowEverywhere) {
                       std::vector<std::uint16_t>(5, 1));  // shorter than seq + 1
   });
   EXPECT_NE(msg.find("short"), std::string::npos) << msg;
+  if (device_backend()) {
+    o = options_for(fits, seed);
+    o.grid = GridOptions{};  // MPI communicators cannot take device memory
+    expect(o, "mpi_staged");
+  }
 }
 
 }  // namespace

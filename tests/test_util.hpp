@@ -1,6 +1,7 @@
 #pragma once
 // Helpers shared by the test binaries: fresh random data agreed across ranks,
-// local blocks with any storage order and padding, message agreement checks.
+// local blocks with any storage order and padding (and their copies in the
+// test backend's memory), message agreement checks.
 
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -10,12 +11,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "summa/summa.hpp"
+#include "test_backend_env.hpp"
 
 namespace summa::test {
 
@@ -116,11 +119,78 @@ class Block {
   std::vector<T> storage_;
 };
 
-/// A q x q mesh on MPI_COMM_WORLD with a CPU backend and a SUMMA engine,
-/// built once per test binary (q from the rank count).
+/// A Block's storage (padding included) in test_backend()'s memory: the
+/// host block's contents are uploaded at construction, view() is the same
+/// shape, order and leading dimension in backend memory, and download()
+/// copies the whole storage back into the host block (so padding sentinels
+/// set on the host can be checked there).
+template <class T>
+class DeviceBlock {
+ public:
+  explicit DeviceBlock(Block<T>& host) : host_(&host), array_(host.storage()) {}
+  MatrixView<T> view() const {
+    const MatrixView<T> h = host_->view();
+    return MatrixView<T>(array_.data(), h.rows, h.cols, h.ld, h.order);
+  }
+  /// Backend storage -> the host block; returns it.
+  Block<T>& download() {
+    host_->storage() = array_.download();
+    return *host_;
+  }
+
+ private:
+  Block<T>* host_;
+  DeviceArray<T> array_;
+};
+
+/// A dense rows x cols matrix in test_backend()'s memory, stored in `order`.
+template <class T>
+class DeviceMat {
+ public:
+  /// Storage filled with `fill` (NaN by default: outputs that
+  /// must be written).
+  DeviceMat(index_t rows, index_t cols, Order order = Order::col_major,
+            T fill = std::numeric_limits<T>::quiet_NaN())
+      : rows_(rows), cols_(cols), order_(order), array_(static_cast<std::size_t>(rows * cols)) {
+    if (array_.size() > 0) array_.upload(std::vector<T>(array_.size(), fill));
+  }
+  /// A copy of an Eigen matrix (its own storage order).
+  template <class Derived>
+  explicit DeviceMat(const Eigen::PlainObjectBase<Derived>& m)
+      : rows_(m.rows()),
+        cols_(m.cols()),
+        order_(Derived::IsRowMajor ? Order::row_major : Order::col_major),
+        array_(std::vector<T>(m.data(), m.data() + m.size())) {}
+  MatrixView<T> view() const { return MatrixView<T>::dense(array_.data(), rows_, cols_, order_); }
+  T* data() const { return array_.data(); }
+  /// The contents on the host as an Eigen matrix M (M's storage order must
+  /// be this matrix's order).
+  template <class M = Mat<T>>
+  M read() const {
+    if ((M::IsRowMajor ? Order::row_major : Order::col_major) != order_ && rows_ > 1 && cols_ > 1)
+      throw Error("DeviceMat::read: storage order differs from the matrix type's");
+    const std::vector<T> host = array_.download();
+    return Eigen::Map<const M>(host.data(), rows_, cols_);
+  }
+
+ private:
+  index_t rows_, cols_;
+  Order order_;
+  DeviceArray<T> array_;
+};
+
+/// True on a backend whose memory the host cannot read (CUDA): tests of
+/// host-only behaviour (allocation counting, Eigen scratch) skip there.
+inline bool device_backend() {
+  return !test_backend().host_accessible();
+}
+
+/// A q x q mesh on MPI_COMM_WORLD with test_backend() (SUMMA_TEST_BACKEND),
+/// its communicators (test_grid_options()) and a SUMMA engine, built once per
+/// test binary (q from the rank count).
 struct MeshEnv {
-  ProcessGrid grid = ProcessGrid::mesh2d(MPI_COMM_WORLD);
-  CpuBackend backend;
+  Backend& backend = test_backend();  // first: selects the rank's device
+  ProcessGrid grid = ProcessGrid::mesh2d(MPI_COMM_WORLD, 0, 1, test_grid_options());
   SummaEngine engine{grid, backend, {.panel = 5, .overlap = true}};
 };
 inline MeshEnv& mesh_env() {

@@ -507,8 +507,22 @@ void CpuBackend::deallocate(void* p, std::size_t) noexcept {
   std::free(p);
 }
 
+namespace cpu_detail {
+std::size_t bf16_gemm_scratch_bytes(const CpuBackend& backend, index_t m, index_t n,
+                                    index_t k);  // cpu_backend_bf16.cpp
+}  // namespace cpu_detail
+
 std::size_t CpuBackend::gemm_scratch_bytes(index_t m, index_t n, index_t k, DType t) const {
-  return t == DType::f32 ? scratch_bytes<float>(m, n, k) : scratch_bytes<double>(m, n, k);
+  switch (t) {
+    case DType::f32:
+      return scratch_bytes<float>(m, n, k);
+    case DType::f64:
+      return scratch_bytes<double>(m, n, k);
+    case DType::bf16:
+      return cpu_detail::bf16_gemm_scratch_bytes(*this, m, n, k);
+  }
+  throw Error("CpuBackend::gemm_scratch_bytes: unknown DType " +
+              std::to_string(static_cast<int>(t)));
 }
 
 void CpuBackend::gemm(Op ta, Op tb, float alpha, ConstMatrixView<float> A, ConstMatrixView<float> B,

@@ -17,6 +17,7 @@
 
 #include "cuda/kernels.cuh"
 #include "summa/core/error.hpp"
+#include "summa/optim/optimizer.hpp"
 
 namespace summa {
 
@@ -188,19 +189,22 @@ struct cuda_detail::CudaState {
   }
 
   template <class T>
-  void cublas_gemm(Op ta, Op tb, T alpha, ConstMatrixView<T> A, ConstMatrixView<T> B, T beta,
-                   MatrixView<T> C) {
+  void cublas_gemm(Op ta, Op tb, acc_t<T> alpha, ConstMatrixView<T> A, ConstMatrixView<T> B,
+                   acc_t<T> beta, MatrixView<T> C) {
     const CublasMode mode = cublas_mode(ta, A.order, tb, B.order, C.order);
     const bool col = C.order == Order::col_major;
     const ConstMatrixView<T>& first = col ? A : B;
     const ConstMatrixView<T>& second = col ? B : A;
     const index_t M = col ? C.rows : C.cols, N = col ? C.cols : C.rows;
     const index_t K = ta == Op::N ? A.cols : A.rows;
-    constexpr bool is_float = std::is_same_v<T, float>;
-    const cudaDataType_t type = is_float ? CUDA_R_32F : CUDA_R_64F;
+    // bf16: bf16 operands and C, fp32 scalars and accumulation (one
+    // rounding of each element of C).
+    constexpr bool is_float = std::is_same_v<T, float>, is_bf16 = std::is_same_v<T, bf16>;
+    const cudaDataType_t type = is_bf16 ? CUDA_R_16BF : is_float ? CUDA_R_32F : CUDA_R_64F;
     const cublasComputeType_t compute =
-        !is_float ? CUBLAS_COMPUTE_64F
-                  : (options.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+        is_bf16     ? CUBLAS_COMPUTE_32F
+        : !is_float ? CUBLAS_COMPUTE_64F
+                    : (options.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
     check_cublas(
         cublasGemmEx(cublas, mode.first_t ? CUBLAS_OP_T : CUBLAS_OP_N,
                      mode.second_t ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(M),
@@ -215,15 +219,15 @@ struct cuda_detail::CudaState {
   ConstMatrixView<T> transposed_copy(ConstMatrixView<T> X, void* at) {
     const Order o = opposite(X.order);
     MatrixView<T> out = MatrixView<T>::dense(static_cast<T*>(at), X.rows, X.cols, o);
-    cuda_detail::axpby(launch, T(1), dview(X), T(0), dview(out));
+    cuda_detail::axpby(launch, acc_t<T>(1), dview(X), acc_t<T>(0), dview(out));
     return out;
   }
 
   // Runs variant v; its operand copies go to the front of the tuning
   // workspace (the caller checked they fit).
   template <class T>
-  void run_variant(GemmVariant v, Op ta, Op tb, T alpha, ConstMatrixView<T> A, ConstMatrixView<T> B,
-                   T beta, MatrixView<T> C) {
+  void run_variant(GemmVariant v, Op ta, Op tb, acc_t<T> alpha, ConstMatrixView<T> A,
+                   ConstMatrixView<T> B, acc_t<T> beta, MatrixView<T> C) {
     auto* at = static_cast<unsigned char*>(tune_workspace);
     if (flips_a(v)) {
       A = transposed_copy(A, at);
@@ -236,8 +240,8 @@ struct cuda_detail::CudaState {
   // Times the candidate variants of a new GEMM shape and returns the entry
   // (milliseconds of each timed variant, the fastest chosen).
   template <class T>
-  GemmTuning tune(Op ta, Op tb, T alpha, ConstMatrixView<T> A, ConstMatrixView<T> B, T beta,
-                  MatrixView<T> C) {
+  GemmTuning tune(Op ta, Op tb, acc_t<T> alpha, ConstMatrixView<T> A, ConstMatrixView<T> B,
+                  acc_t<T> beta, MatrixView<T> C) {
     GemmTuning t;
     t.m = C.rows;
     t.n = C.cols;
@@ -250,7 +254,7 @@ struct cuda_detail::CudaState {
     t.c_order = C.order;
     // Timing runs write C repeatedly: into C itself when beta == 0 (every
     // run overwrites it), else into a dense scratch C after the copies.
-    const std::size_t c_bytes = beta == T(0) ? 0 : dense_bytes<T>(C.rows, C.cols);
+    const std::size_t c_bytes = beta == acc_t<T>(0) ? 0 : dense_bytes<T>(C.rows, C.cols);
     GemmVariant candidates[4];
     int count = 0;
     for (GemmVariant v : kVariants) {
@@ -264,13 +268,13 @@ struct cuda_detail::CudaState {
     for (int i = 0; i < count; ++i) {
       const GemmVariant v = candidates[i];
       MatrixView<T> target = C;
-      T target_beta = beta;
+      acc_t<T> target_beta = beta;
       if (c_bytes > 0) {
         target =
             MatrixView<T>::dense(reinterpret_cast<T*>(static_cast<unsigned char*>(tune_workspace) +
                                                       variant_bytes<T>(v, A, B)),
                                  C.rows, C.cols, C.order);
-        target_beta = T(0);
+        target_beta = acc_t<T>(0);
       }
       run_variant(v, ta, tb, alpha, A, B, target_beta, target);  // warm-up
       check_cuda(cudaEventRecord(start, launch.stream), "cudaEventRecord");
@@ -291,7 +295,7 @@ struct cuda_detail::CudaState {
   }
 
   template <class T>
-  void gemm(Op ta, Op tb, T alpha, ConstMatrixView<T> A, ConstMatrixView<T> B, T beta,
+  void gemm(Op ta, Op tb, acc_t<T> alpha, ConstMatrixView<T> A, ConstMatrixView<T> B, acc_t<T> beta,
             MatrixView<T> C) {
     A.check_layout("gemm A");
     B.check_layout("gemm B");
@@ -299,7 +303,7 @@ struct cuda_detail::CudaState {
     check_gemm_shapes(ta, tb, A.rows, A.cols, B.rows, B.cols, C.rows, C.cols);
     const index_t m = C.rows, n = C.cols, k = ta == Op::N ? A.cols : A.rows;
     if (m == 0 || n == 0) return;
-    if (alpha == T(0) || k == 0) {  // never reads A or B; beta == 0 never reads C
+    if (alpha == acc_t<T>(0) || k == 0) {  // never reads A or B; beta == 0 never reads C
       scale(beta, C);
       return;
     }
@@ -335,10 +339,10 @@ struct cuda_detail::CudaState {
   }
 
   template <class T>
-  void scale(T beta, MatrixView<T> C) {
-    if (C.empty() || beta == T(1)) return;
+  void scale(acc_t<T> beta, MatrixView<T> C) {
+    if (C.empty() || beta == acc_t<T>(1)) return;
     const bool row = C.order == Order::row_major;
-    if (beta == T(0)) {  // all-zero bits are +0.0; never reads C
+    if (beta == acc_t<T>(0)) {  // all-zero bits are +0.0 (also in bf16); never reads C
       const std::size_t pitch = static_cast<std::size_t>(C.ld) * sizeof(T);
       const std::size_t width = static_cast<std::size_t>(row ? C.cols : C.rows) * sizeof(T);
       check_cuda(cudaMemset2DAsync(C.data, pitch, 0, width,
@@ -558,7 +562,7 @@ static void copy_impl(const cuda_detail::Launch& L, ConstMatrixView<T> src, Matr
                "cudaMemcpy2DAsync");
     return;
   }
-  cuda_detail::axpby(L, T(1), dview(src), T(0), dview(dst));
+  cuda_detail::axpby(L, acc_t<T>(1), dview(src), acc_t<T>(0), dview(dst));
 }
 
 void CudaBackend::copy(ConstMatrixView<float> src, MatrixView<float> dst) {
@@ -569,8 +573,8 @@ void CudaBackend::copy(ConstMatrixView<double> src, MatrixView<double> dst) {
 }
 
 template <class T>
-static void axpby_impl(const cuda_detail::Launch& L, T alpha, ConstMatrixView<T> X, T beta,
-                       MatrixView<T> C) {
+static void axpby_impl(const cuda_detail::Launch& L, acc_t<T> alpha, ConstMatrixView<T> X,
+                       acc_t<T> beta, MatrixView<T> C) {
   check_view(X, "axpby X");
   check_view<T>(C, "axpby C");
   require(X.rows == C.rows && X.cols == C.cols, [&] {
@@ -601,7 +605,7 @@ static void add_bias_impl(const cuda_detail::CudaState& I, MatrixView<T> Y, cons
   check_view<T>(Y, "add_bias Y");
   require_array(bias, Y.rows > 0 ? Y.cols : 0, "add_bias", "bias");
   I.check_pointer(bias, "add_bias", "bias");
-  cuda_detail::add_bias(I.launch, dview(Y), bias);
+  cuda_detail::add_bias(I.launch, dview(Y), cuda_detail::dptr(bias));
 }
 void CudaBackend::add_bias(MatrixView<float> Y, const float* bias) {
   add_bias_impl(*impl_, Y, bias);
@@ -611,12 +615,12 @@ void CudaBackend::add_bias(MatrixView<double> Y, const double* bias) {
 }
 
 template <class T>
-static void column_sums_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> X, T beta,
+static void column_sums_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> X, acc_t<T> beta,
                              T* out) {
   check_view(X, "column_sums X");
   require_array(out, X.cols, "column_sums", "out");
   I.check_pointer(out, "column_sums", "out");
-  cuda_detail::column_sums(I.launch, dview(X), beta, out);
+  cuda_detail::column_sums(I.launch, dview(X), beta, cuda_detail::dptr(out));
 }
 void CudaBackend::column_sums(ConstMatrixView<float> X, float beta, float* out) {
   column_sums_impl(*impl_, X, beta, out);
@@ -629,7 +633,7 @@ void CudaBackend::column_sums(ConstMatrixView<double> X, double beta, double* ou
 
 template <class T>
 static void ln_partial_sums_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> X,
-                                 const T* center, T* out) {
+                                 const acc_t<T>* center, acc_t<T>* out) {
   check_view(X, "layernorm_partial_sums X");
   require_array(out, X.rows, "layernorm_partial_sums", "out");
   I.check_pointer(out, "layernorm_partial_sums", "out");
@@ -677,29 +681,32 @@ void CudaBackend::layernorm_rstd(index_t n, index_t h, double eps, const double*
   cuda_detail::layernorm_rstd(SUMMA_L, n, h, eps, squares, rstd);
 }
 
-template <class T>
+template <class R, class C>
 static void ln_rows_cols_check(const cuda_detail::CudaState& I, const char* op, index_t rows,
-                               index_t cols, std::initializer_list<const T*> per_row,
-                               std::initializer_list<const T*> per_col) {
+                               index_t cols, std::initializer_list<const R*> per_row,
+                               std::initializer_list<const C*> per_col) {
   if (rows == 0 || cols == 0) return;
-  for (const T* p : per_row) {
+  for (const R* p : per_row) {
     require_array(p, rows, op, "per-row array");
     I.check_pointer(p, op, "per-row array");
   }
-  for (const T* p : per_col) {
+  for (const C* p : per_col) {
     require_array(p, cols, op, "per-column array");
     I.check_pointer(p, op, "per-column array");
   }
 }
 
 template <class T>
-static void ln_apply_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> X, const T* mean,
-                          const T* rstd, const T* gamma, const T* beta, MatrixView<T> Y) {
+static void ln_apply_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> X,
+                          const acc_t<T>* mean, const acc_t<T>* rstd, const T* gamma, const T* beta,
+                          MatrixView<T> Y) {
   check_view(X, "layernorm_apply X");
   check_view<T>(Y, "layernorm_apply Y");
   same_shape<T>("layernorm_apply", X, Y.rows, Y.cols);
-  ln_rows_cols_check<T>(I, "layernorm_apply", X.rows, X.cols, {mean, rstd}, {gamma, beta});
-  cuda_detail::layernorm_apply(I.launch, dview(X), mean, rstd, gamma, beta, dview(Y));
+  ln_rows_cols_check<acc_t<T>, T>(I, "layernorm_apply", X.rows, X.cols, {mean, rstd},
+                                  {gamma, beta});
+  cuda_detail::layernorm_apply(I.launch, dview(X), mean, rstd, cuda_detail::dptr(gamma),
+                               cuda_detail::dptr(beta), dview(Y));
 }
 void CudaBackend::layernorm_apply(ConstMatrixView<float> X, const float* mean, const float* rstd,
                                   const float* gamma, const float* beta, MatrixView<float> Y) {
@@ -712,15 +719,18 @@ void CudaBackend::layernorm_apply(ConstMatrixView<double> X, const double* mean,
 
 template <class T>
 static void ln_backward_partials_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> X,
-                                      ConstMatrixView<T> dY, const T* mean, const T* rstd,
-                                      const T* gamma, T* a, T* b) {
+                                      ConstMatrixView<T> dY, const acc_t<T>* mean,
+                                      const acc_t<T>* rstd, const T* gamma, acc_t<T>* a,
+                                      acc_t<T>* b) {
   check_view(X, "layernorm_backward_partials X");
   check_view(dY, "layernorm_backward_partials dY");
   same_shape<T>("layernorm_backward_partials", dY, X.rows, X.cols);
-  ln_rows_cols_check<T>(I, "layernorm_backward_partials", X.rows, X.cols, {mean, rstd}, {gamma});
+  ln_rows_cols_check<acc_t<T>, T>(I, "layernorm_backward_partials", X.rows, X.cols, {mean, rstd},
+                                  {gamma});
   require_array(a, X.rows, "layernorm_backward_partials", "a");
   require_array(b, X.rows, "layernorm_backward_partials", "b");
-  cuda_detail::layernorm_backward_partials(I.launch, dview(X), dview(dY), mean, rstd, gamma, a, b);
+  cuda_detail::layernorm_backward_partials(I.launch, dview(X), dview(dY), mean, rstd,
+                                           cuda_detail::dptr(gamma), a, b);
 }
 void CudaBackend::layernorm_backward_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
                                               const float* mean, const float* rstd,
@@ -735,9 +745,9 @@ void CudaBackend::layernorm_backward_partials(ConstMatrixView<double> X, ConstMa
 
 template <class T>
 static void ln_backward_apply_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> X,
-                                   ConstMatrixView<T> dY, const T* mean, const T* rstd,
-                                   const T* gamma, const T* a, const T* b, index_t h,
-                                   MatrixView<T> dX) {
+                                   ConstMatrixView<T> dY, const acc_t<T>* mean,
+                                   const acc_t<T>* rstd, const T* gamma, const acc_t<T>* a,
+                                   const acc_t<T>* b, index_t h, MatrixView<T> dX) {
   check_view(X, "layernorm_backward_apply X");
   check_view(dY, "layernorm_backward_apply dY");
   check_view<T>(dX, "layernorm_backward_apply dX");
@@ -746,9 +756,10 @@ static void ln_backward_apply_impl(const cuda_detail::CudaState& I, ConstMatrixV
   require(h > 0 || X.empty(), [&] {
     return "layernorm_backward_apply: hidden size h " + std::to_string(h) + " must be positive";
   });
-  ln_rows_cols_check<T>(I, "layernorm_backward_apply", X.rows, X.cols, {mean, rstd, a, b}, {gamma});
-  cuda_detail::layernorm_backward_apply(I.launch, dview(X), dview(dY), mean, rstd, gamma, a, b, h,
-                                        dview(dX));
+  ln_rows_cols_check<acc_t<T>, T>(I, "layernorm_backward_apply", X.rows, X.cols, {mean, rstd, a, b},
+                                  {gamma});
+  cuda_detail::layernorm_backward_apply(I.launch, dview(X), dview(dY), mean, rstd,
+                                        cuda_detail::dptr(gamma), a, b, h, dview(dX));
 }
 void CudaBackend::layernorm_backward_apply(ConstMatrixView<float> X, ConstMatrixView<float> dY,
                                            const float* mean, const float* rstd, const float* gamma,
@@ -765,15 +776,16 @@ void CudaBackend::layernorm_backward_apply(ConstMatrixView<double> X, ConstMatri
 
 template <class T>
 static void ln_param_partials_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> X,
-                                   ConstMatrixView<T> dY, const T* mean, const T* rstd, T* dgamma,
-                                   T* dbeta) {
+                                   ConstMatrixView<T> dY, const acc_t<T>* mean,
+                                   const acc_t<T>* rstd, T* dgamma, T* dbeta) {
   check_view(X, "layernorm_param_partials X");
   check_view(dY, "layernorm_param_partials dY");
   same_shape<T>("layernorm_param_partials", dY, X.rows, X.cols);
-  ln_rows_cols_check<T>(I, "layernorm_param_partials", X.rows, X.cols, {mean, rstd}, {});
+  ln_rows_cols_check<acc_t<T>, T>(I, "layernorm_param_partials", X.rows, X.cols, {mean, rstd}, {});
   require_array(dgamma, X.cols, "layernorm_param_partials", "dgamma");
   require_array(dbeta, X.cols, "layernorm_param_partials", "dbeta");
-  cuda_detail::layernorm_param_partials(I.launch, dview(X), dview(dY), mean, rstd, dgamma, dbeta);
+  cuda_detail::layernorm_param_partials(I.launch, dview(X), dview(dY), mean, rstd,
+                                        cuda_detail::dptr(dgamma), cuda_detail::dptr(dbeta));
 }
 void CudaBackend::layernorm_param_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
                                            const float* mean, const float* rstd, float* dgamma,
@@ -860,7 +872,7 @@ void CudaBackend::softmax_causal_backward(ConstMatrixView<double> P, ConstMatrix
 // ---------------------------------------------------------------- cross-entropy
 
 template <class T>
-static void row_max_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> Z, T* out) {
+static void row_max_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> Z, acc_t<T>* out) {
   check_view(Z, "row_max Z");
   require_array(out, Z.rows, "row_max", "out");
   I.check_pointer(out, "row_max", "out");
@@ -874,8 +886,8 @@ void CudaBackend::row_max(ConstMatrixView<double> Z, double* out) {
 }
 
 template <class T>
-static void row_sum_exp_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> Z, const T* max,
-                             T* out) {
+static void row_sum_exp_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> Z,
+                             const acc_t<T>* max, acc_t<T>* out) {
   check_view(Z, "row_sum_exp Z");
   require_array(out, Z.rows, "row_sum_exp", "out");
   require_array(max, Z.cols > 0 ? Z.rows : 0, "row_sum_exp", "max");
@@ -892,7 +904,7 @@ void CudaBackend::row_sum_exp(ConstMatrixView<double> Z, const double* max, doub
 
 template <class T>
 static void pick_targets_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> Z,
-                              const std::int32_t* targets, index_t col0, T* out) {
+                              const std::int32_t* targets, index_t col0, acc_t<T>* out) {
   check_view(Z, "pick_targets Z");
   require_array(targets, Z.rows, "pick_targets", "targets");
   require_array(out, Z.rows, "pick_targets", "out");
@@ -941,9 +953,9 @@ double CudaBackend::cross_entropy_sum(index_t n, const double* max, const double
 }
 
 template <class T>
-static void cross_entropy_grad_impl(const cuda_detail::CudaState& I, MatrixView<T> Z, const T* max,
-                                    const T* sum, const std::int32_t* targets, index_t col0,
-                                    double scale) {
+static void cross_entropy_grad_impl(const cuda_detail::CudaState& I, MatrixView<T> Z,
+                                    const acc_t<T>* max, const acc_t<T>* sum,
+                                    const std::int32_t* targets, index_t col0, double scale) {
   check_view<T>(Z, "cross_entropy_grad Z");
   const index_t rows = Z.cols > 0 ? Z.rows : 0;
   require_array(max, rows, "cross_entropy_grad", "max");
@@ -1016,7 +1028,7 @@ static double sum_of_squares_impl(cuda_detail::CudaState& I, const T* x, index_t
   require(n >= 0, [&] { return "sum_of_squares: negative n " + std::to_string(n); });
   require_array(x, n, "sum_of_squares", "x");
   I.check_pointer(x, "sum_of_squares", "x");
-  cuda_detail::sum_of_squares(I.launch, x, n, I.partials);
+  cuda_detail::sum_of_squares(I.launch, cuda_detail::dptr(x), n, I.partials);
   return fetch_result(I);
 }
 double CudaBackend::sum_of_squares(const float* x, index_t n) {
@@ -1031,7 +1043,7 @@ static void scale_in_place_impl(const cuda_detail::CudaState& I, T* x, index_t n
   require(n >= 0, [&] { return "scale_in_place: negative n " + std::to_string(n); });
   require_array(x, n, "scale_in_place", "x");
   I.check_pointer(x, "scale_in_place", "x");
-  cuda_detail::scale_in_place(I.launch, x, n, factor);
+  cuda_detail::scale_in_place(I.launch, cuda_detail::dptr(x), n, factor);
 }
 void CudaBackend::scale_in_place(float* x, index_t n, double factor) {
   scale_in_place_impl(*impl_, x, n, factor);
@@ -1082,6 +1094,149 @@ void CudaBackend::sgd_update(float* param, const float* grad, float* momentum_bu
 void CudaBackend::sgd_update(double* param, const double* grad, double* momentum_buffer, index_t n,
                              const optim::SgdCoefficients& c) {
   sgd_impl(*impl_, param, grad, momentum_buffer, n, c);
+}
+
+// ---------------------------------------------------------------- bf16 (mixed precision)
+// The templates above with T = bf16: device kernels on __nv_bfloat16 with fp32
+// arithmetic (kernels.cuh), cublasGemmEx with CUDA_R_16BF and fp32 compute.
+
+void CudaBackend::gemm(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A, ConstMatrixView<bf16> B,
+                       float beta, MatrixView<bf16> C, Scratch) {
+  impl_->gemm<bf16>(ta, tb, alpha, A, B, beta, C);
+}
+void CudaBackend::copy(ConstMatrixView<bf16> src, MatrixView<bf16> dst) {
+  copy_impl(SUMMA_L, src, dst);
+}
+void CudaBackend::convert(ConstMatrixView<float> src, MatrixView<bf16> dst) {
+  check_view(src, "convert src");
+  check_view<bf16>(dst, "convert dst");
+  require(src.rows == dst.rows && src.cols == dst.cols, [&] {
+    return "convert: shapes differ (" + shape(src.rows, src.cols) + " -> " +
+           shape(dst.rows, dst.cols) + ")";
+  });
+  cuda_detail::convert(SUMMA_L, dview(src), dview(dst));
+}
+void CudaBackend::convert(ConstMatrixView<bf16> src, MatrixView<float> dst) {
+  check_view(src, "convert src");
+  check_view<float>(dst, "convert dst");
+  require(src.rows == dst.rows && src.cols == dst.cols, [&] {
+    return "convert: shapes differ (" + shape(src.rows, src.cols) + " -> " +
+           shape(dst.rows, dst.cols) + ")";
+  });
+  cuda_detail::convert(SUMMA_L, dview(src), dview(dst));
+}
+void CudaBackend::axpby(float alpha, ConstMatrixView<bf16> X, float beta, MatrixView<bf16> C) {
+  axpby_impl(SUMMA_L, alpha, X, beta, C);
+}
+void CudaBackend::scale(float beta, MatrixView<bf16> C) {
+  check_view<bf16>(C, "scale C");
+  impl_->scale<bf16>(beta, C);
+}
+void CudaBackend::add_bias(MatrixView<bf16> Y, const bf16* bias) {
+  add_bias_impl(*impl_, Y, bias);
+}
+void CudaBackend::column_sums(ConstMatrixView<bf16> X, float beta, bf16* out) {
+  column_sums_impl(*impl_, X, beta, out);
+}
+void CudaBackend::layernorm_partial_sums(ConstMatrixView<bf16> X, const float* center, float* out) {
+  ln_partial_sums_impl(*impl_, X, center, out);
+}
+void CudaBackend::layernorm_apply(ConstMatrixView<bf16> X, const float* mean, const float* rstd,
+                                  const bf16* gamma, const bf16* beta, MatrixView<bf16> Y) {
+  ln_apply_impl(*impl_, X, mean, rstd, gamma, beta, Y);
+}
+void CudaBackend::layernorm_backward_partials(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                              const float* mean, const float* rstd,
+                                              const bf16* gamma, float* a, float* b) {
+  ln_backward_partials_impl(*impl_, X, dY, mean, rstd, gamma, a, b);
+}
+void CudaBackend::layernorm_backward_apply(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                           const float* mean, const float* rstd, const bf16* gamma,
+                                           const float* a, const float* b, index_t h,
+                                           MatrixView<bf16> dX) {
+  ln_backward_apply_impl(*impl_, X, dY, mean, rstd, gamma, a, b, h, dX);
+}
+void CudaBackend::layernorm_param_partials(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                           const float* mean, const float* rstd, bf16* dgamma,
+                                           bf16* dbeta) {
+  ln_param_partials_impl(*impl_, X, dY, mean, rstd, dgamma, dbeta);
+}
+void CudaBackend::gelu_forward(ConstMatrixView<bf16> X, MatrixView<bf16> Y) {
+  gelu_forward_impl(SUMMA_L, X, Y);
+}
+void CudaBackend::gelu_backward(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                MatrixView<bf16> dX) {
+  gelu_backward_impl(SUMMA_L, X, dY, dX);
+}
+void CudaBackend::softmax_causal(ConstMatrixView<bf16> S, double scale, MatrixView<bf16> P) {
+  softmax_impl(SUMMA_L, S, scale, P);
+}
+void CudaBackend::softmax_causal_backward(ConstMatrixView<bf16> P, ConstMatrixView<bf16> dP,
+                                          double scale, MatrixView<bf16> dS) {
+  softmax_backward_impl(SUMMA_L, P, dP, scale, dS);
+}
+void CudaBackend::row_max(ConstMatrixView<bf16> Z, float* out) {
+  row_max_impl(*impl_, Z, out);
+}
+void CudaBackend::row_sum_exp(ConstMatrixView<bf16> Z, const float* max, float* out) {
+  row_sum_exp_impl(*impl_, Z, max, out);
+}
+void CudaBackend::pick_targets(ConstMatrixView<bf16> Z, const std::int32_t* targets, index_t col0,
+                               float* out) {
+  pick_targets_impl(*impl_, Z, targets, col0, out);
+}
+void CudaBackend::cross_entropy_grad(MatrixView<bf16> Z, const float* max, const float* sum,
+                                     const std::int32_t* targets, index_t col0, double scale) {
+  cross_entropy_grad_impl(*impl_, Z, max, sum, targets, col0, scale);
+}
+void CudaBackend::gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<bf16> table,
+                              bool accumulate, MatrixView<bf16> out) {
+  gather_rows_impl(*impl_, ids, row0, table, accumulate, out);
+}
+void CudaBackend::scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<bf16> src,
+                                   MatrixView<bf16> table) {
+  scatter_add_rows_impl(*impl_, ids, row0, src, table);
+}
+double CudaBackend::sum_of_squares(const bf16* x, index_t n) {
+  return sum_of_squares_impl(*impl_, x, n);
+}
+void CudaBackend::scale_in_place(bf16* x, index_t n, double factor) {
+  scale_in_place_impl(*impl_, x, n, factor);
+}
+
+// The arithmetic of the float updates on the fp32 master, then param = bf16(master).
+static void check_master_arrays(const cuda_detail::CudaState& I, const char* op, index_t n,
+                                std::initializer_list<std::pair<const void*, const char*>> arrays) {
+  require(n >= 0, [&] { return std::string(op) + ": negative n " + std::to_string(n); });
+  for (const auto& [p, name] : arrays) {
+    require_array(p, n, op, name);
+    I.check_pointer(p, op, name);
+  }
+}
+void CudaBackend::adamw_update(bf16* param, const bf16* grad, float* exp_avg, float* exp_avg_sq,
+                               float* master, index_t n, const optim::AdamWCoefficients& c) {
+  check_master_arrays(*impl_, "adamw_update", n,
+                      {{param, "param"},
+                       {grad, "grad"},
+                       {exp_avg, "exp_avg"},
+                       {exp_avg_sq, "exp_avg_sq"},
+                       {master, "master"}});
+  cuda_detail::adamw_update_bf16(
+      SUMMA_L, cuda_detail::dptr(param), cuda_detail::dptr(grad), exp_avg, exp_avg_sq, master, n,
+      static_cast<float>(1.0 - c.lr * c.weight_decay), static_cast<float>(c.beta1),
+      static_cast<float>(1.0 - c.beta1), static_cast<float>(c.beta2),
+      static_cast<float>(1.0 - c.beta2), static_cast<float>(c.eps), static_cast<float>(c.step_size),
+      static_cast<float>(c.bias_correction2_sqrt));
+}
+void CudaBackend::sgd_update(bf16* param, const bf16* grad, float* momentum_buffer, float* master,
+                             index_t n, const optim::SgdCoefficients& c) {
+  check_master_arrays(
+      *impl_, "sgd_update", n,
+      {{param, "param"}, {grad, "grad"}, {momentum_buffer, "momentum_buffer"}, {master, "master"}});
+  cuda_detail::sgd_update_bf16(SUMMA_L, cuda_detail::dptr(param), cuda_detail::dptr(grad),
+                               momentum_buffer, master, n, static_cast<float>(c.lr),
+                               static_cast<float>(c.weight_decay), static_cast<float>(c.momentum),
+                               c.nesterov);
 }
 
 #undef SUMMA_L

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -21,19 +22,44 @@ void check_mpi(int code, const char* what) {
 }
 
 namespace {
-MPI_Datatype mpi_type(DType t) {
-  return t == DType::f32 ? MPI_FLOAT : MPI_DOUBLE;
-}
-MPI_Op mpi_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum:
-      return MPI_SUM;
-    case ReduceOp::max:
-      return MPI_MAX;
-    case ReduceOp::min:
-      return MPI_MIN;
+
+// inout[i] = bf16(combine(float(in[i]), float(inout[i]))): one rounding per
+// pairwise combine. Max and min of bf16 values are exact.
+template <ReduceOp Op>
+void bf16_combine(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const bf16*>(in);
+  auto* b = static_cast<bf16*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = static_cast<float>(a[i]), y = static_cast<float>(b[i]);
+    if constexpr (Op == ReduceOp::sum)
+      b[i] = bf16(x + y);
+    else if constexpr (Op == ReduceOp::max)
+      b[i] = x > y || std::isnan(x) ? a[i] : b[i];  // a NaN operand propagates
+    else
+      b[i] = x < y || std::isnan(x) ? a[i] : b[i];
   }
-  return MPI_SUM;
+}
+
+// MPI handles for bf16, created once (thread-safe static initialisation) on
+// first use, after MPI_Init; never freed (MPI releases them at finalize).
+struct Bf16Mpi {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Op sum = MPI_OP_NULL, max = MPI_OP_NULL, min = MPI_OP_NULL;
+  Bf16Mpi() {
+    check_mpi(MPI_Type_contiguous(2, MPI_BYTE, &type), "MPI_Type_contiguous (bf16)");
+    check_mpi(MPI_Type_commit(&type), "MPI_Type_commit (bf16)");
+    check_mpi(MPI_Op_create(&bf16_combine<ReduceOp::sum>, 1, &sum), "MPI_Op_create (bf16 sum)");
+    check_mpi(MPI_Op_create(&bf16_combine<ReduceOp::max>, 1, &max), "MPI_Op_create (bf16 max)");
+    check_mpi(MPI_Op_create(&bf16_combine<ReduceOp::min>, 1, &min), "MPI_Op_create (bf16 min)");
+  }
+};
+const Bf16Mpi& bf16_mpi() {
+  static const Bf16Mpi handles;
+  return handles;
+}
+
+MPI_Datatype mpi_type(DType t) {
+  return mpi_datatype(t);
 }
 std::uintptr_t to_token(MPI_Request r) {
   std::uintptr_t token = 0;
@@ -51,6 +77,42 @@ int as_int(std::size_t count) {
   return static_cast<int>(count);
 }
 }  // namespace
+
+MPI_Datatype mpi_datatype(DType t) {
+  switch (t) {
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::bf16:
+      return bf16_mpi().type;
+  }
+  throw Error(fmt::format("mpi_datatype: unknown DType {}", static_cast<int>(t)));
+}
+
+MPI_Op mpi_reduce_op(ReduceOp op, DType t) {
+  if (t == DType::bf16) {
+    const Bf16Mpi& h = bf16_mpi();
+    switch (op) {
+      case ReduceOp::sum:
+        return h.sum;
+      case ReduceOp::max:
+        return h.max;
+      case ReduceOp::min:
+        return h.min;
+    }
+  } else {
+    switch (op) {
+      case ReduceOp::sum:
+        return MPI_SUM;
+      case ReduceOp::max:
+        return MPI_MAX;
+      case ReduceOp::min:
+        return MPI_MIN;
+    }
+  }
+  throw Error(fmt::format("mpi_reduce_op: unknown ReduceOp {}", static_cast<int>(op)));
+}
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, bool owned, CommAxis axis, TrafficCounter* counter)
     : Communicator(axis, counter), comm_(comm), owned_(owned) {
@@ -76,15 +138,15 @@ std::uintptr_t MpiCommunicator::start(Kind kind, const void* send, void* recv, s
       break;
     case Kind::reduce: {
       const bool in_place = rank_ == root && send == recv;
-      check_mpi(
-          MPI_Ireduce(in_place ? MPI_IN_PLACE : send, recv, n, type, mpi_op(op), root, comm_, &r),
-          "MPI_Ireduce");
+      check_mpi(MPI_Ireduce(in_place ? MPI_IN_PLACE : send, recv, n, type, mpi_reduce_op(op, t),
+                            root, comm_, &r),
+                "MPI_Ireduce");
       break;
     }
     case Kind::all_reduce:
-      check_mpi(
-          MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, n, type, mpi_op(op), comm_, &r),
-          "MPI_Iallreduce");
+      check_mpi(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, n, type,
+                               mpi_reduce_op(op, t), comm_, &r),
+                "MPI_Iallreduce");
       break;
     case Kind::all_gather: {
       const void* own = static_cast<const char*>(recv) + rank_ * count * size_of(t);
@@ -95,7 +157,7 @@ std::uintptr_t MpiCommunicator::start(Kind kind, const void* send, void* recv, s
     }
     case Kind::reduce_scatter:
       check_mpi(MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, n, type,
-                                          mpi_op(op), comm_, &r),
+                                          mpi_reduce_op(op, t), comm_, &r),
                 "MPI_Ireduce_scatter_block");
       break;
   }
@@ -112,12 +174,14 @@ void MpiCommunicator::run(Kind kind, const void* send, void* recv, std::size_t c
       break;
     case Kind::reduce: {
       const bool in_place = rank_ == root && send == recv;
-      check_mpi(MPI_Reduce(in_place ? MPI_IN_PLACE : send, recv, n, type, mpi_op(op), root, comm_),
+      check_mpi(MPI_Reduce(in_place ? MPI_IN_PLACE : send, recv, n, type, mpi_reduce_op(op, t),
+                           root, comm_),
                 "MPI_Reduce");
       break;
     }
     case Kind::all_reduce:
-      check_mpi(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n, type, mpi_op(op), comm_),
+      check_mpi(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n, type,
+                              mpi_reduce_op(op, t), comm_),
                 "MPI_Allreduce");
       break;
     case Kind::all_gather: {
@@ -128,7 +192,7 @@ void MpiCommunicator::run(Kind kind, const void* send, void* recv, std::size_t c
     }
     case Kind::reduce_scatter:
       check_mpi(MPI_Reduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, n, type,
-                                         mpi_op(op), comm_),
+                                         mpi_reduce_op(op, t), comm_),
                 "MPI_Reduce_scatter_block");
       break;
   }

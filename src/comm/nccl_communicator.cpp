@@ -23,7 +23,15 @@ namespace summa {
 namespace {
 
 ncclDataType_t nccl_type(DType t) {
-  return t == DType::f32 ? ncclFloat32 : ncclFloat64;
+  switch (t) {
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::bf16:
+      return ncclBfloat16;  // NCCL reduces bf16 in fp32 per combine, rounding like the MPI ops
+  }
+  throw Error(fmt::format("NcclCommunicator: unknown DType {}", static_cast<int>(t)));
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {

@@ -28,22 +28,6 @@ std::string where_of(CommAxis axis) {
   return fmt::format("StagedCommunicator on axis {}", name_of(axis));
 }
 
-MPI_Datatype mpi_type(DType t) {
-  return t == DType::f32 ? MPI_FLOAT : MPI_DOUBLE;
-}
-
-MPI_Op mpi_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum:
-      return MPI_SUM;
-    case ReduceOp::max:
-      return MPI_MAX;
-    case ReduceOp::min:
-      return MPI_MIN;
-  }
-  return MPI_SUM;
-}
-
 }  // namespace
 
 struct StagedCommunicator::Impl {
@@ -191,8 +175,10 @@ struct StagedCommunicator::Impl {
       return fmt::format("{}: MPI message of {} elements exceeds INT_MAX", where_of(axis), count);
     });
     const int n = static_cast<int>(count);
-    const MPI_Datatype type = mpi_type(t);
-    const MPI_Op o = mpi_op(op);
+    // bf16: the shared 2-byte datatype and fp32-computing user ops
+    // (mpi_communicator.hpp).
+    const MPI_Datatype type = mpi_datatype(t);
+    const MPI_Op o = mpi_reduce_op(op, t);
     const bool is_root = rank == root;
     switch (kind) {
       case Kind::broadcast:

@@ -701,12 +701,65 @@ void broadcast_text(MPI_Comm comm, std::string& text) {
               "MPI_Bcast");
 }
 
+// The store's values and the slots as host memory: the buffers themselves
+// when the store's backend is host-accessible (CpuBackend), otherwise host
+// copies downloaded from the backend, which write_back() uploads again after
+// a load. Offsets into values() are those of the store's packing
+// (p->value - store.values_base()). Allocates; for save and load only.
+template <class T>
+class HostImage {
+ public:
+  HostImage(ParameterStore<T>& store, std::span<const StateSlot> slots)
+      : store_(&store), slots_(slots.begin(), slots.end()), values_(store.values_base()) {
+    Backend& backend = store.backend();
+    if (backend.host_accessible()) return;
+    const auto n = static_cast<std::size_t>(store.local_elements());
+    host_values_.resize(n);
+    if (n > 0) backend.download(host_values_.data(), store.values_base(), n * sizeof(T));
+    values_ = host_values_.data();
+    host_slots_.resize(slots_.size());
+    for (std::size_t k = 0; k < slots_.size(); ++k) {
+      const std::size_t bytes = n * size_of(slots_[k].dtype);
+      if (bytes == 0 || slots_[k].data == nullptr) continue;
+      host_slots_[k].resize(bytes);
+      backend.download(host_slots_[k].data(), slots_[k].data, bytes);
+      slots_[k].data = host_slots_[k].data();
+    }
+  }
+
+  T* values() const { return values_; }
+  std::span<const StateSlot> slots() const { return slots_; }
+  /// Element offset of a held parameter's local values in values().
+  index_t offset(const Param<T>& p) const {
+    return static_cast<index_t>(p.value - store_->values_base());
+  }
+
+  /// Uploads the host copies into the store and the caller's slots (nothing
+  /// to do when they are the buffers themselves).
+  void write_back(std::span<const StateSlot> device_slots) const {
+    Backend& backend = store_->backend();
+    if (backend.host_accessible()) return;
+    if (!host_values_.empty())
+      backend.upload(store_->values_base(), host_values_.data(), host_values_.size() * sizeof(T));
+    for (std::size_t k = 0; k < host_slots_.size(); ++k)
+      if (!host_slots_[k].empty())
+        backend.upload(device_slots[k].data, host_slots_[k].data(), host_slots_[k].size());
+  }
+
+ private:
+  ParameterStore<T>* store_;
+  std::vector<StateSlot> slots_;  // data: host pointers
+  T* values_;                     // host pointer
+  std::vector<T> host_values_;
+  std::vector<std::vector<unsigned char>> host_slots_;
+};
+
 // Writes this rank's owner pieces of values and slots into dir/<file>;
 // returns its manifest lines ("shard ..." then one "piece ..." per piece).
 template <class T>
-std::string write_shard(const fs::path& dir, ParameterStore<T>& store,
-                        std::span<const StateSlot> slots, const ProcessGrid& grid,
-                        int tensor_rank) {
+std::string write_shard(const fs::path& dir, ParameterStore<T>& store, const HostImage<T>& host,
+                        const ProcessGrid& grid, int tensor_rank) {
+  const std::span<const StateSlot> slots = host.slots();
   const std::string file_name = shard_file_name(tensor_rank);
   OutFile out(dir / file_name);
   unsigned char header[kHeaderBytes] = {};
@@ -720,11 +773,11 @@ std::string write_shard(const fs::path& dir, ParameterStore<T>& store,
   out.write(header, kHeaderBytes);
 
   std::string pieces;
-  const T* values = store.values_base();
+  const T* values = host.values();
   for (const Param<T>* p : store.params()) {
     const ParamShard& s = p->shard;
     if (!p->held() || !s.owner) continue;
-    const auto offset = static_cast<index_t>(p->value - values);
+    const index_t offset = host.offset(*p);
     for (const ShardPiece& piece : s.pieces) {
       if (piece.rows <= 0 || piece.cols <= 0) continue;
       require(piece.global_row >= 0 && piece.global_col >= 0 &&
@@ -805,7 +858,8 @@ bool is_step_name(std::string_view name) {
 // Loads every local element of every held parameter from the checkpoint.
 template <class T>
 void load_pieces(const fs::path& dir, const Manifest& m, ParameterStore<T>& store,
-                 std::span<const StateSlot> slots, const std::vector<std::size_t>& slot_stream) {
+                 const HostImage<T>& host, const std::vector<std::size_t>& slot_stream) {
+  const std::span<const StateSlot> slots = host.slots();
   std::vector<std::optional<InFile>> files(m.shards.size());
   const auto shard = [&](std::size_t k) -> const InFile& {
     if (!files[k]) files[k].emplace(open_shard(dir, m.shards[k]));
@@ -816,12 +870,12 @@ void load_pieces(const fs::path& dir, const Manifest& m, ParameterStore<T>& stor
     index_t r0, r1, c0, c1;
   };
   std::vector<Rect> hits;
-  T* values = store.values_base();
+  T* values = host.values();
   for (const Param<T>* p : store.params()) {
     const ParamShard& s = p->shard;
     if (!p->held()) continue;
     const SavedParam& saved = m.params[m.param_index.find(s.name)->second];
-    const auto offset = static_cast<index_t>(p->value - values);
+    const index_t offset = host.offset(*p);
     for (const ShardPiece& lp : s.pieces) {
       if (lp.rows <= 0 || lp.cols <= 0) continue;
       require(lp.local_row >= 0 && lp.local_col >= 0 && lp.local_row + lp.rows <= s.local_rows &&
@@ -1046,7 +1100,9 @@ void save_checkpoint(const fs::path& root, ParameterStore<T>& store,
   // 2. the shards: data group 0 only (the other groups hold identical copies)
   std::string lines;
   grid.agree(CommAxis::world, grid.coords().data != 0 ? std::nullopt : capture([&] {
-               lines = write_shard(tmp, store, slots, grid, grid.tensor().rank());
+               // device memory is staged through host copies (HostImage)
+               const HostImage<T> host(store, slots);
+               lines = write_shard(tmp, store, host, grid, grid.tensor().rank());
              }));
   lines = gather_on_root(comm, lines);
   // 3. the manifest, last; then the rename and `latest`
@@ -1113,7 +1169,11 @@ CheckpointInfo load_checkpoint(const fs::path& path_or_root, ParameterStore<T>& 
                for (std::size_t k = static_cast<std::size_t>(rank); k < m.shards.size();
                     k += static_cast<std::size_t>(size))
                  (void)open_shard(dir, m.shards[k]);
-               load_pieces(dir, m, store, slots, slot_stream);
+               // device memory: read into host copies of the current
+               // contents, then uploaded
+               const HostImage<T> host(store, slots);
+               load_pieces(dir, m, store, host, slot_stream);
+               host.write_back(slots);
              }));
   return m.info;
 }

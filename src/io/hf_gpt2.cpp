@@ -305,6 +305,8 @@ void export_hf_gpt2(GptModel<T>& model, const fs::path& dir, DTypeOut dtype) {
 
   // One global tensor at a time; a failed write is remembered and reported
   // after the loop, so every rank still takes part in every gather.
+  // gather_global downloads the local shard when the store's backend keeps
+  // it in device memory (Param::backend).
   for (const Param<T>* p : store->params()) {
     const std::vector<T> global = gather_global(*p, grid);
     if (writes && !error) {
@@ -412,17 +414,22 @@ void import_hf_gpt2(GptModel<T>& model, const fs::path& dir) {
   // Stage the local shards (starting from the current values, so anything
   // no piece covers keeps its value), then copy in only once every rank has
   // read everything: on failure the model is unchanged.
+  // The staging buffer is packed like the store's values (values_base()),
+  // so on a device backend one download fills it and one upload installs it.
+  Backend& backend = store->backend();
   std::vector<T> staged;
   try {
     staged.resize(static_cast<std::size_t>(store->local_elements()));
+    if (!backend.host_accessible() && !staged.empty())
+      backend.download(staged.data(), store->values_base(), staged.size() * sizeof(T));
     std::vector<T> rows;
-    std::size_t offset = 0, k = 0;
+    std::size_t k = 0;
     for (const Param<T>* p : store->params()) {
       const std::string& source = sources[k++];
       if (!p->held()) continue;
       const ParamShard& s = p->shard;
-      T* local = staged.data() + offset;
-      std::copy(p->value, p->value + s.local_size(), local);
+      T* local = staged.data() + (p->value - store->values_base());
+      if (backend.host_accessible()) std::copy(p->value, p->value + s.local_size(), local);
       const index_t cols = s.global_cols();
       for (const ShardPiece& piece : s.pieces) {
         if (piece.rows < 0 || piece.cols < 0 || piece.global_col < 0 ||
@@ -436,19 +443,21 @@ void import_hf_gpt2(GptModel<T>& model, const fs::path& dir) {
           std::copy_n(rows.begin() + r * cols + piece.global_col, piece.cols,
                       local + (piece.local_row + r) * s.local_cols + piece.local_col);
       }
-      offset += static_cast<std::size_t>(s.local_size());
     }
   } catch (const std::exception& e) {
     error = fmt::format("{}: {}", where, e.what());
   }
   grid.agree(CommAxis::world, error);
 
-  std::size_t offset = 0;
+  if (!backend.host_accessible()) {
+    if (!staged.empty())
+      backend.upload(store->values_base(), staged.data(), staged.size() * sizeof(T));
+    return;
+  }
   for (Param<T>* p : store->params()) {
     if (!p->held()) continue;
-    std::copy_n(staged.begin() + static_cast<std::ptrdiff_t>(offset), p->shard.local_size(),
+    std::copy_n(staged.begin() + (p->value - store->values_base()), p->shard.local_size(),
                 p->value);
-    offset += static_cast<std::size_t>(p->shard.local_size());
   }
 }
 

@@ -96,9 +96,12 @@ Embedding3D<T>::Embedding3D(ProcessGrid& grid, Backend& backend, index_t batch, 
   const int x = detail3d::x_of(grid), y = detail3d::y_of(grid), z = detail3d::z_of(grid);
   wte_.shard = sharded3d("wte.weight", vocab, hidden, gx_, x, gz_, z, gy_, y);
   wpe_.shard = column_split3d("wpe.weight", {n_positions, hidden}, gy_, y, x == 0 && z == 0);
-  position_ids_.resize(static_cast<std::size_t>(batch * seq / gz_));
-  for (std::size_t k = 0; k < position_ids_.size(); ++k)
-    position_ids_[k] = static_cast<std::int32_t>(static_cast<index_t>(k) % seq);
+  std::vector<std::int32_t> positions(static_cast<std::size_t>(batch * seq / gz_));
+  for (std::size_t k = 0; k < positions.size(); ++k)
+    positions[k] = static_cast<std::int32_t>(static_cast<index_t>(k) % seq);
+  position_ids_ = BackendIds(backend, positions.size());
+  position_ids_.assign(positions);
+  tokens_ = BackendIds(backend, positions.size());
 }
 
 template <class T>
@@ -143,7 +146,7 @@ void Embedding3D<T>::forward(std::span<const std::int32_t> tokens, MatrixView<T>
   const index_t m = batch_ * seq_ / gz_, n = hidden_ / gy_;
   check_view("Embedding3D forward", "Y", Y, m, n, true);
   Backend& be = *backend_;
-  tokens_ = local_rows(tokens, batch_ * seq_, gz_, detail3d::z_of(*grid_));
+  tokens_.assign(local_rows(tokens, batch_ * seq_, gz_, detail3d::z_of(*grid_)));
   ArenaScope scope(buffers.workspace);
   T* buf =
       gz_ > 1 ? buffers.workspace.take<T>(static_cast<std::size_t>((vocab_ / gx_) * n)) : nullptr;
@@ -156,7 +159,7 @@ void Embedding3D<T>::forward(std::span<const std::int32_t> tokens, MatrixView<T>
 
 template <class T>
 void Embedding3D<T>::backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate) {
-  require(tokens_.data() != nullptr, "Embedding3D: backward without forward");
+  require(tokens_.size() > 0, "Embedding3D: backward without forward");
   const index_t m = batch_ * seq_ / gz_, n = hidden_ / gy_, nv = vocab_ / gx_;
   check_view("Embedding3D backward", "dY", dY, m, n);
   Backend& be = *backend_;
@@ -204,6 +207,7 @@ CrossEntropy3D<T>::CrossEntropy3D(ProcessGrid& grid, Backend& backend, index_t t
         "by Gz={}",
         tokens, vocab, gx_, gz_);
   detail3d::agree(grid, error);
+  targets_ = BackendIds(backend, static_cast<std::size_t>(tokens / gz_));
 }
 
 template <class T>
@@ -236,7 +240,7 @@ double CrossEntropy3D<T>::forward(ConstMatrixView<T> Z, std::span<const std::int
   Communicator& xc = detail3d::x_comm(*grid_);
   const auto n = static_cast<std::size_t>(m);
   const index_t col0 = detail3d::x_of(*grid_) * nv;
-  targets_ = local_rows(targets, tokens_, gz_, detail3d::z_of(*grid_));
+  targets_.assign(local_rows(targets, tokens_, gz_, detail3d::z_of(*grid_)));
   max_ = buffers.forward.take<T>(n);
   stats_ = buffers.forward.take<T>(2 * n);
   be.row_max(Z, max_);

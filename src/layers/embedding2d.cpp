@@ -68,9 +68,12 @@ Embedding2D<T>::Embedding2D(SummaEngine& engine, index_t batch, index_t seq, ind
                                  .rows = rows,
                                  .cols = hq});
   }
-  position_ids_.resize(static_cast<std::size_t>(batch * seq));
-  for (std::size_t r = 0; r < position_ids_.size(); ++r)
-    position_ids_[r] = static_cast<std::int32_t>(static_cast<index_t>(r) % seq);
+  std::vector<std::int32_t> positions(static_cast<std::size_t>(batch * seq));
+  for (std::size_t r = 0; r < positions.size(); ++r)
+    positions[r] = static_cast<std::int32_t>(static_cast<index_t>(r) % seq);
+  position_ids_ = BackendIds(engine.backend(), positions.size());
+  position_ids_.assign(positions);
+  tokens_ = BackendIds(engine.backend(), positions.size());
 }
 
 template <class T>
@@ -117,22 +120,22 @@ void Embedding2D<T>::forward(std::span<const std::int32_t> tokens, MatrixView<T>
     return fmt::format("Embedding2D forward: local Y is {}x{}, expected {}x{}", Y.rows, Y.cols, nt,
                        hq);
   });
+  tokens_.assign(tokens);
   ArenaScope scope(buffers.workspace);
   const auto partial = MatrixView<T>::dense(
       buffers.workspace.take<T>(static_cast<std::size_t>(n * hq)), n, hq, Order::row_major);
-  be.gather_rows(tokens.data(), c.row * (vocab_ / q_), wte_.value_view(), false, partial);
+  be.gather_rows(tokens_.data(), c.row * (vocab_ / q_), wte_.value_view(), false, partial);
   if (wpe_.held())
     be.gather_rows(position_ids_.data(), c.row * chunk_, wpe_.value_view(), true, partial);
   T* mine = buffers.workspace.take<T>(static_cast<std::size_t>(nt * hq));
   grid.mesh_col().reduce_scatter(partial.data, mine, static_cast<std::size_t>(nt * hq), dtype_v<T>,
                                  ReduceOp::sum);
   be.copy(ConstMatrixView<T>::dense(mine, nt, hq, Order::row_major), Y);
-  tokens_ = tokens;
 }
 
 template <class T>
 void Embedding2D<T>::backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate) {
-  require(tokens_.data() != nullptr, "Embedding2D: backward without forward");
+  require(tokens_.size() > 0, "Embedding2D: backward without forward");
   ProcessGrid& grid = engine_->grid();
   Backend& be = engine_->backend();
   const GridCoords& c = grid.coords();

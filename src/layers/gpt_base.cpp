@@ -10,8 +10,9 @@ namespace summa {
 
 namespace {
 
-ProcessGrid& checked(const char* what, ProcessGrid& grid, const reference::GptConfig& c,
-                     index_t batch, index_t seq) {
+ProcessGrid& checked(const char* what, ProcessGrid& grid, const Backend& backend,
+                     const reference::GptConfig& c, index_t batch, index_t seq,
+                     const GptOptions& options) {
   std::optional<std::string> error;
   try {
     c.validate();
@@ -27,6 +28,15 @@ ProcessGrid& checked(const char* what, ProcessGrid& grid, const reference::GptCo
   if (!error && seq > c.n_positions)
     error = fmt::format("{}: seq={} is longer than the position table (n_positions={})", what, seq,
                         c.n_positions);
+  // The layers hand device buffers to the communicators without waiting for
+  // the backend: only communicators ordered with its stream may take them.
+  if (!error && !options.plan_only && !backend.host_accessible() &&
+      !(grid.tensor().stream_ordered() && grid.data().stream_ordered()))
+    error = fmt::format(
+        "{}: backend '{}' keeps activations and parameters in device memory, which the grid's "
+        "host-driven MPI communicators cannot take: build the grid with GridOptions::comm = "
+        "nccl or mpi_staged and the backend's stream",
+        what, backend.name());
   grid.agree(CommAxis::world, error);
   return grid;
 }
@@ -37,7 +47,7 @@ template <class T>
 GptBase<T>::GptBase(const char* what, ProcessGrid& grid, Backend& backend,
                     const reference::GptConfig& config, index_t batch, index_t seq,
                     GptOptions options)
-    : grid_(&checked(what, grid, config, batch, seq)),
+    : grid_(&checked(what, grid, backend, config, batch, seq, options)),
       backend_(&backend),
       config_(config),
       options_(options),

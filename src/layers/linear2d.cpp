@@ -45,7 +45,10 @@ void Linear2D::forward(ConstMatrixView<T> X, ConstMatrixView<T> W, const T* bias
   const auto nb = static_cast<std::size_t>(local_out());
   if (has_bias_) {  // broadcast the bias down the mesh column while the GEMM runs
     b = ws.take<T>(nb);
-    if (owner) std::copy(bias, bias + nb, b);
+    if (owner)
+      engine_->backend().copy(
+          ConstMatrixView<T>::dense(bias, 1, static_cast<index_t>(nb), Order::row_major),
+          MatrixView<T>::dense(b, 1, static_cast<index_t>(nb), Order::row_major));
     request = grid.mesh_col().ibroadcast(b, nb, dtype_v<T>, 0);
   }
   engine_->multiply(Form::AB, tokens_, out_, in_, T(1), X, W, T(0), Y, ws);

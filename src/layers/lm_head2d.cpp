@@ -20,6 +20,7 @@ CrossEntropy2D<T>::CrossEntropy2D(SummaEngine& engine, index_t tokens, index_t v
         fmt::format("CrossEntropy2D: tokens={} and vocab={} must be positive and divisible by q={}",
                     tokens, vocab, q_);
   engine.grid().agree(CommAxis::mesh, error);
+  targets_ = BackendIds(engine.backend(), static_cast<std::size_t>(tokens / q_));
 }
 
 template <class T>
@@ -53,7 +54,7 @@ double CrossEntropy2D<T>::forward(ConstMatrixView<T> Z, std::span<const std::int
   const auto n = static_cast<std::size_t>(nt);
   max_ = buffers.forward.take<T>(n);
   stats_ = buffers.forward.take<T>(2 * n);
-  targets_ = targets.subspan(static_cast<std::size_t>(c.row * nt), n);
+  targets_.assign(targets.subspan(static_cast<std::size_t>(c.row * nt), n));
   Communicator& row = grid.mesh_row();
   be.row_max(Z, max_);
   row.all_reduce(max_, max_, n, dtype_v<T>, ReduceOp::max);

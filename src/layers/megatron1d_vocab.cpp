@@ -51,9 +51,12 @@ Embedding1D<T>::Embedding1D(ProcessGrid& grid, Backend& backend, index_t batch, 
   const int r = detail1d::group_rank(grid);
   wte_.shard = row_parallel_shard("wte.weight", vocab, hidden, p_, r);
   wpe_.shard = replicated_shard("wpe.weight", {n_positions, hidden}, r);
-  position_ids_.resize(static_cast<std::size_t>(batch * seq));
-  for (std::size_t k = 0; k < position_ids_.size(); ++k)
-    position_ids_[k] = static_cast<std::int32_t>(static_cast<index_t>(k) % seq);
+  std::vector<std::int32_t> positions(static_cast<std::size_t>(batch * seq));
+  for (std::size_t k = 0; k < positions.size(); ++k)
+    positions[k] = static_cast<std::int32_t>(static_cast<index_t>(k) % seq);
+  position_ids_ = BackendIds(backend, positions.size());
+  position_ids_.assign(positions);
+  tokens_ = BackendIds(backend, positions.size());
 }
 
 template <class T>
@@ -95,17 +98,17 @@ void Embedding1D<T>::forward(std::span<const std::int32_t> tokens, MatrixView<T>
   const index_t n = batch_ * seq_;
   check_view("Embedding1D forward", "Y", Y, n, hidden_, true);
   Backend& be = *backend_;
+  tokens_.assign(tokens);
   // Exactly one rank holds each token's row: the sum is exact.
-  be.gather_rows(tokens.data(), vocab_begin(), wte_.value_view(), false, Y);
+  be.gather_rows(tokens_.data(), vocab_begin(), wte_.value_view(), false, Y);
   grid_->tensor().all_reduce(Y.data, Y.data, static_cast<std::size_t>(n * hidden_), dtype_v<T>,
                              ReduceOp::sum);
   be.gather_rows(position_ids_.data(), 0, wpe_.value_view(), true, Y);
-  tokens_ = tokens;
 }
 
 template <class T>
 void Embedding1D<T>::backward(ConstMatrixView<T> dY, StepBuffers&, bool accumulate) {
-  require(tokens_.data() != nullptr, "Embedding1D: backward without forward");
+  require(tokens_.size() > 0, "Embedding1D: backward without forward");
   check_view("Embedding1D backward", "dY", dY, batch_ * seq_, hidden_);
   Backend& be = *backend_;
   if (!accumulate) {
@@ -134,6 +137,7 @@ CrossEntropy1D<T>::CrossEntropy1D(ProcessGrid& grid, Backend& backend, index_t t
         "CrossEntropy1D: tokens={} and vocab={} must be positive, vocab divisible by p={}", tokens,
         vocab, p_);
   detail1d::agree(grid, error);
+  targets_ = BackendIds(backend, static_cast<std::size_t>(tokens));
 }
 
 template <class T>
@@ -167,11 +171,11 @@ double CrossEntropy1D<T>::forward(ConstMatrixView<T> Z, std::span<const std::int
   const index_t col0 = detail1d::group_rank(*grid_) * nv;
   max_ = buffers.forward.take<T>(n);
   stats_ = buffers.forward.take<T>(2 * n);
-  targets_ = targets;
+  targets_.assign(targets);
   be.row_max(Z, max_);
   group.all_reduce(max_, max_, n, dtype_v<T>, ReduceOp::max);
   be.row_sum_exp(Z, max_, stats_);
-  be.pick_targets(Z, targets.data(), col0, stats_ + n);
+  be.pick_targets(Z, targets_.data(), col0, stats_ + n);
   group.all_reduce(stats_, stats_, 2 * n, dtype_v<T>, ReduceOp::sum);
   // Every rank holds every token's statistics: the total is local.
   const double total = be.cross_entropy_sum(tokens_, max_, stats_, stats_ + n);

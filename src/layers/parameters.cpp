@@ -41,6 +41,7 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
   index_t offset = 0;
   for (Param<T>* p : params_) {
     require(p != nullptr, "ParameterStore: null parameter");
+    p->backend = &backend;
     if (!p->held()) {
       p->value = p->grad = nullptr;
       continue;
@@ -64,13 +65,23 @@ Param<T>& ParameterStore<T>::find(std::string_view name) const {
 
 template <class T>
 void ParameterStore<T>::init_gpt(std::uint64_t seed, const reference::GptConfig& config) {
+  const bool direct = backend_->host_accessible();
+  std::vector<T> staging;  // a device backend's values are filled on the host, then uploaded
   for (Param<T>* p : params_) {
     if (!p->held()) continue;
-    // Host memory on the CPU backend; a device backend stages through the host.
+    MatrixView<T> local = p->value_view();
+    if (!direct) {
+      // Elements outside the pieces keep their values, as on the host.
+      staging.resize(static_cast<std::size_t>(p->shard.local_size()));
+      backend_->download(staging.data(), p->value, staging.size() * sizeof(T));
+      local = MatrixView<T>::dense(staging.data(), p->shard.local_rows, p->shard.local_cols,
+                                   Order::row_major);
+    }
     for (const ShardPiece& piece : p->shard.pieces)
       reference::init_fill_block<T>(
           seed, p->shard.name, piece.global_row, piece.global_col,
-          p->value_view().block(piece.local_row, piece.local_col, piece.rows, piece.cols), config);
+          local.block(piece.local_row, piece.local_col, piece.rows, piece.cols), config);
+    if (!direct) backend_->upload(p->value, staging.data(), staging.size() * sizeof(T));
   }
 }
 
@@ -99,6 +110,12 @@ std::vector<T> gather_global(const Param<T>& p, ProcessGrid& grid, bool grad) {
   if (p.held() && local == nullptr)
     error = fmt::format("gather_global '{}': the local {} is not bound", s.name,
                         grad ? "gradient" : "value");
+  std::vector<T> host;  // the local shard, downloaded from a device backend
+  if (!error && p.held() && s.owner && p.backend != nullptr && !p.backend->host_accessible()) {
+    host.resize(static_cast<std::size_t>(s.local_size()));
+    p.backend->download(host.data(), local, host.size() * sizeof(T));
+    local = host.data();
+  }
   for (const ShardPiece& piece : s.pieces) {
     if (error || !s.owner) break;
     if (piece.global_row < 0 || piece.global_col < 0 || piece.rows < 0 || piece.cols < 0 ||

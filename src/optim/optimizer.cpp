@@ -234,14 +234,15 @@ class AdamW final : public Optimizer<T> {
     c.eps = o.eps;
     c.step_size = lr / (1.0 - std::pow(o.beta1, t));
     c.bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, t));
+    Backend& backend = this->store().backend();
     T* values = this->store().values_base();
     const T* grads = this->store().grads_base();
     auto* exp_avg = this->state(0);
     auto* exp_avg_sq = this->state(1);
     for (const auto& s : this->segments()) {
       c.weight_decay = s.decay ? o.weight_decay : 0.0;
-      optim::adamw_update(values + s.offset, grads + s.offset, exp_avg + s.offset,
-                          exp_avg_sq + s.offset, s.count, c);
+      backend.adamw_update(values + s.offset, grads + s.offset, exp_avg + s.offset,
+                           exp_avg_sq + s.offset, s.count, c);
     }
   }
 };
@@ -260,12 +261,13 @@ class Sgd final : public Optimizer<T> {
     c.lr = lr;
     c.momentum = o.momentum;
     c.nesterov = o.nesterov;
+    Backend& backend = this->store().backend();
     T* values = this->store().values_base();
     const T* grads = this->store().grads_base();
     auto* buffer = this->state(0);
     for (const auto& s : this->segments()) {
       c.weight_decay = s.decay ? o.weight_decay : 0.0;
-      optim::sgd_update(values + s.offset, grads + s.offset, buffer + s.offset, s.count, c);
+      backend.sgd_update(values + s.offset, grads + s.offset, buffer + s.offset, s.count, c);
     }
   }
 };
@@ -284,17 +286,27 @@ std::unique_ptr<Optimizer<T>> make_optimizer(const OptimizerOptions& options,
 
 namespace {
 
-// Σ g² over the pieces of this rank's owner shards.
+// Σ g² over the pieces of this rank's owner shards, through the store's
+// backend (the gradients may be device memory; a device backend waits for
+// its stream in each sum_of_squares). A piece spanning whole local rows is
+// contiguous and summed in one call; otherwise one call per row of it.
 template <class T>
 double local_norm_sq(const ParameterStore<T>& store) {
+  Backend& backend = store.backend();
   double sum = 0;
   for (const Param<T>* p : store.params()) {
     const ParamShard& s = p->shard;
     if (!s.owner || !p->held()) continue;
-    for (const ShardPiece& piece : s.pieces)
+    for (const ShardPiece& piece : s.pieces) {
+      if (piece.rows <= 0 || piece.cols <= 0) continue;
+      const T* first = p->grad + piece.local_row * s.local_cols + piece.local_col;
+      if (piece.cols == s.local_cols) {
+        sum += backend.sum_of_squares(first, piece.rows * piece.cols);
+        continue;
+      }
       for (index_t r = 0; r < piece.rows; ++r)
-        sum += optim::sum_of_squares(
-            p->grad + (piece.local_row + r) * s.local_cols + piece.local_col, piece.cols);
+        sum += backend.sum_of_squares(first + r * s.local_cols, piece.cols);
+    }
   }
   return sum;
 }
@@ -324,7 +336,8 @@ double clip_grad_norm(ParameterStore<T>& store, ProcessGrid& grid, double max_no
   const double norm = std::sqrt(sums[0]);
   if (max_norm > 0 && std::isfinite(norm)) {
     const double factor = max_norm / (norm + 1e-6);
-    if (factor < 1) optim::scale_in_place(store.grads_base(), store.local_elements(), factor);
+    if (factor < 1)
+      store.backend().scale_in_place(store.grads_base(), store.local_elements(), factor);
   }
   return norm;
 }

@@ -181,8 +181,8 @@ ProcessGrid make_grid(MPI_Comm comm, const SchemeSpec& spec, GridOptions options
 template <class T>
 ParallelGpt<T>::ParallelGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
                             const reference::GptConfig& config, index_t batch, index_t seq,
-                            GptOptions options, SummaOptions summa)
-    : spec_(spec), grid_(make_grid(comm, spec)) {
+                            GptOptions options, SummaOptions summa, GridOptions grid)
+    : spec_(spec), grid_(make_grid(comm, spec, grid)) {
   switch (spec.scheme) {
     case Scheme::summa2d:
       engine_ = std::make_unique<SummaEngine>(grid_, backend, summa);
@@ -218,19 +218,20 @@ index_t batch_granularity(const SchemeSpec& spec) {
 template <class T>
 MemoryReport plan_memory(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
                          const reference::GptConfig& config, index_t batch, index_t seq,
-                         GptOptions options) {
+                         GptOptions options, GridOptions grid) {
   options.plan_only = true;
-  ParallelGpt<T> run(comm, spec, backend, config, batch, seq, options);
+  ParallelGpt<T> run(comm, spec, backend, config, batch, seq, options, {}, grid);
   return run.model().memory_report();
 }
 
 template <class T>
 index_t largest_batch(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
                       const reference::GptConfig& config, index_t seq, GptOptions options,
-                      std::size_t budget_bytes, index_t max_batch) {
+                      std::size_t budget_bytes, index_t max_batch, GridOptions grid) {
   const index_t step = batch_granularity(spec);
   const auto fits = [&](index_t units) {
-    const MemoryReport r = plan_memory<T>(comm, spec, backend, config, units * step, seq, options);
+    const MemoryReport r =
+        plan_memory<T>(comm, spec, backend, config, units * step, seq, options, grid);
     unsigned long long total = r.total();
     MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm);
     return total <= budget_bytes;
@@ -256,15 +257,16 @@ index_t largest_batch(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
 template class ParallelGpt<float>;
 template class ParallelGpt<double>;
 template MemoryReport plan_memory<float>(MPI_Comm, const SchemeSpec&, Backend&,
-                                         const reference::GptConfig&, index_t, index_t, GptOptions);
+                                         const reference::GptConfig&, index_t, index_t, GptOptions,
+                                         GridOptions);
 template MemoryReport plan_memory<double>(MPI_Comm, const SchemeSpec&, Backend&,
-                                          const reference::GptConfig&, index_t, index_t,
-                                          GptOptions);
+                                          const reference::GptConfig&, index_t, index_t, GptOptions,
+                                          GridOptions);
 template index_t largest_batch<float>(MPI_Comm, const SchemeSpec&, Backend&,
                                       const reference::GptConfig&, index_t, GptOptions, std::size_t,
-                                      index_t);
+                                      index_t, GridOptions);
 template index_t largest_batch<double>(MPI_Comm, const SchemeSpec&, Backend&,
                                        const reference::GptConfig&, index_t, GptOptions,
-                                       std::size_t, index_t);
+                                       std::size_t, index_t, GridOptions);
 
 }  // namespace summa

@@ -74,6 +74,14 @@ void sliced_gemm(Backend& backend, Op ta, Op tb, T alpha,
   }
 }
 
+// Before a collective on buffers the backend just wrote: a host-driven
+// communicator (MPI) reads them when the call is issued, so the backend's
+// queued work must have finished; a stream-ordered one (NCCL, staged MPI)
+// orders itself after it, and the host does not wait.
+void settle_before(Backend& backend, const Communicator& a, const Communicator& b) {
+  if (!a.stream_ordered() || !b.stream_ordered()) backend.synchronize();
+}
+
 }  // namespace
 
 SummaEngine::SummaEngine(ProcessGrid& grid, Backend& backend, SummaOptions options)
@@ -243,7 +251,7 @@ void SummaEngine::run_ab(const BlockShapes& s, T alpha, ConstMatrixView<T> A, Co
     b_pan[slot] = MatrixView<T>::dense(b_buf[slot], kw, nb, B.order);
     if (row.rank() == l) backend_->copy(A.block(0, k0, mb, kw), a_pan[slot]);
     if (col.rank() == l) backend_->copy(B.block(k0, 0, kw, nb), b_pan[slot]);
-    backend_->synchronize();
+    settle_before(*backend_, row, col);
     a_req[slot] = row.ibroadcast(a_buf[slot], static_cast<std::size_t>(mb * kw), dtype_v<T>, l);
     b_req[slot] = col.ibroadcast(b_buf[slot], static_cast<std::size_t>(kw * nb), dtype_v<T>, l);
   };
@@ -317,7 +325,7 @@ void SummaEngine::run_reduce_form(Form form, const BlockShapes& s, T alpha, Cons
                        : MatrixView<T>::dense(in_buf[slot], kb, xw, source.order);
     if (in.rank() == l)
       backend_->copy(abt ? source.block(x0, 0, xw, kb) : source.block(0, x0, kb, xw), in_pan[slot]);
-    backend_->synchronize();
+    settle_before(*backend_, in, in);
     in_req[slot] = in.ibroadcast(in_buf[slot], static_cast<std::size_t>(xw * kb), dtype_v<T>, l);
   };
   // Completes the reduction that last used `slot` and folds it into C on its root.
@@ -355,7 +363,7 @@ void SummaEngine::run_reduce_form(Form form, const BlockShapes& s, T alpha, Cons
       sliced_gemm(*backend_, Op::T, Op::N, alpha, in_pan[slot], B, T(0), part[slot], scratch,
                   slices, poll);
     }
-    backend_->synchronize();
+    settle_before(*backend_, out, out);
     out_req[slot] =
         out.ireduce(part_buf[slot], part_buf[slot], static_cast<std::size_t>(xw * (abt ? mb : nb)),
                     dtype_v<T>, ReduceOp::sum, l);

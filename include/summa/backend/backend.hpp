@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "summa/core/bf16.hpp"
 #include "summa/core/matrix_view.hpp"
 
 namespace summa {
@@ -26,6 +27,21 @@ struct Scratch {
 
 class Backend {
  public:
+  // ---- Mixed precision (bf16) -------------------------------------------------
+  // Every op has a summa::bf16 overload (docs/gpu.md, "Mixed precision"):
+  //  - matrices (activations, parameters, their gradients; bias, gamma, beta
+  //    and their gradients) are bf16;
+  //  - per-row statistics and cross-entropy row values (LayerNorm sums, mean,
+  //    rstd and backward partials a/b; row max, sum of exponentials, picked
+  //    logits) are float = acc_t<bf16>, so layernorm_mean / layernorm_rstd /
+  //    cross_entropy_sum are the float overloads;
+  //  - scalars (alpha, beta) are float; every arithmetic operation is done in
+  //    fp32 (GEMM: fp32 accumulation) with one rounding to bf16 (nearest
+  //    even) per stored element; column_sums and layernorm_param_partials sum
+  //    in fp32 and round the result once;
+  //  - the optimizer keeps fp32 master weights and state next to the bf16
+  //    parameters: the master is updated and the parameter set to bf16(master).
+
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
 
@@ -33,8 +49,9 @@ class Backend {
   virtual void* allocate(std::size_t bytes) = 0;
   virtual void deallocate(void* p, std::size_t bytes) noexcept = 0;
 
-  /// Scratch bytes gemm() needs for an m x n x k product to run without
-  /// allocating (0 when the implementation never allocates).
+  /// Scratch bytes gemm() needs for an m x n x k product of element type t
+  /// (DType::bf16 for the bf16 overload) to run without allocating (0 when
+  /// the implementation never allocates).
   virtual std::size_t gemm_scratch_bytes(index_t m, index_t n, index_t k, DType t) const = 0;
 
   /// C = alpha * op(A) * op(B) + beta * C, BLAS semantics: beta == 0 never
@@ -46,27 +63,41 @@ class Backend {
   virtual void gemm(Op ta, Op tb, double alpha, ConstMatrixView<double> A,
                     ConstMatrixView<double> B, double beta, MatrixView<double> C,
                     Scratch scratch = {}) = 0;
+  /// bf16 operands and result, fp32 accumulation, C rounded once.
+  virtual void gemm(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A, ConstMatrixView<bf16> B,
+                    float beta, MatrixView<bf16> C, Scratch scratch = {}) = 0;
 
   /// dst = src (same shape; orders and leading dimensions may differ).
   virtual void copy(ConstMatrixView<float> src, MatrixView<float> dst) = 0;
   virtual void copy(ConstMatrixView<double> src, MatrixView<double> dst) = 0;
+  virtual void copy(ConstMatrixView<bf16> src, MatrixView<bf16> dst) = 0;
+  /// dst = bf16(src) (round to nearest even) or dst = float(src) (exact);
+  /// same shape, orders and leading dimensions may differ. For master-weight
+  /// initialisation and checkpoints.
+  virtual void convert(ConstMatrixView<float> src, MatrixView<bf16> dst) = 0;
+  virtual void convert(ConstMatrixView<bf16> src, MatrixView<float> dst) = 0;
 
   /// C = alpha * X + beta * C; beta == 0 never reads C.
   virtual void axpby(float alpha, ConstMatrixView<float> X, float beta, MatrixView<float> C) = 0;
   virtual void axpby(double alpha, ConstMatrixView<double> X, double beta,
                      MatrixView<double> C) = 0;
+  virtual void axpby(float alpha, ConstMatrixView<bf16> X, float beta, MatrixView<bf16> C) = 0;
 
   /// C = beta * C; beta == 0 writes zeros without reading C.
   virtual void scale(float beta, MatrixView<float> C) = 0;
   virtual void scale(double beta, MatrixView<double> C) = 0;
+  virtual void scale(float beta, MatrixView<bf16> C) = 0;
 
   /// Y[r, c] += bias[c] for every row r (bias holds Y.cols elements).
   virtual void add_bias(MatrixView<float> Y, const float* bias) = 0;
   virtual void add_bias(MatrixView<double> Y, const double* bias) = 0;
+  virtual void add_bias(MatrixView<bf16> Y, const bf16* bias) = 0;
 
   /// out[c] = beta * out[c] + sum over rows r of X[r, c] (beta == 0 never reads out).
   virtual void column_sums(ConstMatrixView<float> X, float beta, float* out) = 0;
   virtual void column_sums(ConstMatrixView<double> X, double beta, double* out) = 0;
+  /// bf16: sums and beta * out in fp32, out rounded once.
+  virtual void column_sums(ConstMatrixView<bf16> X, float beta, bf16* out) = 0;
 
   // ---- LayerNorm kernels (LayerNorm2D) --------------------------------------
   // X, dY, Y and dX are local blocks of `n` rows; per-row arrays (center,
@@ -81,6 +112,8 @@ class Backend {
                                       float* out) = 0;
   virtual void layernorm_partial_sums(ConstMatrixView<double> X, const double* center,
                                       double* out) = 0;
+  /// bf16: X widened to fp32; center and out are fp32 per-row statistics.
+  virtual void layernorm_partial_sums(ConstMatrixView<bf16> X, const float* center, float* out) = 0;
 
   /// Finishes the statistics of n rows over a hidden size h from all-reduced
   /// sums: mean[r] = sums[r] / h; rstd[r] = 1 / sqrt(squares[r] / h + eps).
@@ -97,6 +130,9 @@ class Backend {
                                const float* gamma, const float* beta, MatrixView<float> Y) = 0;
   virtual void layernorm_apply(ConstMatrixView<double> X, const double* mean, const double* rstd,
                                const double* gamma, const double* beta, MatrixView<double> Y) = 0;
+  /// bf16: fp32 statistics, bf16 gamma / beta / Y.
+  virtual void layernorm_apply(ConstMatrixView<bf16> X, const float* mean, const float* rstd,
+                               const bf16* gamma, const bf16* beta, MatrixView<bf16> Y) = 0;
 
   /// With xhat = (X - mean[r]) * rstd[r] and g = dY[r, c] * gamma[c], the
   /// per-row partial sums over the local columns: a[r] = sum_c g,
@@ -107,6 +143,10 @@ class Backend {
   virtual void layernorm_backward_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
                                            const double* mean, const double* rstd,
                                            const double* gamma, double* a, double* b) = 0;
+  /// bf16: a and b are fp32 per-row statistics.
+  virtual void layernorm_backward_partials(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                           const float* mean, const float* rstd, const bf16* gamma,
+                                           float* a, float* b) = 0;
 
   /// dX = rstd[r] * (g - a[r] / h - xhat * b[r] / h), with a and b the
   /// all-reduced partials above and h the global hidden size.
@@ -118,6 +158,10 @@ class Backend {
                                         const double* mean, const double* rstd, const double* gamma,
                                         const double* a, const double* b, index_t h,
                                         MatrixView<double> dX) = 0;
+  virtual void layernorm_backward_apply(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                        const float* mean, const float* rstd, const bf16* gamma,
+                                        const float* a, const float* b, index_t h,
+                                        MatrixView<bf16> dX) = 0;
 
   /// Local column sums of the parameter gradients: dgamma[c] = sum_r dY * xhat,
   /// dbeta[c] = sum_r dY (overwritten, never read).
@@ -127,6 +171,10 @@ class Backend {
   virtual void layernorm_param_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
                                         const double* mean, const double* rstd, double* dgamma,
                                         double* dbeta) = 0;
+  /// bf16: column sums in fp32, dgamma / dbeta rounded once.
+  virtual void layernorm_param_partials(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                        const float* mean, const float* rstd, bf16* dgamma,
+                                        bf16* dbeta) = 0;
 
   // ---- GeLU (MLP2D) -----------------------------------------------------------
   // tanh form: gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
@@ -135,11 +183,14 @@ class Backend {
   /// Y = gelu(X) elementwise (Y never read; Y may be X itself).
   virtual void gelu_forward(ConstMatrixView<float> X, MatrixView<float> Y) = 0;
   virtual void gelu_forward(ConstMatrixView<double> X, MatrixView<double> Y) = 0;
+  virtual void gelu_forward(ConstMatrixView<bf16> X, MatrixView<bf16> Y) = 0;
   /// dX = dY * gelu'(X) elementwise (dX never read; dX may be dY itself).
   virtual void gelu_backward(ConstMatrixView<float> X, ConstMatrixView<float> dY,
                              MatrixView<float> dX) = 0;
   virtual void gelu_backward(ConstMatrixView<double> X, ConstMatrixView<double> dY,
                              MatrixView<double> dX) = 0;
+  virtual void gelu_backward(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                             MatrixView<bf16> dX) = 0;
 
   // ---- Attention softmax (Attention2D) ----------------------------------------
 
@@ -149,6 +200,7 @@ class Backend {
   /// P never read; P may be S itself (in place).
   virtual void softmax_causal(ConstMatrixView<float> S, double scale, MatrixView<float> P) = 0;
   virtual void softmax_causal(ConstMatrixView<double> S, double scale, MatrixView<double> P) = 0;
+  virtual void softmax_causal(ConstMatrixView<bf16> S, double scale, MatrixView<bf16> P) = 0;
   /// Backward of softmax_causal: with P its output and dP = dL/dP,
   /// dS[r, c] = scale * P[r, c] * (dP[r, c] - sum_c' dP[r, c'] * P[r, c']).
   /// (Zero above the diagonal since P is.) dS never read; dS may be dP itself.
@@ -156,6 +208,8 @@ class Backend {
                                        double scale, MatrixView<float> dS) = 0;
   virtual void softmax_causal_backward(ConstMatrixView<double> P, ConstMatrixView<double> dP,
                                        double scale, MatrixView<double> dS) = 0;
+  virtual void softmax_causal_backward(ConstMatrixView<bf16> P, ConstMatrixView<bf16> dP,
+                                       double scale, MatrixView<bf16> dS) = 0;
 
   // ---- Vocabulary-parallel cross-entropy --------------------------------------
   // Z is a local block of logits [n, vcols] holding global vocabulary columns
@@ -165,14 +219,19 @@ class Backend {
   /// out[r] = max_c Z[r, c].
   virtual void row_max(ConstMatrixView<float> Z, float* out) = 0;
   virtual void row_max(ConstMatrixView<double> Z, double* out) = 0;
+  /// bf16 logits, fp32 per-row values (exact: the max of bf16 values).
+  virtual void row_max(ConstMatrixView<bf16> Z, float* out) = 0;
   /// out[r] = sum_c exp(Z[r, c] - max[r]).
   virtual void row_sum_exp(ConstMatrixView<float> Z, const float* max, float* out) = 0;
   virtual void row_sum_exp(ConstMatrixView<double> Z, const double* max, double* out) = 0;
+  virtual void row_sum_exp(ConstMatrixView<bf16> Z, const float* max, float* out) = 0;
   /// out[r] = Z[r, targets[r] - col0] when that column is local, else 0.
   virtual void pick_targets(ConstMatrixView<float> Z, const std::int32_t* targets, index_t col0,
                             float* out) = 0;
   virtual void pick_targets(ConstMatrixView<double> Z, const std::int32_t* targets, index_t col0,
                             double* out) = 0;
+  virtual void pick_targets(ConstMatrixView<bf16> Z, const std::int32_t* targets, index_t col0,
+                            float* out) = 0;
   /// sum over r < n of (log(sum[r]) + max[r] - picked[r]), accumulated in double:
   /// the summed cross-entropy of n rows from the globally reduced statistics.
   virtual double cross_entropy_sum(index_t n, const float* max, const float* sum,
@@ -184,6 +243,8 @@ class Backend {
   virtual void cross_entropy_grad(MatrixView<float> Z, const float* max, const float* sum,
                                   const std::int32_t* targets, index_t col0, double scale) = 0;
   virtual void cross_entropy_grad(MatrixView<double> Z, const double* max, const double* sum,
+                                  const std::int32_t* targets, index_t col0, double scale) = 0;
+  virtual void cross_entropy_grad(MatrixView<bf16> Z, const float* max, const float* sum,
                                   const std::int32_t* targets, index_t col0, double scale) = 0;
 
   // ---- Embedding rows (Embedding2D) -------------------------------------------
@@ -197,12 +258,18 @@ class Backend {
                            bool accumulate, MatrixView<float> out) = 0;
   virtual void gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<double> table,
                            bool accumulate, MatrixView<double> out) = 0;
+  virtual void gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<bf16> table,
+                           bool accumulate, MatrixView<bf16> out) = 0;
   /// table[ids[r] - row0, :] += src[r, :] for every r whose id is local
   /// (repeated ids accumulate).
   virtual void scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<float> src,
                                 MatrixView<float> table) = 0;
   virtual void scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<double> src,
                                 MatrixView<double> table) = 0;
+  /// bf16: each addition is done in fp32 and rounded, so a row hit by
+  /// several ids is rounded once per hit.
+  virtual void scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<bf16> src,
+                                MatrixView<bf16> table) = 0;
 
   // ---- Host <-> backend memory -----------------------------------------------
 
@@ -225,17 +292,28 @@ class Backend {
                             index_t n, const optim::AdamWCoefficients& c) = 0;
   virtual void adamw_update(double* param, const double* grad, double* exp_avg, double* exp_avg_sq,
                             index_t n, const optim::AdamWCoefficients& c) = 0;
+  /// bf16 parameters with fp32 master weights: the update runs on
+  /// `master` (fp32, with fp32 state and the gradient widened to fp32) and
+  /// then param[i] = bf16(master[i]). No allocation.
+  virtual void adamw_update(bf16* param, const bf16* grad, float* exp_avg, float* exp_avg_sq,
+                            float* master, index_t n, const optim::AdamWCoefficients& c) = 0;
   virtual void sgd_update(float* param, const float* grad, float* momentum_buffer, index_t n,
                           const optim::SgdCoefficients& c) = 0;
   virtual void sgd_update(double* param, const double* grad, double* momentum_buffer, index_t n,
                           const optim::SgdCoefficients& c) = 0;
+  /// bf16 parameters with fp32 master weights, as adamw_update above.
+  virtual void sgd_update(bf16* param, const bf16* grad, float* momentum_buffer, float* master,
+                          index_t n, const optim::SgdCoefficients& c) = 0;
   /// Σ x[i]² over n elements, accumulated in double; returns the host value
   /// (a device backend waits for its stream).
   virtual double sum_of_squares(const float* x, index_t n) = 0;
   virtual double sum_of_squares(const double* x, index_t n) = 0;
+  virtual double sum_of_squares(const bf16* x, index_t n) = 0;
   /// x[i] ← x[i] · factor (factor rounded to T).
   virtual void scale_in_place(float* x, index_t n, double factor) = 0;
   virtual void scale_in_place(double* x, index_t n, double factor) = 0;
+  /// bf16: x[i] = bf16(float(x[i]) * float(factor)).
+  virtual void scale_in_place(bf16* x, index_t n, double factor) = 0;
 
   /// Waits until every operation issued so far has finished (no-op on CPU).
   virtual void synchronize() {}

@@ -3,6 +3,8 @@
 /// Backend on the host: Eigen's GEMM (its packing buffers come from the
 /// caller's scratch, so a warmed-up step allocates nothing) and Eigen maps
 /// for the elementwise kernels. One thread unless Eigen was built with OpenMP.
+/// bf16 ops widen to fp32 per element (GEMM: the operands are converted to
+/// fp32 panels in the caller's scratch and multiplied by the float GEMM).
 
 #include <cstdint>
 
@@ -123,6 +125,52 @@ class CpuBackend final : public Backend {
   double sum_of_squares(const double* x, index_t n) override;
   void scale_in_place(float* x, index_t n, double factor) override;
   void scale_in_place(double* x, index_t n, double factor) override;
+
+  // ---- bf16 overloads (Backend, "Mixed precision"): fp32 math, bf16 storage.
+  void gemm(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A, ConstMatrixView<bf16> B, float beta,
+            MatrixView<bf16> C, Scratch scratch = {}) override;
+  void copy(ConstMatrixView<bf16> src, MatrixView<bf16> dst) override;
+  void convert(ConstMatrixView<float> src, MatrixView<bf16> dst) override;
+  void convert(ConstMatrixView<bf16> src, MatrixView<float> dst) override;
+  void axpby(float alpha, ConstMatrixView<bf16> X, float beta, MatrixView<bf16> C) override;
+  void scale(float beta, MatrixView<bf16> C) override;
+  void add_bias(MatrixView<bf16> Y, const bf16* bias) override;
+  void column_sums(ConstMatrixView<bf16> X, float beta, bf16* out) override;
+  void layernorm_partial_sums(ConstMatrixView<bf16> X, const float* center, float* out) override;
+  void layernorm_apply(ConstMatrixView<bf16> X, const float* mean, const float* rstd,
+                       const bf16* gamma, const bf16* beta, MatrixView<bf16> Y) override;
+  void layernorm_backward_partials(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                   const float* mean, const float* rstd, const bf16* gamma,
+                                   float* a, float* b) override;
+  void layernorm_backward_apply(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                const float* mean, const float* rstd, const bf16* gamma,
+                                const float* a, const float* b, index_t h,
+                                MatrixView<bf16> dX) override;
+  void layernorm_param_partials(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                const float* mean, const float* rstd, bf16* dgamma,
+                                bf16* dbeta) override;
+  void gelu_forward(ConstMatrixView<bf16> X, MatrixView<bf16> Y) override;
+  void gelu_backward(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                     MatrixView<bf16> dX) override;
+  void softmax_causal(ConstMatrixView<bf16> S, double scale, MatrixView<bf16> P) override;
+  void softmax_causal_backward(ConstMatrixView<bf16> P, ConstMatrixView<bf16> dP, double scale,
+                               MatrixView<bf16> dS) override;
+  void row_max(ConstMatrixView<bf16> Z, float* out) override;
+  void row_sum_exp(ConstMatrixView<bf16> Z, const float* max, float* out) override;
+  void pick_targets(ConstMatrixView<bf16> Z, const std::int32_t* targets, index_t col0,
+                    float* out) override;
+  void cross_entropy_grad(MatrixView<bf16> Z, const float* max, const float* sum,
+                          const std::int32_t* targets, index_t col0, double scale) override;
+  void gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<bf16> table,
+                   bool accumulate, MatrixView<bf16> out) override;
+  void scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<bf16> src,
+                        MatrixView<bf16> table) override;
+  void adamw_update(bf16* param, const bf16* grad, float* exp_avg, float* exp_avg_sq, float* master,
+                    index_t n, const optim::AdamWCoefficients& c) override;
+  void sgd_update(bf16* param, const bf16* grad, float* momentum_buffer, float* master, index_t n,
+                  const optim::SgdCoefficients& c) override;
+  double sum_of_squares(const bf16* x, index_t n) override;
+  void scale_in_place(bf16* x, index_t n, double factor) override;
 };
 
 }  // namespace summa

@@ -19,7 +19,7 @@
 /// the stream; none synchronises the whole device.
 ///
 /// Numerics (see docs/gpu.md): GEMM accumulates in fp32 for float (TF32
-/// tensor cores only with CudaOptions::allow_tf32) and fp64 for double.
+/// tensor cores only with CudaOptions::allow_tf32) and bf16, fp64 for double.
 /// LayerNorm sums accumulate in T; row_sum_exp and cross_entropy_sum in
 /// double, like CpuBackend. Reductions run in a fixed order (results do not
 /// depend on timing) except scatter_add_rows, whose atomics may add repeated
@@ -268,6 +268,56 @@ class CudaBackend final : public Backend {
                   const optim::SgdCoefficients& c) override;
   void sgd_update(double* param, const double* grad, double* momentum_buffer, index_t n,
                   const optim::SgdCoefficients& c) override;
+
+  // ---- bf16 overloads (Backend, "Mixed precision"): kernels on
+  // __nv_bfloat16 with fp32 arithmetic and one rounding per stored element;
+  // GEMM is cublasGemmEx with CUDA_R_16BF operands and CUBLAS_COMPUTE_32F
+  // (tuned like float, keyed by DType::bf16); scatter_add_rows adds with
+  // bf16 atomics (one rounding per hit, in any order).
+  void gemm(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A, ConstMatrixView<bf16> B, float beta,
+            MatrixView<bf16> C, Scratch scratch = {}) override;
+  void copy(ConstMatrixView<bf16> src, MatrixView<bf16> dst) override;
+  void convert(ConstMatrixView<float> src, MatrixView<bf16> dst) override;
+  void convert(ConstMatrixView<bf16> src, MatrixView<float> dst) override;
+  void axpby(float alpha, ConstMatrixView<bf16> X, float beta, MatrixView<bf16> C) override;
+  void scale(float beta, MatrixView<bf16> C) override;
+  void add_bias(MatrixView<bf16> Y, const bf16* bias) override;
+  void column_sums(ConstMatrixView<bf16> X, float beta, bf16* out) override;
+  void layernorm_partial_sums(ConstMatrixView<bf16> X, const float* center, float* out) override;
+  void layernorm_apply(ConstMatrixView<bf16> X, const float* mean, const float* rstd,
+                       const bf16* gamma, const bf16* beta, MatrixView<bf16> Y) override;
+  void layernorm_backward_partials(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                   const float* mean, const float* rstd, const bf16* gamma,
+                                   float* a, float* b) override;
+  void layernorm_backward_apply(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                const float* mean, const float* rstd, const bf16* gamma,
+                                const float* a, const float* b, index_t h,
+                                MatrixView<bf16> dX) override;
+  void layernorm_param_partials(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                const float* mean, const float* rstd, bf16* dgamma,
+                                bf16* dbeta) override;
+  void gelu_forward(ConstMatrixView<bf16> X, MatrixView<bf16> Y) override;
+  void gelu_backward(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                     MatrixView<bf16> dX) override;
+  void softmax_causal(ConstMatrixView<bf16> S, double scale, MatrixView<bf16> P) override;
+  void softmax_causal_backward(ConstMatrixView<bf16> P, ConstMatrixView<bf16> dP, double scale,
+                               MatrixView<bf16> dS) override;
+  void row_max(ConstMatrixView<bf16> Z, float* out) override;
+  void row_sum_exp(ConstMatrixView<bf16> Z, const float* max, float* out) override;
+  void pick_targets(ConstMatrixView<bf16> Z, const std::int32_t* targets, index_t col0,
+                    float* out) override;
+  void cross_entropy_grad(MatrixView<bf16> Z, const float* max, const float* sum,
+                          const std::int32_t* targets, index_t col0, double scale) override;
+  void gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<bf16> table,
+                   bool accumulate, MatrixView<bf16> out) override;
+  void scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<bf16> src,
+                        MatrixView<bf16> table) override;
+  void adamw_update(bf16* param, const bf16* grad, float* exp_avg, float* exp_avg_sq, float* master,
+                    index_t n, const optim::AdamWCoefficients& c) override;
+  void sgd_update(bf16* param, const bf16* grad, float* momentum_buffer, float* master, index_t n,
+                  const optim::SgdCoefficients& c) override;
+  double sum_of_squares(const bf16* x, index_t n) override;
+  void scale_in_place(bf16* x, index_t n, double factor) override;
 
   /// Device memory: false.
   bool host_accessible() const override { return false; }

@@ -48,6 +48,12 @@ class Communicator {
   CommAxis axis() const { return axis_; }
   /// The counter this communicator adds to (shared by all communicators of an axis).
   const TrafficCounter& counter() const { return *counter_; }
+  /// True when the communicator orders its collectives with the backend's
+  /// compute stream itself (NcclCommunicator, StagedCommunicator): device
+  /// buffers produced by work issued before a call may be passed without
+  /// Backend::synchronize(). False (MpiCommunicator) means the buffers are
+  /// read by the host when the call is issued: the caller synchronises first.
+  virtual bool stream_ordered() const { return false; }
 
   // ---- non-blocking ------------------------------------------------------
   /// buf (count elements) from group rank `root` to all.

@@ -38,4 +38,17 @@ class MpiCommunicator final : public Communicator {
 /// Throws summa::Error when an MPI call fails (errors are set to return).
 void check_mpi(int code, const char* what);
 
+/// The MPI datatype of an element type: MPI_FLOAT, MPI_DOUBLE, or for
+/// DType::bf16 a committed 2-byte contiguous type created on first use and
+/// kept until MPI_Finalize (shared by every communicator of the process).
+MPI_Datatype mpi_datatype(DType t);
+
+/// The MPI reduction of `op` over element type `t`: MPI_SUM / MPI_MAX /
+/// MPI_MIN for f32 and f64; for bf16 a commutative user MPI_Op (created on
+/// first use, kept until MPI_Finalize) that widens both operands to fp32,
+/// combines them and rounds the result to bf16 (nearest even) — a reduction
+/// over p ranks rounds once per pairwise combine, p - 1 times along any
+/// path of the reduction tree (docs/communication.md).
+MPI_Op mpi_reduce_op(ReduceOp op, DType t);
+
 }  // namespace summa

@@ -74,6 +74,7 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const override;
   int size() const override;
+  bool stream_ordered() const override { return true; }
   /// The MPI communicator the group was built from (for MPI control traffic).
   MPI_Comm native() const;
   /// The CUDA device the NCCL communicator is bound to.

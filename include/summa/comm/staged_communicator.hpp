@@ -52,6 +52,7 @@ class StagedCommunicator final : public Communicator {
 
   int rank() const override;
   int size() const override;
+  bool stream_ordered() const override { return true; }
   /// The wrapped MPI communicator.
   MPI_Comm native() const;
   /// The caller's compute stream (a cudaStream_t).

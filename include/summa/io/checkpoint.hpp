@@ -19,8 +19,11 @@
 /// Every collective function here is collective over grid.world() and reports
 /// errors as a summa::Error thrown on every rank (message of the lowest failing
 /// rank), naming the file and the problem. All ranks must see one shared file
-/// system. Parameter and slot memory is read and written directly, so it must
-/// be host memory (the CPU backend).
+/// system. Parameter values and slot buffers live in the memory of the
+/// store's backend (ParameterStore::backend()): read and written in place
+/// when it is host-accessible (CpuBackend), otherwise staged through host
+/// copies of this rank's elements (Backend::download on save; download,
+/// fill, Backend::upload on load). The files are byte-identical either way.
 
 #include <mpi.h>
 
@@ -38,7 +41,8 @@
 
 namespace summa {
 
-/// One optimizer state buffer (e.g. Adam's "exp_avg"): `data` holds
+/// One optimizer state buffer (e.g. Adam's "exp_avg"): `data` (memory of the
+/// store's backend, like Optimizer::state()) holds
 /// ParameterStore::local_elements() elements of `dtype`, packed exactly like
 /// ParameterStore::values_base() (params() order, each parameter's local
 /// row-major elements, replicas included). `data` may be null only on a rank

@@ -11,6 +11,11 @@
 /// so GPT2LMHeadModel.from_pretrained(dir) loads it, and a Hugging Face
 /// GPT-2 checkpoint in safetensors form loads into any scheme.
 /// docs/hf_export.md lists the tensors and the PyTorch check.
+///
+/// Any backend: the parameters are read and written through the store's
+/// backend (gather_global downloads the local shards for the export; the
+/// import stages the local shards in host memory and uploads them once at
+/// the end), so a model on a CudaBackend exports and imports the same files.
 
 #include <cstdint>
 #include <filesystem>

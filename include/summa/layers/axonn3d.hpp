@@ -418,7 +418,9 @@ class Embedding3D final : public EmbeddingModule<T> {
   /// Throws summa::Error on every rank unless `ids` holds batch*seq ids in
   /// [0, vocab) (what = "token" or "target", for the message).
   void check_ids(std::span<const std::int32_t> ids, const char* what) const override;
-  /// Y [T/Gz, h/Gy] (contiguous). Keeps a view of `tokens` for backward.
+  /// Y [T/Gz, h/Gy] (contiguous). `tokens` are host memory; the rank's Z
+  /// block of them is copied to backend memory the layer owns (kept for
+  /// backward).
   void forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
                StepBuffers& buffers) override;
   /// wte / wpe gradients (+)= the rows' gradients from dY [T/Gz, h/Gy].
@@ -435,8 +437,8 @@ class Embedding3D final : public EmbeddingModule<T> {
   index_t batch_, seq_, vocab_, hidden_, positions_;
   int gx_, gy_, gz_;
   Param<T> wte_, wpe_;
-  std::vector<std::int32_t> position_ids_;  // r % seq for the local rows
-  std::span<const std::int32_t> tokens_;    // the local rows' ids
+  BackendIds position_ids_;  // r % seq for the local rows, uploaded once
+  BackendIds tokens_;        // the local rows' ids of the last forward
 };
 
 /// Vocabulary-parallel cross-entropy on X-layout logits [T/Gz, V/Gx]: row
@@ -452,6 +454,7 @@ class CrossEntropy3D {
   BufferNeeds buffer_needs() const;
   /// Z: local logits [T/Gz, V/Gx]; targets: global [T] ids, the same on
   /// every rank. Returns the summed loss / normalizer (the same everywhere).
+  /// The rank's Z block of targets is copied to backend memory for backward.
   double forward(ConstMatrixView<T> Z, std::span<const std::int32_t> targets, StepBuffers& buffers);
   void backward(MatrixView<T> Z, StepBuffers& buffers);
 
@@ -462,7 +465,7 @@ class CrossEntropy3D {
   int gx_, gz_;
   T* max_ = nullptr;
   T* stats_ = nullptr;  // sum | picked target logit
-  std::span<const std::int32_t> targets_;
+  BackendIds targets_;  // the local rows' targets, in backend memory
 };
 
 /// Tied LM head: logits = X wteᵀ as a normal 3D linear (see the file

@@ -40,7 +40,8 @@ class Embedding2D final : public EmbeddingModule<T> {
   void check_ids(std::span<const std::int32_t> ids, const char* what) const override;
 
   /// Y [batch*seq/q, h/q] = wte[tokens] + wpe[positions] (local block).
-  /// Keeps a view of `tokens` for backward (the caller keeps it alive).
+  /// `tokens` are host memory; they are copied to backend memory the layer
+  /// owns (kept for backward, so the caller need not keep them alive).
   void forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
                StepBuffers& buffers) override;
   /// wte / wpe gradients (+)= the rows' gradients from dY.
@@ -56,8 +57,8 @@ class Embedding2D final : public EmbeddingModule<T> {
   int q_;
   index_t chunk_;
   Param<T> wte_, wpe_;
-  std::vector<std::int32_t> position_ids_;  // r % seq for the global batch
-  std::span<const std::int32_t> tokens_;
+  BackendIds position_ids_;  // r % seq for the global batch, uploaded once
+  BackendIds tokens_;        // the last forward's token ids
 };
 
 extern template class Embedding2D<float>;

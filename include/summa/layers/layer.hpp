@@ -21,10 +21,14 @@
 /// the arena, the request and the capacity.
 
 #include <cstddef>
+#include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "summa/core/error.hpp"
 #include "summa/core/matrix_view.hpp"
 #include "summa/memory/arena.hpp"
 
@@ -70,6 +74,11 @@ struct Param {
   ParamShard shard;
   T* value = nullptr;
   T* grad = nullptr;
+  /// The backend whose memory `value` and `grad` point into (set by the
+  /// ParameterStore that binds them); null means host memory. Code outside
+  /// a backend reads them through it (Backend::download) when
+  /// !backend->host_accessible().
+  Backend* backend = nullptr;
 
   MatrixView<T> value_view() const {
     return MatrixView<T>::dense(value, shard.local_rows, shard.local_cols, Order::row_major);
@@ -108,6 +117,55 @@ class ByteCount {
 
  private:
   std::size_t bytes_ = 0;
+};
+
+/// Token ids (targets, positions) in a backend's memory, where the
+/// backend's row kernels (gather_rows, pick_targets, ...) can read them.
+/// Allocated once at construction; a layer copies the host ids of a step in
+/// with assign() (Backend::upload: a memcpy on the CPU, a small host-to-device
+/// copy on a GPU; never an allocation).
+class BackendIds {
+ public:
+  BackendIds() = default;
+  /// Room for `capacity` ids in `backend`'s memory.
+  BackendIds(Backend& backend, std::size_t capacity) : backend_(&backend), capacity_(capacity) {
+    if (capacity_ > 0)
+      data_ = static_cast<std::int32_t*>(backend.allocate(capacity_ * sizeof(std::int32_t)));
+  }
+  ~BackendIds() {
+    if (data_ != nullptr) backend_->deallocate(data_, capacity_ * sizeof(std::int32_t));
+  }
+  BackendIds(BackendIds&& o) noexcept { swap(o); }
+  BackendIds& operator=(BackendIds&& o) noexcept {
+    swap(o);
+    return *this;
+  }
+  BackendIds(const BackendIds&) = delete;
+  BackendIds& operator=(const BackendIds&) = delete;
+
+  /// Copies `ids` (at most capacity() of them; throws summa::Error otherwise)
+  /// to the start of the backend memory.
+  void assign(std::span<const std::int32_t> ids) {
+    require(ids.size() <= capacity_, "BackendIds: more ids than the buffer holds");
+    if (!ids.empty()) backend_->upload(data_, ids.data(), ids.size_bytes());
+    size_ = ids.size();
+  }
+  /// The ids in backend memory (null before construction with a capacity).
+  const std::int32_t* data() const { return data_; }
+  /// Ids of the last assign() (0 before the first).
+  std::size_t size() const { return size_; }
+  std::size_t capacity() const { return capacity_; }
+
+ private:
+  void swap(BackendIds& o) noexcept {
+    std::swap(backend_, o.backend_);
+    std::swap(data_, o.data_);
+    std::swap(capacity_, o.capacity_);
+    std::swap(size_, o.size_);
+  }
+  Backend* backend_ = nullptr;
+  std::int32_t* data_ = nullptr;
+  std::size_t capacity_ = 0, size_ = 0;
 };
 
 /// The arenas of one step (see the file comment).

@@ -33,7 +33,8 @@ class CrossEntropy2D {
   BufferNeeds buffer_needs() const;
   /// Z: local logits [tokens/q, vocab/q]; targets: [tokens] ids, the same on
   /// every rank of the mesh. Returns the summed loss / normalizer (the same
-  /// on every rank) and keeps the row statistics in buffers.forward.
+  /// on every rank) and keeps the row statistics in buffers.forward. The
+  /// local rows' targets are copied (host to backend memory) for backward.
   double forward(ConstMatrixView<T> Z, std::span<const std::int32_t> targets, StepBuffers& buffers);
   /// In place: Z (the logits given to forward) becomes dL/dZ.
   void backward(MatrixView<T> Z, StepBuffers& buffers);
@@ -44,7 +45,7 @@ class CrossEntropy2D {
   int q_;
   T* max_ = nullptr;
   T* stats_ = nullptr;  // sum | picked target logit
-  std::span<const std::int32_t> targets_;
+  BackendIds targets_;  // this mesh row's targets, in backend memory
 };
 
 template <class T>

@@ -329,8 +329,9 @@ class Embedding1D final : public EmbeddingModule<T> {
   /// [0, vocab) (what = "token" or "target", for the message).
   void check_ids(std::span<const std::int32_t> ids, const char* what) const override;
 
-  /// Y [batch*seq, h] (contiguous) = wte[tokens] + wpe[positions]. Keeps a
-  /// view of `tokens` for backward (the caller keeps it alive).
+  /// Y [batch*seq, h] (contiguous) = wte[tokens] + wpe[positions].
+  /// `tokens` are host memory; they are copied to backend memory the layer
+  /// owns (kept for backward, so the caller need not keep them alive).
   void forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
                StepBuffers& buffers) override;
   /// wte / wpe gradients (+)= the rows' gradients from dY [batch*seq, h].
@@ -347,8 +348,8 @@ class Embedding1D final : public EmbeddingModule<T> {
   index_t batch_, seq_, vocab_, hidden_, positions_;
   int p_;
   Param<T> wte_, wpe_;
-  std::vector<std::int32_t> position_ids_;  // r % seq for the global batch
-  std::span<const std::int32_t> tokens_;
+  BackendIds position_ids_;  // r % seq for the global batch, uploaded once
+  BackendIds tokens_;        // the last forward's token ids
 };
 
 /// Vocabulary-parallel cross-entropy (Megatron): the logits Z_r [tokens,
@@ -371,7 +372,8 @@ class CrossEntropy1D {
   /// Z: local logits [tokens, vocab/p]; targets: global [tokens] ids, the
   /// same on every rank. Returns the summed loss / normalizer (the same on
   /// every rank) and keeps the row statistics (3 * tokens values) in
-  /// buffers.forward.
+  /// buffers.forward; the targets are copied (host to backend memory) for
+  /// backward.
   double forward(ConstMatrixView<T> Z, std::span<const std::int32_t> targets, StepBuffers& buffers);
   /// In place: Z (the logits given to forward) becomes dL/dZ.
   void backward(MatrixView<T> Z, StepBuffers& buffers);
@@ -383,7 +385,7 @@ class CrossEntropy1D {
   int p_;
   T* max_ = nullptr;
   T* stats_ = nullptr;  // sum | picked target logit
-  std::span<const std::int32_t> targets_;
+  BackendIds targets_;  // in backend memory
 };
 
 /// Tied LM head: logits_r [tokens, V/p] = X wte_rᵀ with the embedding's

@@ -30,6 +30,9 @@ class ParameterStore {
   ParameterStore& operator=(const ParameterStore&) = delete;
 
   const std::vector<Param<T>*>& params() const { return params_; }
+  /// The backend whose memory holds the values and gradients (pointers
+  /// into it may be device memory: see Backend::host_accessible()).
+  Backend& backend() const { return *backend_; }
   /// The parameter called `name`; throws summa::Error if there is none.
   Param<T>& find(std::string_view name) const;
 

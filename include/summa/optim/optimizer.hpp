@@ -16,9 +16,14 @@
 /// same local element counts, no padding), so a checkpoint writer locates any
 /// element of it with the parameter's ParamShard pieces.
 ///
-/// The per-element arithmetic lives in small free functions on raw pointers
-/// (namespace summa::optim); a device backend replaces them with kernels.
-/// See docs/training.md for the formulas.
+/// The state lives in the store's backend memory (device memory on a
+/// CudaBackend), and every update, norm and scaling runs through that
+/// backend's seam ops (Backend::adamw_update, sgd_update, sum_of_squares,
+/// scale_in_place), so the optimizer never dereferences parameter, gradient
+/// or state memory on the host. The per-element formulas are the small free
+/// functions on host pointers in namespace summa::optim: CpuBackend calls
+/// them, CudaBackend's kernels implement the same arithmetic. See
+/// docs/training.md for the formulas.
 
 #include <cstdint>
 #include <memory>
@@ -85,8 +90,9 @@ struct OptimizerOptions {
   void validate() const;
 };
 
-/// Per-element update arithmetic on raw pointers (host memory on the CPU
-/// backend). These are the seams a device backend replaces with kernels.
+/// Per-element update arithmetic on raw host pointers: the reference
+/// formulas behind CpuBackend's optimizer ops, which a device backend
+/// implements as kernels (Optimizer calls the backend, never these directly).
 namespace optim {
 
 /// Scalars of one AdamW update (PyTorch's _single_tensor_adamw):
@@ -161,8 +167,10 @@ class Optimizer {
   /// {"momentum_buffer"} (PyTorch's state keys).
   const std::vector<std::string>& state_names() const { return state_names_; }
   /// Slot `slot` (an index into state_names()): state_elements() values
-  /// packed like store().values_base(). Starts at zero. Throws summa::Error
-  /// for a slot out of range. Null when the rank holds no elements.
+  /// packed like store().values_base(), in the memory of store().backend()
+  /// (device memory on a device backend: read it with Backend::download).
+  /// Starts at zero. Throws summa::Error for a slot out of range. Null when
+  /// the rank holds no elements.
   master_type* state(std::size_t slot);
   const master_type* state(std::size_t slot) const;
   /// Elements per slot (= store().local_elements()).

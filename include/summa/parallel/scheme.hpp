@@ -58,12 +58,18 @@ ProcessGrid make_grid(MPI_Comm comm, const SchemeSpec& spec, GridOptions options
 
 /// A distributed GPT under a scheme: owns the grid, the SUMMA engine (2D)
 /// and the model. Collective over `comm`.
+///
+/// `grid` chooses the communicators: the default (MPI) for CpuBackend; for
+/// a CudaBackend, CommBackend::nccl (one GPU per rank) or
+/// CommBackend::mpi_staged (ranks may share a GPU) with
+/// compute_stream = CudaBackend::stream() — a device backend with MPI
+/// communicators is refused (summa::Error on every rank).
 template <class T>
 class ParallelGpt {
  public:
   ParallelGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
               const reference::GptConfig& config, index_t batch, index_t seq,
-              GptOptions options = {}, SummaOptions summa = {});
+              GptOptions options = {}, SummaOptions summa = {}, GridOptions grid = {});
   ~ParallelGpt();
   ParallelGpt(const ParallelGpt&) = delete;
   ParallelGpt& operator=(const ParallelGpt&) = delete;
@@ -86,35 +92,37 @@ index_t batch_granularity(const SchemeSpec& spec);
 /// The memory planner: the report (capacities of parameters, gradients and
 /// every step buffer on this rank) of the GPT `spec` would build, computed
 /// from the layers' analytic sizes without allocating them
-/// (GptOptions::plan_only). Collective over `comm`.
+/// (GptOptions::plan_only). Collective over `comm`. `grid` as for
+/// ParallelGpt (the plan does not depend on it; an mpi_staged grid allocates
+/// its pinned staging buffers while the plan is made).
 template <class T>
 MemoryReport plan_memory(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
                          const reference::GptConfig& config, index_t batch, index_t seq,
-                         GptOptions options = {});
+                         GptOptions options = {}, GridOptions grid = {});
 
 /// Largest global batch, a multiple of batch_granularity(spec) and at most
 /// `max_batch`, whose planned total (MemoryReport::total(), the largest over
 /// ranks) fits in `budget_bytes` per rank; 0 when even the smallest does not.
 /// Memory grows with the batch, so this is a doubling then bisection search
-/// over plans. Collective over `comm`.
+/// over plans. Collective over `comm`; `grid` as for plan_memory.
 template <class T>
 index_t largest_batch(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
                       const reference::GptConfig& config, index_t seq, GptOptions options,
-                      std::size_t budget_bytes, index_t max_batch);
+                      std::size_t budget_bytes, index_t max_batch, GridOptions grid = {});
 
 extern template class ParallelGpt<float>;
 extern template class ParallelGpt<double>;
 extern template MemoryReport plan_memory<float>(MPI_Comm, const SchemeSpec&, Backend&,
                                                 const reference::GptConfig&, index_t, index_t,
-                                                GptOptions);
+                                                GptOptions, GridOptions);
 extern template MemoryReport plan_memory<double>(MPI_Comm, const SchemeSpec&, Backend&,
                                                  const reference::GptConfig&, index_t, index_t,
-                                                 GptOptions);
+                                                 GptOptions, GridOptions);
 extern template index_t largest_batch<float>(MPI_Comm, const SchemeSpec&, Backend&,
                                              const reference::GptConfig&, index_t, GptOptions,
-                                             std::size_t, index_t);
+                                             std::size_t, index_t, GridOptions);
 extern template index_t largest_batch<double>(MPI_Comm, const SchemeSpec&, Backend&,
                                               const reference::GptConfig&, index_t, GptOptions,
-                                              std::size_t, index_t);
+                                              std::size_t, index_t, GridOptions);
 
 }  // namespace summa

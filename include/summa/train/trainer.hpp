@@ -9,6 +9,12 @@
 /// One step: batch(step) from the loader (the same global batch on every
 /// rank, a pure function of the data seed and the step), forward, backward,
 /// clip the gradient's global norm, optimizer step at schedule.at(step).
+///
+/// Any backend: parameters, gradients, activations and optimizer state live
+/// in the backend's memory (device memory on a CudaBackend). The host holds
+/// the batch's token ids (uploaded by the model into pre-allocated backend
+/// memory), the loss and the gradient norm (doubles); checkpoints and the
+/// Hugging Face export/import stage through host copies outside the steps.
 /// A checkpoint stores parameters, optimizer state, the step and the
 /// options that fix the run (model shape, data seed, ...); resuming restores
 /// them, so the losses continue as in an uninterrupted run, whatever the
@@ -36,6 +42,12 @@ struct TrainerOptions {
   index_t batch = 8;  ///< global sequences per step
   index_t seq = 32;   ///< tokens per sequence
   GptOptions gpt;     ///< activation checkpointing
+  /// Communicators of the model's grid (ParallelGpt's `grid`): the default
+  /// (MPI) for CpuBackend; for a device backend (CudaBackend) comm =
+  /// CommBackend::nccl (one GPU per rank) or CommBackend::mpi_staged (ranks
+  /// may share a GPU) with compute_stream = CudaBackend::stream(). A device
+  /// backend with MPI communicators is refused on every rank.
+  GridOptions grid;
   OptimizerOptions optimizer;
   LrSchedule schedule;
   /// Clip the gradient's global norm to this (0: no clipping, the norm is
@@ -60,10 +72,12 @@ struct StepStats {
 template <class T>
 class Trainer {
  public:
-  /// Builds the model under options.scheme on `comm`, the optimizer and the
-  /// loader over `tokens` (ids must be < config.vocab_size), and initialises
-  /// the weights from init_seed. Collective over `comm`; invalid options
-  /// throw the same summa::Error on every rank.
+  /// Builds the model under options.scheme on `comm` (with options.grid's
+  /// communicators) on `backend`, which must outlive the trainer, the
+  /// optimizer (state on the same backend) and the loader over `tokens` (ids
+  /// must be < config.vocab_size), and initialises the weights from
+  /// init_seed. Collective over `comm`; invalid options throw the same
+  /// summa::Error on every rank.
   Trainer(MPI_Comm comm, const TrainerOptions& options, Backend& backend,
           std::vector<std::uint16_t> tokens);
   ~Trainer();

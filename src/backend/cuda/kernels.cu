@@ -12,6 +12,7 @@
 //    results never depend on timing.
 //  - Scalar reductions to one double (cross-entropy sum, Σx²) run in two
 //    passes: per-block partials, then one block sums them in order.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math_constants.h>
 
@@ -92,6 +93,27 @@ __device__ __forceinline__ double minus_infinity<double>() {
   return -CUDART_INF;
 }
 
+// ---- Storage <-> arithmetic type ----------------------------------------------
+// Loads widen to acc_of<T> (exact for bf16), stores narrow once (bf16: round
+// to nearest even); identities for float and double.
+
+__device__ __forceinline__ float widen(float x) {
+  return x;
+}
+__device__ __forceinline__ double widen(double x) {
+  return x;
+}
+__device__ __forceinline__ float widen(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+template <class T>
+__device__ __forceinline__ T narrow(acc_of<T> x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(x);
+  else
+    return x;
+}
+
 // ---- 16-byte vector moves -----------------------------------------------------
 
 template <class T>
@@ -106,6 +128,11 @@ struct Vec16<double> {
   using type = double2;
   static constexpr int n = 2;
 };
+template <>
+struct Vec16<__nv_bfloat16> {
+  using type = uint4;  // 8 bf16
+  static constexpr int n = 8;
+};
 
 __device__ __forceinline__ void unpack(float4 v, float (&o)[4]) {
   o[0] = v.x;
@@ -117,29 +144,46 @@ __device__ __forceinline__ void unpack(double2 v, double (&o)[2]) {
   o[0] = v.x;
   o[1] = v.y;
 }
+__device__ __forceinline__ void unpack(uint4 v, float (&o)[8]) {
+  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    o[2 * i] = f.x;
+    o[2 * i + 1] = f.y;
+  }
+}
 __device__ __forceinline__ float4 pack(const float (&o)[4]) {
   return make_float4(o[0], o[1], o[2], o[3]);
 }
 __device__ __forceinline__ double2 pack(const double (&o)[2]) {
   return make_double2(o[0], o[1]);
 }
+__device__ __forceinline__ uint4 pack(const float (&o)[8]) {
+  uint4 v;
+  auto* h = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(o[2 * i], o[2 * i + 1]);  // .x is lower
+  return v;
+}
 
-// N consecutive elements along the output's contiguous axis from (r, c). For
-// N > 1 the launcher guaranteed the view shares that order and alignment.
+// N consecutive elements along the output's contiguous axis from (r, c),
+// widened to the arithmetic type. For N > 1 the launcher guaranteed the view
+// shares that order and alignment.
 template <int N, class T>
-__device__ __forceinline__ void load(const DView<T>& v, index_t r, index_t c,
-                                     std::remove_const_t<T> (&out)[N]) {
+__device__ __forceinline__ void load(const DView<T>& v, index_t r, index_t c, acc_of<T> (&out)[N]) {
   using U = std::remove_const_t<T>;
   if constexpr (N == 1) {
-    out[0] = v(r, c);
+    out[0] = widen(v(r, c));
   } else {
     unpack(*reinterpret_cast<const typename Vec16<U>::type*>(&v(r, c)), out);
   }
 }
 template <int N, class T>
-__device__ __forceinline__ void store(const DView<T>& v, index_t r, index_t c, const T (&in)[N]) {
+__device__ __forceinline__ void store(const DView<T>& v, index_t r, index_t c,
+                                      const acc_of<T> (&in)[N]) {
   if constexpr (N == 1) {
-    v(r, c) = in[0];
+    v(r, c) = narrow<T>(in[0]);
   } else {
     *reinterpret_cast<typename Vec16<T>::type*>(&v(r, c)) = pack(in);
   }
@@ -335,21 +379,24 @@ void launch_sum(const Launch& launch, const F& f, index_t n, double* partials, c
 }
 
 // ---- Elementwise ops -------------------------------------------------------------
+// Each op computes in A = acc_of<T> (fp32 for bf16): loads widen, stores
+// round once; per-column parameters (bias, gamma, beta) are T, widened.
 
 template <class T>
 struct AxpbyOp {
+  using A = acc_of<T>;
   DView<const T> x;
   DView<T> c;
-  T alpha, beta;
+  A alpha, beta;
   template <int N>
   __device__ void apply(index_t r, index_t col, int, int) const {
-    T xv[N], out[N];
+    A xv[N], out[N];
     load<N>(x, r, col, xv);
-    if (beta == T(0)) {
+    if (beta == A(0)) {
 #pragma unroll
       for (int k = 0; k < N; ++k) out[k] = alpha * xv[k];
     } else {
-      T cv[N];
+      A cv[N];
       load<N>(c, r, col, cv);
 #pragma unroll
       for (int k = 0; k < N; ++k) out[k] = alpha * xv[k] + beta * cv[k];
@@ -362,8 +409,9 @@ struct AxpbyOp {
 // shared memory, so both the reads and the writes are coalesced.
 template <class T>
 __global__ void __launch_bounds__(32 * 8)
-    transpose_axpby_kernel(DView<const T> x, DView<T> c, T alpha, T beta) {
-  __shared__ T tile[32][33];  // tile[i][j] = element (r0 + i, c0 + j)
+    transpose_axpby_kernel(DView<const T> x, DView<T> c, acc_of<T> alpha, acc_of<T> beta) {
+  using A = acc_of<T>;
+  __shared__ A tile[32][33];  // tile[i][j] = element (r0 + i, c0 + j)
   const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
   for (index_t r0 = static_cast<index_t>(blockIdx.y) * 32; r0 < c.rows;
        r0 += static_cast<index_t>(gridDim.y) * 32) {
@@ -371,23 +419,25 @@ __global__ void __launch_bounds__(32 * 8)
          c0 += static_cast<index_t>(gridDim.x) * 32) {
       if (x.row_major) {  // consecutive threads along a row of X
         for (int i = ty; i < 32; i += 8)
-          if (r0 + i < c.rows && c0 + tx < c.cols) tile[i][tx] = x(r0 + i, c0 + tx);
+          if (r0 + i < c.rows && c0 + tx < c.cols) tile[i][tx] = widen(x(r0 + i, c0 + tx));
       } else {
         for (int j = ty; j < 32; j += 8)
-          if (r0 + tx < c.rows && c0 + j < c.cols) tile[tx][j] = x(r0 + tx, c0 + j);
+          if (r0 + tx < c.rows && c0 + j < c.cols) tile[tx][j] = widen(x(r0 + tx, c0 + j));
       }
       __syncthreads();
       if (c.row_major) {
         for (int i = ty; i < 32; i += 8) {
           const index_t r = r0 + i, cc = c0 + tx;
           if (r < c.rows && cc < c.cols)
-            c(r, cc) = beta == T(0) ? alpha * tile[i][tx] : alpha * tile[i][tx] + beta * c(r, cc);
+            c(r, cc) = narrow<T>(beta == A(0) ? alpha * tile[i][tx]
+                                              : alpha * tile[i][tx] + beta * widen(c(r, cc)));
         }
       } else {
         for (int j = ty; j < 32; j += 8) {
           const index_t r = r0 + tx, cc = c0 + j;
           if (r < c.rows && cc < c.cols)
-            c(r, cc) = beta == T(0) ? alpha * tile[tx][j] : alpha * tile[tx][j] + beta * c(r, cc);
+            c(r, cc) = narrow<T>(beta == A(0) ? alpha * tile[tx][j]
+                                              : alpha * tile[tx][j] + beta * widen(c(r, cc)));
         }
       }
       __syncthreads();
@@ -397,11 +447,12 @@ __global__ void __launch_bounds__(32 * 8)
 
 template <class T>
 struct ScaleOp {
+  using A = acc_of<T>;
   DView<T> c;
-  T beta;
+  A beta;
   template <int N>
   __device__ void apply(index_t r, index_t col, int, int) const {
-    T v[N];
+    A v[N];
     load<N>(c, r, col, v);
 #pragma unroll
     for (int k = 0; k < N; ++k) v[k] *= beta;
@@ -411,31 +462,34 @@ struct ScaleOp {
 
 template <class T>
 struct AddBiasOp {
+  using A = acc_of<T>;
   DView<T> y;
   const T* bias;
   template <int N>
   __device__ void apply(index_t r, index_t c, int, int dc) const {
-    T v[N];
+    A v[N];
     load<N>(y, r, c, v);
 #pragma unroll
-    for (int k = 0; k < N; ++k) v[k] += bias[c + k * dc];
+    for (int k = 0; k < N; ++k) v[k] += widen(bias[c + k * dc]);
     store<N>(y, r, c, v);
   }
 };
 
 template <class T>
 struct LnApplyOp {
+  using A = acc_of<T>;
   DView<const T> x;
-  const T *mean, *rstd, *gamma, *beta;
+  const A *mean, *rstd;
+  const T *gamma, *beta;
   DView<T> y;
   template <int N>
   __device__ void apply(index_t r, index_t c, int dr, int dc) const {
-    T v[N];
+    A v[N];
     load<N>(x, r, c, v);
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       const index_t rr = r + k * dr, cc = c + k * dc;
-      v[k] = (v[k] - mean[rr]) * rstd[rr] * gamma[cc] + beta[cc];
+      v[k] = (v[k] - mean[rr]) * rstd[rr] * widen(gamma[cc]) + widen(beta[cc]);
     }
     store<N>(y, r, c, v);
   }
@@ -443,20 +497,23 @@ struct LnApplyOp {
 
 template <class T>
 struct LnBackwardApplyOp {
+  using A = acc_of<T>;
   DView<const T> x, dy;
-  const T *mean, *rstd, *gamma, *a, *b;
-  T h, inv_h;
+  const A *mean, *rstd;
+  const T* gamma;
+  const A *a, *b;
+  A h, inv_h;
   DView<T> dx;
   template <int N>
   __device__ void apply(index_t r, index_t c, int dr, int dc) const {
-    T xv[N], g[N];
+    A xv[N], g[N];
     load<N>(x, r, c, xv);
     load<N>(dy, r, c, g);
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       const index_t rr = r + k * dr, cc = c + k * dc;
-      const T gk = g[k] * gamma[cc];
-      const T xhat = (xv[k] - mean[rr]) * rstd[rr];
+      const A gk = g[k] * widen(gamma[cc]);
+      const A xhat = (xv[k] - mean[rr]) * rstd[rr];
       // rstd / h * (h g - a - xhat b), as CpuBackend groups it.
       g[k] = ((gk * h - a[rr]) - xhat * b[rr]) * rstd[rr] * inv_h;
     }
@@ -469,17 +526,18 @@ constexpr double kGeluA = 0.044715;
 
 template <class T>
 struct GeluForwardOp {
+  using A = acc_of<T>;
   DView<const T> x;
   DView<T> y;
   template <int N>
   __device__ void apply(index_t r, index_t c, int, int) const {
-    T v[N];
+    A v[N];
     load<N>(x, r, c, v);
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      const T xv = v[k];
-      const T t = dtanh(T(kGeluC) * (xv + T(kGeluA) * xv * xv * xv));
-      v[k] = T(0.5) * xv * (T(1) + t);
+      const A xv = v[k];
+      const A t = dtanh(A(kGeluC) * (xv + A(kGeluA) * xv * xv * xv));
+      v[k] = A(0.5) * xv * (A(1) + t);
     }
     store<N>(y, r, c, v);
   }
@@ -487,19 +545,20 @@ struct GeluForwardOp {
 
 template <class T>
 struct GeluBackwardOp {
+  using A = acc_of<T>;
   DView<const T> x, dy;
   DView<T> dx;
   template <int N>
   __device__ void apply(index_t r, index_t c, int, int) const {
-    T xv[N], g[N];
+    A xv[N], g[N];
     load<N>(x, r, c, xv);
     load<N>(dy, r, c, g);  // read before dX (may be dY) is written
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      const T v = xv[k];
-      const T t = dtanh(T(kGeluC) * (v + T(kGeluA) * v * v * v));
-      const T d = T(0.5) * (T(1) + t) +
-                  T(0.5) * v * (T(1) - t * t) * T(kGeluC) * (T(1) + T(3.0 * kGeluA) * v * v);
+      const A v = xv[k];
+      const A t = dtanh(A(kGeluC) * (v + A(kGeluA) * v * v * v));
+      const A d = A(0.5) * (A(1) + t) +
+                  A(0.5) * v * (A(1) - t * t) * A(kGeluC) * (A(1) + A(3.0 * kGeluA) * v * v);
       g[k] *= d;
     }
     store<N>(dx, r, c, g);
@@ -515,20 +574,21 @@ __device__ __forceinline__ index_t local_index(std::int32_t id, index_t first, i
 
 template <class T>
 struct CrossEntropyGradOp {
+  using A = acc_of<T>;
   DView<T> z;
-  const T *max, *sum;
+  const A *max, *sum;
   const std::int32_t* targets;
   index_t col0;
-  T scale;
+  A scale;
   template <int N>
   __device__ void apply(index_t r, index_t c, int dr, int dc) const {
-    T v[N];
+    A v[N];
     load<N>(z, r, c, v);
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       const index_t rr = r + k * dr, cc = c + k * dc;
-      const T p = dexp(v[k] - max[rr]) / sum[rr];
-      const T hit = cc + col0 == static_cast<index_t>(targets[rr]) ? T(1) : T(0);
+      const A p = dexp(v[k] - max[rr]) / sum[rr];
+      const A hit = cc + col0 == static_cast<index_t>(targets[rr]) ? A(1) : A(0);
       v[k] = scale * (p - hit);
     }
     store<N>(z, r, c, v);
@@ -539,6 +599,7 @@ struct CrossEntropyGradOp {
 // then contiguous next to the output row).
 template <class T>
 struct GatherRowsOp {
+  using A = acc_of<T>;
   const std::int32_t* ids;
   index_t row0;
   DView<const T> table;
@@ -547,16 +608,16 @@ struct GatherRowsOp {
   template <int N>
   __device__ void apply(index_t r, index_t c, int, int) const {
     // N > 1 only for row-major views: the N elements then share row r.
-    T v[N];
+    A v[N];
     const index_t t = local_index(ids[r], row0, table.rows);
     if (t >= 0) {
       load<N>(table, t, c, v);
     } else {
 #pragma unroll
-      for (int k = 0; k < N; ++k) v[k] = T(0);
+      for (int k = 0; k < N; ++k) v[k] = A(0);
     }
     if (accumulate) {
-      T o[N];
+      A o[N];
       load<N>(out, r, c, o);
 #pragma unroll
       for (int k = 0; k < N; ++k) v[k] += o[k];
@@ -564,6 +625,34 @@ struct GatherRowsOp {
     store<N>(out, r, c, v);
   }
 };
+
+__device__ __forceinline__ void atomic_add(float* p, float v) {
+  atomicAdd(p, v);
+}
+__device__ __forceinline__ void atomic_add(double* p, double v) {
+  atomicAdd(p, v);
+}
+// bf16: the sum of the two bf16 values rounded once (to nearest even) per
+// addition, native on sm_80+, a compare-and-swap loop on the enclosing
+// aligned 32-bit word before.
+__device__ __forceinline__ void atomic_add(__nv_bfloat16* p, __nv_bfloat16 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  atomicAdd(p, v);
+#else
+  const auto address = reinterpret_cast<std::uintptr_t>(p);
+  auto* word = reinterpret_cast<unsigned int*>(address & ~std::uintptr_t(3));
+  const unsigned shift = (address & 2) != 0 ? 16u : 0u;
+  unsigned int old = *word, assumed;
+  do {
+    assumed = old;
+    const auto bits = static_cast<unsigned short>((assumed >> shift) & 0xffffu);
+    const float sum = __bfloat162float(__ushort_as_bfloat16(bits)) + __bfloat162float(v);
+    const unsigned int rounded = __bfloat16_as_ushort(__float2bfloat16_rn(sum));
+    const unsigned int updated = (assumed & ~(0xffffu << shift)) | (rounded << shift);
+    old = atomicCAS(word, assumed, updated);
+  } while (old != assumed);
+#endif
+}
 
 template <class T>
 struct ScatterAddRowsOp {
@@ -577,35 +666,39 @@ struct ScatterAddRowsOp {
     for (int k = 0; k < N; ++k) {
       const index_t rr = r + k * dr, cc = c + k * dc;
       const index_t t = local_index(ids[rr], row0, table.rows);
-      if (t >= 0) atomicAdd(&table(t, cc), src(rr, cc));
+      if (t >= 0) atomic_add(&table(t, cc), src(rr, cc));
     }
   }
 };
 
 // ---- Reduction functors -------------------------------------------------------------
+// Sums accumulate in acc_of<T>; bf16 outputs (column sums, dgamma, dbeta)
+// are rounded once from the fp32 total.
 
 template <class T>
 struct ColumnSumsOp {
-  using Acc = T;
+  using Acc = acc_of<T>;
   DView<const T> x;
-  T beta;
+  Acc beta;
   T* out;
-  __device__ Acc init() const { return T(0); }
-  __device__ Acc value(index_t r, index_t c) const { return x(r, c); }
+  __device__ Acc init() const { return Acc(0); }
+  __device__ Acc value(index_t r, index_t c) const { return widen(x(r, c)); }
   __device__ Acc combine(Acc a, Acc b) const { return a + b; }
-  __device__ void finish(index_t c, Acc s) const { out[c] = beta == T(0) ? s : beta * out[c] + s; }
+  __device__ void finish(index_t c, Acc s) const {
+    out[c] = narrow<T>(beta == Acc(0) ? s : beta * widen(out[c]) + s);
+  }
 };
 
 template <class T>
 struct LnPartialSumsOp {
-  using Acc = T;
+  using Acc = acc_of<T>;
   DView<const T> x;
-  const T* center;
-  T* out;
-  __device__ Acc init() const { return T(0); }
+  const Acc* center;
+  Acc* out;
+  __device__ Acc init() const { return Acc(0); }
   __device__ Acc value(index_t r, index_t c) const {
-    if (center == nullptr) return x(r, c);
-    const T d = x(r, c) - center[r];
+    if (center == nullptr) return widen(x(r, c));
+    const Acc d = widen(x(r, c)) - center[r];
     return d * d;
   }
   __device__ Acc combine(Acc a, Acc b) const { return a + b; }
@@ -614,14 +707,16 @@ struct LnPartialSumsOp {
 
 template <class T>
 struct LnBackwardPartialsOp {
-  using Acc = Two<T>;
+  using A = acc_of<T>;
+  using Acc = Two<A>;
   DView<const T> x, dy;
-  const T *mean, *rstd, *gamma;
-  T *a, *b;
-  __device__ Acc init() const { return Acc{T(0), T(0)}; }
+  const A *mean, *rstd;
+  const T* gamma;
+  A *a, *b;
+  __device__ Acc init() const { return Acc{A(0), A(0)}; }
   __device__ Acc value(index_t r, index_t c) const {
-    const T g = dy(r, c) * gamma[c];
-    const T xhat = (x(r, c) - mean[r]) * rstd[r];
+    const A g = widen(dy(r, c)) * widen(gamma[c]);
+    const A xhat = (widen(x(r, c)) - mean[r]) * rstd[r];
     return Acc{g, g * xhat};
   }
   __device__ Acc combine(Acc p, Acc q) const { return Acc{p.x + q.x, p.y + q.y}; }
@@ -633,29 +728,30 @@ struct LnBackwardPartialsOp {
 
 template <class T>
 struct LnParamPartialsOp {
-  using Acc = Two<T>;
+  using A = acc_of<T>;
+  using Acc = Two<A>;
   DView<const T> x, dy;
-  const T *mean, *rstd;
+  const A *mean, *rstd;
   T *dgamma, *dbeta;
-  __device__ Acc init() const { return Acc{T(0), T(0)}; }
+  __device__ Acc init() const { return Acc{A(0), A(0)}; }
   __device__ Acc value(index_t r, index_t c) const {
-    const T d = dy(r, c);
-    return Acc{d * ((x(r, c) - mean[r]) * rstd[r]), d};
+    const A d = widen(dy(r, c));
+    return Acc{d * ((widen(x(r, c)) - mean[r]) * rstd[r]), d};
   }
   __device__ Acc combine(Acc p, Acc q) const { return Acc{p.x + q.x, p.y + q.y}; }
   __device__ void finish(index_t c, Acc s) const {
-    dgamma[c] = s.x;
-    dbeta[c] = s.y;
+    dgamma[c] = narrow<T>(s.x);
+    dbeta[c] = narrow<T>(s.y);
   }
 };
 
 template <class T>
 struct RowMaxOp {
-  using Acc = T;
+  using Acc = acc_of<T>;
   DView<const T> z;
-  T* out;
-  __device__ Acc init() const { return minus_infinity<T>(); }
-  __device__ Acc value(index_t r, index_t c) const { return z(r, c); }
+  Acc* out;
+  __device__ Acc init() const { return minus_infinity<Acc>(); }
+  __device__ Acc value(index_t r, index_t c) const { return widen(z(r, c)); }
   __device__ Acc combine(Acc a, Acc b) const { return dmax(a, b); }
   __device__ void finish(index_t r, Acc m) const { out[r] = m; }
 };
@@ -665,14 +761,14 @@ template <class T>
 struct RowSumExpOp {
   using Acc = double;
   DView<const T> z;
-  const T* max;
-  T* out;
+  const acc_of<T>* max;
+  acc_of<T>* out;
   __device__ Acc init() const { return 0.0; }
   __device__ Acc value(index_t r, index_t c) const {
-    return exp(static_cast<double>(z(r, c)) - static_cast<double>(max[r]));
+    return exp(static_cast<double>(widen(z(r, c))) - static_cast<double>(max[r]));
   }
   __device__ Acc combine(Acc a, Acc b) const { return a + b; }
-  __device__ void finish(index_t r, Acc s) const { out[r] = static_cast<T>(s); }
+  __device__ void finish(index_t r, Acc s) const { out[r] = static_cast<acc_of<T>>(s); }
 };
 
 // ---- Causal softmax: W lanes per row (32: a warp, 1: a thread) ---------------------
@@ -692,7 +788,8 @@ __device__ __forceinline__ A group_max(A v) {
 
 template <int W, class T>
 __global__ void __launch_bounds__(kThreads)
-    softmax_causal_kernel(DView<const T> s, T scale, DView<T> p) {
+    softmax_causal_kernel(DView<const T> s, acc_of<T> scale, DView<T> p) {
+  using A = acc_of<T>;
   const index_t gid = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const index_t lane = W == 1 ? 0 : gid % W;
   const index_t groups = static_cast<index_t>(gridDim.x) * blockDim.x / W;
@@ -700,34 +797,37 @@ __global__ void __launch_bounds__(kThreads)
     const index_t end = r + 1 < p.cols ? r + 1 : p.cols;
     // Both reading passes finish (the group reductions synchronise the
     // lanes) before any lane writes the row, so P may be S.
-    T m = minus_infinity<T>();
-    for (index_t c = lane; c < end; c += W) m = dmax(m, scale * s(r, c));
+    A m = minus_infinity<A>();
+    for (index_t c = lane; c < end; c += W) m = dmax(m, scale * widen(s(r, c)));
     m = group_max<W>(m);
-    T sum = 0;
-    for (index_t c = lane; c < end; c += W) sum += dexp(scale * s(r, c) - m);
-    const T inv = T(1) / group_sum<W>(sum);
+    A sum = 0;
+    for (index_t c = lane; c < end; c += W) sum += dexp(scale * widen(s(r, c)) - m);
+    const A inv = A(1) / group_sum<W>(sum);
     for (index_t c = lane; c < p.cols; c += W)
-      p(r, c) = c < end ? dexp(scale * s(r, c) - m) * inv : T(0);
+      p(r, c) = narrow<T>(c < end ? dexp(scale * widen(s(r, c)) - m) * inv : A(0));
   }
 }
 
 template <int W, class T>
 __global__ void __launch_bounds__(kThreads)
-    softmax_causal_backward_kernel(DView<const T> p, DView<const T> dp, T scale, DView<T> ds) {
+    softmax_causal_backward_kernel(DView<const T> p, DView<const T> dp, acc_of<T> scale,
+                                   DView<T> ds) {
+  using A = acc_of<T>;
   const index_t gid = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const index_t lane = W == 1 ? 0 : gid % W;
   const index_t groups = static_cast<index_t>(gridDim.x) * blockDim.x / W;
   for (index_t r = gid / W; r < ds.rows; r += groups) {
     const index_t end = r + 1 < ds.cols ? r + 1 : ds.cols;
-    T dot = 0;
-    for (index_t c = lane; c < end; c += W) dot += dp(r, c) * p(r, c);
+    A dot = 0;
+    for (index_t c = lane; c < end; c += W) dot += widen(dp(r, c)) * widen(p(r, c));
     dot = group_sum<W>(dot);
     for (index_t c = lane; c < ds.cols; c += W) {
       if (c < end) {
-        const T pv = p(r, c), dpv = dp(r, c);  // read before dS (may be dP) is written
-        ds(r, c) = scale * pv * (dpv - dot);
+        const A pv = widen(p(r, c)),
+                dpv = widen(dp(r, c));  // read before dS (may be dP) is written
+        ds(r, c) = narrow<T>(scale * pv * (dpv - dot));
       } else {
-        ds(r, c) = T(0);
+        ds(r, c) = narrow<T>(A(0));
       }
     }
   }
@@ -751,7 +851,7 @@ void launch_rows(const Launch& launch, bool row_major, index_t rows, KernelWarp 
 // ---- Launchers -------------------------------------------------------------------------
 
 template <class T>
-void axpby(const Launch& launch, T alpha, DView<const T> X, T beta, DView<T> C) {
+void axpby(const Launch& launch, acc_of<T> alpha, DView<const T> X, acc_of<T> beta, DView<T> C) {
   if (C.rows == 0 || C.cols == 0) return;
   if (X.row_major != C.row_major) {
     const index_t tiles_r = (C.rows + 31) / 32, tiles_c = (C.cols + 31) / 32;
@@ -768,7 +868,7 @@ void axpby(const Launch& launch, T alpha, DView<const T> X, T beta, DView<T> C) 
 }
 
 template <class T>
-void scale(const Launch& launch, T beta, DView<T> C) {
+void scale(const Launch& launch, acc_of<T> beta, DView<T> C) {
   launch_elementwise<T>(launch, ScaleOp<T>{C, beta}, C.rows, C.cols, C.row_major,
                         vector_ok(C, C.row_major), "scale");
 }
@@ -780,12 +880,13 @@ void add_bias(const Launch& launch, DView<T> Y, const T* bias) {
 }
 
 template <class T>
-void column_sums(const Launch& launch, DView<const T> X, T beta, T* out) {
+void column_sums(const Launch& launch, DView<const T> X, acc_of<T> beta, T* out) {
   launch_reduce(launch, ColumnSumsOp<T>{X, beta, out}, X, false, "column_sums");
 }
 
 template <class T>
-void layernorm_partial_sums(const Launch& launch, DView<const T> X, const T* center, T* out) {
+void layernorm_partial_sums(const Launch& launch, DView<const T> X, const acc_of<T>* center,
+                            acc_of<T>* out) {
   launch_reduce(launch, LnPartialSumsOp<T>{X, center, out}, X, true, "layernorm_partial_sums");
 }
 
@@ -817,8 +918,8 @@ void layernorm_rstd(const Launch& launch, index_t n, index_t h, double eps, cons
 }
 
 template <class T>
-void layernorm_apply(const Launch& launch, DView<const T> X, const T* mean, const T* rstd,
-                     const T* gamma, const T* beta, DView<T> Y) {
+void layernorm_apply(const Launch& launch, DView<const T> X, const acc_of<T>* mean,
+                     const acc_of<T>* rstd, const T* gamma, const T* beta, DView<T> Y) {
   const bool vec = vector_ok(X, Y.row_major) && vector_ok(Y, Y.row_major);
   launch_elementwise<T>(launch, LnApplyOp<T>{X, mean, rstd, gamma, beta, Y}, Y.rows, Y.cols,
                         Y.row_major, vec, "layernorm_apply");
@@ -826,26 +927,28 @@ void layernorm_apply(const Launch& launch, DView<const T> X, const T* mean, cons
 
 template <class T>
 void layernorm_backward_partials(const Launch& launch, DView<const T> X, DView<const T> dY,
-                                 const T* mean, const T* rstd, const T* gamma, T* a, T* b) {
+                                 const acc_of<T>* mean, const acc_of<T>* rstd, const T* gamma,
+                                 acc_of<T>* a, acc_of<T>* b) {
   launch_reduce(launch, LnBackwardPartialsOp<T>{X, dY, mean, rstd, gamma, a, b}, X, true,
                 "layernorm_backward_partials");
 }
 
 template <class T>
 void layernorm_backward_apply(const Launch& launch, DView<const T> X, DView<const T> dY,
-                              const T* mean, const T* rstd, const T* gamma, const T* a, const T* b,
-                              index_t h, DView<T> dX) {
-  const T hh = static_cast<T>(h);
+                              const acc_of<T>* mean, const acc_of<T>* rstd, const T* gamma,
+                              const acc_of<T>* a, const acc_of<T>* b, index_t h, DView<T> dX) {
+  using A = acc_of<T>;
+  const A hh = static_cast<A>(h);
   const bool vec =
       vector_ok(X, dX.row_major) && vector_ok(dY, dX.row_major) && vector_ok(dX, dX.row_major);
   launch_elementwise<T>(launch,
-                        LnBackwardApplyOp<T>{X, dY, mean, rstd, gamma, a, b, hh, T(1) / hh, dX},
+                        LnBackwardApplyOp<T>{X, dY, mean, rstd, gamma, a, b, hh, A(1) / hh, dX},
                         dX.rows, dX.cols, dX.row_major, vec, "layernorm_backward_apply");
 }
 
 template <class T>
 void layernorm_param_partials(const Launch& launch, DView<const T> X, DView<const T> dY,
-                              const T* mean, const T* rstd, T* dgamma, T* dbeta) {
+                              const acc_of<T>* mean, const acc_of<T>* rstd, T* dgamma, T* dbeta) {
   launch_reduce(launch, LnParamPartialsOp<T>{X, dY, mean, rstd, dgamma, dbeta}, X, false,
                 "layernorm_param_partials");
 }
@@ -868,7 +971,8 @@ void gelu_backward(const Launch& launch, DView<const T> X, DView<const T> dY, DV
 template <class T>
 void softmax_causal(const Launch& launch, DView<const T> S, double scale, DView<T> P) {
   launch_rows<T>(launch, S.row_major, P.rows, softmax_causal_kernel<32, T>,
-                 softmax_causal_kernel<1, T>, "softmax_causal", S, static_cast<T>(scale), P);
+                 softmax_causal_kernel<1, T>, "softmax_causal", S, static_cast<acc_of<T>>(scale),
+                 P);
 }
 
 template <class T>
@@ -876,16 +980,16 @@ void softmax_causal_backward(const Launch& launch, DView<const T> P, DView<const
                              double scale, DView<T> dS) {
   launch_rows<T>(launch, P.row_major, dS.rows, softmax_causal_backward_kernel<32, T>,
                  softmax_causal_backward_kernel<1, T>, "softmax_causal_backward", P, dP,
-                 static_cast<T>(scale), dS);
+                 static_cast<acc_of<T>>(scale), dS);
 }
 
 template <class T>
-void row_max(const Launch& launch, DView<const T> Z, T* out) {
+void row_max(const Launch& launch, DView<const T> Z, acc_of<T>* out) {
   launch_reduce(launch, RowMaxOp<T>{Z, out}, Z, true, "row_max");
 }
 
 template <class T>
-void row_sum_exp(const Launch& launch, DView<const T> Z, const T* max, T* out) {
+void row_sum_exp(const Launch& launch, DView<const T> Z, const acc_of<T>* max, acc_of<T>* out) {
   launch_reduce(launch, RowSumExpOp<T>{Z, max, out}, Z, true, "row_sum_exp");
 }
 
@@ -894,16 +998,16 @@ struct PickTargetsOp {
   DView<const T> z;
   const std::int32_t* targets;
   index_t col0;
-  T* out;
+  acc_of<T>* out;
   __device__ void operator()(index_t r) const {
     const index_t c = local_index(targets[r], col0, z.cols);
-    out[r] = c >= 0 ? z(r, c) : T(0);
+    out[r] = c >= 0 ? widen(z(r, c)) : acc_of<T>(0);
   }
 };
 
 template <class T>
 void pick_targets(const Launch& launch, DView<const T> Z, const std::int32_t* targets, index_t col0,
-                  T* out) {
+                  acc_of<T>* out) {
   launch_index(launch, PickTargetsOp<T>{Z, targets, col0, out}, Z.rows, "pick_targets");
 }
 
@@ -923,11 +1027,12 @@ void cross_entropy_sum(const Launch& launch, index_t n, const T* max, const T* s
 }
 
 template <class T>
-void cross_entropy_grad(const Launch& launch, DView<T> Z, const T* max, const T* sum,
-                        const std::int32_t* targets, index_t col0, double scale) {
+void cross_entropy_grad(const Launch& launch, DView<T> Z, const acc_of<T>* max,
+                        const acc_of<T>* sum, const std::int32_t* targets, index_t col0,
+                        double scale) {
   launch_elementwise<T>(
-      launch, CrossEntropyGradOp<T>{Z, max, sum, targets, col0, static_cast<T>(scale)}, Z.rows,
-      Z.cols, Z.row_major, vector_ok(Z, Z.row_major), "cross_entropy_grad");
+      launch, CrossEntropyGradOp<T>{Z, max, sum, targets, col0, static_cast<acc_of<T>>(scale)},
+      Z.rows, Z.cols, Z.row_major, vector_ok(Z, Z.row_major), "cross_entropy_grad");
 }
 
 template <class T>
@@ -949,7 +1054,7 @@ template <class T>
 struct SquareOp {
   const T* x;
   __device__ double operator()(index_t i) const {
-    const double v = static_cast<double>(x[i]);
+    const double v = static_cast<double>(widen(x[i]));
     return v * v;
   }
 };
@@ -962,53 +1067,143 @@ void sum_of_squares(const Launch& launch, const T* x, index_t n, double* partial
 template <class T>
 struct ScaleInPlaceOp {
   T* x;
-  T factor;
-  __device__ void operator()(index_t i) const { x[i] *= factor; }
+  acc_of<T> factor;
+  __device__ void operator()(index_t i) const { x[i] = narrow<T>(widen(x[i]) * factor); }
 };
 
 template <class T>
 void scale_in_place(const Launch& launch, T* x, index_t n, double factor) {
-  launch_index(launch, ScaleInPlaceOp<T>{x, static_cast<T>(factor)}, n, "scale_in_place");
+  launch_index(launch, ScaleInPlaceOp<T>{x, static_cast<acc_of<T>>(factor)}, n, "scale_in_place");
 }
 
-#define SUMMA_CUDA_INSTANTIATE(T)                                                                 \
-  template void axpby(const Launch&, T, DView<const T>, T, DView<T>);                             \
-  template void scale(const Launch&, T, DView<T>);                                                \
-  template void add_bias(const Launch&, DView<T>, const T*);                                      \
-  template void column_sums(const Launch&, DView<const T>, T, T*);                                \
-  template void layernorm_partial_sums(const Launch&, DView<const T>, const T*, T*);              \
-  template void layernorm_mean(const Launch&, index_t, index_t, const T*, T*);                    \
-  template void layernorm_rstd(const Launch&, index_t, index_t, double, const T*, T*);            \
-  template void layernorm_apply(const Launch&, DView<const T>, const T*, const T*, const T*,      \
-                                const T*, DView<T>);                                              \
-  template void layernorm_backward_partials(const Launch&, DView<const T>, DView<const T>,        \
-                                            const T*, const T*, const T*, T*, T*);                \
-  template void layernorm_backward_apply(const Launch&, DView<const T>, DView<const T>, const T*, \
-                                         const T*, const T*, const T*, const T*, index_t,         \
-                                         DView<T>);                                               \
-  template void layernorm_param_partials(const Launch&, DView<const T>, DView<const T>, const T*, \
-                                         const T*, T*, T*);                                       \
-  template void gelu_forward(const Launch&, DView<const T>, DView<T>);                            \
-  template void gelu_backward(const Launch&, DView<const T>, DView<const T>, DView<T>);           \
-  template void softmax_causal(const Launch&, DView<const T>, double, DView<T>);                  \
-  template void softmax_causal_backward(const Launch&, DView<const T>, DView<const T>, double,    \
-                                        DView<T>);                                                \
-  template void row_max(const Launch&, DView<const T>, T*);                                       \
-  template void row_sum_exp(const Launch&, DView<const T>, const T*, T*);                         \
-  template void pick_targets(const Launch&, DView<const T>, const std::int32_t*, index_t, T*);    \
-  template void cross_entropy_sum(const Launch&, index_t, const T*, const T*, const T*, double*); \
-  template void cross_entropy_grad(const Launch&, DView<T>, const T*, const T*,                   \
-                                   const std::int32_t*, index_t, double);                         \
-  template void gather_rows(const Launch&, const std::int32_t*, index_t, DView<const T>, bool,    \
-                            DView<T>);                                                            \
-  template void scatter_add_rows(const Launch&, const std::int32_t*, index_t, DView<const T>,     \
-                                 DView<T>);                                                       \
-  template void sum_of_squares(const Launch&, const T*, index_t, double*);                        \
-  template void scale_in_place(const Launch&, T*, index_t, double);
+template <class S, class D>
+struct ConvertOp {
+  DView<const S> src;
+  DView<D> dst;
+  template <int N>  // launched with N == 1 only
+  __device__ void apply(index_t r, index_t c, int, int) const {
+    dst(r, c) = narrow<D>(static_cast<acc_of<D>>(widen(src(r, c))));
+  }
+};
+
+template <class S, class D>
+void convert(const Launch& launch, DView<const S> src, DView<D> dst) {
+  launch_elementwise<D>(launch, ConvertOp<S, D>{src, dst}, dst.rows, dst.cols, dst.row_major, false,
+                        "convert");
+}
+template void convert<float, __nv_bfloat16>(const Launch&, DView<const float>,
+                                            DView<__nv_bfloat16>);
+template void convert<__nv_bfloat16, float>(const Launch&, DView<const __nv_bfloat16>,
+                                            DView<float>);
+
+// ---- bf16 optimizer updates with fp32 master weights ------------------------------------
+
+__global__ void __launch_bounds__(kThreads)
+    adamw_bf16_kernel(__nv_bfloat16* param, const __nv_bfloat16* grad, float* exp_avg,
+                      float* exp_avg_sq, float* master, index_t n, float decay, float beta1,
+                      float one_minus_beta1, float beta2, float one_minus_beta2, float eps,
+                      float step_size, float bias_correction2_sqrt) {
+  const index_t stride = static_cast<index_t>(gridDim.x) * blockDim.x;
+  for (index_t i = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const float g = __bfloat162float(grad[i]);
+    const float m = beta1 * exp_avg[i] + one_minus_beta1 * g;
+    const float v = beta2 * exp_avg_sq[i] + one_minus_beta2 * g * g;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    const float denom = sqrtf(v) / bias_correction2_sqrt + eps;
+    const float p = master[i] * decay - step_size * m / denom;
+    master[i] = p;
+    param[i] = __float2bfloat16_rn(p);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sgd_bf16_kernel(__nv_bfloat16* param, const __nv_bfloat16* grad, float* momentum_buffer,
+                    float* master, index_t n, float lr, float weight_decay, float momentum,
+                    bool nesterov) {
+  const index_t stride = static_cast<index_t>(gridDim.x) * blockDim.x;
+  for (index_t i = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const float p = master[i];
+    const float d = __bfloat162float(grad[i]) + weight_decay * p;
+    const float b = momentum * momentum_buffer[i] + d;
+    momentum_buffer[i] = b;
+    const float updated = p - lr * (nesterov ? d + momentum * b : b);
+    master[i] = updated;
+    param[i] = __float2bfloat16_rn(updated);
+  }
+}
+
+void adamw_update_bf16(const Launch& launch, __nv_bfloat16* param, const __nv_bfloat16* grad,
+                       float* exp_avg, float* exp_avg_sq, float* master, index_t n, float decay,
+                       float beta1, float one_minus_beta1, float beta2, float one_minus_beta2,
+                       float eps, float step_size, float bias_correction2_sqrt) {
+  if (n <= 0) return;
+  adamw_bf16_kernel<<<grid_for(n, kThreads, launch), kThreads, 0, launch.stream>>>(
+      param, grad, exp_avg, exp_avg_sq, master, n, decay, beta1, one_minus_beta1, beta2,
+      one_minus_beta2, eps, step_size, bias_correction2_sqrt);
+  check_launch("adamw_update (bf16)");
+}
+
+void sgd_update_bf16(const Launch& launch, __nv_bfloat16* param, const __nv_bfloat16* grad,
+                     float* momentum_buffer, float* master, index_t n, float lr, float weight_decay,
+                     float momentum, bool nesterov) {
+  if (n <= 0) return;
+  sgd_bf16_kernel<<<grid_for(n, kThreads, launch), kThreads, 0, launch.stream>>>(
+      param, grad, momentum_buffer, master, n, lr, weight_decay, momentum, nesterov);
+  check_launch("sgd_update (bf16)");
+}
+
+// Every element type T (float, double, __nv_bfloat16; A = acc_of<T>).
+#define SUMMA_CUDA_INSTANTIATE(T)                                                                  \
+  template void axpby<T>(const Launch&, acc_of<T>, DView<const T>, acc_of<T>, DView<T>);           \
+  template void scale<T>(const Launch&, acc_of<T>, DView<T>);                                      \
+  template void add_bias<T>(const Launch&, DView<T>, const T*);                                    \
+  template void column_sums<T>(const Launch&, DView<const T>, acc_of<T>, T*);                      \
+  template void layernorm_partial_sums<T>(const Launch&, DView<const T>, const acc_of<T>*,         \
+                                          acc_of<T>*);                                             \
+  template void layernorm_apply<T>(const Launch&, DView<const T>, const acc_of<T>*,                \
+                                   const acc_of<T>*, const T*, const T*, DView<T>);                \
+  template void layernorm_backward_partials<T>(const Launch&, DView<const T>, DView<const T>,      \
+                                               const acc_of<T>*, const acc_of<T>*, const T*,       \
+                                               acc_of<T>*, acc_of<T>*);                            \
+  template void layernorm_backward_apply<T>(                                                       \
+      const Launch&, DView<const T>, DView<const T>, const acc_of<T>*, const acc_of<T>*, const T*, \
+      const acc_of<T>*, const acc_of<T>*, index_t, DView<T>);                                      \
+  template void layernorm_param_partials<T>(const Launch&, DView<const T>, DView<const T>,         \
+                                            const acc_of<T>*, const acc_of<T>*, T*, T*);           \
+  template void gelu_forward<T>(const Launch&, DView<const T>, DView<T>);                          \
+  template void gelu_backward<T>(const Launch&, DView<const T>, DView<const T>, DView<T>);         \
+  template void softmax_causal<T>(const Launch&, DView<const T>, double, DView<T>);                \
+  template void softmax_causal_backward<T>(const Launch&, DView<const T>, DView<const T>, double,  \
+                                           DView<T>);                                              \
+  template void row_max<T>(const Launch&, DView<const T>, acc_of<T>*);                             \
+  template void row_sum_exp<T>(const Launch&, DView<const T>, const acc_of<T>*, acc_of<T>*);       \
+  template void pick_targets<T>(const Launch&, DView<const T>, const std::int32_t*, index_t,       \
+                                acc_of<T>*);                                                       \
+  template void cross_entropy_grad<T>(const Launch&, DView<T>, const acc_of<T>*, const acc_of<T>*, \
+                                      const std::int32_t*, index_t, double);                       \
+  template void gather_rows<T>(const Launch&, const std::int32_t*, index_t, DView<const T>, bool,  \
+                               DView<T>);                                                          \
+  template void scatter_add_rows<T>(const Launch&, const std::int32_t*, index_t, DView<const T>,   \
+                                    DView<T>);                                                     \
+  template void sum_of_squares<T>(const Launch&, const T*, index_t, double*);                      \
+  template void scale_in_place<T>(const Launch&, T*, index_t, double);
+
+// Statistics-only kernels: float and double.
+#define SUMMA_CUDA_INSTANTIATE_STATS(T)                                                \
+  template void layernorm_mean(const Launch&, index_t, index_t, const T*, T*);         \
+  template void layernorm_rstd(const Launch&, index_t, index_t, double, const T*, T*); \
+  template void cross_entropy_sum(const Launch&, index_t, const T*, const T*, const T*, double*);
 
 SUMMA_CUDA_INSTANTIATE(float)
 SUMMA_CUDA_INSTANTIATE(double)
+SUMMA_CUDA_INSTANTIATE(__nv_bfloat16)
+SUMMA_CUDA_INSTANTIATE_STATS(float)
+SUMMA_CUDA_INSTANTIATE_STATS(double)
 #undef SUMMA_CUDA_INSTANTIATE
+#undef SUMMA_CUDA_INSTANTIATE_STATS
 
 }  // namespace summa::cuda_detail
 
