@@ -3,6 +3,12 @@
 // arrays that move test data between the host and that backend's memory.
 //
 //   SUMMA_TEST_BACKEND=cpu (or unset)  CpuBackend, MPI communicators
+//   SUMMA_TEST_BACKEND=cpu_device      CpuBackend(emulate_device): runs on the
+//                                      host but reports host_accessible() ==
+//                                      false, so every staging path a GPU
+//                                      needs (upload/download instead of
+//                                      direct access) runs in CI; MPI
+//                                      communicators
 //   SUMMA_TEST_BACKEND=cuda            CudaBackend on the device of the
 //                                      node-local rank (several ranks share a
 //                                      GPU when there are more ranks than
@@ -32,10 +38,11 @@
 
 namespace summa::test {
 
-/// "cuda" or "cpu" (SUMMA_TEST_BACKEND).
+/// "cuda", "cpu_device" or "cpu" (SUMMA_TEST_BACKEND).
 inline std::string test_backend_name() {
   const char* env = std::getenv("SUMMA_TEST_BACKEND");
-  return env != nullptr && std::string(env) == "cuda" ? "cuda" : "cpu";
+  const std::string name = env != nullptr ? env : "";
+  return name == "cuda" || name == "cpu_device" ? name : "cpu";
 }
 
 /// Call first in main() (after MPI_Init): with SUMMA_TEST_BACKEND=cuda and no
@@ -69,7 +76,7 @@ inline Backend& test_backend() {
       return std::make_unique<CudaBackend>(o);
     }
 #endif
-    return std::make_unique<CpuBackend>();
+    return std::make_unique<CpuBackend>(test_backend_name() == "cpu_device");
   }();
   return *backend;
 }

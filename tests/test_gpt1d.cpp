@@ -717,7 +717,7 @@ TEST(Gpt1D, TrafficIsMegatrons) {
 // on) makes no heap allocation outside MPI's internals.
 TEST(Gpt1D, TrainingStepAllocatesNothing) {
   if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting unavailable (ASan)";
-  if (device_backend())
+  if (test_backend().asynchronous())
     GTEST_SKIP() << "the CUDA runtime allocates host memory internally (pinned staging, "
                     "launch bookkeeping): allocation counting runs on the CPU backend";
   LineEnv& e = line_env();

@@ -199,7 +199,7 @@ TEST(Gpt2D, CheckpointingAgreesAndAccumulates) {
 // on) makes no heap allocation outside MPI's internals.
 TEST(Gpt2D, TrainingStepAllocatesNothing) {
   if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting unavailable (ASan)";
-  if (device_backend())
+  if (test_backend().asynchronous())
     GTEST_SKIP() << "the CUDA runtime allocates host memory internally (pinned staging, "
                     "launch bookkeeping): allocation counting runs on the CPU backend";
   MeshEnv& e = mesh_env();
@@ -268,8 +268,8 @@ TEST(Gpt2D, BuffersSizedExactly) {
 TEST(Gpt2D, DeviceBackendNeedsStreamOrderedCommunicators) {
   MeshEnv& e = mesh_env();
   for (CommAxis axis : {CommAxis::mesh_row, CommAxis::mesh_col, CommAxis::tensor, CommAxis::data})
-    EXPECT_EQ(e.grid.comm(axis).stream_ordered(), device_backend());
-  if (!device_backend()) GTEST_SKIP() << "the refusal needs a device backend";
+    EXPECT_EQ(e.grid.comm(axis).stream_ordered(), e.backend.asynchronous());
+  if (!e.backend.asynchronous()) GTEST_SKIP() << "the refusal needs an asynchronous backend";
   ProcessGrid mpi_grid = ProcessGrid::mesh2d(MPI_COMM_WORLD);
   SummaEngine engine(mpi_grid, e.backend);
   const reference::GptConfig config = test_config(engine.q());

@@ -148,7 +148,7 @@ TEST(Gpt2DData, DataAxisBytesMatchTheModel) {
 
 TEST(Gpt2DData, TrainingStepAllocatesNothing) {
   if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting unavailable (ASan)";
-  if (device_backend())
+  if (test_backend().asynchronous())
     GTEST_SKIP() << "the CUDA runtime allocates host memory internally (pinned staging, "
                     "launch bookkeeping): allocation counting runs on the CPU backend";
   DataEnv& e = env();

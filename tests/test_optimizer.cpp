@@ -708,7 +708,7 @@ TEST(Optimizer, BackendOpsMatchReferenceDouble) {
 
 TEST(Optimizer, StepAndClipAllocateNothing) {
   if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting unavailable (ASan)";
-  if (device_backend())
+  if (test_backend().asynchronous())
     GTEST_SKIP() << "the CUDA runtime allocates host memory internally: allocation counting "
                     "runs on the CPU backend";
   const reference::GptConfig config = test_config();

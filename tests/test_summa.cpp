@@ -446,7 +446,7 @@ TEST(Summa, BadInputThrowsSameErrorEverywhere) {
 // counted apart (reported, not asserted).
 TEST(Summa, NoHeapAllocationInsideTheLoop) {
   if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting is off under ASan";
-  if (device_backend())
+  if (test_backend().asynchronous())
     GTEST_SKIP() << "CPU only: counts host allocations of Eigen's packing, and the CUDA runtime "
                     "allocates on its own";
   Env& e = env();

@@ -281,7 +281,7 @@ TEST(Train, InvalidOptionsThrowEverywhere) {
                       std::vector<std::uint16_t>(5, 1));  // shorter than seq + 1
   });
   EXPECT_NE(msg.find("short"), std::string::npos) << msg;
-  if (device_backend()) {
+  if (test_backend().asynchronous()) {
     o = options_for(fits, seed);
     o.grid = GridOptions{};  // MPI communicators cannot take device memory
     expect(o, "mpi_staged");

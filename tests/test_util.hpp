@@ -179,8 +179,10 @@ class DeviceMat {
   DeviceArray<T> array_;
 };
 
-/// True on a backend whose memory the host cannot read (CUDA): tests of
-/// host-only behaviour (allocation counting, Eigen scratch) skip there.
+/// True on a backend whose memory the host cannot read (CUDA, or the CPU
+/// emulating a device): tests read results through download().
+/// Allocation-counting tests skip on asynchronous backends only (the CUDA
+/// runtime allocates on its own); the emulation counts like the CPU.
 inline bool device_backend() {
   return !test_backend().host_accessible();
 }

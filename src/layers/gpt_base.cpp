@@ -30,7 +30,7 @@ ProcessGrid& checked(const char* what, ProcessGrid& grid, const Backend& backend
                         c.n_positions);
   // The layers hand device buffers to the communicators without waiting for
   // the backend: only communicators ordered with its stream may take them.
-  if (!error && !options.plan_only && !backend.host_accessible() &&
+  if (!error && !options.plan_only && backend.asynchronous() &&
       !(grid.tensor().stream_ordered() && grid.data().stream_ordered()))
     error = fmt::format(
         "{}: backend '{}' keeps activations and parameters in device memory, which the grid's "

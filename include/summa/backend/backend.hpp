@@ -276,6 +276,11 @@ class Backend {
   /// True when pointers of the backend's memory space may be dereferenced
   /// by host code (CpuBackend); false for device memory (CudaBackend).
   virtual bool host_accessible() const = 0;
+  /// True when ops return before their work is done (a device stream):
+  /// host-driven MPI must not read or write the backend's memory until
+  /// synchronize(), so models on such a backend need stream-ordered
+  /// communicators (Communicator::stream_ordered()). CpuBackend: false.
+  virtual bool asynchronous() const = 0;
   /// Copies `bytes` from host memory to backend memory `dst`, ordered after
   /// the work issued before it; `host_src` may be reused on return.
   virtual void upload(void* dst, const void* host_src, std::size_t bytes) = 0;

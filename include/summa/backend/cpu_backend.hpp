@@ -14,6 +14,13 @@ namespace summa {
 
 class CpuBackend final : public Backend {
  public:
+  CpuBackend() = default;
+  /// `emulate_device`: for tests on machines without a GPU. The backend
+  /// runs on the host as usual but reports host_accessible() == false, so
+  /// callers take the staging paths a device backend needs (upload and
+  /// download through the seam instead of touching memory directly); it
+  /// stays synchronous, so plain MPI communicators remain valid.
+  explicit CpuBackend(bool emulate_device) : emulate_device_(emulate_device) {}
   std::string_view name() const override { return "cpu-eigen"; }
   void* allocate(std::size_t bytes) override;
   void deallocate(void* p, std::size_t bytes) noexcept override;
@@ -107,7 +114,8 @@ class CpuBackend final : public Backend {
   void scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<double> src,
                         MatrixView<double> table) override;
 
-  bool host_accessible() const override { return true; }
+  bool host_accessible() const override { return !emulate_device_; }
+  bool asynchronous() const override { return false; }
   /// std::memcpy.
   void upload(void* dst, const void* host_src, std::size_t bytes) override;
   void download(void* host_dst, const void* src, std::size_t bytes) override;
@@ -171,6 +179,9 @@ class CpuBackend final : public Backend {
                   const optim::SgdCoefficients& c) override;
   double sum_of_squares(const bf16* x, index_t n) override;
   void scale_in_place(bf16* x, index_t n, double factor) override;
+
+ private:
+  bool emulate_device_ = false;
 };
 
 }  // namespace summa

@@ -321,6 +321,8 @@ class CudaBackend final : public Backend {
 
   /// Device memory: false.
   bool host_accessible() const override { return false; }
+  /// Ops are queued on stream(): true.
+  bool asynchronous() const override { return true; }
 
   /// cudaStreamSynchronize(stream()).
   void synchronize() override;
