@@ -27,6 +27,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench_device.hpp"
 #include "summa/summa.hpp"
 
 #if SUMMA_HAVE_CUDA
@@ -514,17 +515,8 @@ int run(int argc, char** argv, int rank, int ranks) {
       ->capture_default_str();
   app.add_option("--seed", s.seed, "Seed of weights, tokens and activations")
       ->capture_default_str();
-  app.add_option("--backend", s.backend,
-                 "cpu (CpuBackend, MPI) or cuda (CudaBackend on the node-local rank's GPU; "
-                 "needs a libsumma built with CUDA; --what defaults to block)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
-  app.add_option("--comm", s.comm,
-                 "cuda: communicators, mpi_staged (ranks may share a GPU) or nccl (one GPU "
-                 "per rank)")
-      ->check(CLI::IsMember({"mpi_staged", "nccl"}))
-      ->capture_default_str();
-  app.add_flag("--tf32", s.tf32, "cuda: TF32 tensor cores in f32 GEMMs");
+  summa::bench::add_device_options(app, s.backend, s.comm, s.tf32, "; --what defaults to block",
+                                   "cuda: TF32 tensor cores in f32 GEMMs");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -550,35 +542,12 @@ int run(int argc, char** argv, int rank, int ranks) {
   if (cuda && app.count("--what") == 0) what = {"block"};
   s.run_block = has(what, "block");
   s.run_gpt = has(what, "gpt");
-#if !SUMMA_HAVE_CUDA
-  if (cuda)
-    throw UsageError(
-        "--backend cuda: this gpt_layer was built without CUDA (libsumma has "
-        "SUMMA_HAVE_CUDA=0; configure with -DSUMMA_CUDA=ON)");
-#endif
-  if (!cuda && (s.tf32 || app.count("--comm") > 0))
-    throw UsageError("--tf32 and --comm need --backend cuda");
-
   // The backend first: the communicators order their work with its stream.
-  std::unique_ptr<summa::Backend> backend;
-  summa::GridOptions grid_options;
-  std::string device = "cpu";
-#if SUMMA_HAVE_CUDA
-  if (cuda) {
-    summa::CudaOptions o;
-    o.device = summa::select_device_for_rank(MPI_COMM_WORLD);
-    o.allow_tf32 = s.tf32;
-    auto cb = std::make_unique<summa::CudaBackend>(o);
-    grid_options.comm =
-        s.comm == "nccl" ? summa::CommBackend::nccl : summa::CommBackend::mpi_staged;
-    grid_options.compute_stream = cb->stream();
-    cudaDeviceProp prop{};
-    if (cudaGetDeviceProperties(&prop, o.device) == cudaSuccess) device = prop.name;
-    backend = std::move(cb);
-  }
-#endif
-  if (!backend) backend = std::make_unique<summa::CpuBackend>();
-  summa::ProcessGrid grid = summa::ProcessGrid::mesh2d(MPI_COMM_WORLD, 0, 1, grid_options);
+  summa::bench::BenchBackend chosen = summa::bench::make_backend<UsageError>(
+      s.backend, s.comm, s.tf32, app.count("--comm") > 0, "gpt_layer");
+  std::unique_ptr<summa::Backend> backend = std::move(chosen.backend);
+  const std::string device = chosen.device;
+  summa::ProcessGrid grid = summa::ProcessGrid::mesh2d(MPI_COMM_WORLD, 0, 1, chosen.grid);
   summa::SummaEngine engine(grid, *backend);
   const int q = grid.shape().rows;
   validate(s, q);

@@ -35,6 +35,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bench_device.hpp"
 #include "summa/summa.hpp"
 
 #if SUMMA_HAVE_CUDA
@@ -902,17 +903,8 @@ int run(int argc, char** argv, int rank, int ranks) {
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--no-eigen", no_eigen, "Skip the single-process Eigen baseline");
   app.add_flag("--no-pdgemm", no_pdgemm, "Skip the ScaLAPACK PDGEMM comparison");
-  app.add_option("--backend", s.backend,
-                 "cpu (CpuBackend, MPI) or cuda (CudaBackend on the node-local rank's GPU; "
-                 "needs a libsumma built with CUDA)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
-  app.add_option("--comm", s.comm,
-                 "cuda: communicators, mpi_staged (ranks may share a GPU) or nccl (one GPU "
-                 "per rank)")
-      ->check(CLI::IsMember({"mpi_staged", "nccl"}))
-      ->capture_default_str();
-  app.add_flag("--tf32", s.tf32, "cuda: TF32 tensor cores in f32 GEMMs (summa and cuBLAS)");
+  summa::bench::add_device_options(app, s.backend, s.comm, s.tf32, "",
+                                   "cuda: TF32 tensor cores in f32 GEMMs (summa and cuBLAS)");
   app.add_flag("--no-cublas", no_cublas, "cuda: skip the cublasGemmEx baseline");
   app.add_option("--pdgemm-nb", s.pdgemm_nb,
                  "PBLAS internal panel width (PILAENV) for PDGEMM; 0 keeps ScaLAPACK's (32)")
@@ -930,14 +922,6 @@ int run(int argc, char** argv, int rank, int ranks) {
   s.eigen = !no_eigen && !cuda;
   s.pdgemm = !no_pdgemm && !cuda;
   s.cublas = !no_cublas;
-#if !SUMMA_HAVE_CUDA
-  if (cuda)
-    throw UsageError(
-        "--backend cuda: this summa_gemm was built without CUDA (libsumma has "
-        "SUMMA_HAVE_CUDA=0; configure with -DSUMMA_CUDA=ON)");
-#endif
-  if (!cuda && (s.tf32 || app.count("--comm") > 0))
-    throw UsageError("--tf32 and --comm need --backend cuda");
   for (const auto& f : forms) s.forms.push_back(parse_form(f));
   s.panels = panels;
   s.slices = slices;
@@ -946,26 +930,11 @@ int run(int argc, char** argv, int rank, int ranks) {
   s.dtypes = dtypes;
 
   // The backend first: the communicators order their work with its stream.
-  std::unique_ptr<summa::Backend> backend;
-  summa::GridOptions grid_options;
-  std::string device_name;
-#if SUMMA_HAVE_CUDA
-  if (cuda) {
-    summa::CudaOptions o;
-    o.device = summa::select_device_for_rank(MPI_COMM_WORLD);
-    o.allow_tf32 = s.tf32;
-    auto cb = std::make_unique<summa::CudaBackend>(o);
-    grid_options.comm =
-        s.comm == "nccl" ? summa::CommBackend::nccl : summa::CommBackend::mpi_staged;
-    grid_options.compute_stream = cb->stream();
-    cudaDeviceProp prop{};
-    cuda_check(cudaGetDeviceProperties(&prop, o.device), "cudaGetDeviceProperties");
-    device_name = prop.name;
-    backend = std::move(cb);
-  }
-#endif
-  if (!backend) backend = std::make_unique<summa::CpuBackend>();
-  summa::ProcessGrid grid = summa::ProcessGrid::mesh2d(MPI_COMM_WORLD, 0, 1, grid_options);
+  summa::bench::BenchBackend chosen = summa::bench::make_backend<UsageError>(
+      s.backend, s.comm, s.tf32, app.count("--comm") > 0, "summa_gemm");
+  std::unique_ptr<summa::Backend> backend = std::move(chosen.backend);
+  const std::string device_name = cuda ? chosen.device : std::string();
+  summa::ProcessGrid grid = summa::ProcessGrid::mesh2d(MPI_COMM_WORLD, 0, 1, chosen.grid);
   const int q = grid.shape().rows;
 
   if (m > 0 || n > 0 || k > 0) {

@@ -172,6 +172,203 @@ TEST(CpuBackend, ShapeErrorsNameTheOperands) {
                Error);
 }
 
+// ---- gemm_strided_batched: against a loop of gemm() on the same backend.
+// CpuBackend's batched op is documented as that loop (same products, same
+// order, same scratch), so the whole operand buffer, gaps included, must be
+// bit identical (memcmp); gemm() itself is checked against Eigen above.
+
+// A strided batch of `batch` rows x cols views in one buffer of random
+// values: ld = minimum + pad, consecutive views `stride` elements apart.
+template <class T>
+struct Strided {
+  std::vector<T> buf;
+  index_t rows, cols, ld, stride;
+  Order order;
+  Strided(index_t r, index_t c, Order o, index_t pad, index_t stride_, index_t batch,
+          std::mt19937_64& gen)
+      : rows(r), cols(c), ld((o == Order::col_major ? r : c) + pad), stride(stride_), order(o) {
+    const index_t outer = o == Order::col_major ? c : r;
+    const index_t span = std::max<index_t>(outer, 1) * ld;
+    buf.resize(static_cast<std::size_t>(span + std::max<index_t>(batch - 1, 0) * stride + 1));
+    std::uniform_real_distribution<double> u(-1.0, 1.0);
+    for (T& x : buf) x = T(u(gen));
+  }
+  index_t span() const { return (order == Order::col_major ? cols : rows) * ld; }
+  MatrixView<T> view() { return MatrixView<T>(buf.data(), rows, cols, ld, order); }
+};
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+template <class T>
+void batched_sweep() {
+  CpuBackend backend;
+  const std::uint64_t seed = fresh_seed();
+  std::mt19937_64 gen(seed);
+  using S = acc_t<T>;
+  const index_t m = 7, n = 5, k = 6;
+  const Order orders[] = {Order::col_major, Order::row_major};
+  int runs = 0;
+  for (index_t batch : {index_t(0), index_t(1), index_t(3)})
+    for (Op ta : {Op::N, Op::T})
+      for (Op tb : {Op::N, Op::T})
+        for (Order oa : orders)
+          for (Order ob : orders)
+            for (Order oc : orders)
+              for (int layout = 0; layout < 2; ++layout) {
+                // layout 0: dense views one after another; layout 1: padded
+                // ld, A and C side by side within ld (stride = inner extent
+                // + 1), B shared by every product (stride 0).
+                const index_t ar = ta == Op::N ? m : k, ac = ta == Op::N ? k : m;
+                const index_t br = tb == Op::N ? k : n, bc = tb == Op::N ? n : k;
+                const index_t a_in = oa == Order::col_major ? ar : ac;
+                const index_t c_in = oc == Order::col_major ? m : n;
+                const index_t pad_a = layout == 0 ? 0 : 3 * (a_in + 1);
+                const index_t pad_c = layout == 0 ? 0 : 3 * (c_in + 1);
+                const index_t sa = layout == 0 ? ar * ac + 2 : a_in + 1;
+                const index_t sb = layout == 0 ? br * bc : 0;
+                const index_t sc = layout == 0 ? m * n + 1 : c_in + 1;
+                Strided<T> A(ar, ac, oa, pad_a, sa, batch, gen);
+                Strided<T> B(br, bc, ob, layout == 0 ? 0 : 2, sb, batch, gen);
+                Strided<T> C(m, n, oc, pad_c, sc, batch, gen);
+                Strided<T> want = C;
+                const std::string where =
+                    "batch " + std::to_string(batch) + " ops " + std::to_string(int(ta)) +
+                    std::to_string(int(tb)) + " orders " + std::to_string(int(oa)) +
+                    std::to_string(int(ob)) + std::to_string(int(oc)) + " layout " +
+                    std::to_string(layout) + ", " + seed_note(seed);
+                for (S beta : {S(-1.5), S(0)}) {
+                  const S alpha = S(0.75);
+                  std::vector<char> scratch(backend.gemm_scratch_bytes(m, n, k, dtype_v<T>));
+                  const Scratch s{scratch.data(), scratch.size()};
+                  for (index_t b = 0; b < batch; ++b)
+                    backend.gemm(ta, tb, alpha,
+                                 MatrixView<const T>(A.buf.data() + b * sa, ar, ac, A.ld, oa),
+                                 MatrixView<const T>(B.buf.data() + b * sb, br, bc, B.ld, ob), beta,
+                                 MatrixView<T>(want.buf.data() + b * sc, m, n, C.ld, oc), s);
+                  backend.gemm_strided_batched(ta, tb, alpha, A.view(), sa, B.view(), sb, beta,
+                                               C.view(), sc, batch, s);
+                  EXPECT_TRUE(same_bits(C.buf, want.buf)) << where << " beta " << double(beta);
+                  ++runs;
+                }
+                // Independent spot check: the last product against plain loops.
+                if (batch == 3 && layout == 1) {
+                  const index_t b = 2;
+                  MatrixView<const T> Ab(A.buf.data() + b * sa, ar, ac, A.ld, oa);
+                  MatrixView<const T> Bb(B.buf.data() + b * sb, br, bc, B.ld, ob);
+                  MatrixView<T> Cb(C.buf.data() + b * sc, m, n, C.ld, oc);
+                  backend.gemm_strided_batched(ta, tb, S(1), Ab, 0, Bb, 0, S(0), Cb, 0, 1);
+                  // |a|, |b| <= 1 so |C| <= k: accumulation error <= k * k * eps(acc),
+                  // plus bf16's one rounding of C (half an ulp, 2^-9 relative).
+                  const double acc_eps = std::is_same_v<T, double> ? 2.3e-16 : 1.2e-7;
+                  const double tol = double(k * k) * acc_eps +
+                                     (std::is_same_v<T, bf16> ? double(k) * 0x1p-9 : 0.0);
+                  for (index_t i = 0; i < m; ++i)
+                    for (index_t j = 0; j < n; ++j) {
+                      double ref = 0;
+                      for (index_t l = 0; l < k; ++l)
+                        ref += double(ta == Op::N ? Ab(i, l) : Ab(l, i)) *
+                               double(tb == Op::N ? Bb(l, j) : Bb(j, l));
+                      EXPECT_NEAR(double(Cb(i, j)), ref, tol)
+                          << where << " element " << i << "," << j;
+                    }
+                }
+              }
+  EXPECT_EQ(runs, 3 * 64 * 2);
+}
+
+TEST(CpuBackend, GemmStridedBatchedMatchesGemmLoopFloat) {
+  batched_sweep<float>();
+}
+TEST(CpuBackend, GemmStridedBatchedMatchesGemmLoopDouble) {
+  batched_sweep<double>();
+}
+TEST(CpuBackend, GemmStridedBatchedMatchesGemmLoopBf16) {
+  batched_sweep<bf16>();
+}
+
+template <class T>
+void batched_errors() {
+  CpuBackend backend;
+  using S = acc_t<T>;
+  std::vector<T> a(64, T(1)), b(64, T(1)), c(64, T(7));
+  const std::vector<T> c0 = c;
+  auto V = [](std::vector<T>& x, index_t r, index_t cc) {
+    return MatrixView<T>::dense(x.data(), r, cc, Order::row_major);
+  };
+  auto message = [&](index_t sa, index_t sb, index_t sc, index_t batch, index_t ak = 3) {
+    try {
+      backend.gemm_strided_batched(Op::N, Op::N, S(1), V(a, 2, ak), sa, V(b, 3, 2), sb, S(0),
+                                   V(c, 2, 2), sc, batch);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto has = [](const std::string& text, const char* part) {
+    return text.find(part) != std::string::npos;
+  };
+  std::string e = message(6, 6, 4, -2);
+  EXPECT_TRUE(has(e, "negative batch -2")) << e;
+  e = message(-1, 6, 4, 2);
+  EXPECT_TRUE(has(e, "stride_a -1")) << e;
+  e = message(6, -6, 4, 2);
+  EXPECT_TRUE(has(e, "stride_b -6")) << e;
+  e = message(6, 6, -4, 2);
+  EXPECT_TRUE(has(e, "stride_c -4")) << e;
+  e = message(6, 6, 4, 3, 4);  // A 2x4 with B 3x2
+  EXPECT_TRUE(has(e, "gemm: A is 2x4 and B is 3x2")) << e;
+  e = message(6, 6, 2, 3);  // C blocks 2x2 (span 4) two elements apart, ld 2: overlap
+  EXPECT_TRUE(has(e, "stride_c 2")) << e;
+  EXPECT_TRUE(has(e, "overlap")) << e;
+  EXPECT_EQ(message(6, 6, 2, 1), "no error");  // one product: any stride_c
+  c = c0;
+  EXPECT_EQ(message(6, 6, 4, 0), "no error");  // batch 0: nothing written
+  EXPECT_TRUE(same_bits(c, c0));
+  // Every error is raised before anything is computed: C untouched.
+  message(6, 6, 2, 3);
+  EXPECT_TRUE(same_bits(c, c0));
+  // Bad layouts are caught like gemm's.
+  EXPECT_THROW(backend.gemm_strided_batched(Op::N, Op::N, S(1), MatrixView<T>(a.data(), 2, 3, 1), 6,
+                                            V(b, 3, 2), 6, S(0), V(c, 2, 2), 4, 2),
+               Error);
+}
+
+TEST(CpuBackend, GemmStridedBatchedBadArgumentsThrow) {
+  batched_errors<float>();
+  batched_errors<double>();
+  batched_errors<bf16>();
+}
+
+TEST(CpuBackend, GemmStridedBatchedWithScratchAllocatesNothing) {
+  if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting is off under ASan";
+  CpuBackend backend;
+  std::mt19937_64 gen(fresh_seed());
+  const index_t m = 64, n = 64, k = 32, batch = 4;  // attention-like: s x s from s x d
+  Strided<float> A(m, k, Order::row_major, 0, m * k, batch, gen);
+  Strided<float> B(n, k, Order::row_major, 0, n * k, batch, gen);
+  Strided<float> C(m, n, Order::row_major, 0, m * n, batch, gen);
+  Strided<bf16> Ah(m, k, Order::row_major, 0, m * k, batch, gen);
+  Strided<bf16> Bh(n, k, Order::row_major, 0, n * k, batch, gen);
+  Strided<bf16> Ch(m, n, Order::row_major, 0, m * n, batch, gen);
+  std::vector<char> s32(backend.gemm_scratch_bytes(m, n, k, DType::f32));
+  std::vector<char> s16(backend.gemm_scratch_bytes(m, n, k, DType::bf16));
+  std::uint64_t count = 0;
+  std::string first;
+  {
+    CountAllocations counter;
+    backend.gemm_strided_batched(Op::N, Op::T, 1.0f, A.view(), m * k, B.view(), n * k, 0.0f,
+                                 C.view(), m * n, batch, {s32.data(), s32.size()});
+    backend.gemm_strided_batched(Op::N, Op::T, 1.0f, Ah.view(), m * k, Bh.view(), n * k, 0.5f,
+                                 Ch.view(), m * n, batch, {s16.data(), s16.size()});
+    count = counter.count();
+    first = counter.first_caller();
+  }
+  EXPECT_EQ(count, 0u) << "first from " << first;
+}
+
 TEST(Arena, BumpAllocationAlignmentAndOverflow) {
   CpuBackend backend;
   Arena arena("forward", backend, 1000);

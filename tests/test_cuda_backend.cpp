@@ -998,6 +998,121 @@ std::string error_of(Fn&& fn) {
   return "(no error)";
 }
 
+// ---- gemm_strided_batched ------------------------------------------------------
+// Against CpuBackend's batched op (itself checked against a gemm() loop in
+// test_backend): every transpose and order, batch 0/1/3, dense views one after
+// another and padded views side by side within ld with a shared B (stride 0).
+// The whole C buffer comes back: elements outside every C_b exactly, the rest
+// to max |gpu - cpu| / max |cpu| <= tol (fp32 1e-5, fp64 1e-12, bf16 1e-2:
+// fp32 accumulation in another order, then one bf16 rounding, 2^-8 relative).
+template <class T>
+void batched_sweep_gpu(double tol) {
+  CpuBackend cpu;
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  using S = acc_t<T>;
+  const index_t m = 19, n = 13, k = 11;
+  for (index_t batch : {index_t(0), index_t(1), index_t(3)})
+    for (Op ta : {Op::N, Op::T})
+      for (Op tb : {Op::N, Op::T})
+        for (Order oa : kOrders)
+          for (Order ob : kOrders)
+            for (Order oc : kOrders)
+              for (int layout = 0; layout < 2; ++layout)
+                for (S beta : {S(0), S(-1.25)}) {
+                  const index_t ar = ta == Op::N ? m : k, ac = ta == Op::N ? k : m;
+                  const index_t br = tb == Op::N ? k : n, bc = tb == Op::N ? n : k;
+                  const index_t a_in = oa == Order::col_major ? ar : ac;
+                  const index_t b_in = ob == Order::col_major ? br : bc;
+                  const index_t c_in = oc == Order::col_major ? m : n;
+                  const index_t lda = layout == 0 ? a_in : a_in + 3 * (a_in + 1);
+                  const index_t ldb = layout == 0 ? b_in : b_in + 2;
+                  const index_t ldc = layout == 0 ? c_in : c_in + 3 * (c_in + 1);
+                  const index_t sa = layout == 0 ? ar * ac + 2 : a_in + 1;
+                  const index_t sb = layout == 0 ? br * bc : 0;
+                  const index_t sc = layout == 0 ? m * n + 1 : c_in + 1;
+                  auto size = [&](index_t r, index_t c, Order o, index_t ld, index_t s) {
+                    return (o == Order::col_major ? c : r) * ld + 2 * s + 1;
+                  };
+                  TwinVec<T> A(random_vector<T>(size(ar, ac, oa, lda, sa), gen));
+                  TwinVec<T> B(random_vector<T>(size(br, bc, ob, ldb, sb), gen));
+                  TwinVec<T> C(random_vector<T>(size(m, n, oc, ldc, sc), gen));
+                  auto view = [](T* p, index_t r, index_t c, index_t ld, Order o) {
+                    return MatrixView<T>(p, r, c, ld, o);
+                  };
+                  cpu.gemm_strided_batched(ta, tb, S(0.75), view(A.h(), ar, ac, lda, oa), sa,
+                                           view(B.h(), br, bc, ldb, ob), sb, beta,
+                                           view(C.h(), m, n, ldc, oc), sc, batch);
+                  gpu().gemm_strided_batched(ta, tb, S(0.75), view(A.d(), ar, ac, lda, oa), sa,
+                                             view(B.d(), br, bc, ldb, ob), sb, beta,
+                                             view(C.d(), m, n, ldc, oc), sc, batch);
+                  const std::vector<T> got = C.download();
+                  const std::string what =
+                      cat("batched batch ", batch, " op ", int(ta), int(tb), " orders ", int(oa),
+                          int(ob), int(oc), " layout ", layout, " beta ", double(beta));
+                  std::vector<char> in_view(got.size(), 0);
+                  for (index_t b = 0; b < batch; ++b)
+                    for (index_t i = 0; i < m; ++i)
+                      for (index_t j = 0; j < n; ++j)
+                        in_view[static_cast<std::size_t>(
+                            b * sc + (oc == Order::col_major ? i + j * ldc : i * ldc + j))] = 1;
+                  double diff = 0, scale = 0;
+                  for (std::size_t i = 0; i < got.size(); ++i) {
+                    if (!in_view[i]) {
+                      ASSERT_EQ(std::memcmp(&got[i], C.h() + i, sizeof(T)), 0)
+                          << what << ": element " << i << " outside every C_b changed";
+                      continue;
+                    }
+                    diff = std::max(diff, std::abs(double(got[i]) - double(C.h()[i])));
+                    scale = std::max(scale, std::abs(double(C.h()[i])));
+                  }
+                  EXPECT_LE(scale > 0 ? diff / scale : diff, tol) << what;
+                }
+}
+
+TEST_F(Cuda, GemmStridedBatchedFloat) {
+  batched_sweep_gpu<float>(1e-5);
+}
+TEST_F(Cuda, GemmStridedBatchedDouble) {
+  batched_sweep_gpu<double>(1e-12);
+}
+TEST_F(Cuda, GemmStridedBatchedBf16) {
+  batched_sweep_gpu<bf16>(1e-2);
+}
+
+TEST_F(Cuda, GemmStridedBatchedBadInputThrows) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  TwinVec<float> A(random_vector<float>(64, gen)), B(random_vector<float>(64, gen));
+  TwinVec<float> C(random_vector<float>(64, gen));
+  const std::vector<float> c0 = C.download();
+  auto V = [](float* p, index_t r, index_t c) {
+    return MatrixView<float>::dense(p, r, c, Order::row_major);
+  };
+  auto run = [&](CudaBackend& be, index_t sc, index_t batch, index_t ak) {
+    return error_of([&] {
+      be.gemm_strided_batched(Op::N, Op::N, 1.f, V(A.d(), 2, ak), 6, V(B.d(), 3, 2), 6, 0.f,
+                              V(C.d(), 2, 2), sc, batch);
+    });
+  };
+  EXPECT_NE(run(gpu(), 4, -1, 3).find("negative batch -1"), std::string::npos);
+  EXPECT_NE(run(gpu(), -4, 2, 3).find("stride_c -4"), std::string::npos);
+  EXPECT_NE(run(gpu(), 4, 2, 4).find("gemm: A is 2x4 and B is 3x2"), std::string::npos);
+  EXPECT_NE(run(gpu(), 2, 3, 3).find("overlap"), std::string::npos);
+  gpu().synchronize();
+  EXPECT_EQ(C.download(), c0);  // nothing was enqueued
+  // The pointer contract, when asked to check it.
+  CudaBackend checked({.check_pointers = true});
+  std::vector<float> host(64, 1.f);
+  EXPECT_NE(error_of([&] {
+              checked.gemm_strided_batched(Op::N, Op::N, 1.f, V(host.data(), 2, 3), 6,
+                                           V(B.d(), 3, 2), 6, 0.f, V(C.d(), 2, 2), 4, 2);
+            }).find("gemm_strided_batched: A is not device memory"),
+            std::string::npos);
+}
+
 TEST(CudaBackendErrors, NoDeviceIsAClearError) {
   if (have_device()) GTEST_SKIP() << "a device is present";
   const std::string what = error_of([] { CudaBackend backend; });

@@ -533,6 +533,47 @@ void CpuBackend::gemm(Op ta, Op tb, double alpha, ConstMatrixView<double> A,
                       ConstMatrixView<double> B, double beta, MatrixView<double> C, Scratch s) {
   gemm_impl(ta, tb, alpha, A, B, beta, C, s);
 }
+namespace {
+// The products of a strided batch through gemm(), in order; validates every
+// argument before the first product.
+template <class T, class S>
+void batched_loop(CpuBackend& be, Op ta, Op tb, S alpha, ConstMatrixView<T> A, index_t stride_a,
+                  ConstMatrixView<T> B, index_t stride_b, S beta, MatrixView<T> C, index_t stride_c,
+                  index_t batch, Scratch s) {
+  A.check_layout("gemm_strided_batched A");
+  B.check_layout("gemm_strided_batched B");
+  C.check_layout("gemm_strided_batched C");
+  check_gemm_batch(ta, tb, A.rows, A.cols, B.rows, B.cols, C.rows, C.cols, C.ld, C.order, stride_a,
+                   stride_b, stride_c, batch);
+  for (index_t b = 0; b < batch; ++b) {
+    ConstMatrixView<T> Ab = A, Bb = B;
+    MatrixView<T> Cb = C;
+    Ab.data += b * stride_a;
+    Bb.data += b * stride_b;
+    Cb.data += b * stride_c;
+    be.gemm(ta, tb, alpha, Ab, Bb, beta, Cb, s);
+  }
+}
+}  // namespace
+
+void CpuBackend::gemm_strided_batched(Op ta, Op tb, float alpha, ConstMatrixView<float> A,
+                                      index_t stride_a, ConstMatrixView<float> B, index_t stride_b,
+                                      float beta, MatrixView<float> C, index_t stride_c,
+                                      index_t batch, Scratch s) {
+  batched_loop(*this, ta, tb, alpha, A, stride_a, B, stride_b, beta, C, stride_c, batch, s);
+}
+void CpuBackend::gemm_strided_batched(Op ta, Op tb, double alpha, ConstMatrixView<double> A,
+                                      index_t stride_a, ConstMatrixView<double> B, index_t stride_b,
+                                      double beta, MatrixView<double> C, index_t stride_c,
+                                      index_t batch, Scratch s) {
+  batched_loop(*this, ta, tb, alpha, A, stride_a, B, stride_b, beta, C, stride_c, batch, s);
+}
+void CpuBackend::gemm_strided_batched(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A,
+                                      index_t stride_a, ConstMatrixView<bf16> B, index_t stride_b,
+                                      float beta, MatrixView<bf16> C, index_t stride_c,
+                                      index_t batch, Scratch s) {
+  batched_loop(*this, ta, tb, alpha, A, stride_a, B, stride_b, beta, C, stride_c, batch, s);
+}
 void CpuBackend::copy(ConstMatrixView<float> src, MatrixView<float> dst) {
   copy_impl(src, dst);
 }

@@ -338,6 +338,64 @@ struct cuda_detail::CudaState {
     run_variant(v, ta, tb, alpha, A, B, beta, C);
   }
 
+  // Strided-batched GEMM: one cublasGemmStridedBatchedEx call, native
+  // operand layout (no tuning), mapping as cublas_gemm().
+  template <class T>
+  void gemm_batched(Op ta, Op tb, acc_t<T> alpha, ConstMatrixView<T> A, index_t stride_a,
+                    ConstMatrixView<T> B, index_t stride_b, acc_t<T> beta, MatrixView<T> C,
+                    index_t stride_c, index_t batch) {
+    A.check_layout("gemm_strided_batched A");
+    B.check_layout("gemm_strided_batched B");
+    C.check_layout("gemm_strided_batched C");
+    check_gemm_batch(ta, tb, A.rows, A.cols, B.rows, B.cols, C.rows, C.cols, C.ld, C.order,
+                     stride_a, stride_b, stride_c, batch);
+    const index_t m = C.rows, n = C.cols, k = ta == Op::N ? A.cols : A.rows;
+    if (m == 0 || n == 0 || batch == 0) return;
+    const index_t extents[] = {m, n, k, A.ld, B.ld, C.ld, batch};
+    for (index_t v : extents)
+      require(v <= INT_MAX, [&] {
+        return "gemm_strided_batched: dimension, leading dimension or batch " + std::to_string(v) +
+               " exceeds cuBLAS's int32 range (C " + shape(m, n) + ", k " + std::to_string(k) +
+               ", batch " + std::to_string(batch) + ")";
+      });
+    const bool reads_ab = alpha != acc_t<T>(0) && k != 0;
+    if (reads_ab) {
+      check_pointer(A.data, "gemm_strided_batched", "A");
+      check_pointer(B.data, "gemm_strided_batched", "B");
+    }
+    check_pointer(C.data, "gemm_strided_batched", "C");
+    if (!reads_ab) {  // never reads A or B; beta == 0 never reads C
+      for (index_t b = 0; b < batch; ++b) {
+        MatrixView<T> Cb = C;
+        Cb.data += b * stride_c;
+        scale(beta, Cb);
+      }
+      return;
+    }
+    const CublasMode mode = cublas_mode(ta, A.order, tb, B.order, C.order);
+    const bool col = C.order == Order::col_major;
+    const ConstMatrixView<T>& first = col ? A : B;
+    const ConstMatrixView<T>& second = col ? B : A;
+    const long long first_stride = col ? stride_a : stride_b;
+    const long long second_stride = col ? stride_b : stride_a;
+    const index_t M = col ? C.rows : C.cols, N = col ? C.cols : C.rows;
+    constexpr bool is_float = std::is_same_v<T, float>, is_bf16 = std::is_same_v<T, bf16>;
+    const cudaDataType_t type = is_bf16 ? CUDA_R_16BF : is_float ? CUDA_R_32F : CUDA_R_64F;
+    const cublasComputeType_t compute =
+        is_bf16     ? CUBLAS_COMPUTE_32F
+        : !is_float ? CUBLAS_COMPUTE_64F
+                    : (options.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+    check_cublas(
+        cublasGemmStridedBatchedEx(cublas, mode.first_t ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                   mode.second_t ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(M),
+                                   static_cast<int>(N), static_cast<int>(k), &alpha, first.data,
+                                   type, static_cast<int>(first.ld), first_stride, second.data,
+                                   type, static_cast<int>(second.ld), second_stride, &beta, C.data,
+                                   type, static_cast<int>(C.ld), static_cast<long long>(stride_c),
+                                   static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmStridedBatchedEx");
+  }
+
   template <class T>
   void scale(acc_t<T> beta, MatrixView<T> C) {
     if (C.empty() || beta == acc_t<T>(1)) return;
@@ -504,6 +562,19 @@ void CudaBackend::gemm(Op ta, Op tb, float alpha, ConstMatrixView<float> A,
 void CudaBackend::gemm(Op ta, Op tb, double alpha, ConstMatrixView<double> A,
                        ConstMatrixView<double> B, double beta, MatrixView<double> C, Scratch) {
   impl_->gemm(ta, tb, alpha, A, B, beta, C);
+}
+
+void CudaBackend::gemm_strided_batched(Op ta, Op tb, float alpha, ConstMatrixView<float> A,
+                                       index_t stride_a, ConstMatrixView<float> B, index_t stride_b,
+                                       float beta, MatrixView<float> C, index_t stride_c,
+                                       index_t batch, Scratch) {
+  impl_->gemm_batched(ta, tb, alpha, A, stride_a, B, stride_b, beta, C, stride_c, batch);
+}
+void CudaBackend::gemm_strided_batched(Op ta, Op tb, double alpha, ConstMatrixView<double> A,
+                                       index_t stride_a, ConstMatrixView<double> B,
+                                       index_t stride_b, double beta, MatrixView<double> C,
+                                       index_t stride_c, index_t batch, Scratch) {
+  impl_->gemm_batched(ta, tb, alpha, A, stride_a, B, stride_b, beta, C, stride_c, batch);
 }
 
 void CudaBackend::set_gemm_tuning(bool on) {
@@ -1103,6 +1174,12 @@ void CudaBackend::sgd_update(double* param, const double* grad, double* momentum
 void CudaBackend::gemm(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A, ConstMatrixView<bf16> B,
                        float beta, MatrixView<bf16> C, Scratch) {
   impl_->gemm<bf16>(ta, tb, alpha, A, B, beta, C);
+}
+void CudaBackend::gemm_strided_batched(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A,
+                                       index_t stride_a, ConstMatrixView<bf16> B, index_t stride_b,
+                                       float beta, MatrixView<bf16> C, index_t stride_c,
+                                       index_t batch, Scratch) {
+  impl_->gemm_batched<bf16>(ta, tb, alpha, A, stride_a, B, stride_b, beta, C, stride_c, batch);
 }
 void CudaBackend::copy(ConstMatrixView<bf16> src, MatrixView<bf16> dst) {
   copy_impl(SUMMA_L, src, dst);

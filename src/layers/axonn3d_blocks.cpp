@@ -77,8 +77,8 @@ BufferNeeds Attention3D<T>::buffer_needs() const {
   const index_t nt = batch_ * seq_ / gz_, hp = hidden_ / gx_;
   const index_t pairs = (batch_ / gz_) * (heads_ / gx_);
   ByteCount<T> fwd, bwd, ws;
-  fwd.add(nt * 3 * hp).add(pairs * seq_ * seq_).add(nt * hp);  // qkv, probs, context
-  bwd.add(nt * hp).add(nt * 3 * hp).add(seq_ * seq_);          // dcontext, dqkv, dP
+  fwd.add(nt * 3 * hp).add(pairs * seq_ * seq_).add(nt * hp);           // qkv, probs, context
+  bwd.add(nt * hp).add(nt * 3 * hp).add((heads_ / gx_) * seq_ * seq_);  // dcontext, dqkv, dP
   ws.add_bytes(gemm_scratch());
   return {.workspace = std::max(
               {ws.bytes(), c_attn_.buffer_needs().workspace, c_proj_.buffer_needs().workspace}),
@@ -102,16 +102,22 @@ void Attention3D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers&
   {
     ArenaScope scope(buffers.workspace);
     const Scratch scratch = take_scratch(buffers.workspace, gemm_scratch());
-    for (index_t b = 0; b < lb; ++b)
+    // Per sequence b, the lh local heads in one strided batch: Q/K/V/context
+    // blocks of consecutive heads are d columns apart, probabilities s*s.
+    for (index_t b = 0; b < lb; ++b) {
+      const auto Q = qkv_.block(b * s, 0, s, d);
+      const auto K = qkv_.block(b * s, hp, s, d);
+      const auto V = qkv_.block(b * s, 2 * hp, s, d);
+      T* const Pb = probs_ + b * lh * s * s;
+      const auto P = MatrixView<T>::dense(Pb, s, s, Order::row_major);
+      be.gemm_strided_batched(Op::N, Op::T, T(1), Q, d, K, d, T(0), P, s * s, lh, scratch);
       for (index_t k = 0; k < lh; ++k) {
-        const auto Q = qkv_.block(b * s, k * d, s, d);
-        const auto K = qkv_.block(b * s, hp + k * d, s, d);
-        const auto V = qkv_.block(b * s, 2 * hp + k * d, s, d);
-        const auto P = MatrixView<T>::dense(probs_ + (b * lh + k) * s * s, s, s, Order::row_major);
-        be.gemm(Op::N, Op::T, T(1), Q, K, T(0), P, scratch);
-        be.softmax_causal(P, scale, P);
-        be.gemm(Op::N, Op::N, T(1), P, V, T(0), ctx_.block(b * s, k * d, s, d), scratch);
+        const auto Pk = MatrixView<T>::dense(Pb + k * s * s, s, s, Order::row_major);
+        be.softmax_causal(Pk, scale, Pk);
       }
+      be.gemm_strided_batched(Op::N, Op::N, T(1), P, s * s, V, d, T(0), ctx_.block(b * s, 0, s, d),
+                              d, lh, scratch);
+    }
   }
   c_proj_.forward(ctx_, Y, buffers);
 }
@@ -132,26 +138,34 @@ void Attention3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffe
   c_proj_.backward(dY, dctx, buffers, accumulate);
   const auto dqkv = MatrixView<T>::dense(bwd.take<T>(static_cast<std::size_t>(nt * 3 * hp)), nt,
                                          3 * hp, Order::row_major);
-  const auto dP =
-      MatrixView<T>::dense(bwd.take<T>(static_cast<std::size_t>(s * s)), s, s, Order::row_major);
+  const auto dP = MatrixView<T>::dense(bwd.take<T>(static_cast<std::size_t>(lh * s * s)), s, s,
+                                       Order::row_major);  // lh heads, s*s apart
   {
     ArenaScope ws_scope(buffers.workspace);
     const Scratch scratch = take_scratch(buffers.workspace, gemm_scratch());
-    for (index_t b = 0; b < lb; ++b)
+    // Batched over the lh local heads of sequence b, as in forward().
+    for (index_t b = 0; b < lb; ++b) {
+      const auto Q = qkv_.block(b * s, 0, s, d);
+      const auto K = qkv_.block(b * s, hp, s, d);
+      const auto V = qkv_.block(b * s, 2 * hp, s, d);
+      const auto dC = dctx.block(b * s, 0, s, d);
+      T* const Pb = probs_ + b * lh * s * s;
+      const auto P = MatrixView<T>::dense(Pb, s, s, Order::row_major);
+      const index_t ss = s * s;
+      be.gemm_strided_batched(Op::N, Op::T, T(1), dC, d, V, d, T(0), dP, ss, lh,
+                              scratch);  // dP = dC Vᵀ
+      be.gemm_strided_batched(Op::T, Op::N, T(1), P, ss, dC, d, T(0),
+                              dqkv.block(b * s, 2 * hp, s, d), d, lh, scratch);  // dV = Pᵀ dC
       for (index_t k = 0; k < lh; ++k) {
-        const auto Q = qkv_.block(b * s, k * d, s, d);
-        const auto K = qkv_.block(b * s, hp + k * d, s, d);
-        const auto V = qkv_.block(b * s, 2 * hp + k * d, s, d);
-        const auto dC = dctx.block(b * s, k * d, s, d);
-        const auto P = MatrixView<T>::dense(probs_ + (b * lh + k) * s * s, s, s, Order::row_major);
-        be.gemm(Op::N, Op::T, T(1), dC, V, T(0), dP, scratch);  // dP = dC Vᵀ
-        be.gemm(Op::T, Op::N, T(1), P, dC, T(0), dqkv.block(b * s, 2 * hp + k * d, s, d),
-                scratch);                              // dV = Pᵀ dC
-        be.softmax_causal_backward(P, dP, scale, dP);  // dS
-        be.gemm(Op::N, Op::N, T(1), dP, K, T(0), dqkv.block(b * s, k * d, s, d), scratch);  // dQ
-        be.gemm(Op::T, Op::N, T(1), dP, Q, T(0), dqkv.block(b * s, hp + k * d, s, d),
-                scratch);  // dK = dSᵀ Q
+        const auto Pk = MatrixView<T>::dense(Pb + k * ss, s, s, Order::row_major);
+        const auto dPk = MatrixView<T>::dense(dP.data + k * ss, s, s, Order::row_major);
+        be.softmax_causal_backward(Pk, dPk, scale, dPk);  // dS
       }
+      be.gemm_strided_batched(Op::N, Op::N, T(1), dP, ss, K, d, T(0), dqkv.block(b * s, 0, s, d), d,
+                              lh, scratch);  // dQ = dS K
+      be.gemm_strided_batched(Op::T, Op::N, T(1), dP, ss, Q, d, T(0), dqkv.block(b * s, hp, s, d),
+                              d, lh, scratch);  // dK = dSᵀ Q
+    }
   }
   c_attn_.backward(dqkv, dX, buffers, accumulate);
 }

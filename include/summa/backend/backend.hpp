@@ -67,6 +67,31 @@ class Backend {
   virtual void gemm(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A, ConstMatrixView<bf16> B,
                     float beta, MatrixView<bf16> C, Scratch scratch = {}) = 0;
 
+  /// Strided-batched GEMM: for b < batch, C_b = alpha * op(A_b) * op(B_b) +
+  /// beta * C_b, where X_b is the view X with data + b * stride_x (elements):
+  /// same shape, order and leading dimension for every b. BLAS semantics as
+  /// gemm(); the C_b must not overlap each other (the A_b and B_b may). batch
+  /// == 0 does nothing; check_gemm_batch() failures (negative batch or
+  /// strides, shapes that do not fit, overlapping C_b) throw summa::Error
+  /// before anything is computed. Scratch as for gemm():
+  /// gemm_scratch_bytes() of ONE product suffices (the products reuse it).
+  /// CpuBackend runs the products in order b = 0, 1, ... through gemm() (bit
+  /// identical to that loop); CudaBackend makes one cublasGemmStridedBatchedEx
+  /// call (native operand layout: no GEMM-mode tuning).
+  virtual void gemm_strided_batched(Op ta, Op tb, float alpha, ConstMatrixView<float> A,
+                                    index_t stride_a, ConstMatrixView<float> B, index_t stride_b,
+                                    float beta, MatrixView<float> C, index_t stride_c,
+                                    index_t batch, Scratch scratch = {}) = 0;
+  virtual void gemm_strided_batched(Op ta, Op tb, double alpha, ConstMatrixView<double> A,
+                                    index_t stride_a, ConstMatrixView<double> B, index_t stride_b,
+                                    double beta, MatrixView<double> C, index_t stride_c,
+                                    index_t batch, Scratch scratch = {}) = 0;
+  /// bf16 operands and results, fp32 accumulation, each C_b rounded once.
+  virtual void gemm_strided_batched(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A,
+                                    index_t stride_a, ConstMatrixView<bf16> B, index_t stride_b,
+                                    float beta, MatrixView<bf16> C, index_t stride_c, index_t batch,
+                                    Scratch scratch = {}) = 0;
+
   /// dst = src (same shape; orders and leading dimensions may differ).
   virtual void copy(ConstMatrixView<float> src, MatrixView<float> dst) = 0;
   virtual void copy(ConstMatrixView<double> src, MatrixView<double> dst) = 0;
@@ -327,5 +352,16 @@ class Backend {
 /// Throws summa::Error unless op(A) * op(B) fits C; names the operands.
 void check_gemm_shapes(Op ta, Op tb, index_t a_rows, index_t a_cols, index_t b_rows, index_t b_cols,
                        index_t c_rows, index_t c_cols);
+
+/// Validates a gemm_strided_batched() call before anything is enqueued:
+/// the shapes as check_gemm_shapes(); batch >= 0 and strides >= 0; and, for
+/// batch > 1 with a non-empty C, that the C_b are disjoint, accepted when
+/// stride_c >= the span of C (one C_b after another) or when the C_b sit side
+/// by side inside the leading dimension (stride_c >= C's inner extent, i.e.
+/// cols for row-major and rows for col-major, and (batch - 1) * stride_c +
+/// inner extent <= ld). Throws summa::Error naming the value and the problem.
+void check_gemm_batch(Op ta, Op tb, index_t a_rows, index_t a_cols, index_t b_rows, index_t b_cols,
+                      index_t c_rows, index_t c_cols, index_t c_ld, Order c_order, index_t stride_a,
+                      index_t stride_b, index_t stride_c, index_t batch);
 
 }  // namespace summa

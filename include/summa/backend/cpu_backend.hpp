@@ -30,6 +30,15 @@ class CpuBackend final : public Backend {
             float beta, MatrixView<float> C, Scratch scratch = {}) override;
   void gemm(Op ta, Op tb, double alpha, ConstMatrixView<double> A, ConstMatrixView<double> B,
             double beta, MatrixView<double> C, Scratch scratch = {}) override;
+  /// Loops over gemm() for b = 0, 1, ... with the same scratch.
+  void gemm_strided_batched(Op ta, Op tb, float alpha, ConstMatrixView<float> A, index_t stride_a,
+                            ConstMatrixView<float> B, index_t stride_b, float beta,
+                            MatrixView<float> C, index_t stride_c, index_t batch,
+                            Scratch scratch = {}) override;
+  void gemm_strided_batched(Op ta, Op tb, double alpha, ConstMatrixView<double> A, index_t stride_a,
+                            ConstMatrixView<double> B, index_t stride_b, double beta,
+                            MatrixView<double> C, index_t stride_c, index_t batch,
+                            Scratch scratch = {}) override;
   void copy(ConstMatrixView<float> src, MatrixView<float> dst) override;
   void copy(ConstMatrixView<double> src, MatrixView<double> dst) override;
   void axpby(float alpha, ConstMatrixView<float> X, float beta, MatrixView<float> C) override;
@@ -137,6 +146,10 @@ class CpuBackend final : public Backend {
   // ---- bf16 overloads (Backend, "Mixed precision"): fp32 math, bf16 storage.
   void gemm(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A, ConstMatrixView<bf16> B, float beta,
             MatrixView<bf16> C, Scratch scratch = {}) override;
+  void gemm_strided_batched(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A, index_t stride_a,
+                            ConstMatrixView<bf16> B, index_t stride_b, float beta,
+                            MatrixView<bf16> C, index_t stride_c, index_t batch,
+                            Scratch scratch = {}) override;
   void copy(ConstMatrixView<bf16> src, MatrixView<bf16> dst) override;
   void convert(ConstMatrixView<float> src, MatrixView<bf16> dst) override;
   void convert(ConstMatrixView<bf16> src, MatrixView<float> dst) override;

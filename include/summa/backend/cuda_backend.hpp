@@ -157,6 +157,19 @@ class CudaBackend final : public Backend {
             float beta, MatrixView<float> C, Scratch scratch = {}) override;
   void gemm(Op ta, Op tb, double alpha, ConstMatrixView<double> A, ConstMatrixView<double> B,
             double beta, MatrixView<double> C, Scratch scratch = {}) override;
+  /// One cublasGemmStridedBatchedEx call with the same row/column-major
+  /// mapping as gemm() (fp32 accumulation; TF32 only with allow_tf32). Not
+  /// tuned: always the native operand layout (GemmVariant::native), whatever
+  /// tune_gemm / force_variant say. batch, dimensions, leading dimensions and
+  /// strides must fit in int32 (strides in int64 for cuBLAS; checked).
+  void gemm_strided_batched(Op ta, Op tb, float alpha, ConstMatrixView<float> A, index_t stride_a,
+                            ConstMatrixView<float> B, index_t stride_b, float beta,
+                            MatrixView<float> C, index_t stride_c, index_t batch,
+                            Scratch scratch = {}) override;
+  void gemm_strided_batched(Op ta, Op tb, double alpha, ConstMatrixView<double> A, index_t stride_a,
+                            ConstMatrixView<double> B, index_t stride_b, double beta,
+                            MatrixView<double> C, index_t stride_c, index_t batch,
+                            Scratch scratch = {}) override;
 
   /// Turns GEMM tuning on or off (on keeps what was already tuned).
   void set_gemm_tuning(bool on);
@@ -276,6 +289,10 @@ class CudaBackend final : public Backend {
   // bf16 atomics (one rounding per hit, in any order).
   void gemm(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A, ConstMatrixView<bf16> B, float beta,
             MatrixView<bf16> C, Scratch scratch = {}) override;
+  void gemm_strided_batched(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A, index_t stride_a,
+                            ConstMatrixView<bf16> B, index_t stride_b, float beta,
+                            MatrixView<bf16> C, index_t stride_c, index_t batch,
+                            Scratch scratch = {}) override;
   void copy(ConstMatrixView<bf16> src, MatrixView<bf16> dst) override;
   void convert(ConstMatrixView<float> src, MatrixView<bf16> dst) override;
   void convert(ConstMatrixView<bf16> src, MatrixView<float> dst) override;

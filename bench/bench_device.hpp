@@ -1,0 +1,81 @@
+#pragma once
+// The device options the benchmarks share (--backend, --comm, --tf32) and
+// the backend and grid options they select: CpuBackend with MPI, or
+// CudaBackend on the node-local rank's GPU with mpi_staged / nccl
+// communicators ordered with its stream.
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "summa/summa.hpp"
+#if SUMMA_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "summa/backend/cuda_backend.hpp"
+#include "summa/comm/nccl_communicator.hpp"
+#endif
+
+namespace summa::bench {
+
+/// Registers --backend, --comm and --tf32 on `app`, bound to the three
+/// settings; `backend_note` is appended to --backend's help, `tf32_help` is
+/// --tf32's.
+inline void add_device_options(CLI::App& app, std::string& backend, std::string& comm, bool& tf32,
+                               const std::string& backend_note, const std::string& tf32_help) {
+  app.add_option("--backend", backend,
+                 "cpu (CpuBackend, MPI) or cuda (CudaBackend on the node-local rank's GPU; "
+                 "needs a libsumma built with CUDA" +
+                     backend_note + ")")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--comm", comm,
+                 "cuda: communicators, mpi_staged (ranks may share a GPU) or nccl (one GPU "
+                 "per rank)")
+      ->check(CLI::IsMember({"mpi_staged", "nccl"}))
+      ->capture_default_str();
+  app.add_flag("--tf32", tf32, tf32_help);
+}
+
+/// What make_backend selected.
+struct BenchBackend {
+  std::unique_ptr<Backend> backend;
+  GridOptions grid;            ///< communicators for the backend (MPI on the CPU)
+  std::string device = "cpu";  ///< the GPU's name on cuda
+};
+
+/// The backend of --backend / --comm / --tf32, chosen before the grid (the
+/// communicators order their work with its stream). Throws `UsageError`
+/// (the benchmark's own type, reported the same on every rank) for cuda in
+/// a build without CUDA, and for --tf32 / --comm without cuda.
+template <class UsageError>
+BenchBackend make_backend(const std::string& backend, const std::string& comm, bool tf32,
+                          bool comm_given, const char* program) {
+  const bool cuda = backend == "cuda";
+  if (cuda && !SUMMA_HAVE_CUDA)
+    throw UsageError(std::string("--backend cuda: this ") + program +
+                     " was built without CUDA (libsumma has SUMMA_HAVE_CUDA=0; configure with "
+                     "-DSUMMA_CUDA=ON)");
+  if (!cuda && (tf32 || comm_given)) throw UsageError("--tf32 and --comm need --backend cuda");
+  BenchBackend out;
+#if SUMMA_HAVE_CUDA
+  if (cuda) {
+    CudaOptions o;
+    o.device = select_device_for_rank(MPI_COMM_WORLD);
+    o.allow_tf32 = tf32;
+    auto cb = std::make_unique<CudaBackend>(o);
+    out.grid.comm = comm == "nccl" ? CommBackend::nccl : CommBackend::mpi_staged;
+    out.grid.compute_stream = cb->stream();
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, o.device) == cudaSuccess) out.device = prop.name;
+    out.backend = std::move(cb);
+  }
+#else
+  (void)comm;
+#endif
+  if (!out.backend) out.backend = std::make_unique<CpuBackend>();
+  return out;
+}
+
+}  // namespace summa::bench
