@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "attention_core.hpp"
 #include "axonn3d_detail.hpp"
 #include "summa/layers/axonn3d.hpp"
 
@@ -66,19 +67,22 @@ void Attention3D<T>::collect_parameters(std::vector<Param<T>*>& out) {
 }
 
 template <class T>
+detail::LocalAttention Attention3D<T>::local() const {
+  return {.seqs = batch_ / gz_, .seq = seq_, .heads = heads_ / gx_, .head_dim = hidden_ / heads_};
+}
+
+template <class T>
 std::size_t Attention3D<T>::gemm_scratch() const {
-  const index_t s = seq_, d = hidden_ / heads_;
-  return std::max(backend_->gemm_scratch_bytes(s, s, d, dtype_v<T>),
-                  backend_->gemm_scratch_bytes(s, d, s, dtype_v<T>));
+  return local().scratch_bytes(*backend_, dtype_v<T>);
 }
 
 template <class T>
 BufferNeeds Attention3D<T>::buffer_needs() const {
-  const index_t nt = batch_ * seq_ / gz_, hp = hidden_ / gx_;
-  const index_t pairs = (batch_ / gz_) * (heads_ / gx_);
+  const detail::LocalAttention a = local();
+  const index_t nt = a.tokens(), w = a.width();
   ByteCount<T> fwd, bwd, ws;
-  fwd.add(nt * 3 * hp).add(pairs * seq_ * seq_).add(nt * hp);           // qkv, probs, context
-  bwd.add(nt * hp).add(nt * 3 * hp).add((heads_ / gx_) * seq_ * seq_);  // dcontext, dqkv, dP
+  fwd.add(nt * 3 * w).add(a.probs_elems()).add(nt * w);   // qkv, probs, context
+  bwd.add(nt * w).add(nt * 3 * w).add(a.dprobs_elems());  // dcontext, dqkv, dP
   ws.add_bytes(gemm_scratch());
   return {.workspace = std::max(
               {ws.bytes(), c_attn_.buffer_needs().workspace, c_proj_.buffer_needs().workspace}),
@@ -88,36 +92,18 @@ BufferNeeds Attention3D<T>::buffer_needs() const {
 
 template <class T>
 void Attention3D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
-  const index_t s = seq_, d = hidden_ / heads_, hp = hidden_ / gx_;
-  const index_t lb = batch_ / gz_, nt = lb * seq_, lh = heads_ / gx_;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  Backend& be = *backend_;
+  const detail::LocalAttention a = local();
+  const index_t nt = a.tokens(), w = a.width();
   Arena& fwd = buffers.forward;
-  qkv_ = MatrixView<T>::dense(fwd.take<T>(static_cast<std::size_t>(nt * 3 * hp)), nt, 3 * hp,
+  qkv_ = MatrixView<T>::dense(fwd.take<T>(static_cast<std::size_t>(nt * 3 * w)), nt, 3 * w,
                               Order::row_major);
   c_attn_.forward(X, qkv_, buffers);
-  probs_ = fwd.take<T>(static_cast<std::size_t>(lb * lh * s * s));
-  ctx_ = MatrixView<T>::dense(fwd.take<T>(static_cast<std::size_t>(nt * hp)), nt, hp,
-                              Order::row_major);
+  probs_ = fwd.take<T>(static_cast<std::size_t>(a.probs_elems()));
+  ctx_ =
+      MatrixView<T>::dense(fwd.take<T>(static_cast<std::size_t>(nt * w)), nt, w, Order::row_major);
   {
     ArenaScope scope(buffers.workspace);
-    const Scratch scratch = take_scratch(buffers.workspace, gemm_scratch());
-    // Per sequence b, the lh local heads in one strided batch: Q/K/V/context
-    // blocks of consecutive heads are d columns apart, probabilities s*s.
-    for (index_t b = 0; b < lb; ++b) {
-      const auto Q = qkv_.block(b * s, 0, s, d);
-      const auto K = qkv_.block(b * s, hp, s, d);
-      const auto V = qkv_.block(b * s, 2 * hp, s, d);
-      T* const Pb = probs_ + b * lh * s * s;
-      const auto P = MatrixView<T>::dense(Pb, s, s, Order::row_major);
-      be.gemm_strided_batched(Op::N, Op::T, T(1), Q, d, K, d, T(0), P, s * s, lh, scratch);
-      for (index_t k = 0; k < lh; ++k) {
-        const auto Pk = MatrixView<T>::dense(Pb + k * s * s, s, s, Order::row_major);
-        be.softmax_causal(Pk, scale, Pk);
-      }
-      be.gemm_strided_batched(Op::N, Op::N, T(1), P, s * s, V, d, T(0), ctx_.block(b * s, 0, s, d),
-                              d, lh, scratch);
-    }
+    a.forward<T>(*backend_, qkv_, probs_, ctx_, take_scratch(buffers.workspace, gemm_scratch()));
   }
   c_proj_.forward(ctx_, Y, buffers);
 }
@@ -127,45 +113,20 @@ void Attention3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffe
                               bool accumulate) {
   require(probs_ != nullptr,
           [&] { return fmt::format("Attention3D '{}': backward without forward", name_); });
-  const index_t s = seq_, d = hidden_ / heads_, hp = hidden_ / gx_;
-  const index_t lb = batch_ / gz_, nt = lb * seq_, lh = heads_ / gx_;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  Backend& be = *backend_;
+  const detail::LocalAttention a = local();
+  const index_t nt = a.tokens(), w = a.width();
   Arena& bwd = buffers.backward;
   ArenaScope scope(bwd);
-  const auto dctx = MatrixView<T>::dense(bwd.take<T>(static_cast<std::size_t>(nt * hp)), nt, hp,
-                                         Order::row_major);
+  const auto dctx =
+      MatrixView<T>::dense(bwd.take<T>(static_cast<std::size_t>(nt * w)), nt, w, Order::row_major);
   c_proj_.backward(dY, dctx, buffers, accumulate);
-  const auto dqkv = MatrixView<T>::dense(bwd.take<T>(static_cast<std::size_t>(nt * 3 * hp)), nt,
-                                         3 * hp, Order::row_major);
-  const auto dP = MatrixView<T>::dense(bwd.take<T>(static_cast<std::size_t>(lh * s * s)), s, s,
-                                       Order::row_major);  // lh heads, s*s apart
+  const auto dqkv = MatrixView<T>::dense(bwd.take<T>(static_cast<std::size_t>(nt * 3 * w)), nt,
+                                         3 * w, Order::row_major);
+  T* const dP = bwd.take<T>(static_cast<std::size_t>(a.dprobs_elems()));
   {
     ArenaScope ws_scope(buffers.workspace);
-    const Scratch scratch = take_scratch(buffers.workspace, gemm_scratch());
-    // Batched over the lh local heads of sequence b, as in forward().
-    for (index_t b = 0; b < lb; ++b) {
-      const auto Q = qkv_.block(b * s, 0, s, d);
-      const auto K = qkv_.block(b * s, hp, s, d);
-      const auto V = qkv_.block(b * s, 2 * hp, s, d);
-      const auto dC = dctx.block(b * s, 0, s, d);
-      T* const Pb = probs_ + b * lh * s * s;
-      const auto P = MatrixView<T>::dense(Pb, s, s, Order::row_major);
-      const index_t ss = s * s;
-      be.gemm_strided_batched(Op::N, Op::T, T(1), dC, d, V, d, T(0), dP, ss, lh,
-                              scratch);  // dP = dC Vᵀ
-      be.gemm_strided_batched(Op::T, Op::N, T(1), P, ss, dC, d, T(0),
-                              dqkv.block(b * s, 2 * hp, s, d), d, lh, scratch);  // dV = Pᵀ dC
-      for (index_t k = 0; k < lh; ++k) {
-        const auto Pk = MatrixView<T>::dense(Pb + k * ss, s, s, Order::row_major);
-        const auto dPk = MatrixView<T>::dense(dP.data + k * ss, s, s, Order::row_major);
-        be.softmax_causal_backward(Pk, dPk, scale, dPk);  // dS
-      }
-      be.gemm_strided_batched(Op::N, Op::N, T(1), dP, ss, K, d, T(0), dqkv.block(b * s, 0, s, d), d,
-                              lh, scratch);  // dQ = dS K
-      be.gemm_strided_batched(Op::T, Op::N, T(1), dP, ss, Q, d, T(0), dqkv.block(b * s, hp, s, d),
-                              d, lh, scratch);  // dK = dSᵀ Q
-    }
+    a.backward<T>(*backend_, qkv_, probs_, dctx, dqkv, dP,
+                  take_scratch(buffers.workspace, gemm_scratch()));
   }
   c_attn_.backward(dqkv, dX, buffers, accumulate);
 }

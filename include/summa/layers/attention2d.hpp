@@ -24,6 +24,10 @@
 
 namespace summa {
 
+namespace detail {
+struct LocalAttention;  // src/layers/attention_core.hpp
+}
+
 template <class T>
 class Attention2D final : public Layer<T> {
  public:
@@ -45,6 +49,7 @@ class Attention2D final : public Layer<T> {
   ConstMatrixView<T> context() const { return ctx_; }
 
  private:
+  detail::LocalAttention local() const;  // this rank's sequences and heads
   std::size_t gemm_scratch() const;
 
   SummaEngine* engine_;

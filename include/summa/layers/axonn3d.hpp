@@ -80,6 +80,10 @@
 
 namespace summa {
 
+namespace detail {
+struct LocalAttention;  // src/layers/attention_core.hpp
+}
+
 /// How a Linear3D maps its matrices on the grid (see the file comment).
 enum class Orientation3D : std::uint8_t {
   normal,      ///< input columns over Y, output columns over X
@@ -330,6 +334,7 @@ class Attention3D final : public Layer<T> {
   ConstMatrixView<T> context() const { return ctx_; }
 
  private:
+  detail::LocalAttention local() const;  // this rank's sequences and heads
   std::size_t gemm_scratch() const;
 
   Backend* backend_;

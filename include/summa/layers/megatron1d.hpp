@@ -45,6 +45,10 @@
 
 namespace summa {
 
+namespace detail {
+struct LocalAttention;  // src/layers/attention_core.hpp
+}
+
 // ---------------------------------------------------------------- shards
 
 /// [rows, cols] split by columns over p ranks, rank r's share: local [rows,
@@ -227,6 +231,7 @@ class Attention1D final : public Layer<T> {
   ConstMatrixView<T> context() const { return ctx_; }
 
  private:
+  detail::LocalAttention local() const;  // this rank's sequences and heads
   std::size_t gemm_scratch() const;
 
   Backend* backend_;
