@@ -423,8 +423,10 @@ int main(int argc, char** argv) {
   app.add_option("--scheme", cli.scheme,
                  "scheme and grid: 2d:q=Q, 1d:p=P, 3d:XxYxZ[,overlap=oar+ors+oag], with "
                  "optional data=D (default: 2d on a square rank count, else 1d)");
-  app.add_option("--dtype", cli.dtype, "float or double")
-      ->check(CLI::IsMember({"float", "double"}))
+  app.add_option("--dtype", cli.dtype,
+                 "float, double or bf16 (bf16 parameters and activations, fp32 master weights, "
+                 "optimizer state and statistics)")
+      ->check(CLI::IsMember({"float", "double", "bf16"}))
       ->capture_default_str();
   app.add_option("--backend", cli.backend,
                  "cpu (Eigen) or cuda (one GPU per rank, chosen from the node-local rank; needs "
@@ -487,7 +489,9 @@ int main(int argc, char** argv) {
     }
     for (const CLI::Option* opt : app.get_options())
       if (opt->count() > 0) cli.given.insert(opt->get_name());
-    code = cli.dtype == "double" ? train<double>(cli) : train<float>(cli);
+    code = cli.dtype == "double" ? train<double>(cli)
+           : cli.dtype == "bf16" ? train<summa::bf16>(cli)
+                                 : train<float>(cli);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_train (rank %d): %s\n", world_rank(), e.what());
     code = 1;

@@ -27,6 +27,24 @@
 // config (n_head = 4, n_embd = 32, vocab = 44 for p in {1, 2, 4}) is
 // divisible by p; the batch (3) is not: 1D needs no batch divisibility.
 //
+// bf16 (mixed precision, issue 6): GPT1D<bf16> (checkpointing on and off)
+// and TransformerBlock1D<bf16> against the double reference run on the same
+// weights rounded to bf16, so that what is measured is the error of
+// computing in bf16 (bf16 storage, fp32 arithmetic and statistics). Measure:
+// the norm-wise relative error ||x - x_ref||_2 / ||x_ref||_2 of each tensor,
+// in units of u = 2^-8. Measured over 144 runs at p = 1, 2, 4 (CPU backend;
+// SUMMA_TEST_PRINT_ERRORS=1 prints them): loss <= 0.04u, block output and
+// logits <= 1.4u, input gradient <= 1.8u, parameter gradients <= 1.9u for
+// one block and <= 3.9u for the two-block model. Tolerances: loss 1u,
+// activations 4u, gradients 6u*sqrt(depth) (kBf16* below). A formula error
+// (a missing term or all-reduce, a wrong scale) moves a tensor by O(1), i.e.
+// by ~100u or more, far above them; even scaling one residual gradient by
+// 1.05 was seen to read 12-26u and fail. Replicas stay bit-identical, the
+// traffic is Megatron's with the loss statistics travelling as fp32, and a
+// bf16 step allocates nothing, as in float. (On CUDA the bf16 GEMMs are
+// cuBLAS's with fp32 accumulation: the same error model, not yet measured
+// on a GPU.)
+//
 // Backend: test_backend() (SUMMA_TEST_BACKEND=cpu|cuda) with its
 // communicators (test_grid_options()). Inputs are built on the host and
 // uploaded, outputs downloaded; on CUDA float runs in fp32 (no TF32) and
@@ -35,6 +53,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -152,6 +172,58 @@ bool identical_on_all_ranks(std::vector<T> v) {
   return same == 1;
 }
 
+// ---------------------------------------------------------------- bf16 helpers
+
+// Rounds every value to the nearest bf16 (through float, as bf16(double)).
+template <class T>
+void round_to_bf16(std::span<T> values) {
+  for (T& v : values) v = static_cast<T>(bf16(v));
+}
+
+std::vector<bf16> to_bf16(const std::vector<double>& v) {
+  std::vector<bf16> out(v.size());
+  std::transform(v.begin(), v.end(), out.begin(), [](double x) { return bf16(x); });
+  return out;
+}
+
+// ||a - b||_2 / ||b||_2 (||a - b||_2 when b is zero): the norm-wise relative
+// error of a whole tensor, the measure of the bf16 tests.
+template <class A>
+double norm_error(const std::vector<A>& a, std::span<const double> b) {
+  double diff = 0, scale = 0;
+  for (std::size_t k = 0; k < b.size(); ++k) {
+    const double d = static_cast<double>(a[k]) - b[k];
+    diff += d * d;
+    scale += b[k] * b[k];
+  }
+  return scale > 0 ? std::sqrt(diff / scale) : std::sqrt(diff);
+}
+
+// bf16 tolerances, norm-wise relative errors (norm_error) against the double
+// reference on the same bf16-rounded weights, in units of bf16's unit
+// roundoff u = 2^-8 (see the file comment for the measurements).
+constexpr double kBf16Unit = 1.0 / 256;
+// The loss (a mean over tokens of log-sum-exp minus the target logit):
+// measured <= 0.04u; 1u leaves a margin of 25.
+constexpr double kBf16LossTolerance = kBf16Unit;
+// Forward activations (a block's output, the logits): measured <= 1.4u.
+constexpr double kBf16ActTolerance = 4 * kBf16Unit;
+// Gradients (input and every parameter) through `depth` blocks: 6u
+// sqrt(depth); measured <= 1.9u for one block and <= 3.9u for two.
+double bf16_grad_tolerance(int depth) {
+  return 6 * kBf16Unit * std::sqrt(static_cast<double>(depth));
+}
+
+// Prints the measured bf16 errors once (rank 0), so a tolerance can be
+// re-derived from what a run shows.
+void bf16_note(const std::string& what, const std::vector<std::pair<std::string, double>>& errs) {
+  if (group_rank() != 0 || std::getenv("SUMMA_TEST_PRINT_ERRORS") == nullptr) return;
+  std::string line = "[bf16 errors] " + what + " p=" + std::to_string(group_size()) + ":";
+  for (const auto& [name, err] : errs)
+    line += " " + name + "=" + std::to_string(err / kBf16Unit) + "u";
+  std::printf("%s\n", line.c_str());
+}
+
 // ---------------------------------------------------------------- layers alone
 
 // The serial one-layer model the layers are checked against.
@@ -163,7 +235,11 @@ struct Oracle {
   std::vector<std::int32_t> tokens, targets;
   reference::Gpt<T> ref{config, seed};
 
-  Oracle() {
+  /// With `bf16_weights` the reference runs on its weights rounded to bf16
+  /// (what ParameterStore<bf16>::init_gpt holds), so that a bf16 layer's
+  /// error is that of computing in bf16 alone.
+  explicit Oracle(bool bf16_weights = false) {
+    if (bf16_weights) round_to_bf16(ref.params());
     std::mt19937_64 gen(seed);
     tokens = random_ids(tokens_n, config.vocab_size, gen);
     targets = random_ids(tokens_n, config.vocab_size, gen);
@@ -341,6 +417,36 @@ TEST(Layers1D, BlockDouble) {
 }
 TEST(Layers1D, BlockFloat) {
   block<float>();
+}
+
+// A bf16 block on the bf16-rounded input activation and output gradient of
+// the double reference (with bf16-rounded weights): Y, dX and every
+// parameter gradient, norm-wise (tolerances: kBf16ActTolerance, bf16_grad_tolerance).
+TEST(Layers1D, BlockBf16) {
+  LineEnv& e = line_env();
+  const Oracle<double> o(/*bf16_weights=*/true);
+  SCOPED_TRACE(seed_note(o.seed));
+  const index_t h = o.config.n_embd, nt = o.tokens_n;
+  TransformerBlock1D<bf16> layer(e.grid, e.backend, "h.0", o.batch, o.seq, h, o.config.n_head,
+                                 o.config.layer_norm_epsilon);
+  ParameterStore<bf16> store(e.backend, layer.parameters());
+  store.init_gpt(o.seed, o.config);
+  Arenas arenas(e.backend, layer.buffer_needs());
+  DeviceArray<bf16> x(to_bf16(o.local("embeddings", {h}))), y(static_cast<std::size_t>(nt * h));
+  DeviceArray<bf16> dy(to_bf16(o.dlocal("h.0.output", {h}))), dx(static_cast<std::size_t>(nt * h));
+  layer.forward(x.view(nt, h), y.view(nt, h), arenas.step);
+  const double y_err = max_over_ranks(norm_error(y.download(), o.act("h.0.output")));
+  layer.backward(dy.view(nt, h), dx.view(nt, h), arenas.step);
+  const double dx_err = max_over_ranks(norm_error(dx.download(), o.dact("embeddings")));
+  double grad_err = 0;
+  for (Param<bf16>* p : layer.parameters()) {
+    const double err = norm_error(gather_global(*p, e.grid, true), o.ref.grad(p->shard.name));
+    EXPECT_LE(err, bf16_grad_tolerance(1)) << p->shard.name;
+    grad_err = std::max(grad_err, err);
+  }
+  EXPECT_LE(y_err, kBf16ActTolerance);
+  EXPECT_LE(dx_err, bf16_grad_tolerance(1));
+  bf16_note("BlockBf16", {{"Y", y_err}, {"dX", dx_err}, {"max param grad", grad_err}});
 }
 
 template <class T>
@@ -590,6 +696,71 @@ TEST(Gpt1D, MatchesReferenceFloatNoCheckpoint) {
   check_against_reference<float>(false);
 }
 
+// GPT1D<bf16> (bf16 parameters, activations and gradients; fp32 statistics)
+// against the double reference on the same bf16-rounded weights: the loss,
+// the logits, the input gradient and every parameter gradient, norm-wise.
+void check_bf16_against_reference(bool checkpoint) {
+  LineEnv& e = line_env();
+  const reference::GptConfig config = test_config();
+  const index_t batch = 3, seq = 5, tokens_n = batch * seq;
+  const index_t V = config.vocab_size;
+  const std::uint64_t seed = fresh_seed();
+  std::mt19937_64 gen(seed);
+  const auto tokens = random_ids(tokens_n, config.vocab_size, gen);
+  const auto targets = random_ids(tokens_n, config.vocab_size, gen);
+  SCOPED_TRACE(seed_note(seed));
+
+  reference::Gpt<double> ref(config, seed);
+  round_to_bf16(ref.params());
+  const double ref_loss = ref.forward(tokens, targets, batch, seq);
+  GPT1D<bf16> model(e.grid, e.backend, config, batch, seq, {.checkpoint = checkpoint});
+  model.init(seed);
+  for (Param<bf16>* p : model.parameters_store().params()) {  // the same weights, exactly
+    const auto global = gather_global(*p, e.grid);
+    const auto want = ref.param(p->shard.name);
+    ASSERT_EQ(global.size(), want.size()) << p->shard.name;
+    EXPECT_TRUE(std::equal(global.begin(), global.end(), want.begin(), [](bf16 a, double b) {
+      return static_cast<double>(a) == b;
+    })) << p->shard.name;
+  }
+
+  const double loss = model.forward(tokens, targets);
+  const double loss_err = std::abs(loss - ref_loss) / std::abs(ref_loss);
+  EXPECT_LE(loss_err, kBf16LossTolerance) << loss << " vs " << ref_loss;
+  EXPECT_TRUE(identical_on_all_ranks(std::vector<double>{loss}));
+  const double logits_err = max_over_ranks(
+      norm_error(download_view<bf16>(model.logits()),
+                 std::span<const double>(local_of(ref.activation("logits"), tokens_n, {V, true}))));
+  EXPECT_LE(logits_err, kBf16ActTolerance);
+
+  model.backward();
+  ref.backward();
+  const double dx_err = max_over_ranks(
+      norm_error(download_view<bf16>(model.input_grad()), ref.activation_grad("embeddings")));
+  const double grad_tol = bf16_grad_tolerance(config.n_layer);
+  EXPECT_LE(dx_err, grad_tol);
+  double grad_err = 0;
+  std::string worst;
+  for (Param<bf16>* p : model.parameters_store().params()) {
+    const double err = norm_error(gather_global(*p, e.grid, true), ref.grad(p->shard.name));
+    EXPECT_LE(err, grad_tol) << p->shard.name;
+    if (err > grad_err) worst = p->shard.name;
+    grad_err = std::max(grad_err, err);
+  }
+  bf16_note(checkpoint ? "Gpt1D bf16 checkpointed" : "Gpt1D bf16",
+            {{"loss", loss_err},
+             {"logits", logits_err},
+             {"input grad", dx_err},
+             {"max param grad (" + worst + ")", grad_err}});
+}
+
+TEST(Gpt1D, MatchesReferenceBf16Checkpointed) {
+  check_bf16_against_reference(true);
+}
+TEST(Gpt1D, MatchesReferenceBf16NoCheckpoint) {
+  check_bf16_against_reference(false);
+}
+
 // Checkpointing changes memory, not results; a second step with
 // `accumulate` doubles the gradients.
 TEST(Gpt1D, CheckpointingAgreesAndAccumulates) {
@@ -666,6 +837,9 @@ TEST(Gpt1D, ReplicasIdenticalAcrossRanksDouble) {
 TEST(Gpt1D, ReplicasIdenticalAcrossRanksFloat) {
   replicas_identical<float>();
 }
+TEST(Gpt1D, ReplicasIdenticalAcrossRanksBf16) {
+  replicas_identical<bf16>();
+}
 
 // Bytes the traffic counters book for one all-reduce of `count` elements.
 std::uint64_t all_reduce_bytes(std::uint64_t count, std::uint64_t element) {
@@ -680,25 +854,28 @@ std::uint64_t all_reduce_bytes(std::uint64_t count, std::uint64_t element) {
 // all-reduce of T*h for the embedding and per row-parallel layer, T and 2T
 // for the loss statistics; backward one T*h for the head and per
 // column-parallel layer, plus the recomputed forward with checkpointing.
-TEST(Gpt1D, TrafficIsMegatrons) {
+// Activations travel as T, the loss statistics as acc_t<T> (fp32 for bf16).
+template <class T>
+void traffic_is_megatrons() {
   LineEnv& e = line_env();
   const reference::GptConfig config = test_config();
-  const index_t batch = 3, seq = 5, T = batch * seq, h = config.n_embd;
-  const std::uint64_t L = static_cast<std::uint64_t>(config.n_layer), el = sizeof(float);
+  const index_t batch = 3, seq = 5, nt = batch * seq, h = config.n_embd;
+  const std::uint64_t L = static_cast<std::uint64_t>(config.n_layer), el = sizeof(T),
+                      stat = sizeof(acc_t<T>);
   std::mt19937_64 gen(fresh_seed());
-  const auto tokens = random_ids(T, config.vocab_size, gen);
-  const auto targets = random_ids(T, config.vocab_size, gen);
+  const auto tokens = random_ids(nt, config.vocab_size, gen);
+  const auto targets = random_ids(nt, config.vocab_size, gen);
   for (bool checkpoint : {true, false}) {
-    GPT1D<float> model(e.grid, e.backend, config, batch, seq, {.checkpoint = checkpoint});
+    GPT1D<T> model(e.grid, e.backend, config, batch, seq, {.checkpoint = checkpoint});
     model.init(2);
-    const auto big = all_reduce_bytes(static_cast<std::uint64_t>(T * h), el);
+    const auto big = all_reduce_bytes(static_cast<std::uint64_t>(nt * h), el);
     e.grid.reset_traffic();
     model.forward(tokens, targets);
     const TrafficCounter fwd = e.grid.traffic()[CommAxis::tensor];
     EXPECT_EQ(fwd.calls, 1 + 2 * L + 2);
     const std::uint64_t fwd_bytes = (1 + 2 * L) * big +
-                                    all_reduce_bytes(static_cast<std::uint64_t>(T), el) +
-                                    all_reduce_bytes(static_cast<std::uint64_t>(2 * T), el);
+                                    all_reduce_bytes(static_cast<std::uint64_t>(nt), stat) +
+                                    all_reduce_bytes(static_cast<std::uint64_t>(2 * nt), stat);
     EXPECT_EQ(fwd.bytes_sent, fwd_bytes);
     EXPECT_EQ(fwd.bytes_received, fwd_bytes);
     e.grid.reset_traffic();
@@ -712,10 +889,17 @@ TEST(Gpt1D, TrafficIsMegatrons) {
     EXPECT_EQ(e.grid.traffic().total().calls, bwd.calls);
   }
 }
+TEST(Gpt1D, TrafficIsMegatrons) {
+  traffic_is_megatrons<float>();
+}
+TEST(Gpt1D, TrafficIsMegatronsBf16) {
+  traffic_is_megatrons<bf16>();
+}
 
 // After one warm-up step, a training step (forward + backward, checkpointing
 // on) makes no heap allocation outside MPI's internals.
-TEST(Gpt1D, TrainingStepAllocatesNothing) {
+template <class T>
+void training_step_allocates_nothing() {
   if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting unavailable (ASan)";
   if (test_backend().asynchronous())
     GTEST_SKIP() << "the CUDA runtime allocates host memory internally (pinned staging, "
@@ -726,7 +910,7 @@ TEST(Gpt1D, TrainingStepAllocatesNothing) {
   std::mt19937_64 gen(fresh_seed());
   const auto tokens = random_ids(batch * seq, config.vocab_size, gen);
   const auto targets = random_ids(batch * seq, config.vocab_size, gen);
-  GPT1D<float> model(e.grid, e.backend, config, batch, seq, {.checkpoint = true});
+  GPT1D<T> model(e.grid, e.backend, config, batch, seq, {.checkpoint = true});
   model.init(1);
   model.forward(tokens, targets);
   model.backward();
@@ -741,12 +925,20 @@ TEST(Gpt1D, TrainingStepAllocatesNothing) {
     caller = counter.first_caller();
   }
   EXPECT_EQ(count, 0u) << "first allocation from " << caller;
-  RecordProperty("mpi_internal_allocations", static_cast<int>(mpi));
+  ::testing::Test::RecordProperty("mpi_internal_allocations", static_cast<int>(mpi));
+}
+TEST(Gpt1D, TrainingStepAllocatesNothing) {
+  training_step_allocates_nothing<float>();
+}
+TEST(Gpt1D, TrainingStepAllocatesNothingBf16) {
+  training_step_allocates_nothing<bf16>();
 }
 
 // Buffers are sized analytically before the first step: after a step the
-// high-water marks reach (and never pass) the capacities.
-TEST(Gpt1D, BuffersSizedExactly) {
+// high-water marks reach (and never pass) the capacities (bf16: statistics
+// in fp32 next to bf16 activations).
+template <class T>
+void buffers_sized_exactly() {
   LineEnv& e = line_env();
   const reference::GptConfig config = test_config();
   const index_t batch = 3, seq = 4;
@@ -754,7 +946,7 @@ TEST(Gpt1D, BuffersSizedExactly) {
   const auto tokens = random_ids(batch * seq, config.vocab_size, gen);
   const auto targets = random_ids(batch * seq, config.vocab_size, gen);
   for (bool checkpoint : {true, false}) {
-    GPT1D<double> model(e.grid, e.backend, config, batch, seq, {.checkpoint = checkpoint});
+    GPT1D<T> model(e.grid, e.backend, config, batch, seq, {.checkpoint = checkpoint});
     model.init(3);
     model.forward(tokens, targets);
     model.backward();
@@ -769,10 +961,16 @@ TEST(Gpt1D, BuffersSizedExactly) {
     EXPECT_EQ(
         model.buffers().checkpoint.capacity(),
         static_cast<std::size_t>(config.n_layer + 1) *
-            Arena::rounded(static_cast<std::size_t>(batch * seq * config.n_embd) * sizeof(double)));
+            Arena::rounded(static_cast<std::size_t>(batch * seq * config.n_embd) * sizeof(T)));
     EXPECT_EQ(r.activations,
               model.buffers().forward.high_water() + model.buffers().checkpoint.high_water());
   }
+}
+TEST(Gpt1D, BuffersSizedExactly) {
+  buffers_sized_exactly<double>();
+}
+TEST(Gpt1D, BuffersSizedExactlyBf16) {
+  buffers_sized_exactly<bf16>();
 }
 
 // Each invalid configuration throws the same summa::Error on every rank.

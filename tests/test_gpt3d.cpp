@@ -18,22 +18,32 @@
 // OAR on vs off; no heap allocation in a step; buffers sized exactly;
 // configuration and id errors thrown the same on every rank.
 //
-// Tolerances: test_util.hpp model_tolerance (1e-9 double, 2e-3 float).
+// bf16 (mixed precision): GPT3D<bf16> against the serial double reference
+// (loss, logits, input gradient, every parameter gradient, replicas, with
+// and without checkpointing), one TransformerBlock3D<bf16> against
+// TransformerBlock3D<double>, and no heap allocation in a bf16 step.
+//
+// Tolerances: test_util.hpp model_tolerance (1e-9 double, 2e-3 float); bf16
+// norm-wise bounds in units of u = 2^-8, derived and measured in the bf16
+// section below.
 //
 // Backend: test_backend() (SUMMA_TEST_BACKEND=cpu|cuda) with its
 // communicators (test_grid_options(), small staging buffers). Inputs and
 // weights are built on the host and uploaded, results downloaded; on CUDA
-// float runs in fp32 (no TF32) and double in fp64, so the tolerances hold.
+// float runs in fp32 (no TF32), double in fp64 and bf16 with fp32
+// accumulation (cuBLAS ...Ex), so the tolerances hold.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "test_util.hpp"
@@ -558,6 +568,232 @@ TEST(Gpt3D, DeferredReduceScatterWithDataAxis) {
   }
 }
 
+// ---------------------------------------------------------------- bf16
+
+// bf16 mixed precision (docs/gpu.md): bf16 parameters, activations and
+// gradients, fp32 statistics and accumulation. Oracles are double: the serial
+// reference GPT (or TransformerBlock3D<double>, itself checked against it
+// above) given exactly the bf16 weights and inputs the bf16 model holds, so
+// the measured error is that of the bf16 computation alone.
+//
+// Metric: the norm-wise relative error ||a - b||_2 / ||b||_2 of a whole
+// tensor. With u = 2^-8 (bf16's unit roundoff, 3.9e-3), every stored
+// intermediate is rounded once (relative error <= u/2), so a tensor L
+// layers deep carries roughly c*u*sqrt(L) of accumulated, mostly
+// independent rounding errors. Measured worst over ~70 runs (np 1, 4, 8,
+// every factorisation, CPU and cpu_device, fresh seeds; L = 2 blocks): loss
+// 8.4e-5 (0.02 u: a mean over 32 tokens, the rounding errors average out),
+// logits 5.5e-3 (1.4 u), embedding gradient 6.3e-3 (1.6 u), parameter
+// gradients 1.9e-2 (4.8 u; typically 2.5-3.5 u, always a LayerNorm gain or
+// bias or c_attn's bias: column sums over the tokens of terms of both signs,
+// whose cancellation magnifies the ~1.5 u error of the bf16 activation
+// gradients); one block alone: output and dX 3.9e-3 (1.0 u), gradients
+// 1.1e-2 (2.7 u). Bounds, about 3x over the worst measured (the loss 45x):
+//   loss (relative)                1 u           = 3.9e-3
+//   logits, input gradient         4 u           = 1.6e-2
+//   parameter gradients            10 u sqrt(L)  = 5.5e-2 (L = 2)
+//   one block (output, dX, grads)  8 u           = 3.1e-2
+// They stay far below what a wrong result gives: a missing, doubled or
+// misplaced term of a sum over ranks (a Z block of tokens, a Y block of
+// hidden columns, the X vocabulary blocks) changes a tensor by O(1) of its
+// norm (error >= 0.3 at Gz, Gy or Gx = 2), and a wrong sign or layout by 1
+// to 2: each bound fails such a result by an order of magnitude (checked:
+// skipping the Z all-reduce of the bf16 bias gradients gives 0.8-0.9).
+constexpr double kBf16Unit = 0x1p-8;
+
+double round_bf16(double v) {
+  return static_cast<double>(bf16(v));
+}
+
+template <class T>
+std::vector<double> widen(const std::vector<T>& v) {
+  std::vector<double> out(v.size());
+  for (std::size_t k = 0; k < v.size(); ++k) out[k] = static_cast<double>(v[k]);
+  return out;
+}
+
+// ||a - b|| / ||b|| (||a - b|| when b is zero) of two equally long tensors.
+template <class A, class B>
+double norm_error(const A& a, const B& b) {
+  double diff = 0, ref = 0;
+  for (std::size_t k = 0; k < b.size(); ++k) {
+    const double d = static_cast<double>(a[k]) - static_cast<double>(b[k]);
+    diff += d * d;
+    ref += static_cast<double>(b[k]) * static_cast<double>(b[k]);
+  }
+  return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
+}
+
+// The same for a tensor spread over the ranks: each rank passes its local
+// elements and the reference's for the same global elements. Every global
+// element of a layout is held by equally many ranks, so summing the squares
+// over the ranks gives the global tensor's ratio. Collective.
+template <class A, class B>
+double norm_error_over_ranks(const A& a, const B& b) {
+  double s[2] = {0, 0};
+  for (std::size_t k = 0; k < b.size(); ++k) {
+    const double d = static_cast<double>(a[k]) - static_cast<double>(b[k]);
+    s[0] += d * d;
+    s[1] += static_cast<double>(b[k]) * static_cast<double>(b[k]);
+  }
+  MPI_Allreduce(MPI_IN_PLACE, s, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return s[1] > 0 ? std::sqrt(s[0] / s[1]) : std::sqrt(s[0]);
+}
+
+// Prints the worst measured errors once (rank 0), for choosing tolerances.
+void print_measured(const std::string& what, const std::vector<std::pair<std::string, double>>& e) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) return;
+  std::string line = "[ bf16     ] " + what + " worst norm-wise errors:";
+  for (const auto& [name, v] : e)
+    line += fmt::format(" {} {:.2e} ({:.2f} u)", name, v, v / kBf16Unit);
+  std::printf("%s\n", line.c_str());
+}
+
+void bf16_model_vs_reference(bool checkpoint) {
+  const reference::GptConfig config = test_config();
+  const index_t tokens_n = kBatch * kSeq, h = config.n_embd, V = config.vocab_size;
+  const double L = static_cast<double>(config.n_layer);
+  const double loss_tol = kBf16Unit, act_tol = 4 * kBf16Unit;
+  const double grad_tol = 10 * kBf16Unit * std::sqrt(L);
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  const auto tokens = random_ids(tokens_n, config.vocab_size, gen);
+  const auto targets = random_ids(tokens_n, config.vocab_size, gen);
+  reference::Gpt<double> ref(config, seed);
+  for (double& v : ref.params()) v = round_bf16(v);  // the weights the bf16 model holds
+  const double ref_loss = ref.forward(tokens, targets, kBatch, kSeq);
+  ref.backward();
+  double worst_loss = 0, worst_logits = 0, worst_dx = 0, worst_grad = 0;
+  std::string worst_name;
+  for (ProcessGrid& g : env().grids) {
+    SCOPED_TRACE(describe(g));
+    GPT3D<bf16> model(g, env().backend, config, kBatch, kSeq, {.checkpoint = checkpoint});
+    model.init(seed);
+    for (Param<bf16>* p : model.parameters_store().params()) {
+      const auto global = widen(gather_global(*p, g));
+      const auto want = ref.param(p->shard.name);
+      ASSERT_EQ(global.size(), want.size()) << p->shard.name;
+      EXPECT_TRUE(std::equal(global.begin(), global.end(), want.begin())) << p->shard.name;
+    }
+    const double loss = model.forward(tokens, targets);
+    const double loss_err = std::abs(loss - ref_loss) / std::abs(ref_loss);
+    EXPECT_LE(loss_err, loss_tol) << "loss " << loss << " vs " << ref_loss;
+    double all[2] = {loss, -loss};  // the same on every rank
+    MPI_Allreduce(MPI_IN_PLACE, all, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(all[0], -all[1]);
+    const double logits_err = norm_error_over_ranks(
+        download_view<bf16>(model.logits()),
+        local_of<double>(g, ref.activation("logits"), tokens_n, {V, Axis::x}));
+    EXPECT_LE(logits_err, act_tol);
+    model.backward();
+    const double dx_err = norm_error_over_ranks(
+        download_view<bf16>(model.input_grad()),
+        local_of<double>(g, ref.activation_grad("embeddings"), tokens_n, {h}));
+    EXPECT_LE(dx_err, act_tol);
+    for (Param<bf16>* p : model.parameters_store().params()) {
+      const double e =
+          max_over_ranks(norm_error(gather_global(*p, g, true), ref.grad(p->shard.name)));
+      EXPECT_LE(e, grad_tol) << p->shard.name;
+      if (e > worst_grad) {
+        worst_grad = e;
+        worst_name = p->shard.name;
+      }
+      // replicas (biases, LayerNorms, wpe) stay bit-identical in bf16 too
+      EXPECT_TRUE(replicas_match(*p, g, true)) << p->shard.name;
+    }
+    worst_loss = std::max(worst_loss, max_over_ranks(loss_err));
+    worst_logits = std::max(worst_logits, logits_err);
+    worst_dx = std::max(worst_dx, dx_err);
+  }
+  print_measured(fmt::format("GPT3D (checkpoint {})", checkpoint),
+                 {{"loss", worst_loss},
+                  {"logits", worst_logits},
+                  {"input_grad", worst_dx},
+                  {"grad(" + worst_name + ")", worst_grad}});
+}
+
+TEST(Gpt3D, Bf16MatchesReferenceCheckpointed) {
+  bf16_model_vs_reference(true);
+}
+TEST(Gpt3D, Bf16MatchesReferenceNoCheckpoint) {
+  bf16_model_vs_reference(false);
+}
+
+// One TransformerBlock3D<bf16> against TransformerBlock3D<double> on the same
+// grid, with the same bf16-representable weights, input and output gradient:
+// output, input gradient and every parameter gradient (tolerance above).
+TEST(Layers3D, BlockBf16MatchesDouble) {
+  const index_t batch = kBatch, seq = kSeq, hidden = 32, heads = 8, tokens = batch * seq;
+  const double tol = 8 * kBf16Unit;
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  const auto random_bf16 = [&](index_t n, double center, double scale) {
+    std::vector<double> v(static_cast<std::size_t>(n));
+    for (double& x : v) x = round_bf16(center + scale * dist(gen));
+    return v;
+  };
+  const std::vector<double> gX = random_bf16(tokens * hidden, 0, 1);
+  const std::vector<double> gdY = random_bf16(tokens * hidden, 0, 1);
+  const auto narrow = [](const std::vector<double>& v) {
+    std::vector<bf16> out(v.size());
+    for (std::size_t k = 0; k < v.size(); ++k) out[k] = bf16(v[k]);
+    return out;
+  };
+  double worst[3] = {0, 0, 0};  // output, dX, gradients
+  for (ProcessGrid& g : env().grids) {
+    SCOPED_TRACE(describe(g));
+    TransformerBlock3D<double> want(g, env().backend, "h.0", batch, seq, hidden, heads);
+    TransformerBlock3D<bf16> got(g, env().backend, "h.0", batch, seq, hidden, heads);
+    ParameterStore<double> want_store(env().backend, want.parameters());
+    ParameterStore<bf16> got_store(env().backend, got.parameters());
+    const auto pw = want.parameters();
+    const auto pg = got.parameters();
+    ASSERT_EQ(pw.size(), pg.size());
+    for (std::size_t k = 0; k < pw.size(); ++k) {
+      // Weights ~ 1/sqrt(fan-in) keep the activations O(1); LayerNorm gains near 1.
+      const std::string& name = pw[k]->shard.name;
+      const bool gain =
+          name.find("ln_") != std::string::npos && name.find(".weight") != std::string::npos;
+      const double scale = pw[k]->shard.global_shape.size() == 2
+                               ? 1.0 / std::sqrt(static_cast<double>(pw[k]->shard.global_rows()))
+                               : 0.2;
+      const auto values = random_bf16(pw[k]->shard.global_size(), gain ? 1.0 : 0.0, scale);
+      set_global(*pw[k], values);
+      set_global(*pg[k], narrow(values));
+    }
+    Arenas aw(env().backend, want.buffer_needs()), ag(env().backend, got.buffer_needs());
+    const index_t m = tokens / g.shape().depth, n = hidden / g.shape().cols;
+    const auto x_local = local_of<double>(g, gX, tokens, {hidden});
+    const auto dy_local = local_of<double>(g, gdY, tokens, {hidden});
+    DeviceArray<double> xw(x_local), dyw(dy_local), yw(x_local.size()), dxw(x_local.size());
+    DeviceArray<bf16> xg(narrow(x_local)), dyg(narrow(dy_local)), yg(x_local.size()),
+        dxg(x_local.size());
+    want.forward(xw.view(m, n), yw.view(m, n), aw.step);
+    got.forward(xg.view(m, n), yg.view(m, n), ag.step);
+    want.backward(dyw.view(m, n), dxw.view(m, n), aw.step);
+    got.backward(dyg.view(m, n), dxg.view(m, n), ag.step);
+    const double ey = norm_error_over_ranks(yg.download(), yw.download());
+    const double edx = norm_error_over_ranks(dxg.download(), dxw.download());
+    EXPECT_LE(ey, tol);
+    EXPECT_LE(edx, tol);
+    worst[0] = std::max(worst[0], ey);
+    worst[1] = std::max(worst[1], edx);
+    for (std::size_t k = 0; k < pw.size(); ++k) {
+      const double e = max_over_ranks(
+          norm_error(gather_global(*pg[k], g, true), gather_global(*pw[k], g, true)));
+      EXPECT_LE(e, tol) << pw[k]->shard.name;
+      worst[2] = std::max(worst[2], e);
+    }
+  }
+  print_measured("TransformerBlock3D",
+                 {{"output", worst[0]}, {"input_grad", worst[1]}, {"grads", worst[2]}});
+}
+
 // The collectives of a step, per axis, are exactly those gpt3d.hpp lists
 // (calls; groups of one issue nothing). Without checkpointing, L blocks:
 //   forward   Z: wte gather (embedding, head), 4L weight gathers, the loss
@@ -598,7 +834,8 @@ TEST(Gpt3D, CollectivesPerAxis) {
   }
 }
 
-TEST(Gpt3D, TrainingStepAllocatesNothing) {
+template <class T>
+void training_step_allocates_nothing() {
   if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting unavailable (ASan)";
   if (test_backend().asynchronous())
     GTEST_SKIP() << "the CUDA runtime allocates host memory internally (pinned staging, "
@@ -610,7 +847,7 @@ TEST(Gpt3D, TrainingStepAllocatesNothing) {
   for (ProcessGrid& g : env().grids) {
     SCOPED_TRACE(describe(g));
     // Every overlap on: OAG's recorded order and ORS's deferred list too.
-    GPT3D<float> model(
+    GPT3D<T> model(
         g, env().backend, config, kBatch, kSeq, {.checkpoint = true},
         {.overlap_all_reduce = true, .overlap_reduce_scatter = true, .overlap_all_gather = true});
     model.init(1);
@@ -627,6 +864,12 @@ TEST(Gpt3D, TrainingStepAllocatesNothing) {
     }
     EXPECT_EQ(count, 0u) << "first allocation from " << caller;
   }
+}
+TEST(Gpt3D, TrainingStepAllocatesNothing) {
+  training_step_allocates_nothing<float>();
+}
+TEST(Gpt3D, TrainingStepAllocatesNothingBf16) {
+  training_step_allocates_nothing<bf16>();
 }
 
 TEST(Gpt3D, BuffersSizedExactly) {

@@ -595,6 +595,229 @@ TEST(Optimizer, FloatKernelsAndModel) {
   EXPECT_EQ(replica_mismatches(run.model(), run.grid()), 0);
 }
 
+// ---------------------------------------------------------------- bf16 (fp32 master weights)
+
+// A ParameterStore<S> on the test backend over copies of the parameters of
+// `layout` (a real scheme's shards: pieces, owners and replicas), so that a
+// bf16 store and a float store with identical layouts can be stepped side by
+// side without a bf16 model.
+template <class S>
+struct CopiedStore {
+  std::vector<Param<S>> params;
+  std::unique_ptr<ParameterStore<S>> store;
+
+  explicit CopiedStore(const ParameterStore<float>& layout) : params(layout.params().size()) {
+    std::vector<Param<S>*> pointers;
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      params[k].shard = layout.params()[k]->shard;
+      pointers.push_back(&params[k]);
+    }
+    store = std::make_unique<ParameterStore<S>>(test_backend(), pointers);
+  }
+  // Every local element (owner or replica) of every piece set from `global`
+  // (one host vector per parameter, bf16-representable floats): values, or
+  // gradients with `grad`. Elements outside the pieces get 0.
+  void set(const std::vector<std::vector<float>>& global, bool grad) {
+    set_from_global<S>(params, global, grad);
+  }
+};
+
+// One bf16-representable normal deviate times `scale` per global element of
+// every parameter (the same on every rank: drawn from `gen` in order).
+std::vector<std::vector<float>> random_globals(const ParameterStore<float>& layout, double scale,
+                                               std::mt19937_64& gen) {
+  std::normal_distribution<double> normal;
+  std::vector<std::vector<float>> out;
+  for (const Param<float>* p : layout.params()) {
+    std::vector<float> v(static_cast<std::size_t>(p->shard.global_size()));
+    for (float& x : v) x = float(bf16(scale * normal(gen)));
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+// Elements where a and b differ bit for bit (exact), or by more than
+// `tol` relative to max(|b|, floor).
+long differing(const std::vector<float>& a, const std::vector<float>& b, double tol, double floor,
+               double& worst) {
+  long bad = 0;
+  for (std::size_t k = 0; k < b.size(); ++k) {
+    const double err =
+        std::abs(double(a[k]) - double(b[k])) / std::max(std::abs(double(b[k])), floor);
+    worst = std::max(worst, std::isfinite(err) ? err : 1e300);
+    if (tol == 0 ? std::memcmp(&a[k], &b[k], sizeof(float)) != 0 : !(err <= tol)) ++bad;
+  }
+  return bad;
+}
+
+// Optimizer<bf16> against Optimizer<float> on the same layout, from the same
+// bf16-representable values and fed the same bf16-representable gradients
+// for several steps: the bf16 optimizer's fp32 master is updated by the same
+// fp32 arithmetic as the float optimizer's values, so master == float values
+// and the state slots agree bit for bit (CpuBackend: both run the same
+// formulas compiled without FP contraction); every bf16 parameter ==
+// bf16(master) bit for bit. On a GPU the two kernels may contract
+// multiply-adds differently: there the master must agree within 8 fp32
+// epsilons relative to max(|value|, 1e-3) after the steps (each step's update
+// is ~lr, rounded a few times), and the bf16 rounding of the master is still
+// exact. A bug such as updating the bf16 values instead of the master (the
+// update of ~1e-3 is below bf16's resolution for values ~1) would be off by
+// ~lr, i.e. 1e5 times these tolerances.
+void bf16_matches_float(const OptimizerOptions& options) {
+  const reference::GptConfig config = test_config();
+  const LrSchedule schedule{.lr = 5e-3, .warmup = 2, .total = 5, .min_lr = 1e-3};
+  const bool exact = !test_backend().asynchronous();
+  const double tol = exact ? 0.0 : 8 * std::numeric_limits<float>::epsilon();
+  double worst = 0;
+  int tested = 0;
+  for (const SchemeSpec& spec : schemes_for(world_size())) {
+    SCOPED_TRACE(spec.str());
+    const std::uint64_t seed = fresh_seed();
+    SCOPED_TRACE(seed_note(seed));
+    std::mt19937_64 gen(seed);
+    const auto owned = make_run<float>(spec, config, batch_for(spec));
+    const ParameterStore<float>& layout = owned->model().parameters_store();
+    CopiedStore<float> f32(layout);
+    CopiedStore<bf16> b16(layout);
+    const auto values = random_globals(layout, 1.0, gen);
+    f32.set(values, false);
+    b16.set(values, false);
+    auto opt32 = make_optimizer(options, *f32.store);
+    auto opt16 = make_optimizer(options, *b16.store);
+    EXPECT_EQ(opt32->master(), nullptr) << "float parameters are their own master";
+    const index_t n = b16.store->local_elements();
+    ASSERT_EQ(opt16->master() == nullptr, n == 0);
+    // the master starts as the parameters, widened
+    EXPECT_EQ(host_copy(opt16->master(), n), host_copy(f32.store->values_base(), n));
+    for (std::int64_t step = 0; step < 5; ++step) {
+      const auto grads = random_globals(layout, 1.0, gen);
+      f32.set(grads, true);
+      b16.set(grads, true);
+      opt32->step(schedule.at(step));
+      opt16->step(schedule.at(step));
+    }
+    const std::vector<float> master = host_copy(opt16->master(), n);
+    const std::vector<float> want = host_copy(f32.store->values_base(), n);
+    long bad = differing(master, want, tol, 1e-3, worst);
+    for (std::size_t slot = 0; slot < opt16->state_names().size(); ++slot)
+      bad += differing(host_copy(opt16->state(slot), n), host_copy(opt32->state(slot), n), tol,
+                       1e-3, worst);
+    // the bf16 parameters are the master rounded once
+    const std::vector<bf16> params = host_copy(b16.store->values_base(), n);
+    for (std::size_t k = 0; k < params.size(); ++k)
+      if (params[k].bits != bf16(master[k]).bits) ++bad;
+    // and the updates were not lost to bf16 resolution: the master moved
+    // away from its bf16 rounding somewhere
+    long off_grid = 0;
+    for (std::size_t k = 0; k < params.size(); ++k)
+      if (float(params[k]) != master[k]) ++off_grid;
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &off_grid, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    EXPECT_EQ(bad, 0) << "worst relative difference " << worst;
+    EXPECT_GT(off_grid, 0);
+    EXPECT_EQ(opt16->steps(), 5);
+    ++tested;
+  }
+  testing::Test::RecordProperty("schemes", tested);
+  testing::Test::RecordProperty("worst_master_vs_f32",
+                                fmt::format("{:.3g}", max_over_ranks(worst)));
+}
+
+TEST(OptimizerBf16, AdamWMasterMatchesFloat) {
+  bf16_matches_float({.kind = "adamw", .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1});
+}
+TEST(OptimizerBf16, SgdMomentumDecayMasterMatchesFloat) {
+  bf16_matches_float({.kind = "sgd", .momentum = 0.9, .weight_decay = 0.05, .decay_vectors = true});
+}
+TEST(OptimizerBf16, SgdNesterovMasterMatchesFloat) {
+  bf16_matches_float({.kind = "sgd", .momentum = 0.8, .nesterov = true, .weight_decay = 0.01});
+}
+
+// refresh_master(): parameter values written outside the optimizer (as an HF
+// import does) become the master; without it the next step would start from
+// the stale master.
+TEST(OptimizerBf16, RefreshMasterAfterExternalWrite) {
+  const reference::GptConfig config = test_config();
+  const SchemeSpec spec = schemes_for(world_size()).back();
+  SCOPED_TRACE(spec.str());
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  const auto owned = make_run<float>(spec, config, batch_for(spec));
+  const ParameterStore<float>& layout = owned->model().parameters_store();
+  CopiedStore<bf16> b16(layout);
+  CopiedStore<float> f32(layout);
+  b16.set(random_globals(layout, 1.0, gen), false);
+  auto opt = make_optimizer<bf16>({.kind = "sgd", .momentum = 0.0}, *b16.store);
+  const auto edited = random_globals(layout, 1.0, gen);
+  b16.set(edited, false);
+  f32.set(edited, false);
+  const index_t n = b16.store->local_elements();
+  EXPECT_NE(host_copy(opt->master(), n), host_copy(f32.store->values_base(), n))
+      << "the master is a copy, not the parameters";
+  opt->refresh_master();
+  EXPECT_EQ(host_copy(opt->master(), n), host_copy(f32.store->values_base(), n));
+}
+
+// clip_grad_norm / global_norm_sq on a bf16 store against plain double loops
+// over the global gradients: the norm sums the same widened squares in
+// double in another order (relative 1e-12, as for double stores); clipping
+// rounds float(g)·float(c) to bf16 once per element, which the reference does
+// the same way: exact.
+TEST(OptimizerBf16, ClipGradNormMatchesDoubleReference) {
+  const reference::GptConfig config = test_config();
+  int tested = 0;
+  for (const SchemeSpec& spec : schemes_for(world_size())) {
+    SCOPED_TRACE(spec.str());
+    const std::uint64_t seed = fresh_seed();
+    SCOPED_TRACE(seed_note(seed));
+    std::mt19937_64 gen(seed);
+    const auto owned = make_run<float>(spec, config, batch_for(spec));
+    const ParameterStore<float>& layout = owned->model().parameters_store();
+    ProcessGrid& grid = owned->grid();
+    CopiedStore<bf16> b16(layout);
+    const auto grads = random_globals(layout, 0.5, gen);
+    b16.set(grads, true);
+    double ref_sq = 0;
+    for (const auto& g : grads)
+      for (float x : g) ref_sq += double(x) * double(x);
+    const double ref_norm = std::sqrt(ref_sq);
+    EXPECT_NEAR(global_norm_sq(*b16.store, grid), ref_sq, 1e-12 * ref_sq);
+    EXPECT_NEAR(clip_grad_norm(*b16.store, grid, 2 * ref_norm), ref_norm, 1e-12 * ref_norm);
+    const double norm = clip_grad_norm(*b16.store, grid, ref_norm / 3);
+    EXPECT_NEAR(norm, ref_norm, 1e-12 * ref_norm);
+    const auto factor = static_cast<float>((ref_norm / 3) / (norm + 1e-6));
+    long bad = 0;
+    for (std::size_t k = 0; k < b16.params.size(); ++k) {
+      const Param<bf16>& p = b16.params[k];
+      if (!p.held()) continue;
+      const std::vector<bf16> got = local_host(p, true);
+      const ParamShard& s = p.shard;
+      for (const ShardPiece& piece : s.pieces)
+        for (index_t r = 0; r < piece.rows; ++r)
+          for (index_t c = 0; c < piece.cols; ++c) {
+            const float g = grads[k][static_cast<std::size_t>(
+                (piece.global_row + r) * s.global_cols() + piece.global_col + c)];
+            const bf16 local = got[static_cast<std::size_t>((piece.local_row + r) * s.local_cols +
+                                                            piece.local_col + c)];
+            if (local.bits != bf16(g * factor).bits) ++bad;
+          }
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    EXPECT_EQ(bad, 0);
+    // gather_global<bf16> assembles the clipped tensors
+    for (std::size_t k = 0; k < b16.params.size(); ++k) {
+      const std::vector<bf16> global = gather_global(b16.params[k], grid, true);
+      long off = 0;
+      for (std::size_t e = 0; e < global.size(); ++e)
+        if (global[e].bits != bf16(grads[k][e] * factor).bits) ++off;
+      EXPECT_EQ(off, 0) << b16.params[k].shard.name;
+    }
+    ++tested;
+  }
+  RecordProperty("schemes", tested);
+}
+
 // ---------------------------------------------------------------- backend seam ops
 
 // Count of elements where |got - want| > tol · max(|want|, 1); worst: the largest ratio.
@@ -739,6 +962,28 @@ TEST(Optimizer, StepAndClipAllocateNothing) {
         EXPECT_TRUE(std::isfinite(norm));
       }
       EXPECT_EQ(count, 0u) << kind << ": first allocation from " << caller;
+    }
+    // bf16 parameters with fp32 master weights, on the same layout
+    CopiedStore<bf16> b16(store);
+    b16.set(random_globals(store, 1.0, gen), false);
+    b16.set(random_globals(store, 1.0, gen), true);
+    for (const char* kind : {"adamw", "sgd"}) {
+      auto opt = make_optimizer<bf16>({.kind = kind}, *b16.store);
+      clip_grad_norm(*b16.store, run.grid(), 1.0);  // warm-up
+      opt->step(1e-3);
+      std::uint64_t count = 0;
+      std::string caller;
+      {
+        CountAllocations counter;
+        const double norm = clip_grad_norm(*b16.store, run.grid(), 0.5);
+        global_norm_sq(*b16.store, run.grid());
+        opt->step(1e-3);
+        opt->refresh_master();
+        count = counter.count();
+        caller = counter.first_caller();
+        EXPECT_TRUE(std::isfinite(norm));
+      }
+      EXPECT_EQ(count, 0u) << kind << " (bf16): first allocation from " << caller;
     }
   }
 }

@@ -271,4 +271,28 @@ class CountAllocations {
   std::string first_caller() const;
 };
 
+/// Every local element of every piece of `params` (owners and replicas) set
+/// from the global row-major tensors `global` (one host vector per
+/// parameter, in params order; converted to S): the values, or the gradients
+/// with `grad`. Local elements outside the pieces get 0. Uploaded into
+/// test_backend() memory.
+template <class S>
+void set_from_global(std::span<const Param<S>> params,
+                     const std::vector<std::vector<float>>& global, bool grad) {
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    const Param<S>& p = params[k];
+    if (!p.held()) continue;
+    const ParamShard& s = p.shard;
+    std::vector<S> local(static_cast<std::size_t>(s.local_size()), S(0));
+    for (const ShardPiece& piece : s.pieces)
+      for (index_t r = 0; r < piece.rows; ++r)
+        for (index_t c = 0; c < piece.cols; ++c)
+          local[static_cast<std::size_t>((piece.local_row + r) * s.local_cols + piece.local_col +
+                                         c)] =
+              S(global[k][static_cast<std::size_t>((piece.global_row + r) * s.global_cols() +
+                                                   piece.global_col + c)]);
+    test_backend().upload(grad ? p.grad : p.value, local.data(), local.size() * sizeof(S));
+  }
+}
+
 }  // namespace summa::test

@@ -701,22 +701,50 @@ void broadcast_text(MPI_Comm comm, std::string& text) {
               "MPI_Bcast");
 }
 
-// The store's values and the slots as host memory: the buffers themselves
-// when the store's backend is host-accessible (CpuBackend), otherwise host
-// copies downloaded from the backend, which write_back() uploads again after
-// a load. Offsets into values() are those of the store's packing
+// The element type parameter values are saved in: master_t<T> (T itself for
+// float and double; fp32 for bf16, whose values come from the optimizer's
+// fp32 master or are widened, so that a resumed bf16 run loses nothing and
+// float and bf16 runs read each other's checkpoints).
+template <class T>
+using saved_t = master_t<T>;
+
+// The store's values (as saved_t<T>) and the slots as host memory: the
+// buffers themselves when the store's backend is host-accessible (CpuBackend)
+// and T is saved as itself, otherwise host copies downloaded from the backend
+// (bf16: from `master` when given, else widened from the values), which
+// write_back() puts back after a load (bf16: into `master` and values =
+// bf16(master) with Backend::convert, or values = bf16(loaded) without a
+// master). Offsets into values() are those of the store's packing
 // (p->value - store.values_base()). Allocates; for save and load only.
 template <class T>
 class HostImage {
  public:
-  HostImage(ParameterStore<T>& store, std::span<const StateSlot> slots)
-      : store_(&store), slots_(slots.begin(), slots.end()), values_(store.values_base()) {
+  using V = saved_t<T>;
+  static constexpr bool widened = !std::is_same_v<T, V>;
+
+  HostImage(ParameterStore<T>& store, std::span<const StateSlot> slots, V* master)
+      : store_(&store), slots_(slots.begin(), slots.end()), master_(master) {
     Backend& backend = store.backend();
-    if (backend.host_accessible()) return;
     const auto n = static_cast<std::size_t>(store.local_elements());
-    host_values_.resize(n);
-    if (n > 0) backend.download(host_values_.data(), store.values_base(), n * sizeof(T));
-    values_ = host_values_.data();
+    if constexpr (widened) {
+      host_values_.resize(n);
+      if (n > 0 && master_ != nullptr) {
+        backend.download(host_values_.data(), master_, n * sizeof(V));
+      } else if (n > 0) {
+        std::vector<T> narrow(n);
+        backend.download(narrow.data(), store.values_base(), n * sizeof(T));
+        for (std::size_t k = 0; k < n; ++k) host_values_[k] = static_cast<V>(narrow[k]);
+      }
+      values_ = host_values_.data();
+    } else {
+      values_ = store.values_base();
+      if (!backend.host_accessible()) {
+        host_values_.resize(n);
+        if (n > 0) backend.download(host_values_.data(), store.values_base(), n * sizeof(T));
+        values_ = host_values_.data();
+      }
+    }
+    if (backend.host_accessible()) return;
     host_slots_.resize(slots_.size());
     for (std::size_t k = 0; k < slots_.size(); ++k) {
       const std::size_t bytes = n * size_of(slots_[k].dtype);
@@ -727,20 +755,31 @@ class HostImage {
     }
   }
 
-  T* values() const { return values_; }
+  V* values() const { return values_; }
   std::span<const StateSlot> slots() const { return slots_; }
   /// Element offset of a held parameter's local values in values().
   index_t offset(const Param<T>& p) const {
     return static_cast<index_t>(p.value - store_->values_base());
   }
 
-  /// Uploads the host copies into the store and the caller's slots (nothing
-  /// to do when they are the buffers themselves).
+  /// Puts the loaded host copies back into the store (and master) and the
+  /// caller's slots (nothing to do where they are the buffers themselves).
   void write_back(std::span<const StateSlot> device_slots) const {
     Backend& backend = store_->backend();
-    if (backend.host_accessible()) return;
-    if (!host_values_.empty())
+    const index_t n = store_->local_elements();
+    if constexpr (widened) {
+      if (n > 0 && master_ != nullptr) {
+        backend.upload(master_, host_values_.data(), host_values_.size() * sizeof(V));
+        backend.convert(MatrixView<const V>::dense(master_, 1, n, Order::row_major),
+                        MatrixView<T>::dense(store_->values_base(), 1, n, Order::row_major));
+      } else if (n > 0) {
+        std::vector<T> narrow(host_values_.size());
+        for (std::size_t k = 0; k < narrow.size(); ++k) narrow[k] = T(host_values_[k]);
+        backend.upload(store_->values_base(), narrow.data(), narrow.size() * sizeof(T));
+      }
+    } else if (!host_values_.empty()) {
       backend.upload(store_->values_base(), host_values_.data(), host_values_.size() * sizeof(T));
+    }
     for (std::size_t k = 0; k < host_slots_.size(); ++k)
       if (!host_slots_[k].empty())
         backend.upload(device_slots[k].data, host_slots_[k].data(), host_slots_[k].size());
@@ -749,8 +788,9 @@ class HostImage {
  private:
   ParameterStore<T>* store_;
   std::vector<StateSlot> slots_;  // data: host pointers
-  T* values_;                     // host pointer
-  std::vector<T> host_values_;
+  V* master_;                     // backend memory (bf16 with an optimizer), else null
+  V* values_;                     // host pointer
+  std::vector<V> host_values_;
   std::vector<std::vector<unsigned char>> host_slots_;
 };
 
@@ -773,7 +813,7 @@ std::string write_shard(const fs::path& dir, ParameterStore<T>& store, const Hos
   out.write(header, kHeaderBytes);
 
   std::string pieces;
-  const T* values = host.values();
+  const saved_t<T>* values = host.values();
   for (const Param<T>* p : store.params()) {
     const ParamShard& s = p->shard;
     if (!p->held() || !s.owner) continue;
@@ -792,7 +832,7 @@ std::string write_shard(const fs::path& dir, ParameterStore<T>& store, const Hos
       std::string line = fmt::format("piece {} {} {} {} {}", encode(s.name), piece.global_row,
                                      piece.global_col, piece.rows, piece.cols);
       for (std::size_t stream = 0; stream <= slots.size(); ++stream) {
-        const DType dtype = stream == 0 ? dtype_v<T> : slots[stream - 1].dtype;
+        const DType dtype = stream == 0 ? dtype_v<saved_t<T>> : slots[stream - 1].dtype;
         const std::size_t es = size_of(dtype);
         const auto* base = stream == 0 ? reinterpret_cast<const unsigned char*>(values)
                                        : static_cast<const unsigned char*>(slots[stream - 1].data);
@@ -870,7 +910,7 @@ void load_pieces(const fs::path& dir, const Manifest& m, ParameterStore<T>& stor
     index_t r0, r1, c0, c1;
   };
   std::vector<Rect> hits;
-  T* values = host.values();
+  saved_t<T>* values = host.values();
   for (const Param<T>* p : store.params()) {
     const ParamShard& s = p->shard;
     if (!p->held()) continue;
@@ -906,7 +946,7 @@ void load_pieces(const fs::path& dir, const Manifest& m, ParameterStore<T>& stor
         for (std::size_t stream = 0; stream < m.streams.size(); ++stream) {
           // destination: the values, or the caller's slot of this saved stream
           unsigned char* dst = nullptr;
-          DType dst_type = dtype_v<T>;
+          DType dst_type = dtype_v<saved_t<T>>;
           if (stream == 0) {
             dst = reinterpret_cast<unsigned char*>(values);
           } else {
@@ -1065,10 +1105,11 @@ CheckpointInfo verify_checkpoint(const fs::path& path_or_root) {
   return m.info;
 }
 
+namespace {
+
 template <class T>
-void save_checkpoint(const fs::path& root, ParameterStore<T>& store,
-                     std::span<const StateSlot> slots, const CheckpointInfo& info,
-                     ProcessGrid& grid) {
+void save_impl(const fs::path& root, ParameterStore<T>& store, std::span<const StateSlot> slots,
+               const CheckpointInfo& info, ProcessGrid& grid, saved_t<T>* master) {
   const MPI_Comm comm = grid.native(CommAxis::world);
   int rank = 0;
   check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
@@ -1101,7 +1142,7 @@ void save_checkpoint(const fs::path& root, ParameterStore<T>& store,
   std::string lines;
   grid.agree(CommAxis::world, grid.coords().data != 0 ? std::nullopt : capture([&] {
                // device memory is staged through host copies (HostImage)
-               const HostImage<T> host(store, slots);
+               const HostImage<T> host(store, slots, master);
                lines = write_shard(tmp, store, host, grid, grid.tensor().rank());
              }));
   lines = gather_on_root(comm, lines);
@@ -1114,7 +1155,7 @@ void save_checkpoint(const fs::path& root, ParameterStore<T>& store,
                const GridShape& g = grid.shape();
                text += fmt::format("grid data={} depth={} rows={} cols={}\n", g.data, g.depth,
                                    g.rows, g.cols);
-               text += fmt::format("values {}\n", name_of(dtype_v<T>));
+               text += fmt::format("values {}\n", name_of(dtype_v<saved_t<T>>));
                for (const StateSlot& slot : slots)
                  text += fmt::format("slot {} {}\n", encode(slot.name), name_of(slot.dtype));
                for (const Param<T>* p : store.params()) {
@@ -1139,8 +1180,8 @@ void save_checkpoint(const fs::path& root, ParameterStore<T>& store,
 }
 
 template <class T>
-CheckpointInfo load_checkpoint(const fs::path& path_or_root, ParameterStore<T>& store,
-                               std::span<const StateSlot> slots, ProcessGrid& grid) {
+CheckpointInfo load_impl(const fs::path& path_or_root, ParameterStore<T>& store,
+                         std::span<const StateSlot> slots, ProcessGrid& grid, saved_t<T>* master) {
   const MPI_Comm comm = grid.native(CommAxis::world);
   int rank = 0, size = 1;
   check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
@@ -1171,11 +1212,53 @@ CheckpointInfo load_checkpoint(const fs::path& path_or_root, ParameterStore<T>& 
                  (void)open_shard(dir, m.shards[k]);
                // device memory: read into host copies of the current
                // contents, then uploaded
-               const HostImage<T> host(store, slots);
+               const HostImage<T> host(store, slots, master);
                load_pieces(dir, m, store, host, slot_stream);
                host.write_back(slots);
              }));
   return m.info;
+}
+
+// The optimizer's state slots, in state_names() order.
+template <class T>
+std::vector<StateSlot> optimizer_slots(Optimizer<T>& optimizer) {
+  std::vector<StateSlot> slots;
+  for (std::size_t k = 0; k < optimizer.state_names().size(); ++k)
+    slots.push_back({.name = optimizer.state_names()[k],
+                     .dtype = dtype_v<master_t<T>>,
+                     .data = static_cast<void*>(optimizer.state(k))});
+  return slots;
+}
+
+}  // namespace
+
+template <class T>
+void save_checkpoint(const fs::path& root, ParameterStore<T>& store,
+                     std::span<const StateSlot> slots, const CheckpointInfo& info,
+                     ProcessGrid& grid) {
+  save_impl(root, store, slots, info, grid, nullptr);
+}
+
+template <class T>
+CheckpointInfo load_checkpoint(const fs::path& path_or_root, ParameterStore<T>& store,
+                               std::span<const StateSlot> slots, ProcessGrid& grid) {
+  return load_impl(path_or_root, store, slots, grid, nullptr);
+}
+
+template <class T>
+void save_checkpoint(const fs::path& root, Optimizer<T>& optimizer, const CheckpointInfo& info,
+                     ProcessGrid& grid) {
+  const std::vector<StateSlot> slots = optimizer_slots(optimizer);
+  save_impl(root, optimizer.store(), std::span<const StateSlot>(slots), info, grid,
+            optimizer.master());
+}
+
+template <class T>
+CheckpointInfo load_checkpoint(const fs::path& path_or_root, Optimizer<T>& optimizer,
+                               ProcessGrid& grid) {
+  const std::vector<StateSlot> slots = optimizer_slots(optimizer);
+  return load_impl(path_or_root, optimizer.store(), std::span<const StateSlot>(slots), grid,
+                   optimizer.master());
 }
 
 template void save_checkpoint<float>(const fs::path&, ParameterStore<float>&,
@@ -1188,5 +1271,19 @@ template CheckpointInfo load_checkpoint<float>(const fs::path&, ParameterStore<f
                                                std::span<const StateSlot>, ProcessGrid&);
 template CheckpointInfo load_checkpoint<double>(const fs::path&, ParameterStore<double>&,
                                                 std::span<const StateSlot>, ProcessGrid&);
+template void save_checkpoint<bf16>(const fs::path&, ParameterStore<bf16>&,
+                                    std::span<const StateSlot>, const CheckpointInfo&,
+                                    ProcessGrid&);
+template CheckpointInfo load_checkpoint<bf16>(const fs::path&, ParameterStore<bf16>&,
+                                              std::span<const StateSlot>, ProcessGrid&);
+template void save_checkpoint<float>(const fs::path&, Optimizer<float>&, const CheckpointInfo&,
+                                     ProcessGrid&);
+template void save_checkpoint<double>(const fs::path&, Optimizer<double>&, const CheckpointInfo&,
+                                      ProcessGrid&);
+template void save_checkpoint<bf16>(const fs::path&, Optimizer<bf16>&, const CheckpointInfo&,
+                                    ProcessGrid&);
+template CheckpointInfo load_checkpoint<float>(const fs::path&, Optimizer<float>&, ProcessGrid&);
+template CheckpointInfo load_checkpoint<double>(const fs::path&, Optimizer<double>&, ProcessGrid&);
+template CheckpointInfo load_checkpoint<bf16>(const fs::path&, Optimizer<bf16>&, ProcessGrid&);
 
 }  // namespace summa

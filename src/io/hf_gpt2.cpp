@@ -264,6 +264,12 @@ reference::GptConfig read_hf_gpt2_config(const fs::path& path) {
   return config;
 }
 
+// The element type a model of T moves through the safetensors reader and
+// writer: bf16 widens to float (exactly; the file's own dtype is chosen
+// separately and converted by them), float and double pass as they are.
+template <class T>
+using io_t = acc_t<T>;
+
 // ---------------------------------------------------------------- export
 
 template <class T>
@@ -311,7 +317,14 @@ void export_hf_gpt2(GptModel<T>& model, const fs::path& dir, DTypeOut dtype) {
     const std::vector<T> global = gather_global(*p, grid);
     if (writes && !error) {
       try {
-        writer->write<T>(p->shard.name, global);
+        if constexpr (std::is_same_v<T, io_t<T>>) {
+          writer->write<T>(p->shard.name, global);
+        } else {
+          std::vector<io_t<T>> wide(global.size());
+          std::transform(global.begin(), global.end(), wide.begin(),
+                         [](T v) { return static_cast<io_t<T>>(v); });
+          writer->write<io_t<T>>(p->shard.name, wide);
+        }
       } catch (const std::exception& e) {
         error = fmt::format("{}: {}", where, e.what());
       }
@@ -422,7 +435,7 @@ void import_hf_gpt2(GptModel<T>& model, const fs::path& dir) {
     staged.resize(static_cast<std::size_t>(store->local_elements()));
     if (!backend.host_accessible() && !staged.empty())
       backend.download(staged.data(), store->values_base(), staged.size() * sizeof(T));
-    std::vector<T> rows;
+    std::vector<io_t<T>> rows;  // bf16 rounds each value once, from the file's value as float
     std::size_t k = 0;
     for (const Param<T>* p : store->params()) {
       const std::string& source = sources[k++];
@@ -438,10 +451,13 @@ void import_hf_gpt2(GptModel<T>& model, const fs::path& dir) {
             piece.local_col + piece.cols > s.local_cols)
           throw Error(fmt::format("a shard piece of '{}' lies outside the tensor", s.name));
         rows.resize(static_cast<std::size_t>(piece.rows * cols));
-        file->read_rows<T>(source, piece.global_row, piece.rows, rows);
-        for (index_t r = 0; r < piece.rows; ++r)
-          std::copy_n(rows.begin() + r * cols + piece.global_col, piece.cols,
-                      local + (piece.local_row + r) * s.local_cols + piece.local_col);
+        file->read_rows<io_t<T>>(source, piece.global_row, piece.rows, rows);
+        for (index_t r = 0; r < piece.rows; ++r) {
+          const auto from = rows.begin() + r * cols + piece.global_col;
+          std::transform(from, from + piece.cols,
+                         local + (piece.local_row + r) * s.local_cols + piece.local_col,
+                         [](io_t<T> v) { return static_cast<T>(v); });
+        }
       }
     }
   } catch (const std::exception& e) {
@@ -465,5 +481,7 @@ template void export_hf_gpt2<float>(GptModel<float>&, const fs::path&, DTypeOut)
 template void export_hf_gpt2<double>(GptModel<double>&, const fs::path&, DTypeOut);
 template void import_hf_gpt2<float>(GptModel<float>&, const fs::path&);
 template void import_hf_gpt2<double>(GptModel<double>&, const fs::path&);
+template void export_hf_gpt2<bf16>(GptModel<bf16>&, const fs::path&, DTypeOut);
+template void import_hf_gpt2<bf16>(GptModel<bf16>&, const fs::path&);
 
 }  // namespace summa::io

@@ -122,5 +122,6 @@ void Attention2D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffe
 
 template class Attention2D<float>;
 template class Attention2D<double>;
+template class Attention2D<bf16>;
 
 }  // namespace summa

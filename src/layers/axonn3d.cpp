@@ -154,6 +154,7 @@ MatrixView<T> Linear3D<T>::gathered_weight(T* buffer) {
 
 template <class T>
 void Linear3D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
+  using A = acc_t<T>;
   check_view("Linear3D forward", "X", X, local_tokens(), local_in());
   check_view("Linear3D forward", "Y", Y, local_tokens(), local_out(), true);
   ArenaScope scope(buffers.workspace);
@@ -161,7 +162,7 @@ void Linear3D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& bu
                     : nullptr;
   const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
   const auto W = ConstMatrixView<T>(gathered_weight(wbuf));
-  backend_->gemm(Op::N, Op::N, T(1), X, W, T(0), Y, scratch);
+  backend_->gemm(Op::N, Op::N, A(1), X, W, A(0), Y, scratch);
   detail3d::all_reduce(*in_comm_, Y.data, local_tokens() * local_out());
   if (has_bias_) backend_->add_bias(Y, bias_.value);  // once, after the sum
   x_ = X;
@@ -176,7 +177,8 @@ void Linear3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers&
   const index_t m = local_tokens(), k = local_in(), n = local_out();
   check_view("Linear3D backward", "dY", dY, m, n);
   if (want_dx) check_view("Linear3D backward", "dX", dX, m, k, true);
-  const T beta = accumulate ? T(1) : T(0);
+  using A = acc_t<T>;
+  const A beta = accumulate ? A(1) : A(0);
   Backend& be = *backend_;
   ArenaScope scope(buffers.workspace);
   T* wbuf = gz_ > 1 ? buffers.workspace.take<T>(static_cast<std::size_t>(k * n)) : nullptr;
@@ -185,14 +187,14 @@ void Linear3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers&
   Request request;
   if (want_dx) {  // partial dX = dY W(a, b)ᵀ, summed over B
     const auto W = ConstMatrixView<T>(gathered_weight(wbuf));
-    be.gemm(Op::N, Op::T, T(1), dY, W, T(0), dX, scratch);
+    be.gemm(Op::N, Op::T, A(1), dY, W, A(0), dX, scratch);
     if (options_.overlap_all_reduce)
       request = detail3d::iall_reduce(*out_comm_, dX.data, m * k);
     else
       detail3d::all_reduce(*out_comm_, dX.data, m * k);
   }
   if (gz_ == 1) {
-    be.gemm(Op::T, Op::N, T(1), x_, dY, beta, weight_.grad_view(), scratch);
+    be.gemm(Op::T, Op::N, A(1), x_, dY, beta, weight_.grad_view(), scratch);
   } else {
     // dW(a, b) = Xᵀ dY over the rank's tokens (W is no longer needed: reuse
     // its buffer), summed over Z and scattered: rank z keeps its row shard.
@@ -201,14 +203,14 @@ void Linear3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers&
     const bool defer = overlap_ != nullptr && overlap_->deferring();
     T* dw = defer ? overlap_->staging(overlap_id_) : wbuf;
     const auto dW = MatrixView<T>::dense(dw, k, n, Order::row_major);
-    be.gemm(Op::T, Op::N, T(1), x_, dY, T(0), dW, scratch);
+    be.gemm(Op::T, Op::N, A(1), x_, dY, A(0), dW, scratch);
     const auto shard = static_cast<std::size_t>(weight_.shard.local_size());
     if (defer) {
       overlap_->defer(overlap_id_, weight_.grad, accumulate);
     } else if (accumulate) {
       grid_->depth().reduce_scatter(wbuf, wbuf, shard, dtype_v<T>, ReduceOp::sum);
-      be.axpby(T(1), ConstMatrixView<T>::dense(wbuf, weight_.shard.local_rows, n, Order::row_major),
-               T(1), weight_.grad_view());
+      be.axpby(A(1), ConstMatrixView<T>::dense(wbuf, weight_.shard.local_rows, n, Order::row_major),
+               A(1), weight_.grad_view());
     } else {
       grid_->depth().reduce_scatter(wbuf, weight_.grad, shard, dtype_v<T>, ReduceOp::sum);
     }
@@ -219,9 +221,9 @@ void Linear3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers&
     if (gz_ == 1) {
       be.column_sums(dY, beta, bias_.grad);
     } else {
-      be.column_sums(dY, T(0), bsum);
+      be.column_sums(dY, A(0), bsum);
       detail3d::all_reduce(grid_->depth(), bsum, n);
-      be.axpby(T(1), ConstMatrixView<T>::dense(bsum, 1, n), beta, bias_.grad_view());
+      be.axpby(A(1), ConstMatrixView<T>::dense(bsum, 1, n), beta, bias_.grad_view());
     }
   }
   out_comm_->wait(request);
@@ -276,9 +278,10 @@ void LayerNorm3D<T>::collect_parameters(std::vector<Param<T>*>& out) {
 template <class T>
 BufferNeeds LayerNorm3D<T>::buffer_needs() const {
   const index_t m = local_tokens(), n = local_hidden();
-  ByteCount<T> fwd, ws;
-  fwd.add(m).add(m);         // mean, rstd
-  ws.add(2 * m).add(2 * n);  // a | b; dgamma | dbeta
+  // Per-row statistics in acc_t<T> (fp32 for bf16), parameter partials in T.
+  ByteCount<acc_t<T>> fwd, ws;
+  fwd.add(m).add(m);                                                     // mean, rstd
+  ws.add(2 * m).add_bytes(static_cast<std::size_t>(2 * n) * sizeof(T));  // a | b; dgamma | dbeta
   return {.workspace = ws, .forward = fwd, .backward = 0};
 }
 
@@ -289,8 +292,8 @@ void LayerNorm3D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers&
   check_view("LayerNorm3D forward", "Y", Y, m, n);
   Backend& be = *backend_;
   Communicator& row = detail3d::y_comm(*grid_);
-  mean_ = buffers.forward.take<T>(static_cast<std::size_t>(m));
-  rstd_ = buffers.forward.take<T>(static_cast<std::size_t>(m));
+  mean_ = buffers.forward.take<acc_t<T>>(static_cast<std::size_t>(m));
+  rstd_ = buffers.forward.take<acc_t<T>>(static_cast<std::size_t>(m));
   be.layernorm_partial_sums(X, nullptr, mean_);
   detail3d::all_reduce(row, mean_, m);
   be.layernorm_mean(m, hidden_, mean_, mean_);
@@ -311,7 +314,8 @@ void LayerNorm3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffe
   check_view("LayerNorm3D backward", "dX", dX, m, n);
   Backend& be = *backend_;
   ArenaScope scope(buffers.workspace);
-  T* ab = buffers.workspace.take<T>(static_cast<std::size_t>(2 * m));       // a | b row sums
+  using A = acc_t<T>;
+  A* ab = buffers.workspace.take<A>(static_cast<std::size_t>(2 * m));       // a | b row sums
   T* partial = buffers.workspace.take<T>(static_cast<std::size_t>(2 * n));  // dgamma | dbeta
   be.layernorm_param_partials(x_, dY, mean_, rstd_, partial, partial + n);
   Request request = detail3d::iall_reduce(grid_->depth(), partial, 2 * n);  // sum over Z tokens
@@ -319,14 +323,16 @@ void LayerNorm3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffe
   detail3d::all_reduce(detail3d::y_comm(*grid_), ab, 2 * m);
   be.layernorm_backward_apply(x_, dY, mean_, rstd_, gamma_.value, ab, ab + m, hidden_, dX);
   grid_->depth().wait(request);
-  const T beta = accumulate ? T(1) : T(0);
-  be.axpby(T(1), ConstMatrixView<T>::dense(partial, 1, n), beta, gamma_.grad_view());
-  be.axpby(T(1), ConstMatrixView<T>::dense(partial + n, 1, n), beta, beta_.grad_view());
+  const A beta = accumulate ? A(1) : A(0);
+  be.axpby(A(1), ConstMatrixView<T>::dense(partial, 1, n), beta, gamma_.grad_view());
+  be.axpby(A(1), ConstMatrixView<T>::dense(partial + n, 1, n), beta, beta_.grad_view());
 }
 
 template class Linear3D<float>;
 template class Linear3D<double>;
+template class Linear3D<bf16>;
 template class LayerNorm3D<float>;
 template class LayerNorm3D<double>;
+template class LayerNorm3D<bf16>;
 
 }  // namespace summa

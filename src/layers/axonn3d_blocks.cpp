@@ -239,10 +239,10 @@ void TransformerBlock3D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepB
   ln2_ = take();
   ln_1_.forward(X, ln1_, buffers);
   attn_.forward(ln1_, mid_, buffers);
-  be.axpby(T(1), X, T(1), mid_);  // mid = X + Attn(LN1(X))
+  be.axpby(acc_t<T>(1), X, acc_t<T>(1), mid_);  // mid = X + Attn(LN1(X))
   ln_2_.forward(mid_, ln2_, buffers);
   mlp_.forward(ln2_, Y, buffers);
-  be.axpby(T(1), ConstMatrixView<T>(mid_), T(1), Y);  // Y = mid + MLP(LN2(mid))
+  be.axpby(acc_t<T>(1), ConstMatrixView<T>(mid_), acc_t<T>(1), Y);  // Y = mid + MLP(LN2(mid))
 }
 
 template <class T>
@@ -258,17 +258,20 @@ void TransformerBlock3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, St
   const auto dtmp = MatrixView<T>::dense(bwd.take<T>(count), rows_, cols_, Order::row_major);
   mlp_.backward(dY, dtmp, buffers, accumulate);
   ln_2_.backward(dtmp, dmid, buffers, accumulate);
-  be.axpby(T(1), dY, T(1), dmid);
+  be.axpby(acc_t<T>(1), dY, acc_t<T>(1), dmid);
   attn_.backward(dmid, dtmp, buffers, accumulate);
   ln_1_.backward(dtmp, dX, buffers, accumulate);
-  be.axpby(T(1), ConstMatrixView<T>(dmid), T(1), dX);
+  be.axpby(acc_t<T>(1), ConstMatrixView<T>(dmid), acc_t<T>(1), dX);
 }
 
 template class Attention3D<float>;
 template class Attention3D<double>;
+template class Attention3D<bf16>;
 template class MLP3D<float>;
 template class MLP3D<double>;
+template class MLP3D<bf16>;
 template class TransformerBlock3D<float>;
 template class TransformerBlock3D<double>;
+template class TransformerBlock3D<bf16>;
 
 }  // namespace summa

@@ -154,8 +154,8 @@ void Overlap3D<T>::complete() {
     if (d.accumulate) {
       const auto& e = entries_.at(static_cast<std::size_t>(d.id));
       const index_t n = e.weight->shard.local_size();
-      backend_->axpby(T(1), ConstMatrixView<T>::dense(staging(d.id), 1, n, Order::row_major), T(1),
-                      MatrixView<T>::dense(d.grad, 1, n, Order::row_major));
+      backend_->axpby(acc_t<T>(1), ConstMatrixView<T>::dense(staging(d.id), 1, n, Order::row_major),
+                      acc_t<T>(1), MatrixView<T>::dense(d.grad, 1, n, Order::row_major));
     }
   }
   deferred_list_.clear();
@@ -164,5 +164,6 @@ void Overlap3D<T>::complete() {
 
 template class Overlap3D<float>;
 template class Overlap3D<double>;
+template class Overlap3D<bf16>;
 
 }  // namespace summa

@@ -38,14 +38,15 @@ MatrixView<T> gather_wte(ProcessGrid& grid, Param<T>& wte, T* buffer, index_t ro
 /// to do).
 template <class T>
 void scatter_wte_grad(ProcessGrid& grid, Backend& be, Param<T>& wte, T* full, bool accumulate) {
+  using A = acc_t<T>;
   if (detail3d::gz(grid) == 1) return;
   const auto shard = static_cast<std::size_t>(wte.shard.local_size());
   if (accumulate) {
     grid.depth().reduce_scatter(full, full, shard, dtype_v<T>, ReduceOp::sum);
-    be.axpby(T(1),
+    be.axpby(A(1),
              ConstMatrixView<T>::dense(full, wte.shard.local_rows, wte.shard.local_cols,
                                        Order::row_major),
-             T(1), wte.grad_view());
+             A(1), wte.grad_view());
   } else {
     grid.depth().reduce_scatter(full, wte.grad, shard, dtype_v<T>, ReduceOp::sum);
   }
@@ -159,14 +160,15 @@ void Embedding3D<T>::forward(std::span<const std::int32_t> tokens, MatrixView<T>
 
 template <class T>
 void Embedding3D<T>::backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate) {
+  using A = acc_t<T>;
   require(tokens_.size() > 0, "Embedding3D: backward without forward");
   const index_t m = batch_ * seq_ / gz_, n = hidden_ / gy_, nv = vocab_ / gx_;
   check_view("Embedding3D backward", "dY", dY, m, n);
   Backend& be = *backend_;
   if (gz_ == 1) {
     if (!accumulate) {
-      be.scale(T(0), wte_.grad_view());
-      be.scale(T(0), wpe_.grad_view());
+      be.scale(A(0), wte_.grad_view());
+      be.scale(A(0), wpe_.grad_view());
     }
     be.scatter_add_rows(tokens_.data(), vocab_begin(), dY, wte_.grad_view());
     // dY is replicated over X: so is wpe's gradient, replicas stay equal.
@@ -178,14 +180,14 @@ void Embedding3D<T>::backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool 
   T* pos = buffers.workspace.take<T>(static_cast<std::size_t>(positions_ * n));
   const auto full_view = MatrixView<T>::dense(full, nv, n, Order::row_major);
   const auto pos_view = MatrixView<T>::dense(pos, positions_, n, Order::row_major);
-  be.scale(T(0), full_view);
-  be.scale(T(0), pos_view);
+  be.scale(A(0), full_view);
+  be.scale(A(0), pos_view);
   be.scatter_add_rows(tokens_.data(), vocab_begin(), dY, full_view);
   be.scatter_add_rows(position_ids_.data(), 0, dY, pos_view);
   // wpe: the rank's tokens' rows, summed over Z; the same on every replica.
   detail3d::all_reduce(grid_->depth(), pos, positions_ * n);
   scatter_wte_grad(*grid_, be, wte_, full, accumulate);
-  be.axpby(T(1), ConstMatrixView<T>(pos_view), accumulate ? T(1) : T(0), wpe_.grad_view());
+  be.axpby(A(1), ConstMatrixView<T>(pos_view), accumulate ? A(1) : A(0), wpe_.grad_view());
 }
 
 // ---------------------------------------------------------------- cross-entropy
@@ -213,8 +215,8 @@ CrossEntropy3D<T>::CrossEntropy3D(ProcessGrid& grid, Backend& backend, index_t t
 template <class T>
 BufferNeeds CrossEntropy3D<T>::buffer_needs() const {
   const index_t m = tokens_ / gz_;
-  ByteCount<T> fwd;
-  fwd.add(m).add(2 * m);  // max; sum | picked
+  ByteCount<acc_t<T>> fwd;  // per-row statistics: fp32 for bf16
+  fwd.add(m).add(2 * m);    // max; sum | picked
   return {.workspace = 0, .forward = fwd, .backward = 0};
 }
 
@@ -241,8 +243,8 @@ double CrossEntropy3D<T>::forward(ConstMatrixView<T> Z, std::span<const std::int
   const auto n = static_cast<std::size_t>(m);
   const index_t col0 = detail3d::x_of(*grid_) * nv;
   targets_.assign(local_rows(targets, tokens_, gz_, detail3d::z_of(*grid_)));
-  max_ = buffers.forward.take<T>(n);
-  stats_ = buffers.forward.take<T>(2 * n);
+  max_ = buffers.forward.take<acc_t<T>>(n);
+  stats_ = buffers.forward.take<acc_t<T>>(2 * n);
   be.row_max(Z, max_);
   detail3d::all_reduce(xc, max_, m, ReduceOp::max);
   be.row_sum_exp(Z, max_, stats_);
@@ -319,6 +321,7 @@ MatrixView<T> LMHead3D<T>::gathered_wte(T* buffer) {
 template <class T>
 double LMHead3D<T>::forward(ConstMatrixView<T> X, std::span<const std::int32_t> targets,
                             StepBuffers& buffers) {
+  using A = acc_t<T>;
   const index_t m = tokens_ / gz_, nv = vocab_ / gx_, n = hidden_ / gy_;
   check_view("LMHead3D forward", "X", X, m, n);
   logits_ = MatrixView<T>::dense(buffers.forward.take<T>(static_cast<std::size_t>(m * nv)), m, nv,
@@ -328,7 +331,7 @@ double LMHead3D<T>::forward(ConstMatrixView<T> X, std::span<const std::int32_t> 
     T* buf = gz_ > 1 ? buffers.workspace.take<T>(static_cast<std::size_t>(nv * n)) : nullptr;
     const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
     const auto W = ConstMatrixView<T>(gathered_wte(buf));
-    backend_->gemm(Op::N, Op::T, T(1), X, W, T(0), logits_, scratch);
+    backend_->gemm(Op::N, Op::T, A(1), X, W, A(0), logits_, scratch);
     detail3d::all_reduce(detail3d::y_comm(*grid_), logits_.data, m * nv);
   }
   x_ = X;
@@ -337,6 +340,7 @@ double LMHead3D<T>::forward(ConstMatrixView<T> X, std::span<const std::int32_t> 
 
 template <class T>
 void LMHead3D<T>::backward(MatrixView<T> dX, StepBuffers& buffers, bool accumulate) {
+  using A = acc_t<T>;
   require(logits_.data != nullptr, "LMHead3D: backward without forward");
   const index_t m = tokens_ / gz_, nv = vocab_ / gx_, n = hidden_ / gy_;
   check_view("LMHead3D backward", "dX", dX, m, n, true);
@@ -346,7 +350,7 @@ void LMHead3D<T>::backward(MatrixView<T> dX, StepBuffers& buffers, bool accumula
   T* buf = gz_ > 1 ? buffers.workspace.take<T>(static_cast<std::size_t>(nv * n)) : nullptr;
   const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
   const auto dZ = ConstMatrixView<T>(logits_);
-  be.gemm(Op::N, Op::N, T(1), dZ, ConstMatrixView<T>(gathered_wte(buf)), T(0), dX, scratch);
+  be.gemm(Op::N, Op::N, A(1), dZ, ConstMatrixView<T>(gathered_wte(buf)), A(0), dX, scratch);
   Communicator& xc = detail3d::x_comm(*grid_);
   Request request;
   if (options_.overlap_all_reduce)
@@ -354,9 +358,9 @@ void LMHead3D<T>::backward(MatrixView<T> dX, StepBuffers& buffers, bool accumula
   else
     detail3d::all_reduce(xc, dX.data, m * n);
   if (gz_ == 1) {
-    be.gemm(Op::T, Op::N, T(1), dZ, x_, accumulate ? T(1) : T(0), wte_->grad_view(), scratch);
+    be.gemm(Op::T, Op::N, A(1), dZ, x_, accumulate ? A(1) : A(0), wte_->grad_view(), scratch);
   } else {
-    be.gemm(Op::T, Op::N, T(1), dZ, x_, T(0), MatrixView<T>::dense(buf, nv, n, Order::row_major),
+    be.gemm(Op::T, Op::N, A(1), dZ, x_, A(0), MatrixView<T>::dense(buf, nv, n, Order::row_major),
             scratch);
     scatter_wte_grad(*grid_, be, *wte_, buf, accumulate);
   }
@@ -365,9 +369,12 @@ void LMHead3D<T>::backward(MatrixView<T> dX, StepBuffers& buffers, bool accumula
 
 template class Embedding3D<float>;
 template class Embedding3D<double>;
+template class Embedding3D<bf16>;
 template class CrossEntropy3D<float>;
 template class CrossEntropy3D<double>;
+template class CrossEntropy3D<bf16>;
 template class LMHead3D<float>;
 template class LMHead3D<double>;
+template class LMHead3D<bf16>;
 
 }  // namespace summa

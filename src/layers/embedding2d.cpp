@@ -147,8 +147,8 @@ void Embedding2D<T>::backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool 
   grid.mesh_col().all_gather(mine, full, static_cast<std::size_t>(nt * hq));
   const auto all = ConstMatrixView<T>::dense(full, n, hq, Order::row_major);
   if (!accumulate) {
-    be.scale(T(0), wte_.grad_view());
-    if (wpe_.held()) be.scale(T(0), wpe_.grad_view());
+    be.scale(acc_t<T>(0), wte_.grad_view());
+    if (wpe_.held()) be.scale(acc_t<T>(0), wpe_.grad_view());
   }
   be.scatter_add_rows(tokens_.data(), c.row * (vocab_ / q_), all, wte_.grad_view());
   if (wpe_.held()) be.scatter_add_rows(position_ids_.data(), c.row * chunk_, all, wpe_.grad_view());
@@ -156,5 +156,6 @@ void Embedding2D<T>::backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool 
 
 template class Embedding2D<float>;
 template class Embedding2D<double>;
+template class Embedding2D<bf16>;
 
 }  // namespace summa

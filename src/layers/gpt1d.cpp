@@ -47,5 +47,6 @@ GPT1D<T>::GPT1D(ProcessGrid& grid, Backend& backend, const reference::GptConfig&
 
 template class GPT1D<float>;
 template class GPT1D<double>;
+template class GPT1D<bf16>;
 
 }  // namespace summa

@@ -53,5 +53,6 @@ GPT2D<T>::GPT2D(SummaEngine& engine, const reference::GptConfig& config, index_t
 
 template class GPT2D<float>;
 template class GPT2D<double>;
+template class GPT2D<bf16>;
 
 }  // namespace summa

@@ -73,5 +73,6 @@ void GPT3D<T>::append_buffers(std::vector<BufferUsage>& out) const {
 
 template class GPT3D<float>;
 template class GPT3D<double>;
+template class GPT3D<bf16>;
 
 }  // namespace summa

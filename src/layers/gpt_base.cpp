@@ -234,7 +234,7 @@ void GptBase<T>::backward(bool accumulate) {
   } else if (data_ > 1 && total > 0) {
     // The data-axis sum below would count the accumulated (already summed,
     // identical) gradients once per group: pre-scale them by 1/data.
-    backend_->scale(T(1) / static_cast<T>(data_), all_grads);
+    backend_->scale(acc_t<T>(1) / static_cast<acc_t<T>>(data_), all_grads);
   }
   {
     ArenaScope scope(B.backward);
@@ -297,5 +297,6 @@ MemoryReport GptBase<T>::memory_report() const {
 
 template class GptBase<float>;
 template class GptBase<double>;
+template class GptBase<bf16>;
 
 }  // namespace summa

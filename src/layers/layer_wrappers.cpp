@@ -111,7 +111,7 @@ void LayerNorm2DLayer<T>::collect_parameters(std::vector<Param<T>*>& out) {
 
 template <class T>
 BufferNeeds LayerNorm2DLayer<T>::buffer_needs() const {
-  ByteCount<T> fwd;
+  ByteCount<acc_t<T>> fwd;  // mean, rstd
   fwd.add(op_.local_tokens()).add(op_.local_tokens());
   return {.workspace = op_.workspace_bytes(dtype_v<T>), .forward = fwd, .backward = 0};
 }
@@ -119,8 +119,8 @@ BufferNeeds LayerNorm2DLayer<T>::buffer_needs() const {
 template <class T>
 void LayerNorm2DLayer<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
   const auto n = static_cast<std::size_t>(op_.local_tokens());
-  mean_ = buffers.forward.take<T>(n);
-  rstd_ = buffers.forward.take<T>(n);
+  mean_ = buffers.forward.take<acc_t<T>>(n);
+  rstd_ = buffers.forward.take<acc_t<T>>(n);
   op_.forward<T>(X, gamma_.value, beta_.value, Y, mean_, rstd_, buffers.workspace);
   x_ = X;
 }
@@ -138,5 +138,7 @@ template class Linear2DLayer<float>;
 template class Linear2DLayer<double>;
 template class LayerNorm2DLayer<float>;
 template class LayerNorm2DLayer<double>;
+template class Linear2DLayer<bf16>;
+template class LayerNorm2DLayer<bf16>;
 
 }  // namespace summa

@@ -68,16 +68,16 @@ bool LayerNorm2D::owns_parameters() const {
 std::size_t LayerNorm2D::workspace_bytes(DType t) const {
   const auto nh = static_cast<std::size_t>(local_hidden());
   const auto nt = static_cast<std::size_t>(local_tokens());
-  const std::size_t forward = Arena::rounded(2 * nh * size_of(t));     // gamma | beta
-  const std::size_t backward = Arena::rounded(nh * size_of(t))         // gamma
-                               + Arena::rounded(2 * nh * size_of(t))   // dgamma | dbeta partials
-                               + Arena::rounded(2 * nt * size_of(t));  // a | b
+  const std::size_t forward = Arena::rounded(2 * nh * size_of(t));    // gamma | beta
+  const std::size_t backward = Arena::rounded(nh * size_of(t))        // gamma
+                               + Arena::rounded(2 * nh * size_of(t))  // dgamma | dbeta partials
+                               + Arena::rounded(2 * nt * size_of(acc_dtype(t)));  // a | b
   return std::max(forward, backward);
 }
 
 template <class T>
 void LayerNorm2D::forward(ConstMatrixView<T> X, const T* gamma, const T* beta, MatrixView<T> Y,
-                          T* mean_out, T* rstd_out, Workspace& ws) {
+                          acc_t<T>* mean_out, acc_t<T>* rstd_out, Workspace& ws) {
   ProcessGrid& grid = engine_->grid();
   Backend& be = engine_->backend();
   const bool owner = owns_parameters();
@@ -104,10 +104,10 @@ void LayerNorm2D::forward(ConstMatrixView<T> X, const T* gamma, const T* beta, M
   Request request = grid.mesh_col().ibroadcast(params, 2 * n, dtype_v<T>, 0);
   Communicator& row = grid.mesh_row();
   be.layernorm_partial_sums(X, nullptr, mean_out);
-  row.all_reduce(mean_out, mean_out, m, dtype_v<T>, ReduceOp::sum);
+  row.all_reduce(mean_out, mean_out, m, dtype_v<acc_t<T>>, ReduceOp::sum);
   be.layernorm_mean(nt, hidden_, mean_out, mean_out);
   be.layernorm_partial_sums(X, mean_out, rstd_out);  // second pass: squared deviations
-  row.all_reduce(rstd_out, rstd_out, m, dtype_v<T>, ReduceOp::sum);
+  row.all_reduce(rstd_out, rstd_out, m, dtype_v<acc_t<T>>, ReduceOp::sum);
   be.layernorm_rstd(nt, hidden_, eps_, rstd_out, rstd_out);
   grid.mesh_col().wait(request);
   be.layernorm_apply(X, mean_out, rstd_out, params, params + n, Y);
@@ -115,8 +115,8 @@ void LayerNorm2D::forward(ConstMatrixView<T> X, const T* gamma, const T* beta, M
 
 template <class T>
 void LayerNorm2D::backward(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T* gamma,
-                           const T* mean, const T* rstd, MatrixView<T> dX, T* dgamma, T* dbeta,
-                           Workspace& ws, bool accumulate) {
+                           const acc_t<T>* mean, const acc_t<T>* rstd, MatrixView<T> dX, T* dgamma,
+                           T* dbeta, Workspace& ws, bool accumulate) {
   ProcessGrid& grid = engine_->grid();
   Backend& be = engine_->backend();
   const bool owner = owns_parameters();
@@ -137,8 +137,8 @@ void LayerNorm2D::backward(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T*
   ArenaScope scope(ws);
   const auto n = static_cast<std::size_t>(nh), m = static_cast<std::size_t>(nt);
   T* g = ws.take<T>(n);
-  T* partial = ws.take<T>(2 * n);  // dgamma | dbeta column sums
-  T* ab = ws.take<T>(2 * m);       // a | b row sums
+  T* partial = ws.take<T>(2 * n);           // dgamma | dbeta column sums
+  acc_t<T>* ab = ws.take<acc_t<T>>(2 * m);  // a | b row sums
   if (owner) be.copy(ConstMatrixView<T>::dense(gamma, 1, nh), MatrixView<T>::dense(g, 1, nh));
   Communicator& col = grid.mesh_col();
   Request bcast = col.ibroadcast(g, n, dtype_v<T>, 0);
@@ -146,27 +146,28 @@ void LayerNorm2D::backward(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T*
   col.wait(bcast);
   Request reduce = col.ireduce(partial, partial, 2 * n, dtype_v<T>, ReduceOp::sum, 0);
   be.layernorm_backward_partials(X, dY, mean, rstd, g, ab, ab + m);
-  grid.mesh_row().all_reduce(ab, ab, 2 * m, dtype_v<T>, ReduceOp::sum);
+  grid.mesh_row().all_reduce(ab, ab, 2 * m, dtype_v<acc_t<T>>, ReduceOp::sum);
   be.layernorm_backward_apply(X, dY, mean, rstd, g, ab, ab + m, hidden_, dX);
   col.wait(reduce);
   if (owner) {
-    const T beta = accumulate ? T(1) : T(0);
-    be.axpby(T(1), ConstMatrixView<T>::dense(partial, 1, nh), beta,
+    using A = acc_t<T>;
+    const A beta = accumulate ? A(1) : A(0);
+    be.axpby(A(1), ConstMatrixView<T>::dense(partial, 1, nh), beta,
              MatrixView<T>::dense(dgamma, 1, nh));
-    be.axpby(T(1), ConstMatrixView<T>::dense(partial + n, 1, nh), beta,
+    be.axpby(A(1), ConstMatrixView<T>::dense(partial + n, 1, nh), beta,
              MatrixView<T>::dense(dbeta, 1, nh));
   }
 }
 
-template void LayerNorm2D::forward<float>(ConstMatrixView<float>, const float*, const float*,
-                                          MatrixView<float>, float*, float*, Workspace&);
-template void LayerNorm2D::forward<double>(ConstMatrixView<double>, const double*, const double*,
-                                           MatrixView<double>, double*, double*, Workspace&);
-template void LayerNorm2D::backward<float>(ConstMatrixView<float>, ConstMatrixView<float>,
-                                           const float*, const float*, const float*,
-                                           MatrixView<float>, float*, float*, Workspace&, bool);
-template void LayerNorm2D::backward<double>(ConstMatrixView<double>, ConstMatrixView<double>,
-                                            const double*, const double*, const double*,
-                                            MatrixView<double>, double*, double*, Workspace&, bool);
+#define SUMMA_LAYERNORM2D_INSTANTIATE(T)                                                          \
+  template void LayerNorm2D::forward<T>(ConstMatrixView<T>, const T*, const T*, MatrixView<T>,    \
+                                        acc_t<T>*, acc_t<T>*, Workspace&);                        \
+  template void LayerNorm2D::backward<T>(ConstMatrixView<T>, ConstMatrixView<T>, const T*,        \
+                                         const acc_t<T>*, const acc_t<T>*, MatrixView<T>, T*, T*, \
+                                         Workspace&, bool);
+SUMMA_LAYERNORM2D_INSTANTIATE(float)
+SUMMA_LAYERNORM2D_INSTANTIATE(double)
+SUMMA_LAYERNORM2D_INSTANTIATE(bf16)
+#undef SUMMA_LAYERNORM2D_INSTANTIATE
 
 }  // namespace summa

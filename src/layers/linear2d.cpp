@@ -51,7 +51,7 @@ void Linear2D::forward(ConstMatrixView<T> X, ConstMatrixView<T> W, const T* bias
           MatrixView<T>::dense(b, 1, static_cast<index_t>(nb), Order::row_major));
     request = grid.mesh_col().ibroadcast(b, nb, dtype_v<T>, 0);
   }
-  engine_->multiply(Form::AB, tokens_, out_, in_, T(1), X, W, T(0), Y, ws);
+  engine_->multiply(Form::AB, tokens_, out_, in_, acc_t<T>(1), X, W, acc_t<T>(0), Y, ws);
   if (has_bias_) {
     grid.mesh_col().wait(request);
     engine_->backend().add_bias(Y, b);
@@ -68,19 +68,20 @@ void Linear2D::backward(ConstMatrixView<T> X, ConstMatrixView<T> W, ConstMatrixV
       owner && dbias == nullptr
           ? std::optional<std::string>("Linear2D backward: null bias gradient on an owner")
           : std::nullopt);
-  const T beta = accumulate ? T(1) : T(0);
+  using A = acc_t<T>;
+  const A beta = accumulate ? A(1) : A(0);
   if (!(dX.rows == 0 && dX.cols == 0))
-    engine_->multiply(Form::ABt, tokens_, in_, out_, T(1), dY, W, T(0), dX, ws);
-  engine_->multiply(Form::AtB, in_, out_, tokens_, T(1), X, dY, beta, dW, ws);
+    engine_->multiply(Form::ABt, tokens_, in_, out_, A(1), dY, W, A(0), dX, ws);
+  engine_->multiply(Form::AtB, in_, out_, tokens_, A(1), X, dY, beta, dW, ws);
   if (!has_bias_) return;
   ArenaScope scope(ws);
   const auto nb = static_cast<std::size_t>(local_out());
   T* partial = ws.take<T>(nb);
-  engine_->backend().column_sums(dY, T(0), partial);
+  engine_->backend().column_sums(dY, A(0), partial);
   grid.mesh_col().reduce(partial, partial, nb, dtype_v<T>, ReduceOp::sum, 0);
   if (owner) {
     const auto n = static_cast<index_t>(nb);
-    engine_->backend().axpby(T(1), MatrixView<T>::dense(partial, 1, n), beta,
+    engine_->backend().axpby(A(1), MatrixView<T>::dense(partial, 1, n), beta,
                              MatrixView<T>::dense(dbias, 1, n));
   }
 }
@@ -95,5 +96,10 @@ template void Linear2D::backward<float>(ConstMatrixView<float>, ConstMatrixView<
 template void Linear2D::backward<double>(ConstMatrixView<double>, ConstMatrixView<double>,
                                          ConstMatrixView<double>, MatrixView<double>,
                                          MatrixView<double>, double*, Workspace&, bool);
+template void Linear2D::forward<bf16>(ConstMatrixView<bf16>, ConstMatrixView<bf16>, const bf16*,
+                                      MatrixView<bf16>, Workspace&);
+template void Linear2D::backward<bf16>(ConstMatrixView<bf16>, ConstMatrixView<bf16>,
+                                       ConstMatrixView<bf16>, MatrixView<bf16>, MatrixView<bf16>,
+                                       bf16*, Workspace&, bool);
 
 }  // namespace summa

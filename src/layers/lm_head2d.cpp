@@ -25,7 +25,7 @@ CrossEntropy2D<T>::CrossEntropy2D(SummaEngine& engine, index_t tokens, index_t v
 
 template <class T>
 BufferNeeds CrossEntropy2D<T>::buffer_needs() const {
-  ByteCount<T> fwd;
+  ByteCount<acc_t<T>> fwd;  // row max | sum of exponentials, picked logits
   fwd.add(tokens_ / q_).add(2 * (tokens_ / q_));
   return {.workspace = 0, .forward = fwd, .backward = 0};
 }
@@ -52,15 +52,15 @@ double CrossEntropy2D<T>::forward(ConstMatrixView<T> Z, std::span<const std::int
   }
   Backend& be = engine_->backend();
   const auto n = static_cast<std::size_t>(nt);
-  max_ = buffers.forward.take<T>(n);
-  stats_ = buffers.forward.take<T>(2 * n);
+  max_ = buffers.forward.take<acc_t<T>>(n);
+  stats_ = buffers.forward.take<acc_t<T>>(2 * n);
   targets_.assign(targets.subspan(static_cast<std::size_t>(c.row * nt), n));
   Communicator& row = grid.mesh_row();
   be.row_max(Z, max_);
-  row.all_reduce(max_, max_, n, dtype_v<T>, ReduceOp::max);
+  row.all_reduce(max_, max_, n, dtype_v<acc_t<T>>, ReduceOp::max);
   be.row_sum_exp(Z, max_, stats_);
   be.pick_targets(Z, targets_.data(), c.col * nv, stats_ + n);
-  row.all_reduce(stats_, stats_, 2 * n, dtype_v<T>, ReduceOp::sum);
+  row.all_reduce(stats_, stats_, 2 * n, dtype_v<acc_t<T>>, ReduceOp::sum);
   // Every rank of a mesh row now holds the same per-token statistics; summing
   // the row blocks along the mesh column gives the total over all tokens.
   double total = be.cross_entropy_sum(nt, max_, stats_, stats_ + n);
@@ -117,8 +117,8 @@ double LMHead2D<T>::forward(ConstMatrixView<T> X, std::span<const std::int32_t> 
   const index_t nt = tokens_ / q_, nv = vocab_ / q_;
   logits_ = MatrixView<T>::dense(buffers.forward.take<T>(static_cast<std::size_t>(nt * nv)), nt, nv,
                                  Order::row_major);
-  engine_->abt(tokens_, vocab_, hidden_, T(1), X, ConstMatrixView<T>(wte_->value_view()), T(0),
-               logits_, buffers.workspace);
+  engine_->abt(tokens_, vocab_, hidden_, acc_t<T>(1), X, ConstMatrixView<T>(wte_->value_view()),
+               acc_t<T>(0), logits_, buffers.workspace);
   x_ = X;
   return loss_.forward(logits_, targets, buffers);
 }
@@ -127,15 +127,17 @@ template <class T>
 void LMHead2D<T>::backward(MatrixView<T> dX, StepBuffers& buffers, bool accumulate) {
   require(logits_.data != nullptr, "LMHead2D: backward without forward");
   loss_.backward(logits_, buffers);  // logits_ now holds dL/dlogits
-  engine_->ab(tokens_, hidden_, vocab_, T(1), ConstMatrixView<T>(logits_),
-              ConstMatrixView<T>(wte_->value_view()), T(0), dX, buffers.workspace);
-  engine_->atb(vocab_, hidden_, tokens_, T(1), ConstMatrixView<T>(logits_), x_,
-               accumulate ? T(1) : T(0), wte_->grad_view(), buffers.workspace);
+  engine_->ab(tokens_, hidden_, vocab_, acc_t<T>(1), ConstMatrixView<T>(logits_),
+              ConstMatrixView<T>(wte_->value_view()), acc_t<T>(0), dX, buffers.workspace);
+  engine_->atb(vocab_, hidden_, tokens_, acc_t<T>(1), ConstMatrixView<T>(logits_), x_,
+               accumulate ? acc_t<T>(1) : acc_t<T>(0), wte_->grad_view(), buffers.workspace);
 }
 
 template class CrossEntropy2D<float>;
 template class CrossEntropy2D<double>;
+template class CrossEntropy2D<bf16>;
 template class LMHead2D<float>;
 template class LMHead2D<double>;
+template class LMHead2D<bf16>;
 
 }  // namespace summa

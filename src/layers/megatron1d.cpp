@@ -141,7 +141,8 @@ void ColumnParallelLinear1D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y,
   check_view("ColumnParallelLinear1D forward", "Y", Y, tokens_, local_out());
   ArenaScope scope(buffers.workspace);
   const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
-  backend_->gemm(Op::N, Op::N, T(1), X, ConstMatrixView<T>(weight_.value_view()), T(0), Y, scratch);
+  backend_->gemm(Op::N, Op::N, acc_t<T>(1), X, ConstMatrixView<T>(weight_.value_view()),
+                 acc_t<T>(0), Y, scratch);
   if (has_bias_) backend_->add_bias(Y, bias_.value);
   x_ = X;
 }
@@ -155,18 +156,18 @@ void ColumnParallelLinear1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX
   const bool want_dx = !(dX.rows == 0 && dX.cols == 0);
   check_view("ColumnParallelLinear1D backward", "dY", dY, tokens_, local_out());
   if (want_dx) check_view("ColumnParallelLinear1D backward", "dX", dX, tokens_, in_, true);
-  const T beta = accumulate ? T(1) : T(0);
+  const acc_t<T> beta = accumulate ? acc_t<T>(1) : acc_t<T>(0);
   Communicator& group = grid_->tensor();
   ArenaScope scope(buffers.workspace);
   const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
   Request request;
   if (want_dx) {  // partial dX = dY_r W_rᵀ, summed over the group while dW is computed
-    backend_->gemm(Op::N, Op::T, T(1), dY, ConstMatrixView<T>(weight_.value_view()), T(0), dX,
-                   scratch);
+    backend_->gemm(Op::N, Op::T, acc_t<T>(1), dY, ConstMatrixView<T>(weight_.value_view()),
+                   acc_t<T>(0), dX, scratch);
     request = group.iall_reduce(dX.data, dX.data, static_cast<std::size_t>(tokens_ * in_),
                                 dtype_v<T>, ReduceOp::sum);
   }
-  backend_->gemm(Op::T, Op::N, T(1), x_, dY, beta, weight_.grad_view(), scratch);
+  backend_->gemm(Op::T, Op::N, acc_t<T>(1), x_, dY, beta, weight_.grad_view(), scratch);
   if (has_bias_) backend_->column_sums(dY, beta, bias_.grad);
   group.wait(request);
 }
@@ -218,8 +219,8 @@ void RowParallelLinear1D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, Step
   {
     ArenaScope scope(buffers.workspace);
     const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
-    backend_->gemm(Op::N, Op::N, T(1), X, ConstMatrixView<T>(weight_.value_view()), T(0), Y,
-                   scratch);
+    backend_->gemm(Op::N, Op::N, acc_t<T>(1), X, ConstMatrixView<T>(weight_.value_view()),
+                   acc_t<T>(0), Y, scratch);
   }
   grid_->tensor().all_reduce(Y.data, Y.data, static_cast<std::size_t>(tokens_ * out_), dtype_v<T>,
                              ReduceOp::sum);
@@ -235,12 +236,12 @@ void RowParallelLinear1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, S
   const bool want_dx = !(dX.rows == 0 && dX.cols == 0);
   check_view("RowParallelLinear1D backward", "dY", dY, tokens_, out_);
   if (want_dx) check_view("RowParallelLinear1D backward", "dX", dX, tokens_, local_in());
-  const T beta = accumulate ? T(1) : T(0);
+  const acc_t<T> beta = accumulate ? acc_t<T>(1) : acc_t<T>(0);
   ArenaScope scope(buffers.workspace);
   const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
   const auto W = ConstMatrixView<T>(weight_.value_view());
-  if (want_dx) backend_->gemm(Op::N, Op::T, T(1), dY, W, T(0), dX, scratch);
-  backend_->gemm(Op::T, Op::N, T(1), x_, dY, beta, weight_.grad_view(), scratch);
+  if (want_dx) backend_->gemm(Op::N, Op::T, acc_t<T>(1), dY, W, acc_t<T>(0), dX, scratch);
+  backend_->gemm(Op::T, Op::N, acc_t<T>(1), x_, dY, beta, weight_.grad_view(), scratch);
   // dY is the same on every rank: so is this column sum, replicas stay equal.
   if (has_bias_) backend_->column_sums(dY, beta, bias_.grad);
 }
@@ -284,9 +285,11 @@ void LayerNorm1D<T>::collect_parameters(std::vector<Param<T>*>& out) {
 
 template <class T>
 BufferNeeds LayerNorm1D<T>::buffer_needs() const {
-  ByteCount<T> fwd, ws;
-  fwd.add(tokens_).add(tokens_);         // mean, rstd
-  ws.add(2 * tokens_).add(2 * hidden_);  // a | b; dgamma | dbeta
+  // Statistics in acc_t<T> (fp32 for bf16), parameter partials in T.
+  ByteCount<acc_t<T>> fwd, ws;
+  fwd.add(tokens_).add(tokens_);  // mean, rstd
+  ws.add(2 * tokens_)
+      .add_bytes(static_cast<std::size_t>(2 * hidden_) * sizeof(T));  // a | b; dgamma | dbeta
   return {.workspace = ws, .forward = fwd, .backward = 0};
 }
 
@@ -296,8 +299,8 @@ void LayerNorm1D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers&
   check_view("LayerNorm1D forward", "Y", Y, tokens_, hidden_);
   Backend& be = *backend_;
   const auto n = static_cast<std::size_t>(tokens_);
-  mean_ = buffers.forward.take<T>(n);
-  rstd_ = buffers.forward.take<T>(n);
+  mean_ = buffers.forward.take<acc_t<T>>(n);
+  rstd_ = buffers.forward.take<acc_t<T>>(n);
   be.layernorm_partial_sums(X, nullptr, mean_);
   be.layernorm_mean(tokens_, hidden_, mean_, mean_);
   be.layernorm_partial_sums(X, mean_, rstd_);  // second pass: squared deviations
@@ -316,21 +319,25 @@ void LayerNorm1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffe
   Backend& be = *backend_;
   const auto n = static_cast<std::size_t>(tokens_), h = static_cast<std::size_t>(hidden_);
   ArenaScope scope(buffers.workspace);
-  T* ab = buffers.workspace.take<T>(2 * n);       // a | b row sums
-  T* partial = buffers.workspace.take<T>(2 * h);  // dgamma | dbeta
+  acc_t<T>* ab = buffers.workspace.take<acc_t<T>>(2 * n);  // a | b row sums
+  T* partial = buffers.workspace.take<T>(2 * h);           // dgamma | dbeta
   be.layernorm_param_partials(x_, dY, mean_, rstd_, partial, partial + h);
   be.layernorm_backward_partials(x_, dY, mean_, rstd_, gamma_.value, ab, ab + n);
   be.layernorm_backward_apply(x_, dY, mean_, rstd_, gamma_.value, ab, ab + n, hidden_, dX);
-  const T beta = accumulate ? T(1) : T(0);
-  be.axpby(T(1), ConstMatrixView<T>::dense(partial, 1, hidden_), beta, gamma_.grad_view());
-  be.axpby(T(1), ConstMatrixView<T>::dense(partial + h, 1, hidden_), beta, beta_.grad_view());
+  const acc_t<T> beta = accumulate ? acc_t<T>(1) : acc_t<T>(0);
+  be.axpby(acc_t<T>(1), ConstMatrixView<T>::dense(partial, 1, hidden_), beta, gamma_.grad_view());
+  be.axpby(acc_t<T>(1), ConstMatrixView<T>::dense(partial + h, 1, hidden_), beta,
+           beta_.grad_view());
 }
 
 template class ColumnParallelLinear1D<float>;
 template class ColumnParallelLinear1D<double>;
+template class ColumnParallelLinear1D<bf16>;
 template class RowParallelLinear1D<float>;
 template class RowParallelLinear1D<double>;
+template class RowParallelLinear1D<bf16>;
 template class LayerNorm1D<float>;
 template class LayerNorm1D<double>;
+template class LayerNorm1D<bf16>;
 
 }  // namespace summa

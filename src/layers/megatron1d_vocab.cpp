@@ -112,8 +112,8 @@ void Embedding1D<T>::backward(ConstMatrixView<T> dY, StepBuffers&, bool accumula
   check_view("Embedding1D backward", "dY", dY, batch_ * seq_, hidden_);
   Backend& be = *backend_;
   if (!accumulate) {
-    be.scale(T(0), wte_.grad_view());
-    be.scale(T(0), wpe_.grad_view());
+    be.scale(acc_t<T>(0), wte_.grad_view());
+    be.scale(acc_t<T>(0), wpe_.grad_view());
   }
   be.scatter_add_rows(tokens_.data(), vocab_begin(), dY, wte_.grad_view());
   // dY is the same on every rank: so is wpe's gradient, replicas stay equal.
@@ -142,7 +142,7 @@ CrossEntropy1D<T>::CrossEntropy1D(ProcessGrid& grid, Backend& backend, index_t t
 
 template <class T>
 BufferNeeds CrossEntropy1D<T>::buffer_needs() const {
-  ByteCount<T> fwd;
+  ByteCount<acc_t<T>> fwd;            // row statistics in acc_t<T> (fp32 for bf16 logits)
   fwd.add(tokens_).add(2 * tokens_);  // max; sum | picked
   return {.workspace = 0, .forward = fwd, .backward = 0};
 }
@@ -169,14 +169,14 @@ double CrossEntropy1D<T>::forward(ConstMatrixView<T> Z, std::span<const std::int
   Communicator& group = grid_->tensor();
   const auto n = static_cast<std::size_t>(tokens_);
   const index_t col0 = detail1d::group_rank(*grid_) * nv;
-  max_ = buffers.forward.take<T>(n);
-  stats_ = buffers.forward.take<T>(2 * n);
+  max_ = buffers.forward.take<acc_t<T>>(n);
+  stats_ = buffers.forward.take<acc_t<T>>(2 * n);
   targets_.assign(targets);
   be.row_max(Z, max_);
-  group.all_reduce(max_, max_, n, dtype_v<T>, ReduceOp::max);
+  group.all_reduce(max_, max_, n, dtype_v<acc_t<T>>, ReduceOp::max);
   be.row_sum_exp(Z, max_, stats_);
   be.pick_targets(Z, targets_.data(), col0, stats_ + n);
-  group.all_reduce(stats_, stats_, 2 * n, dtype_v<T>, ReduceOp::sum);
+  group.all_reduce(stats_, stats_, 2 * n, dtype_v<acc_t<T>>, ReduceOp::sum);
   // Every rank holds every token's statistics: the total is local.
   const double total = be.cross_entropy_sum(tokens_, max_, stats_, stats_ + n);
   return total / static_cast<double>(normalizer_);
@@ -242,8 +242,8 @@ double LMHead1D<T>::forward(ConstMatrixView<T> X, std::span<const std::int32_t> 
   {
     ArenaScope scope(buffers.workspace);
     const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
-    backend_->gemm(Op::N, Op::T, T(1), X, ConstMatrixView<T>(wte_->value_view()), T(0), logits_,
-                   scratch);
+    backend_->gemm(Op::N, Op::T, acc_t<T>(1), X, ConstMatrixView<T>(wte_->value_view()),
+                   acc_t<T>(0), logits_, scratch);
   }
   x_ = X;
   return loss_.forward(logits_, targets, buffers);
@@ -257,19 +257,24 @@ void LMHead1D<T>::backward(MatrixView<T> dX, StepBuffers& buffers, bool accumula
   ArenaScope scope(buffers.workspace);
   const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
   const auto dZ = ConstMatrixView<T>(logits_);
-  backend_->gemm(Op::N, Op::N, T(1), dZ, ConstMatrixView<T>(wte_->value_view()), T(0), dX, scratch);
+  backend_->gemm(Op::N, Op::N, acc_t<T>(1), dZ, ConstMatrixView<T>(wte_->value_view()), acc_t<T>(0),
+                 dX, scratch);
   Communicator& group = grid_->tensor();
   Request request = group.iall_reduce(dX.data, dX.data, static_cast<std::size_t>(tokens_ * hidden_),
                                       dtype_v<T>, ReduceOp::sum);
-  backend_->gemm(Op::T, Op::N, T(1), dZ, x_, accumulate ? T(1) : T(0), wte_->grad_view(), scratch);
+  backend_->gemm(Op::T, Op::N, acc_t<T>(1), dZ, x_, accumulate ? acc_t<T>(1) : acc_t<T>(0),
+                 wte_->grad_view(), scratch);
   group.wait(request);
 }
 
 template class Embedding1D<float>;
 template class Embedding1D<double>;
+template class Embedding1D<bf16>;
 template class CrossEntropy1D<float>;
 template class CrossEntropy1D<double>;
+template class CrossEntropy1D<bf16>;
 template class LMHead1D<float>;
 template class LMHead1D<double>;
+template class LMHead1D<bf16>;
 
 }  // namespace summa

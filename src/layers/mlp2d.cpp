@@ -70,7 +70,9 @@ void MLP2D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& bu
 
 template class GeLU2D<float>;
 template class GeLU2D<double>;
+template class GeLU2D<bf16>;
 template class MLP2D<float>;
 template class MLP2D<double>;
+template class MLP2D<bf16>;
 
 }  // namespace summa

@@ -4,6 +4,8 @@
 
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 namespace summa {
 
@@ -51,8 +53,8 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
     offset += p->shard.local_size();
   }
   const auto all = MatrixView<T>::dense(values, 1, static_cast<index_t>(total), Order::row_major);
-  backend.scale(T(0), all);
-  backend.scale(T(0),
+  backend.scale(acc_t<T>(0), all);
+  backend.scale(acc_t<T>(0),
                 MatrixView<T>::dense(grads, 1, static_cast<index_t>(total), Order::row_major));
 }
 
@@ -65,23 +67,48 @@ Param<T>& ParameterStore<T>::find(std::string_view name) const {
 
 template <class T>
 void ParameterStore<T>::init_gpt(std::uint64_t seed, const reference::GptConfig& config) {
-  const bool direct = backend_->host_accessible();
-  std::vector<T> staging;  // a device backend's values are filled on the host, then uploaded
-  for (Param<T>* p : params_) {
-    if (!p->held()) continue;
-    MatrixView<T> local = p->value_view();
-    if (!direct) {
-      // Elements outside the pieces keep their values, as on the host.
-      staging.resize(static_cast<std::size_t>(p->shard.local_size()));
-      backend_->download(staging.data(), p->value, staging.size() * sizeof(T));
-      local = MatrixView<T>::dense(staging.data(), p->shard.local_rows, p->shard.local_cols,
-                                   Order::row_major);
+  if constexpr (std::is_same_v<T, bf16>) {
+    // bf16: the reference value rounded to float, then to bf16 (the rounding
+    // of bf16(double)), through a float host image of each parameter: the
+    // reference fills float, never bf16.
+    std::vector<bf16> narrow;
+    std::vector<float> wide;
+    for (Param<T>* p : params_) {
+      if (!p->held()) continue;
+      const auto n = static_cast<std::size_t>(p->shard.local_size());
+      narrow.resize(n);
+      wide.resize(n);
+      // Elements outside the pieces keep their values.
+      backend_->download(narrow.data(), p->value, n * sizeof(bf16));
+      for (std::size_t k = 0; k < n; ++k) wide[k] = float(narrow[k]);
+      const auto local = MatrixView<float>::dense(wide.data(), p->shard.local_rows,
+                                                  p->shard.local_cols, Order::row_major);
+      for (const ShardPiece& piece : p->shard.pieces)
+        reference::init_fill_block<float>(
+            seed, p->shard.name, piece.global_row, piece.global_col,
+            local.block(piece.local_row, piece.local_col, piece.rows, piece.cols), config);
+      for (std::size_t k = 0; k < n; ++k) narrow[k] = bf16(wide[k]);
+      backend_->upload(p->value, narrow.data(), n * sizeof(bf16));
     }
-    for (const ShardPiece& piece : p->shard.pieces)
-      reference::init_fill_block<T>(
-          seed, p->shard.name, piece.global_row, piece.global_col,
-          local.block(piece.local_row, piece.local_col, piece.rows, piece.cols), config);
-    if (!direct) backend_->upload(p->value, staging.data(), staging.size() * sizeof(T));
+  } else {
+    const bool direct = backend_->host_accessible();
+    std::vector<T> staging;  // a device backend's values are filled on the host, then uploaded
+    for (Param<T>* p : params_) {
+      if (!p->held()) continue;
+      MatrixView<T> local = p->value_view();
+      if (!direct) {
+        // Elements outside the pieces keep their values, as on the host.
+        staging.resize(static_cast<std::size_t>(p->shard.local_size()));
+        backend_->download(staging.data(), p->value, staging.size() * sizeof(T));
+        local = MatrixView<T>::dense(staging.data(), p->shard.local_rows, p->shard.local_cols,
+                                     Order::row_major);
+      }
+      for (const ShardPiece& piece : p->shard.pieces)
+        reference::init_fill_block<T>(
+            seed, p->shard.name, piece.global_row, piece.global_col,
+            local.block(piece.local_row, piece.local_col, piece.rows, piece.cols), config);
+      if (!direct) backend_->upload(p->value, staging.data(), staging.size() * sizeof(T));
+    }
   }
 }
 
@@ -89,7 +116,7 @@ template <class T>
 void ParameterStore<T>::zero_grads() {
   const index_t total = local_elements();
   if (total > 0)
-    backend_->scale(T(0), MatrixView<T>::dense(grads_base(), 1, total, Order::row_major));
+    backend_->scale(acc_t<T>(0), MatrixView<T>::dense(grads_base(), 1, total, Order::row_major));
 }
 
 template <class T>
@@ -103,8 +130,12 @@ template <class T>
 std::vector<T> gather_global(const Param<T>& p, ProcessGrid& grid, bool grad) {
   const ParamShard& s = p.shard;
   const index_t cols = s.global_cols(), total = s.global_size();
-  std::vector<T> global(static_cast<std::size_t>(total), T(0));
-  std::vector<T> count(static_cast<std::size_t>(total), T(0));
+  // Assembled and reduced in acc_t<T> (bf16 widened exactly: the sum has one
+  // nonzero term, so rounding back is exact too), so that no bf16 collective
+  // is needed and the owner counts stay exact (bf16 counts only to 256).
+  using G = acc_t<T>;
+  std::vector<G> global(static_cast<std::size_t>(total), G(0));
+  std::vector<G> count(static_cast<std::size_t>(total), G(0));
   std::optional<std::string> error;
   const T* local = grad ? p.grad : p.value;
   if (p.held() && local == nullptr)
@@ -129,8 +160,9 @@ std::vector<T> gather_global(const Param<T>& p, ProcessGrid& grid, bool grad) {
       for (index_t c = 0; c < piece.cols; ++c) {
         const auto g =
             static_cast<std::size_t>((piece.global_row + r) * cols + piece.global_col + c);
-        global[g] = local[(piece.local_row + r) * s.local_cols + piece.local_col + c];
-        count[g] += T(1);
+        global[g] =
+            static_cast<G>(local[(piece.local_row + r) * s.local_cols + piece.local_col + c]);
+        count[g] += G(1);
       }
   }
   grid.agree(CommAxis::tensor, error);
@@ -138,18 +170,26 @@ std::vector<T> gather_global(const Param<T>& p, ProcessGrid& grid, bool grad) {
   group.all_reduce(global.data(), global.data(), global.size());
   group.all_reduce(count.data(), count.data(), count.size());
   for (std::size_t k = 0; k < count.size(); ++k)
-    require(count[k] == T(1), [&] {
+    require(count[k] == G(1), [&] {
       return fmt::format(
           "gather_global '{}': element {} is held by {} ranks (every element needs exactly one "
           "owner)",
           s.name, k, static_cast<double>(count[k]));
     });
-  return global;
+  if constexpr (std::is_same_v<G, T>) {
+    return global;
+  } else {
+    std::vector<T> narrow(global.size());
+    for (std::size_t k = 0; k < global.size(); ++k) narrow[k] = T(global[k]);
+    return narrow;
+  }
 }
 
 template class ParameterStore<float>;
 template class ParameterStore<double>;
 template std::vector<float> gather_global(const Param<float>&, ProcessGrid&, bool);
 template std::vector<double> gather_global(const Param<double>&, ProcessGrid&, bool);
+template class ParameterStore<bf16>;
+template std::vector<bf16> gather_global(const Param<bf16>&, ProcessGrid&, bool);
 
 }  // namespace summa

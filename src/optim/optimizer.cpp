@@ -161,7 +161,7 @@ Optimizer<T>::Optimizer(const OptimizerOptions& options, ParameterStore<T>& stor
       elements_(store.local_elements()),
       slot_stride_(slot_stride<master_type>(elements_)),
       state_("optimizer state", store.values().backend(),
-             state_names_.size() * slot_stride_ * sizeof(master_type)) {
+             (state_names_.size() + (keeps_master ? 1 : 0)) * slot_stride_ * sizeof(master_type)) {
   options_.validate();
   // Segments in params() order; a parameter's offset is where the store put
   // its value, so the state slots share the packing of values_base().
@@ -178,6 +178,22 @@ Optimizer<T>::Optimizer(const OptimizerOptions& options, ParameterStore<T>& stor
     auto all = MatrixView<master_type>::dense(
         state_base_, 1, static_cast<index_t>(state_names_.size() * slot_stride_), Order::row_major);
     state_.backend().scale(master_type(0), all);
+    if constexpr (keeps_master) {
+      master_ = state_.take<master_type>(slot_stride_);
+      refresh_master();
+    }
+  }
+}
+
+template <class T>
+void Optimizer<T>::refresh_master() {
+  if constexpr (keeps_master) {
+    if (master_ == nullptr) return;
+    // The parameters are packed without padding, so one conversion of the
+    // whole packed range sets every element's master.
+    state_.backend().convert(
+        MatrixView<const T>::dense(store_->values_base(), 1, elements_, Order::row_major),
+        MatrixView<master_type>::dense(master_, 1, elements_, Order::row_major));
   }
 }
 
@@ -241,8 +257,12 @@ class AdamW final : public Optimizer<T> {
     auto* exp_avg_sq = this->state(1);
     for (const auto& s : this->segments()) {
       c.weight_decay = s.decay ? o.weight_decay : 0.0;
-      backend.adamw_update(values + s.offset, grads + s.offset, exp_avg + s.offset,
-                           exp_avg_sq + s.offset, s.count, c);
+      if constexpr (std::is_same_v<T, typename Optimizer<T>::master_type>)
+        backend.adamw_update(values + s.offset, grads + s.offset, exp_avg + s.offset,
+                             exp_avg_sq + s.offset, s.count, c);
+      else
+        backend.adamw_update(values + s.offset, grads + s.offset, exp_avg + s.offset,
+                             exp_avg_sq + s.offset, this->master() + s.offset, s.count, c);
     }
   }
 };
@@ -267,7 +287,11 @@ class Sgd final : public Optimizer<T> {
     auto* buffer = this->state(0);
     for (const auto& s : this->segments()) {
       c.weight_decay = s.decay ? o.weight_decay : 0.0;
-      backend.sgd_update(values + s.offset, grads + s.offset, buffer + s.offset, s.count, c);
+      if constexpr (std::is_same_v<T, typename Optimizer<T>::master_type>)
+        backend.sgd_update(values + s.offset, grads + s.offset, buffer + s.offset, s.count, c);
+      else
+        backend.sgd_update(values + s.offset, grads + s.offset, buffer + s.offset,
+                           this->master() + s.offset, s.count, c);
     }
   }
 };
@@ -344,6 +368,11 @@ double clip_grad_norm(ParameterStore<T>& store, ProcessGrid& grid, double max_no
 
 template class Optimizer<float>;
 template class Optimizer<double>;
+template class Optimizer<bf16>;
+template std::unique_ptr<Optimizer<bf16>> make_optimizer(const OptimizerOptions&,
+                                                         ParameterStore<bf16>&);
+template double global_norm_sq(const ParameterStore<bf16>&, ProcessGrid&);
+template double clip_grad_norm(ParameterStore<bf16>&, ProcessGrid&, double);
 template std::unique_ptr<Optimizer<float>> make_optimizer(const OptimizerOptions&,
                                                           ParameterStore<float>&);
 template std::unique_ptr<Optimizer<double>> make_optimizer(const OptimizerOptions&,

@@ -256,6 +256,7 @@ index_t largest_batch(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
 
 template class ParallelGpt<float>;
 template class ParallelGpt<double>;
+template class ParallelGpt<bf16>;
 template MemoryReport plan_memory<float>(MPI_Comm, const SchemeSpec&, Backend&,
                                          const reference::GptConfig&, index_t, index_t, GptOptions,
                                          GridOptions);
@@ -268,5 +269,11 @@ template index_t largest_batch<float>(MPI_Comm, const SchemeSpec&, Backend&,
 template index_t largest_batch<double>(MPI_Comm, const SchemeSpec&, Backend&,
                                        const reference::GptConfig&, index_t, GptOptions,
                                        std::size_t, index_t, GridOptions);
+template MemoryReport plan_memory<bf16>(MPI_Comm, const SchemeSpec&, Backend&,
+                                        const reference::GptConfig&, index_t, index_t, GptOptions,
+                                        GridOptions);
+template index_t largest_batch<bf16>(MPI_Comm, const SchemeSpec&, Backend&,
+                                     const reference::GptConfig&, index_t, GptOptions, std::size_t,
+                                     index_t, GridOptions);
 
 }  // namespace summa

@@ -53,10 +53,10 @@ std::size_t sliced_scratch(const Backend& backend, index_t m, index_t n, index_t
 // C = alpha op(A) op(B) + beta C, cut into slices of C with `poll` called
 // between slices to drive the collectives in flight.
 template <class T, class Poll>
-void sliced_gemm(Backend& backend, Op ta, Op tb, T alpha,
+void sliced_gemm(Backend& backend, Op ta, Op tb, std::type_identity_t<acc_t<T>> alpha,
                  std::type_identity_t<ConstMatrixView<T>> A,
-                 std::type_identity_t<ConstMatrixView<T>> B, std::type_identity_t<T> beta,
-                 std::type_identity_t<MatrixView<T>> C, Scratch scratch, int slices, Poll&& poll) {
+                 std::type_identity_t<ConstMatrixView<T>> B, std::type_identity_t<acc_t<T>> beta,
+                 MatrixView<T> C, Scratch scratch, int slices, Poll&& poll) {
   const SlicePlan plan = slice_plan(C.rows, C.cols, slices);
   const index_t dim = plan.by_rows ? C.rows : C.cols;
   for (index_t x0 = 0; x0 < dim; x0 += plan.width) {
@@ -168,8 +168,9 @@ void SummaEngine::settle(const std::optional<std::string>& error) const {
 }
 
 template <class T>
-void SummaEngine::multiply(Form form, index_t m, index_t n, index_t k, T alpha, ConstView<T> A,
-                           ConstView<T> B, std::type_identity_t<T> beta, View<T> C, Workspace& ws) {
+void SummaEngine::multiply(Form form, index_t m, index_t n, index_t k, Scalar<T> alpha,
+                           ConstView<T> A, ConstView<T> B, Scalar<T> beta, MatrixView<T> C,
+                           Workspace& ws) {
   // Validate everything locally, then agree across the mesh before any collective.
   std::optional<std::string> error;
   BlockShapes s{};
@@ -204,7 +205,7 @@ void SummaEngine::multiply(Form form, index_t m, index_t n, index_t k, T alpha, 
   settle(error);
 
   if (m == 0 || n == 0) return;
-  if (alpha == T(0) || k == 0) {  // BLAS: A and B are not referenced
+  if (alpha == acc_t<T>(0) || k == 0) {  // BLAS: A and B are not referenced
     backend_->scale(beta, C);
     return;
   }
@@ -223,8 +224,8 @@ void SummaEngine::multiply(Form form, index_t m, index_t n, index_t k, T alpha, 
 // Algorithm 1: C_ij += A_il B_lj; A_il broadcast along mesh row i from column
 // l, B_lj along mesh column j from row l, one k-panel of the block at a time.
 template <class T>
-void SummaEngine::run_ab(const BlockShapes& s, T alpha, ConstMatrixView<T> A, ConstMatrixView<T> B,
-                         T beta, MatrixView<T> C, Workspace& ws) {
+void SummaEngine::run_ab(const BlockShapes& s, acc_t<T> alpha, ConstMatrixView<T> A,
+                         ConstMatrixView<T> B, acc_t<T> beta, MatrixView<T> C, Workspace& ws) {
   const index_t mb = s.c_rows, nb = s.c_cols, kb = s.a_cols;
   const index_t w = panel_width(options_.panel, kb);
   const index_t per_block = (kb + w - 1) / w;
@@ -266,8 +267,8 @@ void SummaEngine::run_ab(const BlockShapes& s, T alpha, ConstMatrixView<T> A, Co
     const int slot = static_cast<int>(step % buffers);
     row.wait(a_req[slot]);
     col.wait(b_req[slot]);
-    sliced_gemm(*backend_, Op::N, Op::N, alpha, a_pan[slot], b_pan[slot], step == 0 ? beta : T(1),
-                C, scratch, slices, poll);
+    sliced_gemm(*backend_, Op::N, Op::N, alpha, a_pan[slot], b_pan[slot],
+                step == 0 ? beta : acc_t<T>(1), C, scratch, slices, poll);
   };
 
   if (options_.overlap) issue(0);
@@ -287,8 +288,9 @@ void SummaEngine::run_ab(const BlockShapes& s, T alpha, ConstMatrixView<T> A, Co
 //   AtB: A_il panel (columns of A = rows of C) broadcast along mesh row i
 //        from column l; A_il' B_ij reduced along mesh column j to row l.
 template <class T>
-void SummaEngine::run_reduce_form(Form form, const BlockShapes& s, T alpha, ConstMatrixView<T> A,
-                                  ConstMatrixView<T> B, T beta, MatrixView<T> C, Workspace& ws) {
+void SummaEngine::run_reduce_form(Form form, const BlockShapes& s, acc_t<T> alpha,
+                                  ConstMatrixView<T> A, ConstMatrixView<T> B, acc_t<T> beta,
+                                  MatrixView<T> C, Workspace& ws) {
   const bool abt = form == Form::ABt;
   const index_t mb = s.c_rows, nb = s.c_cols, kb = abt ? s.a_cols : s.a_rows;
   const index_t split = abt ? nb : mb;  // the dimension of C cut into panels
@@ -336,7 +338,7 @@ void SummaEngine::run_reduce_form(Form form, const BlockShapes& s, T alpha, Cons
     index_t x0, xw;
     geometry(part_step[slot], l, x0, xw);
     if (out.rank() == l)
-      backend_->axpby(T(1), part[slot], beta,
+      backend_->axpby(acc_t<T>(1), part[slot], beta,
                       abt ? C.block(0, x0, mb, xw) : C.block(x0, 0, xw, nb));
     part_step[slot] = -1;
   };
@@ -356,11 +358,11 @@ void SummaEngine::run_reduce_form(Form form, const BlockShapes& s, T alpha, Cons
     drain(slot);  // the partial buffer of step - buffers must be free
     if (abt) {
       part[slot] = MatrixView<T>::dense(part_buf[slot], mb, xw, C.order);
-      sliced_gemm(*backend_, Op::N, Op::T, alpha, A, in_pan[slot], T(0), part[slot], scratch,
+      sliced_gemm(*backend_, Op::N, Op::T, alpha, A, in_pan[slot], acc_t<T>(0), part[slot], scratch,
                   slices, poll);
     } else {
       part[slot] = MatrixView<T>::dense(part_buf[slot], xw, nb, C.order);
-      sliced_gemm(*backend_, Op::T, Op::N, alpha, in_pan[slot], B, T(0), part[slot], scratch,
+      sliced_gemm(*backend_, Op::T, Op::N, alpha, in_pan[slot], B, acc_t<T>(0), part[slot], scratch,
                   slices, poll);
     }
     settle_before(*backend_, out, out);
@@ -388,5 +390,8 @@ template void SummaEngine::multiply<float>(Form, index_t, index_t, index_t, floa
 template void SummaEngine::multiply<double>(Form, index_t, index_t, index_t, double,
                                             ConstMatrixView<double>, ConstMatrixView<double>,
                                             double, MatrixView<double>, Workspace&);
+template void SummaEngine::multiply<bf16>(Form, index_t, index_t, index_t, float,
+                                          ConstMatrixView<bf16>, ConstMatrixView<bf16>, float,
+                                          MatrixView<bf16>, Workspace&);
 
 }  // namespace summa

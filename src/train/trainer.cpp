@@ -182,21 +182,11 @@ std::map<std::string, std::string> Trainer<T>::checkpoint_meta() const {
 }
 
 template <class T>
-std::vector<StateSlot> Trainer<T>::slots() {
-  std::vector<StateSlot> list;
-  const auto& names = optimizer_->state_names();
-  for (std::size_t k = 0; k < names.size(); ++k)
-    list.push_back({.name = names[k],
-                    .dtype = dtype_v<master_t<T>>,
-                    .data = static_cast<void*>(optimizer_->state(k))});
-  return list;
-}
-
-template <class T>
 void Trainer<T>::save(const std::filesystem::path& root) {
-  const std::vector<StateSlot> s = slots();
-  save_checkpoint<T>(root, run_->model().parameters_store(), s,
-                     CheckpointInfo{.step = step_, .meta = checkpoint_meta()}, run_->grid());
+  // Through the optimizer: its state slots, and for bf16 the fp32 master
+  // weights as the parameter values.
+  save_checkpoint<T>(root, *optimizer_, CheckpointInfo{.step = step_, .meta = checkpoint_meta()},
+                     run_->grid());
 }
 
 template <class T>
@@ -219,9 +209,7 @@ void Trainer<T>::load(const std::filesystem::path& path_or_root) {
   // the saved run's stream.
   want("data_seed", std::to_string(options_.data_seed));
   agree_on(comm, error);
-  const std::vector<StateSlot> s = slots();
-  const CheckpointInfo info =
-      load_checkpoint<T>(path_or_root, run_->model().parameters_store(), s, run_->grid());
+  const CheckpointInfo info = load_checkpoint<T>(path_or_root, *optimizer_, run_->grid());
   step_ = info.step;
   optimizer_->set_steps(info.step);
 }
@@ -234,9 +222,11 @@ void Trainer<T>::export_hf(const std::filesystem::path& dir) {
 template <class T>
 void Trainer<T>::import_hf(const std::filesystem::path& dir) {
   io::import_hf_gpt2(run_->model(), dir);
+  optimizer_->refresh_master();  // bf16: the master follows the imported weights
 }
 
 template class Trainer<float>;
 template class Trainer<double>;
+template class Trainer<bf16>;
 
 }  // namespace summa

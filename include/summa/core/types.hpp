@@ -32,6 +32,12 @@ constexpr std::size_t size_of(DType t) {
   return 0;
 }
 
+/// The runtime tag of acc_t<T> for a storage tag: f32 for bf16 (per-row
+/// statistics and accumulations of bf16 data are fp32), t otherwise.
+constexpr DType acc_dtype(DType t) {
+  return t == DType::bf16 ? DType::f32 : t;
+}
+
 /// "f32", "f64" or "bf16".
 constexpr std::string_view name_of(DType t) {
   switch (t) {

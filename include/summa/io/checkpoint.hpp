@@ -16,6 +16,15 @@
 /// converts element types (f32 <-> f64) where the saved and the live types
 /// differ. See docs/checkpoints.md for the layout and the guarantees.
 ///
+/// Parameter values are saved in master_t<T>: as themselves for float and
+/// double, in fp32 for bf16 (from the optimizer's fp32 master when saved
+/// through the Optimizer overloads, otherwise widened from bf16), so that a
+/// bf16 run resumes without loss and float and bf16 runs load each other's
+/// checkpoints (the file never holds bf16; its format is the same version).
+/// Loading into bf16 sets the master (Optimizer overloads) from the file and
+/// every parameter to bf16(master) (Backend::convert), or, without an
+/// optimizer, every parameter to bf16(saved value).
+///
 /// Every collective function here is collective over grid.world() and reports
 /// errors as a summa::Error thrown on every rank (message of the lowest failing
 /// rank), naming the file and the problem. All ranks must see one shared file
@@ -38,6 +47,7 @@
 #include "summa/core/types.hpp"
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/parameters.hpp"
+#include "summa/optim/optimizer.hpp"
 
 namespace summa {
 
@@ -72,6 +82,9 @@ struct CheckpointInfo {
 /// input (negative step, empty or duplicate slot names, a null slot buffer
 /// where elements are held, slots differing across ranks) or any I/O error,
 /// in which case root/latest and earlier checkpoints are untouched.
+/// A bf16 store's values are saved widened to f32; a bf16 run with an
+/// optimizer should use the Optimizer overload below, which saves the fp32
+/// master instead.
 template <class T>
 void save_checkpoint(const std::filesystem::path& root, ParameterStore<T>& store,
                      std::span<const StateSlot> slots, const CheckpointInfo& info,
@@ -88,10 +101,31 @@ void save_checkpoint(const std::filesystem::path& root, ParameterStore<T>& store
 /// truncated shard file, a parameter list that differs from the store's (names
 /// or global shapes; both are named), slot names that differ, or saved pieces
 /// that do not cover every local element exactly once. On error the contents
-/// of the store and slots are unspecified.
+/// of the store and slots are unspecified. A bf16 store gets bf16(saved
+/// value); an Optimizer<bf16> over it then needs refresh_master() — or use
+/// the Optimizer overload below, which loads the master itself.
 template <class T>
 CheckpointInfo load_checkpoint(const std::filesystem::path& path_or_root, ParameterStore<T>& store,
                                std::span<const StateSlot> slots, ProcessGrid& grid);
+
+/// save_checkpoint of `optimizer.store()` with the optimizer's state slots
+/// (state_names(), master_t<T>) — for bf16 parameters with the values taken
+/// from optimizer.master() (fp32), so nothing of the run is rounded away.
+/// Collective and throwing as the store overload.
+template <class T>
+void save_checkpoint(const std::filesystem::path& root, Optimizer<T>& optimizer,
+                     const CheckpointInfo& info, ProcessGrid& grid);
+
+/// load_checkpoint into `optimizer.store()` and the optimizer's state slots
+/// (the saved slots must be named like state_names()); for bf16 parameters
+/// the fp32 master is set from the saved values (converted from f64 if the
+/// file holds f64) and every parameter to bf16(master), so no
+/// refresh_master() is needed. Does not change optimizer.steps(): call
+/// set_steps(info.step) if the saved step is the optimizer's. Collective and
+/// throwing as the store overload.
+template <class T>
+CheckpointInfo load_checkpoint(const std::filesystem::path& path_or_root, Optimizer<T>& optimizer,
+                               ProcessGrid& grid);
 
 /// The checkpoint directory root/latest points to, or nullopt when there is no
 /// root/latest (nothing was ever completely saved). Not collective; throws
@@ -145,5 +179,23 @@ extern template CheckpointInfo load_checkpoint<float>(const std::filesystem::pat
 extern template CheckpointInfo load_checkpoint<double>(const std::filesystem::path&,
                                                        ParameterStore<double>&,
                                                        std::span<const StateSlot>, ProcessGrid&);
+extern template void save_checkpoint<bf16>(const std::filesystem::path&, ParameterStore<bf16>&,
+                                           std::span<const StateSlot>, const CheckpointInfo&,
+                                           ProcessGrid&);
+extern template CheckpointInfo load_checkpoint<bf16>(const std::filesystem::path&,
+                                                     ParameterStore<bf16>&,
+                                                     std::span<const StateSlot>, ProcessGrid&);
+extern template void save_checkpoint<float>(const std::filesystem::path&, Optimizer<float>&,
+                                            const CheckpointInfo&, ProcessGrid&);
+extern template void save_checkpoint<double>(const std::filesystem::path&, Optimizer<double>&,
+                                             const CheckpointInfo&, ProcessGrid&);
+extern template void save_checkpoint<bf16>(const std::filesystem::path&, Optimizer<bf16>&,
+                                           const CheckpointInfo&, ProcessGrid&);
+extern template CheckpointInfo load_checkpoint<float>(const std::filesystem::path&,
+                                                      Optimizer<float>&, ProcessGrid&);
+extern template CheckpointInfo load_checkpoint<double>(const std::filesystem::path&,
+                                                       Optimizer<double>&, ProcessGrid&);
+extern template CheckpointInfo load_checkpoint<bf16>(const std::filesystem::path&, Optimizer<bf16>&,
+                                                     ProcessGrid&);
 
 }  // namespace summa

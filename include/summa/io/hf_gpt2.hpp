@@ -52,8 +52,10 @@ reference::GptConfig read_hf_gpt2_config(const std::filesystem::path& path);
 /// over the tensor group and streamed to the file by the world's rank 0, so
 /// that rank holds one global tensor at a time. Every rank throws the same
 /// summa::Error when anything fails (the directory cannot be created, the
-/// model was built plan_only, a write fails). T = float or double; f64 is
-/// exact for both, f32 for float, bf16 rounds to nearest even.
+/// model was built plan_only, a write fails). T = float, double or bf16; f64
+/// is exact for all three, f32 for float and bf16, bf16 rounds to nearest
+/// even (exact for a bf16 model). A bf16 model writes its bf16 parameters,
+/// not the optimizer's fp32 master weights (checkpoints keep those).
 template <class T>
 void export_hf_gpt2(GptModel<T>& model, const std::filesystem::path& dir,
                     DTypeOut dtype = DTypeOut::f32);
@@ -68,7 +70,9 @@ void export_hf_gpt2(GptModel<T>& model, const std::filesystem::path& dir,
 /// h.{i}.attn.masked_bias buffers of old checkpoints are ignored. A missing,
 /// mis-shaped, unconvertible or unexpected tensor is an error naming it.
 /// Every rank reads the file itself, only the rows its local pieces need
-/// (owners and replicas alike), converting F32/F64/BF16/F16 to T. Collective
+/// (owners and replicas alike), converting F32/F64/BF16/F16 to T (bf16: the
+/// file's value as float, rounded once). After importing into a bf16 model
+/// that already has an optimizer, call Optimizer::refresh_master(). Collective
 /// over the model's whole grid; every rank throws the same summa::Error on
 /// failure, and the parameters are then left unchanged.
 template <class T>
@@ -80,5 +84,7 @@ extern template void export_hf_gpt2<double>(GptModel<double>&, const std::filesy
                                             DTypeOut);
 extern template void import_hf_gpt2<float>(GptModel<float>&, const std::filesystem::path&);
 extern template void import_hf_gpt2<double>(GptModel<double>&, const std::filesystem::path&);
+extern template void export_hf_gpt2<bf16>(GptModel<bf16>&, const std::filesystem::path&, DTypeOut);
+extern template void import_hf_gpt2<bf16>(GptModel<bf16>&, const std::filesystem::path&);
 
 }  // namespace summa::io

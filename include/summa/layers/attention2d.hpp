@@ -63,5 +63,6 @@ class Attention2D final : public Layer<T> {
 
 extern template class Attention2D<float>;
 extern template class Attention2D<double>;
+extern template class Attention2D<bf16>;
 
 }  // namespace summa

@@ -66,6 +66,14 @@
 /// checks and id checks agree over grid.tensor(). Buffers that take part in
 /// a collective (Linear3D outputs and input gradients, the embedding output,
 /// the head's input gradient) must be contiguous.
+///
+/// Element types: every class is instantiated for float, double and
+/// summa::bf16. With bf16 (docs/gpu.md, "Mixed precision"), parameters,
+/// activations, their gradients and the collectives on them are bf16; the
+/// per-row statistics (LayerNorm mean / rstd / backward row sums, the
+/// cross-entropy row max / sum of exp / target logit) are acc_t<bf16> =
+/// float in the forward and workspace arenas, all-reduced over Y / X in
+/// float; GEMM and Backend scalars are acc_t<T>; the loss is a double.
 
 #include <cstdint>
 #include <memory>
@@ -73,6 +81,7 @@
 #include <string>
 #include <vector>
 
+#include "summa/core/bf16.hpp"
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/gelu2d.hpp"
 #include "summa/layers/gpt_base.hpp"
@@ -269,7 +278,8 @@ class Linear3D final : public Layer<T> {
 // ---------------------------------------------------------------- layer norm, GeLU
 
 /// LayerNorm on Y-layout blocks [T/Gz, h/Gy] (see the file comment).
-/// forward() keeps mean and rstd (T/Gz values each) in buffers.forward.
+/// forward() keeps mean and rstd (T/Gz values each, in acc_t<T>: fp32 for
+/// bf16) in buffers.forward.
 template <class T>
 class LayerNorm3D final : public Layer<T> {
  public:
@@ -297,8 +307,8 @@ class LayerNorm3D final : public Layer<T> {
   int gy_, gz_;
   Param<T> gamma_, beta_;
   ConstMatrixView<T> x_{};
-  T* mean_ = nullptr;
-  T* rstd_ = nullptr;
+  acc_t<T>* mean_ = nullptr;  // per-row statistics: fp32 for bf16
+  acc_t<T>* rstd_ = nullptr;
 };
 
 /// GeLU is elementwise: the 2D layer works on any distribution.
@@ -468,9 +478,9 @@ class CrossEntropy3D {
   Backend* backend_;
   index_t tokens_, vocab_, normalizer_;
   int gx_, gz_;
-  T* max_ = nullptr;
-  T* stats_ = nullptr;  // sum | picked target logit
-  BackendIds targets_;  // the local rows' targets, in backend memory
+  acc_t<T>* max_ = nullptr;    // per-row statistics: fp32 for bf16
+  acc_t<T>* stats_ = nullptr;  // sum | picked target logit
+  BackendIds targets_;         // the local rows' targets, in backend memory
 };
 
 /// Tied LM head: logits = X wteᵀ as a normal 3D linear (see the file
@@ -511,21 +521,30 @@ class LMHead3D final : public LossHead<T> {
 
 extern template class Overlap3D<float>;
 extern template class Overlap3D<double>;
+extern template class Overlap3D<bf16>;
 extern template class Linear3D<float>;
 extern template class Linear3D<double>;
+extern template class Linear3D<bf16>;
 extern template class LayerNorm3D<float>;
 extern template class LayerNorm3D<double>;
+extern template class LayerNorm3D<bf16>;
 extern template class Attention3D<float>;
 extern template class Attention3D<double>;
+extern template class Attention3D<bf16>;
 extern template class MLP3D<float>;
 extern template class MLP3D<double>;
+extern template class MLP3D<bf16>;
 extern template class TransformerBlock3D<float>;
 extern template class TransformerBlock3D<double>;
+extern template class TransformerBlock3D<bf16>;
 extern template class Embedding3D<float>;
 extern template class Embedding3D<double>;
+extern template class Embedding3D<bf16>;
 extern template class CrossEntropy3D<float>;
 extern template class CrossEntropy3D<double>;
+extern template class CrossEntropy3D<bf16>;
 extern template class LMHead3D<float>;
 extern template class LMHead3D<double>;
+extern template class LMHead3D<bf16>;
 
 }  // namespace summa

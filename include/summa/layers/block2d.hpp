@@ -49,5 +49,6 @@ class TransformerBlock2D final : public Layer<T> {
 
 extern template class TransformerBlock2D<float>;
 extern template class TransformerBlock2D<double>;
+extern template class TransformerBlock2D<bf16>;
 
 }  // namespace summa

@@ -63,5 +63,6 @@ class Embedding2D final : public EmbeddingModule<T> {
 
 extern template class Embedding2D<float>;
 extern template class Embedding2D<double>;
+extern template class Embedding2D<bf16>;
 
 }  // namespace summa

@@ -27,5 +27,6 @@ class GeLU2D final : public Layer<T> {
 
 extern template class GeLU2D<float>;
 extern template class GeLU2D<double>;
+extern template class GeLU2D<bf16>;
 
 }  // namespace summa

@@ -27,6 +27,10 @@
 /// n_embd divisible by n_head, n_embd, n_head and vocab_size divisible by p,
 /// seq <= n_positions, batch divisible by the data groups. Token and
 /// target ids are checked every step.
+///
+/// Instantiated for float, double and summa::bf16 (bf16 parameters,
+/// activations and gradients with fp32 statistics; the optimizer keeps fp32
+/// master weights: docs/gpu.md, "Mixed precision (bf16)").
 
 #include "summa/layers/gpt_base.hpp"
 #include "summa/layers/megatron1d.hpp"
@@ -52,5 +56,6 @@ class GPT1D final : public GptBase<T> {
 
 extern template class GPT1D<float>;
 extern template class GPT1D<double>;
+extern template class GPT1D<bf16>;
 
 }  // namespace summa

@@ -52,5 +52,6 @@ class GPT2D final : public GptBase<T> {
 
 extern template class GPT2D<float>;
 extern template class GPT2D<double>;
+extern template class GPT2D<bf16>;
 
 }  // namespace summa

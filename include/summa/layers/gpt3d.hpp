@@ -38,6 +38,10 @@
 /// n_embd divisible by n_head, n_head by Gx, batch by Gz, n_embd by Gy*Gz
 /// and by Gx*Gz, vocab_size by Gx*Gz, seq <= n_positions, batch by
 /// data*Gz. Token and target ids are checked every step.
+///
+/// Instantiated for float, double and summa::bf16 (bf16 parameters and
+/// activations with fp32 statistics; the optimizer's fp32 master weights
+/// live in ParameterStore / Optimizer; see axonn3d.hpp).
 
 #include "summa/layers/axonn3d.hpp"
 #include "summa/layers/gpt_base.hpp"
@@ -76,5 +80,6 @@ class GPT3D final : public GptBase<T> {
 
 extern template class GPT3D<float>;
 extern template class GPT3D<double>;
+extern template class GPT3D<bf16>;
 
 }  // namespace summa

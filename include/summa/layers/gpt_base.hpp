@@ -156,5 +156,6 @@ class GptBase : public GptModel<T> {
 
 extern template class GptBase<float>;
 extern template class GptBase<double>;
+extern template class GptBase<bf16>;
 
 }  // namespace summa

@@ -48,19 +48,19 @@ class LayerNorm2D {
   std::size_t workspace_bytes(DType t) const;
 
   /// Y = LayerNorm(X) * gamma + beta; writes the per-token mean and rstd
-  /// (local_tokens() each, never read) for backward. `gamma` and `beta` are
-  /// read on owners only (may be null elsewhere). Y is never read.
+  /// (local_tokens() each, never read; acc_t<T>: fp32 for bf16) for backward. `gamma` and `beta`
+  /// are read on owners only (may be null elsewhere). Y is never read.
   template <class T>
-  void forward(ConstMatrixView<T> X, const T* gamma, const T* beta, MatrixView<T> Y, T* mean_out,
-               T* rstd_out, Workspace& ws);
+  void forward(ConstMatrixView<T> X, const T* gamma, const T* beta, MatrixView<T> Y,
+               acc_t<T>* mean_out, acc_t<T>* rstd_out, Workspace& ws);
 
   /// dX from dY and the saved mean / rstd (dX never read); dgamma and dbeta
   /// (+)= their column-reduced gradients on owners (may be null elsewhere).
   /// With `accumulate` the parameter gradients are added to, otherwise
   /// overwritten (never read). `gamma` is read on owners only.
   template <class T>
-  void backward(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T* gamma, const T* mean,
-                const T* rstd, MatrixView<T> dX, T* dgamma, T* dbeta, Workspace& ws,
+  void backward(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T* gamma, const acc_t<T>* mean,
+                const acc_t<T>* rstd, MatrixView<T> dX, T* dgamma, T* dbeta, Workspace& ws,
                 bool accumulate = false);
 
  private:
@@ -95,11 +95,12 @@ class LayerNorm2DLayer final : public Layer<T> {
   std::string name_;
   Param<T> gamma_, beta_;
   ConstMatrixView<T> x_{};
-  T* mean_ = nullptr;
-  T* rstd_ = nullptr;
+  acc_t<T>* mean_ = nullptr;
+  acc_t<T>* rstd_ = nullptr;
 };
 
 extern template class LayerNorm2DLayer<float>;
 extern template class LayerNorm2DLayer<double>;
+extern template class LayerNorm2DLayer<bf16>;
 
 }  // namespace summa

@@ -100,6 +100,7 @@ class Linear2DLayer final : public Layer<T> {
 
 extern template class Linear2DLayer<float>;
 extern template class Linear2DLayer<double>;
+extern template class Linear2DLayer<bf16>;
 
 /// Shard of a [rows, cols] matrix parameter split into q x q blocks (rank
 /// (i, j) holds block (i, j)), with the columns in `groups` as Linear2DLayer

@@ -43,9 +43,9 @@ class CrossEntropy2D {
   SummaEngine* engine_;
   index_t tokens_, vocab_, normalizer_;
   int q_;
-  T* max_ = nullptr;
-  T* stats_ = nullptr;  // sum | picked target logit
-  BackendIds targets_;  // this mesh row's targets, in backend memory
+  acc_t<T>* max_ = nullptr;
+  acc_t<T>* stats_ = nullptr;  // sum | picked target logit
+  BackendIds targets_;         // this mesh row's targets, in backend memory
 };
 
 template <class T>
@@ -82,7 +82,9 @@ class LMHead2D final : public LossHead<T> {
 
 extern template class CrossEntropy2D<float>;
 extern template class CrossEntropy2D<double>;
+extern template class CrossEntropy2D<bf16>;
 extern template class LMHead2D<float>;
 extern template class LMHead2D<double>;
+extern template class LMHead2D<bf16>;
 
 }  // namespace summa

@@ -32,12 +32,20 @@
 /// summa::Error on every rank. Buffers that take part in a collective (the
 /// row-parallel output, the column-parallel input gradient, the embedding
 /// output, the LM head's input gradient) must be contiguous views.
+///
+/// Element types: float, double and summa::bf16 (mixed precision, docs/gpu.md):
+/// activations, parameters and their gradients are T, and so are the
+/// activation all-reduces; per-row statistics (LayerNorm mean / rstd and
+/// backward partials, the cross-entropy row max, sum of exponentials and
+/// target logits) are acc_t<T> (fp32 for bf16), in the arenas and in their
+/// collectives; scalars handed to the backend are acc_t<T>.
 
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "summa/core/bf16.hpp"
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/gelu2d.hpp"
 #include "summa/layers/gpt_base.hpp"
@@ -162,8 +170,8 @@ class RowParallelLinear1D final : public Layer<T> {
 /// two-pass statistics are local (the backend's layernorm kernels) and
 /// nothing is communicated. `<name>.weight` (gamma) and `<name>.bias` (beta)
 /// [hidden] are replicated (rank 0 owns them); their gradients are the same
-/// on every rank. forward() keeps mean and rstd (tokens values each) in
-/// buffers.forward.
+/// on every rank. forward() keeps mean and rstd (tokens acc_t<T> values
+/// each) in buffers.forward.
 template <class T>
 class LayerNorm1D final : public Layer<T> {
  public:
@@ -189,8 +197,8 @@ class LayerNorm1D final : public Layer<T> {
   double eps_;
   Param<T> gamma_, beta_;
   ConstMatrixView<T> x_{};
-  T* mean_ = nullptr;
-  T* rstd_ = nullptr;
+  acc_t<T>* mean_ = nullptr;  // statistics in acc_t<T> (fp32 for bf16)
+  acc_t<T>* rstd_ = nullptr;
 };
 
 /// GeLU is elementwise: the 2D layer works on any distribution.
@@ -361,10 +369,10 @@ class Embedding1D final : public EmbeddingModule<T> {
 /// V/p] of rank r's vocabulary range; the row max is all-reduced (max, tokens
 /// elements), then the row sums of exp(z - max) and the target logits (0
 /// except on the rank holding the target) in one all-reduce (sum, 2*tokens
-/// elements). Every rank then holds every token's statistics: the loss is
-/// the sum over all tokens / normalizer, computed locally (the same on
-/// every rank). backward turns Z_r into dL/dZ_r = (softmax - onehot) /
-/// normalizer in place.
+/// elements); both in acc_t<T> (fp32 for bf16 logits). Every rank then
+/// holds every token's statistics: the loss is the sum over all tokens /
+/// normalizer, computed locally (the same on every rank). backward turns Z_r
+/// into dL/dZ_r = (softmax - onehot) / normalizer in place.
 template <class T>
 class CrossEntropy1D {
  public:
@@ -376,8 +384,8 @@ class CrossEntropy1D {
   BufferNeeds buffer_needs() const;
   /// Z: local logits [tokens, vocab/p]; targets: global [tokens] ids, the
   /// same on every rank. Returns the summed loss / normalizer (the same on
-  /// every rank) and keeps the row statistics (3 * tokens values) in
-  /// buffers.forward; the targets are copied (host to backend memory) for
+  /// every rank) and keeps the row statistics (3 * tokens acc_t<T> values)
+  /// in buffers.forward; the targets are copied (host to backend memory) for
   /// backward.
   double forward(ConstMatrixView<T> Z, std::span<const std::int32_t> targets, StepBuffers& buffers);
   /// In place: Z (the logits given to forward) becomes dL/dZ.
@@ -388,9 +396,9 @@ class CrossEntropy1D {
   Backend* backend_;
   index_t tokens_, vocab_, normalizer_;
   int p_;
-  T* max_ = nullptr;
-  T* stats_ = nullptr;  // sum | picked target logit
-  BackendIds targets_;  // in backend memory
+  acc_t<T>* max_ = nullptr;    // row statistics in acc_t<T> (fp32 for bf16)
+  acc_t<T>* stats_ = nullptr;  // sum | picked target logit
+  BackendIds targets_;         // in backend memory
 };
 
 /// Tied LM head: logits_r [tokens, V/p] = X wte_rᵀ with the embedding's
@@ -434,21 +442,30 @@ class LMHead1D final : public LossHead<T> {
 
 extern template class ColumnParallelLinear1D<float>;
 extern template class ColumnParallelLinear1D<double>;
+extern template class ColumnParallelLinear1D<bf16>;
 extern template class RowParallelLinear1D<float>;
 extern template class RowParallelLinear1D<double>;
+extern template class RowParallelLinear1D<bf16>;
 extern template class LayerNorm1D<float>;
 extern template class LayerNorm1D<double>;
+extern template class LayerNorm1D<bf16>;
 extern template class Attention1D<float>;
 extern template class Attention1D<double>;
+extern template class Attention1D<bf16>;
 extern template class MLP1D<float>;
 extern template class MLP1D<double>;
+extern template class MLP1D<bf16>;
 extern template class TransformerBlock1D<float>;
 extern template class TransformerBlock1D<double>;
+extern template class TransformerBlock1D<bf16>;
 extern template class Embedding1D<float>;
 extern template class Embedding1D<double>;
+extern template class Embedding1D<bf16>;
 extern template class CrossEntropy1D<float>;
 extern template class CrossEntropy1D<double>;
+extern template class CrossEntropy1D<bf16>;
 extern template class LMHead1D<float>;
 extern template class LMHead1D<double>;
+extern template class LMHead1D<bf16>;
 
 }  // namespace summa

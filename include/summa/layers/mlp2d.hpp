@@ -40,5 +40,6 @@ class MLP2D final : public Layer<T> {
 
 extern template class MLP2D<float>;
 extern template class MLP2D<double>;
+extern template class MLP2D<bf16>;
 
 }  // namespace summa

@@ -38,7 +38,8 @@ class ParameterStore {
 
   /// Layout-invariant GPT-2 initialisation (summa::reference::init_value):
   /// every local element gets the value the serial reference gives the same
-  /// global element, whatever the mesh.
+  /// global element, whatever the mesh (for bf16: that value rounded to
+  /// bf16, through a float host image). Allocates (host staging).
   void init_gpt(std::uint64_t seed, const reference::GptConfig& config);
   /// Every gradient = 0.
   void zero_grads();
@@ -75,5 +76,7 @@ extern template class ParameterStore<float>;
 extern template class ParameterStore<double>;
 extern template std::vector<float> gather_global(const Param<float>&, ProcessGrid&, bool);
 extern template std::vector<double> gather_global(const Param<double>&, ProcessGrid&, bool);
+extern template class ParameterStore<bf16>;
+extern template std::vector<bf16> gather_global(const Param<bf16>&, ProcessGrid&, bool);
 
 }  // namespace summa

@@ -10,11 +10,17 @@
 /// gradient norm of clipping is reduced (over the tensor group).
 ///
 /// Optimizer state (moments, momentum buffers) is kept in master_t<T>: fp32
-/// for float (and future bf16) parameters, fp64 for double ones, so double
-/// runs match a serial double implementation to rounding. Each state slot is
-/// packed exactly like ParameterStore::values_base() (same params() order,
-/// same local element counts, no padding), so a checkpoint writer locates any
+/// for float and bf16 parameters, fp64 for double ones, so double runs match
+/// a serial double implementation to rounding. Each state slot is packed
+/// exactly like ParameterStore::values_base() (same params() order, same
+/// local element counts, no padding), so a checkpoint writer locates any
 /// element of it with the parameter's ParamShard pieces.
+///
+/// Mixed precision (T = bf16): the optimizer also keeps fp32 master weights
+/// (master(), packed like the state slots). Every update runs in fp32 on the
+/// master, with the gradient widened to fp32, and then sets each parameter to
+/// bf16(master) — the same fp32 arithmetic as a float run, so an fp32 master
+/// fed the same gradients is bit-identical to the float optimizer's values.
 ///
 /// The state lives in the store's backend memory (device memory on a
 /// CudaBackend), and every update, norm and scaling runs through that
@@ -176,6 +182,20 @@ class Optimizer {
   /// Elements per slot (= store().local_elements()).
   index_t state_elements() const { return elements_; }
 
+  /// The fp32 master weights of bf16 parameters: state_elements() values
+  /// packed like store().values_base(), in the memory of store().backend(),
+  /// set from the parameters at construction; step() updates them and sets
+  /// parameter = bf16(master). Null when T == master_type (float / double
+  /// parameters are their own master) or when the rank holds no elements.
+  master_type* master() { return master_; }
+  const master_type* master() const { return master_; }
+  /// master = the current parameter values (widened: exact). Call after
+  /// writing parameter values outside the optimizer, e.g. an HF import or a
+  /// manual edit, or the next step() overwrites them from the stale master;
+  /// load_checkpoint(…, Optimizer&, …) does it for you. No-op when master()
+  /// is null. No heap allocation.
+  void refresh_master();
+
  protected:
   /// A parameter's range in the packed local buffers.
   struct Segment {
@@ -191,19 +211,22 @@ class Optimizer {
   const std::vector<Segment>& segments() const { return segments_; }
 
  private:
+  static constexpr bool keeps_master = !std::is_same_v<T, master_type>;
   OptimizerOptions options_;
   ParameterStore<T>* store_;
   std::vector<std::string> state_names_;
   std::vector<Segment> segments_;
   index_t elements_ = 0;
   std::size_t slot_stride_ = 0;  ///< elements between consecutive slots in state_
-  Arena state_;
+  Arena state_;                  ///< the state slots, then (T != master_type) the master weights
   master_type* state_base_ = nullptr;
+  master_type* master_ = nullptr;
   std::int64_t steps_ = 0;
 };
 
 /// Validates `options` (summa::Error naming the bad option) and builds the
-/// optimizer of options.kind over `store`, with zero state and steps() = 0.
+/// optimizer of options.kind over `store`, with zero state and steps() = 0
+/// (and, for bf16, master weights set from the store's current values).
 /// The state is allocated here from the store's backend; step() allocates
 /// nothing.
 template <class T>
@@ -233,14 +256,19 @@ double clip_grad_norm(ParameterStore<T>& store, ProcessGrid& grid, double max_no
 
 extern template class Optimizer<float>;
 extern template class Optimizer<double>;
+extern template class Optimizer<bf16>;
 extern template std::unique_ptr<Optimizer<float>> make_optimizer(const OptimizerOptions&,
                                                                  ParameterStore<float>&);
 extern template std::unique_ptr<Optimizer<double>> make_optimizer(const OptimizerOptions&,
                                                                   ParameterStore<double>&);
+extern template std::unique_ptr<Optimizer<bf16>> make_optimizer(const OptimizerOptions&,
+                                                                ParameterStore<bf16>&);
 extern template double global_norm_sq(const ParameterStore<float>&, ProcessGrid&);
 extern template double global_norm_sq(const ParameterStore<double>&, ProcessGrid&);
+extern template double global_norm_sq(const ParameterStore<bf16>&, ProcessGrid&);
 extern template double clip_grad_norm(ParameterStore<float>&, ProcessGrid&, double);
 extern template double clip_grad_norm(ParameterStore<double>&, ProcessGrid&, double);
+extern template double clip_grad_norm(ParameterStore<bf16>&, ProcessGrid&, double);
 
 namespace optim {
 extern template void adamw_update(float*, const float*, float*, float*, index_t,

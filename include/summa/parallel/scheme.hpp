@@ -112,6 +112,7 @@ index_t largest_batch(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
 
 extern template class ParallelGpt<float>;
 extern template class ParallelGpt<double>;
+extern template class ParallelGpt<bf16>;
 extern template MemoryReport plan_memory<float>(MPI_Comm, const SchemeSpec&, Backend&,
                                                 const reference::GptConfig&, index_t, index_t,
                                                 GptOptions, GridOptions);
@@ -124,5 +125,11 @@ extern template index_t largest_batch<float>(MPI_Comm, const SchemeSpec&, Backen
 extern template index_t largest_batch<double>(MPI_Comm, const SchemeSpec&, Backend&,
                                               const reference::GptConfig&, index_t, GptOptions,
                                               std::size_t, index_t, GridOptions);
+extern template MemoryReport plan_memory<bf16>(MPI_Comm, const SchemeSpec&, Backend&,
+                                               const reference::GptConfig&, index_t, index_t,
+                                               GptOptions, GridOptions);
+extern template index_t largest_batch<bf16>(MPI_Comm, const SchemeSpec&, Backend&,
+                                            const reference::GptConfig&, index_t, GptOptions,
+                                            std::size_t, index_t, GridOptions);
 
 }  // namespace summa

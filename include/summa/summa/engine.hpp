@@ -63,7 +63,7 @@ class SummaEngine {
   template <class T>
   using ConstView = std::type_identity_t<ConstMatrixView<T>>;
   template <class T>
-  using View = std::type_identity_t<MatrixView<T>>;
+  using Scalar = std::type_identity_t<acc_t<T>>;
 
  public:
   /// The grid's mesh must be square (rows == cols); depth and data may be
@@ -90,34 +90,36 @@ class SummaEngine {
   static std::size_t workspace_bytes(Form form, index_t m, index_t n, index_t k, DType t, int q,
                                      const SummaOptions& options, const Backend& backend);
 
-  /// T is deduced from alpha; the views convert (MatrixView<T> -> ConstMatrixView<T>).
+  /// T (float, double or bf16) is deduced from C; A and B convert
+  /// (MatrixView<T> -> ConstMatrixView<T>). alpha and beta are acc_t<T>
+  /// (float for bf16: fp32 accumulation, C rounded once per local product).
   template <class T>
-  void multiply(Form form, index_t m, index_t n, index_t k, T alpha, ConstView<T> A, ConstView<T> B,
-                std::type_identity_t<T> beta, View<T> C, Workspace& workspace);
+  void multiply(Form form, index_t m, index_t n, index_t k, Scalar<T> alpha, ConstView<T> A,
+                ConstView<T> B, Scalar<T> beta, MatrixView<T> C, Workspace& workspace);
 
   template <class T>
-  void ab(index_t m, index_t n, index_t k, T alpha, ConstView<T> A, ConstView<T> B,
-          std::type_identity_t<T> beta, View<T> C, Workspace& ws) {
+  void ab(index_t m, index_t n, index_t k, Scalar<T> alpha, ConstView<T> A, ConstView<T> B,
+          Scalar<T> beta, MatrixView<T> C, Workspace& ws) {
     multiply(Form::AB, m, n, k, alpha, A, B, beta, C, ws);
   }
   template <class T>
-  void abt(index_t m, index_t n, index_t k, T alpha, ConstView<T> A, ConstView<T> B,
-           std::type_identity_t<T> beta, View<T> C, Workspace& ws) {
+  void abt(index_t m, index_t n, index_t k, Scalar<T> alpha, ConstView<T> A, ConstView<T> B,
+           Scalar<T> beta, MatrixView<T> C, Workspace& ws) {
     multiply(Form::ABt, m, n, k, alpha, A, B, beta, C, ws);
   }
   template <class T>
-  void atb(index_t m, index_t n, index_t k, T alpha, ConstView<T> A, ConstView<T> B,
-           std::type_identity_t<T> beta, View<T> C, Workspace& ws) {
+  void atb(index_t m, index_t n, index_t k, Scalar<T> alpha, ConstView<T> A, ConstView<T> B,
+           Scalar<T> beta, MatrixView<T> C, Workspace& ws) {
     multiply(Form::AtB, m, n, k, alpha, A, B, beta, C, ws);
   }
 
  private:
   template <class T>
-  void run_ab(const BlockShapes& s, T alpha, ConstMatrixView<T> A, ConstMatrixView<T> B, T beta,
-              MatrixView<T> C, Workspace& ws);
+  void run_ab(const BlockShapes& s, acc_t<T> alpha, ConstMatrixView<T> A, ConstMatrixView<T> B,
+              acc_t<T> beta, MatrixView<T> C, Workspace& ws);
   template <class T>
-  void run_reduce_form(Form form, const BlockShapes& s, T alpha, ConstMatrixView<T> A,
-                       ConstMatrixView<T> B, T beta, MatrixView<T> C, Workspace& ws);
+  void run_reduce_form(Form form, const BlockShapes& s, acc_t<T> alpha, ConstMatrixView<T> A,
+                       ConstMatrixView<T> B, acc_t<T> beta, MatrixView<T> C, Workspace& ws);
 
   ProcessGrid* grid_;
   Backend* backend_;
@@ -131,5 +133,8 @@ extern template void SummaEngine::multiply<float>(Form, index_t, index_t, index_
 extern template void SummaEngine::multiply<double>(Form, index_t, index_t, index_t, double,
                                                    ConstMatrixView<double>, ConstMatrixView<double>,
                                                    double, MatrixView<double>, Workspace&);
+extern template void SummaEngine::multiply<bf16>(Form, index_t, index_t, index_t, float,
+                                                 ConstMatrixView<bf16>, ConstMatrixView<bf16>,
+                                                 float, MatrixView<bf16>, Workspace&);
 
 }  // namespace summa

@@ -69,6 +69,10 @@ struct StepStats {
   double lr = 0;          ///< learning rate applied
 };
 
+/// T = float, double or bf16. A bf16 trainer keeps bf16 parameters,
+/// activations and gradients and the optimizer's fp32 master weights and
+/// state (Optimizer<bf16>); losses and gradient norms are reported in double,
+/// and checkpoints hold the fp32 master (docs/gpu.md, "Mixed precision").
 template <class T>
 class Trainer {
  public:
@@ -114,8 +118,6 @@ class Trainer {
   std::map<std::string, std::string> checkpoint_meta() const;
 
  private:
-  std::vector<StateSlot> slots();
-
   TrainerOptions options_;
   std::unique_ptr<ParallelGpt<T>> run_;
   std::unique_ptr<Optimizer<T>> optimizer_;
@@ -137,5 +139,6 @@ double model_flops_per_step(const reference::GptConfig& config, index_t batch, i
 
 extern template class Trainer<float>;
 extern template class Trainer<double>;
+extern template class Trainer<bf16>;
 
 }  // namespace summa
