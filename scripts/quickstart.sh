@@ -41,30 +41,6 @@ configure_and_build() {  # <build dir> <extra cmake args...>
   cmake --build "$dir" -j "$jobs"
 }
 
-# LeakSanitizer's stop-the-world tracer itself sometimes segfaults at exit
-# when many oversubscribed MPI ranks tear down their threads ("Tracer caught
-# signal 11 ... LeakSanitizer has encountered a fatal error"; see
-# google/sanitizers#1353). That is not a leak and not a test failure. Failed
-# tests whose output shows only that crash (every gtest case passed, no leak
-# report, no ASan/UBSan error) are run once more; any other failure, or a
-# second failure, fails the run.
-rerun_if_only_lsan_tracer_crashed() {  # <build dir>
-  local dir=$1 failed log name out
-  failed="$dir/Testing/Temporary/LastTestsFailed.log"
-  log="$dir/Testing/Temporary/LastTest.log"
-  [ -f "$failed" ] && [ -f "$log" ] || return 1
-  while IFS=: read -r _ name; do
-    out=$(awk -v t="$name" '$0 ~ /^[0-9]+\/[0-9]+ Testing: / {on = ($3 == t)} on' "$log")
-    if ! grep -q "LeakSanitizer has encountered a fatal error" <<<"$out" ||
-       grep -qE "\[  FAILED  \]|detected memory leaks|ERROR: AddressSanitizer|runtime error" <<<"$out"; then
-      echo "quickstart: $name failed for a reason other than the LSan tracer crash" >&2
-      return 1
-    fi
-    echo "quickstart: $name hit the LSan tracer crash only; running it once more"
-  done <"$failed"
-  ctest --test-dir "$dir" --output-on-failure --rerun-failed
-}
-
 case "$what" in
   demo)
     dir=${BUILD_DIR:-build}
@@ -90,9 +66,7 @@ case "$what" in
     export ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0:abort_on_error=1:detect_odr_violation=0
     export LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-    if ! ctest --test-dir "$dir" --output-on-failure -j "$jobs"; then
-      rerun_if_only_lsan_tracer_crashed "$dir"
-    fi
+    ctest --test-dir "$dir" --output-on-failure -j "$jobs"
     ;;
   build)
     configure_and_build "${BUILD_DIR:-build}" -DCMAKE_BUILD_TYPE=Release
