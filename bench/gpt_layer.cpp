@@ -8,7 +8,7 @@
 // "GPU"). Prints one JSON object per line per case; see bench/README.md.
 //
 //   mpirun -np 4 ./gpt_layer [--layers 2] [--hidden 192] [--heads 6] [--seq 64] [--batch 6]
-//                            [--vocab 1536] [--dtype f32,f64] [--checkpoint on|off|both]
+//                            [--vocab 1536] [--dtype f32,f64,bf16] [--checkpoint on|off|both]
 //   ./gpt_layer --backend cuda --what block --hidden 1024 --heads 16 --seq 1024 --batch 8
 #include <mpi.h>
 
@@ -25,6 +25,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "bench_device.hpp"
@@ -251,7 +252,7 @@ void emit(const Context& ctx, const JsonLine& j) {
 
 template <class T>
 bool all_finite(const std::vector<T>& v) {
-  return std::all_of(v.begin(), v.end(), [](T x) { return std::isfinite(x); });
+  return std::all_of(v.begin(), v.end(), [](T x) { return std::isfinite(static_cast<double>(x)); });
 }
 
 // ---------------------------------------------------------------- (a) one block
@@ -355,8 +356,13 @@ Batch make_batch(const Settings& s) {
 // GPT2D with `checkpoint`; at q = 1 also the serial reference (`serial`, the
 // same weights), its repetitions interleaved with the distributed ones so the
 // ratio is paired. Returns false when a loss is not finite.
+// The serial reference is host code in f32 / f64; a bf16 run has none.
 template <class T>
-bool run_gpt(Context& ctx, const Batch& data, bool checkpoint, summa::reference::Gpt<T>* serial) {
+using SerialT = std::conditional_t<std::is_same_v<T, summa::bf16>, float, T>;
+
+template <class T>
+bool run_gpt(Context& ctx, const Batch& data, bool checkpoint,
+             summa::reference::Gpt<SerialT<T>>* serial) {
   const Settings& s = *ctx.s;
   const auto& c = s.config;
   const std::string_view dtype = summa::name_of(summa::dtype_v<T>);
@@ -437,8 +443,9 @@ bool run_dtype(Context& ctx) {
   if (s.run_block) ok = run_block<T>(ctx) && ok;
   if (s.run_gpt) {
     const Batch data = make_batch(s);
-    std::optional<summa::reference::Gpt<T>> serial;  // host code: CPU runs only
-    if (ctx.q == 1 && s.backend == "cpu") serial.emplace(s.config, s.seed);
+    std::optional<summa::reference::Gpt<SerialT<T>>> serial;  // CPU f32 / f64 runs only
+    if (ctx.q == 1 && s.backend == "cpu" && std::is_same_v<T, SerialT<T>>)
+      serial.emplace(s.config, s.seed);
     for (bool cp : s.checkpoints) ok = run_gpt<T>(ctx, data, cp, serial ? &*serial : nullptr) && ok;
   }
   return ok;
@@ -494,9 +501,10 @@ int run(int argc, char** argv, int rank, int ranks) {
       ->capture_default_str();
   app.add_option("--positions", positions, "Position table size (default: --seq)")
       ->check(CLI::Range(1, 1 << 24));
-  app.add_option("--dtype", dtypes, "Element types (list of f32, f64)")
+  app.add_option("--dtype", dtypes,
+                 "Element types (list of f32, f64, bf16; bf16 has no serial-reference ratio)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"f32", "f64"}))
+      ->check(CLI::IsMember({"f32", "f64", "bf16"}))
       ->capture_default_str();
   app.add_option("--reps", s.reps, "Timed runs per case (median reported)")
       ->check(CLI::Range(1, 100000))
@@ -559,7 +567,10 @@ int run(int argc, char** argv, int rank, int ranks) {
                  std::string(backend->name()).c_str(), device.c_str());
   bool ok = true;
   for (const auto& dt : s.dtypes)
-    ok = (dt == "f32" ? run_dtype<float>(ctx) : run_dtype<double>(ctx)) && ok;
+    ok = (dt == "f32"   ? run_dtype<float>(ctx)
+          : dt == "f64" ? run_dtype<double>(ctx)
+                        : run_dtype<summa::bf16>(ctx)) &&
+         ok;
   if (!ok && rank == 0)
     std::fprintf(stderr, "gpt_layer: FAILED: a loss or an output was not finite\n");
   return ok ? 0 : 1;

@@ -7,7 +7,7 @@
 // same run. Prints one JSON object per line per case; see bench/README.md.
 //
 //   mpirun -np 4 ./summa_gemm [--size 2048,3072] [--forms AB,ABt,AtB] [--panel 256]
-//                             [--overlap on|off|both] [--dtype f32,f64] [--reps 5] [--check]
+//                             [--overlap on|off|both] [--dtype f32,f64,bf16] [--reps 5] [--check]
 //   ./summa_gemm --backend cuda --size 4096,8192 --panel 0 [--tf32] [--comm mpi_staged|nccl]
 #include <dlfcn.h>
 #include <mpi.h>
@@ -281,10 +281,18 @@ struct Settings {
   bool cublas = true;               // cuda: the cublasGemmEx baseline
 };
 
-// Default tolerance on max_rel_error (see README): 64 unit roundoffs of T.
+// Default tolerance on max_rel_error (see README): 64 unit roundoffs of T
+// for f32 and f64. A bf16 GEMM accumulates in fp32 and rounds each element of
+// C to bf16 (relative 2^-9, at most 2^-9 of max|A| max|B| k after the
+// normalisation) once per panel step that adds to it; partial sums are far
+// below that bound, so 2^-8 is twice the single rounding (measured: 4.3e-4 at
+// q = 1, 2, 3 with panels 0 and 64, m, n, k = 576, 384, 1152).
 template <class T>
 double default_tol() {
-  return 64.0 * std::numeric_limits<T>::epsilon();
+  if constexpr (std::is_same_v<T, summa::bf16>)
+    return 1.0 / 256;
+  else
+    return 64.0 * std::numeric_limits<T>::epsilon();
 }
 
 // ---------------------------------------------------------------- ScaLAPACK
@@ -347,10 +355,12 @@ Eigen::MatrixXd reference_block(Form f, index_t m, index_t n, index_t k, int q, 
   Eigen::MatrixXd L(mb, k), R(k, nb);  // C block = L * R
   for (index_t kk = 0; kk < k; ++kk)
     for (index_t r = 0; r < mb; ++r)
-      L(r, kk) = f == Form::AtB ? value<T>(1, kk, bi * mb + r) : value<T>(1, bi * mb + r, kk);
+      L(r, kk) = f == Form::AtB ? static_cast<double>(value<T>(1, kk, bi * mb + r))
+                                : static_cast<double>(value<T>(1, bi * mb + r, kk));
   for (index_t c = 0; c < nb; ++c)
     for (index_t kk = 0; kk < k; ++kk)
-      R(kk, c) = f == Form::ABt ? value<T>(2, bj * nb + c, kk) : value<T>(2, kk, bj * nb + c);
+      R(kk, c) = f == Form::ABt ? static_cast<double>(value<T>(2, bj * nb + c, kk))
+                                : static_cast<double>(value<T>(2, kk, bj * nb + c));
   return L * R;
 }
 
@@ -492,8 +502,8 @@ class EventTimer {
 /// m x n x k product of `form`, on rank 0's GPU, column-major A, B and C
 /// filled with the same values as summa's blocks (the layouts summa uses at
 /// q = 1), fp32 accumulation (CUBLAS_COMPUTE_32F; _FAST_TF32 only with
-/// --tf32) or fp64, its own stream, handle and a 32 MiB cuBLAS workspace (as
-/// CudaBackend). Timed with CUDA events around the call alone.
+/// --tf32; bf16 operands CUDA_R_16BF) or fp64, its own stream, handle and a 32 MiB cuBLAS workspace
+/// (as CudaBackend). Timed with CUDA events around the call alone.
 template <class T>
 class CublasGemm {
  public:
@@ -516,6 +526,9 @@ class CublasGemm {
     if constexpr (std::is_same_v<T, double>) {
       compute_ = CUBLAS_COMPUTE_64F;
       type_ = CUDA_R_64F;
+    } else if constexpr (std::is_same_v<T, summa::bf16>) {
+      compute_ = CUBLAS_COMPUTE_32F;  // fp32 accumulation, as CudaBackend
+      type_ = CUDA_R_16BF;
     } else {
       compute_ = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
       type_ = CUDA_R_32F;
@@ -539,7 +552,7 @@ class CublasGemm {
     double dt = 0;
     if (active_) {
       timer_.start(stream_);
-      const T alpha = 1, beta = 0;
+      const summa::acc_t<T> alpha = 1, beta = 0;  // float for bf16 (CUBLAS_COMPUTE_32F)
       cublas_check(
           cublasGemmEx(handle_, ta_, tb_, static_cast<int>(m_), static_cast<int>(n_),
                        static_cast<int>(k_), &alpha, a_, type_, lda_, b_, type_, ldb_, &beta, c_,
@@ -642,8 +655,11 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
   const double scale = max_abs(a) * max_abs(b) * static_cast<double>(k);
   if (s.check) ref = reference_block<T>(form, m, n, k, q, bi, bj);
 
-  std::optional<EigenGemm<T>> eigen;
-  if (s.eigen) {
+  // The host baselines exist for f32 and f64 only (neither Eigen nor
+  // ScaLAPACK multiplies bf16).
+  constexpr bool host_baselines = !std::is_same_v<T, summa::bf16>;
+  std::optional<EigenGemm<std::conditional_t<host_baselines, T, float>>> eigen;
+  if (s.eigen && host_baselines) {
     eigen.emplace(form, m, n, k, ctx.rank == 0);
     for (int w = 0; w < s.warmup; ++w) eigen->run_once();
   }
@@ -657,7 +673,7 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
   std::vector<T> pa, pb, pc;
   const int mnk[3] = {static_cast<int>(m), static_cast<int>(n), static_cast<int>(k)};
   const char ta = form == Form::AtB ? 'T' : 'N', tb = form == Form::ABt ? 'T' : 'N';
-  if (s.pdgemm && g.active) {
+  if (s.pdgemm && g.active && host_baselines) {
     const Dims ad = a_dims(form, m, k), bd = b_dims(form, n, k);
     da = descriptor(g, q, ad.rows, ad.cols);
     db = descriptor(g, q, bd.rows, bd.cols);
@@ -666,7 +682,8 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
     pb = fill_block<T>(2, g.myrow, g.mycol, bs.b_rows, bs.b_cols);
     pc.resize(static_cast<std::size_t>(bs.c_rows * bs.c_cols));
     pdgemm_call = [&] {
-      pgemm(ta, tb, mnk, pa.data(), da.data(), pb.data(), db.data(), pc.data(), dc.data());
+      if constexpr (host_baselines)
+        pgemm(ta, tb, mnk, pa.data(), da.data(), pb.data(), db.data(), pc.data(), dc.data());
     };
     for (int w = 0; w < std::max(s.warmup, s.check ? 1 : 0); ++w) pdgemm_call();
     if (s.check) {
@@ -709,7 +726,7 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
 #if SUMMA_HAVE_CUDA
           if (timing_events) summa_timer->start(stream);
 #endif
-          engine.multiply(form, m, n, k, T(1), A, B, T(0), C, ws);
+          engine.multiply(form, m, n, k, summa::acc_t<T>(1), A, B, summa::acc_t<T>(0), C, ws);
 #if SUMMA_HAVE_CUDA
           if (timing_events) summa_timer->stop(stream);
 #endif
@@ -815,7 +832,7 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
           }
         } else {
           j.str("backend", "cpu")
-              .str("blas", dtype == summa::DType::f32 ? ctx.blas.sgemm : ctx.blas.dgemm);
+              .str("blas", dtype == summa::DType::f64 ? ctx.blas.dgemm : ctx.blas.sgemm);
           if (!ctx.blas.arch.empty()) j.str("blas_arch", ctx.blas.arch);
         }
         if (s.check) {
@@ -884,12 +901,11 @@ int run(int argc, char** argv, int rank, int ranks) {
       ->delimiter(',')
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  // TODO(bf16): --dtype bf16 once SummaEngine::multiply is instantiated for
-  // summa::bf16 (the Backend seam is gaining it); the cuBLAS baseline then
-  // takes CUDA_R_16BF with CUBLAS_COMPUTE_32F.
-  app.add_option("--dtype", dtypes, "Element types (list of f32, f64)")
+  app.add_option("--dtype", dtypes,
+                 "Element types (list of f32, f64, bf16; bf16 accumulates in fp32 and has no "
+                 "Eigen or PDGEMM baseline)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"f32", "f64"}))
+      ->check(CLI::IsMember({"f32", "f64", "bf16"}))
       ->capture_default_str();
   app.add_option("--reps", s.reps, "Timed runs per case (median reported)")
       ->check(CLI::Range(1, 100000))
@@ -977,8 +993,9 @@ int run(int argc, char** argv, int rank, int ranks) {
   for (const auto& dt : s.dtypes)
     for (const auto& [mm, nn, kk] : s.sizes)
       for (Form f : s.forms)
-        ok = (dt == "f32" ? run_case<float>(ctx, f, mm, nn, kk)
-                          : run_case<double>(ctx, f, mm, nn, kk)) &&
+        ok = (dt == "f32"   ? run_case<float>(ctx, f, mm, nn, kk)
+              : dt == "f64" ? run_case<double>(ctx, f, mm, nn, kk)
+                            : run_case<summa::bf16>(ctx, f, mm, nn, kk)) &&
              ok;
 
 #ifdef SUMMA_BENCH_HAVE_SCALAPACK

@@ -350,18 +350,19 @@ elif [ "$build_ok" = 1 ] && [ -x "$GEMM" ]; then
   if [ "$QUICK" = 1 ]; then
     bench gemm_f32 40 "${MPIRUN[@]}" -np 1 "$GEMM" --backend cuda --size 4096 --forms AB --panel 0 --dtype f32 --reps 10 --warmup 2; rcs+=($?)
     bench gemm_tf32 40 "${MPIRUN[@]}" -np 1 "$GEMM" --backend cuda --tf32 --size 4096 --forms AB --panel 0 --dtype f32 --reps 10 --warmup 2; rcs+=($?)
+    bench gemm_bf16 40 "${MPIRUN[@]}" -np 1 "$GEMM" --backend cuda --size 4096 --forms AB --panel 0 --dtype bf16 --reps 10 --warmup 2; rcs+=($?)
   else
     bench gemm_f32 90 "${MPIRUN[@]}" -np 1 "$GEMM" --backend cuda --size 4096,8192 --forms AB,ABt,AtB --panel 0 --dtype f32 --reps 10 --warmup 2; rcs+=($?)
     bench gemm_tf32 60 "${MPIRUN[@]}" -np 1 "$GEMM" --backend cuda --tf32 --size 4096,8192 --forms AB --panel 0 --dtype f32 --reps 10 --warmup 2; rcs+=($?)
     bench gemm_f64 60 "${MPIRUN[@]}" -np 1 "$GEMM" --backend cuda --size 4096 --forms AB --panel 0 --dtype f64 --reps 5 --warmup 1; rcs+=($?)
+    bench gemm_bf16 60 "${MPIRUN[@]}" -np 1 "$GEMM" --backend cuda --size 4096,8192 --forms AB,ABt,AtB --panel 0 --dtype bf16 --reps 10 --warmup 2; rcs+=($?)
     # Informative: q = 2, 4 ranks sharing the GPU over mpi_staged (host-staged collectives).
     bench gemm_q2 60 "${MPIRUN[@]}" -np 4 "$GEMM" --backend cuda --size 8192 --forms AB --panel 0,1024 --overlap both --dtype f32 --reps 5 --warmup 1; rcs+=($?)
   fi
   # Correctness against a double-precision host reference and cuBLAS: q = 1, and q = 2
   # (4 ranks sharing the GPU over mpi_staged), odd-ish sizes.
-  bench gemm_check_q1 40 "${MPIRUN[@]}" -np 1 "$GEMM" --backend cuda --m 768 --n 512 --k 1280 --panel 0,256 --overlap both --dtype f32,f64 --reps 2 --warmup 1 --check; rcs+=($?)
-  bench gemm_check_q2 60 "${MPIRUN[@]}" -np 4 "$GEMM" --backend cuda --m 768 --n 512 --k 1280 --panel 0,96 --overlap both --dtype f32,f64 --reps 2 --warmup 1 --check; rcs+=($?)
-  # bf16: TODO(bf16) once summa_gemm takes --dtype bf16 (bench/README.md).
+  bench gemm_check_q1 40 "${MPIRUN[@]}" -np 1 "$GEMM" --backend cuda --m 768 --n 512 --k 1280 --panel 0,256 --overlap both --dtype f32,f64,bf16 --reps 2 --warmup 1 --check; rcs+=($?)
+  bench gemm_check_q2 60 "${MPIRUN[@]}" -np 4 "$GEMM" --backend cuda --m 768 --n 512 --k 1280 --panel 0,96 --overlap both --dtype f32,f64,bf16 --reps 2 --warmup 1 --check; rcs+=($?)
   step_result gemm 8 "${rcs[@]}"
   # The 85 % criterion, from the q = 1 lines.
   if python3 "$ROOT/bench/gpu_ratio.py" "$OUTDIR/results.jsonl" >"$LOG/ratio_gemm.txt" 2>&1; then
@@ -381,6 +382,7 @@ elif [ "$build_ok" = 1 ] && [ -x "$LAYER" ]; then
     set -- $cfg
     bench "block_h$1" 45 "${MPIRUN[@]}" -np 1 "$LAYER" --backend cuda --what block --hidden "$1" --heads "$2" --seq "$3" --batch "$4" --dtype f32 --reps 10 --warmup 2; rcs+=($?)
     bench "block_h$1_tf32" 45 "${MPIRUN[@]}" -np 1 "$LAYER" --backend cuda --tf32 --what block --hidden "$1" --heads "$2" --seq "$3" --batch "$4" --dtype f32 --reps 10 --warmup 2; rcs+=($?)
+    bench "block_h$1_bf16" 45 "${MPIRUN[@]}" -np 1 "$LAYER" --backend cuda --what block --hidden "$1" --heads "$2" --seq "$3" --batch "$4" --dtype bf16 --reps 10 --warmup 2; rcs+=($?)
   done
   # The whole model on the GPU (GPT2D, 4 ranks sharing it): informative, needs the layers' port.
   [ "$QUICK" = 1 ] || { bench gpt_q2 45 "${MPIRUN[@]}" -np 4 "$LAYER" --backend cuda --what gpt --layers 2 --hidden 256 --heads 8 --seq 128 --batch 8 --vocab 2048 --checkpoint both --reps 3 --warmup 1; rcs+=($?); }
