@@ -1423,5 +1423,50 @@ TEST(CpuBackend, Bf16KernelsAllocateNothing) {
   EXPECT_EQ(count, 0u) << "first from " << first;
 }
 
+// sum_of_squares over a row-major block with a leading dimension: the sum of
+// exactly the block's elements (the gaps between rows hold 1e6, so summing
+// one of them is visible), equal to the row-by-row sums of the contiguous op
+// up to summation order; bad shapes throw.
+template <class T>
+void strided_sum_of_squares_case() {
+  CpuBackend backend;
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> u(-1, 1);
+  const index_t rows = 7, cols = 5;
+  for (index_t ld : {cols, cols + 3}) {
+    std::vector<T> x(static_cast<std::size_t>(rows * ld), T(1e6));
+    double want = 0, rowwise = 0;
+    for (index_t r = 0; r < rows; ++r) {
+      for (index_t c = 0; c < cols; ++c) {
+        const T v = static_cast<T>(u(gen));
+        x[static_cast<std::size_t>(r * ld + c)] = v;
+        want += static_cast<double>(v) * static_cast<double>(v);
+      }
+      rowwise += backend.sum_of_squares(x.data() + r * ld, cols);
+    }
+    const double got = backend.sum_of_squares(x.data(), rows, cols, ld);
+    EXPECT_NEAR(got, want, 1e-13 * want) << "ld " << ld;
+    EXPECT_NEAR(got, rowwise, 1e-13 * want) << "ld " << ld;  // summation order may differ
+    EXPECT_EQ(backend.sum_of_squares(x.data(), 0, cols, ld), 0.0);
+    EXPECT_EQ(backend.sum_of_squares(static_cast<const T*>(nullptr), rows, 0, ld), 0.0);
+  }
+  std::vector<T> x(64, T(1));
+  EXPECT_THROW(backend.sum_of_squares(x.data(), 2, 5, 4), Error);   // ld < cols
+  EXPECT_THROW(backend.sum_of_squares(x.data(), -1, 5, 5), Error);  // negative rows
+  EXPECT_THROW(backend.sum_of_squares(static_cast<const T*>(nullptr), 2, 5, 5), Error);
+}
+
+TEST(CpuBackend, StridedSumOfSquaresFloat) {
+  strided_sum_of_squares_case<float>();
+}
+TEST(CpuBackend, StridedSumOfSquaresDouble) {
+  strided_sum_of_squares_case<double>();
+}
+TEST(CpuBackend, StridedSumOfSquaresBf16) {
+  strided_sum_of_squares_case<bf16>();
+}
+
 }  // namespace
 }  // namespace summa::test

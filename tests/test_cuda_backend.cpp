@@ -652,6 +652,13 @@ TYPED_TEST(CudaTyped, OptimizerKernels) {
   const std::vector<T> now = param.download();
   const double want = optim::sum_of_squares(now.data(), n);
   EXPECT_NEAR(gpu().sum_of_squares(param.d(), n), want, 1e-12 * want);
+  // A row-major 97 x 100 block with leading dimension 103 (clipping's shard
+  // pieces): only the block's elements, in one call.
+  const index_t rows = 97, cols = 100, ld = 103;
+  double want_block = 0;
+  for (index_t r = 0; r < rows; ++r) want_block += optim::sum_of_squares(now.data() + r * ld, cols);
+  EXPECT_NEAR(gpu().sum_of_squares(param.d(), rows, cols, ld), want_block, 1e-12 * want_block);
+  EXPECT_THROW(gpu().sum_of_squares(param.d(), rows, cols, cols - 1), Error);
   optim::scale_in_place(param.h(), n, 0.37);
   gpu().scale_in_place(param.d(), n, 0.37);
   param.check(tolerance<T>(), "scale_in_place");

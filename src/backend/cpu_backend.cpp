@@ -782,6 +782,35 @@ double CpuBackend::sum_of_squares(const float* x, index_t n) {
 double CpuBackend::sum_of_squares(const double* x, index_t n) {
   return optim::sum_of_squares(x, n);
 }
+
+namespace cpu_detail {
+// Σ x² of a row-major rows x cols block (leading dimension ld), row by row
+// through the contiguous op.
+template <class T>
+double strided_sum_of_squares(CpuBackend& backend, const T* x, index_t rows, index_t cols,
+                              index_t ld) {
+  require(rows >= 0 && cols >= 0 && ld >= cols, [&] {
+    return "sum_of_squares: need rows, cols >= 0 and ld >= cols (got " + std::to_string(rows) +
+           "x" + std::to_string(cols) + ", ld " + std::to_string(ld) + ")";
+  });
+  if (rows == 0 || cols == 0) return 0;
+  require(x != nullptr, [] { return std::string("sum_of_squares: x is null"); });
+  if (ld == cols) return backend.sum_of_squares(x, rows * cols);
+  double sum = 0;
+  for (index_t r = 0; r < rows; ++r) sum += backend.sum_of_squares(x + r * ld, cols);
+  return sum;
+}
+}  // namespace cpu_detail
+
+double CpuBackend::sum_of_squares(const float* x, index_t rows, index_t cols, index_t ld) {
+  return cpu_detail::strided_sum_of_squares(*this, x, rows, cols, ld);
+}
+double CpuBackend::sum_of_squares(const double* x, index_t rows, index_t cols, index_t ld) {
+  return cpu_detail::strided_sum_of_squares(*this, x, rows, cols, ld);
+}
+double CpuBackend::sum_of_squares(const bf16* x, index_t rows, index_t cols, index_t ld) {
+  return cpu_detail::strided_sum_of_squares(*this, x, rows, cols, ld);
+}
 void CpuBackend::scale_in_place(float* x, index_t n, double factor) {
   optim::scale_in_place(x, n, factor);
 }

@@ -1095,18 +1095,33 @@ void CudaBackend::scatter_add_rows(const std::int32_t* ids, index_t row0,
 // ---------------------------------------------------------------- optimizer helpers
 
 template <class T>
+static double sum_of_squares_impl(cuda_detail::CudaState& I, const T* x, index_t rows, index_t cols,
+                                  index_t ld) {
+  require(rows >= 0 && cols >= 0 && ld >= cols, [&] {
+    return "sum_of_squares: need rows, cols >= 0 and ld >= cols (got " + shape(rows, cols) +
+           ", ld " + std::to_string(ld) + ")";
+  });
+  require_array(x, rows * cols, "sum_of_squares", "x");
+  if (rows > 0 && cols > 0) I.check_pointer(x, "sum_of_squares", "x");
+  cuda_detail::sum_of_squares(I.launch, cuda_detail::dptr(x), rows, cols, ld, I.partials);
+  return fetch_result(I);
+}
+template <class T>
 static double sum_of_squares_impl(cuda_detail::CudaState& I, const T* x, index_t n) {
   require(n >= 0, [&] { return "sum_of_squares: negative n " + std::to_string(n); });
-  require_array(x, n, "sum_of_squares", "x");
-  I.check_pointer(x, "sum_of_squares", "x");
-  cuda_detail::sum_of_squares(I.launch, cuda_detail::dptr(x), n, I.partials);
-  return fetch_result(I);
+  return sum_of_squares_impl(I, x, n > 0 ? 1 : 0, n, n);
 }
 double CudaBackend::sum_of_squares(const float* x, index_t n) {
   return sum_of_squares_impl(*impl_, x, n);
 }
 double CudaBackend::sum_of_squares(const double* x, index_t n) {
   return sum_of_squares_impl(*impl_, x, n);
+}
+double CudaBackend::sum_of_squares(const float* x, index_t rows, index_t cols, index_t ld) {
+  return sum_of_squares_impl(*impl_, x, rows, cols, ld);
+}
+double CudaBackend::sum_of_squares(const double* x, index_t rows, index_t cols, index_t ld) {
+  return sum_of_squares_impl(*impl_, x, rows, cols, ld);
 }
 
 template <class T>
@@ -1276,6 +1291,9 @@ void CudaBackend::scatter_add_rows(const std::int32_t* ids, index_t row0, ConstM
 }
 double CudaBackend::sum_of_squares(const bf16* x, index_t n) {
   return sum_of_squares_impl(*impl_, x, n);
+}
+double CudaBackend::sum_of_squares(const bf16* x, index_t rows, index_t cols, index_t ld) {
+  return sum_of_squares_impl(*impl_, x, rows, cols, ld);
 }
 void CudaBackend::scale_in_place(bf16* x, index_t n, double factor) {
   scale_in_place_impl(*impl_, x, n, factor);

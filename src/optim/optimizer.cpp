@@ -312,8 +312,9 @@ namespace {
 
 // Σ g² over the pieces of this rank's owner shards, through the store's
 // backend (the gradients may be device memory; a device backend waits for
-// its stream in each sum_of_squares). A piece spanning whole local rows is
-// contiguous and summed in one call; otherwise one call per row of it.
+// its stream once per sum_of_squares call). Each piece is one row-major
+// block of the local shard (leading dimension local_cols), summed in one
+// call whether or not it spans whole local rows.
 template <class T>
 double local_norm_sq(const ParameterStore<T>& store) {
   Backend& backend = store.backend();
@@ -324,12 +325,7 @@ double local_norm_sq(const ParameterStore<T>& store) {
     for (const ShardPiece& piece : s.pieces) {
       if (piece.rows <= 0 || piece.cols <= 0) continue;
       const T* first = p->grad + piece.local_row * s.local_cols + piece.local_col;
-      if (piece.cols == s.local_cols) {
-        sum += backend.sum_of_squares(first, piece.rows * piece.cols);
-        continue;
-      }
-      for (index_t r = 0; r < piece.rows; ++r)
-        sum += backend.sum_of_squares(first + r * s.local_cols, piece.cols);
+      sum += backend.sum_of_squares(first, piece.rows, piece.cols, s.local_cols);
     }
   }
   return sum;

@@ -339,6 +339,12 @@ class Backend {
   virtual double sum_of_squares(const float* x, index_t n) = 0;
   virtual double sum_of_squares(const double* x, index_t n) = 0;
   virtual double sum_of_squares(const bf16* x, index_t n) = 0;
+  /// Σ x² over a row-major rows x cols block with leading dimension ld >=
+  /// cols (row r starts at x + r * ld), accumulated in double: one call, so
+  /// a device backend waits for its stream once per block, not per row.
+  virtual double sum_of_squares(const float* x, index_t rows, index_t cols, index_t ld) = 0;
+  virtual double sum_of_squares(const double* x, index_t rows, index_t cols, index_t ld) = 0;
+  virtual double sum_of_squares(const bf16* x, index_t rows, index_t cols, index_t ld) = 0;
   /// x[i] ← x[i] · factor (factor rounded to T).
   virtual void scale_in_place(float* x, index_t n, double factor) = 0;
   virtual void scale_in_place(double* x, index_t n, double factor) = 0;

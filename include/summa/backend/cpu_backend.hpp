@@ -140,6 +140,8 @@ class CpuBackend final : public Backend {
                   const optim::SgdCoefficients& c) override;
   double sum_of_squares(const float* x, index_t n) override;
   double sum_of_squares(const double* x, index_t n) override;
+  double sum_of_squares(const float* x, index_t rows, index_t cols, index_t ld) override;
+  double sum_of_squares(const double* x, index_t rows, index_t cols, index_t ld) override;
   void scale_in_place(float* x, index_t n, double factor) override;
   void scale_in_place(double* x, index_t n, double factor) override;
 
@@ -191,6 +193,7 @@ class CpuBackend final : public Backend {
   void sgd_update(bf16* param, const bf16* grad, float* momentum_buffer, float* master, index_t n,
                   const optim::SgdCoefficients& c) override;
   double sum_of_squares(const bf16* x, index_t n) override;
+  double sum_of_squares(const bf16* x, index_t rows, index_t cols, index_t ld) override;
   void scale_in_place(bf16* x, index_t n, double factor) override;
 
  private:

@@ -268,6 +268,8 @@ class CudaBackend final : public Backend {
   /// summa::optim::sum_of_squares); waits for the stream.
   double sum_of_squares(const float* x, index_t n) override;
   double sum_of_squares(const double* x, index_t n) override;
+  double sum_of_squares(const float* x, index_t rows, index_t cols, index_t ld) override;
+  double sum_of_squares(const double* x, index_t rows, index_t cols, index_t ld) override;
   /// x[i] ← x[i] · factor (factor rounded to T), asynchronous.
   void scale_in_place(float* x, index_t n, double factor) override;
   void scale_in_place(double* x, index_t n, double factor) override;
@@ -333,6 +335,7 @@ class CudaBackend final : public Backend {
                     index_t n, const optim::AdamWCoefficients& c) override;
   void sgd_update(bf16* param, const bf16* grad, float* momentum_buffer, float* master, index_t n,
                   const optim::SgdCoefficients& c) override;
+  double sum_of_squares(const bf16* x, index_t rows, index_t cols, index_t ld) override;
   double sum_of_squares(const bf16* x, index_t n) override;
   void scale_in_place(bf16* x, index_t n, double factor) override;
 

@@ -1059,9 +1059,24 @@ struct SquareOp {
   }
 };
 
+// Term i of a row-major rows x cols block with leading dimension ld.
 template <class T>
-void sum_of_squares(const Launch& launch, const T* x, index_t n, double* partials) {
-  launch_sum(launch, SquareOp<T>{x}, n, partials, "sum_of_squares");
+struct StridedSquareOp {
+  const T* x;
+  index_t cols, ld;
+  __device__ double operator()(index_t i) const {
+    const double v = static_cast<double>(widen(x[(i / cols) * ld + i % cols]));
+    return v * v;
+  }
+};
+
+template <class T>
+void sum_of_squares(const Launch& launch, const T* x, index_t rows, index_t cols, index_t ld,
+                    double* partials) {
+  if (ld == cols || rows <= 1)
+    launch_sum(launch, SquareOp<T>{x}, rows * cols, partials, "sum_of_squares");
+  else
+    launch_sum(launch, StridedSquareOp<T>{x, cols, ld}, rows * cols, partials, "sum_of_squares");
 }
 
 template <class T>
@@ -1188,7 +1203,7 @@ void sgd_update_bf16(const Launch& launch, __nv_bfloat16* param, const __nv_bflo
                                DView<T>);                                                          \
   template void scatter_add_rows<T>(const Launch&, const std::int32_t*, index_t, DView<const T>,   \
                                     DView<T>);                                                     \
-  template void sum_of_squares<T>(const Launch&, const T*, index_t, double*);                      \
+  template void sum_of_squares<T>(const Launch&, const T*, index_t, index_t, index_t, double*);    \
   template void scale_in_place<T>(const Launch&, T*, index_t, double);
 
 // Statistics-only kernels: float and double.

@@ -178,9 +178,12 @@ template <class T>
 void scatter_add_rows(const Launch& launch, const std::int32_t* ids, index_t row0,
                       DView<const T> src, DView<T> table);
 
-/// Σ x² in double into partials[kMaxPartials], like cross_entropy_sum.
+/// Σ x² in double of a row-major rows x cols block with leading dimension ld
+/// (contiguous when ld == cols) into partials[kMaxPartials], like
+/// cross_entropy_sum.
 template <class T>
-void sum_of_squares(const Launch& launch, const T* x, index_t n, double* partials);
+void sum_of_squares(const Launch& launch, const T* x, index_t rows, index_t cols, index_t ld,
+                    double* partials);
 template <class T>
 void scale_in_place(const Launch& launch, T* x, index_t n, double factor);
 
