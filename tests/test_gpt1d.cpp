@@ -174,35 +174,9 @@ bool identical_on_all_ranks(std::vector<T> v) {
 
 // ---------------------------------------------------------------- bf16 helpers
 
-// Rounds every value to the nearest bf16 (through float, as bf16(double)).
-template <class T>
-void round_to_bf16(std::span<T> values) {
-  for (T& v : values) v = static_cast<T>(bf16(v));
-}
-
-std::vector<bf16> to_bf16(const std::vector<double>& v) {
-  std::vector<bf16> out(v.size());
-  std::transform(v.begin(), v.end(), out.begin(), [](double x) { return bf16(x); });
-  return out;
-}
-
-// ||a - b||_2 / ||b||_2 (||a - b||_2 when b is zero): the norm-wise relative
-// error of a whole tensor, the measure of the bf16 tests.
-template <class A>
-double norm_error(const std::vector<A>& a, std::span<const double> b) {
-  double diff = 0, scale = 0;
-  for (std::size_t k = 0; k < b.size(); ++k) {
-    const double d = static_cast<double>(a[k]) - b[k];
-    diff += d * d;
-    scale += b[k] * b[k];
-  }
-  return scale > 0 ? std::sqrt(diff / scale) : std::sqrt(diff);
-}
-
 // bf16 tolerances, norm-wise relative errors (norm_error) against the double
 // reference on the same bf16-rounded weights, in units of bf16's unit
 // roundoff u = 2^-8 (see the file comment for the measurements).
-constexpr double kBf16Unit = 1.0 / 256;
 // The loss (a mean over tokens of log-sum-exp minus the target logit):
 // measured <= 0.04u; 1u leaves a margin of 25.
 constexpr double kBf16LossTolerance = kBf16Unit;

@@ -599,7 +599,6 @@ TEST(Gpt3D, DeferredReduceScatterWithDataAxis) {
 // norm (error >= 0.3 at Gz, Gy or Gx = 2), and a wrong sign or layout by 1
 // to 2: each bound fails such a result by an order of magnitude (checked:
 // skipping the Z all-reduce of the bf16 bias gradients gives 0.8-0.9).
-constexpr double kBf16Unit = 0x1p-8;
 
 double round_bf16(double v) {
   return static_cast<double>(bf16(v));
@@ -610,34 +609,6 @@ std::vector<double> widen(const std::vector<T>& v) {
   std::vector<double> out(v.size());
   for (std::size_t k = 0; k < v.size(); ++k) out[k] = static_cast<double>(v[k]);
   return out;
-}
-
-// ||a - b|| / ||b|| (||a - b|| when b is zero) of two equally long tensors.
-template <class A, class B>
-double norm_error(const A& a, const B& b) {
-  double diff = 0, ref = 0;
-  for (std::size_t k = 0; k < b.size(); ++k) {
-    const double d = static_cast<double>(a[k]) - static_cast<double>(b[k]);
-    diff += d * d;
-    ref += static_cast<double>(b[k]) * static_cast<double>(b[k]);
-  }
-  return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
-}
-
-// The same for a tensor spread over the ranks: each rank passes its local
-// elements and the reference's for the same global elements. Every global
-// element of a layout is held by equally many ranks, so summing the squares
-// over the ranks gives the global tensor's ratio. Collective.
-template <class A, class B>
-double norm_error_over_ranks(const A& a, const B& b) {
-  double s[2] = {0, 0};
-  for (std::size_t k = 0; k < b.size(); ++k) {
-    const double d = static_cast<double>(a[k]) - static_cast<double>(b[k]);
-    s[0] += d * d;
-    s[1] += static_cast<double>(b[k]) * static_cast<double>(b[k]);
-  }
-  MPI_Allreduce(MPI_IN_PLACE, s, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  return s[1] > 0 ? std::sqrt(s[0] / s[1]) : std::sqrt(s[0]);
 }
 
 // Prints the worst measured errors once (rank 0), for choosing tolerances.

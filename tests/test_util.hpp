@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -239,6 +240,54 @@ std::vector<T> read(ConstMatrixView<T> v) {
 template <class T>
 double model_tolerance() {
   return std::is_same_v<T, float> ? 2e-3 : 1e-9;
+}
+
+// ---- bf16 (mixed precision) tests: errors norm-wise, in units of bf16's unit
+// roundoff, against the double reference run on bf16-rounded weights.
+
+/// bf16's unit roundoff u = 2^-8.
+inline constexpr double kBf16Unit = 0x1p-8;
+
+/// Rounds every value to the nearest bf16 (through float, as bf16(double)).
+template <class T>
+void round_to_bf16(std::span<T> values) {
+  for (T& v : values) v = static_cast<T>(bf16(v));
+}
+
+inline std::vector<bf16> to_bf16(const std::vector<double>& v) {
+  std::vector<bf16> out(v.size());
+  std::transform(v.begin(), v.end(), out.begin(), [](double x) { return bf16(x); });
+  return out;
+}
+
+/// ||a - b||_2 / ||b||_2 (||a - b||_2 when b is zero) of two equally long
+/// sequences: the norm-wise relative error of a whole tensor.
+template <class A, class B>
+double norm_error(const A& a, const B& b) {
+  double diff = 0, ref = 0;
+  for (std::size_t k = 0; k < b.size(); ++k) {
+    const double d = static_cast<double>(a[k]) - static_cast<double>(b[k]);
+    diff += d * d;
+    ref += static_cast<double>(b[k]) * static_cast<double>(b[k]);
+  }
+  return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
+}
+
+/// The same for a tensor spread over the ranks of MPI_COMM_WORLD: each rank
+/// passes its local elements and the reference's for the same global
+/// elements. Every global element must be held by equally many ranks, so that
+/// the sums of squares over the ranks give the global tensor's ratio.
+/// Collective.
+template <class A, class B>
+double norm_error_over_ranks(const A& a, const B& b) {
+  double s[2] = {0, 0};
+  for (std::size_t k = 0; k < b.size(); ++k) {
+    const double d = static_cast<double>(a[k]) - static_cast<double>(b[k]);
+    s[0] += d * d;
+    s[1] += static_cast<double>(b[k]) * static_cast<double>(b[k]);
+  }
+  MPI_Allreduce(MPI_IN_PLACE, s, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return s[1] > 0 ? std::sqrt(s[0] / s[1]) : std::sqrt(s[0]);
 }
 
 /// True when `text` is identical on every rank of `comm`. Collective.
