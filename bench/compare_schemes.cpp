@@ -613,8 +613,9 @@ int run(int argc, char** argv, int rank, int ranks) {
       ->capture_default_str();
   app.add_option("--positions", positions, "Position table size (default: --seq)")
       ->check(CLI::Range(1, 1 << 24));
-  app.add_option("--dtype", s.dtype, "Element type")
-      ->check(CLI::IsMember({"f32", "f64"}))
+  app.add_option("--dtype", s.dtype,
+                 "Element type (bf16: bf16 parameters and activations, fp32 statistics)")
+      ->check(CLI::IsMember({"f32", "f64", "bf16"}))
       ->capture_default_str();
   app.add_option("--reps", s.reps, "Timed steps per scheme (median reported)")
       ->check(CLI::Range(1, 100000))
@@ -660,6 +661,7 @@ int run(int argc, char** argv, int rank, int ranks) {
                      " exceeds --positions=" + std::to_string(s.config.n_positions));
   s.config.validate();  // summa::Error
   s.schemes = parse_schemes(schemes, ranks);
+  if (s.dtype == "bf16") return run_all<summa::bf16>(s, rank, ranks);
   return s.dtype == "f32" ? run_all<float>(s, rank, ranks) : run_all<double>(s, rank, ranks);
 }
 

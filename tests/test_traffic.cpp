@@ -60,6 +60,10 @@ TEST(Traffic, StepBytesMatchClosedFormFloat) {
 TEST(Traffic, StepBytesMatchClosedFormDoubleNoCheckpoint) {
   step_bytes_match<double>(false);
 }
+// bf16: 2-byte activations and parameters, 4-byte (fp32) row statistics.
+TEST(Traffic, StepBytesMatchClosedFormBf16) {
+  step_bytes_match<bf16>(true);
+}
 
 // AxoNN §V-A: with X only, 3D is Megatron (the same bytes as 1D, on the X
 // axis instead of the tensor axis); with Z only it is FSDP / ZeRO-3 (no

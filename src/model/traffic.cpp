@@ -13,7 +13,9 @@ using u64 = std::uint64_t;
 
 // Adds collectives to per-axis counters with the formulas of
 // docs/communication.md; g = group size, r = this rank's group rank, e =
-// element size, counts in elements.
+// element size, counts in elements. Per-row statistics (LayerNorm sums and
+// a | b partials, cross-entropy row max, sum exp and target logit) travel in
+// acc_t (fp32 for bf16 models), everything else in the element type.
 class Tally {
  public:
   TrafficCounters t;
@@ -64,6 +66,7 @@ class Tally {
 struct Shape {
   u64 L, h, V, P, T;  // layers, hidden, vocabulary, positions, tokens per data group
   u64 e;              // element size
+  u64 a;              // statistics element size: acc_t (fp32 for bf16), e otherwise
   bool checkpoint;
 };
 
@@ -84,13 +87,13 @@ struct Model2D {
   }
   void layernorm_forward() {
     t.broadcast(CommAxis::mesh_col, 2 * (s.h / q), q, i == 0, s.e);  // gamma | beta
-    t.all_reduce(CommAxis::mesh_row, s.T / q, q, j, s.e);            // sums
-    t.all_reduce(CommAxis::mesh_row, s.T / q, q, j, s.e);            // squared deviations
+    t.all_reduce(CommAxis::mesh_row, s.T / q, q, j, s.a);            // sums
+    t.all_reduce(CommAxis::mesh_row, s.T / q, q, j, s.a);            // squared deviations
   }
   void layernorm_backward() {
     t.broadcast(CommAxis::mesh_col, s.h / q, q, i == 0, s.e);     // gamma
     t.reduce(CommAxis::mesh_col, 2 * (s.h / q), q, i == 0, s.e);  // dgamma | dbeta
-    t.all_reduce(CommAxis::mesh_row, 2 * (s.T / q), q, j, s.e);   // a | b partials
+    t.all_reduce(CommAxis::mesh_row, 2 * (s.T / q), q, j, s.a);   // a | b partials
   }
   void block_forward() {
     const u64 h = s.h;
@@ -117,8 +120,8 @@ struct Model2D {
     for (u64 l = 0; l < s.L; ++l) block_forward();
     layernorm_forward();                                        // ln_f
     t.summa(Form::ABt, s.T, s.V, s.h, q, s.e);                  // logits
-    t.all_reduce(CommAxis::mesh_row, tq, q, j, s.e);            // row max
-    t.all_reduce(CommAxis::mesh_row, 2 * tq, q, j, s.e);        // sum exp | target
+    t.all_reduce(CommAxis::mesh_row, tq, q, j, s.a);            // row max
+    t.all_reduce(CommAxis::mesh_row, 2 * tq, q, j, s.a);        // sum exp | target
     t.all_reduce(CommAxis::mesh_col, 1, q, i, sizeof(double));  // loss
     // backward
     t.summa(Form::AB, s.T, s.h, s.V, q, s.e);   // dX = dZ wte
@@ -149,7 +152,8 @@ struct Model1D {
   const Shape& s;
   u64 p, r;
 
-  void ar(u64 count) { t.all_reduce(CommAxis::tensor, count, p, r, s.e); }
+  void ar(u64 count, u64 e) { t.all_reduce(CommAxis::tensor, count, p, r, e); }
+  void ar(u64 count) { ar(count, s.e); }
   void step() {
     const u64 Th = s.T * s.h;
     ar(Th);  // embedding
@@ -157,9 +161,9 @@ struct Model1D {
       ar(Th);  // attention c_proj (row-parallel)
       ar(Th);  // MLP c_proj (row-parallel)
     }
-    ar(s.T);      // cross-entropy row max
-    ar(2 * s.T);  // sum exp | target logit
-    ar(Th);       // head dX
+    ar(s.T, s.a);      // cross-entropy row max
+    ar(2 * s.T, s.a);  // sum exp | target logit
+    ar(Th);            // head dX
     for (u64 l = 0; l < s.L; ++l) {
       if (s.checkpoint) {
         ar(Th);
@@ -209,11 +213,11 @@ struct Model3D {
     ar(Z(), out / B.g, s.e);     // bias gradient over Z
   }
   void layernorm_forward() {
-    ar(Y(), m(), s.e);
-    ar(Y(), m(), s.e);
+    ar(Y(), m(), s.a);
+    ar(Y(), m(), s.a);
   }
   void layernorm_backward() {
-    ar(Y(), 2 * m(), s.e);
+    ar(Y(), 2 * m(), s.a);
     ar(Z(), 2 * (s.h / gy), s.e);
   }
   void block_forward() {
@@ -243,8 +247,8 @@ struct Model3D {
     layernorm_forward();           // ln_f
     ag_rs_z(wte_shard);            // head: the wte shard
     ar(Y(), m() * s.V / gx, s.e);  // logits
-    ar(X(), m(), s.e);             // row max
-    ar(X(), 2 * m(), s.e);         // sum exp | target
+    ar(X(), m(), s.a);             // row max
+    ar(X(), 2 * m(), s.a);         // sum exp | target
     ar(Z(), 1, sizeof(double));    // loss
     // backward
     ag_rs_z(wte_shard);            // head: the wte shard again
@@ -287,6 +291,7 @@ TrafficCounters predict_step_traffic(const SchemeSpec& spec, const reference::Gp
                 .P = u(config.n_positions),
                 .T = u(batch / spec.data * seq),
                 .e = u(size_of(dtype)),
+                .a = u(size_of(acc_dtype(dtype))),
                 .checkpoint = options.checkpoint};
   Tally t;
   switch (spec.scheme) {
