@@ -188,7 +188,8 @@ namespace {
 
 // The planner's capacities are those a real model allocates, and the
 // largest batch under a budget is the boundary: it fits, one more step does not.
-TEST(Schemes, MemoryPlannerMatchesRealModels) {
+template <class T>
+void memory_planner_matches_real_models() {
   const int ranks = world_size();
   reference::GptConfig config;
   config.n_layer = 2;
@@ -210,16 +211,16 @@ TEST(Schemes, MemoryPlannerMatchesRealModels) {
     SCOPED_TRACE(spec.str());
     const index_t batch = 2 * batch_granularity(spec);
     const MemoryReport plan =
-        plan_memory<float>(MPI_COMM_WORLD, spec, backend, config, batch, seq, {}, grid);
-    ParallelGpt<float> real(MPI_COMM_WORLD, spec, backend, config, batch, seq, {}, {}, grid);
+        plan_memory<T>(MPI_COMM_WORLD, spec, backend, config, batch, seq, {}, grid);
+    ParallelGpt<T> real(MPI_COMM_WORLD, spec, backend, config, batch, seq, {}, {}, grid);
     const MemoryReport got = real.model().memory_report();
     ASSERT_EQ(plan.buffers.size(), got.buffers.size());
     for (std::size_t k = 0; k < got.buffers.size(); ++k)
       EXPECT_EQ(plan.buffers[k].capacity, got.buffers[k].capacity) << got.buffers[k].name;
     EXPECT_EQ(plan.parameters, got.parameters);
     EXPECT_EQ(plan.total(), got.total());
-    EXPECT_THROW(ParallelGpt<float>(MPI_COMM_WORLD, spec, backend, config, batch, seq,
-                                    {.plan_only = true}, {}, grid)
+    EXPECT_THROW(ParallelGpt<T>(MPI_COMM_WORLD, spec, backend, config, batch, seq,
+                                {.plan_only = true}, {}, grid)
                      .model()
                      .forward({}, {}),
                  Error);
@@ -228,21 +229,28 @@ TEST(Schemes, MemoryPlannerMatchesRealModels) {
     const index_t step = batch_granularity(spec);
     const auto planned_max = [&](index_t b) {
       unsigned long long t =
-          plan_memory<float>(MPI_COMM_WORLD, spec, backend, config, b, seq, {}, grid).total();
+          plan_memory<T>(MPI_COMM_WORLD, spec, backend, config, b, seq, {}, grid).total();
       MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
       return static_cast<std::size_t>(t);
     };
     const std::size_t budget = (planned_max(5 * step) + planned_max(6 * step)) / 2;
-    const index_t best = largest_batch<float>(MPI_COMM_WORLD, spec, backend, config, seq, {},
-                                              budget, 64 * step, grid);
+    const index_t best =
+        largest_batch<T>(MPI_COMM_WORLD, spec, backend, config, seq, {}, budget, 64 * step, grid);
     EXPECT_EQ(best, 5 * step);
-    EXPECT_EQ(
-        largest_batch<float>(MPI_COMM_WORLD, spec, backend, config, seq, {}, 1, 64 * step, grid),
-        0);
-    EXPECT_EQ(largest_batch<float>(MPI_COMM_WORLD, spec, backend, config, seq, {},
-                                   planned_max(3 * step), 3 * step, grid),
+    EXPECT_EQ(largest_batch<T>(MPI_COMM_WORLD, spec, backend, config, seq, {}, 1, 64 * step, grid),
+              0);
+    EXPECT_EQ(largest_batch<T>(MPI_COMM_WORLD, spec, backend, config, seq, {},
+                               planned_max(3 * step), 3 * step, grid),
               3 * step);
   }
+}
+TEST(Schemes, MemoryPlannerMatchesRealModels) {
+  memory_planner_matches_real_models<float>();
+}
+// bf16: 2-byte buffers and parameters next to fp32 statistics, master
+// weights outside the model (the optimizer's).
+TEST(Schemes, MemoryPlannerMatchesRealModelsBf16) {
+  memory_planner_matches_real_models<bf16>();
 }
 
 }  // namespace
