@@ -25,6 +25,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -141,23 +142,40 @@ double rel(double a, double b) {
   return std::abs(a - b) / std::max(std::abs(b), 1e-300);
 }
 
-TEST(Train, TrainingMatchesSerialReference) {
-  const int ranks = world_size();
-  std::vector<std::string> schemes;
-  for (const char* s : {"2d:q=1", "2d:q=2", "1d:p=4", "3d:2x1x2", "data=2,2d:q=2",
-                        "data=2,3d:2x1x2", "data=2,1d:p=2"})
-    if (SchemeSpec::parse(s).ranks() == ranks) schemes.push_back(s);
-  if (schemes.empty()) GTEST_SKIP() << "no listed scheme runs on " << ranks << " ranks";
+// The schemes of `candidates` that run on this world size.
+std::vector<std::string> runnable(std::initializer_list<const char*> candidates) {
+  std::vector<std::string> out;
+  for (const char* s : candidates)
+    if (SchemeSpec::parse(s).ranks() == world_size()) out.push_back(s);
+  return out;
+}
+
+// A fresh seed, the tokens and the serial reference curve over `steps`
+// AdamW steps: what the curve tests compare every scheme with. Collective.
+struct CurveCase {
+  std::uint64_t seed;
+  std::vector<std::uint16_t> tokens;
+  Curve want;
+};
+CurveCase curve_case(int steps) {
   const std::uint64_t seed = fresh_seed();
-  SCOPED_TRACE(seed_note(seed));
-  const int steps = 10;
   const TrainerOptions base = options_for("2d:q=1", seed);
-  const auto tokens = random_tokens(seed, base.config.vocab_size, 1500);
-  const Curve want = reference_curve(base, tokens, steps);
-  Backend& backend = test_backend();
+  auto tokens = random_tokens(seed, base.config.vocab_size, 1500);
+  Curve want = reference_curve(base, tokens, steps);
+  return {seed, std::move(tokens), std::move(want)};
+}
+
+TEST(Train, TrainingMatchesSerialReference) {
+  const auto schemes = runnable({"2d:q=1", "2d:q=2", "1d:p=4", "3d:2x1x2", "data=2,2d:q=2",
+                                 "data=2,3d:2x1x2", "data=2,1d:p=2"});
+  if (schemes.empty()) GTEST_SKIP() << "no listed scheme runs on " << world_size() << " ranks";
+  const int steps = 10;
+  const CurveCase c = curve_case(steps);
+  SCOPED_TRACE(seed_note(c.seed));
+  const Curve& want = c.want;
   for (const std::string& scheme : schemes) {
     SCOPED_TRACE(scheme);
-    Trainer<double> t(MPI_COMM_WORLD, options_for(scheme, seed), backend, tokens);
+    Trainer<double> t(MPI_COMM_WORLD, options_for(scheme, c.seed), test_backend(), c.tokens);
     for (int s = 0; s < steps; ++s) {
       const StepStats st = t.train_step();
       EXPECT_EQ(st.step, s);
@@ -185,21 +203,15 @@ TEST(Train, TrainingMatchesSerialReference) {
 constexpr double kBf16LossTol = 5e-3, kBf16NormTol = 0.25;
 
 TEST(Train, Bf16FollowsTheReferenceCurve) {
-  const int ranks = world_size();
-  std::vector<std::string> schemes;
-  for (const char* s : {"2d:q=1", "2d:q=2", "1d:p=4", "3d:2x1x2", "data=2,2d:q=2"})
-    if (SchemeSpec::parse(s).ranks() == ranks) schemes.push_back(s);
-  if (schemes.empty()) GTEST_SKIP() << "no listed scheme runs on " << ranks << " ranks";
-  const std::uint64_t seed = fresh_seed();
-  SCOPED_TRACE(seed_note(seed));
+  const auto schemes = runnable({"2d:q=1", "2d:q=2", "1d:p=4", "3d:2x1x2", "data=2,2d:q=2"});
+  if (schemes.empty()) GTEST_SKIP() << "no listed scheme runs on " << world_size() << " ranks";
   const int steps = 10;
-  const TrainerOptions base = options_for("2d:q=1", seed);
-  const auto tokens = random_tokens(seed, base.config.vocab_size, 1500);
-  const Curve want = reference_curve(base, tokens, steps);
-  Backend& backend = test_backend();
+  const CurveCase c = curve_case(steps);
+  SCOPED_TRACE(seed_note(c.seed));
+  const Curve& want = c.want;
   for (const std::string& scheme : schemes) {
     SCOPED_TRACE(scheme);
-    Trainer<bf16> t(MPI_COMM_WORLD, options_for(scheme, seed), backend, tokens);
+    Trainer<bf16> t(MPI_COMM_WORLD, options_for(scheme, c.seed), test_backend(), c.tokens);
     for (int s = 0; s < steps; ++s) {
       const StepStats st = t.train_step();
       const auto k = static_cast<std::size_t>(s);
