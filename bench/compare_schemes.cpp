@@ -3,12 +3,14 @@
 // fits the world size, or under a given list: step time, throughput, bytes
 // per rank and axis against the closed-form prediction, memory per rank, and
 // the largest global batch that fits a per-rank memory budget (found by the
-// planner, then confirmed by a real step). See bench/README.md and
-// docs/schemes.md.
+// planner, then confirmed by a real step). With --backend cuda everything
+// runs on the node-local rank's GPU (CudaBackend, communicators --comm), the
+// budget then being device memory. See bench/README.md and docs/schemes.md.
 //
 //   mpirun -np 4 ./compare_schemes [--layers 2] [--hidden 192] [--heads 24] [--seq 32]
 //                                  [--batch 24] [--vocab 1536] [--schemes "2d:q=2;1d:p=4"]
 //                                  [--budget-mib 64] [--max-batch 4096] [--format both]
+//                                  [--dtype f32|f64|bf16] [--backend cpu|cuda]
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -26,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench_device.hpp"
 #include "summa/summa.hpp"
 
 namespace {
@@ -154,6 +157,11 @@ struct Settings {
   int reps = 3, warmup = 1;
   bool checkpoint = true;
   std::string dtype = "f32";
+  std::string backend = "cpu";      // "cpu" or "cuda"
+  std::string comm = "mpi_staged";  // cuda: "mpi_staged" or "nccl"
+  bool tf32 = false;                // cuda: TF32 tensor cores in f32 GEMMs
+  std::string device = "cpu";       // the GPU's name on cuda
+  summa::GridOptions grid;          // communicators for the backend
   double budget_mib = 64;
   index_t max_batch = 4096;
   std::vector<summa::SchemeSpec> schemes;
@@ -231,21 +239,25 @@ struct Result {
   }
 };
 
+// One training step's forward and backward; over when the backend is (the
+// synchronisation is a no-op on the CPU).
 template <class T>
-void one_step(summa::GptModel<T>& model, const Batch& b, double& loss) {
+void one_step(summa::GptModel<T>& model, summa::Backend& backend, const Batch& b, double& loss) {
   loss = model.forward(b.tokens, b.targets);
   model.backward();
+  backend.synchronize();
 }
 
 template <class T>
-Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::CpuBackend& backend,
+Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backend& backend,
                   const Batch& data) {
   Result r;
   r.spec = spec;
   const summa::GptOptions options{.checkpoint = s.checkpoint};
   std::optional<summa::ParallelGpt<T>> run;
   try {
-    run.emplace(MPI_COMM_WORLD, spec, backend, s.config, s.batch, s.seq, options);
+    run.emplace(MPI_COMM_WORLD, spec, backend, s.config, s.batch, s.seq, options,
+                summa::SummaOptions{}, s.grid);
   } catch (const summa::Error& e) {  // identical on every rank
     r.skipped = e.what();
     return r;
@@ -258,7 +270,7 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::CpuBa
   double loss = 0;
   bool finite = true;
   const auto step = [&] {
-    one_step(model, data, loss);
+    one_step(model, backend, data, loss);
     finite = finite && std::isfinite(loss);
   };
   for (int w = 0; w < s.warmup; ++w) step();
@@ -302,7 +314,7 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::CpuBa
   const auto budget = static_cast<std::size_t>(s.budget_mib * 1024 * 1024);
   try {
     r.largest = summa::largest_batch<T>(MPI_COMM_WORLD, spec, backend, s.config, s.seq, options,
-                                        budget, s.max_batch);
+                                        budget, s.max_batch, s.grid);
   } catch (const summa::Error& e) {
     r.largest_note = e.what();
     return r;
@@ -314,11 +326,12 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::CpuBa
   const index_t next = r.largest + summa::batch_granularity(spec);
   r.capped = next > s.max_batch;
   try {
-    summa::ParallelGpt<T> big(MPI_COMM_WORLD, spec, backend, s.config, r.largest, s.seq, options);
+    summa::ParallelGpt<T> big(MPI_COMM_WORLD, spec, backend, s.config, r.largest, s.seq, options,
+                              summa::SummaOptions{}, s.grid);
     big.model().init(s.seed);
     const Batch big_data = make_batch(s, r.largest);
     double big_loss = 0;
-    r.largest_step_s = time_collective([&] { one_step(big.model(), big_data, big_loss); });
+    r.largest_step_s = time_collective([&] { one_step(big.model(), backend, big_data, big_loss); });
     r.largest_mem = memory_of(big.model().memory_report());
     r.confirmed = r.largest_mem.within_capacity && r.largest_mem.total <= budget &&
                   all_ranks(std::isfinite(big_loss));
@@ -329,7 +342,8 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::CpuBa
   if (!r.capped) {
     // The next batch really exceeds the budget: built (allocated), not run.
     try {
-      summa::ParallelGpt<T> over(MPI_COMM_WORLD, spec, backend, s.config, next, s.seq, options);
+      summa::ParallelGpt<T> over(MPI_COMM_WORLD, spec, backend, s.config, next, s.seq, options,
+                                 summa::SummaOptions{}, s.grid);
       r.maximal = max_over_ranks(over.model().memory_report().total()) > budget;
     } catch (const summa::Error&) {
       r.maximal = true;  // cannot even be built at that batch
@@ -359,6 +373,8 @@ JsonLine json_of(const Settings& s, const Result& r, int ranks) {
       .integer("tensor_ranks", r.spec.tensor_ranks())
       .integer("data", r.spec.data)
       .str("dtype", s.dtype)
+      .str("backend", s.backend)
+      .str("device", s.device)
       .boolean("checkpoint", s.checkpoint)
       .integer("layers", s.config.n_layer)
       .integer("hidden", s.config.n_embd)
@@ -468,11 +484,12 @@ void print_table(std::FILE* out, const Settings& s, const std::vector<Result>& r
   std::fprintf(out,
                "\ncompare_schemes: %d ranks, layers %d, hidden %d, heads %d, seq %lld, batch %lld, "
                "vocab %d, positions %d, %s, checkpoint %s, budget %.6g MiB/rank, max batch "
-               "%lld\n",
+               "%lld, backend %s%s%s\n",
                ranks, s.config.n_layer, s.config.n_embd, s.config.n_head,
                static_cast<long long>(s.seq), static_cast<long long>(s.batch), s.config.vocab_size,
                s.config.n_positions, s.dtype.c_str(), s.checkpoint ? "on" : "off", s.budget_mib,
-               static_cast<long long>(s.max_batch));
+               static_cast<long long>(s.max_batch), s.backend.c_str(),
+               s.backend == "cuda" ? " on " : "", s.backend == "cuda" ? s.device.c_str() : "");
   std::fprintf(
       out,
       "bytes: KiB sent per rank in one step (max over ranks) per axis:role ('-': axis unused); "
@@ -525,8 +542,7 @@ void print_table(std::FILE* out, const Settings& s, const std::vector<Result>& r
 }
 
 template <class T>
-int run_all(const Settings& s, int rank, int ranks) {
-  summa::CpuBackend backend;
+int run_all(const Settings& s, summa::Backend& backend, int rank, int ranks) {
   const Batch data = make_batch(s, s.batch);
   // In "json" mode stdout carries only JSON lines; the rest goes to stderr.
   std::FILE* text = s.format == "json" ? stderr : stdout;
@@ -641,6 +657,9 @@ int run(int argc, char** argv, int rank, int ranks) {
       ->check(CLI::IsMember({"both", "json", "table"}))
       ->capture_default_str();
   app.add_option("--seed", s.seed, "Seed of weights and tokens")->capture_default_str();
+  summa::bench::add_device_options(app, s.backend, s.comm, s.tf32,
+                                   "; --budget-mib is then device memory per rank",
+                                   "cuda: TF32 tensor cores in f32 GEMMs");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -661,8 +680,15 @@ int run(int argc, char** argv, int rank, int ranks) {
                      " exceeds --positions=" + std::to_string(s.config.n_positions));
   s.config.validate();  // summa::Error
   s.schemes = parse_schemes(schemes, ranks);
-  if (s.dtype == "bf16") return run_all<summa::bf16>(s, rank, ranks);
-  return s.dtype == "f32" ? run_all<float>(s, rank, ranks) : run_all<double>(s, rank, ranks);
+  // The backend before any grid: the communicators order their work with its stream.
+  summa::bench::BenchBackend chosen = summa::bench::make_backend<UsageError>(
+      s.backend, s.comm, s.tf32, app.count("--comm") > 0, "compare_schemes");
+  s.grid = chosen.grid;
+  s.device = chosen.device;
+  summa::Backend& backend = *chosen.backend;
+  if (s.dtype == "bf16") return run_all<summa::bf16>(s, backend, rank, ranks);
+  return s.dtype == "f32" ? run_all<float>(s, backend, rank, ranks)
+                          : run_all<double>(s, backend, rank, ranks);
 }
 
 }  // namespace
