@@ -27,6 +27,9 @@
 #          same run (acceptance: vs_cublas >= 0.85), plus a checked q = 2 run
 #          (4 ranks sharing the GPU over mpi_staged)
 #   block  bench/gpt_layer --backend cuda --what block for the configurations below
+#          (f32, TF32, bf16); without --quick also the whole GPT on 4 ranks and
+#          compare_schemes --backend cuda (bf16, every 4-rank scheme: bytes per
+#          axis equal to the closed form)
 #   torch  bench/torch_block.py --device cuda for the same configurations
 #          (explicit attention, and --sdpa), if torch with CUDA imports
 #   ratio  bench/gpu_ratio.py over every JSON line: the summary tables
@@ -34,7 +37,7 @@
 # Output, in --out (default: $OUT when set, else ./gpu_verify_out), at most
 # eight files so that the device tool brings all of them back:
 #   summary.txt    step statuses, the ratio tables, the first errors
-#   results.jsonl  every JSON line of summa_gemm, gpt_layer and torch_block.py
+#   results.jsonl  every JSON line of summa_gemm, gpt_layer, compare_schemes and torch_block.py
 #   env.txt        the machine
 #   build.log      configure + build (tail, when long)
 #   ctest.log      ctest -L cuda output
@@ -218,7 +221,7 @@ if [ ! -e /usr/local/cuda/include/nccl.h ] && [ ! -e /usr/include/nccl.h ]; then
 fi
 
 # ------------------------------------------------------------------ build
-BENCH_TARGETS="summa_gemm gpt_layer"
+BENCH_TARGETS="summa_gemm gpt_layer compare_schemes"
 build_ok=0
 configure() {  # configure [launcher]
   local extra=()
@@ -313,6 +316,7 @@ MPIRUN=(mpirun)
 mpirun --version 2>/dev/null | grep -q "Open MPI" && MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
 GEMM="$BUILD/bench/summa_gemm"
 LAYER="$BUILD/bench/gpt_layer"
+SCHEMES="$BUILD/bench/compare_schemes"
 bench() {  # bench <name> <seconds needed> <command...>: JSON lines to results.jsonl
   local name=$1 need=$2
   shift 2
@@ -386,6 +390,8 @@ elif [ "$build_ok" = 1 ] && [ -x "$LAYER" ]; then
   done
   # The whole model on the GPU (GPT2D, 4 ranks sharing it): informative, needs the layers' port.
   [ "$QUICK" = 1 ] || { bench gpt_q2 45 "${MPIRUN[@]}" -np 4 "$LAYER" --backend cuda --what gpt --layers 2 --hidden 256 --heads 8 --seq 128 --batch 8 --vocab 2048 --checkpoint both --reps 3 --warmup 1; rcs+=($?); }
+  # Every 4-rank scheme on the GPU (mpi_staged): bytes per axis must equal the closed form.
+  [ "$QUICK" = 1 ] || { bench schemes_q2 60 "${MPIRUN[@]}" -np 4 "$SCHEMES" --backend cuda --layers 2 --hidden 256 --heads 8 --seq 64 --batch 8 --vocab 2048 --reps 2 --warmup 1 --budget-mib 256 --max-batch 64 --format json --dtype bf16; rcs+=($?); }
   step_result block 32 "${rcs[@]}"
 else
   record block "skipped: no build" 32
