@@ -25,11 +25,15 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "summa/comm/communicator.hpp"
 #include "summa/comm/counters.hpp"
 #include "summa/comm/mpi_communicator.hpp"
+#include "summa/comm/watchdog.hpp"
 #include "summa/core/error.hpp"
 #include "summa/core/types.hpp"
 #include "summa/grid/process_grid.hpp"
@@ -1193,3 +1197,92 @@ TEST(BadInput, ZeroCountAcceptsNullBuffers) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- watchdog
+
+// Every collective, blocking and not, on every axis, under a watchdog (waits
+// polled under a limit that is never reached): the same results and counters
+// as unguarded, and every axis is guarded.
+TEST(Watchdog, GuardedCollectivesAreUnchanged) {
+  const std::uint64_t seed = test_seed();
+  SCOPED_TRACE(seed_note(seed));
+  summa::GridOptions options;
+  options.watchdog.timeout_s = 600;
+  ProcessGrid grid(MPI_COMM_WORLD, multi_axis_shape(world_size()), options);
+  ASSERT_NE(grid.watchdog(), nullptr);
+  for (CommAxis axis : kGridAxes) EXPECT_EQ(grid.comm(axis).watchdog(), grid.watchdog());
+  run_every_axis(grid, seed);
+  const std::uint64_t before = grid.world().sequence();
+  grid.world().barrier();  // MPI_Ibarrier, polled
+  EXPECT_EQ(grid.world().sequence(), before + 1);
+  // Off by default: no watchdog, waits block in MPI.
+  ProcessGrid plain = ProcessGrid::linear1d(MPI_COMM_WORLD);
+  EXPECT_EQ(plain.watchdog(), nullptr);
+  EXPECT_EQ(plain.world().watchdog(), nullptr);
+}
+
+// The last rank is late (computing) while the others wait in an all-reduce:
+// their watchdogs report it as not arrived and the other waiting ranks as
+// arrived. Report-only handler, so the collective then completes normally.
+TEST(Watchdog, ReportNamesTheRankThatHasNotArrived) {
+  const int n = world_size(), me = world_rank();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  std::string report;
+  summa::GridOptions options;
+  options.watchdog.timeout_s = 0.3;
+  options.watchdog.report_s = 1.5;
+  options.watchdog.on_expiry = [&](const std::string& r) { report = r; };
+  ProcessGrid grid = ProcessGrid::linear1d(MPI_COMM_WORLD, 0, 1, options);
+  Communicator& c = grid.world();
+  const int late = n - 1;
+  const std::uint64_t seq = c.sequence() + 1;
+  if (me == late) std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  double x = 1, sum = 0;
+  c.all_reduce(&x, &sum, 1);
+  EXPECT_EQ(sum, static_cast<double>(n));
+  if (me == late) {
+    EXPECT_EQ(report, "") << "the late rank waited for nobody";
+  } else {
+    EXPECT_NE(report.find(fmt::format("all_reduce #{} on axis world (8 bytes)", seq)),
+              std::string::npos)
+        << report;
+    EXPECT_NE(report.find(fmt::format("rank {}: NOT ARRIVED, no answer", late)), std::string::npos)
+        << report;
+    EXPECT_NE(report.find(fmt::format("lagging ranks: {}\n", late)), std::string::npos) << report;
+    for (int r = 0; r < late; ++r) {
+      if (r != me) {
+        EXPECT_NE(report.find(fmt::format("rank {}: arrived", r)), std::string::npos) << report;
+      }
+    }
+  }
+}
+
+TEST(Watchdog, BadOptionsAreRefusedEverywhere) {
+  for (const double t : {-1.0, std::numeric_limits<double>::infinity()}) {
+    summa::GridOptions options;
+    options.watchdog.timeout_s = t;
+    std::string message;
+    try {
+      ProcessGrid grid = ProcessGrid::linear1d(MPI_COMM_WORLD, 0, 1, options);
+    } catch (const summa::CollectiveError& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("timeout_s="), std::string::npos) << message;
+    EXPECT_TRUE(same_on_all_ranks(message));
+  }
+  if (world_size() > 1) {  // one rank with another limit
+    summa::GridOptions options;
+    options.watchdog.timeout_s = world_rank() == 1 ? 5 : 10;
+    std::string message;
+    try {
+      ProcessGrid grid = ProcessGrid::linear1d(MPI_COMM_WORLD, 0, 1, options);
+    } catch (const summa::CollectiveError& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("ranks disagree on the watchdog timeout (ms): it ranges over [5000, "
+                           "10000]"),
+              std::string::npos)
+        << message;
+    EXPECT_TRUE(same_on_all_ranks(message));
+  }
+}

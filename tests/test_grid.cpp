@@ -51,6 +51,14 @@ void PrintTo(const TrafficCounter& t, std::ostream* os) {
 
 namespace {
 
+// Bunched placement with `ranks_per_node` ranks per node (0: detected).
+summa::GridOptions bunched_options(int ranks_per_node) {
+  summa::GridOptions o;
+  o.placement = summa::Placement::bunched;
+  o.ranks_per_node = ranks_per_node;
+  return o;
+}
+
 using summa::test::mix;
 using summa::test::same_on_all_ranks;
 using summa::test::seed_note;
@@ -477,7 +485,7 @@ TEST(GridErrors, NonPositiveAxes) {
       expect_collective_error([&] { (void)ProcessGrid::linear1d(MPI_COMM_WORLD, -3); });
   EXPECT_TRUE(contains(p, "-3")) << p;
   const std::string rpn = expect_collective_error([&] {
-    ProcessGrid g(MPI_COMM_WORLD, GridShape{1, 1, 1, n}, GridOptions{Placement::bunched, -2});
+    ProcessGrid g(MPI_COMM_WORLD, GridShape{1, 1, 1, n}, bunched_options(-2));
   });
   EXPECT_TRUE(contains(rpn, "-2")) << rpn;
 }
@@ -762,7 +770,7 @@ TEST(GridPlacement, EmulatedNodesEveryShapeAndNodeSize) {
   for (const GridShape& s : all_shapes(n)) {
     for (int rpn = 1; rpn <= n + 1; ++rpn) {
       SCOPED_TRACE(testing::Message() << testing::PrintToString(s) << " rpn=" << rpn);
-      ProcessGrid g(MPI_COMM_WORLD, s, GridOptions{Placement::bunched, rpn});
+      ProcessGrid g(MPI_COMM_WORLD, s, bunched_options(rpn));
       check_grid(g, MPI_COMM_WORLD, s);
       // A node size that does not divide the ranks describes uneven nodes;
       // only what holds either way is checked for it.
@@ -813,7 +821,7 @@ TEST(GridPlacement, BunchedReallyReordersRanks) {
       const std::vector<GridCoords> bunched = place(s, Placement::bunched, rpn);
       if (bunched == place(s, Placement::natural, rpn)) continue;
       SCOPED_TRACE(testing::Message() << testing::PrintToString(s) << " rpn=" << rpn);
-      ProcessGrid g(MPI_COMM_WORLD, s, GridOptions{Placement::bunched, rpn});
+      ProcessGrid g(MPI_COMM_WORLD, s, bunched_options(rpn));
       check_grid(g, MPI_COMM_WORLD, s);
       EXPECT_EQ(g.placement(), Placement::bunched);
       EXPECT_EQ(g.coords(), bunched[static_cast<std::size_t>(me)]);
@@ -823,7 +831,7 @@ TEST(GridPlacement, BunchedReallyReordersRanks) {
     }
   if (n == 8) {
     // A 2x4 mesh with 4 ranks per node is two 2x2 tiles.
-    ProcessGrid g(MPI_COMM_WORLD, GridShape{1, 1, 2, 4}, GridOptions{Placement::bunched, 4});
+    ProcessGrid g(MPI_COMM_WORLD, GridShape{1, 1, 2, 4}, bunched_options(4));
     const std::array<GridCoords, 8> want{GridCoords{0, 0, 0, 0}, GridCoords{0, 0, 0, 1},
                                          GridCoords{0, 0, 1, 0}, GridCoords{0, 0, 1, 1},
                                          GridCoords{0, 0, 0, 2}, GridCoords{0, 0, 0, 3},
@@ -837,7 +845,7 @@ TEST(GridPlacement, BunchedReallyReordersRanks) {
     // Data-parallel 2 x mesh with nodes of 2 (at 8: 2 x 2x2; at 4: 2 x 1x2).
     const int q = n / 2 == 4 ? 2 : 1;
     const GridShape s{2, 1, q, n / 2 / q};
-    ProcessGrid d(MPI_COMM_WORLD, s, GridOptions{Placement::bunched, 2});
+    ProcessGrid d(MPI_COMM_WORLD, s, bunched_options(2));
     check_grid(d, MPI_COMM_WORLD, s);
     EXPECT_EQ(d.placement(), Placement::bunched);
     EXPECT_EQ(d.coords(), place(s, Placement::bunched, 2)[static_cast<std::size_t>(me)]);
@@ -845,7 +853,7 @@ TEST(GridPlacement, BunchedReallyReordersRanks) {
   }
   if (n == 4) {
     // A 2x2 mesh with nodes of 2: one node per mesh row.
-    ProcessGrid m = ProcessGrid::mesh2d(MPI_COMM_WORLD, 2, 1, GridOptions{Placement::bunched, 2});
+    ProcessGrid m = ProcessGrid::mesh2d(MPI_COMM_WORLD, 2, 1, bunched_options(2));
     EXPECT_EQ(m.placement(), Placement::bunched);
     EXPECT_EQ(m.coords(), place(m.shape(), Placement::bunched, 2)[static_cast<std::size_t>(me)]);
     EXPECT_EQ(m.coords().row, me / 2);
@@ -865,7 +873,7 @@ TEST(GridPlacement, FallbackWhenNodesDoNotTile) {
     for (int rpn = 2; rpn < plane; ++rpn) {
       if (bunched_tile(s.rows, s.cols, rpn).rows != 0) continue;
       SCOPED_TRACE(testing::Message() << testing::PrintToString(s) << " rpn=" << rpn);
-      ProcessGrid g(MPI_COMM_WORLD, s, GridOptions{Placement::bunched, rpn});
+      ProcessGrid g(MPI_COMM_WORLD, s, bunched_options(rpn));
       EXPECT_EQ(g.placement(), Placement::natural);
       EXPECT_EQ(g.coords(), decode(s, me));
       EXPECT_EQ(g.world().rank(), me);
@@ -876,13 +884,13 @@ TEST(GridPlacement, FallbackWhenNodesDoNotTile) {
   }
   if (n == 9) {
     // 3x3 with nodes of 2 (which do not even divide 9): natural, with a note.
-    ProcessGrid g = ProcessGrid::mesh2d(MPI_COMM_WORLD, 3, 1, GridOptions{Placement::bunched, 2});
+    ProcessGrid g = ProcessGrid::mesh2d(MPI_COMM_WORLD, 3, 1, bunched_options(2));
     EXPECT_EQ(g.placement(), Placement::natural);
     EXPECT_EQ(g.coords(), decode(g.shape(), me));
     EXPECT_FALSE(g.placement_note().empty());
     check_grid(g, MPI_COMM_WORLD, g.shape());
     // Nodes of 3 are 1x3 tiles, i.e. mesh rows: bunched, and the row-major order.
-    ProcessGrid h = ProcessGrid::mesh2d(MPI_COMM_WORLD, 3, 1, GridOptions{Placement::bunched, 3});
+    ProcessGrid h = ProcessGrid::mesh2d(MPI_COMM_WORLD, 3, 1, bunched_options(3));
     EXPECT_EQ(h.placement(), Placement::bunched);
     EXPECT_EQ(h.coords(), decode(h.shape(), me));  // a 1x3 tile is a mesh row
     EXPECT_TRUE(contains(h.placement_note(), "3 ranks per node")) << h.placement_note();
@@ -901,7 +909,7 @@ TEST(GridPlacement, DetectedNodeSize) {
   MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   const int expected = lo == hi ? lo : 0;
-  ProcessGrid g = ProcessGrid::linear1d(MPI_COMM_WORLD, 0, 1, GridOptions{Placement::bunched, 0});
+  ProcessGrid g = ProcessGrid::linear1d(MPI_COMM_WORLD, 0, 1, bunched_options(0));
   check_grid(g, MPI_COMM_WORLD, GridShape{1, 1, 1, n});
   EXPECT_EQ(g.ranks_per_node(), expected);
   EXPECT_FALSE(g.placement_note().empty());

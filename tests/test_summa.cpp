@@ -438,6 +438,33 @@ TEST(Summa, BadInputThrowsSameErrorEverywhere) {
   // Still usable afterwards.
   engine.ab(m, n, k, 1.0, V(a), V(b), 0.0, V(c), ws);
   EXPECT_EQ(c.read()(0, 0), static_cast<double>(k));
+
+  // Only the last rank passes another k, with blocks that fit its own k, so
+  // no rank finds a local error: the size agreement must catch it (a hang
+  // in the panel broadcasts before).
+  if (world_size > 1) {
+    const bool odd = world_rank == world_size - 1;
+    const index_t k2 = odd ? k + q : k;
+    const DeviceMat<double> a2(Mat<double>(Mat<double>::Ones(4, k2 / q))),
+        b2(Mat<double>(Mat<double>::Ones(k2 / q, 2)));
+    Workspace ws2("workspace", e.backend,
+                  std::max(engine.workspace_bytes(Form::AB, m, n, k + q, DType::f64),
+                           engine.workspace_bytes(Form::ABt, m, n, k, DType::f64)));
+    expect_error([&] { engine.ab(m, n, k2, 1.0, V(a2), V(b2), 0.0, V(c), ws2); },
+                 "SUMMA multiply: ranks disagree on k: it ranges over [" + std::to_string(k) +
+                     ", " + std::to_string(k + q) + "]",
+                 "k differs on one rank");
+    // ... and the form: the last rank calls ABt (B n x k) while the others call AB.
+    const DeviceMat<double> bt(Mat<double>(Mat<double>::Ones(2, 3)));
+    expect_error(
+        [&] {
+          if (odd)
+            engine.abt(m, n, k, 1.0, V(a), V(bt), 0.0, V(c), ws2);
+          else
+            engine.ab(m, n, k, 1.0, V(a), V(b), 0.0, V(c), ws2);
+        },
+        "ranks disagree on the form", "form differs on one rank");
+  }
 }
 
 // After a warm-up call, a call allocates nothing: panels and Eigen's packing

@@ -6,17 +6,15 @@
 
 namespace summa {
 
-namespace {
-const char* kind_name(int k) {
-  static const char* names[] = {"broadcast", "reduce", "all_reduce", "all_gather",
-                                "reduce_scatter"};
-  return names[k];
+const char* collective_name(int k) {
+  static const char* names[] = {"broadcast",  "reduce",         "all_reduce",
+                                "all_gather", "reduce_scatter", "barrier"};
+  return k >= 0 && k <= 5 ? names[k] : "collective";
 }
-}  // namespace
 
 void Communicator::validate(Kind kind, const void* send, void* recv, std::size_t count,
                             int root) const {
-  const char* what = kind_name(static_cast<int>(kind));
+  const char* what = collective_name(static_cast<int>(kind));
   if (kind == Kind::broadcast || kind == Kind::reduce) {
     if (root < 0 || root >= size())
       throw Error(fmt::format("{} on axis {}: root {} outside the group [0, {})", what,
@@ -66,10 +64,13 @@ void Communicator::account(Kind kind, std::size_t count, DType t, int root) {
   }
 }
 
-Request Communicator::make_request(std::uintptr_t token) {
+Request Communicator::make_request(std::uintptr_t token, std::uint8_t kind, std::uint64_t bytes) {
   Request r;
   r.owner_ = this;
   r.token_ = token;
+  r.sequence_ = sequence_;
+  r.bytes_ = bytes;
+  r.kind_ = kind;
   return r;
 }
 
@@ -77,14 +78,34 @@ Request Communicator::issue(Kind kind, const void* send, void* recv, std::size_t
                             ReduceOp op, int root) {
   validate(kind, send, recv, count, root);
   account(kind, count, t, root);
-  return make_request(start(kind, send, recv, count, t, op, root));
+  ++sequence_;
+  return make_request(start(kind, send, recv, count, t, op, root), static_cast<std::uint8_t>(kind),
+                      count * size_of(t));
 }
 
 void Communicator::execute(Kind kind, const void* send, void* recv, std::size_t count, DType t,
                            ReduceOp op, int root) {
   validate(kind, send, recv, count, root);
   account(kind, count, t, root);
+  ++sequence_;
+  if (watchdog_ != nullptr) {  // started, then polled under the time limit
+    Request r = make_request(start(kind, send, recv, count, t, op, root),
+                             static_cast<std::uint8_t>(kind), count * size_of(t));
+    guarded_wait(r);
+    return;
+  }
   run(kind, send, recv, count, t, op, root);
+}
+
+void Communicator::barrier() {
+  ++sequence_;
+  std::uintptr_t token = 0;
+  if (watchdog_ != nullptr && start_barrier(token)) {
+    Request r = make_request(token, barrier_code, 0);
+    guarded_wait(r);
+    return;
+  }
+  do_barrier();
 }
 
 Request Communicator::ibroadcast(void* buf, std::size_t count, DType t, int root) {
@@ -133,6 +154,10 @@ void Communicator::run(Kind kind, const void* send, void* recv, std::size_t coun
 void Communicator::wait(Request& r) {
   if (!r.active()) return;
   if (r.owner_ != this) throw Error("wait: request belongs to another communicator");
+  if (watchdog_ != nullptr) {
+    guarded_wait(r);
+    return;
+  }
   finish(r.token_);
   r = Request{};
 }

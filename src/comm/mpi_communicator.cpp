@@ -210,6 +210,13 @@ bool MpiCommunicator::poll(std::uintptr_t token) {
   return done != 0;
 }
 
+bool MpiCommunicator::start_barrier(std::uintptr_t& token) {
+  MPI_Request r = MPI_REQUEST_NULL;
+  check_mpi(MPI_Ibarrier(comm_, &r), "MPI_Ibarrier");
+  token = to_token(r);
+  return true;
+}
+
 void MpiCommunicator::do_barrier() {
   check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
 }

@@ -6,6 +6,7 @@
 #include <array>
 #include <climits>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "summa/build_info.hpp"
@@ -28,7 +29,55 @@ void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error) {
   check_mpi(MPI_Bcast(&length, 1, MPI_INT, first, comm), "MPI_Bcast");
   message.resize(static_cast<std::size_t>(length));
   check_mpi(MPI_Bcast(message.data(), length, MPI_CHAR, first, comm), "MPI_Bcast");
-  throw Error(message);
+  throw CollectiveError(message);
+}
+
+void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error,
+              std::span<const std::int64_t> values, std::span<const char* const> names,
+              const char* what) {
+  constexpr std::size_t kMax = 8;
+  if (values.size() > kMax || names.size() != values.size())
+    throw Error(fmt::format("agree_on: {} values and {} names (at most {}, one name each)",
+                            values.size(), names.size(), kMax));
+  int rank = 0, size = 0;
+  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  // Maxima of (-first failing rank, v..., -v...): one all-reduce gives the
+  // lowest failing rank and every value's range.
+  std::array<std::int64_t, 1 + 2 * kMax> buf{};
+  const std::size_t n = values.size();
+  buf[0] =
+      local_error ? -static_cast<std::int64_t>(rank) : std::numeric_limits<std::int64_t>::min();
+  for (std::size_t i = 0; i < n; ++i) {
+    buf[1 + i] = values[i];
+    // -INT64_MIN overflows: such a value is clamped (and then differs anyway).
+    buf[1 + n + i] = values[i] == std::numeric_limits<std::int64_t>::min()
+                         ? std::numeric_limits<std::int64_t>::max()
+                         : -values[i];
+  }
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(1 + 2 * n), MPI_INT64_T,
+                          MPI_MAX, comm),
+            "MPI_Allreduce");
+  if (buf[0] != std::numeric_limits<std::int64_t>::min()) {
+    const int first = static_cast<int>(-buf[0]);
+    std::string message = rank == first ? *local_error : std::string();
+    int length = static_cast<int>(message.size());
+    check_mpi(MPI_Bcast(&length, 1, MPI_INT, first, comm), "MPI_Bcast");
+    message.resize(static_cast<std::size_t>(length));
+    check_mpi(MPI_Bcast(message.data(), length, MPI_CHAR, first, comm), "MPI_Bcast");
+    throw CollectiveError(message);
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t hi = buf[1 + i], lo = -buf[1 + n + i];
+    if (hi != lo) {
+      std::string all;
+      for (std::size_t j = 0; j < n; ++j) all += fmt::format("{}{}", j ? ", " : "", names[j]);
+      throw CollectiveError(fmt::format(
+          "{}: ranks disagree on {}: it ranges over [{}, {}] across the {} ranks (every rank "
+          "must pass the same {})",
+          what, names[i], lo, hi, size, all));
+    }
+  }
 }
 
 namespace {
@@ -129,6 +178,7 @@ const char* to_string(CommBackend backend) {
 }
 
 struct ProcessGrid::Impl {
+  std::unique_ptr<Watchdog> watchdog;  ///< destroyed after the communicators it guards
   std::array<std::unique_ptr<Communicator>, comm_axis_count> comms;
   std::array<MPI_Comm, comm_axis_count> natives{};  ///< owned by comms[i]
 };
@@ -206,6 +256,15 @@ ProcessGrid::ProcessGrid(MPI_Comm comm, GridShape shape, GridOptions options)
   split(CommAxis::mesh_col, (c.data * s.depth + c.depth) * s.cols + c.col, c.row);
   split(CommAxis::mesh, c.data * s.depth + c.depth, c.row * s.cols + c.col);
   split(CommAxis::tensor, c.data, (c.depth * s.rows + c.row) * s.cols + c.col);
+  // Collective (checks that every rank has the same limit); always built, so
+  // that ranks with the watchdog off do not skip a collective others make.
+  impl_->watchdog = std::make_unique<Watchdog>(world, options.watchdog);
+  for (std::size_t a = 0; a < comm_axis_count; ++a)
+    if (impl_->comms[a]) impl_->watchdog->attach(*impl_->comms[a], impl_->natives[a]);
+}
+
+Watchdog* ProcessGrid::watchdog() const {
+  return impl_->watchdog && impl_->watchdog->enabled() ? impl_->watchdog.get() : nullptr;
 }
 
 ProcessGrid::~ProcessGrid() = default;

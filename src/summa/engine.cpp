@@ -202,7 +202,16 @@ void SummaEngine::multiply(Form form, index_t m, index_t n, index_t k, Scalar<T>
   } catch (const Error& e) {
     error = e.what();
   }
-  settle(error);
+  if (options_.consensus_checks) {
+    // The same all-reduce also compares the global sizes: a rank passing
+    // another k (or form) gets an error on every rank instead of a hang.
+    static constexpr const char* names[] = {"the form (0 AB, 1 ABt, 2 AtB)", "m", "n", "k"};
+    const std::array<std::int64_t, 4> sizes{static_cast<std::int64_t>(form), m, n, k};
+    // `what` must be the same on every rank: the form is among the values.
+    agree_on(grid_->native(CommAxis::mesh), error, sizes, names, "SUMMA multiply");
+  } else if (error) {
+    throw Error(*error);
+  }
 
   if (m == 0 || n == 0) return;
   if (alpha == acc_t<T>(0) || k == 0) {  // BLAS: A and B are not referenced

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "summa/comm/counters.hpp"
 #include "summa/core/types.hpp"
@@ -23,6 +24,11 @@
 namespace summa {
 
 class Communicator;
+class Watchdog;
+
+/// "broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter" or
+/// "barrier" for a request's kind code (reports and error messages).
+const char* collective_name(int kind);
 
 /// Handle of an in-flight collective. Cheap to copy; completed exactly once.
 class Request {
@@ -33,7 +39,10 @@ class Request {
  private:
   friend class Communicator;
   Communicator* owner_ = nullptr;
-  std::uintptr_t token_ = 0;  ///< implementation-defined (an MPI_Request, an event slot, ...)
+  std::uintptr_t token_ = 0;    ///< implementation-defined (an MPI_Request, an event slot, ...)
+  std::uint64_t sequence_ = 0;  ///< the call's number on its communicator (watchdog reports)
+  std::uint64_t bytes_ = 0;     ///< its payload on this rank
+  std::uint8_t kind_ = 0;
 };
 
 class Communicator {
@@ -84,7 +93,14 @@ class Communicator {
   void all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op);
   void all_gather(const void* send, void* recv, std::size_t send_count, DType t);
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t, ReduceOp op);
-  void barrier() { do_barrier(); }
+  void barrier();
+
+  /// Calls issued on this communicator so far (blocking and non-blocking);
+  /// the watchdog names a call by this number, which is the same on every
+  /// rank of the group while their calls are in step.
+  std::uint64_t sequence() const { return sequence_; }
+  /// The watchdog guarding this communicator's waits (Watchdog::attach), or null.
+  const Watchdog* watchdog() const { return watchdog_; }
 
   // typed conveniences
   template <class T>
@@ -102,6 +118,8 @@ class Communicator {
 
  protected:
   enum class Kind : std::uint8_t { broadcast, reduce, all_reduce, all_gather, reduce_scatter };
+  /// Request kind code of a barrier (after the Kind values; watchdog reports).
+  static constexpr std::uint8_t barrier_code = 5;
   /// Issue the operation; return an implementation token for the request.
   virtual std::uintptr_t start(Kind kind, const void* send, void* recv, std::size_t count, DType t,
                                ReduceOp op, int root) = 0;
@@ -111,18 +129,30 @@ class Communicator {
   virtual void finish(std::uintptr_t token) = 0;
   virtual bool poll(std::uintptr_t token) = 0;
   virtual void do_barrier() = 0;
+  /// Starts a non-blocking barrier for the watchdog; false when the
+  /// implementation has none (barrier() then blocks unguarded).
+  virtual bool start_barrier(std::uintptr_t& /*token*/) { return false; }
+  /// False when wait() does not block the host (stream-ordered completion,
+  /// NCCL): the watchdog then leaves the waits alone.
+  virtual bool host_blocking_wait() const { return true; }
 
  private:
+  friend class Watchdog;
   void validate(Kind kind, const void* send, void* recv, std::size_t count, int root) const;
   void account(Kind kind, std::size_t count, DType t, int root);
-  Request make_request(std::uintptr_t token);
+  Request make_request(std::uintptr_t token, std::uint8_t kind, std::uint64_t bytes);
   Request issue(Kind kind, const void* send, void* recv, std::size_t count, DType t, ReduceOp op,
                 int root);
   void execute(Kind kind, const void* send, void* recv, std::size_t count, DType t, ReduceOp op,
                int root);
 
+  void guarded_wait(Request& r);
+
   CommAxis axis_;
   TrafficCounter* counter_;
+  std::uint64_t sequence_ = 0;
+  Watchdog* watchdog_ = nullptr;
+  std::vector<int> watch_members_;  ///< watchdog ranks of this group (Watchdog::attach)
 };
 
 }  // namespace summa

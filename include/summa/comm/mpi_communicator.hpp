@@ -27,6 +27,7 @@ class MpiCommunicator final : public Communicator {
   void finish(std::uintptr_t token) override;
   bool poll(std::uintptr_t token) override;
   void do_barrier() override;
+  bool start_barrier(std::uintptr_t& token) override;
 
  private:
   MPI_Comm comm_;

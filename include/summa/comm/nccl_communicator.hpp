@@ -97,6 +97,8 @@ class NcclCommunicator final : public Communicator {
   /// underlying communicator: afterwards every rank's GPU work issued before
   /// the barrier has completed.
   void do_barrier() override;
+  /// Stream-ordered: wait() does not block the host, so no watchdog guards it.
+  bool host_blocking_wait() const override { return false; }
 
  private:
   struct Impl;

@@ -16,6 +16,17 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// An Error that every rank of a communicator throws together, with the same
+/// message (agree_on, ProcessGrid::agree and every collective check built on
+/// them). A program may print it once (rank 0) and exit normally on every
+/// rank; any other exception was seen by one rank alone, whose peers may be
+/// waiting in a collective, so the program should abort the job instead
+/// (docs/reliability.md).
+class CollectiveError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Throws summa::Error(message) when `condition` is false.
 inline void require(bool condition, const char* message) {
   if (!condition) throw Error(message);

@@ -7,11 +7,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "summa/comm/mpi_communicator.hpp"
+#include "summa/comm/watchdog.hpp"
 #include "summa/grid/placement.hpp"
 
 namespace summa {
@@ -41,6 +46,10 @@ struct GridOptions {
   void* compute_stream = nullptr;
   /// Pinned staging bytes of each mpi_staged communicator (one per axis).
   std::size_t staging_bytes = std::size_t{64} << 20;
+  /// A time limit on every blocking wait of the grid's communicators, with
+  /// a report naming the ranks that have not arrived (comm/watchdog.hpp).
+  /// Off (timeout_s = 0) by default; gpt_train sets 600 s.
+  WatchdogOptions watchdog;
 };
 
 /// "mpi", "nccl" or "mpi_staged".
@@ -91,6 +100,8 @@ class ProcessGrid {
   /// The MPI communicator of an axis (for MPI-level control traffic; under
   /// every CommBackend, the MPI group the axis communicator was built from).
   MPI_Comm native(CommAxis axis) const;
+  /// The watchdog guarding the axes' waits, or null when it is off.
+  Watchdog* watchdog() const;
   /// The communicator backend the axes use (GridOptions::comm).
   CommBackend comm_backend() const { return comm_backend_; }
 
@@ -121,5 +132,36 @@ class ProcessGrid {
 /// rank's `condition` is false, all throw the message of the lowest failing
 /// rank. For checks made before a grid exists.
 void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error);
+
+/// agree_on that also checks that every rank passed the same `values`
+/// (at most 8, e.g. the global sizes of a call): one MPI_Allreduce of
+/// 1 + 2 * values.size() 64-bit integers. A rank's local error wins; else, when
+/// the values differ, every rank throws "<what>: ranks disagree on <name>: it
+/// ranges over [lo, hi] across the N ranks (every rank must pass the same
+/// <names>)" naming the first differing value: the same message on every
+/// rank. Throws CollectiveError. Allocates nothing unless it throws (hot-path checks).
+void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error,
+              std::span<const std::int64_t> values, std::span<const char* const> names,
+              const char* what);
+
+/// Rank 0 runs `f`; every rank returns normally when it succeeded, or throws
+/// the same CollectiveError carrying the message of the summa::Error (or
+/// std::exception) it threw. For a file-system step one rank performs for all
+/// (creating directories, reading a small file) so that the others never wait
+/// in a collective for a rank that has failed. Collective over `comm`.
+template <class F>
+void on_root_agreed(MPI_Comm comm, F&& f) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  std::optional<std::string> error;
+  if (rank == 0) {
+    try {
+      std::forward<F>(f)();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree_on(comm, error);
+}
 
 }  // namespace summa

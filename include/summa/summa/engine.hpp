@@ -20,7 +20,11 @@
 /// default) the ranks of the mesh agree on the outcome first, so an error
 /// found on one rank (say a wrongly sized local block) is thrown with the same
 /// message on every rank instead of leaving the others in a collective.
-/// alpha, beta, m, n, k and the options must be the same on every rank.
+/// The same all-reduce compares the form and the global sizes m, n, k across
+/// the mesh, so a rank that passes another k is told so on every rank
+/// instead of hanging in a broadcast (the cost is that of the check itself:
+/// one latency-bound all-reduce of 72 bytes per call, docs/reliability.md).
+/// alpha, beta and the options must be the same on every rank.
 
 #include <cstddef>
 #include <optional>
@@ -48,9 +52,10 @@ struct SummaOptions {
   /// only advance non-blocking collectives inside MPI calls, so without these
   /// polls a broadcast would make no progress during the GEMM. 1 = no polls.
   int progress_slices = 4;
-  /// Agree on shape errors across the mesh before communicating (see above).
-  /// Also honoured by the layers' per-call checks (SummaEngine::settle); one
-  /// 4-byte all-reduce per check. Constructors always agree.
+  /// Agree on shape errors and on the global sizes across the mesh before
+  /// communicating (see above). Also honoured by the layers' per-call checks
+  /// (SummaEngine::settle); one small all-reduce per check. Constructors
+  /// always agree.
   bool consensus_checks = true;
 };
 

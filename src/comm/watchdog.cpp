@@ -1,0 +1,263 @@
+#include "summa/comm/watchdog.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "summa/comm/mpi_communicator.hpp"
+#include "summa/core/error.hpp"
+#include "summa/grid/process_grid.hpp"
+
+namespace summa {
+
+namespace {
+
+constexpr int kProbeTag = 1;
+constexpr int kAnswerTag = 2;
+using Clock = std::chrono::steady_clock;
+
+// What a rank answers a probe with.
+struct Answer {
+  std::int64_t waiting = 0;  // 1: in a guarded wait
+  std::int64_t axis = 0, leader = 0, kind = 0;
+  std::int64_t sequence = 0, bytes = 0;
+  std::int64_t waited_ms = 0;
+  std::int64_t raw = 0;  // 1: a program's own MPI request (no axis)
+};
+constexpr int kAnswerWords = sizeof(Answer) / sizeof(std::int64_t);
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// When the current guarded wait began (for the answers' waited_ms).
+thread_local Clock::time_point wait_began{};
+
+}  // namespace
+
+Watchdog::Watchdog(MPI_Comm comm, WatchdogOptions options) : options_(std::move(options)) {
+  std::optional<std::string> error;
+  const double t = options_.timeout_s, r = options_.report_s;
+  if (!std::isfinite(t) || t < 0)
+    error = fmt::format("Watchdog: timeout_s={} must be finite and >= 0 (0: off)", t);
+  else if (!std::isfinite(r) || r < 0)
+    error = fmt::format("Watchdog: report_s={} must be finite and >= 0", r);
+  const std::array<std::int64_t, 1> ms{error ? 0 : std::llround(t * 1000)};
+  static constexpr const char* names[] = {"the watchdog timeout (ms)"};
+  agree_on(comm, error, ms, names, "Watchdog");
+  check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup (watchdog)");
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+}
+
+Watchdog::~Watchdog() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+std::vector<int> Watchdog::members_of(MPI_Comm native) const {
+  MPI_Group mine, theirs;
+  check_mpi(MPI_Comm_group(native, &mine), "MPI_Comm_group");
+  check_mpi(MPI_Comm_group(comm_, &theirs), "MPI_Comm_group");
+  int n = 0;
+  check_mpi(MPI_Group_size(mine, &n), "MPI_Group_size");
+  std::vector<int> ranks(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) ranks[static_cast<std::size_t>(i)] = i;
+  check_mpi(MPI_Group_translate_ranks(mine, n, ranks.data(), theirs, out.data()),
+            "MPI_Group_translate_ranks");
+  MPI_Group_free(&mine);
+  MPI_Group_free(&theirs);
+  for (int w : out)
+    if (w == MPI_UNDEFINED)
+      throw Error("Watchdog: a communicator holds a rank outside the watchdog's communicator");
+  return out;
+}
+
+void Watchdog::attach(Communicator& c, MPI_Comm native) {
+  if (!enabled() || !c.host_blocking_wait()) return;
+  c.watch_members_ = members_of(native);
+  c.watchdog_ = this;
+}
+
+void Watchdog::serve_probes() {
+  for (;;) {
+    int flag = 0;
+    MPI_Status status;
+    check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, kProbeTag, comm_, &flag, &status), "MPI_Iprobe");
+    if (!flag) return;
+    int dummy = 0;
+    check_mpi(MPI_Recv(&dummy, 1, MPI_INT, status.MPI_SOURCE, kProbeTag, comm_, MPI_STATUS_IGNORE),
+              "MPI_Recv (watchdog probe)");
+    Answer a;
+    if (pending_.active) {
+      a.waiting = 1;
+      a.axis = pending_.axis;
+      a.leader = pending_.leader;
+      a.kind = pending_.kind;
+      a.sequence = static_cast<std::int64_t>(pending_.sequence);
+      a.bytes = static_cast<std::int64_t>(pending_.bytes);
+      a.waited_ms = std::llround(seconds_since(wait_began) * 1000);
+      a.raw = pending_.what != nullptr ? 1 : 0;
+    }
+    // A small eager send; the prober is polling for it.
+    check_mpi(MPI_Send(&a, kAnswerWords, MPI_INT64_T, status.MPI_SOURCE, kAnswerTag, comm_),
+              "MPI_Send (watchdog answer)");
+  }
+}
+
+std::string Watchdog::describe(const Pending& p) const {
+  if (p.what != nullptr) return fmt::format("{} ({} bytes)", p.what, p.bytes);
+  return fmt::format("{} #{} on axis {} ({} bytes)", collective_name(p.kind), p.sequence,
+                     name_of(static_cast<CommAxis>(p.axis)), p.bytes);
+}
+
+void Watchdog::expire(const std::vector<int>& members, double waited_s) {
+  const Pending mine = pending_;
+  std::vector<MPI_Request> sends;
+  int token = 0;
+  for (int m : members)
+    if (m != rank_) {
+      sends.emplace_back();
+      check_mpi(MPI_Isend(&token, 1, MPI_INT, m, kProbeTag, comm_, &sends.back()),
+                "MPI_Isend (watchdog probe)");
+    }
+  std::map<int, Answer> answers;
+  const auto t0 = Clock::now();
+  const std::size_t expected = sends.size();
+  while (answers.size() < expected && seconds_since(t0) < options_.report_s) {
+    serve_probes();
+    int flag = 0;
+    MPI_Status status;
+    check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, kAnswerTag, comm_, &flag, &status), "MPI_Iprobe");
+    if (flag) {
+      Answer a;
+      check_mpi(MPI_Recv(&a, kAnswerWords, MPI_INT64_T, status.MPI_SOURCE, kAnswerTag, comm_,
+                         MPI_STATUS_IGNORE),
+                "MPI_Recv (watchdog answer)");
+      answers[status.MPI_SOURCE] = a;
+    }
+  }
+  std::string report = fmt::format(
+      "summa watchdog: rank {} has waited {:.1f} s (limit {:g} s) in {}; its group has {} "
+      "ranks:\n",
+      rank_, waited_s, options_.timeout_s, describe(mine), members.size());
+  std::vector<int> lagging;
+  for (int m : members) {
+    if (m == rank_) continue;
+    const auto it = answers.find(m);
+    if (it == answers.end()) {
+      report += fmt::format(
+          "  rank {}: NOT ARRIVED, no answer: not waiting in any guarded collective (busy "
+          "computing, blocked elsewhere, or dead)\n",
+          m);
+      lagging.push_back(m);
+      continue;
+    }
+    const Answer& a = it->second;
+    Pending theirs;
+    theirs.axis = static_cast<int>(a.axis);
+    theirs.leader = static_cast<int>(a.leader);
+    theirs.kind = static_cast<int>(a.kind);
+    theirs.sequence = static_cast<std::uint64_t>(a.sequence);
+    theirs.bytes = static_cast<std::uint64_t>(a.bytes);
+    theirs.what = a.raw ? "a program's own MPI request" : nullptr;
+    const bool same = a.waiting && !a.raw && mine.what == nullptr && theirs.axis == mine.axis &&
+                      theirs.leader == mine.leader && theirs.sequence == mine.sequence &&
+                      theirs.kind == mine.kind;
+    if (same) {
+      report += fmt::format("  rank {}: arrived (waiting in the same call for {:.1f} s)\n", m,
+                            static_cast<double>(a.waited_ms) / 1000);
+    } else if (a.waiting) {
+      report += fmt::format(
+          "  rank {}: NOT ARRIVED, waiting in another call for {:.1f} s: {} (the ranks' "
+          "collectives are out of step)\n",
+          m, static_cast<double>(a.waited_ms) / 1000, describe(theirs));
+      lagging.push_back(m);
+    } else {
+      report += fmt::format("  rank {}: NOT ARRIVED, answered but is not in a collective\n", m);
+      lagging.push_back(m);
+    }
+  }
+  std::string list;
+  for (int m : lagging) list += fmt::format("{}{}", list.empty() ? "" : ", ", m);
+  report += lagging.empty() ? "every rank of the group has arrived: the transport is stuck\n"
+                            : fmt::format("lagging ranks: {}\n", list);
+  for (MPI_Request& r : sends) MPI_Request_free(&r);
+  if (options_.on_expiry) {
+    options_.on_expiry(report);  // report-only: the wait goes on
+    return;
+  }
+  pending_ = Pending{};
+  std::fprintf(stderr, "%s(ranks are those of the watchdog's communicator) aborting the job\n",
+               report.c_str());
+  std::fflush(stderr);
+  MPI_Abort(comm_, 3);
+  std::abort();  // MPI_Abort does not return
+}
+
+template <class Poll>
+void Watchdog::guard(const Pending& pending, const std::vector<int>& members, Poll&& poll) {
+  pending_ = pending;
+  pending_.active = true;
+  const auto t0 = Clock::now();
+  wait_began = t0;
+  const auto limit = std::chrono::duration<double>(options_.timeout_s);
+  bool reported = false;
+  for (unsigned spins = 1;; ++spins) {
+    if (poll()) break;
+    if ((spins & 63U) == 0) {
+      serve_probes();
+      if (!reported && Clock::now() - t0 >= limit) {
+        reported = true;
+        try {
+          expire(members, seconds_since(t0));
+        } catch (...) {
+          pending_ = Pending{};
+          throw;
+        }
+      }
+    }
+  }
+  pending_ = Pending{};
+}
+
+void Watchdog::wait(MPI_Request& request, MPI_Comm group, const char* what, std::uint64_t bytes) {
+  if (!enabled()) {
+    check_mpi(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
+    return;
+  }
+  if (group != raw_group_) {
+    raw_members_ = members_of(group);
+    raw_group_ = group;
+  }
+  Pending p;
+  p.what = what;
+  p.bytes = bytes;
+  p.leader = raw_members_.empty() ? 0 : raw_members_.front();
+  guard(p, raw_members_, [&] {
+    int done = 0;
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    return done != 0;
+  });
+}
+
+void Communicator::guarded_wait(Request& r) {
+  Watchdog& w = *watchdog_;
+  Watchdog::Pending p;
+  p.axis = static_cast<int>(axis_);
+  p.leader = watch_members_.empty() ? 0 : watch_members_.front();
+  p.kind = r.kind_;
+  p.sequence = r.sequence_;
+  p.bytes = r.bytes_;
+  const std::uintptr_t token = r.token_;
+  r = Request{};
+  w.guard(p, watch_members_, [&] { return poll(token); });
+}
+
+}  // namespace summa
