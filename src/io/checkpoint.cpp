@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
@@ -716,6 +717,32 @@ using saved_t = master_t<T>;
 // bf16(master) with Backend::convert, or values = bf16(loaded) without a
 // master). Offsets into values() are those of the store's packing
 // (p->value - store.values_base()). Allocates; for save and load only.
+// Index of the first NaN or infinity among n elements of `dtype`, or -1.
+std::ptrdiff_t first_non_finite(const unsigned char* data, index_t n, DType dtype) {
+  const auto scan = [&](auto zero) -> std::ptrdiff_t {
+    using V = decltype(zero);
+    for (index_t i = 0; i < n; ++i) {
+      V v;
+      std::memcpy(&v, data + static_cast<std::size_t>(i) * sizeof(V), sizeof(V));
+      if constexpr (std::is_same_v<V, bf16>) {
+        if (!std::isfinite(static_cast<float>(v))) return static_cast<std::ptrdiff_t>(i);
+      } else if (!std::isfinite(v)) {
+        return static_cast<std::ptrdiff_t>(i);
+      }
+    }
+    return -1;
+  };
+  switch (dtype) {
+    case DType::f32:
+      return scan(0.0F);
+    case DType::f64:
+      return scan(0.0);
+    case DType::bf16:
+      return scan(bf16{});
+  }
+  return -1;
+}
+
 template <class T>
 class HostImage {
  public:
@@ -842,6 +869,13 @@ std::string write_shard(const fs::path& dir, ParameterStore<T>& store, const Hos
           const index_t local = offset + (piece.local_row + r) * s.local_cols + piece.local_col;
           const unsigned char* row = base + static_cast<std::size_t>(local) * es;
           const std::size_t bytes = static_cast<std::size_t>(piece.cols) * es;
+          if (const std::ptrdiff_t bad = first_non_finite(row, piece.cols, dtype); bad >= 0)
+            throw Error(fmt::format(
+                "save_checkpoint: '{}' ({}) holds a non-finite value at element ({}, {}): "
+                "refusing to write a checkpoint that training could not go on from ({} and "
+                "the checkpoints already saved are untouched)",
+                s.name, stream == 0 ? std::string("values") : "slot " + slots[stream - 1].name,
+                piece.global_row + r, piece.global_col + bad, kLatestName));
           out.write(row, bytes);
           sum.update(row, bytes);
         }
@@ -1071,6 +1105,80 @@ CheckpointInfo read_checkpoint_info(const fs::path& path_or_root, MPI_Comm comm)
   CheckpointInfo info;
   agree_on(comm, capture([&] { info = parse_manifest(text, dir).info; }));
   return info;
+}
+
+std::vector<fs::path> step_directories(const fs::path& root) {
+  std::vector<std::pair<std::int64_t, fs::path>> found;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return {};
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!is_step_name(name) || !entry.is_directory(ec)) continue;
+    std::int64_t step = 0;
+    const auto [end, err] = std::from_chars(name.data() + 5, name.data() + name.size(), step);
+    if (err != std::errc() || end != name.data() + name.size()) continue;
+    found.emplace_back(step, entry.path());
+  }
+  if (ec)
+    throw Error(fmt::format("checkpoint: cannot list {}: {}", quoted(root), ec.message()));
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
+std::optional<ResumePoint> find_resume_point(const fs::path& root) {
+  const std::vector<fs::path> steps = step_directories(root);
+  std::string note;
+  std::error_code ec;
+  if (fs::exists(root / kLatestName, ec) || fs::is_symlink(root / kLatestName, ec)) {
+    try {
+      const fs::path dir = *latest_checkpoint(root);
+      ResumePoint p{dir, read_checkpoint_info(dir), {}};
+      return p;
+    } catch (const std::exception& e) {
+      note = e.what();
+    }
+  } else {
+    note = fmt::format("{} is missing", quoted(root / kLatestName));
+  }
+  if (steps.empty()) {
+    if (note.find("is missing") != std::string::npos) return std::nullopt;
+    throw Error(fmt::format("checkpoint: cannot resume from {}: {}, and there is no step_<N> "
+                            "directory to fall back on",
+                            quoted(root), note));
+  }
+  std::string problems;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    try {
+      ResumePoint p{*it, read_checkpoint_info(*it), {}};
+      p.note = fmt::format("{}; resuming from the newest checkpoint with a valid manifest, {}",
+                           note, quoted(*it));
+      return p;
+    } catch (const std::exception& e) {
+      problems += fmt::format("\n  {}: {}", quoted(*it), e.what());
+    }
+  }
+  throw Error(fmt::format(
+      "checkpoint: cannot resume from {}: {}, and no step directory has a valid manifest:{}\n"
+      "(pass --resume-from <dir> to choose one, or start afresh in another directory)",
+      quoted(root), note, problems));
+}
+
+std::optional<ResumePoint> find_resume_point(const fs::path& root, MPI_Comm comm) {
+  int rank = 0;
+  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  std::string dir, note;
+  agree_on(comm, rank != 0 ? std::nullopt : capture([&] {
+             if (const auto p = find_resume_point(root)) {
+               dir = p->dir.string();
+               note = p->note;
+             }
+           }));
+  broadcast_text(comm, dir);
+  broadcast_text(comm, note);
+  if (dir.empty()) return std::nullopt;
+  return ResumePoint{dir, read_checkpoint_info(dir, comm), note};
 }
 
 CheckpointInfo verify_checkpoint(const fs::path& path_or_root) {

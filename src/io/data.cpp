@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -144,9 +146,47 @@ void write_token_file(const fs::path& file, std::span<const std::uint16_t> token
   }
 }
 
+namespace {
+// True when the first 64 KiB hold only text bytes (printable ASCII, tab,
+// newline, carriage return, or bytes >= 0x80 of UTF-8). A uint16 token file
+// practically never does: every id below 8192 has a control byte.
+bool looks_like_text(const std::string& bytes) {
+  const std::size_t n = std::min<std::size_t>(bytes.size(), 64 * 1024);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') return false;
+    if (c == 0x7F) return false;
+  }
+  return n > 0;
+}
+bool has_nul(const std::string& bytes) {
+  return bytes.find('\0', 0) < std::min<std::size_t>(bytes.size(), 64 * 1024);
+}
+}  // namespace
+
 std::vector<std::uint16_t> load_tokens(const fs::path& file) {
-  if (file.extension() == ".bin") return read_token_file(file);
-  return ByteTokenizer().encode(read_bytes(file, "text file"));
+  std::string ext = file.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (ext == ".bin") {
+    std::vector<std::uint16_t> tokens = read_token_file(file);
+    const std::string head = read_bytes(file, "token file");
+    require(!looks_like_text(head), [&] {
+      return fmt::format(
+          "data file {}: named {} (a token file of little-endian uint16 ids) but it holds text; "
+          "rename it (e.g. to .txt) to train on it as text",
+          quoted(file), file.extension().string());
+    });
+    return tokens;
+  }
+  const std::string text = read_bytes(file, "text file");
+  require(!has_nul(text), [&] {
+    return fmt::format(
+        "data file {}: read as text (its extension is not .bin) but it holds NUL bytes, as a "
+        "binary file does; a token file of uint16 ids must be named .bin",
+        quoted(file));
+  });
+  return ByteTokenizer().encode(text);
 }
 
 // ---------------------------------------------------------------- loader

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <cstdint>
+#include <limits>
 #include <optional>
 
 #include "summa/layers/gpt1d.hpp"
@@ -30,14 +32,15 @@ int positive(std::string_view digits, std::string_view item) {
 
 }  // namespace
 
-int SchemeSpec::tensor_ranks() const {
+std::int64_t SchemeSpec::tensor_ranks() const {
+  const auto w = [](int v) { return static_cast<std::int64_t>(v); };
   switch (scheme) {
     case Scheme::megatron1d:
-      return p;
+      return w(p);
     case Scheme::summa2d:
-      return q * q;
+      return w(q) * w(q);
     case Scheme::axonn3d:
-      return gx * gy * gz;
+      return w(gx) * w(gy) * w(gz);
   }
   return 0;
 }
@@ -139,6 +142,16 @@ SchemeSpec SchemeSpec::parse(std::string_view text) {
   require(have_scheme, [&] { return fmt::format("scheme: no tensor scheme given; {}", kGrammar); });
   require(!have_overlap || spec.scheme == Scheme::axonn3d, [&] {
     return fmt::format("scheme: 'overlap=' applies to the 3d scheme only; {}", kGrammar);
+  });
+  // Every axis is below 2^31, so each product below fits in 64 bits; the
+  // whole job must fit an MPI communicator (int ranks).
+  const double total = static_cast<double>(spec.data) * static_cast<double>(spec.gx) *
+                       static_cast<double>(spec.gy) * static_cast<double>(spec.gz) *
+                       static_cast<double>(spec.q) * static_cast<double>(spec.q) *
+                       static_cast<double>(spec.p);
+  require(total <= static_cast<double>(std::numeric_limits<int>::max()), [&] {
+    return fmt::format("scheme '{}': {:.4g} ranks, more than an MPI communicator holds ({})", text,
+                       total, std::numeric_limits<int>::max());
   });
   return spec;
 }

@@ -38,6 +38,9 @@ void TrainerOptions::validate() const {
           [&] { return fmt::format("trainer: clip={} must be finite and >= 0", clip); });
   require(val_fraction >= 0 && val_fraction < 1,
           [&] { return fmt::format("trainer: val_fraction={} must be in [0, 1)", val_fraction); });
+  require(max_skipped_steps >= 0, [&] {
+    return fmt::format("trainer: max_skipped_steps={} must be >= 0", max_skipped_steps);
+  });
   optimizer.validate();
   schedule.validate();
 }
@@ -138,7 +141,28 @@ StepStats Trainer<T>::train_step() {
   m.backward();
   s.grad_norm = clip_grad_norm(m.parameters_store(), run_->grid(), options_.clip);
   s.lr = options_.schedule.at(step_);
-  optimizer_->step(s.lr);
+  // Every rank decides alike (the loss and norm are global; agreeing costs a
+  // 4-byte all-reduce and rules out a split decision).
+  const bool finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
+  const bool skip = options_.on_non_finite == TrainerOptions::NonFinite::skip;
+  std::optional<std::string> error;
+  if (!finite && (!skip || skipped_in_a_row_ >= options_.max_skipped_steps))
+    error = fmt::format(
+        "step {}: the loss is {} and the gradient norm {} (not finite): training stopped before "
+        "this step's update{}; the weights and every saved checkpoint are those of before it "
+        "(lower the learning rate, check the data and any imported weights{})",
+        step_ + 1, s.loss, s.grad_norm,
+        skip ? fmt::format(", after {} skipped steps in a row (the limit)", skipped_in_a_row_)
+             : std::string(),
+        skip ? "" : "; or skip such steps: TrainerOptions::on_non_finite = skip");
+  run_->grid().agree(CommAxis::world, error);
+  if (finite) {
+    optimizer_->step(s.lr);
+    skipped_in_a_row_ = 0;
+  } else {
+    s.skipped = true;
+    ++skipped_in_a_row_;
+  }
   ++step_;
   return s;
 }

@@ -43,6 +43,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "summa/core/types.hpp"
 #include "summa/grid/process_grid.hpp"
@@ -131,6 +132,32 @@ CheckpointInfo load_checkpoint(const std::filesystem::path& path_or_root, Optimi
 /// root/latest (nothing was ever completely saved). Not collective; throws
 /// summa::Error when `latest` is unreadable or malformed.
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& root);
+
+/// The checkpoint a resuming run should load from a root, and why.
+struct ResumePoint {
+  std::filesystem::path dir;  ///< the step directory
+  CheckpointInfo info;        ///< its step and metadata (manifest verified)
+  /// Empty when root/latest named it; otherwise why `latest` was passed over
+  /// ("missing", "corrupted: ...", "names a step without a valid manifest").
+  std::string note;
+};
+
+/// Where to resume under `root`: the checkpoint root/latest names when that
+/// file is readable and the manifest it leads to verifies; otherwise the
+/// newest root/step_<N> whose manifest verifies, with a note saying why
+/// `latest` was passed over. nullopt only when root holds no step_<N>
+/// directory at all (nothing was saved: a fresh start). Throws summa::Error
+/// when step directories exist but none has a valid manifest, naming each
+/// and its problem (never a silent fresh start over saved checkpoints). Not
+/// collective.
+std::optional<ResumePoint> find_resume_point(const std::filesystem::path& root);
+/// The same, collective over `comm`: rank 0 searches; every rank gets the
+/// result or the same summa::CollectiveError.
+std::optional<ResumePoint> find_resume_point(const std::filesystem::path& root, MPI_Comm comm);
+
+/// The step directories (root/step_<N>, complete or not; never the .tmp ones
+/// of an unfinished save) under `root`, oldest first. Not collective.
+std::vector<std::filesystem::path> step_directories(const std::filesystem::path& root);
 
 /// Step and metadata of a checkpoint (a directory or a root, as for
 /// load_checkpoint), e.g. to rebuild the model before loading into it. Reads

@@ -37,9 +37,10 @@ struct SchemeSpec {
   bool oar = true, ors = false, oag = false;
 
   /// Ranks of one tensor group (P, Q², X·Y·Z).
-  int tensor_ranks() const;
-  /// All ranks: data · tensor_ranks().
-  int ranks() const { return data * tensor_ranks(); }
+  std::int64_t tensor_ranks() const;
+  /// All ranks: data · tensor_ranks() (64-bit; parse() refuses a spec whose
+  /// product exceeds what an MPI communicator holds).
+  std::int64_t ranks() const { return static_cast<std::int64_t>(data) * tensor_ranks(); }
   /// Canonical text, parseable back ("data=2,2d:q=2"; "data=1" omitted).
   std::string str() const;
   /// Throws summa::Error naming the offending item and the grammar.

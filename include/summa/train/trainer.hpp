@@ -56,6 +56,15 @@ struct TrainerOptions {
   std::uint64_t init_seed = 1234;  ///< weights (reference::init_value)
   std::uint64_t data_seed = 1234;  ///< batch windows (io::TokenLoader)
   double val_fraction = 0.1;       ///< held-out tail of the token stream
+  /// A step whose loss or gradient norm is NaN or infinite (divergence, or
+  /// non-finite weights, e.g. imported) never updates the weights. `stop`
+  /// (the default): train_step() throws summa::CollectiveError on every rank,
+  /// so nothing non-finite is trained on or saved. `skip`: the step is
+  /// consumed without an update (StepStats::skipped), and train_step() throws
+  /// once more than max_skipped_steps steps in a row were skipped.
+  enum class NonFinite { stop, skip };
+  NonFinite on_non_finite = NonFinite::stop;
+  int max_skipped_steps = 10;
 
   /// Throws summa::Error naming the first bad value.
   void validate() const;
@@ -67,6 +76,7 @@ struct StepStats {
   double loss = 0;        ///< mean cross-entropy of its batch (before the update)
   double grad_norm = 0;   ///< global gradient norm before clipping
   double lr = 0;          ///< learning rate applied
+  bool skipped = false;   ///< non-finite loss or norm: no update (NonFinite::skip)
 };
 
 /// T = float, double or bf16. A bf16 trainer keeps bf16 parameters,
@@ -124,6 +134,7 @@ class Trainer {
   std::unique_ptr<io::TokenLoader> loader_;
   std::vector<std::int32_t> tokens_, targets_;
   std::int64_t step_ = 0;
+  int skipped_in_a_row_ = 0;
 };
 
 /// The model shape a checkpoint of a Trainer records (its metadata keys
