@@ -8,27 +8,45 @@
 //   mpirun -np 4 ./gpt_train --backend cuda --comm mpi_staged   # ranks share GPUs
 //   ./gpt_train --help
 //
-// Rank 0 prints a progress line per step (step, loss, learning rate,
-// tokens/s, model FLOP/s, memory per rank, ETA), evaluations, and a final
-// summary; it writes a JSON-lines log (one object per step and per
-// evaluation) for scripts/plot_loss.py. Outputs go under --out:
+// Rank 0 prints progress (step, loss, learning rate, tokens/s, model FLOP/s,
+// memory per rank, ETA: updated in place on a terminal, one line every
+// --print-every steps otherwise), evaluations, and a final summary; it writes
+// a JSON-lines log (one object per step and per evaluation, flushed a line
+// at a time) for scripts/plot_loss.py. Outputs go under --out:
 // checkpoints/ (sharded, resumable under any scheme), export/
 // (model.safetensors + config.json, Hugging Face GPT-2) and log.jsonl.
+//
+// Reliability (docs/reliability.md): every failure is the same error on
+// every rank, printed once; --out is locked against a second job; a fresh
+// run never overwrites a saved one (--overwrite); --resume never starts
+// from scratch over saved checkpoints; a non-finite loss stops training
+// before anything is saved; a collective watchdog (--watchdog) ends a hung
+// job with a report naming the ranks that did not arrive.
+#include <fcntl.h>
 #include <mpi.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
+#include <new>
 #include <numeric>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "summa/summa.hpp"
@@ -63,9 +81,14 @@ struct Cli {
   std::string data = SUMMA_DEFAULT_CORPUS;
   double val_fraction = 0.1;
   int eval_every = 100, eval_batches = 4, print_every = 10;
+  std::string progress = "auto";
   std::string out = "gpt_train_out";
   int checkpoint_every = 100;
-  bool resume = false;
+  bool resume = false, overwrite = false;
+  double watchdog = 600;
+  std::string on_nonfinite = "stop";
+  int max_skipped = 10;
+  double memory_budget_gib = 0;
   std::string resume_from, import_dir, export_dir = "<out>/export", log = "<out>/log.jsonl";
   std::string check_batch;
   std::set<std::string> given;  // options set on the command line
@@ -116,6 +139,261 @@ std::string replace_out(std::string path, const std::string& out) {
   return path;
 }
 
+// ---- flag validation: each error names the flag and the value given ------
+
+// A validator for an integer flag: a plain decimal integer in [lo, hi]
+// (no exponent, no fraction, no wrap-around into an unsigned type).
+CLI::Validator integer_in(long double lo, long double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        const char* b = text.data();
+        const char* e = b + text.size();
+        bool ok = b != e;
+        for (const char* c = b; ok && c != e; ++c)
+          ok = (*c >= '0' && *c <= '9') || (c == b && *c == '-' && e - b > 1);
+        long double v = 0;
+        if (ok) {
+          errno = 0;
+          v = std::strtold(text.c_str(), nullptr);
+          ok = errno == 0;
+        }
+        if (!ok || v < lo || v > hi) {
+          std::ostringstream m;
+          m.precision(20);
+          m << "'" << text << "' is not an integer in [" << lo << ", " << hi << "]";
+          return m.str();
+        }
+        return {};
+      },
+      "INT", "integer_in");
+}
+
+// A validator for a real flag: finite, in [lo, hi].
+CLI::Validator real_in(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        double v = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v) || v < lo ||
+            v > hi)
+          return "'" + text + "' is not a finite number in [" + std::to_string(lo) + ", " +
+                 std::to_string(hi) + "]";
+        return {};
+      },
+      "NUMBER", "real_in");
+}
+
+// Checks that need several flags at once; throws on every rank alike (the
+// same argv), printed once.
+void check_flags(const Cli& cli) {
+  const auto fail = [](const std::string& m) { throw summa::CollectiveError("gpt_train: " + m); };
+  if (cli.hidden % cli.heads != 0)
+    fail("--hidden " + std::to_string(cli.hidden) + " is not a multiple of --heads " +
+         std::to_string(cli.heads));
+  if (cli.positions > 0 && cli.positions < cli.seq)
+    fail("--positions " + std::to_string(cli.positions) + " is smaller than --seq " +
+         std::to_string(cli.seq));
+  if (cli.given.count("--min-lr") && cli.min_lr > cli.lr)
+    fail("--min-lr " + std::to_string(cli.min_lr) + " exceeds --lr " + std::to_string(cli.lr));
+  if (cli.out.empty()) fail("--out must name a directory (it is empty)");
+  if (cli.log.empty()) fail("--log must name a file (it is empty)");
+  if (!cli.scheme.empty()) {
+    try {
+      (void)summa::SchemeSpec::parse(cli.scheme);
+    } catch (const summa::Error& e) {
+      fail(std::string("--scheme: ") + e.what());
+    }
+  }
+}
+
+// ---- progress -------------------------------------------------------------
+
+// True when this process runs under an MPI launcher (mpirun, mpiexec, srun):
+// its stdout may then be a pseudo-terminal even when the user's output goes
+// to a file (Open MPI), so isatty() cannot tell.
+bool under_launcher() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_STEP_ID",
+                        "MPI_LOCALNRANKS", "HYDRA_CONTROL_FD"})
+    if (std::getenv(v) != nullptr) return true;
+  return false;
+}
+
+enum class Progress { bar, lines, none };
+
+Progress progress_mode(const Cli& cli) {
+  if (cli.progress == "bar") return Progress::bar;
+  if (cli.progress == "none" || cli.print_every == 0) return Progress::none;
+  if (cli.progress == "lines") return Progress::lines;
+  return isatty(fileno(stdout)) && !under_launcher() ? Progress::bar : Progress::lines;
+}
+
+// ---- the output directory --------------------------------------------------
+
+// An exclusive lock on <out>/.gpt_train.lock (fcntl: released by the kernel
+// when the process ends, so a crashed job never leaves a stale lock; the
+// file's text names the holder for the message).
+class OutLock {
+ public:
+  explicit OutLock(const fs::path& out) : path_(out / ".gpt_train.lock") {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      throw summa::Error("cannot create the lock file " + path_.string() + ": " +
+                         std::strerror(errno) + " (is --out writable?)");
+    struct flock l {};
+    l.l_type = F_WRLCK;
+    l.l_whence = SEEK_SET;
+    if (::fcntl(fd_, F_SETLK, &l) != 0) {
+      std::string holder(256, '\0');
+      const ssize_t n = ::pread(fd_, holder.data(), holder.size(), 0);
+      holder.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+      while (!holder.empty() && holder.back() == '\n') holder.pop_back();
+      ::close(fd_);
+      fd_ = -1;
+      throw summa::Error("--out " + path_.parent_path().string() +
+                         " is in use by another gpt_train job (" +
+                         (holder.empty() ? std::string("holder unknown") : holder) +
+                         "); wait for it to end, or choose another --out");
+    }
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    const std::string text = "host " + std::string(host) + ", pid " + std::to_string(::getpid()) +
+                             ", started " + std::to_string(std::time(nullptr)) + "\n";
+    if (::ftruncate(fd_, 0) != 0 ||
+        ::pwrite(fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
+      throw summa::Error("cannot write the lock file " + path_.string() + ": " +
+                         std::strerror(errno));
+  }
+  ~OutLock() {
+    if (fd_ < 0) return;
+    std::error_code ignored;
+    fs::remove(path_, ignored);  // then unlock: a waiting job never sees a half-removed lock
+    ::close(fd_);
+  }
+  OutLock(const OutLock&) = delete;
+  OutLock& operator=(const OutLock&) = delete;
+
+ private:
+  fs::path path_;
+  int fd_ = -1;
+};
+
+// Creates `dir` (and parents) and proves it writable by creating and
+// removing a probe file; throws naming `flag` and the reason.
+void ensure_writable_dir(const fs::path& dir, const std::string& flag, const std::string& tag) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw summa::Error(flag + " " + dir.string() + " exists and is not a directory");
+  fs::create_directories(dir, ec);
+  if (ec)
+    throw summa::Error(flag + ": cannot create the directory " + dir.string() + ": " +
+                       ec.message());
+  const fs::path probe = dir / (".write_probe_" + tag);
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw summa::Error(flag + ": the directory " + dir.string() +
+                       " is not writable: " + std::strerror(errno));
+  ::close(fd);
+  fs::remove(probe, ec);
+}
+
+// ---- the JSON-lines log ------------------------------------------------------
+
+// Rank 0's log: each record is one complete line written with one write()
+// and flushed to the kernel at once (a kill leaves whole lines only);
+// sync() (fsync) at checkpoints. A failed write is remembered and turned
+// into an error on every rank by the caller.
+class LogFile {
+ public:
+  LogFile() = default;
+  // Opens `path`: truncated for a fresh run; for a resumed one, cut back to
+  // the lines of steps <= `step` (and evaluations before it) first, so no
+  // partial or repeated line remains.
+  void open(const fs::path& path, bool resume, std::int64_t step) {
+    path_ = path;
+    if (resume) truncate_to(step);
+    fd_ =
+        ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (resume ? O_APPEND : O_TRUNC), 0644);
+    if (fd_ < 0)
+      throw summa::Error("--log: cannot open " + path.string() + ": " + std::strerror(errno));
+  }
+  ~LogFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  void line(const std::string& text) {
+    if (fd_ < 0 || !error_.empty()) return;
+    const std::string l = text + "\n";
+    std::size_t done = 0;
+    while (done < l.size()) {
+      const ssize_t n = ::write(fd_, l.data() + done, l.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        error_ = "writing the log " + path_.string() + " failed: " + std::strerror(errno);
+        return;
+      }
+      done += static_cast<std::size_t>(n);
+    }
+  }
+  void sync() {
+    if (fd_ >= 0 && error_.empty() && ::fsync(fd_) != 0)
+      error_ = "fsync of the log " + path_.string() + " failed: " + std::strerror(errno);
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  void truncate_to(std::int64_t step) {
+    std::ifstream in(path_);
+    if (!in) return;  // no log yet
+    std::string kept, l;
+    while (std::getline(in, l)) {
+      if (in.eof()) break;  // the last line had no newline: a partial write
+      const auto at = l.find("\"step\": ");
+      if (l.empty() || l.front() != '{' || l.back() != '}' || at == std::string::npos) continue;
+      const long long s = std::atoll(l.c_str() + at + 8);
+      const bool eval = l.find("\"val_loss\"") != std::string::npos;
+      if (eval ? s < step : s <= step) kept += l + "\n";
+    }
+    const fs::path tmp = path_.string() + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out << kept;
+      out.flush();
+      if (!out)
+        throw summa::Error("--log: cannot rewrite " + path_.string() + " for the resume (writing " +
+                           tmp.string() + " failed)");
+    }
+    std::error_code ec;
+    fs::rename(tmp, path_, ec);
+    if (ec) throw summa::Error("--log: cannot replace " + path_.string() + ": " + ec.message());
+  }
+
+  fs::path path_;
+  int fd_ = -1;
+  std::string error_;
+};
+
+// Bytes of memory available to each rank on this node: MemAvailable over the
+// node's ranks (0 when unknown).
+double available_per_rank() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  while (meminfo >> key) {
+    if (key == "MemAvailable:") {
+      meminfo >> kib;
+      break;
+    }
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local = 1;
+  MPI_Comm_size(node, &local);
+  MPI_Comm_free(&node);
+  double per_rank = kib * 1024.0 / local;
+  MPI_Allreduce(MPI_IN_PLACE, &per_rank, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  return per_rank;
+}
+
 // The backend of --backend, and the grid's communicators (--comm) to go with
 // it. Throws summa::Error on every rank for a combination that cannot work
 // (checked from the options alone, or collectively: select_device_for_rank
@@ -124,15 +402,16 @@ std::unique_ptr<summa::Backend> make_backend(const Cli& cli, summa::GridOptions&
   const std::string comm = cli.comm.empty() ? (cli.backend == "cuda" ? "nccl" : "mpi") : cli.comm;
   if (cli.backend == "cpu") {
     if (comm != "mpi")
-      throw summa::Error("gpt_train: --comm " + comm +
-                         " carries device memory and needs --backend cuda (the cpu backend "
-                         "uses --comm mpi)");
-    if (cli.tf32) throw summa::Error("gpt_train: --tf32 applies to --backend cuda only");
+      throw summa::CollectiveError(
+          "gpt_train: --comm " + comm +
+          " carries device memory and needs --backend cuda (the cpu backend "
+          "uses --comm mpi)");
+    if (cli.tf32) throw summa::CollectiveError("gpt_train: --tf32 applies to --backend cuda only");
     grid.comm = summa::CommBackend::mpi;
     return std::make_unique<summa::CpuBackend>();
   }
   if (comm == "mpi")
-    throw summa::Error(
+    throw summa::CollectiveError(
         "gpt_train: --backend cuda with --comm mpi: MPI communicators cannot take device "
         "memory; use --comm nccl (one GPU per rank) or --comm mpi_staged (ranks may share a "
         "GPU)");
@@ -145,7 +424,7 @@ std::unique_ptr<summa::Backend> make_backend(const Cli& cli, summa::GridOptions&
   grid.compute_stream = backend->stream();
   return backend;
 #else
-  throw summa::Error(
+  throw summa::CollectiveError(
       "gpt_train: --backend cuda: this summa was built without CUDA (summa/build_info.hpp "
       "SUMMA_HAVE_CUDA=0; configure with -DSUMMA_CUDA=ON where the CUDA toolkit, cuBLAS and NCCL "
       "are installed)");
@@ -156,23 +435,29 @@ template <class T>
 int train(const Cli& cli) {
   const int rank = world_rank(), ranks = world_size();
   const bool root = rank == 0;
+  const MPI_Comm world = MPI_COMM_WORLD;
   const fs::path out = cli.out;
   const fs::path ckpt_root = out / "checkpoints";
   const std::string log_path = replace_out(cli.log, cli.out);
   const std::string export_dir = replace_out(cli.export_dir, cli.out);
+  const Progress progress = progress_mode(cli);
 
   summa::TrainerOptions o;
   o.scheme = cli.scheme.empty() ? default_scheme(ranks) : cli.scheme;
   const summa::SchemeSpec spec = summa::SchemeSpec::parse(o.scheme);
+  if (spec.ranks() != ranks)
+    throw summa::CollectiveError("gpt_train: --scheme " + spec.str() + " needs " +
+                                 std::to_string(spec.ranks()) + " ranks, running on " +
+                                 std::to_string(ranks));
   o.config.n_layer = cli.layers;
   o.config.n_head = cli.heads;
   o.config.n_embd = cli.hidden;
   o.config.n_positions = cli.positions > 0 ? cli.positions : cli.seq;
   // Byte-level tokens (256), padded so every scheme's vocabulary split works.
-  o.config.vocab_size = cli.vocab > 0
-                            ? cli.vocab
-                            : summa::io::ByteTokenizer::padded_vocab(
-                                  summa::io::ByteTokenizer::base_vocab, spec.tensor_ranks());
+  o.config.vocab_size =
+      cli.vocab > 0 ? cli.vocab
+                    : summa::io::ByteTokenizer::padded_vocab(summa::io::ByteTokenizer::base_vocab,
+                                                             static_cast<int>(spec.tensor_ranks()));
   o.batch = cli.batch;
   o.seq = cli.seq;
   o.gpt.checkpoint = cli.recompute;
@@ -183,30 +468,82 @@ int train(const Cli& cli) {
   o.schedule = {.lr = cli.lr,
                 .warmup = std::min(cli.warmup, cli.steps),
                 .total = cli.steps,
-                .min_lr = cli.min_lr >= 0 ? cli.min_lr : cli.lr / 10};
+                .min_lr = cli.given.count("--min-lr") ? cli.min_lr : cli.lr / 10};
   o.clip = cli.clip;
   o.init_seed = cli.seed;
   o.data_seed = cli.data_seed;
   o.val_fraction = cli.val_fraction;
+  o.on_non_finite = cli.on_nonfinite == "skip" ? summa::TrainerOptions::NonFinite::skip
+                                               : summa::TrainerOptions::NonFinite::stop;
+  o.max_skipped_steps = cli.max_skipped;
+  o.grid.watchdog.timeout_s = cli.watchdog;
 
-  std::int64_t steps = cli.steps;
+  // The output directory: created, locked against a second job, and checked
+  // writable (every rank writes checkpoint shards) before anything is
+  // trained. Each step rank 0 takes for all reports its outcome to all.
+  std::unique_ptr<OutLock> lock;
+  summa::on_root_agreed(world, [&] {
+    ensure_writable_dir(out, "--out", "0");
+    lock = std::make_unique<OutLock>(out);
+  });
   // Resuming: the checkpoint fixes the model shape and the data stream.
   std::optional<fs::path> resume;
+  std::string resume_note;
   if (!cli.resume_from.empty()) {
     resume = cli.resume_from;
   } else if (cli.resume) {
-    int found = 0;
-    if (root) found = summa::latest_checkpoint(ckpt_root).has_value() ? 1 : 0;
-    MPI_Bcast(&found, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    if (found)
-      resume = ckpt_root;
-    else if (root)
+    if (const auto point = summa::find_resume_point(ckpt_root, world)) {
+      resume = point->dir;
+      resume_note = point->note;
+    } else if (root) {
       std::printf("gpt_train: no checkpoint under %s, starting from scratch\n",
                   ckpt_root.string().c_str());
+    }
   }
+  summa::on_root_agreed(world, [&] {
+    // A fresh run never replaces a saved one unless told to.
+    std::error_code ec;
+    const bool saved =
+        !summa::step_directories(ckpt_root).empty() || fs::exists(ckpt_root / "latest", ec);
+    if (!resume && saved) {
+      if (!cli.overwrite)
+        throw summa::Error("--out " + out.string() + " already holds the checkpoints of a run (" +
+                           ckpt_root.string() +
+                           "); pass --resume to continue it, --overwrite to replace it, or "
+                           "choose another --out");
+      fs::remove_all(ckpt_root);
+    }
+    ensure_writable_dir(ckpt_root, "--out (checkpoints)", "0");
+    if (const fs::path parent = fs::path(log_path).parent_path(); !parent.empty())
+      ensure_writable_dir(parent, "--log", "0");
+    if (!export_dir.empty()) ensure_writable_dir(export_dir, "--export", "0");
+    if (!cli.check_batch.empty()) {
+      if (const fs::path parent = fs::path(cli.check_batch).parent_path(); !parent.empty())
+        ensure_writable_dir(parent, "--check-batch", "0");
+      std::ofstream probe(cli.check_batch, std::ios::binary | std::ios::app);
+      if (!probe) throw summa::Error("--check-batch: cannot write " + cli.check_batch);
+    }
+  });
+  {  // every rank writes its shard into the checkpoint directory
+    std::optional<std::string> error;
+    try {
+      if (rank != 0) ensure_writable_dir(ckpt_root, "--out (checkpoints)", std::to_string(rank));
+    } catch (const std::exception& e) {
+      error = std::string(e.what()) + " (on rank " + std::to_string(rank) + ")";
+    }
+    summa::agree_on(world, error);
+  }
+
+  std::int64_t steps = cli.steps;
   if (resume) {
-    const summa::CheckpointInfo info = summa::read_checkpoint_info(*resume, MPI_COMM_WORLD);
-    o.config = summa::config_from_meta(info.meta);
+    const summa::CheckpointInfo info = summa::read_checkpoint_info(*resume, world);
+    std::optional<std::string> meta_error;  // the same on every rank: the same manifest
+    try {
+      o.config = summa::config_from_meta(info.meta);
+    } catch (const std::exception& e) {
+      meta_error = "--resume: " + resume->string() + ": " + e.what();
+    }
+    summa::agree_on(world, meta_error);
     if (const auto it = info.meta.find("data_seed"); it != info.meta.end())
       o.data_seed = std::stoull(it->second);
     // The run's settings continue unless given again on the command line.
@@ -227,10 +564,12 @@ int train(const Cli& cli) {
     steps = o.schedule.total;
     keep("--weight-decay", "weight_decay", o.optimizer.weight_decay);
     keep("--clip", "clip", o.clip);
-    if (root)
+    if (root) {
+      if (!resume_note.empty()) std::printf("gpt_train: %s\n", resume_note.c_str());
       std::printf("gpt_train: resuming from %s (step %lld, saved under %s)\n",
                   resume->string().c_str(), static_cast<long long>(info.step),
                   info.meta.count("scheme") ? info.meta.at("scheme").c_str() : "?");
+    }
   }
 
   std::vector<std::uint16_t> tokens;
@@ -239,15 +578,51 @@ int train(const Cli& cli) {
     try {
       tokens = summa::io::load_tokens(cli.data);
     } catch (const summa::Error& e) {
-      error = e.what();
+      error = std::string("--data: ") + e.what();
     }
-    summa::agree_on(MPI_COMM_WORLD, error);
+    summa::agree_on(world, error);
   }
   const std::size_t n_tokens = tokens.size();
   const std::unique_ptr<summa::Backend> backend = make_backend(cli, o.grid);
-  summa::Trainer<T> trainer(MPI_COMM_WORLD, o, *backend, std::move(tokens));
+
+  // Memory: the planner's figure for this configuration (parameters,
+  // gradients, every step buffer) plus the optimizer state, against what
+  // the node has per rank, before anything large is allocated.
+  const std::size_t slots = o.optimizer.kind == "adamw" ? 2 : (o.optimizer.momentum > 0 ? 1 : 0);
+  const auto state_bytes = [&](const summa::MemoryReport& r) {
+    const double params = static_cast<double>(r.parameters) / sizeof(T);
+    return params * sizeof(summa::master_t<T>) *
+           static_cast<double>(slots + (std::is_same_v<T, summa::bf16> ? 1 : 0));
+  };
+  {
+    const summa::MemoryReport plan =
+        summa::plan_memory<T>(world, spec, *backend, o.config, o.batch, o.seq, o.gpt, o.grid);
+    double need = static_cast<double>(plan.total()) + state_bytes(plan);
+    MPI_Allreduce(MPI_IN_PLACE, &need, 1, MPI_DOUBLE, MPI_MAX, world);
+    const bool given = cli.memory_budget_gib > 0;
+    const double budget = given                  ? cli.memory_budget_gib * double(1 << 30)
+                          : cli.backend == "cpu" ? available_per_rank()
+                                                 : 0;  // device memory: not measured here
+    if (budget > 0 && need > budget) {
+      const auto fits = summa::largest_batch<T>(
+          world, spec, *backend, o.config, o.seq, o.gpt,
+          static_cast<std::size_t>(std::max(0.0, budget - state_bytes(plan))), o.batch, o.grid);
+      throw summa::CollectiveError(
+          "gpt_train: this configuration needs about " + human(need, "B") +
+          " per rank (parameters, gradients, activations for --batch " + std::to_string(o.batch) +
+          " --seq " + std::to_string(o.seq) + ", optimizer state), more than the " +
+          human(budget, "B") + " per rank " +
+          (given ? std::string("of --memory-budget") : "available on this node") + "; " +
+          (fits > 0 ? "the largest --batch that fits is " + std::to_string(fits)
+                    : std::string("even the smallest batch does not fit: use fewer --layers, a "
+                                  "smaller --hidden, or more ranks")));
+    }
+  }
+
+  summa::Trainer<T> trainer(world, o, *backend, std::move(tokens));
   if (!cli.import_dir.empty()) trainer.import_hf(cli.import_dir);
   if (resume) trainer.load(*resume);
+  summa::Watchdog* watchdog = trainer.parallel().grid().watchdog();
 
   // Memory per rank: the model's buffers plus the optimizer state (fixed
   // after construction; the largest over ranks).
@@ -256,18 +631,24 @@ int train(const Cli& cli) {
                static_cast<double>(trainer.optimizer().state_names().size()) *
                    static_cast<double>(trainer.optimizer().state_elements()) *
                    sizeof(summa::master_t<T>);
-  MPI_Allreduce(MPI_IN_PLACE, &mem, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &mem, 1, MPI_DOUBLE, MPI_MAX, world);
   const double flops_per_step = summa::model_flops_per_step(o.config, o.batch, o.seq);
   const double tokens_per_step = static_cast<double>(o.batch * o.seq);
 
-  std::ofstream log;
-  log.precision(8);
+  LogFile log;
+  summa::on_root_agreed(world, [&] { log.open(log_path, trainer.step() > 0, trainer.step()); });
+  // A failed log write (rank 0) becomes the same error on every rank.
+  const auto check_log = [&] {
+    summa::agree_on(world, log.error().empty()
+                               ? std::nullopt
+                               : std::optional<std::string>("gpt_train: " + log.error()));
+  };
+  const auto save = [&] {
+    if (root) log.sync();
+    check_log();
+    trainer.save(ckpt_root);
+  };
   if (root) {
-    fs::create_directories(out);
-    if (const fs::path parent = fs::path(log_path).parent_path(); !parent.empty())
-      fs::create_directories(parent);
-    log.open(log_path, trainer.step() > 0 ? std::ios::app : std::ios::trunc);
-    if (!log) std::fprintf(stderr, "gpt_train: cannot write the log %s\n", log_path.c_str());
     std::printf(
         "gpt_train: GPT-2 n_layer=%d n_head=%d n_embd=%d seq=%lld vocab=%d (%lld parameters) | "
         "%s on %d ranks | %s on %s (comm %s%s) | batch %lld x %lld tokens | %s lr %.3g (warm-up "
@@ -279,15 +660,19 @@ int train(const Cli& cli) {
         cli.tf32 ? ", tf32" : "", static_cast<long long>(o.batch), static_cast<long long>(o.seq),
         o.optimizer.kind.c_str(), o.schedule.lr, static_cast<long long>(o.schedule.warmup),
         o.schedule.min_lr, n_tokens, cli.data.c_str());
+    std::fflush(stdout);
   }
-  const bool tty = root && isatty(fileno(stdout));
+  const bool bar = root && progress == Progress::bar;
   const auto eval = [&](const char* when) {
     const double v = trainer.evaluate(cli.eval_batches);
     if (root) {
-      std::printf("%s%s step %lld: validation loss %.4f\n", tty ? "\n" : "", when,
+      std::printf("%s%s step %lld: validation loss %.4f\n", bar ? "\n" : "", when,
                   static_cast<long long>(trainer.step()), v);
-      if (log)
-        log << "{\"step\": " << trainer.step() << ", \"val_loss\": " << v << "}\n" << std::flush;
+      std::fflush(stdout);
+      char line[128];
+      std::snprintf(line, sizeof line, "{\"step\": %lld, \"val_loss\": %.8g}",
+                    static_cast<long long>(trainer.step()), v);
+      log.line(line);
     }
     return v;
   };
@@ -295,15 +680,25 @@ int train(const Cli& cli) {
   const double val_before = eval("before training,");
   const std::int64_t first = trainer.step();
   std::vector<double> times, losses;
+  int skipped = 0;
   const auto t_start = std::chrono::steady_clock::now();
   for (std::int64_t s = first; s < steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
     const summa::StepStats st = trainer.train_step();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    double dt_max = dt;  // the slowest rank sets the pace
-    MPI_Allreduce(MPI_IN_PLACE, &dt_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    // The slowest rank sets the pace; rank 0's log state travels along.
+    double shared[2] = {dt, log.error().empty() ? 0.0 : 1.0};
+    MPI_Request request;
+    MPI_Iallreduce(MPI_IN_PLACE, shared, 2, MPI_DOUBLE, MPI_MAX, world, &request);
+    if (watchdog != nullptr)
+      watchdog->wait(request, world, "gpt_train's step-time all-reduce", sizeof shared);
+    else
+      MPI_Wait(&request, MPI_STATUS_IGNORE);
+    if (shared[1] > 0) check_log();
+    const double dt_max = shared[0];
     times.push_back(dt_max);
     losses.push_back(st.loss);
+    skipped += st.skipped ? 1 : 0;
     if (root) {
       const double tok_s = tokens_per_step / dt_max, flop_s = flops_per_step / dt_max;
       // ETA from the median of the last 20 steps.
@@ -314,28 +709,35 @@ int train(const Cli& cli) {
       char line[256];
       std::snprintf(line, sizeof line,
                     "step %5lld/%lld | loss %.4f | lr %.2e | |g| %.3f | %s | %s | mem %s/rank | "
-                    "ETA %s",
+                    "ETA %s%s",
                     static_cast<long long>(s + 1), static_cast<long long>(steps), st.loss, st.lr,
                     st.grad_norm, human(tok_s, "tok/s").c_str(), human(flop_s, "FLOP/s").c_str(),
-                    human(mem, "B").c_str(), duration(eta).c_str());
-      if (tty)
+                    human(mem, "B").c_str(), duration(eta).c_str(),
+                    st.skipped ? " | SKIPPED (not finite)" : "");
+      if (bar) {
         std::printf("\r%s\033[K", line);
-      else if ((s + 1) % cli.print_every == 0 || s == first || s + 1 == steps)
+        std::fflush(stdout);
+      } else if (progress == Progress::lines &&
+                 ((s + 1) % cli.print_every == 0 || s == first || s + 1 == steps)) {
         std::printf("%s\n", line);
-      std::fflush(stdout);
-      if (log)
-        log << "{\"step\": " << s + 1 << ", \"loss\": " << st.loss << ", \"lr\": " << st.lr
-            << ", \"grad_norm\": " << st.grad_norm << ", \"step_s\": " << dt_max
-            << ", \"tokens_per_s\": " << tok_s << ", \"model_flops_per_s\": " << flop_s << "}\n";
+        std::fflush(stdout);
+      }
+      char record[320];
+      std::snprintf(record, sizeof record,
+                    "{\"step\": %lld, \"loss\": %.8g, \"lr\": %.8g, \"grad_norm\": %.8g, "
+                    "\"step_s\": %.8g, \"tokens_per_s\": %.8g, \"model_flops_per_s\": %.8g%s}",
+                    static_cast<long long>(s + 1), st.loss, st.lr, st.grad_norm, dt_max, tok_s,
+                    flop_s, st.skipped ? ", \"skipped\": true" : "");
+      log.line(record);
     }
     if (cli.eval_every > 0 && (s + 1) % cli.eval_every == 0 && s + 1 < steps) eval("at");
-    if (cli.checkpoint_every > 0 && (s + 1) % cli.checkpoint_every == 0 && s + 1 < steps)
-      trainer.save(ckpt_root);
+    if (cli.checkpoint_every > 0 && (s + 1) % cli.checkpoint_every == 0 && s + 1 < steps) save();
   }
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   const double val_after = eval("after training,");
-  if (trainer.step() > first || !resume) trainer.save(ckpt_root);  // nothing new otherwise
+  if (trainer.step() > first || !resume) save();  // nothing new otherwise
+  check_log();
   if (!export_dir.empty()) trainer.export_hf(export_dir);
   if (!cli.check_batch.empty()) {
     // One validation batch and summa's loss on it, for scripts/hf_check.py
@@ -344,7 +746,7 @@ int train(const Cli& cli) {
     const summa::io::Batch b =
         L.batch(0, L.has_val() ? summa::io::Split::val : summa::io::Split::train);
     const double loss = trainer.model().forward(b.tokens, b.targets);
-    if (root) {
+    summa::on_root_agreed(world, [&] {
       std::ofstream f(cli.check_batch, std::ios::binary | std::ios::trunc);
       for (const auto* ids : {&b.tokens, &b.targets})
         for (const std::int32_t id : *ids) {
@@ -354,17 +756,18 @@ int train(const Cli& cli) {
                                  static_cast<char>((u >> 24) & 0xff)};
           f.write(bytes, 4);
         }
-      if (!f) std::fprintf(stderr, "gpt_train: cannot write %s\n", cli.check_batch.c_str());
+      f.flush();
+      if (!f) throw summa::Error("--check-batch: writing " + cli.check_batch + " failed");
+    });
+    if (root)
       std::printf(
           "check batch: %s (%lld x %lld ids, then targets; int32 LE), summa loss=%.17g\n"
           "  compare: /usr/bin/python3 scripts/hf_check.py %s %s %lld %lld\n",
           cli.check_batch.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq),
           loss, export_dir.c_str(), cli.check_batch.c_str(), static_cast<long long>(o.batch),
           static_cast<long long>(o.seq));
-    }
   }
   if (root) {
-    log.flush();
     const std::size_t k = std::min<std::size_t>(10, losses.size());
     const double head =
         k ? std::accumulate(losses.begin(), losses.begin() + static_cast<std::ptrdiff_t>(k), 0.0) /
@@ -377,7 +780,7 @@ int train(const Cli& cli) {
     std::vector<double> sorted = times;
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted.empty() ? 0 : sorted[sorted.size() / 2];
-    std::printf("\n== summary ==\n");
+    std::printf("%s\n== summary ==\n", bar ? "\n" : "");
     if (times.empty())
       std::printf("nothing to train: at step %lld of %lld (--steps N to go further)\n",
                   static_cast<long long>(trainer.step()), static_cast<long long>(steps));
@@ -387,6 +790,7 @@ int train(const Cli& cli) {
                   duration(elapsed).c_str(), median,
                   human(median > 0 ? tokens_per_step / median : 0, "tok/s").c_str(),
                   human(median > 0 ? flops_per_step / median : 0, "FLOP/s").c_str());
+    if (skipped > 0) std::printf("skipped steps (non-finite loss or gradient norm): %d\n", skipped);
     if (k)
       std::printf("training loss: mean of the first %zu steps %.4f -> last %zu steps %.4f\n", k,
                   head, k, tail);
@@ -394,8 +798,12 @@ int train(const Cli& cli) {
                 val_before, val_after, o.config.vocab_size,
                 std::log(static_cast<double>(o.config.vocab_size)));
     std::printf("memory per rank (largest): %s\n", human(mem, "B").c_str());
-    std::printf("checkpoint: %s (resume with --resume, under any scheme)\n",
-                summa::latest_checkpoint(ckpt_root).value_or(ckpt_root).string().c_str());
+    std::string latest = ckpt_root.string();
+    try {  // `latest` may be the damaged one a resume passed over
+      latest = summa::latest_checkpoint(ckpt_root).value_or(ckpt_root).string();
+    } catch (const summa::Error&) {
+    }
+    std::printf("checkpoint: %s (resume with --resume, under any scheme)\n", latest.c_str());
     if (!export_dir.empty())
       std::printf("export:     %s/model.safetensors + config.json (Hugging Face GPT-2)\n",
                   export_dir.c_str());
@@ -411,15 +819,28 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   Cli cli;
   CLI::App app{"gpt_train: train a GPT-2 with summa under any tensor-parallel scheme"};
-  app.add_option("--layers", cli.layers, "transformer blocks")->capture_default_str();
-  app.add_option("--hidden", cli.hidden, "hidden size n_embd")->capture_default_str();
-  app.add_option("--heads", cli.heads, "attention heads")->capture_default_str();
-  app.add_option("--seq", cli.seq, "tokens per sequence")->capture_default_str();
+  // A flag given twice: the last one counts (as in most command lines).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--layers", cli.layers, "transformer blocks")
+      ->check(integer_in(1, 100000))
+      ->capture_default_str();
+  app.add_option("--hidden", cli.hidden, "hidden size n_embd")
+      ->check(integer_in(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--heads", cli.heads, "attention heads")
+      ->check(integer_in(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--seq", cli.seq, "tokens per sequence")
+      ->check(integer_in(1, 1 << 24))
+      ->capture_default_str();
   app.add_option("--vocab", cli.vocab,
                  "vocabulary size (0: the byte tokenizer's 256, padded to a multiple of the "
                  "tensor ranks)")
+      ->check(integer_in(0, 65536))
       ->capture_default_str();
-  app.add_option("--positions", cli.positions, "n_positions (0: seq)")->capture_default_str();
+  app.add_option("--positions", cli.positions, "n_positions (0: seq)")
+      ->check(integer_in(0, 1 << 24))
+      ->capture_default_str();
   app.add_option("--scheme", cli.scheme,
                  "scheme and grid: 2d:q=Q, 1d:p=P, 3d:XxYxZ[,overlap=oar+ors+oag], with "
                  "optional data=D (default: 2d on a square rank count, else 1d)");
@@ -440,36 +861,87 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"mpi", "nccl", "mpi_staged"}));
   app.add_flag("--tf32", cli.tf32, "cuda: TF32 tensor cores in float GEMMs");
   app.add_flag("!--no-recompute", cli.recompute, "keep every activation (no checkpointing)");
-  app.add_option("--steps", cli.steps, "total training steps")->capture_default_str();
-  app.add_option("--batch", cli.batch, "global batch (sequences per step)")->capture_default_str();
+  app.add_option("--steps", cli.steps, "total training steps")
+      ->check(integer_in(0, 1e12))
+      ->capture_default_str();
+  app.add_option("--batch", cli.batch, "global batch (sequences per step)")
+      ->check(integer_in(1, 1 << 30))
+      ->capture_default_str();
   app.add_option("--optimizer", cli.optimizer, "adamw or sgd")
       ->check(CLI::IsMember({"adamw", "sgd"}))
       ->capture_default_str();
-  app.add_option("--lr", cli.lr, "peak learning rate")->capture_default_str();
-  app.add_option("--min-lr", cli.min_lr, "final learning rate of the cosine (default lr/10)");
-  app.add_option("--warmup", cli.warmup, "linear warm-up steps")->capture_default_str();
-  app.add_option("--weight-decay", cli.weight_decay, "decoupled weight decay (2-D parameters)")
+  app.add_option("--lr", cli.lr, "peak learning rate")
+      ->check(real_in(0, 1e30))
       ->capture_default_str();
-  app.add_option("--beta2", cli.beta2, "AdamW beta2")->capture_default_str();
-  app.add_option("--momentum", cli.momentum, "SGD momentum")->capture_default_str();
-  app.add_option("--clip", cli.clip, "gradient global-norm clip (0: off)")->capture_default_str();
-  app.add_option("--seed", cli.seed, "weight initialisation seed")->capture_default_str();
-  app.add_option("--data-seed", cli.data_seed, "batch sampling seed")->capture_default_str();
+  app.add_option("--min-lr", cli.min_lr, "final learning rate of the cosine (default lr/10)")
+      ->check(real_in(0, 1e30));
+  app.add_option("--warmup", cli.warmup, "linear warm-up steps")
+      ->check(integer_in(0, 1e12))
+      ->capture_default_str();
+  app.add_option("--weight-decay", cli.weight_decay, "decoupled weight decay (2-D parameters)")
+      ->check(real_in(0, 1e6))
+      ->capture_default_str();
+  app.add_option("--beta2", cli.beta2, "AdamW beta2")->check(real_in(0, 1))->capture_default_str();
+  app.add_option("--momentum", cli.momentum, "SGD momentum")
+      ->check(real_in(0, 1))
+      ->capture_default_str();
+  app.add_option("--clip", cli.clip, "gradient global-norm clip (0: off)")
+      ->check(real_in(0, 1e30))
+      ->capture_default_str();
+  app.add_option("--seed", cli.seed, "weight initialisation seed")
+      ->check(integer_in(0, 18446744073709551615.0L))
+      ->capture_default_str();
+  app.add_option("--data-seed", cli.data_seed, "batch sampling seed")
+      ->check(integer_in(0, 18446744073709551615.0L))
+      ->capture_default_str();
   app.add_option("--data", cli.data, "token file (.bin, nanoGPT uint16) or text file")
       ->capture_default_str();
   app.add_option("--val-fraction", cli.val_fraction, "held-out tail of the data")
+      ->check(real_in(0, 0.99))
       ->capture_default_str();
   app.add_option("--eval-every", cli.eval_every, "validation every N steps (0: start/end only)")
+      ->check(integer_in(0, 1 << 30))
       ->capture_default_str();
-  app.add_option("--eval-batches", cli.eval_batches, "validation batches")->capture_default_str();
+  app.add_option("--eval-batches", cli.eval_batches, "validation batches")
+      ->check(integer_in(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--print-every", cli.print_every,
-                 "progress line every N steps when stdout is not a terminal")
+                 "with --progress lines: a progress line every N steps (0: none)")
+      ->check(integer_in(0, 1 << 30))
+      ->capture_default_str();
+  app.add_option("--progress", cli.progress,
+                 "bar (one line updated in place), lines (--print-every), none, or auto: bar "
+                 "when stdout is a terminal and no MPI launcher runs the job, else lines")
+      ->check(CLI::IsMember({"auto", "bar", "lines", "none"}))
       ->capture_default_str();
   app.add_option("--out", cli.out, "output directory")->capture_default_str();
   app.add_option("--checkpoint-every", cli.checkpoint_every,
                  "checkpoint every N steps (0: only at the end)")
+      ->check(integer_in(0, 1 << 30))
       ->capture_default_str();
-  app.add_flag("--resume", cli.resume, "resume from <out>/checkpoints if there is one");
+  app.add_flag("--resume", cli.resume,
+               "resume from <out>/checkpoints: the step `latest` names, or the newest valid "
+               "one when `latest` is damaged; from scratch only when nothing was saved");
+  app.add_flag("--overwrite", cli.overwrite,
+               "start afresh even though --out holds a run's checkpoints (they are deleted)");
+  app.add_option("--watchdog", cli.watchdog,
+                 "seconds a collective may wait before the job is ended with a report naming "
+                 "the ranks that did not arrive (0: off)")
+      ->check(real_in(0, 1e7))
+      ->capture_default_str();
+  app.add_option("--on-nonfinite", cli.on_nonfinite,
+                 "a step with a NaN or infinite loss or gradient norm: stop (before any update "
+                 "or save) or skip it (no update)")
+      ->check(CLI::IsMember({"stop", "skip"}))
+      ->capture_default_str();
+  app.add_option("--max-skipped", cli.max_skipped,
+                 "with --on-nonfinite skip: stop after this many skipped steps in a row")
+      ->check(integer_in(0, 1 << 30))
+      ->capture_default_str();
+  app.add_option("--memory-budget", cli.memory_budget_gib,
+                 "GiB per rank the configuration must fit in (0: the node's available memory "
+                 "over its ranks on --backend cpu; unchecked on cuda)")
+      ->check(real_in(0, 1e9));
   app.add_option("--resume-from", cli.resume_from, "resume from this checkpoint (dir or root)");
   app.add_option("--import", cli.import_dir, "start from a Hugging Face GPT-2 export (dir)");
   app.add_option("--export", cli.export_dir, "Hugging Face export directory ('' : none)")
@@ -483,18 +955,43 @@ int main(int argc, char** argv) {
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-      code = world_rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
+      // Every rank parses the same argv: the same outcome everywhere, printed once.
+      if (e.get_exit_code() == 0) {
+        code = world_rank() == 0 ? app.exit(e) : 0;
+      } else {
+        if (world_rank() == 0)
+          std::fprintf(stderr, "gpt_train: error: %s (see --help)\n", e.what());
+        code = 2;
+      }
       MPI_Finalize();
       return code;
     }
     for (const CLI::Option* opt : app.get_options())
       if (opt->count() > 0) cli.given.insert(opt->get_name());
+    check_flags(cli);
     code = cli.dtype == "double" ? train<double>(cli)
            : cli.dtype == "bf16" ? train<summa::bf16>(cli)
                                  : train<float>(cli);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpt_train (rank %d): %s\n", world_rank(), e.what());
+  } catch (const summa::CollectiveError& e) {
+    // Every rank holds this error: printed once, a clean exit everywhere.
+    std::string_view m = e.what();
+    if (m.starts_with("gpt_train: ")) m.remove_prefix(11);
+    if (world_rank() == 0)
+      std::fprintf(stderr, "gpt_train: error: %.*s\n", static_cast<int>(m.size()), m.data());
     code = 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "gpt_train (rank %d): out of memory (std::bad_alloc); lower --batch or the model "
+                 "size, or give --memory-budget; aborting the job\n",
+                 world_rank());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  } catch (const std::exception& e) {
+    // Seen by this rank alone: its peers may wait in a collective for it, so
+    // the job is ended rather than left hanging.
+    std::fprintf(stderr, "gpt_train (rank %d): error: %s; aborting the job\n", world_rank(),
+                 e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
   }
   MPI_Finalize();
   return code;

@@ -47,7 +47,8 @@ case "$what" in
     configure_and_build "$dir" -DCMAKE_BUILD_TYPE=Release
     # Trains a small GPT on the bundled corpus on a 2x2 mesh (about two
     # minutes on 2 cores), exports it, then plots the loss curve.
-    mpirun -np 4 "$dir/examples/gpt_train" --out gpt_train_out
+    # --overwrite: a second demo replaces the first one's run.
+    mpirun -np 4 "$dir/examples/gpt_train" --out gpt_train_out --overwrite
     if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
       echo "loss plot: $(/usr/bin/python3 scripts/plot_loss.py gpt_train_out/log.jsonl)"
     fi

@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
 #include <charconv>
+#include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string_view>
@@ -1119,8 +1121,7 @@ std::vector<fs::path> step_directories(const fs::path& root) {
     if (err != std::errc() || end != name.data() + name.size()) continue;
     found.emplace_back(step, entry.path());
   }
-  if (ec)
-    throw Error(fmt::format("checkpoint: cannot list {}: {}", quoted(root), ec.message()));
+  if (ec) throw Error(fmt::format("checkpoint: cannot list {}: {}", quoted(root), ec.message()));
   std::sort(found.begin(), found.end());
   std::vector<fs::path> out;
   for (auto& f : found) out.push_back(std::move(f.second));
@@ -1144,9 +1145,10 @@ std::optional<ResumePoint> find_resume_point(const fs::path& root) {
   }
   if (steps.empty()) {
     if (note.find("is missing") != std::string::npos) return std::nullopt;
-    throw Error(fmt::format("checkpoint: cannot resume from {}: {}, and there is no step_<N> "
-                            "directory to fall back on",
-                            quoted(root), note));
+    throw Error(
+        fmt::format("checkpoint: cannot resume from {}: {}, and there is no step_<N> "
+                    "directory to fall back on",
+                    quoted(root), note));
   }
   std::string problems;
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
@@ -1215,6 +1217,21 @@ CheckpointInfo verify_checkpoint(const fs::path& path_or_root) {
 
 namespace {
 
+// Fault injection for the fault suite (tests/fault): with
+// SUMMA_FAULT_KILL_IN_SAVE=<step>:<world rank> in the environment, that rank
+// kills itself (SIGKILL) in the save of that step, after writing its shard
+// and before the manifest: a crash in the middle of a checkpoint.
+void kill_if_injected(std::int64_t step, int rank) {
+  const char* spec = std::getenv("SUMMA_FAULT_KILL_IN_SAVE");
+  if (spec == nullptr) return;
+  long long s = -1;
+  int r = -1;
+  if (std::sscanf(spec, "%lld:%d", &s, &r) == 2 && s == step && r == rank) {
+    std::fflush(nullptr);
+    ::kill(::getpid(), SIGKILL);
+  }
+}
+
 template <class T>
 void save_impl(const fs::path& root, ParameterStore<T>& store, std::span<const StateSlot> slots,
                const CheckpointInfo& info, ProcessGrid& grid, saved_t<T>* master) {
@@ -1253,6 +1270,7 @@ void save_impl(const fs::path& root, ParameterStore<T>& store, std::span<const S
                const HostImage<T> host(store, slots, master);
                lines = write_shard(tmp, store, host, grid, grid.tensor().rank());
              }));
+  kill_if_injected(info.step, rank);
   lines = gather_on_root(comm, lines);
   // 3. the manifest, last; then the rename and `latest`
   grid.agree(CommAxis::world, rank != 0 ? std::nullopt : capture([&] {

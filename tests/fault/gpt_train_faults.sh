@@ -1,0 +1,260 @@
+#!/usr/bin/env bash
+# The gpt_train fault suite (docs/reliability.md): each case a careless or
+# hostile user could make, run with a hard timeout. A case passes when the job
+# ends (never hangs), with the expected outcome, an error printed once, and
+# every checkpoint, export and log line saved before it left byte-identical.
+#
+#   tests/fault/gpt_train_faults.sh <mpiexec> "<mpiexec flags>" <gpt_train> <work dir>
+set -uo pipefail
+MPIEXEC=$1
+read -r -a FLAGS <<<"${2//;/ }"  # a CMake list or words
+EXE=$3
+W=$4
+rm -rf "$W"
+mkdir -p "$W"
+SMALL=(--layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 --eval-every 0 --eval-batches 1
+       --warmup 2 --progress lines --print-every 1 --export '')
+failures=0
+fail() {
+  echo "FAIL [$case]: $*"
+  failures=$((failures + 1))
+}
+
+# run <np> <args...>: sets $rc and $out (stdout + stderr); 60 s hard limit.
+run() {
+  local np=$1
+  shift
+  out=$(timeout -s KILL 60 "$MPIEXEC" -np "$np" "${FLAGS[@]}" "$EXE" "${SMALL[@]}" "$@" 2>&1)
+  rc=$?
+  printf '%s\n' "$out" >"$W/last_$case.txt"
+}
+# expect_error <pattern> <np> <args...>: a clean failure everywhere, printed once.
+expect_error() {
+  local pattern=$1
+  shift
+  run "$@"
+  if [ "$rc" = 137 ]; then fail "hung (killed after 60 s)"; return; fi
+  if [ "$rc" = 0 ]; then fail "succeeded, expected an error matching '$pattern'"; return; fi
+  if ! grep -qE -- "$pattern" <<<"$out"; then fail "error does not match '$pattern':"$'\n'"$out"; fi
+  local n
+  n=$(grep -c "error:" <<<"$out")
+  if [ "$n" != 1 ]; then fail "the error was printed $n times (once expected):"$'\n'"$out"; fi
+  if grep -q "MPI_ABORT" <<<"$out"; then fail "the job was aborted instead of ending cleanly"; fi
+}
+expect_ok() {
+  run "$@"
+  if [ "$rc" != 0 ]; then fail "failed ($rc):"$'\n'"$out"; fi
+}
+# A checksum of every file a run saved (checkpoints, export, log).
+snapshot() { (cd "$1" && find . -type f ! -name '.gpt_train.lock' -print0 | sort -z |
+               xargs -0 sha256sum) 2>/dev/null; }
+loss_lines() { grep '"loss"' "$1" | sed -E 's/.*"step": ([0-9]+), "loss": ([^,]+),.*/\1 \2/'; }
+# Every log line complete JSON; no step twice; steps 1..N in order.
+check_log() {
+  local log=$1 n=$2
+  if ! python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]' "$log"; then
+    fail "$log has a line that is not complete JSON"
+  fi
+  local got
+  got=$(loss_lines "$log" | cut -d' ' -f1 | tr '\n' ' ')
+  local want
+  want=$(seq 1 "$n" | tr '\n' ' ')
+  [ "$got" = "$want" ] || fail "$log step lines are '$got', expected '$want'"
+}
+
+# ---- a reference run: 6 steps, checkpoints at 2, 4 and 6
+case=reference
+expect_ok 2 --steps 6 --checkpoint-every 2 --out "$W/ref"
+check_log "$W/ref/log.jsonl" 6
+fresh() {  # a copy of the reference run's output for a case to damage
+  rm -rf "$W/$1"
+  cp -a "$W/ref" "$W/$1"
+}
+
+# ---- agreement: damaged `latest` (was: rank 0 threw, the others hung)
+for kind in garbage empty dotdot directory; do
+  case=latest_$kind
+  fresh "$case"
+  c="$W/$case/checkpoints"
+  rm -f "$c/latest"
+  case $kind in
+    garbage) head -c 100 /dev/urandom >"$c/latest" ;;
+    empty) : >"$c/latest" ;;
+    dotdot) echo "../../etc" >"$c/latest" ;;
+    directory) mkdir "$c/latest" ;;
+  esac
+  before=$(snapshot "$c")
+  run 2 --steps 6 --resume --out "$W/$case"
+  [ "$rc" = 0 ] || fail "--resume did not recover ($rc): $out"
+  grep -q "resuming from the newest checkpoint with a valid manifest" <<<"$out" ||
+    fail "no note on the damaged latest: $out"
+  grep -q "step_00000006" <<<"$out" || fail "did not resume from the newest step: $out"
+  [ "$(snapshot "$c" | grep -v ' ./latest')" = "$(grep -v ' ./latest' <<<"$before")" ] ||
+    fail "saved checkpoints changed"
+done
+case=latest_and_manifests_damaged
+fresh "$case"
+echo garbage >"$W/$case/checkpoints/latest"
+for m in "$W/$case"/checkpoints/step_*/manifest*; do echo x >>"$m"; done
+before=$(snapshot "$W/$case")
+expect_error "no step directory has a valid manifest" 2 --steps 8 --resume --out "$W/$case"
+grep -q "pass --resume-from <dir>" <<<"$out" || fail "no hint to --resume-from"
+[ "$(snapshot "$W/$case")" = "$before" ] || fail "files changed"
+
+# ---- agreement: outputs that cannot be created (was: rank 0 threw, the others hung)
+case=out_is_file
+: >"$W/a_file"
+expect_error "--out .*a_file exists and is not a directory" 2 --steps 1 --out "$W/a_file"
+case=out_under_file
+expect_error "--out: cannot create the directory" 2 --steps 1 --out "$W/a_file/sub"
+case=out_read_only
+expect_error "--out: cannot create the directory /proc/summa_out" 2 --steps 1 --out /proc/summa_out
+case=out_empty
+expect_error "--out must name a directory" 2 --steps 1 --out ''
+case=log_is_directory
+mkdir -p "$W/logdir"
+expect_error "--log: cannot open" 2 --steps 1 --out "$W/o_logdir" --log "$W/logdir"
+case=log_under_file
+expect_error "--log .*a_file exists and is not a directory" 2 --steps 1 --out "$W/o_logfile" \
+  --log "$W/a_file/log.jsonl"
+case=check_batch_unwritable
+expect_error "--check-batch: cannot create the directory /proc/summa" 2 --steps 1 \
+  --out "$W/o_cb" --check-batch /proc/summa/batch.bin
+
+# ---- data loss
+case=resume_latest_missing  # was: "starting from scratch" over the saved steps
+fresh "$case"
+rm "$W/$case/checkpoints/latest"
+before=$(snapshot "$W/$case/checkpoints")
+run 2 --steps 8 --checkpoint-every 2 --resume --out "$W/$case"
+[ "$rc" = 0 ] || fail "failed: $out"
+grep -q "resuming from .*step_00000006 (step 6" <<<"$out" || fail "did not resume from step 6: $out"
+for s in 2 4 6; do
+  [ "$(snapshot "$W/$case/checkpoints" | grep "step_0000000$s")" = \
+    "$(grep "step_0000000$s" <<<"$before")" ] || fail "step_$s changed"
+done
+check_log "$W/$case/log.jsonl" 8
+case=fresh_run_over_saved  # a run without --resume never replaces saved checkpoints
+fresh "$case"
+before=$(snapshot "$W/$case")
+expect_error "already holds the checkpoints of a run.*--resume.*--overwrite" 2 --steps 2 \
+  --out "$W/$case"
+[ "$(snapshot "$W/$case")" = "$before" ] || fail "files changed"
+case=overwrite
+fresh "$case"
+expect_ok 2 --steps 2 --out "$W/$case" --overwrite
+[ -d "$W/$case/checkpoints/step_00000006" ] && fail "--overwrite kept the old run's step 6"
+check_log "$W/$case/log.jsonl" 2
+case=divergence  # --lr 1e30: stops before anything non-finite is saved
+fresh "$case"
+before=$(snapshot "$W/$case/checkpoints")
+expect_error "the loss is .* \(not finite\): training stopped before this step's update" 2 \
+  --steps 12 --checkpoint-every 2 --resume --lr 1e30 --out "$W/$case"
+for s in 2 4 6; do
+  [ "$(snapshot "$W/$case/checkpoints" | grep "step_0000000$s")" = \
+    "$(grep "step_0000000$s" <<<"$before")" ] || fail "step_$s changed"
+done
+[ "$(cat "$W/$case/checkpoints/latest")" = step_00000006 ] ||
+  [ "$(cat "$W/$case/checkpoints/latest")" = step_00000008 ] || fail "latest moved to a bad step"
+python3 - "$W/$case/checkpoints" <<'EOF' || fail "a saved checkpoint holds non-finite values"
+import glob, struct, sys, math
+for f in glob.glob(sys.argv[1] + "/step_*/shard_*.bin"):
+    data = open(f, "rb").read()[64:]
+    vals = struct.unpack("<%df" % (len(data) // 4), data[: len(data) // 4 * 4])
+    assert all(math.isfinite(v) for v in vals), f
+EOF
+case=divergence_skip  # the documented alternative: skip, with a limit
+expect_error "after 2 skipped steps in a row \(the limit\)" 2 --steps 12 --lr 1e30 \
+  --on-nonfinite skip --max-skipped 2 --out "$W/$case"
+case=nan_import  # an imported checkpoint holding NaN
+expect_ok 2 --steps 1 --out "$W/exp" --export "$W/exp/export"
+python3 - "$W/exp/export/model.safetensors" <<'EOF'
+import struct, sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+b[8 + n:8 + n + 4] = struct.pack("<f", float("nan"))
+open(p, "wb").write(b)
+EOF
+expect_error "not finite" 2 --steps 4 --checkpoint-every 1 --import "$W/exp/export" \
+  --out "$W/$case"
+[ -z "$(ls "$W/$case/checkpoints" 2>/dev/null)" ] || fail "a checkpoint was written"
+case=log_disk_full  # a failed log write is an error on every rank
+expect_error "writing the log /dev/full failed: No space left on device" 2 --steps 3 \
+  --out "$W/$case" --log /dev/full
+case=two_jobs_one_out
+rm -rf "$W/$case"
+timeout -s KILL 120 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$EXE" "${SMALL[@]}" --steps 100000 \
+  --out "$W/$case" >"$W/job_a.txt" 2>&1 &
+a=$!
+for _ in $(seq 100); do grep -q "step " "$W/job_a.txt" 2>/dev/null && break; sleep 0.2; done
+expect_error "is in use by another gpt_train job \(host .*pid [0-9]+" 2 --steps 2 \
+  --out "$W/$case" --resume
+pkill -KILL -f -- "--out $W/$case" 2>/dev/null
+kill -KILL $a 2>/dev/null
+wait $a 2>/dev/null
+case=stale_lock  # the killed job's lock is not held any more
+expect_ok 2 --steps 2 --out "$W/two_jobs_one_out" --overwrite
+
+# ---- kill -9 of one rank in the middle of a save, then --resume: the
+# losses equal the uninterrupted run's, the log has each step once
+case=kill_in_save
+rm -rf "$W/$case"
+SUMMA_FAULT_KILL_IN_SAVE=4:1 run 2 --steps 6 --checkpoint-every 2 --out "$W/$case"
+[ "$rc" != 0 ] || fail "the injected kill did not happen"
+[ -d "$W/$case/checkpoints/step_00000004" ] && fail "the killed save left a step directory"
+[ "$(cat "$W/$case/checkpoints/latest")" = step_00000002 ] || fail "latest is not step 2"
+expect_ok 2 --steps 6 --checkpoint-every 2 --resume --out "$W/$case"
+grep -q "resuming from .*step 2" <<<"$out" || fail "did not resume from step 2: $out"
+check_log "$W/$case/log.jsonl" 6
+[ "$(loss_lines "$W/$case/log.jsonl")" = "$(loss_lines "$W/ref/log.jsonl")" ] ||
+  fail "resumed losses differ from the uninterrupted run"
+case=kill_mid_run  # kill -9 between saves: whole log lines, none repeated after resume
+rm -rf "$W/$case"
+timeout -s KILL 120 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$EXE" "${SMALL[@]}" --steps 100000 \
+  --checkpoint-every 3 --out "$W/$case" >"$W/job_k.txt" 2>&1 &
+k=$!
+for _ in $(seq 150); do
+  [ "$(grep -c '"loss"' "$W/$case/log.jsonl" 2>/dev/null)" -ge 8 ] && break
+  sleep 0.2
+done
+pkill -KILL -f -- "--out $W/$case" 2>/dev/null
+wait $k 2>/dev/null
+python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]' "$W/$case/log.jsonl" ||
+  fail "the killed run's log has a partial line"
+saved=$(sed 's/step_0*//' "$W/$case/checkpoints/latest")
+expect_ok 2 --steps $((saved + 3)) --checkpoint-every 3 --resume --out "$W/$case"
+check_log "$W/$case/log.jsonl" $((saved + 3))
+
+# ---- flags: no crash, no silent clamping or wrap-around, the flag named
+case=print_every_0  # was: SIGFPE with stdout not a terminal
+expect_ok 2 --steps 2 --print-every 0 --out "$W/$case"
+grep -q "^step " <<<"$out" && fail "--print-every 0 printed progress lines"
+case=progress_file  # under mpirun with output to a file: lines, no \r or escapes
+expect_ok 2 --steps 4 --print-every 2 --progress auto --out "$W/$case"
+grep -q $'\r\|\033' <<<"$out" && fail "carriage returns or escape codes in redirected output"
+[ "$(grep -c '^step ' <<<"$out")" = 3 ] || fail "expected lines for steps 1, 2, 4: $out"
+for bad in "--steps -5:--steps" "--steps 1e20:--steps" "--seed -1:--seed" "--seq 0:--seq" \
+           "--min-lr nan:--min-lr" "--min-lr -1:--min-lr" "--lr inf:--lr" \
+           "--batch 99999999999:--batch" "--min-lr 1:--min-lr 1.* exceeds --lr"; do
+  case="flag ${bad%%:*}"
+  read -r -a args <<<"${bad%%:*}"
+  expect_error "${bad#*:}" 2 "${args[@]}" --out "$W/flags"
+done
+case=scheme_overflow
+expect_error "--scheme: .*more than an MPI communicator holds" 2 \
+  --scheme data=1073741825,1d:p=4 --out "$W/flags"
+case=memory  # too large for memory: its size, the budget and a hint
+expect_error "needs about .* per rank .* more than the .* of --memory-budget; the largest --batch that fits is [0-9]+" \
+  2 --steps 1 --batch 4096 --memory-budget 0.002 --out "$W/mem"
+case=bin_upper  # a token file named .BIN is a token file
+python3 -c 'import struct,sys; open(sys.argv[1],"wb").write(struct.pack("<4000H",*[i%200 for i in range(4000)]))' \
+  "$W/tokens.BIN"
+expect_ok 2 --steps 1 --data "$W/tokens.BIN" --out "$W/$case"
+grep -q "4000 tokens" <<<"$out" || fail "the .BIN file was not read as 4000 tokens: $out"
+case=text_named_bin
+head -c 5000 "$(dirname "$0")/../../examples/data/corpus.txt" >"$W/text.bin"
+expect_error "holds text; rename it" 2 --steps 1 --data "$W/text.bin" --out "$W/$case"
+
+echo "gpt_train fault suite: $failures failure(s)"
+[ "$failures" = 0 ]
