@@ -507,6 +507,70 @@ TEST(Checkpoint, StepsLatestAndCrashLeftovers) {
   EXPECT_EQ((loader.mismatches<double, double>(s4)), 0);
 }
 
+// A checkpoint holding NaN or infinity is never written (`latest` stays);
+// find_resume_point falls back to the newest step with a valid manifest when
+// `latest` is damaged or missing, and never reports "nothing saved" while a
+// step directory exists.
+TEST(Checkpoint, NonFiniteRefusedAndResumePointFallsBack) {
+  TempRoot tmp;
+  Backend& backend = test_backend();
+  const SchemeSpec a = schemes_for(world_size()).front();
+  const fs::path root = tmp.path() / "run";
+  const std::uint64_t s1 = fresh_seed(), s2 = fresh_seed();
+  SCOPED_TRACE(seed_note(s1));
+  Model<double> saver(a, backend, small_config());
+  EXPECT_FALSE(find_resume_point(root, MPI_COMM_WORLD).has_value());
+  saver.fill(s1);
+  save_checkpoint(root, saver.store(), saver.slots, make_info(1, a.str()), saver.grid());
+  saver.fill(s2);
+  save_checkpoint(root, saver.store(), saver.slots, make_info(2, a.str()), saver.grid());
+
+  for (const double bad :
+       {std::numeric_limits<double>::quiet_NaN(), -std::numeric_limits<double>::infinity()}) {
+    saver.fill(s2);
+    if (world_rank() == 0) {  // rank 0 always writes a shard (data group 0)
+      const auto n = static_cast<std::size_t>(saver.store().local_elements());
+      const std::vector<double> poison(n, bad);
+      backend.upload(saver.store().values_base(), poison.data(), n * sizeof(double));
+    }
+    expect_error_everywhere(
+        [&] {
+          save_checkpoint(root, saver.store(), saver.slots, make_info(3, a.str()), saver.grid());
+        },
+        {"save_checkpoint", "non-finite value", "latest"}, "non-finite values");
+    EXPECT_EQ(latest_checkpoint(root), root / step_name(2));
+    EXPECT_FALSE(fs::exists(root / step_name(3)));
+  }
+
+  auto point = find_resume_point(root, MPI_COMM_WORLD);
+  ASSERT_TRUE(point.has_value());
+  EXPECT_EQ(point->dir, root / step_name(2));
+  EXPECT_EQ(point->info.step, 2);
+  EXPECT_EQ(point->note, "");
+  on_rank0([&] { std::ofstream(root / "latest") << "../../etc/passwd\n"; });
+  point = find_resume_point(root, MPI_COMM_WORLD);
+  ASSERT_TRUE(point.has_value());
+  EXPECT_EQ(point->dir, root / step_name(2));
+  EXPECT_NE(point->note.find("corrupted"), std::string::npos) << point->note;
+  on_rank0([&] { fs::remove(root / "latest"); });
+  point = find_resume_point(root, MPI_COMM_WORLD);
+  ASSERT_TRUE(point.has_value());
+  EXPECT_EQ(point->dir, root / step_name(2));
+  EXPECT_NE(point->note.find("is missing"), std::string::npos) << point->note;
+  on_rank0([&] { std::ofstream(root / step_name(2) / "manifest", std::ios::app) << "x\n"; });
+  point = find_resume_point(root, MPI_COMM_WORLD);
+  ASSERT_TRUE(point.has_value());
+  EXPECT_EQ(point->dir, root / step_name(1));
+  EXPECT_EQ(point->info.step, 1);
+  on_rank0([&] { std::ofstream(root / step_name(1) / "manifest", std::ios::app) << "x\n"; });
+  expect_error_everywhere(
+      [&] { (void)find_resume_point(root, MPI_COMM_WORLD); },
+      {"no step directory has a valid manifest", step_name(1), step_name(2), "--resume-from"},
+      "every step damaged");
+  EXPECT_EQ(step_directories(root),
+            (std::vector<fs::path>{root / step_name(1), root / step_name(2)}));
+}
+
 // Every error throws on every rank, naming the problem; the previous
 // checkpoint still loads.
 TEST(Checkpoint, ErrorsThrowOnEveryRank) {

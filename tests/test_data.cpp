@@ -257,6 +257,30 @@ TEST(TokenFile, LoadTextEncodesBytes) {
   }
 }
 
+// The format follows the extension in any case (.bin, .BIN, .Bin), checked
+// against the content: text named .bin is refused naming the file.
+TEST(TokenFile, FormatByExtensionCheckedByContent) {
+  const auto seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  ScratchDir dir(seed);
+  std::uniform_int_distribution<int> id(0, 50256);
+  std::vector<std::uint16_t> ids(777);
+  for (auto& t : ids) t = static_cast<std::uint16_t>(id(gen));
+  for (const char* name : {"a.bin", "b.BIN", "c.Bin"}) {
+    const fs::path file = dir.path() / name;
+    summa::io::write_token_file(file, ids);
+    EXPECT_EQ(summa::io::load_tokens(file), ids) << name;
+  }
+  write_raw(dir.path() / "text.BIN", "plain text, 2 bytes a token would be nonsense\n");
+  try {
+    (void)summa::io::load_tokens(dir.path() / "text.BIN");
+    ADD_FAILURE() << "text named .BIN was accepted";
+  } catch (const summa::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds text"), std::string::npos) << e.what();
+  }
+}
+
 // ---------------------------------------------------------------- loader
 
 TEST(TokenLoader, ValidatesItsInput) {

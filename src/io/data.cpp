@@ -159,9 +159,6 @@ bool looks_like_text(const std::string& bytes) {
   }
   return n > 0;
 }
-bool has_nul(const std::string& bytes) {
-  return bytes.find('\0', 0) < std::min<std::size_t>(bytes.size(), 64 * 1024);
-}
 }  // namespace
 
 std::vector<std::uint16_t> load_tokens(const fs::path& file) {
@@ -169,23 +166,15 @@ std::vector<std::uint16_t> load_tokens(const fs::path& file) {
   std::transform(ext.begin(), ext.end(), ext.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   if (ext == ".bin") {
-    std::vector<std::uint16_t> tokens = read_token_file(file);
-    const std::string head = read_bytes(file, "token file");
-    require(!looks_like_text(head), [&] {
+    require(!looks_like_text(read_bytes(file, "token file")), [&] {
       return fmt::format(
           "data file {}: named {} (a token file of little-endian uint16 ids) but it holds text; "
           "rename it (e.g. to .txt) to train on it as text",
           quoted(file), file.extension().string());
     });
-    return tokens;
+    return read_token_file(file);
   }
   const std::string text = read_bytes(file, "text file");
-  require(!has_nul(text), [&] {
-    return fmt::format(
-        "data file {}: read as text (its extension is not .bin) but it holds NUL bytes, as a "
-        "binary file does; a token file of uint16 ids must be named .bin",
-        quoted(file));
-  });
   return ByteTokenizer().encode(text);
 }
 

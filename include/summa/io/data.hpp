@@ -52,10 +52,9 @@ void write_token_file(const std::filesystem::path& file, std::span<const std::ui
 
 /// The tokens of a data file: `.bin` (any case) is a token file
 /// (read_token_file); any other extension (`.txt`, ...) is text, encoded with
-/// ByteTokenizer. The content is checked against the name: a `.bin` file
-/// whose first 64 KiB are all text bytes, or a text file holding NUL bytes,
-/// is refused. Throws summa::Error naming the file when it is missing,
-/// unreadable, empty or of the other kind.
+/// ByteTokenizer (any bytes). A `.bin` file whose first 64 KiB are all text
+/// bytes (a text file misnamed) is refused. Throws summa::Error naming the file when it is missing,
+/// unreadable, empty or misnamed text.
 std::vector<std::uint16_t> load_tokens(const std::filesystem::path& file);
 
 /// The two parts of the token stream: the first (1 - val_fraction) is
