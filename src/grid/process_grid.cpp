@@ -19,17 +19,7 @@
 namespace summa {
 
 void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error) {
-  int rank = 0;
-  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
-  int first = local_error ? rank : INT_MAX;
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
-  if (first == INT_MAX) return;
-  std::string message = rank == first ? *local_error : std::string();
-  int length = static_cast<int>(message.size());
-  check_mpi(MPI_Bcast(&length, 1, MPI_INT, first, comm), "MPI_Bcast");
-  message.resize(static_cast<std::size_t>(length));
-  check_mpi(MPI_Bcast(message.data(), length, MPI_CHAR, first, comm), "MPI_Bcast");
-  throw CollectiveError(message);
+  agree_on(comm, local_error, {}, {}, "agree_on");
 }
 
 void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error,
