@@ -279,6 +279,7 @@ struct Settings {
   std::string comm = "mpi_staged";  // cuda: "mpi_staged" or "nccl"
   bool tf32 = false;                // cuda: TF32 tensor cores in fp32 GEMMs (summa and cuBLAS)
   bool cublas = true;               // cuda: the cublasGemmEx baseline
+  bool guard_overhead = false;      // also time unguarded and watchdog-guarded calls
 };
 
 // Default tolerance on max_rel_error (see README): 64 unit roundoffs of T
@@ -616,6 +617,7 @@ std::uint64_t max_over_ranks(std::uint64_t v) {
 
 struct Context {
   summa::ProcessGrid* grid;
+  summa::ProcessGrid* watched = nullptr;  ///< --guard-overhead: the mesh with a watchdog
   summa::Backend* backend;
   int q, ranks, rank;
   Blas blas;
@@ -712,15 +714,36 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
   auto B = summa::MatrixView<const T>::dense(b_mem.data(), bs.b_rows, bs.b_cols);
   auto C = summa::MatrixView<T>::dense(c_mem.data(), bs.c_rows, bs.c_cols);
   summa::SummaEngine engine(*ctx.grid, *ctx.backend);
+  // --guard-overhead: the same call without the consensus all-reduce, and with
+  // the default checks on a mesh whose communicators have a watchdog.
+  std::optional<summa::SummaEngine> unguarded, watched;
+  if (s.guard_overhead) {
+    unguarded.emplace(*ctx.grid, *ctx.backend);
+    watched.emplace(*ctx.watched, *ctx.backend);
+  }
   for (index_t panel : s.panels)
     for (bool overlap : s.overlaps)
       for (int slices : overlap ? s.slices : std::vector<int>{1}) {
-        engine.set_options({.panel = panel, .overlap = overlap, .progress_slices = slices});
+        const summa::SummaOptions opts{
+            .panel = panel, .overlap = overlap, .progress_slices = slices};
+        engine.set_options(opts);
+        if (unguarded) {
+          summa::SummaOptions u = opts;
+          u.consensus_checks = false;
+          unguarded->set_options(u);
+          watched->set_options(opts);
+        }
         const std::size_t ws_bytes = engine.workspace_bytes(form, m, n, k, dtype);
         summa::Workspace ws("workspace", *ctx.backend, ws_bytes);
         std::uint64_t sent = 0, received = 0;
         std::vector<double> t_events;  // cuda: summa's span on the compute stream
         [[maybe_unused]] bool timing_events = false;
+        auto variant_call = [&](summa::SummaEngine& e) {
+          return [&] {
+            e.multiply(form, m, n, k, summa::acc_t<T>(1), A, B, summa::acc_t<T>(0), C, ws);
+            ctx.backend->synchronize();
+          };
+        };
         auto summa_call = [&] {
           const std::uint64_t s0 = mesh_bytes(*ctx.grid, true), r0 = mesh_bytes(*ctx.grid, false);
 #if SUMMA_HAVE_CUDA
@@ -746,7 +769,7 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
           err = rel_error(c_mem.download(), *ref, scale);
           if (!(*err <= tol)) ok = false;
         }
-        std::vector<double> t_summa, t_eigen, t_pdgemm, t_cublas;
+        std::vector<double> t_summa, t_eigen, t_pdgemm, t_cublas, t_unguarded, t_watched;
         timing_events = cuda;
         for (int r = 0; r < s.reps; ++r) {
           if (eigen) t_eigen.push_back(eigen->run_once());
@@ -755,6 +778,10 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
           if (cublas) t_cublas.push_back(cublas->run_once());
 #endif
           t_summa.push_back(time_collective(summa_call));
+          if (unguarded) {
+            t_unguarded.push_back(time_collective(variant_call(*unguarded)));
+            t_watched.push_back(time_collective(variant_call(*watched)));
+          }
         }
         timing_events = false;
 #if SUMMA_HAVE_CUDA
@@ -799,6 +826,18 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
             .integer("bytes_sent_per_rank", static_cast<long long>(sent))
             .integer("bytes_received_per_rank", static_cast<long long>(received))
             .integer("workspace_bytes", static_cast<long long>(ws_bytes));
+        if (unguarded) {
+          // Paired per repetition: the median of the per-repetition ratios.
+          std::vector<double> rc, rw;
+          for (std::size_t r = 0; r < t_summa.size(); ++r) {
+            rc.push_back(t_summa[r] / t_unguarded[r]);
+            rw.push_back(t_watched[r] / t_summa[r]);
+          }
+          j.num("unguarded_seconds", median(t_unguarded))
+              .num("watchdog_seconds", median(t_watched))
+              .num("consensus_overhead", median(rc) - 1)
+              .num("watchdog_overhead", median(rw) - 1);
+        }
         if (eigen) {
           double es = median(t_eigen);  // meaningful on rank 0
           MPI_Bcast(&es, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
@@ -917,6 +956,9 @@ int run(int argc, char** argv, int rank, int ranks) {
                "Compare with a serial double-precision Eigen product; exit 1 above tolerance");
   app.add_option("--tol", s.tol, "Tolerance on max_rel_error (default 64 eps of the dtype)")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--guard-overhead", s.guard_overhead,
+               "Also time each call without the consensus all-reduce and with a watchdog "
+               "(600 s) on the mesh, in the same repetitions");
   app.add_flag("--no-eigen", no_eigen, "Skip the single-process Eigen baseline");
   app.add_flag("--no-pdgemm", no_pdgemm, "Skip the ScaLAPACK PDGEMM comparison");
   summa::bench::add_device_options(app, s.backend, s.comm, s.tf32, "",
@@ -952,6 +994,12 @@ int run(int argc, char** argv, int rank, int ranks) {
   const std::string device_name = cuda ? chosen.device : std::string();
   summa::ProcessGrid grid = summa::ProcessGrid::mesh2d(MPI_COMM_WORLD, 0, 1, chosen.grid);
   const int q = grid.shape().rows;
+  std::optional<summa::ProcessGrid> watched_grid;
+  if (s.guard_overhead) {
+    summa::GridOptions wo = chosen.grid;
+    wo.watchdog.timeout_s = 600;
+    watched_grid.emplace(summa::ProcessGrid::mesh2d(MPI_COMM_WORLD, 0, 1, wo));
+  }
 
   if (m > 0 || n > 0 || k > 0) {
     const index_t first = m > 0 ? m : (n > 0 ? n : k);
@@ -968,7 +1016,18 @@ int run(int argc, char** argv, int rank, int ranks) {
       throw UsageError("m=" + std::to_string(mm) + " n=" + std::to_string(nn) +
                        " k=" + std::to_string(kk) + " must be multiples of q=" + std::to_string(q));
 
-  Context ctx{&grid, backend.get(), q, ranks, rank, blas_info(), {}, &s, 0, nullptr, device_name};
+  Context ctx{&grid,
+              watched_grid ? &*watched_grid : nullptr,
+              backend.get(),
+              q,
+              ranks,
+              rank,
+              blas_info(),
+              {},
+              &s,
+              0,
+              nullptr,
+              device_name};
 #if SUMMA_HAVE_CUDA
   if (cuda) ctx.stream = static_cast<summa::CudaBackend&>(*backend).stream();
 #endif

@@ -338,6 +338,58 @@ TEST(Train, Bf16ResumeIsExact) {
     EXPECT_EQ(rel_error(gather_global(*p, t.parallel().grid()), finals[k++]), 0.0) << p->shard.name;
 }
 
+// A step whose loss or gradient norm is not finite never reaches the
+// optimizer: with `stop` every rank throws the same error and the weights stay
+// those of before it; with `skip` the step is reported as skipped, the weights
+// are unchanged, and the (max_skipped_steps + 1)-th such step in a row throws.
+// lr = 1e300 makes the first update finite but so large that the next
+// forward pass overflows (fp64).
+TEST(Train, NonFiniteStepStopsOrSkipsBeforeTheUpdate) {
+  const int ranks = world_size();
+  // A tensor axis of at most 4 (n_head) and the rest on the data axis.
+  const int p = ranks % 4 == 0 ? 4 : ranks % 2 == 0 ? 2 : 1;
+  const std::string scheme = "data=" + std::to_string(ranks / p) + ",1d:p=" + std::to_string(p);
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  TrainerOptions o = options_for(scheme, seed);
+  o.schedule = {.lr = 1e300, .warmup = 0, .total = 10, .min_lr = 1e300};
+  o.clip = 0;
+  const auto tokens = random_tokens(seed, o.config.vocab_size, 1500);
+  Backend& backend = test_backend();
+  const auto weights = [](Trainer<double>& t) {
+    std::vector<std::vector<double>> w;
+    for (Param<double>* p : t.model().parameters_store().params())
+      w.push_back(gather_global(*p, t.parallel().grid()));
+    return w;
+  };
+  {
+    Trainer<double> t(MPI_COMM_WORLD, o, backend, tokens);
+    ASSERT_TRUE(std::isfinite(t.train_step().loss));
+    const auto before = weights(t);
+    const std::string msg = error_of([&] { t.train_step(); });
+    EXPECT_NE(msg.find("step 2: the loss is"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("on_non_finite = skip"), std::string::npos) << msg;
+    EXPECT_TRUE(same_on_all_ranks(msg)) << msg;
+    EXPECT_EQ(weights(t), before);
+  }
+  o.on_non_finite = TrainerOptions::NonFinite::skip;
+  o.max_skipped_steps = 2;
+  Trainer<double> t(MPI_COMM_WORLD, o, backend, tokens);
+  EXPECT_FALSE(t.train_step().skipped);
+  const auto before = weights(t);
+  for (int s = 0; s < 2; ++s) {
+    const StepStats st = t.train_step();
+    EXPECT_TRUE(st.skipped) << "step " << st.step;
+    EXPECT_FALSE(std::isfinite(st.loss) && std::isfinite(st.grad_norm));
+    EXPECT_EQ(weights(t), before);
+  }
+  EXPECT_EQ(t.step(), 3);
+  const std::string msg = error_of([&] { t.train_step(); });
+  EXPECT_NE(msg.find("after 2 skipped steps in a row (the limit)"), std::string::npos) << msg;
+  EXPECT_TRUE(same_on_all_ranks(msg)) << msg;
+  EXPECT_EQ(weights(t), before);
+}
+
 TEST(Train, InvalidOptionsThrowEverywhere) {
   const std::uint64_t seed = fresh_seed();
   const auto tokens = random_tokens(seed, 32, 500);
