@@ -1,4 +1,4 @@
-// gpt_layer: times one TransformerBlock2D and the whole GPT2D (forward, and
+// gpt_layer: times one TransformerBlock and the whole GPT (2D scheme) (forward, and
 // forward + backward, with and without activation checkpointing) on a q x q
 // mesh and, at q = 1, the serial reference::Gpt on the same configuration.
 // With --backend cuda (a libsumma built with CUDA) everything runs on the
@@ -256,7 +256,7 @@ bool all_finite(const std::vector<T>& v) {
 }
 
 // ---------------------------------------------------------------- (a) one block
-// TransformerBlock2D "h.0" with GPT-2 initialised parameters in a
+// TransformerBlock "h.0" (2D) with GPT-2 initialised parameters in a
 // ParameterStore and arenas sized from buffer_needs(), on random local input
 // activations (and random output gradients for backward). Returns false when
 // an output is not finite.
@@ -266,8 +266,9 @@ bool run_block(Context& ctx) {
   const auto& c = s.config;
   const int q = ctx.q;
   const std::string_view dtype = summa::name_of(summa::dtype_v<T>);
-  summa::TransformerBlock2D<T> block(*ctx.engine, "h.0", s.batch, s.seq, c.n_embd, c.n_head,
-                                     c.layer_norm_epsilon);
+  summa::Summa2DContext<T> scheme(*ctx.engine);
+  summa::TransformerBlock<T> block(scheme, "h.0", s.batch, s.seq, c.n_embd, c.n_head,
+                                   c.layer_norm_epsilon);
   summa::ParameterStore<T> store(*ctx.backend, block.parameters());
   store.init_gpt(s.seed, c);
   const summa::BufferNeeds needs = block.buffer_needs();
@@ -353,7 +354,7 @@ Batch make_batch(const Settings& s) {
   return b;
 }
 
-// GPT2D with `checkpoint`; at q = 1 also the serial reference (`serial`, the
+// The GPT (2D) with `checkpoint`; at q = 1 also the serial reference (`serial`, the
 // same weights), its repetitions interleaved with the distributed ones so the
 // ratio is paired. Returns false when a loss is not finite.
 // The serial reference is host code in f32 / f64; a bf16 run has none.
@@ -366,8 +367,8 @@ bool run_gpt(Context& ctx, const Batch& data, bool checkpoint,
   const Settings& s = *ctx.s;
   const auto& c = s.config;
   const std::string_view dtype = summa::name_of(summa::dtype_v<T>);
-  summa::GPT2D<T> model(*ctx.engine, c, s.batch, s.seq,
-                        summa::GptOptions{.checkpoint = checkpoint});
+  summa::Summa2DContext<T> scheme(*ctx.engine);
+  summa::Gpt<T> model(scheme, c, s.batch, s.seq, summa::GptOptions{.checkpoint = checkpoint});
   model.init(s.seed);
 
   bool ok = true;
@@ -451,7 +452,7 @@ bool run_dtype(Context& ctx) {
   return ok;
 }
 
-// The requirements of GPT2D and TransformerBlock2D, checked up front with
+// The requirements of the 2D GPT and TransformerBlock, checked up front with
 // the command-line names (identical on every rank).
 void validate(const Settings& s, int q) {
   const auto& c = s.config;
@@ -474,7 +475,7 @@ void validate(const Settings& s, int q) {
 
 int run(int argc, char** argv, int rank, int ranks) {
   CLI::App app{
-      "gpt_layer: one TransformerBlock2D and the whole GPT2D (forward, forward+backward) on a\n"
+      "gpt_layer: one TransformerBlock and the whole GPT (2D) (forward, forward+backward) on a\n"
       "q x q mesh, and at q = 1 the serial reference GPT. Run under mpirun with a square number\n"
       "of ranks; prints one JSON object per case."};
   Settings s;

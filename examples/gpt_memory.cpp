@@ -1,4 +1,4 @@
-// Memory report of the 2D GPT: builds a GPT2D on a q x q mesh (q from the
+// Memory report of the 2D GPT: builds a summa::Gpt (2D scheme) on a q x q mesh (q from the
 // rank count), runs one training step (forward + backward) and prints, per
 // rank, the bytes of parameters, gradients, activations (high water of the
 // forward and checkpoint buffers) and of every buffer (capacity and high
@@ -40,7 +40,8 @@ int run(int argc, char** argv) {
   summa::CpuBackend backend;
   summa::SummaEngine engine(grid, backend);
   const int q = engine.q();
-  summa::GPT2D<float> model(engine, config, batch, seq, {.checkpoint = checkpoint});
+  summa::Summa2DContext<float> scheme(engine);
+  summa::Gpt<float> model(scheme, config, batch, seq, {.checkpoint = checkpoint});
   model.init(1234);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * seq));
   std::vector<std::int32_t> targets(tokens.size());
@@ -58,7 +59,7 @@ int run(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (rank == 0)
     std::printf(
-        "GPT2D float: layers %d, hidden %d, heads %d, seq %ld, batch %ld, vocab %d, q %d, "
+        "GPT (2D) float: layers %d, hidden %d, heads %d, seq %ld, batch %ld, vocab %d, q %d, "
         "checkpointing %s, loss %.6f\n",
         config.n_layer, config.n_embd, config.n_head, static_cast<long>(seq),
         static_cast<long>(batch), config.vocab_size, q, checkpoint ? "on" : "off", loss);

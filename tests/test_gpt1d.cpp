@@ -342,7 +342,8 @@ void attention() {
   Oracle<T> o;
   SCOPED_TRACE(seed_note(o.seed));
   const index_t h = o.config.n_embd;
-  Attention1D<T> attn(e.grid, e.backend, "h.0.attn", o.batch, o.seq, h, o.config.n_head);
+  Megatron1DContext<T> attn_scheme(e.grid, e.backend);
+  Attention<T> attn(attn_scheme, "h.0.attn", o.batch, o.seq, h, o.config.n_head);
   // the intermediates too: q | k | v of this rank's heads, its context columns
   const auto intermediates = [&] {
     expect_close(download_view<T>(attn.qkv()), o.local("h.0.attn.c_attn", {3 * h, true, 3}), "qkv");
@@ -365,7 +366,8 @@ void mlp() {
   Oracle<T> o;
   SCOPED_TRACE(seed_note(o.seed));
   const index_t h = o.config.n_embd;
-  MLP1D<T> layer(e.grid, e.backend, "h.0.mlp", o.tokens_n, h);
+  Megatron1DContext<T> layer_scheme(e.grid, e.backend);
+  MLP<T> layer(layer_scheme, "h.0.mlp", o.tokens_n, h);
   check_layer<T>(layer, o, "h.0.ln_2", {h}, "h.0.mlp.c_proj", {h}, o.dlocal("h.0.ln_2", {h}));
 }
 TEST(Layers1D, MLPDouble) {
@@ -381,8 +383,9 @@ void block() {
   Oracle<T> o;
   SCOPED_TRACE(seed_note(o.seed));
   const index_t h = o.config.n_embd;
-  TransformerBlock1D<T> layer(e.grid, e.backend, "h.0", o.batch, o.seq, h, o.config.n_head,
-                              o.config.layer_norm_epsilon);
+  Megatron1DContext<T> layer_scheme(e.grid, e.backend);
+  TransformerBlock<T> layer(layer_scheme, "h.0", o.batch, o.seq, h, o.config.n_head,
+                            o.config.layer_norm_epsilon);
   EXPECT_EQ(layer.parameters().size(), 12u);
   check_layer<T>(layer, o, "embeddings", {h}, "h.0.output", {h}, o.dlocal("embeddings", {h}));
 }
@@ -401,8 +404,9 @@ TEST(Layers1D, BlockBf16) {
   const Oracle<double> o(/*bf16_weights=*/true);
   SCOPED_TRACE(seed_note(o.seed));
   const index_t h = o.config.n_embd, nt = o.tokens_n;
-  TransformerBlock1D<bf16> layer(e.grid, e.backend, "h.0", o.batch, o.seq, h, o.config.n_head,
-                                 o.config.layer_norm_epsilon);
+  Megatron1DContext<bf16> layer_scheme(e.grid, e.backend);
+  TransformerBlock<bf16> layer(layer_scheme, "h.0", o.batch, o.seq, h, o.config.n_head,
+                               o.config.layer_norm_epsilon);
   ParameterStore<bf16> store(e.backend, layer.parameters());
   store.init_gpt(o.seed, o.config);
   Arenas arenas(e.backend, layer.buffer_needs());
@@ -504,7 +508,8 @@ TEST(Layers1D, ShardsCoverEachElementOnce) {
   LineEnv& e = line_env();
   const reference::GptConfig config = test_config(1);
   const index_t h = config.n_embd;
-  TransformerBlock1D<double> layer(e.grid, e.backend, "h.0", 2, 3, h, config.n_head);
+  Megatron1DContext<double> layer_scheme(e.grid, e.backend);
+  TransformerBlock<double> layer(layer_scheme, "h.0", 2, 3, h, config.n_head);
   Embedding1D<double> emb(e.grid, e.backend, 2, 3, config.vocab_size, h, config.n_positions);
   std::vector<Param<double>*> params = emb.parameters();
   for (Param<double>* p : layer.parameters()) params.push_back(p);
@@ -551,8 +556,10 @@ TEST(Layers1D, ConfigErrors) {
   LineEnv& e = line_env();
   const int p = group_size();
   const auto attention = [&](index_t hidden, index_t heads) {
-    return error_of(
-        [&] { Attention1D<float> a(e.grid, e.backend, "h.0.attn", 1, 4, hidden, heads); });
+    return error_of([&] {
+      Megatron1DContext<float> a_scheme(e.grid, e.backend);
+      Attention<float> a(a_scheme, "h.0.attn", 1, 4, hidden, heads);
+    });
   };
   EXPECT_NE(attention(8 * p + p, 2 * p).find("divisible by heads"), std::string::npos);
   const auto column = [&](index_t out, int groups) {
@@ -591,7 +598,7 @@ struct StepResult {
 };
 
 template <class T>
-StepResult<T> run_step(GPT1D<T>& model, const std::vector<std::int32_t>& tokens,
+StepResult<T> run_step(Gpt<T>& model, const std::vector<std::int32_t>& tokens,
                        const std::vector<std::int32_t>& targets) {
   StepResult<T> r;
   r.loss = model.forward(tokens, targets);
@@ -622,7 +629,8 @@ void check_against_reference(bool checkpoint) {
 
   reference::Gpt<T> ref(config, seed);
   const double ref_loss = ref.forward(tokens, targets, batch, seq);
-  GPT1D<T> model(e.grid, e.backend, config, batch, seq, {.checkpoint = checkpoint});
+  Megatron1DContext<T> model_scheme(e.grid, e.backend);
+  Gpt<T> model(model_scheme, config, batch, seq, {.checkpoint = checkpoint});
   model.init(seed);
 
   // identical global weights
@@ -687,7 +695,8 @@ void check_bf16_against_reference(bool checkpoint) {
   reference::Gpt<double> ref(config, seed);
   round_to_bf16(ref.params());
   const double ref_loss = ref.forward(tokens, targets, batch, seq);
-  GPT1D<bf16> model(e.grid, e.backend, config, batch, seq, {.checkpoint = checkpoint});
+  Megatron1DContext<bf16> model_scheme(e.grid, e.backend);
+  Gpt<bf16> model(model_scheme, config, batch, seq, {.checkpoint = checkpoint});
   model.init(seed);
   for (Param<bf16>* p : model.parameters_store().params()) {  // the same weights, exactly
     const auto global = gather_global(*p, e.grid);
@@ -745,8 +754,10 @@ TEST(Gpt1D, CheckpointingAgreesAndAccumulates) {
   std::mt19937_64 gen(seed);
   const auto tokens = random_ids(batch * seq, config.vocab_size, gen);
   const auto targets = random_ids(batch * seq, config.vocab_size, gen);
-  GPT1D<double> with(e.grid, e.backend, config, batch, seq, {.checkpoint = true});
-  GPT1D<double> without(e.grid, e.backend, config, batch, seq, {.checkpoint = false});
+  Megatron1DContext<double> with_scheme(e.grid, e.backend);
+  Gpt<double> with(with_scheme, config, batch, seq, {.checkpoint = true});
+  Megatron1DContext<double> without_scheme(e.grid, e.backend);
+  Gpt<double> without(without_scheme, config, batch, seq, {.checkpoint = false});
   with.init(seed);
   without.init(seed);
   const StepResult<double> a = run_step(with, tokens, targets);
@@ -781,7 +792,8 @@ void replicas_identical() {
   std::mt19937_64 gen(seed);
   const auto tokens = random_ids(batch * seq, config.vocab_size, gen);
   const auto targets = random_ids(batch * seq, config.vocab_size, gen);
-  GPT1D<T> model(e.grid, e.backend, config, batch, seq, {.checkpoint = true});
+  Megatron1DContext<T> model_scheme(e.grid, e.backend);
+  Gpt<T> model(model_scheme, config, batch, seq, {.checkpoint = true});
   model.init(seed);
   model.forward(tokens, targets);
   for (int i = 0; i <= config.n_layer; ++i)
@@ -840,7 +852,8 @@ void traffic_is_megatrons() {
   const auto tokens = random_ids(nt, config.vocab_size, gen);
   const auto targets = random_ids(nt, config.vocab_size, gen);
   for (bool checkpoint : {true, false}) {
-    GPT1D<T> model(e.grid, e.backend, config, batch, seq, {.checkpoint = checkpoint});
+    Megatron1DContext<T> model_scheme(e.grid, e.backend);
+    Gpt<T> model(model_scheme, config, batch, seq, {.checkpoint = checkpoint});
     model.init(2);
     const auto big = all_reduce_bytes(static_cast<std::uint64_t>(nt * h), el);
     e.grid.reset_traffic();
@@ -884,7 +897,8 @@ void training_step_allocates_nothing() {
   std::mt19937_64 gen(fresh_seed());
   const auto tokens = random_ids(batch * seq, config.vocab_size, gen);
   const auto targets = random_ids(batch * seq, config.vocab_size, gen);
-  GPT1D<T> model(e.grid, e.backend, config, batch, seq, {.checkpoint = true});
+  Megatron1DContext<T> model_scheme(e.grid, e.backend);
+  Gpt<T> model(model_scheme, config, batch, seq, {.checkpoint = true});
   model.init(1);
   model.forward(tokens, targets);
   model.backward();
@@ -920,7 +934,8 @@ void buffers_sized_exactly() {
   const auto tokens = random_ids(batch * seq, config.vocab_size, gen);
   const auto targets = random_ids(batch * seq, config.vocab_size, gen);
   for (bool checkpoint : {true, false}) {
-    GPT1D<T> model(e.grid, e.backend, config, batch, seq, {.checkpoint = checkpoint});
+    Megatron1DContext<T> model_scheme(e.grid, e.backend);
+    Gpt<T> model(model_scheme, config, batch, seq, {.checkpoint = checkpoint});
     model.init(3);
     model.forward(tokens, targets);
     model.backward();
@@ -951,7 +966,10 @@ TEST(Gpt1D, BuffersSizedExactlyBf16) {
 void expect_config_error(const reference::GptConfig& c, index_t batch, index_t seq,
                          const std::string& needle) {
   LineEnv& e = line_env();
-  const std::string msg = error_of([&] { GPT1D<float> model(e.grid, e.backend, c, batch, seq); });
+  const std::string msg = error_of([&] {
+    Megatron1DContext<float> model_scheme(e.grid, e.backend);
+    Gpt<float> model(model_scheme, c, batch, seq);
+  });
   EXPECT_NE(msg.find(needle), std::string::npos) << "'" << msg << "' lacks '" << needle << "'";
 }
 
@@ -967,7 +985,11 @@ TEST(Gpt1D, InvalidConfigurationsThrowEverywhere) {
   expect_config_error(good, 1, good.n_positions + 1, "longer than the position table");
   expect_config_error(good, 0, 4, "must be positive");
   // any batch works: no batch divisibility in 1D
-  EXPECT_EQ(error_of([&] { GPT1D<float> m(e.grid, e.backend, good, p + 1, 3); }), "");
+  EXPECT_EQ(error_of([&] {
+              Megatron1DContext<float> m_scheme(e.grid, e.backend);
+              Gpt<float> m(m_scheme, good, p + 1, 3);
+            }),
+            "");
   if (p > 1) {
     auto c = good;
     c.n_head = 1;
@@ -982,7 +1004,10 @@ TEST(Gpt1D, InvalidConfigurationsThrowEverywhere) {
     expect_config_error(c, 1, 4, "vocab_size");
     // a grid with a data axis: every rank its own tensor group of one
     ProcessGrid data_grid = ProcessGrid::linear1d(MPI_COMM_WORLD, 1, p, test_grid_options());
-    const std::string msg = error_of([&] { GPT1D<float> m(data_grid, e.backend, good, 1, 3); });
+    const std::string msg = error_of([&] {
+      Megatron1DContext<float> m_scheme(data_grid, e.backend);
+      Gpt<float> m(m_scheme, good, 1, 3);
+    });
     EXPECT_NE(msg.find("data-parallel"), std::string::npos) << msg;
   }
 }
@@ -991,7 +1016,8 @@ TEST(Gpt1D, BadIdsThrowEverywhere) {
   LineEnv& e = line_env();
   const reference::GptConfig config = test_config();
   const index_t batch = 2, seq = 3;
-  GPT1D<float> model(e.grid, e.backend, config, batch, seq);
+  Megatron1DContext<float> model_scheme(e.grid, e.backend);
+  Gpt<float> model(model_scheme, config, batch, seq);
   model.init(5);
   std::vector<std::int32_t> ok(static_cast<std::size_t>(batch * seq), 1);
   for (auto [where, value, needle] :

@@ -86,7 +86,7 @@ struct StepResult {
 };
 
 template <class T>
-StepResult<T> run_distributed(GPT2D<T>& model, const std::vector<std::int32_t>& tokens,
+StepResult<T> run_distributed(Gpt<T>& model, const std::vector<std::int32_t>& tokens,
                               const std::vector<std::int32_t>& targets) {
   StepResult<T> r;
   r.loss = model.forward(tokens, targets);
@@ -112,7 +112,8 @@ void check_against_reference(bool checkpoint) {
 
   reference::Gpt<T> ref(config, seed);
   const double ref_loss = ref.forward(tokens, targets, batch, seq);
-  GPT2D<T> model(e.engine, config, batch, seq, {.checkpoint = checkpoint});
+  Summa2DContext<T> model_scheme(e.engine);
+  Gpt<T> model(model_scheme, config, batch, seq, {.checkpoint = checkpoint});
   model.init(seed);
 
   // identical global weights
@@ -184,7 +185,8 @@ void check_bf16_against_reference(bool checkpoint) {
   reference::Gpt<double> ref(config, seed);
   for (double& v : ref.params()) v = static_cast<double>(float(bf16(static_cast<float>(v))));
   const double ref_loss = ref.forward(tokens, targets, batch, seq);
-  GPT2D<bf16> model(e.engine, config, batch, seq, {.checkpoint = checkpoint});
+  Summa2DContext<bf16> model_scheme(e.engine);
+  Gpt<bf16> model(model_scheme, config, batch, seq, {.checkpoint = checkpoint});
   model.init(seed);
   for (Param<bf16>* p : model.parameters_store().params()) {  // bf16(reference init)
     const auto global = gather_global(*p, e.grid);
@@ -237,8 +239,10 @@ TEST(Gpt2D, CheckpointingAgreesAndAccumulates) {
   std::mt19937_64 gen(seed);
   const auto tokens = random_ids(batch * seq, config.vocab_size, gen);
   const auto targets = random_ids(batch * seq, config.vocab_size, gen);
-  GPT2D<double> with(e.engine, config, batch, seq, {.checkpoint = true});
-  GPT2D<double> without(e.engine, config, batch, seq, {.checkpoint = false});
+  Summa2DContext<double> with_scheme(e.engine);
+  Gpt<double> with(with_scheme, config, batch, seq, {.checkpoint = true});
+  Summa2DContext<double> without_scheme(e.engine);
+  Gpt<double> without(without_scheme, config, batch, seq, {.checkpoint = false});
   with.init(seed);
   without.init(seed);
   const StepResult<double> a = run_distributed(with, tokens, targets);
@@ -280,7 +284,8 @@ void expect_step_allocates_nothing() {
   std::mt19937_64 gen(fresh_seed());
   const auto tokens = random_ids(batch * seq, config.vocab_size, gen);
   const auto targets = random_ids(batch * seq, config.vocab_size, gen);
-  GPT2D<T> model(e.engine, config, batch, seq, {.checkpoint = true});
+  Summa2DContext<T> model_scheme(e.engine);
+  Gpt<T> model(model_scheme, config, batch, seq, {.checkpoint = true});
   model.init(1);
   model.forward(tokens, targets);
   model.backward();
@@ -318,7 +323,8 @@ void expect_buffers_sized_exactly() {
   const auto tokens = random_ids(batch * seq, config.vocab_size, gen);
   const auto targets = random_ids(batch * seq, config.vocab_size, gen);
   for (bool checkpoint : {true, false}) {
-    GPT2D<T> model(e.engine, config, batch, seq, {.checkpoint = checkpoint});
+    Summa2DContext<T> model_scheme(e.engine);
+    Gpt<T> model(model_scheme, config, batch, seq, {.checkpoint = checkpoint});
     model.init(3);
     model.forward(tokens, targets);
     model.backward();
@@ -362,14 +368,18 @@ TEST(Gpt2D, DeviceBackendNeedsStreamOrderedCommunicators) {
   const reference::GptConfig config = test_config(engine.q());
   std::string msg;
   try {
-    GPT2D<float> model(engine, config, engine.q(), 4);
+    Summa2DContext<float> model_scheme(engine);
+    Gpt<float> model(model_scheme, config, engine.q(), 4);
   } catch (const Error& err) {
     msg = err.what();
   }
   EXPECT_NE(msg.find("nccl or mpi_staged"), std::string::npos) << msg;
   EXPECT_TRUE(same_on_all_ranks(msg)) << msg;
   // a plan runs no step: allowed
-  EXPECT_NO_THROW(GPT2D<float>(engine, config, engine.q(), 4, {.plan_only = true}));
+  EXPECT_NO_THROW({
+    Summa2DContext<float> plan_scheme(engine);
+    Gpt<float>(plan_scheme, config, engine.q(), 4, {.plan_only = true});
+  });
 }
 
 // An arena that is too small throws, naming the buffer, the request and the capacity.
@@ -393,7 +403,8 @@ void expect_config_error(const reference::GptConfig& c, index_t batch, index_t s
   MeshEnv& e = mesh_env();
   std::string msg;
   try {
-    GPT2D<float> model(e.engine, c, batch, seq);
+    Summa2DContext<float> model_scheme(e.engine);
+    Gpt<float> model(model_scheme, c, batch, seq);
   } catch (const Error& err) {
     msg = err.what();
   }
@@ -431,7 +442,8 @@ TEST(Gpt2D, BadIdsThrowEverywhere) {
   const int q = e.engine.q();
   const reference::GptConfig config = test_config(q);
   const index_t batch = q, seq = 3;
-  GPT2D<float> model(e.engine, config, batch, seq);
+  Summa2DContext<float> model_scheme(e.engine);
+  Gpt<float> model(model_scheme, config, batch, seq);
   model.init(5);
   std::vector<std::int32_t> ok(static_cast<std::size_t>(batch * seq), 1);
   for (auto [where, value, needle] :

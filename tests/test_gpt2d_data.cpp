@@ -61,7 +61,8 @@ void matches_reference(bool checkpoint) {
   const double ref_loss = ref.forward(tokens, targets, batch, seq);
   ref.backward();
 
-  GPT2D<T> model(e.engine, config, batch, seq, {.checkpoint = checkpoint});
+  Summa2DContext<T> model_scheme(e.engine);
+  Gpt<T> model(model_scheme, config, batch, seq, {.checkpoint = checkpoint});
   model.init(seed);
   const double loss = model.forward(tokens, targets);
   model.backward();
@@ -92,7 +93,8 @@ TEST(Gpt2DData, AccumulatesAcrossSteps) {
   std::mt19937_64 gen(fresh_seed());
   const auto tokens = random_ids(static_cast<std::size_t>(batch * seq), config.vocab_size, gen);
   const auto targets = random_ids(tokens.size(), config.vocab_size, gen);
-  GPT2D<double> model(e.engine, config, batch, seq);
+  Summa2DContext<double> model_scheme(e.engine);
+  Gpt<double> model(model_scheme, config, batch, seq);
   model.init(7);
   model.forward(tokens, targets);
   model.backward();
@@ -122,7 +124,8 @@ TEST(Gpt2DData, DataAxisBytesMatchTheModel) {
   std::mt19937_64 gen(fresh_seed());
   const auto tokens = random_ids(static_cast<std::size_t>(batch * seq), config.vocab_size, gen);
   const auto targets = random_ids(tokens.size(), config.vocab_size, gen);
-  GPT2D<float> model(e.engine, config, batch, seq);
+  Summa2DContext<float> model_scheme(e.engine);
+  Gpt<float> model(model_scheme, config, batch, seq);
   model.init(9);
   e.grid.reset_traffic();
   model.forward(tokens, targets);
@@ -158,7 +161,8 @@ TEST(Gpt2DData, TrainingStepAllocatesNothing) {
   std::mt19937_64 gen(fresh_seed());
   const auto tokens = random_ids(static_cast<std::size_t>(batch * seq), config.vocab_size, gen);
   const auto targets = random_ids(tokens.size(), config.vocab_size, gen);
-  GPT2D<float> model(e.engine, config, batch, seq);
+  Summa2DContext<float> model_scheme(e.engine);
+  Gpt<float> model(model_scheme, config, batch, seq);
   model.init(1);
   model.forward(tokens, targets);
   model.backward();
@@ -179,7 +183,8 @@ TEST(Gpt2DData, BatchMustSplitOverDataAndMesh) {
   const int q = e.engine.q();
   std::string msg;
   try {
-    GPT2D<float> model(e.engine, config_for(q), kData * q + q, 4);
+    Summa2DContext<float> model_scheme(e.engine);
+    Gpt<float> model(model_scheme, config_for(q), kData * q + q, 4);
   } catch (const Error& err) {
     msg = err.what();
   }

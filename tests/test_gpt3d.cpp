@@ -294,7 +294,8 @@ TEST(Layers3D, ShardsCoverEachElementOnce) {
   const std::vector<reference::ParamInfo> infos = reference::parameter_list(config);
   for (ProcessGrid& g : env().grids) {
     SCOPED_TRACE(describe(g));
-    GPT3D<double> model(g, env().backend, config, kBatch, kSeq);
+    Axonn3DContext<double> model_scheme(g, env().backend);
+    Gpt<double> model(model_scheme, config, kBatch, kSeq);
     model.init(11);
     const auto params = model.parameters_store().params();
     EXPECT_EQ(params.size(), infos.size());
@@ -362,7 +363,8 @@ void check_against_reference(bool checkpoint) {
   const double tol = model_tolerance<T>();
   for (ProcessGrid& g : env().grids) {
     SCOPED_TRACE(describe(g));
-    GPT3D<T> model(g, env().backend, config, kBatch, kSeq, {.checkpoint = checkpoint});
+    Axonn3DContext<T> model_scheme(g, env().backend);
+    Gpt<T> model(model_scheme, config, kBatch, kSeq, {.checkpoint = checkpoint});
     model.init(seed);
     for (Param<T>* p : model.parameters_store().params()) {
       const auto global = gather_global(*p, g);
@@ -422,10 +424,10 @@ void replicas_and_switches() {
   const auto targets = random_ids(kBatch * kSeq, config.vocab_size, gen);
   for (ProcessGrid& g : env().grids) {
     SCOPED_TRACE(describe(g));
-    GPT3D<T> a(g, env().backend, config, kBatch, kSeq, {.checkpoint = true},
-               {.overlap_all_reduce = true});
-    GPT3D<T> b(g, env().backend, config, kBatch, kSeq, {.checkpoint = false},
-               {.overlap_all_reduce = false});
+    Axonn3DContext<T> a_scheme(g, env().backend, {.overlap_all_reduce = true});
+    Axonn3DContext<T> b_scheme(g, env().backend, {.overlap_all_reduce = false});
+    Gpt<T> a(a_scheme, config, kBatch, kSeq, {.checkpoint = true});
+    Gpt<T> b(b_scheme, config, kBatch, kSeq, {.checkpoint = false});
     a.init(seed);
     b.init(seed);
     const double la = a.forward(tokens, targets), lb = b.forward(tokens, targets);
@@ -487,7 +489,8 @@ TEST(Gpt3D, OverlapSwitchesAgree) {
                                .overlap_all_gather = (bits & 4) != 0};
         SCOPED_TRACE(fmt::format("OAR {} ORS {} OAG {}", o.overlap_all_reduce,
                                  o.overlap_reduce_scatter, o.overlap_all_gather));
-        GPT3D<double> model(g, env().backend, config, kBatch, kSeq, {.checkpoint = checkpoint}, o);
+        Axonn3DContext<double> scheme(g, env().backend, o);
+        Gpt<double> model(scheme, config, kBatch, kSeq, {.checkpoint = checkpoint});
         model.init(seed);
         g.reset_traffic();
         double loss[2];
@@ -499,7 +502,7 @@ TEST(Gpt3D, OverlapSwitchesAgree) {
         std::vector<std::vector<double>> grads;
         for (Param<double>* p : model.parameters_store().params())
           grads.push_back(gather_global(*p, g, true));
-        const Overlap3D<double>& ov = model.overlap();
+        const Overlap3D<double>& ov = scheme.overlap();
         // ORS defers every linear's reduce-scatter (4 per block, 2 steps).
         EXPECT_EQ(ov.deferred_count(), o.overlap_reduce_scatter && Z ? 2 * 4 * L : 0);
         if (o.overlap_all_gather && Z) {
@@ -550,8 +553,9 @@ TEST(Gpt3D, DeferredReduceScatterWithDataAxis) {
   ref.backward();
   std::vector<std::vector<double>> off;
   for (bool ors : {false, true}) {
-    GPT3D<double> model(g, env().backend, config, kBatch, kSeq, {.checkpoint = true},
-                        {.overlap_reduce_scatter = ors, .overlap_all_gather = ors});
+    Axonn3DContext<double> scheme(g, env().backend,
+                                  {.overlap_reduce_scatter = ors, .overlap_all_gather = ors});
+    Gpt<double> model(scheme, config, kBatch, kSeq, {.checkpoint = true});
     model.init(seed);
     model.forward(tokens, targets);
     model.backward();
@@ -641,7 +645,8 @@ void bf16_model_vs_reference(bool checkpoint) {
   std::string worst_name;
   for (ProcessGrid& g : env().grids) {
     SCOPED_TRACE(describe(g));
-    GPT3D<bf16> model(g, env().backend, config, kBatch, kSeq, {.checkpoint = checkpoint});
+    Axonn3DContext<bf16> model_scheme(g, env().backend);
+    Gpt<bf16> model(model_scheme, config, kBatch, kSeq, {.checkpoint = checkpoint});
     model.init(seed);
     for (Param<bf16>* p : model.parameters_store().params()) {
       const auto global = widen(gather_global(*p, g));
@@ -718,8 +723,10 @@ TEST(Layers3D, BlockBf16MatchesDouble) {
   double worst[3] = {0, 0, 0};  // output, dX, gradients
   for (ProcessGrid& g : env().grids) {
     SCOPED_TRACE(describe(g));
-    TransformerBlock3D<double> want(g, env().backend, "h.0", batch, seq, hidden, heads);
-    TransformerBlock3D<bf16> got(g, env().backend, "h.0", batch, seq, hidden, heads);
+    Axonn3DContext<double> want_scheme(g, env().backend);
+    Axonn3DContext<bf16> got_scheme(g, env().backend);
+    TransformerBlock<double> want(want_scheme, "h.0", batch, seq, hidden, heads);
+    TransformerBlock<bf16> got(got_scheme, "h.0", batch, seq, hidden, heads);
     ParameterStore<double> want_store(env().backend, want.parameters());
     ParameterStore<bf16> got_store(env().backend, got.parameters());
     const auto pw = want.parameters();
@@ -784,7 +791,8 @@ TEST(Gpt3D, CollectivesPerAxis) {
   for (ProcessGrid& g : env().grids) {
     SCOPED_TRACE(describe(g));
     const bool X = g.shape().rows > 1, Y = g.shape().cols > 1, Z = g.shape().depth > 1;
-    GPT3D<float> model(g, env().backend, config, kBatch, kSeq, {.checkpoint = false});
+    Axonn3DContext<float> model_scheme(g, env().backend);
+    Gpt<float> model(model_scheme, config, kBatch, kSeq, {.checkpoint = false});
     model.init(4);
     g.reset_traffic();
     model.forward(tokens, targets);
@@ -818,9 +826,10 @@ void training_step_allocates_nothing() {
   for (ProcessGrid& g : env().grids) {
     SCOPED_TRACE(describe(g));
     // Every overlap on: OAG's recorded order and ORS's deferred list too.
-    GPT3D<T> model(
-        g, env().backend, config, kBatch, kSeq, {.checkpoint = true},
+    Axonn3DContext<T> scheme(
+        g, env().backend,
         {.overlap_all_reduce = true, .overlap_reduce_scatter = true, .overlap_all_gather = true});
+    Gpt<T> model(scheme, config, kBatch, kSeq, {.checkpoint = true});
     model.init(1);
     model.forward(tokens, targets);
     model.backward();
@@ -851,9 +860,10 @@ TEST(Gpt3D, BuffersSizedExactly) {
   for (ProcessGrid& g : env().grids) {
     SCOPED_TRACE(describe(g));
     for (bool checkpoint : {true, false}) {
-      GPT3D<double> model(
-          g, env().backend, config, kBatch, kSeq, {.checkpoint = checkpoint},
+      Axonn3DContext<double> scheme(
+          g, env().backend,
           {.overlap_all_reduce = true, .overlap_reduce_scatter = true, .overlap_all_gather = true});
+      Gpt<double> model(scheme, config, kBatch, kSeq, {.checkpoint = checkpoint});
       model.init(3);
       model.forward(tokens, targets);
       model.backward();
@@ -870,7 +880,10 @@ TEST(Gpt3D, BuffersSizedExactly) {
 
 void expect_config_error(ProcessGrid& g, const reference::GptConfig& c, index_t batch, index_t seq,
                          const std::string& needle) {
-  const std::string msg = error_of([&] { GPT3D<float> model(g, env().backend, c, batch, seq); });
+  const std::string msg = error_of([&] {
+    Axonn3DContext<float> model_scheme(g, env().backend);
+    Gpt<float> model(model_scheme, c, batch, seq);
+  });
   EXPECT_NE(msg.find(needle), std::string::npos) << "'" << msg << "' lacks '" << needle << "'";
 }
 
@@ -912,7 +925,8 @@ TEST(Gpt3D, BadIdsThrowEverywhere) {
   const reference::GptConfig config = test_config();
   for (ProcessGrid& g : env().grids) {
     SCOPED_TRACE(describe(g));
-    GPT3D<float> model(g, env().backend, config, kBatch, kSeq);
+    Axonn3DContext<float> model_scheme(g, env().backend);
+    Gpt<float> model(model_scheme, config, kBatch, kSeq);
     model.init(5);
     std::vector<std::int32_t> ok(static_cast<std::size_t>(kBatch * kSeq), 1);
     for (auto [where, value, needle] :

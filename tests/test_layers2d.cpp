@@ -320,7 +320,8 @@ void attention() {
   OracleOf<T> o(e.engine.q(), kIsBf16<T>);
   SCOPED_TRACE(seed_note(o.seed));
   const index_t h = o.config.n_embd;
-  Attention2D<T> attn(e.engine, "h.0.attn", o.batch, o.seq, h, o.config.n_head);
+  Summa2DContext<T> attn_scheme(e.engine);
+  Attention<T> attn(attn_scheme, "h.0.attn", o.batch, o.seq, h, o.config.n_head);
   // the intermediate activations too: q | k | v of this column's heads, context
   const auto intermediates = [&] {
     expect_close(download_view(attn.qkv()),
@@ -347,7 +348,8 @@ void mlp() {
   OracleOf<T> o(e.engine.q(), kIsBf16<T>);
   SCOPED_TRACE(seed_note(o.seed));
   const index_t h = o.config.n_embd;
-  MLP2D<T> layer(e.engine, "h.0.mlp", o.tokens_n, h);
+  Summa2DContext<T> layer_scheme(e.engine);
+  MLP<T> layer(layer_scheme, "h.0.mlp", o.tokens_n, h);
   check_layer<T>(layer, o, "h.0.ln_2", h, "h.0.mlp.c_proj", h,
                  local_of(o.dact("h.0.ln_2"), o.tokens_n, h));
 }
@@ -367,8 +369,9 @@ void block() {
   OracleOf<T> o(e.engine.q(), kIsBf16<T>);
   SCOPED_TRACE(seed_note(o.seed));
   const index_t h = o.config.n_embd;
-  TransformerBlock2D<T> layer(e.engine, "h.0", o.batch, o.seq, h, o.config.n_head,
-                              o.config.layer_norm_epsilon);
+  Summa2DContext<T> layer_scheme(e.engine);
+  TransformerBlock<T> layer(layer_scheme, "h.0", o.batch, o.seq, h, o.config.n_head,
+                            o.config.layer_norm_epsilon);
   EXPECT_EQ(layer.parameters().size(), 12u);
   check_layer<T>(layer, o, "embeddings", h, "h.0.output", h,
                  local_of(o.dact("embeddings"), o.tokens_n, h));
@@ -472,7 +475,8 @@ TEST(Layers2D, LMHeadCrossEntropyBf16) {
 TEST(Layers2D, ShardsCoverEachElementOnce) {
   MeshEnv& e = mesh_env();
   const int q = e.engine.q();
-  TransformerBlock2D<double> layer(e.engine, "h.0", q, 3, 8 * q, 2 * q);
+  Summa2DContext<double> layer_scheme(e.engine);
+  TransformerBlock<double> layer(layer_scheme, "h.0", q, 3, 8 * q, 2 * q);
   ParameterStore<double> store(e.backend, layer.parameters());
   const reference::GptConfig config = Oracle<double>::make_config(q);
   store.init_gpt(11, config);
@@ -496,7 +500,8 @@ TEST(Layers2D, AttentionConfigErrors) {
   const auto error_of = [&](index_t batch, index_t hidden, index_t heads) {
     std::string msg;
     try {
-      Attention2D<float> a(e.engine, "h.0.attn", batch, 4, hidden, heads);
+      Summa2DContext<float> a_scheme(e.engine);
+      Attention<float> a(a_scheme, "h.0.attn", batch, 4, hidden, heads);
     } catch (const Error& err) {
       msg = err.what();
     }

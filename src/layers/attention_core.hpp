@@ -1,6 +1,7 @@
 #pragma once
-// The per-rank core of causal multi-head self-attention, shared by the 2D
-// (Attention2D), 1D (Attention1D) and 3D (Attention3D) layers; not installed.
+// The per-rank core of causal multi-head self-attention, shared by the
+// attention layer (summa::Attention, layers/transformer.hpp) of every scheme;
+// not installed.
 // Each scheme differs only in how many sequences and heads a rank holds; the
 // local arithmetic is the same.
 

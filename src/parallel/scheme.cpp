@@ -7,9 +7,9 @@
 #include <limits>
 #include <optional>
 
-#include "summa/layers/gpt1d.hpp"
-#include "summa/layers/gpt2d.hpp"
-#include "summa/layers/gpt3d.hpp"
+#include "summa/schemes/axonn3d/context.hpp"
+#include "summa/schemes/megatron1d/context.hpp"
+#include "summa/schemes/summa2d/context.hpp"
 
 namespace summa {
 
@@ -199,18 +199,20 @@ ParallelGpt<T>::ParallelGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& back
   switch (spec.scheme) {
     case Scheme::summa2d:
       engine_ = std::make_unique<SummaEngine>(grid_, backend, summa);
-      model_ = std::make_unique<GPT2D<T>>(*engine_, config, batch, seq, options);
+      scheme_ = std::make_unique<Summa2DContext<T>>(*engine_);
       break;
     case Scheme::megatron1d:
-      model_ = std::make_unique<GPT1D<T>>(grid_, backend, config, batch, seq, options);
+      scheme_ = std::make_unique<Megatron1DContext<T>>(grid_, backend);
       break;
     case Scheme::axonn3d:
-      model_ = std::make_unique<GPT3D<T>>(grid_, backend, config, batch, seq, options,
-                                          Axonn3DOptions{.overlap_all_reduce = spec.oar,
-                                                         .overlap_reduce_scatter = spec.ors,
-                                                         .overlap_all_gather = spec.oag});
+      scheme_ =
+          std::make_unique<Axonn3DContext<T>>(grid_, backend,
+                                              Axonn3DOptions{.overlap_all_reduce = spec.oar,
+                                                             .overlap_reduce_scatter = spec.ors,
+                                                             .overlap_all_gather = spec.oag});
       break;
   }
+  model_ = std::make_unique<Gpt<T>>(*scheme_, config, batch, seq, options);
 }
 
 template <class T>

@@ -201,7 +201,7 @@ class Backend {
                                         const float* mean, const float* rstd, bf16* dgamma,
                                         bf16* dbeta) = 0;
 
-  // ---- GeLU (MLP2D) -----------------------------------------------------------
+  // ---- GeLU (MLP) -------------------------------------------------------------
   // tanh form: gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
   // evaluated in at least fp32 (the CPU backend uses double per element).
 
@@ -217,7 +217,7 @@ class Backend {
   virtual void gelu_backward(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
                              MatrixView<bf16> dX) = 0;
 
-  // ---- Attention softmax (Attention2D) ----------------------------------------
+  // ---- Attention softmax (Attention) ------------------------------------------
 
   /// Row softmax of scale * S over the causal window: for a square S (s x s),
   /// P[r, c] = exp(scale*S[r,c] - m_r) / sum_{c' <= r} exp(scale*S[r,c'] - m_r)

@@ -121,7 +121,7 @@ class TokenLoader {
   /// parallel group `data_group` of `data_groups` trains on: the contiguous
   /// block [g * batch / D, (g + 1) * batch / D), exactly the rows GptModel::
   /// forward hands data group g of the global batch it is given (see
-  /// GptBase::forward). Throws summa::Error unless batch > 0, D > 0, 0 <= g
+  /// Gpt::forward). Throws summa::Error unless batch > 0, D > 0, 0 <= g
   /// < D and batch % D == 0.
   static std::pair<index_t, index_t> rows_for(index_t batch, int data_group, int data_groups);
 

@@ -83,15 +83,10 @@
 
 #include "summa/core/bf16.hpp"
 #include "summa/grid/process_grid.hpp"
-#include "summa/layers/gelu2d.hpp"
-#include "summa/layers/gpt_base.hpp"
 #include "summa/layers/layer.hpp"
+#include "summa/memory/buffers.hpp"
 
 namespace summa {
-
-namespace detail {
-struct LocalAttention;  // src/layers/attention_core.hpp
-}
 
 /// How a Linear3D maps its matrices on the grid (see the file comment).
 enum class Orientation3D : std::uint8_t {
@@ -128,7 +123,7 @@ template <class T>
 class Linear3D;
 
 /// The cross-layer state of the ORS and OAG overlaps, shared by the
-/// Linear3D layers of one model (GPT3D owns it). Collective protocol: every
+/// Linear3D layers of one model (its Axonn3DContext owns it). Collective protocol: every
 /// rank of the grid makes the same calls in the same order.
 template <class T>
 class Overlap3D {
@@ -311,110 +306,6 @@ class LayerNorm3D final : public Layer<T> {
   acc_t<T>* rstd_ = nullptr;
 };
 
-/// GeLU is elementwise: the 2D layer works on any distribution.
-template <class T>
-using GeLU3D = GeLU2D<T>;
-
-// ---------------------------------------------------------------- attention, MLP, block
-
-/// GPT-2 causal self-attention: c_attn normal (groups 3: rank (x, *, z)
-/// holds q | k | v of heads [x*n/Gx, (x+1)*n/Gx) for its batch/Gz
-/// sequences), local attention per sequence and head, c_proj transposed.
-/// Y-layout in and out. Requires hidden % heads, heads % Gx, batch % Gz and
-/// the Linear3D divisibilities. forward() keeps qkv, the probabilities and
-/// the context in buffers.forward.
-template <class T>
-class Attention3D final : public Layer<T> {
- public:
-  Attention3D(ProcessGrid& grid, Backend& backend, std::string name, index_t batch, index_t seq,
-              index_t hidden, index_t heads, Axonn3DOptions options = {},
-              Overlap3D<T>* overlap = nullptr);
-
-  std::string_view name() const override { return name_; }
-  void collect_parameters(std::vector<Param<T>*>& out) override;
-  BufferNeeds buffer_needs() const override;
-  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
-  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
-                bool accumulate = false) override;
-
-  Linear3D<T>& c_attn() { return c_attn_; }
-  Linear3D<T>& c_proj() { return c_proj_; }
-  /// The last forward's local qkv ([Q_x | K_x | V_x]) and context [T/Gz, h/Gx].
-  ConstMatrixView<T> qkv() const { return qkv_; }
-  ConstMatrixView<T> context() const { return ctx_; }
-
- private:
-  detail::LocalAttention local() const;  // this rank's sequences and heads
-  std::size_t gemm_scratch() const;
-
-  Backend* backend_;
-  std::string name_;
-  index_t batch_, seq_, hidden_, heads_;
-  int gx_, gz_;
-  Linear3D<T> c_attn_;
-  Linear3D<T> c_proj_;
-  MatrixView<T> qkv_{}, ctx_{};
-  T* probs_ = nullptr;
-};
-
-/// GPT-2 MLP: c_fc normal (h -> 4h, X-layout [T/Gz, 4h/Gx]), GeLU, c_proj
-/// transposed (4h -> h, Y-layout).
-template <class T>
-class MLP3D final : public Layer<T> {
- public:
-  MLP3D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens, index_t hidden,
-        Axonn3DOptions options = {}, Overlap3D<T>* overlap = nullptr);
-
-  std::string_view name() const override { return name_; }
-  void collect_parameters(std::vector<Param<T>*>& out) override;
-  BufferNeeds buffer_needs() const override;
-  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
-  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
-                bool accumulate = false) override;
-
-  Linear3D<T>& c_fc() { return c_fc_; }
-  Linear3D<T>& c_proj() { return c_proj_; }
-
- private:
-  std::string name_;
-  Linear3D<T> c_fc_;
-  Linear3D<T> c_proj_;
-  GeLU3D<T> gelu_;
-  MatrixView<T> fc_{}, act_{};
-};
-
-/// One pre-LayerNorm GPT-2 block on Y-layout blocks [T/Gz, h/Gy] (residual
-/// adds local).
-template <class T>
-class TransformerBlock3D final : public Layer<T> {
- public:
-  TransformerBlock3D(ProcessGrid& grid, Backend& backend, std::string name, index_t batch,
-                     index_t seq, index_t hidden, index_t heads, double eps = 1e-5,
-                     Axonn3DOptions options = {}, Overlap3D<T>* overlap = nullptr);
-
-  std::string_view name() const override { return name_; }
-  void collect_parameters(std::vector<Param<T>*>& out) override;
-  BufferNeeds buffer_needs() const override;
-  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
-  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
-                bool accumulate = false) override;
-
-  LayerNorm3D<T>& ln_1() { return ln_1_; }
-  Attention3D<T>& attn() { return attn_; }
-  LayerNorm3D<T>& ln_2() { return ln_2_; }
-  MLP3D<T>& mlp() { return mlp_; }
-
- private:
-  Backend* backend_;
-  std::string name_;
-  index_t rows_, cols_;  // local block
-  LayerNorm3D<T> ln_1_;
-  Attention3D<T> attn_;
-  LayerNorm3D<T> ln_2_;
-  MLP3D<T> mlp_;
-  MatrixView<T> ln1_{}, mid_{}, ln2_{};
-};
-
 // ---------------------------------------------------------------- embedding, head, loss
 
 /// Token and position embeddings (see the file comment). Token ids are the
@@ -441,7 +332,7 @@ class Embedding3D final : public EmbeddingModule<T> {
   /// wte / wpe gradients (+)= the rows' gradients from dY [T/Gz, h/Gy].
   void backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate = false) override;
 
-  Param<T>& wte() { return wte_; }
+  Param<T>& wte() override { return wte_; }
   Param<T>& wpe() { return wpe_; }
   /// First global vocabulary row of this rank's block x.
   index_t vocab_begin() const;
@@ -528,15 +419,6 @@ extern template class Linear3D<bf16>;
 extern template class LayerNorm3D<float>;
 extern template class LayerNorm3D<double>;
 extern template class LayerNorm3D<bf16>;
-extern template class Attention3D<float>;
-extern template class Attention3D<double>;
-extern template class Attention3D<bf16>;
-extern template class MLP3D<float>;
-extern template class MLP3D<double>;
-extern template class MLP3D<bf16>;
-extern template class TransformerBlock3D<float>;
-extern template class TransformerBlock3D<double>;
-extern template class TransformerBlock3D<bf16>;
 extern template class Embedding3D<float>;
 extern template class Embedding3D<double>;
 extern template class Embedding3D<bf16>;

@@ -19,7 +19,6 @@
 #include <span>
 #include <vector>
 
-#include "summa/layers/gpt_base.hpp"
 #include "summa/layers/layer.hpp"
 #include "summa/summa/engine.hpp"
 
@@ -47,7 +46,7 @@ class Embedding2D final : public EmbeddingModule<T> {
   /// wte / wpe gradients (+)= the rows' gradients from dY.
   void backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate = false) override;
 
-  Param<T>& wte() { return wte_; }
+  Param<T>& wte() override { return wte_; }
   Param<T>& wpe() { return wpe_; }
   index_t position_chunk() const { return chunk_; }
 

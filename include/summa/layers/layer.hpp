@@ -212,4 +212,29 @@ class Layer : public Module<T> {
                         bool accumulate = false) = 0;
 };
 
+/// Token ids in, activations out (Embedding2D, Embedding1D, ...).
+template <class T>
+class EmbeddingModule : public Module<T> {
+ public:
+  /// Throws summa::Error on every rank of the tensor group unless `ids`
+  /// holds the layer's batch*seq ids, each in [0, vocab).
+  virtual void check_ids(std::span<const std::int32_t> ids, const char* what) const = 0;
+  virtual void forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
+                       StepBuffers& buffers) = 0;
+  virtual void backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate = false) = 0;
+  /// The token embedding [vocab, hidden] (the tied LM head multiplies with it).
+  virtual Param<T>& wte() = 0;
+};
+
+/// Activations and targets in, loss out (LMHead2D, LMHead1D, ...).
+template <class T>
+class LossHead : public Module<T> {
+ public:
+  virtual double forward(ConstMatrixView<T> X, std::span<const std::int32_t> targets,
+                         StepBuffers& buffers) = 0;
+  virtual void backward(MatrixView<T> dX, StepBuffers& buffers, bool accumulate = false) = 0;
+  /// Local logits of the last forward (backward overwrites them with dL/dlogits).
+  virtual ConstMatrixView<T> logits() const = 0;
+};
+
 }  // namespace summa

@@ -17,7 +17,6 @@
 #include <cstdint>
 #include <span>
 
-#include "summa/layers/gpt_base.hpp"
 #include "summa/layers/layer.hpp"
 #include "summa/summa/engine.hpp"
 

@@ -47,15 +47,9 @@
 
 #include "summa/core/bf16.hpp"
 #include "summa/grid/process_grid.hpp"
-#include "summa/layers/gelu2d.hpp"
-#include "summa/layers/gpt_base.hpp"
 #include "summa/layers/layer.hpp"
 
 namespace summa {
-
-namespace detail {
-struct LocalAttention;  // src/layers/attention_core.hpp
-}
 
 // ---------------------------------------------------------------- shards
 
@@ -201,120 +195,6 @@ class LayerNorm1D final : public Layer<T> {
   acc_t<T>* rstd_ = nullptr;
 };
 
-/// GeLU is elementwise: the 2D layer works on any distribution.
-template <class T>
-using GeLU1D = GeLU2D<T>;
-
-// ---------------------------------------------------------------- attention, MLP, block
-
-/// GPT-2 causal self-attention with heads split over the group: c_attn is
-/// column-parallel with groups = 3, so rank r's qkv [b*s, 3h/p] is [Q_r | K_r
-/// | V_r] of heads [r*n/p, (r+1)*n/p); per sequence and local head QKᵀ,
-/// causal softmax and PV are local GEMMs; the context [b*s, h/p] is the
-/// input of the row-parallel c_proj. One all-reduce in forward (c_proj), one
-/// in backward (c_attn's input gradient). Requires hidden % heads == 0 and
-/// heads % p == 0 (any batch).
-///
-/// forward() keeps qkv, the probabilities [b, n/p, s, s] and the context in
-/// buffers.forward; backward() takes dcontext, dqkv and one s x s matrix
-/// from buffers.backward.
-template <class T>
-class Attention1D final : public Layer<T> {
- public:
-  /// `name` is the parameter prefix, e.g. "h.0.attn".
-  Attention1D(ProcessGrid& grid, Backend& backend, std::string name, index_t batch, index_t seq,
-              index_t hidden, index_t heads);
-
-  std::string_view name() const override { return name_; }
-  void collect_parameters(std::vector<Param<T>*>& out) override;
-  BufferNeeds buffer_needs() const override;
-  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
-  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
-                bool accumulate = false) override;
-
-  ColumnParallelLinear1D<T>& c_attn() { return c_attn_; }
-  RowParallelLinear1D<T>& c_proj() { return c_proj_; }
-  /// The last forward's local qkv ([Q_r | K_r | V_r]) and context [b*s, h/p].
-  ConstMatrixView<T> qkv() const { return qkv_; }
-  ConstMatrixView<T> context() const { return ctx_; }
-
- private:
-  detail::LocalAttention local() const;  // this rank's sequences and heads
-  std::size_t gemm_scratch() const;
-
-  Backend* backend_;
-  std::string name_;
-  index_t batch_, seq_, hidden_, heads_;
-  int p_;
-  ColumnParallelLinear1D<T> c_attn_;
-  RowParallelLinear1D<T> c_proj_;
-  MatrixView<T> qkv_{}, ctx_{};
-  T* probs_ = nullptr;
-};
-
-/// GPT-2 MLP: c_fc column-parallel (h -> 4h, local [tokens, 4h/p]), GeLU,
-/// c_proj row-parallel (4h -> h). forward() keeps the pre- and post-GeLU
-/// activations [tokens, 4h/p]; backward() takes one [tokens, 4h/p].
-template <class T>
-class MLP1D final : public Layer<T> {
- public:
-  MLP1D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens, index_t hidden);
-
-  std::string_view name() const override { return name_; }
-  void collect_parameters(std::vector<Param<T>*>& out) override;
-  BufferNeeds buffer_needs() const override;
-  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
-  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
-                bool accumulate = false) override;
-
-  ColumnParallelLinear1D<T>& c_fc() { return c_fc_; }
-  RowParallelLinear1D<T>& c_proj() { return c_proj_; }
-
- private:
-  std::string name_;
-  index_t tokens_, hidden_;
-  int p_;
-  ColumnParallelLinear1D<T> c_fc_;
-  RowParallelLinear1D<T> c_proj_;
-  GeLU1D<T> gelu_;
-  MatrixView<T> fc_{}, act_{};
-};
-
-/// One pre-LayerNorm GPT-2 block: mid = X + Attn(LN1(X)); Y = mid +
-/// MLP(LN2(mid)), all on replicated [tokens, h] activations (residual adds
-/// local). Keeps ln_1, mid and ln_2 [tokens, h] plus its sublayers' saved
-/// activations in buffers.forward; takes dmid and one [tokens, h] from
-/// buffers.backward on top of its sublayers' needs.
-template <class T>
-class TransformerBlock1D final : public Layer<T> {
- public:
-  /// `name` is the parameter prefix, e.g. "h.3".
-  TransformerBlock1D(ProcessGrid& grid, Backend& backend, std::string name, index_t batch,
-                     index_t seq, index_t hidden, index_t heads, double eps = 1e-5);
-
-  std::string_view name() const override { return name_; }
-  void collect_parameters(std::vector<Param<T>*>& out) override;
-  BufferNeeds buffer_needs() const override;
-  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
-  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
-                bool accumulate = false) override;
-
-  LayerNorm1D<T>& ln_1() { return ln_1_; }
-  Attention1D<T>& attn() { return attn_; }
-  LayerNorm1D<T>& ln_2() { return ln_2_; }
-  MLP1D<T>& mlp() { return mlp_; }
-
- private:
-  Backend* backend_;
-  std::string name_;
-  index_t tokens_, hidden_;
-  LayerNorm1D<T> ln_1_;
-  Attention1D<T> attn_;
-  LayerNorm1D<T> ln_2_;
-  MLP1D<T> mlp_;
-  MatrixView<T> ln1_{}, mid_{}, ln2_{};
-};
-
 // ---------------------------------------------------------------- embedding, head, loss
 
 /// Token and position embeddings, vocabulary-parallel: rank r holds wte rows
@@ -350,7 +230,7 @@ class Embedding1D final : public EmbeddingModule<T> {
   /// wte / wpe gradients (+)= the rows' gradients from dY [batch*seq, h].
   void backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate = false) override;
 
-  Param<T>& wte() { return wte_; }
+  Param<T>& wte() override { return wte_; }
   Param<T>& wpe() { return wpe_; }
   /// First global vocabulary row this rank holds.
   index_t vocab_begin() const;
@@ -449,15 +329,6 @@ extern template class RowParallelLinear1D<bf16>;
 extern template class LayerNorm1D<float>;
 extern template class LayerNorm1D<double>;
 extern template class LayerNorm1D<bf16>;
-extern template class Attention1D<float>;
-extern template class Attention1D<double>;
-extern template class Attention1D<bf16>;
-extern template class MLP1D<float>;
-extern template class MLP1D<double>;
-extern template class MLP1D<bf16>;
-extern template class TransformerBlock1D<float>;
-extern template class TransformerBlock1D<double>;
-extern template class TransformerBlock1D<bf16>;
 extern template class Embedding1D<float>;
 extern template class Embedding1D<double>;
 extern template class Embedding1D<bf16>;

@@ -20,7 +20,7 @@
 
 #include "summa/backend/backend.hpp"
 #include "summa/grid/process_grid.hpp"
-#include "summa/layers/gpt_model.hpp"
+#include "summa/layers/gpt.hpp"
 #include "summa/summa/engine.hpp"
 
 namespace summa {
@@ -77,13 +77,16 @@ class ParallelGpt {
 
   const SchemeSpec& spec() const { return spec_; }
   ProcessGrid& grid() { return grid_; }
-  GptModel<T>& model() { return *model_; }
+  /// The scheme's layer factory (its layers make up the model).
+  SchemeContext<T>& scheme() { return *scheme_; }
+  Gpt<T>& model() { return *model_; }
 
  private:
   SchemeSpec spec_;
   ProcessGrid grid_;
   std::unique_ptr<SummaEngine> engine_;
-  std::unique_ptr<GptModel<T>> model_;
+  std::unique_ptr<SchemeContext<T>> scheme_;
+  std::unique_ptr<Gpt<T>> model_;
 };
 
 /// Sequences per data group must be a multiple of this for the scheme

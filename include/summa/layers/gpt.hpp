@@ -1,9 +1,17 @@
 #pragma once
-/// \file gpt_base.hpp
-/// The training step of a distributed GPT-2, shared by every scheme: the
-/// schemes (GPT2D, GPT1D, ...) only build their layers; GptBase runs them.
+/// \file gpt.hpp
+/// A distributed GPT-2, written once for every scheme: the scheme context
+/// (layers/scheme_context.hpp) supplies the embedding, LayerNorm and LM head
+/// and the linears inside the TransformerBlocks (layers/transformer.hpp);
+/// Gpt builds the model from them and runs the training step. The same
+/// model as summa::reference::Gpt (names, shapes, initialisation, loss), so
+/// the two can be compared element by element.
 ///
 ///   x_0 = Embedding(tokens); x_{i+1} = Block_i(x_i); loss = Head(LN_f(x_N))
+///
+/// Activations are `outer` blocks of the scheme (see SchemeContext). No
+/// dropout (summa's layers are deterministic, so the distributed model
+/// matches the serial one exactly).
 ///
 /// The block boundaries x_0..x_N live in the checkpoint buffer. With
 /// checkpointing, forward releases each block's forward-buffer allocations
@@ -21,7 +29,7 @@
 /// LN_f, then each block as soon as its backward is done, then the
 /// embedding — non-blocking, in flight while the blocks below run, and
 /// waits for all of them at its end (the one completion point). A scheme
-/// that defers gradient work (GPT3D with ORS) completes it at the same point,
+/// that defers gradient work (3D with ORS) completes it at the same point,
 /// before the buckets are all-reduced.
 
 #include <cstdint>
@@ -31,38 +39,26 @@
 
 #include "summa/comm/communicator.hpp"
 #include "summa/layers/gpt_model.hpp"
+#include "summa/layers/scheme_context.hpp"
+#include "summa/layers/transformer.hpp"
 
 namespace summa {
 
-/// Token ids in, activations out (Embedding2D, Embedding1D, ...).
 template <class T>
-class EmbeddingModule : public Module<T> {
+class Gpt final : public GptModel<T> {
  public:
-  /// Throws summa::Error on every rank of the tensor group unless `ids`
-  /// holds the layer's batch*seq ids, each in [0, vocab).
-  virtual void check_ids(std::span<const std::int32_t> ids, const char* what) const = 0;
-  virtual void forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
-                       StepBuffers& buffers) = 0;
-  virtual void backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate = false) = 0;
-};
-
-/// Activations and targets in, loss out (LMHead2D, LMHead1D, ...).
-template <class T>
-class LossHead : public Module<T> {
- public:
-  virtual double forward(ConstMatrixView<T> X, std::span<const std::int32_t> targets,
-                         StepBuffers& buffers) = 0;
-  virtual void backward(MatrixView<T> dX, StepBuffers& buffers, bool accumulate = false) = 0;
-  /// Local logits of the last forward (backward overwrites them with dL/dlogits).
-  virtual ConstMatrixView<T> logits() const = 0;
-};
-
-template <class T>
-class GptBase : public GptModel<T> {
- public:
-  ~GptBase() override;
-  GptBase(const GptBase&) = delete;
-  GptBase& operator=(const GptBase&) = delete;
+  /// Builds the layers with `scheme` (which must outlive the model), sizes
+  /// every buffer and allocates parameters (zero; call init()). batch
+  /// (global) and seq are fixed: buffers are sized for them. Checks what
+  /// every scheme needs (a valid config, positive sizes, seq <=
+  /// n_positions, batch divisible by the data groups) and the scheme's own
+  /// constraints (SchemeContext::check_gpt), with the same error on every
+  /// rank. Token and target ids are checked every step.
+  Gpt(SchemeContext<T>& scheme, const reference::GptConfig& config, index_t batch, index_t seq,
+      GptOptions options = {});
+  ~Gpt() override;
+  Gpt(const Gpt&) = delete;
+  Gpt& operator=(const Gpt&) = delete;
 
   std::string_view name() const override { return ""; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
@@ -95,29 +91,16 @@ class GptBase : public GptModel<T> {
   /// dL/dx_0 (local block of the embeddings' gradient) after backward.
   ConstMatrixView<T> input_grad() const { return input_grad_; }
 
- protected:
-  /// `what` names the scheme in messages. Checks what every scheme needs
-  /// (a valid config, positive sizes, seq <= n_positions, batch divisible by
-  /// the data groups) with the same error on every rank.
-  GptBase(const char* what, ProcessGrid& grid, Backend& backend, const reference::GptConfig& config,
-          index_t batch, index_t seq, GptOptions options);
-  /// Called by the scheme's constructor once embedding_, blocks_, ln_f_ and
-  /// head_ exist: allocates parameters and buffers. Local activation blocks
-  /// are rows x cols.
+  SchemeContext<T>& scheme() const { return *scheme_; }
+  EmbeddingModule<T>& embedding() { return *embedding_; }
+  TransformerBlock<T>& block(int i) { return *blocks_.at(static_cast<std::size_t>(i)); }
+  Layer<T>& ln_f() { return *ln_f_; }
+  LossHead<T>& head() { return *head_; }
+
+ private:
   void finish_construction(index_t rows, index_t cols);
 
-  /// Hooks for a scheme whose layers share overlap state across calls
-  /// (GPT3D's ORS / OAG). begin_forward() runs first in every forward.
-  virtual void begin_forward() {}
-  /// True when some parameter gradients are complete only after
-  /// complete_deferred(); the data-axis buckets are then all-reduced after it
-  /// rather than block by block.
-  virtual bool defers_gradients() const { return false; }
-  /// Completes deferred gradient work; part of backward()'s completion point.
-  virtual void complete_deferred() {}
-  /// The scheme's own buffers, for memory_report() (planned or allocated).
-  virtual void append_buffers(std::vector<BufferUsage>& /*out*/) const {}
-
+  SchemeContext<T>* scheme_;
   ProcessGrid* grid_;
   Backend* backend_;
   reference::GptConfig config_;
@@ -126,11 +109,10 @@ class GptBase : public GptModel<T> {
   int data_;
   index_t local_batch_;
   std::unique_ptr<EmbeddingModule<T>> embedding_;
-  std::vector<std::unique_ptr<Layer<T>>> blocks_;
+  std::vector<std::unique_ptr<TransformerBlock<T>>> blocks_;
   std::unique_ptr<Layer<T>> ln_f_;
   std::unique_ptr<LossHead<T>> head_;
 
- private:
   struct Bucket {
     T* begin = nullptr;
     index_t count = 0;
@@ -154,8 +136,8 @@ class GptBase : public GptModel<T> {
   bool have_forward_ = false;
 };
 
-extern template class GptBase<float>;
-extern template class GptBase<double>;
-extern template class GptBase<bf16>;
+extern template class Gpt<float>;
+extern template class Gpt<double>;
+extern template class Gpt<bf16>;
 
 }  // namespace summa

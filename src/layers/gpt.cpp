@@ -1,4 +1,4 @@
-#include "summa/layers/gpt_base.hpp"
+#include "summa/layers/gpt.hpp"
 
 #include <fmt/format.h>
 
@@ -10,7 +10,7 @@ namespace summa {
 
 namespace {
 
-ProcessGrid& checked(const char* what, ProcessGrid& grid, const Backend& backend,
+ProcessGrid& checked(const std::string& what, ProcessGrid& grid, const Backend& backend,
                      const reference::GptConfig& c, index_t batch, index_t seq,
                      const GptOptions& options) {
   std::optional<std::string> error;
@@ -44,23 +44,37 @@ ProcessGrid& checked(const char* what, ProcessGrid& grid, const Backend& backend
 }  // namespace
 
 template <class T>
-GptBase<T>::GptBase(const char* what, ProcessGrid& grid, Backend& backend,
-                    const reference::GptConfig& config, index_t batch, index_t seq,
-                    GptOptions options)
-    : grid_(&checked(what, grid, backend, config, batch, seq, options)),
-      backend_(&backend),
+Gpt<T>::Gpt(SchemeContext<T>& scheme, const reference::GptConfig& config, index_t batch,
+            index_t seq, GptOptions options)
+    : scheme_(&scheme),
+      grid_(&checked(fmt::format("GPT ({})", scheme.label()), scheme.grid(), scheme.backend(),
+                     config, batch, seq, options)),
+      backend_(&scheme.backend()),
       config_(config),
       options_(options),
       batch_(batch),
       seq_(seq),
-      data_(grid.shape().data),
-      local_batch_(batch / data_) {}
+      data_(grid_->shape().data),
+      local_batch_(batch / data_) {
+  grid_->agree(CommAxis::world, scheme.check_gpt(config, batch));
+  const index_t h = config.n_embd, b = local_batch_, tokens = b * seq;
+  const double eps = config.layer_norm_epsilon;
+  embedding_ = scheme.embedding(b, seq, config.vocab_size, h, config.n_positions);
+  for (int i = 0; i < config.n_layer; ++i)
+    blocks_.push_back(std::make_unique<TransformerBlock<T>>(scheme, fmt::format("h.{}", i), b, seq,
+                                                            h, config.n_head, eps));
+  ln_f_ = scheme.layer_norm("ln_f", tokens, h, eps);
+  // The loss is normalised by the global token count (see the file comment).
+  head_ = scheme.lm_head(embedding_->wte(), tokens, h, config.vocab_size, batch * seq);
+  scheme.finish_layers(options.plan_only);
+  finish_construction(scheme.local_rows(tokens), scheme.local_cols(h, ActivationLayout::outer));
+}
 
 template <class T>
-GptBase<T>::~GptBase() = default;
+Gpt<T>::~Gpt() = default;
 
 template <class T>
-void GptBase<T>::finish_construction(index_t rows, index_t cols) {
+void Gpt<T>::finish_construction(index_t rows, index_t cols) {
   rows_ = rows;
   cols_ = cols;
   const BufferNeeds needs = buffer_needs();
@@ -92,7 +106,7 @@ void GptBase<T>::finish_construction(index_t rows, index_t cols) {
     for (Param<T>* p : m.parameters()) {
       if (!p->held()) continue;
       if (b.begin == nullptr) b.begin = p->grad;
-      require(p->grad == b.begin + b.count, "GptBase: a bucket's gradients are not contiguous");
+      require(p->grad == b.begin + b.count, "Gpt: a bucket's gradients are not contiguous");
       b.count += p->shard.local_size();
     }
     return b;
@@ -103,7 +117,7 @@ void GptBase<T>::finish_construction(index_t rows, index_t cols) {
 }
 
 template <class T>
-void GptBase<T>::collect_parameters(std::vector<Param<T>*>& out) {
+void Gpt<T>::collect_parameters(std::vector<Param<T>*>& out) {
   embedding_->collect_parameters(out);
   for (auto& b : blocks_) b->collect_parameters(out);
   ln_f_->collect_parameters(out);
@@ -111,7 +125,7 @@ void GptBase<T>::collect_parameters(std::vector<Param<T>*>& out) {
 }
 
 template <class T>
-BufferNeeds GptBase<T>::buffer_needs() const {
+BufferNeeds Gpt<T>::buffer_needs() const {
   ByteCount<T> slot;
   slot.add(rows_ * cols_);
   const BufferNeeds block = blocks_.front()->buffer_needs();
@@ -129,40 +143,40 @@ BufferNeeds GptBase<T>::buffer_needs() const {
 }
 
 template <class T>
-void GptBase<T>::require_allocated(const char* what) const {
+void Gpt<T>::require_allocated(const char* what) const {
   require(!options_.plan_only, [&] {
     return fmt::format("GPT {}: this model was built with plan_only (no memory)", what);
   });
 }
 
 template <class T>
-ParameterStore<T>& GptBase<T>::parameters_store() {
+ParameterStore<T>& Gpt<T>::parameters_store() {
   require_allocated("parameters_store");
   return *store_;
 }
 
 template <class T>
-ModelBuffers& GptBase<T>::buffers() {
+ModelBuffers& Gpt<T>::buffers() {
   require_allocated("buffers");
   return *buffers_;
 }
 
 template <class T>
-void GptBase<T>::init(std::uint64_t seed) {
+void Gpt<T>::init(std::uint64_t seed) {
   require_allocated("init");
   store_->init_gpt(seed, config_);
 }
 
 template <class T>
-ConstMatrixView<T> GptBase<T>::boundary(int i) const {
+ConstMatrixView<T> Gpt<T>::boundary(int i) const {
   require(i >= 0 && i <= config_.n_layer,
           [&] { return fmt::format("GPT boundary {}: expected 0..{}", i, config_.n_layer); });
   return boundaries_[static_cast<std::size_t>(i)];
 }
 
 template <class T>
-void GptBase<T>::reduce_bucket(std::size_t k) {
-  if (data_ == 1 || defers_gradients()) return;  // deferred: all at the end
+void Gpt<T>::reduce_bucket(std::size_t k) {
+  if (data_ == 1 || scheme_->defers_gradients()) return;  // deferred: all at the end
   Bucket& b = buckets_[k];
   if (b.count > 0)
     b.request = grid_->data().iall_reduce(b.begin, b.begin, static_cast<std::size_t>(b.count),
@@ -170,8 +184,8 @@ void GptBase<T>::reduce_bucket(std::size_t k) {
 }
 
 template <class T>
-double GptBase<T>::forward(std::span<const std::int32_t> tokens,
-                           std::span<const std::int32_t> targets) {
+double Gpt<T>::forward(std::span<const std::int32_t> tokens,
+                       std::span<const std::int32_t> targets) {
   require_allocated("forward");
   have_forward_ = false;
   {
@@ -199,7 +213,7 @@ double GptBase<T>::forward(std::span<const std::int32_t> tokens,
                      static_cast<std::ptrdiff_t>(tokens_.size());
   std::copy_n(tokens.begin() + first, tokens_.size(), tokens_.begin());
   std::copy_n(targets.begin() + first, targets_.size(), targets_.begin());
-  begin_forward();
+  scheme_->begin_forward();
 
   ModelBuffers& B = *buffers_;
   B.forward.reset();
@@ -222,7 +236,7 @@ double GptBase<T>::forward(std::span<const std::int32_t> tokens,
 }
 
 template <class T>
-void GptBase<T>::backward(bool accumulate) {
+void Gpt<T>::backward(bool accumulate) {
   require(have_forward_, "GPT backward: no forward pass to differentiate");
   have_forward_ = false;
   ModelBuffers& B = *buffers_;
@@ -263,8 +277,8 @@ void GptBase<T>::backward(bool accumulate) {
   input_grad_ = conj_[cur];
   // The one completion point: deferred gradient work (ORS), then the
   // data-axis buckets (issued here when gradients were deferred).
-  complete_deferred();
-  if (data_ > 1 && defers_gradients())
+  scheme_->complete_deferred();
+  if (data_ > 1 && scheme_->defers_gradients())
     for (Bucket& b : buckets_)
       if (b.count > 0)
         b.request = grid_->data().iall_reduce(b.begin, b.begin, static_cast<std::size_t>(b.count),
@@ -273,7 +287,7 @@ void GptBase<T>::backward(bool accumulate) {
 }
 
 template <class T>
-MemoryReport GptBase<T>::memory_report() const {
+MemoryReport Gpt<T>::memory_report() const {
   MemoryReport r;
   if (options_.plan_only) {
     r.parameters = r.gradients = parameter_bytes_;
@@ -282,7 +296,7 @@ MemoryReport GptBase<T>::memory_report() const {
                  {"workspace", sizes_.workspace, 0},  {"forward", sizes_.forward, 0},
                  {"backward", sizes_.backward, 0},    {"conjunction", sizes_.conjunction, 0},
                  {"checkpoint", sizes_.checkpoint, 0}};
-    append_buffers(r.buffers);
+    scheme_->append_buffers(r.buffers);
     return r;
   }
   r.parameters = store_->values().capacity();
@@ -291,12 +305,12 @@ MemoryReport GptBase<T>::memory_report() const {
   r.buffers.push_back({"parameters", store_->values().capacity(), store_->values().high_water()});
   r.buffers.push_back({"gradients", store_->grads().capacity(), store_->grads().high_water()});
   for (BufferUsage& u : buffers_->usage()) r.buffers.push_back(std::move(u));
-  append_buffers(r.buffers);
+  scheme_->append_buffers(r.buffers);
   return r;
 }
 
-template class GptBase<float>;
-template class GptBase<double>;
-template class GptBase<bf16>;
+template class Gpt<float>;
+template class Gpt<double>;
+template class Gpt<bf16>;
 
 }  // namespace summa

@@ -1,0 +1,138 @@
+#pragma once
+/// \file transformer.hpp
+/// The GPT-2 attention, MLP and transformer block, written once over a
+/// SchemeContext (layers/scheme_context.hpp): the scheme supplies the
+/// linears, LayerNorms and local shapes; these classes only compose them.
+/// The same classes run under 1D (Megatron), 2D (SUMMA) and 3D (AxoNN).
+///
+/// Attention: qkv = c_attn(X) (expand, groups = 3: a rank's inner block is
+/// [Q | K | V] of its heads), per local sequence and head softmax(Q Kᵀ /
+/// sqrt(d)) V with a causal mask (local GEMMs), Y = c_proj(context)
+/// (contract). Requires hidden % heads == 0, heads % head_split() == 0 and
+/// batch % sequence_split() == 0. forward() keeps qkv, the probabilities
+/// [b_local, n_local, s, s] and the context in buffers.forward; backward()
+/// takes dcontext, dqkv and one s x s matrix from buffers.backward.
+///
+/// MLP: Y = c_proj(GeLU(c_fc(X))), c_fc expand (h -> 4h), c_proj contract.
+/// forward() keeps the pre- and post-GeLU inner activations; backward()
+/// takes one.
+///
+/// TransformerBlock (pre-LayerNorm): mid = X + Attn(LN1(X)); Y = mid +
+/// MLP(LN2(mid)), residual adds local. Keeps ln_1, mid and ln_2 (outer
+/// blocks) plus its sublayers' saved activations in buffers.forward; takes
+/// dmid and one outer block from buffers.backward on top of its sublayers'.
+///
+/// Construction-time checks agree over the tensor group (the same
+/// summa::Error on every rank).
+
+#include <memory>
+#include <string>
+
+#include "summa/layers/gelu2d.hpp"
+#include "summa/layers/scheme_context.hpp"
+
+namespace summa {
+
+namespace detail {
+struct LocalAttention;  // src/layers/attention_core.hpp
+}
+
+template <class T>
+class Attention final : public Layer<T> {
+ public:
+  /// `name` is the parameter prefix, e.g. "h.0.attn" (c_attn, c_proj below it).
+  Attention(SchemeContext<T>& scheme, std::string name, index_t batch, index_t seq, index_t hidden,
+            index_t heads);
+
+  std::string_view name() const override { return name_; }
+  void collect_parameters(std::vector<Param<T>*>& out) override;
+  BufferNeeds buffer_needs() const override;
+  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
+  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                bool accumulate = false) override;
+
+  Layer<T>& c_attn() { return *c_attn_; }
+  Layer<T>& c_proj() { return *c_proj_; }
+  /// Local views of the last forward's qkv ([Q | K | V] of the local heads)
+  /// and context.
+  ConstMatrixView<T> qkv() const { return qkv_; }
+  ConstMatrixView<T> context() const { return ctx_; }
+
+ private:
+  detail::LocalAttention local() const;  // this rank's sequences and heads
+  std::size_t gemm_scratch() const;
+
+  Backend* backend_;
+  std::string name_;
+  index_t batch_, seq_, hidden_, heads_;
+  int sequence_split_, head_split_;
+  std::unique_ptr<Layer<T>> c_attn_, c_proj_;
+  MatrixView<T> qkv_{}, ctx_{};
+  T* probs_ = nullptr;
+};
+
+template <class T>
+class MLP final : public Layer<T> {
+ public:
+  /// `name` is the parameter prefix, e.g. "h.0.mlp" (c_fc, c_proj below it).
+  MLP(SchemeContext<T>& scheme, std::string name, index_t tokens, index_t hidden);
+
+  std::string_view name() const override { return name_; }
+  void collect_parameters(std::vector<Param<T>*>& out) override;
+  BufferNeeds buffer_needs() const override;
+  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
+  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                bool accumulate = false) override;
+
+  Layer<T>& c_fc() { return *c_fc_; }
+  Layer<T>& c_proj() { return *c_proj_; }
+
+ private:
+  std::string name_;
+  index_t rows_, cols_;  // the local inner [tokens, 4h] block
+  std::unique_ptr<Layer<T>> c_fc_, c_proj_;
+  GeLU2D<T> gelu_;
+  MatrixView<T> fc_{}, act_{};
+};
+
+template <class T>
+class TransformerBlock final : public Layer<T> {
+ public:
+  /// `name` is the parameter prefix, e.g. "h.3".
+  TransformerBlock(SchemeContext<T>& scheme, std::string name, index_t batch, index_t seq,
+                   index_t hidden, index_t heads, double eps = 1e-5);
+
+  std::string_view name() const override { return name_; }
+  void collect_parameters(std::vector<Param<T>*>& out) override;
+  BufferNeeds buffer_needs() const override;
+  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
+  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                bool accumulate = false) override;
+
+  Layer<T>& ln_1() { return *ln_1_; }
+  Attention<T>& attn() { return attn_; }
+  Layer<T>& ln_2() { return *ln_2_; }
+  MLP<T>& mlp() { return mlp_; }
+
+ private:
+  Backend* backend_;
+  std::string name_;
+  index_t rows_, cols_;  // the local outer [tokens, h] block
+  std::unique_ptr<Layer<T>> ln_1_;
+  Attention<T> attn_;
+  std::unique_ptr<Layer<T>> ln_2_;
+  MLP<T> mlp_;
+  MatrixView<T> ln1_{}, mid_{}, ln2_{};
+};
+
+extern template class Attention<float>;
+extern template class Attention<double>;
+extern template class Attention<bf16>;
+extern template class MLP<float>;
+extern template class MLP<double>;
+extern template class MLP<bf16>;
+extern template class TransformerBlock<float>;
+extern template class TransformerBlock<double>;
+extern template class TransformerBlock<bf16>;
+
+}  // namespace summa

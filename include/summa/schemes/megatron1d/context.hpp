@@ -1,0 +1,48 @@
+#pragma once
+/// \file context.hpp
+/// The 1D (Megatron-LM) scheme context: the layers of layers/megatron1d.hpp
+/// behind SchemeContext, on the p ranks of the grid's tensor group
+/// (ProcessGrid::linear1d). Outer activations are replicated [T, w]; inner
+/// ones [T, w/p] (columns split); an expanding linear is column-parallel, a
+/// contracting one row-parallel; heads are split over p, sequences not.
+
+#include "summa/layers/megatron1d.hpp"
+#include "summa/layers/scheme_context.hpp"
+
+namespace summa {
+
+template <class T>
+class Megatron1DContext final : public SchemeContext<T> {
+ public:
+  Megatron1DContext(ProcessGrid& grid, Backend& backend);
+
+  std::string_view label() const override { return "1D"; }
+  index_t local_rows(index_t tokens) const override { return tokens; }
+  index_t local_cols(index_t width, ActivationLayout layout) const override {
+    return layout == ActivationLayout::outer ? width : width / p_;
+  }
+  int sequence_split() const override { return 1; }
+  const char* sequence_split_name() const override { return "1"; }
+  int head_split() const override { return p_; }
+  const char* head_split_name() const override { return "p"; }
+
+  std::unique_ptr<Layer<T>> linear(std::string name, index_t tokens, index_t in, index_t out,
+                                   LinearRole role, bool has_bias = true, int groups = 1) override;
+  std::unique_ptr<Layer<T>> layer_norm(std::string name, index_t tokens, index_t hidden,
+                                       double eps = 1e-5) override;
+  std::unique_ptr<EmbeddingModule<T>> embedding(index_t batch, index_t seq, index_t vocab,
+                                                index_t hidden, index_t n_positions) override;
+  std::unique_ptr<LossHead<T>> lm_head(Param<T>& wte, index_t tokens, index_t hidden, index_t vocab,
+                                       index_t normalizer = 0) override;
+  std::optional<std::string> check_gpt(const reference::GptConfig& config,
+                                       index_t batch) const override;
+
+ private:
+  int p_;
+};
+
+extern template class Megatron1DContext<float>;
+extern template class Megatron1DContext<double>;
+extern template class Megatron1DContext<bf16>;
+
+}  // namespace summa

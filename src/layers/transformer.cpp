@@ -1,0 +1,265 @@
+// Attention, MLP and TransformerBlock, written once over a SchemeContext.
+#include "summa/layers/transformer.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "attention_core.hpp"
+
+namespace summa {
+
+namespace {
+
+template <class T>
+SchemeContext<T>& checked_attention(SchemeContext<T>& s, const std::string& name, index_t batch,
+                                    index_t seq, index_t hidden, index_t heads) {
+  std::optional<std::string> error;
+  const std::string who = fmt::format("Attention ({}) '{}'", s.label(), name);
+  if (batch <= 0 || seq <= 0 || hidden <= 0 || heads <= 0)
+    error = fmt::format("{}: batch={}, seq={}, hidden={}, heads={} must be positive", who, batch,
+                        seq, hidden, heads);
+  else if (batch % s.sequence_split() != 0)
+    error = fmt::format("{}: batch={} must be divisible by {}={} (whole sequences per rank)", who,
+                        batch, s.sequence_split_name(), s.sequence_split());
+  else if (hidden % heads != 0)
+    error = fmt::format("{}: hidden={} must be divisible by heads={}", who, hidden, heads);
+  else if (heads % s.head_split() != 0)
+    error = fmt::format("{}: heads={} must be divisible by {}={} (whole heads per rank)", who,
+                        heads, s.head_split_name(), s.head_split());
+  s.agree(error);
+  return s;
+}
+
+template <class T>
+MatrixView<T> take_block(Arena& arena, index_t rows, index_t cols) {
+  return MatrixView<T>::dense(arena.take<T>(static_cast<std::size_t>(rows * cols)), rows, cols,
+                              Order::row_major);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- attention
+
+template <class T>
+Attention<T>::Attention(SchemeContext<T>& scheme, std::string name, index_t batch, index_t seq,
+                        index_t hidden, index_t heads)
+    : backend_(&checked_attention(scheme, name, batch, seq, hidden, heads).backend()),
+      name_(std::move(name)),
+      batch_(batch),
+      seq_(seq),
+      hidden_(hidden),
+      heads_(heads),
+      sequence_split_(scheme.sequence_split()),
+      head_split_(scheme.head_split()),
+      c_attn_(scheme.linear(name_ + ".c_attn", batch * seq, hidden, 3 * hidden, LinearRole::expand,
+                            true, 3)),
+      c_proj_(scheme.linear(name_ + ".c_proj", batch * seq, hidden, hidden, LinearRole::contract)) {
+}
+
+template <class T>
+void Attention<T>::collect_parameters(std::vector<Param<T>*>& out) {
+  c_attn_->collect_parameters(out);
+  c_proj_->collect_parameters(out);
+}
+
+template <class T>
+detail::LocalAttention Attention<T>::local() const {
+  return {.seqs = batch_ / sequence_split_,
+          .seq = seq_,
+          .heads = heads_ / head_split_,
+          .head_dim = hidden_ / heads_};
+}
+
+template <class T>
+std::size_t Attention<T>::gemm_scratch() const {
+  return local().scratch_bytes(*backend_, dtype_v<T>);
+}
+
+template <class T>
+BufferNeeds Attention<T>::buffer_needs() const {
+  const detail::LocalAttention a = local();
+  const index_t nt = a.tokens(), w = a.width();
+  ByteCount<T> fwd, bwd, ws;
+  fwd.add(nt * 3 * w).add(a.probs_elems()).add(nt * w);   // qkv, probs, context
+  bwd.add(nt * w).add(nt * 3 * w).add(a.dprobs_elems());  // dcontext, dqkv, dP
+  ws.add_bytes(gemm_scratch());
+  return {.workspace = std::max(
+              {ws.bytes(), c_attn_->buffer_needs().workspace, c_proj_->buffer_needs().workspace}),
+          .forward = fwd,
+          .backward = bwd};
+}
+
+template <class T>
+void Attention<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
+  const detail::LocalAttention a = local();
+  const index_t nt = a.tokens(), w = a.width();
+  Arena& fwd = buffers.forward;
+  qkv_ = take_block<T>(fwd, nt, 3 * w);
+  c_attn_->forward(X, qkv_, buffers);
+  probs_ = fwd.take<T>(static_cast<std::size_t>(a.probs_elems()));
+  ctx_ = take_block<T>(fwd, nt, w);
+  {
+    ArenaScope scope(buffers.workspace);
+    a.forward<T>(*backend_, qkv_, probs_, ctx_,
+                 Scratch{buffers.workspace.take_bytes(gemm_scratch()), gemm_scratch()});
+  }
+  c_proj_->forward(ctx_, Y, buffers);
+}
+
+template <class T>
+void Attention<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                            bool accumulate) {
+  require(probs_ != nullptr,
+          [&] { return fmt::format("Attention '{}': backward without forward", name_); });
+  const detail::LocalAttention a = local();
+  const index_t nt = a.tokens(), w = a.width();
+  Arena& bwd = buffers.backward;
+  ArenaScope scope(bwd);
+  const auto dctx = take_block<T>(bwd, nt, w);
+  c_proj_->backward(dY, dctx, buffers, accumulate);
+  const auto dqkv = take_block<T>(bwd, nt, 3 * w);
+  T* const dP = bwd.take<T>(static_cast<std::size_t>(a.dprobs_elems()));
+  {
+    ArenaScope ws_scope(buffers.workspace);
+    a.backward<T>(*backend_, qkv_, probs_, dctx, dqkv, dP,
+                  Scratch{buffers.workspace.take_bytes(gemm_scratch()), gemm_scratch()});
+  }
+  c_attn_->backward(dqkv, dX, buffers, accumulate);
+}
+
+// ---------------------------------------------------------------- MLP
+
+template <class T>
+MLP<T>::MLP(SchemeContext<T>& scheme, std::string name, index_t tokens, index_t hidden)
+    : name_(std::move(name)),
+      rows_(scheme.local_rows(tokens)),
+      cols_(scheme.local_cols(4 * hidden, ActivationLayout::inner)),
+      c_fc_(scheme.linear(name_ + ".c_fc", tokens, hidden, 4 * hidden, LinearRole::expand)),
+      c_proj_(scheme.linear(name_ + ".c_proj", tokens, 4 * hidden, hidden, LinearRole::contract)),
+      gelu_(scheme.backend()) {}
+
+template <class T>
+void MLP<T>::collect_parameters(std::vector<Param<T>*>& out) {
+  c_fc_->collect_parameters(out);
+  c_proj_->collect_parameters(out);
+}
+
+template <class T>
+BufferNeeds MLP<T>::buffer_needs() const {
+  const index_t n = rows_ * cols_;
+  ByteCount<T> fwd, bwd;
+  fwd.add(n).add(n);  // pre- and post-GeLU
+  bwd.add(n);
+  return {.workspace = std::max(c_fc_->buffer_needs().workspace, c_proj_->buffer_needs().workspace),
+          .forward = fwd,
+          .backward = bwd};
+}
+
+template <class T>
+void MLP<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
+  fc_ = take_block<T>(buffers.forward, rows_, cols_);
+  act_ = take_block<T>(buffers.forward, rows_, cols_);
+  c_fc_->forward(X, fc_, buffers);
+  gelu_.forward(fc_, act_, buffers);
+  c_proj_->forward(act_, Y, buffers);
+}
+
+template <class T>
+void MLP<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                      bool accumulate) {
+  require(fc_.data != nullptr,
+          [&] { return fmt::format("MLP '{}': backward without forward", name_); });
+  ArenaScope scope(buffers.backward);
+  const auto d4h = take_block<T>(buffers.backward, rows_, cols_);
+  c_proj_->backward(dY, d4h, buffers, accumulate);
+  gelu_.backward(d4h, d4h, buffers);  // in place: dgelu -> dfc
+  c_fc_->backward(d4h, dX, buffers, accumulate);
+}
+
+// ---------------------------------------------------------------- block
+
+template <class T>
+TransformerBlock<T>::TransformerBlock(SchemeContext<T>& scheme, std::string name, index_t batch,
+                                      index_t seq, index_t hidden, index_t heads, double eps)
+    : backend_(&scheme.backend()),
+      name_(std::move(name)),
+      rows_(scheme.local_rows(batch * seq)),
+      cols_(scheme.local_cols(hidden, ActivationLayout::outer)),
+      ln_1_(scheme.layer_norm(name_ + ".ln_1", batch * seq, hidden, eps)),
+      attn_(scheme, name_ + ".attn", batch, seq, hidden, heads),
+      ln_2_(scheme.layer_norm(name_ + ".ln_2", batch * seq, hidden, eps)),
+      mlp_(scheme, name_ + ".mlp", batch * seq, hidden) {}
+
+template <class T>
+void TransformerBlock<T>::collect_parameters(std::vector<Param<T>*>& out) {
+  ln_1_->collect_parameters(out);
+  attn_.collect_parameters(out);
+  ln_2_->collect_parameters(out);
+  mlp_.collect_parameters(out);
+}
+
+template <class T>
+BufferNeeds TransformerBlock<T>::buffer_needs() const {
+  const index_t n = rows_ * cols_;
+  BufferNeeds needs;
+  ByteCount<T> own_fwd;
+  own_fwd.add(n).add(n).add(n);  // ln1, mid, ln2
+  needs.forward = own_fwd;
+  for (const BufferNeeds& sub :
+       {ln_1_->buffer_needs(), attn_.buffer_needs(), ln_2_->buffer_needs(), mlp_.buffer_needs()})
+    needs.then(sub);
+  ByteCount<T> held;  // dmid and one block held while a sublayer runs backward
+  held.add(n).add(n);
+  needs.backward += held;
+  return needs;
+}
+
+template <class T>
+void TransformerBlock<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
+  Backend& be = *backend_;
+  ln1_ = take_block<T>(buffers.forward, rows_, cols_);
+  mid_ = take_block<T>(buffers.forward, rows_, cols_);
+  ln2_ = take_block<T>(buffers.forward, rows_, cols_);
+  ln_1_->forward(X, ln1_, buffers);
+  attn_.forward(ln1_, mid_, buffers);
+  be.axpby(acc_t<T>(1), X, acc_t<T>(1), mid_);  // mid = X + Attn(LN1(X))
+  ln_2_->forward(mid_, ln2_, buffers);
+  mlp_.forward(ln2_, Y, buffers);
+  be.axpby(acc_t<T>(1), ConstMatrixView<T>(mid_), acc_t<T>(1), Y);  // Y = mid + MLP(LN2(mid))
+}
+
+template <class T>
+void TransformerBlock<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                                   bool accumulate) {
+  require(mid_.data != nullptr,
+          [&] { return fmt::format("TransformerBlock '{}': backward without forward", name_); });
+  Backend& be = *backend_;
+  Arena& bwd = buffers.backward;
+  ArenaScope scope(bwd);
+  const auto dmid = take_block<T>(bwd, rows_, cols_);
+  const auto dtmp = take_block<T>(bwd, rows_, cols_);
+  // MLP half: dmid = dY + LN2ᵀ(MLPᵀ(dY))
+  mlp_.backward(dY, dtmp, buffers, accumulate);
+  ln_2_->backward(dtmp, dmid, buffers, accumulate);
+  be.axpby(acc_t<T>(1), dY, acc_t<T>(1), dmid);
+  // attention half: dX = dmid + LN1ᵀ(Attnᵀ(dmid))
+  attn_.backward(dmid, dtmp, buffers, accumulate);
+  ln_1_->backward(dtmp, dX, buffers, accumulate);
+  be.axpby(acc_t<T>(1), ConstMatrixView<T>(dmid), acc_t<T>(1), dX);
+}
+
+template class Attention<float>;
+template class Attention<double>;
+template class Attention<bf16>;
+template class MLP<float>;
+template class MLP<double>;
+template class MLP<bf16>;
+template class TransformerBlock<float>;
+template class TransformerBlock<double>;
+template class TransformerBlock<bf16>;
+
+}  // namespace summa

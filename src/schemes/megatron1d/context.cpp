@@ -1,0 +1,62 @@
+#include "summa/schemes/megatron1d/context.hpp"
+
+#include <fmt/format.h>
+
+namespace summa {
+
+template <class T>
+Megatron1DContext<T>::Megatron1DContext(ProcessGrid& grid, Backend& backend)
+    : SchemeContext<T>(grid, backend), p_(grid.tensor().size()) {}
+
+template <class T>
+std::unique_ptr<Layer<T>> Megatron1DContext<T>::linear(std::string name, index_t tokens, index_t in,
+                                                       index_t out, LinearRole role, bool has_bias,
+                                                       int groups) {
+  if (role == LinearRole::expand)
+    return std::make_unique<ColumnParallelLinear1D<T>>(
+        this->grid(), this->backend(), std::move(name), tokens, in, out, has_bias, groups);
+  require(groups == 1, [&] {
+    return fmt::format("1D linear '{}': groups={} (only an expanding linear has groups)", name,
+                       groups);
+  });
+  return std::make_unique<RowParallelLinear1D<T>>(this->grid(), this->backend(), std::move(name),
+                                                  tokens, in, out, has_bias);
+}
+
+template <class T>
+std::unique_ptr<Layer<T>> Megatron1DContext<T>::layer_norm(std::string name, index_t tokens,
+                                                           index_t hidden, double eps) {
+  return std::make_unique<LayerNorm1D<T>>(this->grid(), this->backend(), std::move(name), tokens,
+                                          hidden, eps);
+}
+
+template <class T>
+std::unique_ptr<EmbeddingModule<T>> Megatron1DContext<T>::embedding(index_t batch, index_t seq,
+                                                                    index_t vocab, index_t hidden,
+                                                                    index_t n_positions) {
+  return std::make_unique<Embedding1D<T>>(this->grid(), this->backend(), batch, seq, vocab, hidden,
+                                          n_positions);
+}
+
+template <class T>
+std::unique_ptr<LossHead<T>> Megatron1DContext<T>::lm_head(Param<T>& wte, index_t tokens,
+                                                           index_t hidden, index_t vocab,
+                                                           index_t normalizer) {
+  return std::make_unique<LMHead1D<T>>(this->grid(), this->backend(), wte, tokens, hidden, vocab,
+                                       normalizer);
+}
+
+template <class T>
+std::optional<std::string> Megatron1DContext<T>::check_gpt(const reference::GptConfig& c,
+                                                           index_t) const {
+  for (auto [what, v] : {std::pair{"n_embd (hidden)", c.n_embd}, std::pair{"n_head", c.n_head},
+                         std::pair{"vocab_size", c.vocab_size}})
+    if (v % p_ != 0) return fmt::format("GPT (1D): {}={} must be divisible by p={}", what, v, p_);
+  return std::nullopt;
+}
+
+template class Megatron1DContext<float>;
+template class Megatron1DContext<double>;
+template class Megatron1DContext<bf16>;
+
+}  // namespace summa
