@@ -3,8 +3,8 @@
 // 1, 2 and 4 ranks).
 //
 // Layers1D: each 1D layer alone — ColumnParallelLinear1D (plain and with the
-// q|k|v groups of c_attn), RowParallelLinear1D, LayerNorm1D, Attention1D,
-// MLP1D, TransformerBlock1D, Embedding1D and the tied LMHead1D with the
+// q|k|v groups of c_attn), RowParallelLinear1D, LayerNorm1D, Attention (1D),
+// MLP (1D), TransformerBlock (1D), Embedding1D and the tied LMHead1D with the
 // vocabulary-parallel CrossEntropy1D. Oracle as in test_layers2d.cpp: a
 // serial one-layer reference runs forward and backward on fresh random
 // weights and tokens; a layer gets the reference's input activation (its
@@ -27,8 +27,8 @@
 // config (n_head = 4, n_embd = 32, vocab = 44 for p in {1, 2, 4}) is
 // divisible by p; the batch (3) is not: 1D needs no batch divisibility.
 //
-// bf16 (mixed precision, issue 6): GPT1D<bf16> (checkpointing on and off)
-// and TransformerBlock1D<bf16> against the double reference run on the same
+// bf16 (mixed precision, issue 6): Gpt<bf16> (1D) (checkpointing on and off)
+// and TransformerBlock<bf16> (1D) against the double reference run on the same
 // weights rounded to bf16, so that what is measured is the error of
 // computing in bf16 (bf16 storage, fp32 arithmetic and statistics). Measure:
 // the norm-wise relative error ||x - x_ref||_2 / ||x_ref||_2 of each tensor,
@@ -678,7 +678,7 @@ TEST(Gpt1D, MatchesReferenceFloatNoCheckpoint) {
   check_against_reference<float>(false);
 }
 
-// GPT1D<bf16> (bf16 parameters, activations and gradients; fp32 statistics)
+// Gpt<bf16> (1D) (bf16 parameters, activations and gradients; fp32 statistics)
 // against the double reference on the same bf16-rounded weights: the loss,
 // the logits, the input gradient and every parameter gradient, norm-wise.
 void check_bf16_against_reference(bool checkpoint) {

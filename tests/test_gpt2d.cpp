@@ -1,4 +1,4 @@
-// GPT2D (the 2D GPT-2 of Optimus on a q x q mesh) against the serial
+// Gpt (2D) (the 2D GPT-2 of Optimus on a q x q mesh) against the serial
 // reference summa::reference::Gpt at whatever q the rank count gives (CTest:
 // 1, 4 and 9 ranks): loss, logits, every block boundary, the final norm,
 // every parameter gradient (gathered to global tensors) and the input

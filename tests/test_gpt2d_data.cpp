@@ -1,4 +1,4 @@
-// GPT2D with a data-parallel axis: data = 2 groups, each a q x q mesh (CTest:
+// Gpt (2D) with a data-parallel axis: data = 2 groups, each a q x q mesh (CTest:
 // 2 ranks = 2 x 1x1, 8 ranks = 2 x 2x2). Every group takes half of the global
 // batch; the loss and every gathered parameter gradient must equal the serial
 // reference's on the *global* batch, on every group (tolerances as in

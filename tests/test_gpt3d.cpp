@@ -18,10 +18,10 @@
 // OAR on vs off; no heap allocation in a step; buffers sized exactly;
 // configuration and id errors thrown the same on every rank.
 //
-// bf16 (mixed precision): GPT3D<bf16> against the serial double reference
+// bf16 (mixed precision): Gpt<bf16> (3D) against the serial double reference
 // (loss, logits, input gradient, every parameter gradient, replicas, with
-// and without checkpointing), one TransformerBlock3D<bf16> against
-// TransformerBlock3D<double>, and no heap allocation in a bf16 step.
+// and without checkpointing), one TransformerBlock<bf16> (3D) against
+// TransformerBlock<double> (3D), and no heap allocation in a bf16 step.
 //
 // Tolerances: test_util.hpp model_tolerance (1e-9 double, 2e-3 float); bf16
 // norm-wise bounds in units of u = 2^-8, derived and measured in the bf16
@@ -576,7 +576,7 @@ TEST(Gpt3D, DeferredReduceScatterWithDataAxis) {
 
 // bf16 mixed precision (docs/gpu.md): bf16 parameters, activations and
 // gradients, fp32 statistics and accumulation. Oracles are double: the serial
-// reference GPT (or TransformerBlock3D<double>, itself checked against it
+// reference GPT (or TransformerBlock<double> (3D), itself checked against it
 // above) given exactly the bf16 weights and inputs the bf16 model holds, so
 // the measured error is that of the bf16 computation alone.
 //
@@ -684,7 +684,7 @@ void bf16_model_vs_reference(bool checkpoint) {
     worst_logits = std::max(worst_logits, logits_err);
     worst_dx = std::max(worst_dx, dx_err);
   }
-  print_measured(fmt::format("GPT3D (checkpoint {})", checkpoint),
+  print_measured(fmt::format("Gpt (3D) (checkpoint {})", checkpoint),
                  {{"loss", worst_loss},
                   {"logits", worst_logits},
                   {"input_grad", worst_dx},
@@ -698,7 +698,7 @@ TEST(Gpt3D, Bf16MatchesReferenceNoCheckpoint) {
   bf16_model_vs_reference(false);
 }
 
-// One TransformerBlock3D<bf16> against TransformerBlock3D<double> on the same
+// One TransformerBlock<bf16> (3D) against TransformerBlock<double> (3D) on the same
 // grid, with the same bf16-representable weights, input and output gradient:
 // output, input gradient and every parameter gradient (tolerance above).
 TEST(Layers3D, BlockBf16MatchesDouble) {
@@ -768,7 +768,7 @@ TEST(Layers3D, BlockBf16MatchesDouble) {
       worst[2] = std::max(worst[2], e);
     }
   }
-  print_measured("TransformerBlock3D",
+  print_measured("TransformerBlock (3D)",
                  {{"output", worst[0]}, {"input_grad", worst[1]}, {"grads", worst[2]}});
 }
 

@@ -1,7 +1,7 @@
 // Each 2D layer alone against the serial reference GPT at whatever q the rank
 // count gives (CTest: 1, 4 and 9 ranks): Linear2DLayer (plain and with the
-// q|k|v column groups of c_attn), LayerNorm2DLayer, GeLU2D, Attention2D,
-// MLP2D, TransformerBlock2D, Embedding2D and the tied LMHead2D with the
+// q|k|v column groups of c_attn), LayerNorm2DLayer, GeLU, Attention (2D),
+// MLP (2D), TransformerBlock (2D), Embedding2D and the tied LMHead2D with the
 // vocabulary-parallel cross-entropy.
 //
 // Oracle: a serial reference::Gpt (1 layer) runs forward and backward on
@@ -300,7 +300,7 @@ void gelu() {
   OracleOf<T> o(e.engine.q(), kIsBf16<T>);
   SCOPED_TRACE(seed_note(o.seed));
   const index_t f = 4 * o.config.n_embd;
-  GeLU2D<T> layer(e.backend);
+  GeLU<T> layer(e.backend);
   check_layer<T>(layer, o, "h.0.mlp.c_fc", f, "h.0.mlp.gelu", f,
                  local_of(o.dact("h.0.mlp.c_fc"), o.tokens_n, f));
 }

@@ -28,7 +28,7 @@
 #include <memory>
 #include <string>
 
-#include "summa/layers/gelu2d.hpp"
+#include "summa/layers/gelu.hpp"
 #include "summa/layers/scheme_context.hpp"
 
 namespace summa {
@@ -91,7 +91,7 @@ class MLP final : public Layer<T> {
   std::string name_;
   index_t rows_, cols_;  // the local inner [tokens, 4h] block
   std::unique_ptr<Layer<T>> c_fc_, c_proj_;
-  GeLU2D<T> gelu_;
+  GeLU<T> gelu_;
   MatrixView<T> fc_{}, act_{};
 };
 

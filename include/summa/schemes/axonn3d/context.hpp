@@ -9,8 +9,8 @@
 
 #include <memory>
 
-#include "summa/layers/axonn3d.hpp"
 #include "summa/layers/scheme_context.hpp"
+#include "summa/schemes/axonn3d/layers.hpp"
 
 namespace summa {
 

@@ -6,8 +6,8 @@
 /// ones [T, w/p] (columns split); an expanding linear is column-parallel, a
 /// contracting one row-parallel; heads are split over p, sequences not.
 
-#include "summa/layers/megatron1d.hpp"
 #include "summa/layers/scheme_context.hpp"
+#include "summa/schemes/megatron1d/layers.hpp"
 
 namespace summa {
 

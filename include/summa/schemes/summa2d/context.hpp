@@ -7,11 +7,11 @@
 /// (i+1)*b/q), mesh column j the columns (and heads) of slice j; every
 /// linear is one SUMMA call in forward and two in backward.
 
-#include "summa/layers/embedding2d.hpp"
-#include "summa/layers/layernorm2d.hpp"
-#include "summa/layers/linear2d.hpp"
-#include "summa/layers/lm_head2d.hpp"
 #include "summa/layers/scheme_context.hpp"
+#include "summa/schemes/summa2d/embedding.hpp"
+#include "summa/schemes/summa2d/layernorm.hpp"
+#include "summa/schemes/summa2d/linear.hpp"
+#include "summa/schemes/summa2d/lm_head.hpp"
 
 namespace summa {
 

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <utility>
 
-#include "axonn3d_detail.hpp"
-#include "summa/layers/axonn3d.hpp"
+#include "detail.hpp"
+#include "summa/schemes/axonn3d/layers.hpp"
 
 namespace summa {
 

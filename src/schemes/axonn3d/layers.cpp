@@ -1,5 +1,5 @@
 // The 3D (AxoNN) shard descriptions, the 3D PMM linear layer and LayerNorm.
-#include "summa/layers/axonn3d.hpp"
+#include "summa/schemes/axonn3d/layers.hpp"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "axonn3d_detail.hpp"
+#include "detail.hpp"
 
 namespace summa {
 

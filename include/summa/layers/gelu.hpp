@@ -10,9 +10,9 @@
 namespace summa {
 
 template <class T>
-class GeLU2D final : public Layer<T> {
+class GeLU final : public Layer<T> {
  public:
-  explicit GeLU2D(Backend& backend) : backend_(&backend) {}
+  explicit GeLU(Backend& backend) : backend_(&backend) {}
   std::string_view name() const override { return "gelu"; }
   void collect_parameters(std::vector<Param<T>*>&) override {}
   BufferNeeds buffer_needs() const override { return {}; }
@@ -25,8 +25,8 @@ class GeLU2D final : public Layer<T> {
   ConstMatrixView<T> x_{};
 };
 
-extern template class GeLU2D<float>;
-extern template class GeLU2D<double>;
-extern template class GeLU2D<bf16>;
+extern template class GeLU<float>;
+extern template class GeLU<double>;
+extern template class GeLU<bf16>;
 
 }  // namespace summa

@@ -6,8 +6,8 @@
 #include <optional>
 #include <string>
 
-#include "axonn3d_detail.hpp"
-#include "summa/layers/axonn3d.hpp"
+#include "detail.hpp"
+#include "summa/schemes/axonn3d/layers.hpp"
 
 namespace summa {
 

@@ -1,8 +1,8 @@
 // Shard descriptions and the Layer faces of Linear2D and LayerNorm2D.
 #include <fmt/format.h>
 
-#include "summa/layers/layernorm2d.hpp"
-#include "summa/layers/linear2d.hpp"
+#include "summa/schemes/summa2d/layernorm.hpp"
+#include "summa/schemes/summa2d/linear.hpp"
 
 namespace summa {
 

@@ -1,4 +1,4 @@
-#include "summa/layers/linear2d.hpp"
+#include "summa/schemes/summa2d/linear.hpp"
 
 #include <fmt/format.h>
 

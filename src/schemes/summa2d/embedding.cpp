@@ -1,4 +1,4 @@
-#include "summa/layers/embedding2d.hpp"
+#include "summa/schemes/summa2d/embedding.hpp"
 
 #include <fmt/format.h>
 

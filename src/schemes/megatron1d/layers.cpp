@@ -1,6 +1,6 @@
 // The 1D (Megatron) shard descriptions, column- and row-parallel linear
 // layers and the replicated LayerNorm.
-#include "summa/layers/megatron1d.hpp"
+#include "summa/schemes/megatron1d/layers.hpp"
 
 #include <fmt/format.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-#include "megatron1d_detail.hpp"
+#include "detail.hpp"
 
 namespace summa {
 

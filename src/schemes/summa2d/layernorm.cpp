@@ -1,4 +1,4 @@
-#include "summa/layers/layernorm2d.hpp"
+#include "summa/schemes/summa2d/layernorm.hpp"
 
 #include <fmt/format.h>
 

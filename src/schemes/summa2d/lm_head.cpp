@@ -1,4 +1,4 @@
-#include "summa/layers/lm_head2d.hpp"
+#include "summa/schemes/summa2d/lm_head.hpp"
 
 #include <fmt/format.h>
 

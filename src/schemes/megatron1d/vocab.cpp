@@ -6,8 +6,8 @@
 #include <optional>
 #include <string>
 
-#include "megatron1d_detail.hpp"
-#include "summa/layers/megatron1d.hpp"
+#include "detail.hpp"
+#include "summa/schemes/megatron1d/layers.hpp"
 
 namespace summa {
 
