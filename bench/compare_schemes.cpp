@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "bench_device.hpp"
+#include "summa/schemes/registry.hpp"
 #include "summa/summa.hpp"
 
 namespace {
@@ -129,21 +130,7 @@ constexpr std::array<CommAxis, 5> kAxes = {CommAxis::data, CommAxis::depth, Comm
 // (not part of the scheme, or a group of one rank).
 std::string_view role(const summa::SchemeSpec& spec, CommAxis axis) {
   if (axis == CommAxis::data) return spec.data > 1 ? "data" : "";
-  switch (spec.scheme) {
-    case summa::Scheme::megatron1d:
-      return axis == CommAxis::tensor && spec.p > 1 ? "tensor" : "";
-    case summa::Scheme::summa2d:
-      if (spec.q == 1) return "";
-      return axis == CommAxis::mesh_row ? "row" : axis == CommAxis::mesh_col ? "col" : "";
-    case summa::Scheme::axonn3d:
-      // grid3d: rows = X, cols = Y, depth = Z; the mesh_col communicator
-      // spans the rows (X varies), the mesh_row one the columns (Y varies).
-      if (axis == CommAxis::mesh_col) return spec.gx > 1 ? "X" : "";
-      if (axis == CommAxis::mesh_row) return spec.gy > 1 ? "Y" : "";
-      if (axis == CommAxis::depth) return spec.gz > 1 ? "Z" : "";
-      return "";
-  }
-  return "";
+  return summa::scheme_row(spec.scheme).axis_role(spec, axis);
 }
 
 // Table headers of kAxes: the axis and its roles.
@@ -256,8 +243,7 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
   const summa::GptOptions options{.checkpoint = s.checkpoint};
   std::optional<summa::ParallelGpt<T>> run;
   try {
-    run.emplace(MPI_COMM_WORLD, spec, backend, s.config, s.batch, s.seq, options,
-                summa::SummaOptions{}, s.grid);
+    run.emplace(MPI_COMM_WORLD, spec, backend, s.config, s.batch, s.seq, options, s.grid);
   } catch (const summa::Error& e) {  // identical on every rank
     r.skipped = e.what();
     return r;
@@ -327,7 +313,7 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
   r.capped = next > s.max_batch;
   try {
     summa::ParallelGpt<T> big(MPI_COMM_WORLD, spec, backend, s.config, r.largest, s.seq, options,
-                              summa::SummaOptions{}, s.grid);
+                              s.grid);
     big.model().init(s.seed);
     const Batch big_data = make_batch(s, r.largest);
     double big_loss = 0;
@@ -343,7 +329,7 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
     // The next batch really exceeds the budget: built (allocated), not run.
     try {
       summa::ParallelGpt<T> over(MPI_COMM_WORLD, spec, backend, s.config, next, s.seq, options,
-                                 summa::SummaOptions{}, s.grid);
+                                 s.grid);
       r.maximal = max_over_ranks(over.model().memory_report().total()) > budget;
     } catch (const summa::Error&) {
       r.maximal = true;  // cannot even be built at that batch

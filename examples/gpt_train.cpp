@@ -842,8 +842,9 @@ int main(int argc, char** argv) {
       ->check(integer_in(0, 1 << 24))
       ->capture_default_str();
   app.add_option("--scheme", cli.scheme,
-                 "scheme and grid: 2d:q=Q, 1d:p=P, 3d:XxYxZ[,overlap=oar+ors+oag], with "
-                 "optional data=D (default: 2d on a square rank count, else 1d)");
+                 "scheme and grid: 2d:q=Q[,panel=N][,overlap=on|off], 1d:p=P, "
+                 "3d:XxYxZ[,overlap=oar+ors+oag], with optional data=D (default: 2d on a square "
+                 "rank count, else 1d)");
   app.add_option("--dtype", cli.dtype,
                  "float, double or bf16 (bf16 parameters and activations, fp32 master weights, "
                  "optimizer state and statistics)")

@@ -134,7 +134,7 @@ struct Model {
   std::vector<StateSlot> slots;
 
   Model(const SchemeSpec& spec, Backend& backend, const reference::GptConfig& config)
-      : gpt(MPI_COMM_WORLD, spec, backend, config, kBatch, kSeq, GptOptions{}, SummaOptions{},
+      : gpt(MPI_COMM_WORLD, spec, backend, config, kBatch, kSeq, GptOptions{},
             test_grid_options()) {
     const auto n = static_cast<std::size_t>(store().local_elements());
     exp_avg.assign(n, std::numeric_limits<S>::quiet_NaN());
@@ -706,7 +706,7 @@ struct CopiedStore {
 
   CopiedStore(const SchemeSpec& spec, const reference::GptConfig& config)
       : layout(MPI_COMM_WORLD, spec, test_backend(), config, kBatch, kSeq, GptOptions{},
-               SummaOptions{}, test_grid_options()),
+               test_grid_options()),
         params(layout.model().parameters_store().params().size()) {
     std::vector<Param<S>*> pointers;
     for (std::size_t k = 0; k < params.size(); ++k) {

@@ -199,14 +199,14 @@ void export_import_across_schemes(io::DTypeOut dtype) {
     const RandomBatch data = random_batch(seed + 1, config.vocab_size, batch, seq);
     const fs::path dir = tmp / ("pair" + std::to_string(i));
 
-    ParallelGpt<T> a(MPI_COMM_WORLD, src, backend, config, batch, seq, GptOptions{}, SummaOptions{},
+    ParallelGpt<T> a(MPI_COMM_WORLD, src, backend, config, batch, seq, GptOptions{},
                      test_grid_options());
     randomize(a.model(), seed);
     io::export_hf_gpt2(a.model(), dir, dtype);
     const auto want = gather_all(a);
     const double loss_a = a.model().forward(data.tokens, data.targets);
 
-    ParallelGpt<T> b(MPI_COMM_WORLD, dst, backend, config, batch, seq, GptOptions{}, SummaOptions{},
+    ParallelGpt<T> b(MPI_COMM_WORLD, dst, backend, config, batch, seq, GptOptions{},
                      test_grid_options());
     b.model().init(seed + 2);  // different weights before the import
     ASSERT_GT(local_mismatches(b.model(), want), 0);
@@ -218,7 +218,7 @@ void export_import_across_schemes(io::DTypeOut dtype) {
     }
     const double loss_b = b.model().forward(data.tokens, data.targets);
 
-    ParallelGpt<T> c(MPI_COMM_WORLD, dst, backend, config, batch, seq, GptOptions{}, SummaOptions{},
+    ParallelGpt<T> c(MPI_COMM_WORLD, dst, backend, config, batch, seq, GptOptions{},
                      test_grid_options());
     randomize(c.model(), seed);
     const double loss_c = c.model().forward(data.tokens, data.targets);
@@ -246,7 +246,7 @@ void export_matches_reference(io::DTypeOut dtype, io::TensorDType stored) {
   const SchemeSpec spec = schemes_for(world_size()).back();
   SCOPED_TRACE(spec.str());
   ParallelGpt<T> run(MPI_COMM_WORLD, spec, backend, config, batch, seq, GptOptions{},
-                     SummaOptions{}, test_grid_options());
+                     test_grid_options());
   run.model().init(seed);
   io::export_hf_gpt2(run.model(), tmp / "ref", dtype);
   if (world_rank() == 0) {
@@ -300,7 +300,7 @@ TEST(HfGpt2, ConfigMismatchThrowsOnEveryRank) {
   const SchemeSpec spec = schemes_for(world_size()).front();
   {
     ParallelGpt<double> run(MPI_COMM_WORLD, spec, backend, config, batch, seq, GptOptions{},
-                            SummaOptions{}, test_grid_options());
+                            test_grid_options());
     run.model().init(fresh_seed());
     io::export_hf_gpt2(run.model(), tmp / "m");
   }
@@ -331,14 +331,14 @@ TEST(HfGpt2, ConfigMismatchThrowsOnEveryRank) {
   for (const Case& k : cases) {
     SCOPED_TRACE(k.field);
     ParallelGpt<double> run(MPI_COMM_WORLD, spec, backend, k.config, batch, seq, GptOptions{},
-                            SummaOptions{}, test_grid_options());
+                            test_grid_options());
     const std::string msg = error_of([&] { io::import_hf_gpt2(run.model(), tmp / "m"); });
     EXPECT_NE(msg.find(k.expect), std::string::npos) << msg;
     EXPECT_NE(msg.find((tmp / "m").string()), std::string::npos) << msg;
     EXPECT_TRUE(same_on_all_ranks(msg)) << msg;
   }
   ParallelGpt<double> run(MPI_COMM_WORLD, spec, backend, config, batch, seq, GptOptions{},
-                          SummaOptions{}, test_grid_options());
+                          test_grid_options());
   std::string msg = error_of([&] { io::import_hf_gpt2(run.model(), tmp / "nowhere"); });
   EXPECT_NE(msg.find("no such file"), std::string::npos) << msg;
   EXPECT_TRUE(same_on_all_ranks(msg)) << msg;
@@ -385,7 +385,7 @@ TEST(HfGpt2, ToleratedNamesAndBadTensors) {
   const SchemeSpec spec = schemes[schemes.size() / 2];
   SCOPED_TRACE(spec.str());
   ParallelGpt<double> src(MPI_COMM_WORLD, spec, backend, config, batch, seq, GptOptions{},
-                          SummaOptions{}, test_grid_options());
+                          test_grid_options());
   randomize(src.model(), seed);
   io::export_hf_gpt2(src.model(), tmp / "m", io::DTypeOut::f64);
   const auto want = gather_all(src);
@@ -415,7 +415,7 @@ TEST(HfGpt2, ToleratedNamesAndBadTensors) {
   using Shapes = std::map<std::string, std::vector<index_t>>;
 
   ParallelGpt<double> dst(MPI_COMM_WORLD, schemes.front(), backend, config, batch, seq,
-                          GptOptions{}, SummaOptions{}, test_grid_options());
+                          GptOptions{}, test_grid_options());
   // Hugging Face GPT2LMHeadModel names: "transformer." prefix, tied lm_head,
   // causal-mask buffers.
   rewrite([&](Tensors& t, Shapes& s) {
@@ -558,7 +558,7 @@ TEST(HfTorch, LossMatchesPyTorch) {
     SCOPED_TRACE(std::string(label) + " on " + spec.str());
     const fs::path dir = tmp / label;
     ParallelGpt<double> run(MPI_COMM_WORLD, spec, backend, config, b, s, GptOptions{},
-                            SummaOptions{}, test_grid_options());
+                            test_grid_options());
     randomize(run.model(), seed);
     io::export_hf_gpt2(run.model(), dir, dtype);
     io::import_hf_gpt2(run.model(), dir);  // no-op for f64; bf16-rounds the weights

@@ -84,7 +84,7 @@ template <class T>
 std::unique_ptr<ParallelGpt<T>> make_run(const SchemeSpec& spec, const reference::GptConfig& c,
                                          index_t batch) {
   return std::make_unique<ParallelGpt<T>>(MPI_COMM_WORLD, spec, test_backend(), c, batch, kSeq,
-                                          GptOptions{}, SummaOptions{}, test_grid_options());
+                                          GptOptions{}, test_grid_options());
 }
 
 // n elements of test-backend memory at `data`, on the host.

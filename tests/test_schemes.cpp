@@ -71,15 +71,23 @@ void every_scheme_matches_reference() {
   Backend& backend = test_backend();
   int tested = 0;
   std::vector<SchemeSpec> specs = schemes_for(ranks);
-  for (const SchemeSpec& s : schemes_for(ranks))
+  for (const SchemeSpec& s : schemes_for(ranks)) {
     if (s.scheme == Scheme::axonn3d && s.gz > 1 && s.data > 1) {  // every 3D overlap on
       SchemeSpec all = s;
       all.ors = all.oag = true;
       specs.push_back(all);
     }
+    if (s.scheme == Scheme::summa2d && s.q > 1) {  // the SUMMA options from the scheme text
+      specs.push_back(SchemeSpec::parse(s.str() + ",panel=3,overlap=off"));
+      ASSERT_EQ(specs.back().summa.panel, 3);
+    }
+  }
   for (const SchemeSpec& spec : specs) {
     SCOPED_TRACE(spec.str());
-    ParallelGpt<T> run(MPI_COMM_WORLD, spec, backend, config, batch, seq, {}, {}, grid_options());
+    ParallelGpt<T> run(MPI_COMM_WORLD, spec, backend, config, batch, seq, {}, grid_options());
+    if (spec.scheme == Scheme::summa2d) {  // the scheme text's SUMMA options reach the engine
+      EXPECT_EQ(dynamic_cast<Summa2DContext<T>&>(run.scheme()).engine().options(), spec.summa);
+    }
     run.model().init(seed);
     // one seed, the same global weights under every scheme (layout invariance)
     for (Param<T>* p : run.model().parameters_store().params()) {
@@ -136,20 +144,59 @@ TEST(Schemes, ParseAndPrint) {
   EXPECT_FALSE(f.oar || f.ors || f.oag);
   for (const SchemeSpec& s : {e, f}) EXPECT_EQ(SchemeSpec::parse(s.str()), s) << s.str();
   EXPECT_EQ(SchemeSpec::parse("3d:2x1x2,overlap=oar").str(), "3d:2x1x2");  // the default
+  // 2D: the SUMMA engine's panel and overlap
+  const SchemeSpec g = SchemeSpec::parse("overlap=off,2d:q=2,panel=128");
+  EXPECT_EQ(g.summa.panel, 128);
+  EXPECT_FALSE(g.summa.overlap);
+  EXPECT_EQ(g.str(), "2d:q=2,panel=128,overlap=off");
+  EXPECT_EQ(SchemeSpec::parse(g.str()), g);
+  EXPECT_EQ(SchemeSpec::parse("2d:q=2,panel=0").summa.panel, 0);  // a whole block per step
+  EXPECT_EQ(SchemeSpec::parse("2d:q=2,panel=256,overlap=on").str(), "2d:q=2");  // the defaults
 }
 
 TEST(Schemes, BadTextThrows) {
-  for (const char* text : {"", "2d", "2d:q=0", "2d:q=-1", "1d:p=2,2d:q=2", "3d:2x2", "3d:2x2x2x2",
-                           "data=2", "data=2,data=2,1d:p=1", "4d:q=2", "2d:q=2x", "2d:q=2,",
-                           "2d:q=2,overlap=ors", "3d:1x1x2,overlap=xyz", "3d:1x1x2,overlap=ors+ors",
-                           "3d:1x1x2,overlap=", "3d:1x1x2,overlap=oar,overlap=ors"}) {
+  for (const char* text : {"",
+                           "2d",
+                           "2d:q=0",
+                           "2d:q=-1",
+                           "1d:p=2,2d:q=2",
+                           "3d:2x2",
+                           "3d:2x2x2x2",
+                           "data=2",
+                           "data=2,data=2,1d:p=1",
+                           "4d:q=2",
+                           "2d:q=2x",
+                           "2d:q=2,",
+                           "2d:q=2,overlap=ors",
+                           "3d:1x1x2,overlap=xyz",
+                           "3d:1x1x2,overlap=ors+ors",
+                           "3d:1x1x2,overlap=",
+                           "3d:1x1x2,overlap=oar,overlap=ors",
+                           "2d:q=2,panel=-1",
+                           "2d:q=2,panel=x",
+                           "2d:q=2,overlap=yes",
+                           "2d:q=2,panel=8,panel=8",
+                           "1d:p=2,panel=8",
+                           "3d:1x1x2,panel=8",
+                           "1d:p=2,overlap=on",
+                           "2d:q=2,slices=2",
+                           "1d:q=2",
+                           "2d:p=2"}) {
     EXPECT_THROW(SchemeSpec::parse(text), Error) << text;
   }
-  try {
-    SchemeSpec::parse("2d:q=two");
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'two'"), std::string::npos) << e.what();
-  }
+  const auto message = [](const char* text) {
+    try {
+      SchemeSpec::parse(text);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message("2d:q=two").find("'two'"), std::string::npos) << message("2d:q=two");
+  EXPECT_NE(message("1d:p=2,panel=8").find("not an option of the 1d scheme"), std::string::npos)
+      << message("1d:p=2,panel=8");
+  EXPECT_NE(message("2d:q=2,overlap=yes").find("'on' or 'off'"), std::string::npos)
+      << message("2d:q=2,overlap=yes");
 }
 
 TEST(Schemes, SchemesForRankCount) {
@@ -201,29 +248,34 @@ void memory_planner_matches_real_models() {
   Backend& backend = test_backend();
   const GridOptions grid = grid_options();
   std::vector<SchemeSpec> specs = schemes_for(ranks);
-  for (const SchemeSpec& s : schemes_for(ranks))
+  for (const SchemeSpec& s : schemes_for(ranks)) {
     if (s.scheme == Scheme::axonn3d && s.gz > 1 && s.data > 1) {  // every 3D overlap on
       SchemeSpec all = s;
       all.ors = all.oag = true;
       specs.push_back(all);
     }
+    if (s.scheme == Scheme::summa2d && s.q > 1) {  // the SUMMA options from the scheme text
+      specs.push_back(SchemeSpec::parse(s.str() + ",panel=3,overlap=off"));
+      ASSERT_EQ(specs.back().summa.panel, 3);
+    }
+  }
   for (const SchemeSpec& spec : specs) {
     SCOPED_TRACE(spec.str());
     const index_t batch = 2 * batch_granularity(spec);
     const MemoryReport plan =
         plan_memory<T>(MPI_COMM_WORLD, spec, backend, config, batch, seq, {}, grid);
-    ParallelGpt<T> real(MPI_COMM_WORLD, spec, backend, config, batch, seq, {}, {}, grid);
+    ParallelGpt<T> real(MPI_COMM_WORLD, spec, backend, config, batch, seq, {}, grid);
     const MemoryReport got = real.model().memory_report();
     ASSERT_EQ(plan.buffers.size(), got.buffers.size());
     for (std::size_t k = 0; k < got.buffers.size(); ++k)
       EXPECT_EQ(plan.buffers[k].capacity, got.buffers[k].capacity) << got.buffers[k].name;
     EXPECT_EQ(plan.parameters, got.parameters);
     EXPECT_EQ(plan.total(), got.total());
-    EXPECT_THROW(ParallelGpt<T>(MPI_COMM_WORLD, spec, backend, config, batch, seq,
-                                {.plan_only = true}, {}, grid)
-                     .model()
-                     .forward({}, {}),
-                 Error);
+    EXPECT_THROW(
+        ParallelGpt<T>(MPI_COMM_WORLD, spec, backend, config, batch, seq, {.plan_only = true}, grid)
+            .model()
+            .forward({}, {}),
+        Error);
 
     // a budget between two batch sizes
     const index_t step = batch_granularity(spec);

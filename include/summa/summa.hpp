@@ -34,6 +34,8 @@
 #include "summa/schemes/axonn3d/layers.hpp"
 #include "summa/schemes/megatron1d/context.hpp"
 #include "summa/schemes/megatron1d/layers.hpp"
+#include "summa/schemes/registry.hpp"
+#include "summa/schemes/spec.hpp"
 #include "summa/schemes/summa2d/context.hpp"
 #include "summa/schemes/summa2d/embedding.hpp"
 #include "summa/schemes/summa2d/layernorm.hpp"

@@ -119,9 +119,8 @@ Trainer<T>::Trainer(MPI_Comm comm, const TrainerOptions& options, Backend& backe
     }
     agree_on(comm, data_error);
   }
-  run_ =
-      std::make_unique<ParallelGpt<T>>(comm, spec, backend, options_.config, options_.batch,
-                                       options_.seq, options_.gpt, SummaOptions{}, options_.grid);
+  run_ = std::make_unique<ParallelGpt<T>>(comm, spec, backend, options_.config, options_.batch,
+                                          options_.seq, options_.gpt, options_.grid);
   run_->model().init(options_.init_seed);
   optimizer_ = make_optimizer(options_.optimizer, run_->model().parameters_store());
   tokens_.resize(static_cast<std::size_t>(options_.batch * options_.seq));

@@ -57,6 +57,8 @@ struct SummaOptions {
   /// (SummaEngine::settle); one small all-reduce per check. Constructors
   /// always agree.
   bool consensus_checks = true;
+
+  friend bool operator==(const SummaOptions&, const SummaOptions&) = default;
 };
 
 /// Local block shapes of the three operands on every rank.

@@ -9,6 +9,16 @@ Summa2DContext<T>::Summa2DContext(SummaEngine& engine)
     : SchemeContext<T>(engine.grid(), engine.backend()), engine_(&engine), q_(engine.q()) {}
 
 template <class T>
+Summa2DContext<T>::Summa2DContext(ProcessGrid& grid, Backend& backend, SummaOptions options)
+    : SchemeContext<T>(grid, backend),
+      owned_(std::make_unique<SummaEngine>(grid, backend, options)),
+      engine_(owned_.get()),
+      q_(engine_->q()) {}
+
+template <class T>
+Summa2DContext<T>::~Summa2DContext() = default;
+
+template <class T>
 std::unique_ptr<Layer<T>> Summa2DContext<T>::linear(std::string name, index_t tokens, index_t in,
                                                     index_t out, LinearRole, bool has_bias,
                                                     int groups) {

@@ -7,6 +7,8 @@
 /// (i+1)*b/q), mesh column j the columns (and heads) of slice j; every
 /// linear is one SUMMA call in forward and two in backward.
 
+#include <memory>
+
 #include "summa/layers/scheme_context.hpp"
 #include "summa/schemes/summa2d/embedding.hpp"
 #include "summa/schemes/summa2d/layernorm.hpp"
@@ -20,6 +22,9 @@ class Summa2DContext final : public SchemeContext<T> {
  public:
   /// `engine` (and its grid) must outlive the context and its layers.
   explicit Summa2DContext(SummaEngine& engine);
+  /// With an engine of its own on `grid` (a q x q mesh).
+  Summa2DContext(ProcessGrid& grid, Backend& backend, SummaOptions options = {});
+  ~Summa2DContext() override;
 
   std::string_view label() const override { return "2D"; }
   SummaEngine& engine() const { return *engine_; }
@@ -42,6 +47,7 @@ class Summa2DContext final : public SchemeContext<T> {
                                        index_t batch) const override;
 
  private:
+  std::unique_ptr<SummaEngine> owned_;
   SummaEngine* engine_;
   int q_;
 };

@@ -1,0 +1,90 @@
+#pragma once
+/// \file registry.hpp
+/// The scheme registry: one row per tensor-parallel scheme, holding
+/// everything the rest of the library asks of a scheme — its text (scheme
+/// item and options), rank count, batch granularity, the factorisations of a
+/// rank count, its grid, its layer context for each element type and the
+/// role of each grid axis. Code that handles "any scheme" looks the row up
+/// instead of switching on the Scheme value. A new scheme is a folder
+/// (schemes/<name>/: its ops, its SchemeContext and its row) plus one line in
+/// the table (src/schemes/registry.cpp) and one Scheme value.
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "summa/grid/process_grid.hpp"
+#include "summa/layers/scheme_context.hpp"
+#include "summa/schemes/spec.hpp"
+
+namespace summa {
+
+template <class T>
+using ContextFactory = std::unique_ptr<SchemeContext<T>> (*)(const SchemeSpec& spec,
+                                                             ProcessGrid& grid, Backend& backend);
+
+struct SchemeRow {
+  Scheme id;
+  /// The scheme item's tag ("1d" in "1d:p=4") and its grammar, with the
+  /// scheme's options, for messages.
+  std::string_view tag;
+  std::string_view grammar;
+  /// Reads the scheme item's body (after "<tag>:") into spec; throws
+  /// summa::Error naming `item` unless it is well formed.
+  void (*parse)(std::string_view body, std::string_view item, SchemeSpec& spec);
+  /// Reads an option item `key=value` of this scheme into spec; false when
+  /// `key` is not one of its options (throws on a bad value).
+  bool (*option)(std::string_view key, std::string_view value, std::string_view item,
+                 SchemeSpec& spec);
+  /// The scheme item and the options that differ from their defaults
+  /// ("2d:q=2,panel=128"), parseable back.
+  std::string (*text)(const SchemeSpec& spec);
+  /// Ranks of one tensor group.
+  std::int64_t (*tensor_ranks)(const SchemeSpec& spec);
+  /// Ranks whole sequences are split over in a data group (1, q, Z): the
+  /// batch of a data group must be a multiple of it.
+  int (*sequence_split)(const SchemeSpec& spec);
+  /// Appends every spec of this scheme with `tensor` ranks per group and
+  /// `data` groups.
+  void (*enumerate)(int tensor, int data, std::vector<SchemeSpec>& out);
+  /// The grid of the scheme on `comm` (whose size is spec.ranks()).
+  ProcessGrid (*make_grid)(MPI_Comm comm, const SchemeSpec& spec, GridOptions options);
+  /// What a grid axis is for under this scheme ("row", "X", "tensor"), or
+  /// empty when the scheme does not communicate on it (the data axis is
+  /// not the scheme's).
+  std::string_view (*axis_role)(const SchemeSpec& spec, CommAxis axis);
+  /// The layer context on a grid from make_grid, for each element type.
+  ContextFactory<float> context_f32;
+  ContextFactory<double> context_f64;
+  ContextFactory<bf16> context_bf16;
+};
+
+/// Every registered scheme, in a fixed order (1D, 2D, 3D).
+std::span<const SchemeRow* const> scheme_registry();
+/// The row of a scheme (throws summa::Error for a value with no row).
+const SchemeRow& scheme_row(Scheme id);
+
+/// The scheme's layer context on `grid` (made by the row's make_grid).
+template <class T>
+std::unique_ptr<SchemeContext<T>> make_context(const SchemeSpec& spec, ProcessGrid& grid,
+                                               Backend& backend) {
+  const SchemeRow& row = scheme_row(spec.scheme);
+  if constexpr (std::is_same_v<T, float>)
+    return row.context_f32(spec, grid, backend);
+  else if constexpr (std::is_same_v<T, double>)
+    return row.context_f64(spec, grid, backend);
+  else
+    return row.context_bf16(spec, grid, backend);
+}
+
+/// Helpers for rows: a positive decimal int (throws naming `item`), and one
+/// after `key` ("p=" in the body "p=4" of "1d:p=4").
+int parse_positive(std::string_view digits, std::string_view item);
+int parse_keyed_positive(std::string_view body, std::string_view key, std::string_view item);
+
+}  // namespace summa

@@ -1,0 +1,107 @@
+// The 3D (AxoNN) row of the scheme registry, with its overlap option
+// (overlap=oar+ors+oag or none).
+#include <fmt/format.h>
+
+#include "summa/schemes/axonn3d/context.hpp"
+#include "summa/schemes/registry.hpp"
+
+namespace summa {
+
+namespace {
+
+template <class T>
+std::unique_ptr<SchemeContext<T>> context(const SchemeSpec& s, ProcessGrid& grid,
+                                          Backend& backend) {
+  return std::make_unique<Axonn3DContext<T>>(grid, backend,
+                                             Axonn3DOptions{.overlap_all_reduce = s.oar,
+                                                            .overlap_reduce_scatter = s.ors,
+                                                            .overlap_all_gather = s.oag});
+}
+
+void parse(std::string_view dims, std::string_view item, SchemeSpec& s) {
+  int* out[3] = {&s.gx, &s.gy, &s.gz};
+  for (int k = 0; k < 3; ++k) {
+    const std::size_t x = dims.find('x');
+    require((k < 2) == (x != std::string_view::npos),
+            [&] { return fmt::format("scheme item '{}': a 3d grid is XxYxZ", item); });
+    *out[k] = parse_positive(dims.substr(0, x), item);
+    dims = k < 2 ? dims.substr(x + 1) : std::string_view();
+  }
+}
+
+bool option(std::string_view key, std::string_view list, std::string_view item, SchemeSpec& s) {
+  if (key != "overlap") return false;
+  s.oar = s.ors = s.oag = false;
+  if (list == "none") return true;
+  for (bool again = true; again;) {
+    const std::size_t plus = list.find('+');
+    const std::string_view name = list.substr(0, plus);
+    again = plus != std::string_view::npos;
+    list = again ? list.substr(plus + 1) : std::string_view();
+    bool* flag = name == "oar" ? &s.oar : name == "ors" ? &s.ors : name == "oag" ? &s.oag : nullptr;
+    require(flag != nullptr && !*flag, [&] {
+      return fmt::format("scheme item '{}': '{}' is not one of oar, ors, oag (each once)", item,
+                         name);
+    });
+    *flag = true;
+  }
+  return true;
+}
+
+std::string text(const SchemeSpec& s) {
+  std::string t = fmt::format("3d:{}x{}x{}", s.gx, s.gy, s.gz);
+  const SchemeSpec d;
+  if (s.oar == d.oar && s.ors == d.ors && s.oag == d.oag) return t;
+  std::string list;
+  for (auto [on, name] :
+       {std::pair{s.oar, "oar"}, std::pair{s.ors, "ors"}, std::pair{s.oag, "oag"}})
+    if (on) {
+      if (!list.empty()) list.push_back('+');
+      list.append(name);
+    }
+  return fmt::format("{},overlap={}", t, list.empty() ? std::string_view("none") : list);
+}
+
+std::string_view axis_role(const SchemeSpec& s, CommAxis axis) {
+  // grid3d: rows = X, cols = Y, depth = Z; the mesh_col communicator spans
+  // the rows (X varies), the mesh_row one the columns (Y varies).
+  if (axis == CommAxis::mesh_col) return s.gx > 1 ? "X" : "";
+  if (axis == CommAxis::mesh_row) return s.gy > 1 ? "Y" : "";
+  if (axis == CommAxis::depth) return s.gz > 1 ? "Z" : "";
+  return "";
+}
+
+}  // namespace
+
+extern const SchemeRow axonn3d_row;
+const SchemeRow axonn3d_row{
+    .id = Scheme::axonn3d,
+    .tag = "3d",
+    .grammar = "'3d:XxYxZ' (option 'overlap=' with '+'-separated oar, ors, oag or 'none')",
+    .parse = &parse,
+    .option = &option,
+    .text = &text,
+    .tensor_ranks =
+        [](const SchemeSpec& s) {
+          return static_cast<std::int64_t>(s.gx) * s.gy * static_cast<std::int64_t>(s.gz);
+        },
+    .sequence_split = [](const SchemeSpec& s) { return s.gz; },
+    .enumerate =
+        [](int t, int data, std::vector<SchemeSpec>& out) {
+          for (int x = 1; x <= t; ++x)
+            for (int y = 1; x * y <= t; ++y)
+              if (t % (x * y) == 0)
+                out.push_back(
+                    {.scheme = Scheme::axonn3d, .gx = x, .gy = y, .gz = t / (x * y), .data = data});
+        },
+    .make_grid =
+        [](MPI_Comm comm, const SchemeSpec& s, GridOptions o) {
+          return ProcessGrid::grid3d(comm, s.gx, s.gy, s.gz, s.data, o);
+        },
+    .axis_role = &axis_role,
+    .context_f32 = &context<float>,
+    .context_f64 = &context<double>,
+    .context_bf16 = &context<bf16>,
+};
+
+}  // namespace summa

@@ -1,0 +1,44 @@
+// The 1D (Megatron-LM) row of the scheme registry.
+#include <fmt/format.h>
+
+#include "summa/schemes/megatron1d/context.hpp"
+#include "summa/schemes/registry.hpp"
+
+namespace summa {
+
+namespace {
+
+template <class T>
+std::unique_ptr<SchemeContext<T>> context(const SchemeSpec&, ProcessGrid& grid, Backend& backend) {
+  return std::make_unique<Megatron1DContext<T>>(grid, backend);
+}
+
+}  // namespace
+
+extern const SchemeRow megatron1d_row;
+const SchemeRow megatron1d_row{
+    .id = Scheme::megatron1d,
+    .tag = "1d",
+    .grammar = "'1d:p=P'",
+    .parse = [](std::string_view body, std::string_view item,
+                SchemeSpec& s) { s.p = parse_keyed_positive(body, "p=", item); },
+    .option = [](std::string_view, std::string_view, std::string_view,
+                 SchemeSpec&) { return false; },
+    .text = [](const SchemeSpec& s) { return fmt::format("1d:p={}", s.p); },
+    .tensor_ranks = [](const SchemeSpec& s) { return static_cast<std::int64_t>(s.p); },
+    .sequence_split = [](const SchemeSpec&) { return 1; },
+    .enumerate =
+        [](int tensor, int data, std::vector<SchemeSpec>& out) {
+          out.push_back({.scheme = Scheme::megatron1d, .p = tensor, .data = data});
+        },
+    .make_grid = [](MPI_Comm comm, const SchemeSpec& s,
+                    GridOptions o) { return ProcessGrid::linear1d(comm, s.p, s.data, o); },
+    .axis_role = [](const SchemeSpec& s, CommAxis axis) -> std::string_view {
+      return axis == CommAxis::tensor && s.p > 1 ? "tensor" : "";
+    },
+    .context_f32 = &context<float>,
+    .context_f64 = &context<double>,
+    .context_bf16 = &context<bf16>,
+};
+
+}  // namespace summa

@@ -1,0 +1,145 @@
+// The scheme registry table and SchemeSpec's text, written once over it.
+#include "summa/schemes/registry.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <limits>
+
+namespace summa {
+
+// The rows, one per scheme folder (src/schemes/<scheme>/row.cpp).
+extern const SchemeRow megatron1d_row;
+extern const SchemeRow summa2d_row;
+extern const SchemeRow axonn3d_row;
+
+namespace {
+
+const std::array<const SchemeRow*, 3> kRegistry = {&megatron1d_row, &summa2d_row, &axonn3d_row};
+
+std::string grammar() {
+  std::string schemes;
+  for (const SchemeRow* r : kRegistry) {
+    if (!schemes.empty()) schemes.append(", ");
+    schemes.append(r->grammar);
+  }
+  return fmt::format(
+      "expected comma-separated items: one scheme of {}, optionally 'data=D' and that scheme's "
+      "options (e.g. 'data=2,2d:q=2', '2d:q=2,panel=128,overlap=off', '3d:2x1x2,overlap=oar+ors')",
+      schemes);
+}
+
+}  // namespace
+
+std::span<const SchemeRow* const> scheme_registry() {
+  return kRegistry;
+}
+
+const SchemeRow& scheme_row(Scheme id) {
+  for (const SchemeRow* r : kRegistry)
+    if (r->id == id) return *r;
+  throw Error(fmt::format("scheme registry: no row for scheme value {}", static_cast<int>(id)));
+}
+
+int parse_positive(std::string_view digits, std::string_view item) {
+  int v = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  require(ec == std::errc() && end == digits.data() + digits.size() && v > 0, [&] {
+    return fmt::format("scheme item '{}': '{}' is not a positive integer; {}", item, digits,
+                       grammar());
+  });
+  return v;
+}
+
+int parse_keyed_positive(std::string_view body, std::string_view key, std::string_view item) {
+  require(body.starts_with(key), [&] {
+    return fmt::format(
+        "scheme item '{}' is not understood (expected '{}' after the scheme's "
+        "tag); {}",
+        item, key, grammar());
+  });
+  return parse_positive(body.substr(key.size()), item);
+}
+
+std::int64_t SchemeSpec::tensor_ranks() const {
+  return scheme_row(scheme).tensor_ranks(*this);
+}
+
+std::string SchemeSpec::str() const {
+  return (data > 1 ? fmt::format("data={},", data) : std::string()) +
+         scheme_row(scheme).text(*this);
+}
+
+SchemeSpec SchemeSpec::parse(std::string_view text) {
+  SchemeSpec spec;
+  const SchemeRow* row = nullptr;
+  bool have_data = false;
+  std::vector<std::string_view> options;
+  require(!text.empty(), [&] { return fmt::format("empty scheme; {}", grammar()); });
+  std::string_view rest = text;
+  for (bool more = true; more;) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    more = comma != std::string_view::npos;
+    rest = more ? rest.substr(comma + 1) : std::string_view();
+    require(!item.empty(), [&] { return fmt::format("scheme: an empty item; {}", grammar()); });
+    const std::size_t colon = item.find(':');
+    if (colon != std::string_view::npos) {
+      const auto it = std::find_if(kRegistry.begin(), kRegistry.end(), [&](const SchemeRow* r) {
+        return r->tag == item.substr(0, colon);
+      });
+      require(it != kRegistry.end(), [&] {
+        return fmt::format("scheme item '{}' is not understood; {}", item, grammar());
+      });
+      require(row == nullptr, [&] {
+        return fmt::format("scheme item '{}': a second scheme; {}", item, grammar());
+      });
+      row = *it;
+      spec.scheme = row->id;
+      row->parse(item.substr(colon + 1), item, spec);
+    } else if (item.starts_with("data=")) {
+      require(!have_data,
+              [&] { return fmt::format("scheme: 'data=' given twice; {}", grammar()); });
+      spec.data = parse_positive(item.substr(5), item);
+      have_data = true;
+    } else {
+      require(item.find('=') != std::string_view::npos, [&] {
+        return fmt::format("scheme item '{}' is not understood; {}", item, grammar());
+      });
+      options.push_back(item);  // applied once the scheme is known
+    }
+  }
+  require(row != nullptr,
+          [&] { return fmt::format("scheme: no tensor scheme given; {}", grammar()); });
+  std::vector<std::string_view> keys;
+  for (std::string_view item : options) {
+    const std::string_view key = item.substr(0, item.find('='));
+    require(std::find(keys.begin(), keys.end(), key) == keys.end(),
+            [&] { return fmt::format("scheme: '{}=' given twice; {}", key, grammar()); });
+    keys.push_back(key);
+    require(row->option(key, item.substr(key.size() + 1), item, spec), [&] {
+      return fmt::format("scheme item '{}': '{}' is not an option of the {} scheme; {}", item, key,
+                         row->tag, grammar());
+    });
+  }
+  // The whole job must fit an MPI communicator (int ranks).
+  const double total = static_cast<double>(spec.data) * static_cast<double>(spec.tensor_ranks());
+  require(total <= static_cast<double>(std::numeric_limits<int>::max()), [&] {
+    return fmt::format("scheme '{}': {:.4g} ranks, more than an MPI communicator holds ({})", text,
+                       total, std::numeric_limits<int>::max());
+  });
+  return spec;
+}
+
+std::vector<SchemeSpec> schemes_for(int ranks) {
+  std::vector<SchemeSpec> list;
+  for (int data = 1; data <= ranks; ++data) {
+    if (ranks % data != 0) continue;
+    for (const SchemeRow* r : kRegistry) r->enumerate(ranks / data, data, list);
+  }
+  return list;
+}
+
+}  // namespace summa

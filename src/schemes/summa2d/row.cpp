@@ -1,0 +1,79 @@
+// The 2D (Optimus, SUMMA) row of the scheme registry, with the engine's
+// options: panel=N and overlap=on|off.
+#include <fmt/format.h>
+
+#include <charconv>
+
+#include "summa/schemes/registry.hpp"
+#include "summa/schemes/summa2d/context.hpp"
+
+namespace summa {
+
+namespace {
+
+template <class T>
+std::unique_ptr<SchemeContext<T>> context(const SchemeSpec& s, ProcessGrid& grid,
+                                          Backend& backend) {
+  return std::make_unique<Summa2DContext<T>>(grid, backend, s.summa);
+}
+
+bool option(std::string_view key, std::string_view value, std::string_view item, SchemeSpec& s) {
+  if (key == "panel") {
+    index_t v = -1;
+    const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+    require(ec == std::errc() && end == value.data() + value.size() && v >= 0, [&] {
+      return fmt::format("scheme item '{}': panel '{}' is not an integer >= 0 (0: a whole block)",
+                         item, value);
+    });
+    s.summa.panel = v;
+    return true;
+  }
+  if (key == "overlap") {
+    require(value == "on" || value == "off", [&] {
+      return fmt::format("scheme item '{}': the 2d overlap is 'on' or 'off', not '{}'", item,
+                         value);
+    });
+    s.summa.overlap = value == "on";
+    return true;
+  }
+  return false;
+}
+
+std::string text(const SchemeSpec& s) {
+  std::string t = fmt::format("2d:q={}", s.q);
+  const SummaOptions d;
+  if (s.summa.panel != d.panel) t += fmt::format(",panel={}", s.summa.panel);
+  if (s.summa.overlap != d.overlap) t += s.summa.overlap ? ",overlap=on" : ",overlap=off";
+  return t;
+}
+
+}  // namespace
+
+extern const SchemeRow summa2d_row;
+const SchemeRow summa2d_row{
+    .id = Scheme::summa2d,
+    .tag = "2d",
+    .grammar = "'2d:q=Q' (options 'panel=N', 'overlap=on|off')",
+    .parse = [](std::string_view body, std::string_view item,
+                SchemeSpec& s) { s.q = parse_keyed_positive(body, "q=", item); },
+    .option = &option,
+    .text = &text,
+    .tensor_ranks = [](const SchemeSpec& s) { return static_cast<std::int64_t>(s.q) * s.q; },
+    .sequence_split = [](const SchemeSpec& s) { return s.q; },
+    .enumerate =
+        [](int tensor, int data, std::vector<SchemeSpec>& out) {
+          for (int q = 1; q * q <= tensor; ++q)
+            if (q * q == tensor) out.push_back({.scheme = Scheme::summa2d, .q = q, .data = data});
+        },
+    .make_grid = [](MPI_Comm comm, const SchemeSpec& s,
+                    GridOptions o) { return ProcessGrid::mesh2d(comm, s.q, s.data, o); },
+    .axis_role = [](const SchemeSpec& s, CommAxis axis) -> std::string_view {
+      if (s.q == 1) return "";
+      return axis == CommAxis::mesh_row ? "row" : axis == CommAxis::mesh_col ? "col" : "";
+    },
+    .context_f32 = &context<float>,
+    .context_f64 = &context<double>,
+    .context_bf16 = &context<bf16>,
+};
+
+}  // namespace summa
