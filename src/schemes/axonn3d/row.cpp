@@ -74,7 +74,7 @@ std::string_view axis_role(const SchemeSpec& s, CommAxis axis) {
 }  // namespace
 
 extern const SchemeRow axonn3d_row;
-const SchemeRow axonn3d_row{
+constinit const SchemeRow axonn3d_row{
     .id = Scheme::axonn3d,
     .tag = "3d",
     .grammar = "'3d:XxYxZ' (option 'overlap=' with '+'-separated oar, ors, oag or 'none')",

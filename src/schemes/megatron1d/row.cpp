@@ -16,7 +16,7 @@ std::unique_ptr<SchemeContext<T>> context(const SchemeSpec&, ProcessGrid& grid, 
 }  // namespace
 
 extern const SchemeRow megatron1d_row;
-const SchemeRow megatron1d_row{
+constinit const SchemeRow megatron1d_row{
     .id = Scheme::megatron1d,
     .tag = "1d",
     .grammar = "'1d:p=P'",

@@ -50,7 +50,7 @@ std::string text(const SchemeSpec& s) {
 }  // namespace
 
 extern const SchemeRow summa2d_row;
-const SchemeRow summa2d_row{
+constinit const SchemeRow summa2d_row{
     .id = Scheme::summa2d,
     .tag = "2d",
     .grammar = "'2d:q=Q' (options 'panel=N', 'overlap=on|off')",
