@@ -23,6 +23,7 @@
 #include "summa/layers/layer.hpp"
 #include "summa/layers/parameters.hpp"
 #include "summa/layers/scheme_context.hpp"
+#include "summa/layers/sequential.hpp"
 #include "summa/layers/transformer.hpp"
 #include "summa/memory/arena.hpp"
 #include "summa/memory/buffers.hpp"

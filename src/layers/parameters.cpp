@@ -112,6 +112,37 @@ void ParameterStore<T>::init_gpt(std::uint64_t seed, const reference::GptConfig&
   }
 }
 
+double uniform_init_value(std::uint64_t seed, std::string_view name, index_t index, double scale) {
+  std::uint64_t h = 1469598103934665603ULL;  // FNV-1a of the name
+  for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+  std::uint64_t z = seed + h * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(index);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;  // splitmix64 finaliser
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  const double u = static_cast<double>(z >> 11) * 0x1.0p-53;
+  return scale * (2 * u - 1);
+}
+
+template <class T>
+void ParameterStore<T>::init_uniform(std::uint64_t seed, double scale) {
+  std::vector<T> host;  // through the host, whatever the backend's memory
+  for (Param<T>* p : params_) {
+    if (!p->held()) continue;
+    const ParamShard& s = p->shard;
+    host.resize(static_cast<std::size_t>(s.local_size()));
+    backend_->download(host.data(), p->value, host.size() * sizeof(T));
+    for (const ShardPiece& piece : s.pieces)
+      for (index_t r = 0; r < piece.rows; ++r)
+        for (index_t c = 0; c < piece.cols; ++c) {
+          const index_t global = (piece.global_row + r) * s.global_cols() + piece.global_col + c;
+          host[static_cast<std::size_t>((piece.local_row + r) * s.local_cols + piece.local_col +
+                                        c)] =
+              static_cast<T>(static_cast<float>(uniform_init_value(seed, s.name, global, scale)));
+        }
+    backend_->upload(p->value, host.data(), host.size() * sizeof(T));
+  }
+}
+
 template <class T>
 void ParameterStore<T>::zero_grads() {
   const index_t total = local_elements();

@@ -42,6 +42,11 @@ class ParameterStore {
   /// bf16, through a float host image). Allocates (host staging).
   void init_gpt(std::uint64_t seed, const reference::GptConfig& config);
   /// Every gradient = 0.
+  /// Layout-invariant uniform initialisation for any model: every global
+  /// element (index i = row * cols + col of the tensor `name`) gets
+  /// uniform_init_value(seed, name, i, scale), whatever the scheme, so a
+  /// model starts from the same global weights under every scheme.
+  void init_uniform(std::uint64_t seed, double scale);
   void zero_grads();
   /// All local values / gradients, packed in the order of params() (each
   /// parameter's local elements follow the previous one's, no padding).
@@ -69,6 +74,10 @@ class ParameterStore {
 /// from the owners' pieces. Collective over grid.tensor(); allocates (for
 /// tests, checkpoints and reports, not for steps). Throws summa::Error on
 /// every rank unless the owners' pieces cover each element exactly once.
+/// scale * (2u - 1), u in [0, 1) a hash of (seed, name, index): the value
+/// ParameterStore::init_uniform gives global element `index` of `name`.
+double uniform_init_value(std::uint64_t seed, std::string_view name, index_t index, double scale);
+
 template <class T>
 std::vector<T> gather_global(const Param<T>& p, ProcessGrid& grid, bool grad = false);
 

@@ -28,8 +28,10 @@
 /// Attention is local once qkv is `inner`: whole sequences are split over
 /// sequence_split() ranks and whole heads over head_split() ranks.
 
+#include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +48,34 @@ enum class ActivationLayout : std::uint8_t { outer, inner };
 
 /// A linear's place in an expand / contract pair (see the file comment).
 enum class LinearRole : std::uint8_t { expand, contract };
+
+/// What a rank holds of a global [tokens, width] activation of its data
+/// group: global rows [row0, row0 + rows) and columns [col0, col0 + cols),
+/// stored as its local row-major block. Where a layout replicates a block
+/// over ranks (1D outer, 3D outer over X and inner over Y), exactly one of
+/// the copies is the owner, so summing the owners' blocks covers every
+/// element once (the activation counterpart of ParamShard).
+struct ActivationBlock {
+  index_t row0 = 0, rows = 0, col0 = 0, cols = 0;
+  bool owner = true;
+};
+
+/// A loss on logits in the `inner` layout of an expanding linear (the
+/// vocabulary- or class-parallel cross-entropy of the scheme): forward
+/// returns the summed loss of the data group's tokens / normalizer, the
+/// same on every rank of the tensor group (nothing replicated is counted
+/// twice); backward turns the logits into dL/dlogits in place.
+template <class T>
+class Loss {
+ public:
+  virtual ~Loss() = default;
+  virtual BufferNeeds buffer_needs() const = 0;
+  /// targets: the data group's [tokens] ids in [0, classes), the same on
+  /// every rank of the group.
+  virtual double forward(ConstMatrixView<T> Z, std::span<const std::int32_t> targets,
+                         StepBuffers& buffers) = 0;
+  virtual void backward(MatrixView<T> Z, StepBuffers& buffers) = 0;
+};
 
 template <class T>
 class SchemeContext {
@@ -91,6 +121,15 @@ class SchemeContext {
   virtual std::unique_ptr<LossHead<T>> lm_head(Param<T>& wte, index_t tokens, index_t hidden,
                                                index_t vocab, index_t normalizer = 0) = 0;
 
+  /// The block of a [tokens, width] activation in `layout` this rank holds.
+  virtual ActivationBlock activation_block(index_t tokens, index_t width,
+                                           ActivationLayout layout) const = 0;
+  /// Softmax cross-entropy over `classes` on logits in the inner layout
+  /// ([tokens, classes] from a LinearRole::expand linear), divided by
+  /// `normalizer` (0: tokens; pass the global token count with a data axis).
+  virtual std::unique_ptr<Loss<T>> cross_entropy(index_t tokens, index_t classes,
+                                                 index_t normalizer = 0) = 0;
+
   /// The scheme's constraints on a GPT of `config` and global `batch` (the
   /// data axis included), or nullopt. Gpt agrees on it across ranks.
   virtual std::optional<std::string> check_gpt(const reference::GptConfig& config,
@@ -118,6 +157,23 @@ class SchemeContext {
  private:
   ProcessGrid* grid_;
   Backend* backend_;
+};
+
+/// A scheme's cross-entropy class (CrossEntropy1D, 2D, 3D) behind Loss.
+template <class T, class CrossEntropy>
+class LossOf final : public Loss<T> {
+ public:
+  template <class... Args>
+  explicit LossOf(Args&&... args) : ce_(std::forward<Args>(args)...) {}
+  BufferNeeds buffer_needs() const override { return ce_.buffer_needs(); }
+  double forward(ConstMatrixView<T> Z, std::span<const std::int32_t> targets,
+                 StepBuffers& buffers) override {
+    return ce_.forward(Z, targets, buffers);
+  }
+  void backward(MatrixView<T> Z, StepBuffers& buffers) override { ce_.backward(Z, buffers); }
+
+ private:
+  CrossEntropy ce_;
 };
 
 }  // namespace summa

@@ -50,6 +50,29 @@ std::unique_ptr<LossHead<T>> Axonn3DContext<T>::lm_head(Param<T>& wte, index_t t
 }
 
 template <class T>
+ActivationBlock Axonn3DContext<T>::activation_block(index_t tokens, index_t width,
+                                                    ActivationLayout layout) const {
+  // Rank (x, y, z) = (row, col, depth): rows over Z; outer (Y-layout) columns
+  // over Y, replicated over X; inner (X-layout) columns over X, replicated over Y.
+  const GridCoords& c = this->grid().coords();
+  const index_t rows = tokens / gz_;
+  const bool outer = layout == ActivationLayout::outer;
+  const index_t cols = width / (outer ? gy_ : gx_);
+  return {.row0 = c.depth * rows,
+          .rows = rows,
+          .col0 = (outer ? c.col : c.row) * cols,
+          .cols = cols,
+          .owner = (outer ? c.row : c.col) == 0};
+}
+
+template <class T>
+std::unique_ptr<Loss<T>> Axonn3DContext<T>::cross_entropy(index_t tokens, index_t classes,
+                                                          index_t normalizer) {
+  return std::make_unique<LossOf<T, CrossEntropy3D<T>>>(this->grid(), this->backend(), tokens,
+                                                        classes, normalizer);
+}
+
+template <class T>
 std::optional<std::string> Axonn3DContext<T>::check_gpt(const reference::GptConfig& c,
                                                         index_t batch) const {
   const auto data = static_cast<index_t>(this->grid().shape().data);

@@ -47,6 +47,23 @@ std::unique_ptr<LossHead<T>> Megatron1DContext<T>::lm_head(Param<T>& wte, index_
 }
 
 template <class T>
+ActivationBlock Megatron1DContext<T>::activation_block(index_t tokens, index_t width,
+                                                       ActivationLayout layout) const {
+  const int r = this->grid().tensor().rank();
+  if (layout == ActivationLayout::outer)  // replicated; rank 0 owns it
+    return {.row0 = 0, .rows = tokens, .col0 = 0, .cols = width, .owner = r == 0};
+  const index_t w = width / p_;
+  return {.row0 = 0, .rows = tokens, .col0 = r * w, .cols = w, .owner = true};
+}
+
+template <class T>
+std::unique_ptr<Loss<T>> Megatron1DContext<T>::cross_entropy(index_t tokens, index_t classes,
+                                                             index_t normalizer) {
+  return std::make_unique<LossOf<T, CrossEntropy1D<T>>>(this->grid(), this->backend(), tokens,
+                                                        classes, normalizer);
+}
+
+template <class T>
 std::optional<std::string> Megatron1DContext<T>::check_gpt(const reference::GptConfig& c,
                                                            index_t) const {
   for (auto [what, v] : {std::pair{"n_embd (hidden)", c.n_embd}, std::pair{"n_head", c.n_head},

@@ -47,6 +47,20 @@ std::unique_ptr<LossHead<T>> Summa2DContext<T>::lm_head(Param<T>& wte, index_t t
 }
 
 template <class T>
+ActivationBlock Summa2DContext<T>::activation_block(index_t tokens, index_t width,
+                                                    ActivationLayout) const {
+  const GridCoords& c = this->grid().coords();
+  const index_t rows = tokens / q_, cols = width / q_;
+  return {.row0 = c.row * rows, .rows = rows, .col0 = c.col * cols, .cols = cols, .owner = true};
+}
+
+template <class T>
+std::unique_ptr<Loss<T>> Summa2DContext<T>::cross_entropy(index_t tokens, index_t classes,
+                                                          index_t normalizer) {
+  return std::make_unique<LossOf<T, CrossEntropy2D<T>>>(*engine_, tokens, classes, normalizer);
+}
+
+template <class T>
 std::optional<std::string> Summa2DContext<T>::check_gpt(const reference::GptConfig& c,
                                                         index_t batch) const {
   const int data = this->grid().shape().data;

@@ -42,6 +42,10 @@ class Axonn3DContext final : public SchemeContext<T> {
                                                 index_t hidden, index_t n_positions) override;
   std::unique_ptr<LossHead<T>> lm_head(Param<T>& wte, index_t tokens, index_t hidden, index_t vocab,
                                        index_t normalizer = 0) override;
+  ActivationBlock activation_block(index_t tokens, index_t width,
+                                   ActivationLayout layout) const override;
+  std::unique_ptr<Loss<T>> cross_entropy(index_t tokens, index_t classes,
+                                         index_t normalizer = 0) override;
   std::optional<std::string> check_gpt(const reference::GptConfig& config,
                                        index_t batch) const override;
 

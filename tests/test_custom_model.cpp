@@ -1,0 +1,231 @@
+// A user's own model (not a GPT) through the layer API (layers/sequential.hpp):
+// an MLP classifier X -> fc1 (expand) -> GeLU -> fc2 (contract) -> GeLU ->
+// head (expand) -> the scheme's cross-entropy, built with a SchemeContext
+// from make_context, under every scheme and data factor of the rank count
+// (schemes_for), against a serial double computation of the same model with
+// the same global weights: the loss, every parameter gradient (gathered) and
+// the input gradient (gather_activation).
+//
+// Sizes are multiples of 72 so that every factorisation of 1, 2, 4, 8 and 9
+// ranks divides them. Tolerance: model_tolerance<T>() (1e-9 double, 2e-3
+// float), the same as the GPT tests.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "summa/layers/sequential.hpp"
+#include "summa/schemes/registry.hpp"
+#include "test_backend_env.hpp"
+#include "test_util.hpp"
+
+namespace summa {
+namespace {
+
+using namespace summa::test;
+
+constexpr index_t kTokens = 72, kIn = 72, kHidden = 144, kClasses = 72;
+
+int world_size() {
+  int s = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+// ---- the serial model, in double, row-major
+using Vec = std::vector<double>;
+
+// C [m, n] = A [m, k] B [k, n] (+ bias), or with A transposed / B transposed.
+Vec matmul(const Vec& a, const Vec& b, index_t m, index_t k, index_t n, bool ta, bool tb) {
+  Vec c(static_cast<std::size_t>(m * n), 0.0);
+  for (index_t i = 0; i < m; ++i)
+    for (index_t p = 0; p < k; ++p) {
+      const double x = ta ? a[p * m + i] : a[i * k + p];
+      for (index_t j = 0; j < n; ++j) c[i * n + j] += x * (tb ? b[j * k + p] : b[p * n + j]);
+    }
+  return c;
+}
+
+constexpr double kC = 0.7978845608028654;  // sqrt(2/pi), GPT-2's tanh GeLU
+double gelu(double x) {
+  return 0.5 * x * (1 + std::tanh(kC * (x + 0.044715 * x * x * x)));
+}
+double gelu_grad(double x) {
+  const double t = std::tanh(kC * (x + 0.044715 * x * x * x));
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * kC * (1 + 3 * 0.044715 * x * x);
+}
+
+struct Serial {
+  double loss = 0;
+  std::map<std::string, Vec> grad;
+  Vec dx;
+};
+
+// weights: name -> global values (HF layout: weight [in, out], bias [out]).
+Serial serial_mlp(std::map<std::string, Vec> w, const Vec& x, const std::vector<std::int32_t>& y) {
+  const index_t T = kTokens;
+  auto linear = [&](const Vec& in, const std::string& name, index_t k, index_t n) {
+    Vec out = matmul(in, w[name + ".weight"], T, k, n, false, false);
+    for (index_t i = 0; i < T; ++i)
+      for (index_t j = 0; j < n; ++j) out[i * n + j] += w[name + ".bias"][j];
+    return out;
+  };
+  const Vec a1 = linear(x, "fc1", kIn, kHidden);
+  Vec g1(a1.size());
+  for (std::size_t i = 0; i < a1.size(); ++i) g1[i] = gelu(a1[i]);
+  const Vec a2 = linear(g1, "fc2", kHidden, kIn);
+  Vec g2(a2.size());
+  for (std::size_t i = 0; i < a2.size(); ++i) g2[i] = gelu(a2[i]);
+  Vec z = linear(g2, "head", kIn, kClasses);
+  Serial s;
+  for (index_t i = 0; i < T; ++i) {  // softmax cross-entropy, mean over tokens
+    double mx = -1e300, sum = 0;
+    for (index_t j = 0; j < kClasses; ++j) mx = std::max(mx, z[i * kClasses + j]);
+    for (index_t j = 0; j < kClasses; ++j) sum += std::exp(z[i * kClasses + j] - mx);
+    s.loss += (std::log(sum) + mx - z[i * kClasses + y[i]]) / T;
+    for (index_t j = 0; j < kClasses; ++j)
+      z[i * kClasses + j] = (std::exp(z[i * kClasses + j] - mx) / sum - (j == y[i] ? 1 : 0)) / T;
+  }
+  auto back = [&](const Vec& dout, const Vec& in, const std::string& name, index_t k, index_t n) {
+    s.grad[name + ".weight"] = matmul(in, dout, k, T, n, true, false);
+    Vec db(static_cast<std::size_t>(n), 0.0);
+    for (index_t i = 0; i < T; ++i)
+      for (index_t j = 0; j < n; ++j) db[j] += dout[i * n + j];
+    s.grad[name + ".bias"] = db;
+    return matmul(dout, w[name + ".weight"], T, n, k, false, true);
+  };
+  Vec d = back(z, g2, "head", kIn, kClasses);
+  for (std::size_t i = 0; i < d.size(); ++i) d[i] *= gelu_grad(a2[i]);
+  d = back(d, g1, "fc2", kHidden, kIn);
+  for (std::size_t i = 0; i < d.size(); ++i) d[i] *= gelu_grad(a1[i]);
+  s.dx = back(d, x, "fc1", kIn, kHidden);
+  return s;
+}
+
+// ---- the distributed model
+
+template <class T>
+std::vector<T> download(Backend& be, ConstMatrixView<T> v) {
+  std::vector<T> out(static_cast<std::size_t>(v.rows * v.cols));
+  be.download(out.data(), v.data, out.size() * sizeof(T));
+  return out;
+}
+
+template <class T>
+void build(Sequential<T>& mlp) {
+  mlp.linear("fc1", kHidden, LinearRole::expand);
+  mlp.gelu();
+  mlp.linear("fc2", kIn, LinearRole::contract);
+  mlp.gelu();
+  mlp.linear("head", kClasses, LinearRole::expand);
+}
+
+template <class T>
+void custom_mlp_matches_serial() {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::uniform_int_distribution<int> cls(0, kClasses - 1);
+  std::vector<T> x(static_cast<std::size_t>(kTokens * kIn));
+  for (T& v : x) v = static_cast<T>(u(gen));
+  std::vector<std::int32_t> y(static_cast<std::size_t>(kTokens));
+  for (auto& v : y) v = cls(gen);
+  const Vec xd(x.begin(), x.end());
+  Backend& backend = test_backend();
+  int tested = 0;
+  for (const SchemeSpec& spec : schemes_for(world_size())) {
+    SCOPED_TRACE(spec.str());
+    ProcessGrid grid = make_grid(MPI_COMM_WORLD, spec, test_grid_options());
+    const std::unique_ptr<SchemeContext<T>> scheme = make_context<T>(spec, grid, backend);
+    const index_t tg = kTokens / spec.data, first = grid.coords().data * tg;
+    Sequential<T> mlp(*scheme, tg, kIn);
+    build(mlp);
+    const std::unique_ptr<Loss<T>> ce = scheme->cross_entropy(tg, kClasses, kTokens);
+    mlp.finish(ce->buffer_needs());
+    mlp.parameters_store().init_uniform(seed, 0.2);
+
+    // This data group's rows, this rank's block of them, in backend memory.
+    const std::vector<T> xg(x.begin() + first * kIn, x.begin() + (first + tg) * kIn);
+    const std::vector<T> local =
+        scatter_activation<T>(*scheme, xg, tg, kIn, ActivationLayout::outer);
+    Arena input("input", backend, local.size() * sizeof(T));
+    T* xl = input.take<T>(local.size());
+    backend.upload(xl, local.data(), local.size() * sizeof(T));
+    const index_t rows = scheme->local_rows(tg),
+                  cols = scheme->local_cols(kIn, ActivationLayout::outer);
+    ASSERT_EQ(static_cast<std::size_t>(rows * cols), local.size());
+
+    MatrixView<T> z = mlp.forward(MatrixView<T>::dense(xl, rows, cols, Order::row_major));
+    StepBuffers step = mlp.buffers();
+    double loss = ce->forward(z, std::span<const std::int32_t>(y).subspan(first, tg), step);
+    if (spec.data > 1) grid.data().all_reduce(&loss, &loss, 1, ReduceOp::sum);
+    ce->backward(z, step);
+    const ConstMatrixView<T> dx = mlp.backward(z);
+    mlp.sync_data_gradients();
+
+    std::map<std::string, Vec> weights;
+    for (Param<T>* p : mlp.parameters_store().params()) {
+      const std::vector<T> g = gather_global(*p, grid);
+      weights[p->shard.name] = Vec(g.begin(), g.end());
+      // layout-invariant initialisation: the same global weights everywhere
+      for (std::size_t k = 0; k < g.size(); k += 97)
+        ASSERT_EQ(g[k], static_cast<T>(static_cast<float>(
+                            uniform_init_value(seed, p->shard.name, static_cast<index_t>(k), 0.2))))
+            << p->shard.name;
+    }
+    const Serial want = serial_mlp(weights, xd, y);
+    EXPECT_NEAR(loss, want.loss, model_tolerance<T>() * std::abs(want.loss));
+    for (Param<T>* p : mlp.parameters_store().params())
+      EXPECT_LE(
+          max_over_ranks(rel_error(gather_global(*p, grid, true), want.grad.at(p->shard.name))),
+          model_tolerance<T>())
+          << p->shard.name;
+    const std::vector<T> dxg =
+        gather_activation<T>(*scheme, download(backend, dx), tg, kIn, ActivationLayout::outer);
+    const Vec want_dx(want.dx.begin() + first * kIn, want.dx.begin() + (first + tg) * kIn);
+    EXPECT_LE(max_over_ranks(rel_error(dxg, want_dx)), model_tolerance<T>());
+    ++tested;
+  }
+  EXPECT_GE(tested, 1);
+}
+
+TEST(CustomModel, MlpClassifierMatchesSerialUnderEveryScheme) {
+  custom_mlp_matches_serial<double>();
+}
+TEST(CustomModel, MlpClassifierMatchesSerialUnderEverySchemeFloat) {
+  custom_mlp_matches_serial<float>();
+}
+
+// A contracting linear on an outer activation (or any layout mismatch) is
+// refused with the same message on every rank, before anything is built.
+TEST(CustomModel, LayoutMismatchIsRefusedEverywhere) {
+  const int ranks = world_size();
+  const SchemeSpec spec = schemes_for(ranks).front();
+  ProcessGrid grid = make_grid(MPI_COMM_WORLD, spec, test_grid_options());
+  const auto scheme = make_context<double>(spec, grid, test_backend());
+  Sequential<double> mlp(*scheme, kTokens / spec.data, kIn);
+  std::string msg;
+  try {
+    mlp.linear("fc", kIn, LinearRole::contract);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("reads the inner layout"), std::string::npos) << msg;
+  EXPECT_TRUE(same_on_all_ranks(msg)) << msg;
+  std::string early;
+  try {
+    mlp.forward({});
+  } catch (const Error& e) {
+    early = e.what();
+  }
+  EXPECT_NE(early.find("before finish()"), std::string::npos) << early;
+}
+
+}  // namespace
+}  // namespace summa
