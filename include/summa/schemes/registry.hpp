@@ -20,6 +20,7 @@
 
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/scheme_context.hpp"
+#include "summa/schemes/cost.hpp"
 #include "summa/schemes/spec.hpp"
 
 namespace summa {
@@ -58,6 +59,10 @@ struct SchemeRow {
   /// empty when the scheme does not communicate on it (the data axis is
   /// not the scheme's).
   std::string_view (*axis_role)(const SchemeSpec& spec, CommAxis axis);
+  /// Adds the collectives of one GPT training step on the rank at `coords`
+  /// (the data axis excepted) and returns its data-axis bucket sizes.
+  cost::BucketSizes (*step_traffic)(cost::Tally& tally, const cost::Shape& shape,
+                                    const SchemeSpec& spec, const GridCoords& coords);
   /// The layer context on a grid from make_grid, for each element type.
   ContextFactory<float> context_f32;
   ContextFactory<double> context_f64;

@@ -73,6 +73,8 @@ std::string_view axis_role(const SchemeSpec& s, CommAxis axis) {
 
 }  // namespace
 
+cost::BucketSizes axonn3d_step_traffic(cost::Tally&, const cost::Shape&, const SchemeSpec&,
+                                       const GridCoords&);  // cost.cpp
 extern const SchemeRow axonn3d_row;
 constinit const SchemeRow axonn3d_row{
     .id = Scheme::axonn3d,
@@ -99,6 +101,7 @@ constinit const SchemeRow axonn3d_row{
           return ProcessGrid::grid3d(comm, s.gx, s.gy, s.gz, s.data, o);
         },
     .axis_role = &axis_role,
+    .step_traffic = &axonn3d_step_traffic,
     .context_f32 = &context<float>,
     .context_f64 = &context<double>,
     .context_bf16 = &context<bf16>,

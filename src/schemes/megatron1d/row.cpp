@@ -15,6 +15,8 @@ std::unique_ptr<SchemeContext<T>> context(const SchemeSpec&, ProcessGrid& grid, 
 
 }  // namespace
 
+cost::BucketSizes megatron1d_step_traffic(cost::Tally&, const cost::Shape&, const SchemeSpec&,
+                                          const GridCoords&);  // cost.cpp
 extern const SchemeRow megatron1d_row;
 constinit const SchemeRow megatron1d_row{
     .id = Scheme::megatron1d,
@@ -36,6 +38,7 @@ constinit const SchemeRow megatron1d_row{
     .axis_role = [](const SchemeSpec& s, CommAxis axis) -> std::string_view {
       return axis == CommAxis::tensor && s.p > 1 ? "tensor" : "";
     },
+    .step_traffic = &megatron1d_step_traffic,
     .context_f32 = &context<float>,
     .context_f64 = &context<double>,
     .context_bf16 = &context<bf16>,

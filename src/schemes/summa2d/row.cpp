@@ -49,6 +49,8 @@ std::string text(const SchemeSpec& s) {
 
 }  // namespace
 
+cost::BucketSizes summa2d_step_traffic(cost::Tally&, const cost::Shape&, const SchemeSpec&,
+                                       const GridCoords&);  // cost.cpp
 extern const SchemeRow summa2d_row;
 constinit const SchemeRow summa2d_row{
     .id = Scheme::summa2d,
@@ -71,6 +73,7 @@ constinit const SchemeRow summa2d_row{
       if (s.q == 1) return "";
       return axis == CommAxis::mesh_row ? "row" : axis == CommAxis::mesh_col ? "col" : "";
     },
+    .step_traffic = &summa2d_step_traffic,
     .context_f32 = &context<float>,
     .context_f64 = &context<double>,
     .context_bf16 = &context<bf16>,
