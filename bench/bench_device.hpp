@@ -59,22 +59,11 @@ BenchBackend make_backend(const std::string& backend, const std::string& comm, b
                      "-DSUMMA_CUDA=ON)");
   if (!cuda && (tf32 || comm_given)) throw UsageError("--tf32 and --comm need --backend cuda");
   BenchBackend out;
-#if SUMMA_HAVE_CUDA
-  if (cuda) {
-    CudaOptions o;
-    o.device = select_device_for_rank(MPI_COMM_WORLD);
-    o.allow_tf32 = tf32;
-    auto cb = std::make_unique<CudaBackend>(o);
-    out.grid.comm = comm == "nccl" ? CommBackend::nccl : CommBackend::mpi_staged;
-    out.grid.compute_stream = cb->stream();
-    cudaDeviceProp prop{};
-    if (cudaGetDeviceProperties(&prop, o.device) == cudaSuccess) out.device = prop.name;
-    out.backend = std::move(cb);
-  }
-#else
-  (void)comm;
-#endif
-  if (!out.backend) out.backend = std::make_unique<CpuBackend>();
+  summa::Device d = summa::make_device(
+      MPI_COMM_WORLD, {.backend = backend, .comm = cuda ? comm : std::string(), .tf32 = tf32});
+  out.backend = std::move(d.backend);
+  out.grid = d.grid;
+  out.device = d.name;
   return out;
 }
 

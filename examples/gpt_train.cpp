@@ -407,28 +407,24 @@ std::unique_ptr<summa::Backend> make_backend(const Cli& cli, summa::GridOptions&
           " carries device memory and needs --backend cuda (the cpu backend "
           "uses --comm mpi)");
     if (cli.tf32) throw summa::CollectiveError("gpt_train: --tf32 applies to --backend cuda only");
-    grid.comm = summa::CommBackend::mpi;
-    return std::make_unique<summa::CpuBackend>();
+    summa::Device d = summa::make_device(MPI_COMM_WORLD, {.backend = "cpu"});
+    grid = d.grid;
+    return std::move(d.backend);
   }
   if (comm == "mpi")
     throw summa::CollectiveError(
         "gpt_train: --backend cuda with --comm mpi: MPI communicators cannot take device "
         "memory; use --comm nccl (one GPU per rank) or --comm mpi_staged (ranks may share a "
         "GPU)");
-#if SUMMA_HAVE_CUDA
-  summa::CudaOptions o;
-  o.device = summa::select_device_for_rank(MPI_COMM_WORLD);
-  o.allow_tf32 = cli.tf32;
-  auto backend = std::make_unique<summa::CudaBackend>(o);
-  grid.comm = comm == "nccl" ? summa::CommBackend::nccl : summa::CommBackend::mpi_staged;
-  grid.compute_stream = backend->stream();
-  return backend;
-#else
-  throw summa::CollectiveError(
-      "gpt_train: --backend cuda: this summa was built without CUDA (summa/build_info.hpp "
-      "SUMMA_HAVE_CUDA=0; configure with -DSUMMA_CUDA=ON where the CUDA toolkit, cuBLAS and NCCL "
-      "are installed)");
-#endif
+  if (!SUMMA_HAVE_CUDA)
+    throw summa::CollectiveError(
+        "gpt_train: --backend cuda: this summa was built without CUDA (summa/build_info.hpp "
+        "SUMMA_HAVE_CUDA=0; configure with -DSUMMA_CUDA=ON where the CUDA toolkit, cuBLAS and "
+        "NCCL are installed)");
+  summa::Device d =
+      summa::make_device(MPI_COMM_WORLD, {.backend = "cuda", .comm = comm, .tf32 = cli.tf32});
+  grid = d.grid;
+  return std::move(d.backend);
 }
 
 template <class T>

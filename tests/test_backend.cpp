@@ -55,6 +55,37 @@ void gemm_sweep() {
           }
 }
 
+// The device factory (backend/device.hpp): the cpu backends with MPI
+// communicators, and every combination that cannot work refused with a
+// message naming it (before any collective, so the same on every rank).
+TEST(Device, FactoryMakesCpuBackendsAndRefusesBadCombinations) {
+  Device cpu = make_device(MPI_COMM_WORLD, {.backend = "cpu"});
+  ASSERT_NE(cpu.backend, nullptr);
+  EXPECT_TRUE(cpu.backend->host_accessible());
+  EXPECT_EQ(cpu.grid.comm, CommBackend::mpi);
+  EXPECT_EQ(cpu.name, "cpu");
+  Device emulated = make_device(MPI_COMM_WORLD, {.backend = "cpu_device"});
+  EXPECT_FALSE(emulated.backend->host_accessible());
+  const auto message = [](DeviceOptions o) {
+    try {
+      make_device(MPI_COMM_WORLD, o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message({.backend = "tpu"}).find("'tpu'"), std::string::npos);
+  EXPECT_NE(message({.backend = "cpu", .comm = "nccl"}).find("need the cuda backend"),
+            std::string::npos);
+  EXPECT_NE(message({.backend = "cpu", .comm = "carrier"}).find("'carrier'"), std::string::npos);
+  EXPECT_NE(message({.backend = "cpu", .comm = "", .tf32 = true}).find("TF32"), std::string::npos);
+  EXPECT_NE(message({.backend = "cuda", .comm = "mpi"}).find("cannot take device memory"),
+            std::string::npos);
+  if (!SUMMA_HAVE_CUDA) {
+    EXPECT_NE(message({.backend = "cuda"}).find("built without CUDA"), std::string::npos);
+  }
+}
+
 TEST(CpuBackend, GemmAllTransposesAndOrdersFloat) {
   gemm_sweep<float>();
 }

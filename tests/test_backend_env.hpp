@@ -66,38 +66,31 @@ inline void skip_unless_backend_available() {
 }
 
 /// The process-wide backend of the tests (constructed on first use).
-inline Backend& test_backend() {
-  static std::unique_ptr<Backend> backend = []() -> std::unique_ptr<Backend> {
-#if SUMMA_HAVE_CUDA
-    if (test_backend_name() == "cuda") {
-      CudaOptions o;
-      o.device = select_device_for_rank(MPI_COMM_WORLD);  // shared when ranks > GPUs
-      o.check_pointers = true;  // a host pointer in an op is a test failure, not a crash
-      return std::make_unique<CudaBackend>(o);
-    }
-#endif
-    return std::make_unique<CpuBackend>(test_backend_name() == "cpu_device");
-  }();
-  return *backend;
-}
-
-/// Grid options for test_backend(): MPI on the CPU; on CUDA the
-/// communicators of SUMMA_TEST_COMM ("nccl" or, by default, "mpi_staged")
-/// ordered with the backend's stream.
-inline GridOptions test_grid_options() {
-  GridOptions o;
-#if SUMMA_HAVE_CUDA
-  if (test_backend_name() == "cuda") {
+/// The test binary's backend and communicators (SUMMA_TEST_BACKEND; on
+/// cuda SUMMA_TEST_COMM=nccl or mpi_staged, the default: several ranks may
+/// share a GPU), made once by the library's device factory.
+inline Device& test_device() {
+  static Device device = [] {
+    const std::string name = test_backend_name();
     const char* env = std::getenv("SUMMA_TEST_COMM");
-    o.comm =
-        env != nullptr && std::string(env) == "nccl" ? CommBackend::nccl : CommBackend::mpi_staged;
-    o.compute_stream = static_cast<CudaBackend&>(test_backend()).stream();
-  }
-#endif
-  return o;
+    DeviceOptions o;
+    o.backend = name;
+    if (name == "cuda")
+      o.comm = env != nullptr && std::string(env) == "nccl" ? "nccl" : "mpi_staged";
+    o.check_pointers = true;  // a host pointer in an op is a test failure, not a crash
+    return make_device(MPI_COMM_WORLD, o);
+  }();
+  return device;
 }
 
-/// n elements of T in test_backend()'s memory (freed on destruction).
+inline Backend& test_backend() {
+  return *test_device().backend;
+}
+
+inline GridOptions test_grid_options() {
+  return test_device().grid;
+}
+
 template <class T>
 class DeviceArray {
  public:

@@ -4,6 +4,7 @@
 
 #include "summa/backend/backend.hpp"
 #include "summa/backend/cpu_backend.hpp"
+#include "summa/backend/device.hpp"
 #include "summa/build_info.hpp"
 #include "summa/comm/communicator.hpp"
 #include "summa/comm/counters.hpp"

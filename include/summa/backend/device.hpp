@@ -1,0 +1,52 @@
+#pragma once
+/// \file device.hpp
+/// The device factory: the backend of a rank and the communicators that go
+/// with it, chosen by name — what a program (gpt_train, the benchmarks, the
+/// tests) needs to run "on cpu" or "on cuda" without knowing the CUDA types.
+///
+///   summa::Device d = summa::make_device(MPI_COMM_WORLD, {.backend = "cuda"});
+///   summa::ProcessGrid grid = summa::make_grid(MPI_COMM_WORLD, spec, d.grid);
+///   ... layers on *d.backend ...
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "summa/backend/backend.hpp"
+#include "summa/grid/process_grid.hpp"
+
+namespace summa {
+
+struct DeviceOptions {
+  /// "cpu" (CpuBackend), "cpu_device" (CpuBackend emulating device memory,
+  /// for tests) or "cuda" (CudaBackend on the node-local rank's GPU).
+  std::string backend = "cpu";
+  /// The grid's communicators: "mpi" (host memory; the default on the cpu
+  /// backends), or on cuda "nccl" (one GPU per rank; the default) or
+  /// "mpi_staged" (MPI through pinned host buffers; ranks may share a GPU).
+  std::string comm{};
+  /// cuda: TF32 tensor cores in float GEMMs.
+  bool tf32 = false;
+  /// cuda: check that every op's pointers are device memory (tests).
+  bool check_pointers = false;
+};
+
+struct Device {
+  std::unique_ptr<Backend> backend;
+  /// Communicators for the backend (and its stream on cuda); pass to the
+  /// grid (make_grid, ParallelGpt, TrainerOptions::grid).
+  GridOptions grid;
+  /// "cpu", or the GPU's name.
+  std::string name = "cpu";
+};
+
+/// The backend and communicators of `options` for the calling rank.
+/// Collective over `comm` (on cuda, select_device_for_rank: the node-local
+/// rank's GPU). Throws summa::Error, the same on every rank, for an unknown
+/// backend or communicator, a combination that cannot work (MPI
+/// communicators with device memory, a device communicator or TF32 on the
+/// cpu), or cuda in a build without CUDA.
+Device make_device(MPI_Comm comm, const DeviceOptions& options);
+
+}  // namespace summa
