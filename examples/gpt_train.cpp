@@ -50,10 +50,6 @@
 #include <vector>
 
 #include "summa/summa.hpp"
-#if SUMMA_HAVE_CUDA
-#include "summa/backend/cuda_backend.hpp"
-#include "summa/comm/nccl_communicator.hpp"
-#endif
 
 #ifndef SUMMA_DEFAULT_CORPUS
 #define SUMMA_DEFAULT_CORPUS "examples/data/corpus.txt"
@@ -396,7 +392,7 @@ double available_per_rank() {
 
 // The backend of --backend, and the grid's communicators (--comm) to go with
 // it. Throws summa::Error on every rank for a combination that cannot work
-// (checked from the options alone, or collectively: select_device_for_rank
+// (checked from the options alone, or collectively in make_device: select_device_for_rank
 // throws on every rank when any rank sees no device).
 std::unique_ptr<summa::Backend> make_backend(const Cli& cli, summa::GridOptions& grid) {
   const std::string comm = cli.comm.empty() ? (cli.backend == "cuda" ? "nccl" : "mpi") : cli.comm;

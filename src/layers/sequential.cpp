@@ -89,6 +89,7 @@ void Sequential<T>::finish(BufferNeeds extra) {
   require(store_ == nullptr, "Sequential: finish() twice");
   require(!stages_.empty(), "Sequential: finish() without layers");
   Backend& be = scheme_->backend();
+  scheme_->finish_layers(false);  // state the layers share (3D: ORS / OAG buffers)
   BufferNeeds needs = buffer_needs();
   needs.then(extra);
   store_ = std::make_unique<ParameterStore<T>>(be, this->parameters());
@@ -144,6 +145,7 @@ MatrixView<T> Sequential<T>::forward(ConstMatrixView<T> X) {
   workspace_->reset();
   forward_->reset();
   backward_->reset();
+  scheme_->begin_forward();
   StepBuffers step = buffers();
   ConstMatrixView<T> x = X;
   for (Stage& s : stages_) {
@@ -173,6 +175,7 @@ ConstMatrixView<T> Sequential<T>::backward(ConstMatrixView<T> dY, bool accumulat
     dy = dx;
     slot = 1 - slot;
   }
+  scheme_->complete_deferred();  // the one completion point (3D ORS reduce-scatters)
   return dy;
 }
 

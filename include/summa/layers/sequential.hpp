@@ -13,6 +13,11 @@
 ///   mlp.linear("fc2", 64, LinearRole::contract);       // -> outer [tokens, 64]
 ///   mlp.finish();                                      // allocates everything
 ///
+/// The container runs the scheme's hooks for state its layers share
+/// (SchemeContext::finish_layers in finish(), begin_forward in forward(),
+/// complete_deferred at the end of backward(): the 3D ORS / OAG overlaps),
+/// so a context with such state serves one model.
+///
 /// `tokens` are the rows of this rank's data group; with a data axis each
 /// group passes its own rows, divides its loss by the global token count and
 /// calls sync_data_gradients() after backward.
