@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "bench_device.hpp"
+#include "bench_json.hpp"
 #include "summa/schemes/registry.hpp"
 #include "summa/summa.hpp"
 
@@ -37,6 +38,7 @@ namespace {
 using summa::CommAxis;
 using summa::index_t;
 using u64 = std::uint64_t;
+using summa::bench::Json;
 
 /// A bad command line or configuration: detected identically on every rank.
 struct UsageError : std::runtime_error {
@@ -71,42 +73,6 @@ bool all_ranks(bool v) {
   MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   return x != 0;
 }
-
-// ---------------------------------------------------------------- JSON lines
-class JsonLine {
- public:
-  JsonLine& str(std::string_view key, std::string_view v) { return raw(key, quote(v)); }
-  JsonLine& num(std::string_view key, double v) {
-    if (!std::isfinite(v)) return raw(key, "null");
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.6g", v);
-    return raw(key, buf);
-  }
-  JsonLine& integer(std::string_view key, long long v) { return raw(key, std::to_string(v)); }
-  JsonLine& boolean(std::string_view key, bool v) { return raw(key, v ? "true" : "false"); }
-  JsonLine& null(std::string_view key) { return raw(key, "null"); }
-  /// A nested object, given as the text of another JsonLine.
-  JsonLine& object(std::string_view key, const JsonLine& o) { return raw(key, o.text()); }
-  std::string text() const { return "{" + body_ + "}"; }
-
- private:
-  static std::string quote(std::string_view v) {
-    std::string s = "\"";
-    for (char c : v) {
-      if (c == '"' || c == '\\') s += '\\';
-      s += c;
-    }
-    return s + "\"";
-  }
-  JsonLine& raw(std::string_view key, const std::string& v) {
-    if (!body_.empty()) body_ += ", ";
-    body_ += quote(key);
-    body_ += ": ";
-    body_ += v;
-    return *this;
-  }
-  std::string body_;
-};
 
 // ---------------------------------------------------------------- FLOPs
 // Narayanan et al. 2021 (SC '21), as in bench/gpt_layer.cpp: forward +
@@ -351,90 +317,78 @@ std::string kib(u64 bytes) {
   return buf;
 }
 
-JsonLine json_of(const Settings& s, const Result& r, int ranks) {
-  JsonLine j;
-  j.str("bench", "compare_schemes")
-      .str("scheme", r.spec.str())
-      .integer("ranks", ranks)
-      .integer("tensor_ranks", r.spec.tensor_ranks())
-      .integer("data", r.spec.data)
-      .str("dtype", s.dtype)
-      .str("backend", s.backend)
-      .str("device", s.device)
-      .boolean("checkpoint", s.checkpoint)
-      .integer("layers", s.config.n_layer)
-      .integer("hidden", s.config.n_embd)
-      .integer("heads", s.config.n_head)
-      .integer("seq", s.seq)
-      .integer("batch", s.batch)
-      .integer("vocab", s.config.vocab_size)
-      .integer("positions", s.config.n_positions)
-      .integer("reps", s.reps)
-      .integer("warmup", s.warmup);
+// One JSON line (keys in this order; null for "not applicable").
+Json json_of(const Settings& s, const Result& r, int ranks) {
+  Json j = {{"bench", "compare_schemes"},
+            {"scheme", r.spec.str()},
+            {"ranks", ranks},
+            {"tensor_ranks", r.spec.tensor_ranks()},
+            {"data", r.spec.data},
+            {"dtype", s.dtype},
+            {"backend", s.backend},
+            {"device", s.device},
+            {"checkpoint", s.checkpoint}};
+  j.update(summa::bench::model_shape_fields(s.config, s.seq, s.batch));
+  j["reps"] = s.reps;
+  j["warmup"] = s.warmup;
   if (!r.skipped.empty()) {
-    j.boolean("ok", true).str("skipped", r.skipped);
+    j["ok"] = true;
+    j["skipped"] = r.skipped;
     return j;
   }
-  j.null("skipped").num("median_s", r.step_s).num("tokens_per_s", r.tokens_per_s);
+  j["skipped"] = nullptr;
+  j["median_s"] = r.step_s;
+  j["tokens_per_s"] = r.tokens_per_s;
   const double flops =
       step_flops(static_cast<double>(s.batch), static_cast<double>(s.seq),
                  static_cast<double>(s.config.n_layer), static_cast<double>(s.config.n_embd),
                  static_cast<double>(s.config.vocab_size), false);
-  j.num("model_flops_per_s", flops / r.step_s).num("loss", r.loss).boolean("finite", r.finite);
-  JsonLine roles, sent, received, psent, preceived;
+  j["model_flops_per_s"] = flops / r.step_s;
+  j["loss"] = r.loss;
+  j["finite"] = r.finite;
+  Json roles, sent, received, psent, preceived;
   for (std::size_t a = 0; a < kAxes.size(); ++a) {
     const std::string name(summa::name_of(kAxes[a]));
     const std::string_view what = role(r.spec, kAxes[a]);
-    if (what.empty())
-      roles.null(name);
-    else
-      roles.str(name, what);
-    sent.integer(name, static_cast<long long>(r.sent[a]));
-    received.integer(name, static_cast<long long>(r.received[a]));
-    psent.integer(name, static_cast<long long>(r.predicted_sent[a]));
-    preceived.integer(name, static_cast<long long>(r.predicted_received[a]));
+    roles[name] = what.empty() ? Json() : Json(std::string(what));
+    sent[name] = r.sent[a];
+    received[name] = r.received[a];
+    psent[name] = r.predicted_sent[a];
+    preceived[name] = r.predicted_received[a];
   }
-  j.object("axis_roles", roles)
-      .object("bytes_sent_per_rank", sent)
-      .object("bytes_received_per_rank", received);
+  j["axis_roles"] = roles;
+  j["bytes_sent_per_rank"] = sent;
+  j["bytes_received_per_rank"] = received;
   if (r.have_prediction) {
-    j.object("predicted_bytes_sent_per_rank", psent)
-        .object("predicted_bytes_received_per_rank", preceived)
-        .boolean("prediction_matches", r.prediction_matches);
+    j["predicted_bytes_sent_per_rank"] = psent;
+    j["predicted_bytes_received_per_rank"] = preceived;
+    j["prediction_matches"] = r.prediction_matches;
   } else {
-    j.null("predicted_bytes_sent_per_rank")
-        .null("predicted_bytes_received_per_rank")
-        .null("prediction_matches")
-        .str("prediction_note", r.prediction_note);
+    j["predicted_bytes_sent_per_rank"] = nullptr;
+    j["predicted_bytes_received_per_rank"] = nullptr;
+    j["prediction_matches"] = nullptr;
+    j["prediction_note"] = r.prediction_note;
   }
   const auto mem = [](const Memory& m) {
-    JsonLine o;
-    o.integer("parameters", static_cast<long long>(m.parameters))
-        .integer("gradients", static_cast<long long>(m.gradients))
-        .integer("activations", static_cast<long long>(m.activations))
-        .integer("buffer_high_water", static_cast<long long>(m.high_water))
-        .integer("total_capacity", static_cast<long long>(m.total));
-    return o;
+    return Json{{"parameters", m.parameters},
+                {"gradients", m.gradients},
+                {"activations", m.activations},
+                {"buffer_high_water", m.high_water},
+                {"total_capacity", m.total}};
   };
-  j.object("memory_bytes_per_rank", mem(r.mem))
-      .num("budget_mib", s.budget_mib)
-      .integer("max_batch", s.max_batch)
-      .integer("largest_batch", r.largest)
-      .boolean("largest_batch_capped", r.capped);
-  if (r.confirmed)
-    j.boolean("confirmed", *r.confirmed);
-  else
-    j.null("confirmed");
-  if (r.maximal)
-    j.boolean("next_batch_exceeds", *r.maximal);
-  else
-    j.null("next_batch_exceeds");
+  j["memory_bytes_per_rank"] = mem(r.mem);
+  j["budget_mib"] = s.budget_mib;
+  j["max_batch"] = s.max_batch;
+  j["largest_batch"] = r.largest;
+  j["largest_batch_capped"] = r.capped;
+  j["confirmed"] = r.confirmed ? Json(*r.confirmed) : Json();
+  j["next_batch_exceeds"] = r.maximal ? Json(*r.maximal) : Json();
   if (r.confirmed) {
-    j.object("largest_batch_memory_bytes_per_rank", mem(r.largest_mem))
-        .num("largest_batch_step_s", r.largest_step_s);
+    j["largest_batch_memory_bytes_per_rank"] = mem(r.largest_mem);
+    j["largest_batch_step_s"] = r.largest_step_s;
   }
-  if (!r.largest_note.empty()) j.str("largest_batch_note", r.largest_note);
-  j.boolean("ok", !r.failed());
+  if (!r.largest_note.empty()) j["largest_batch_note"] = r.largest_note;
+  j["ok"] = !r.failed();
   return j;
 }
 
@@ -547,7 +501,7 @@ int run_all(const Settings& s, summa::Backend& backend, int rank, int ranks) {
     }
     if (s.format != "table")
       std::fprintf(stdout, "%s%s\n", s.format == "both" ? "json: " : "",
-                   json_of(s, r, ranks).text().c_str());
+                   json_of(s, r, ranks).dump().c_str());
     std::fflush(stdout);
     std::fflush(stderr);
   }

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "bench_device.hpp"
+#include "bench_json.hpp"
 #include "summa/summa.hpp"
 
 #if SUMMA_HAVE_CUDA
@@ -41,6 +42,7 @@
 namespace {
 
 using summa::index_t;
+using summa::bench::Json;
 
 /// A bad command line or configuration: detected identically on every rank.
 struct UsageError : std::runtime_error {
@@ -75,40 +77,6 @@ bool all_ranks(bool v) {
   MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   return x != 0;
 }
-
-// ---------------------------------------------------------------- JSON lines
-class JsonLine {
- public:
-  JsonLine& str(std::string_view key, std::string_view v) {
-    std::string s = "\"";
-    for (char c : v) {
-      if (c == '"' || c == '\\') s += '\\';
-      s += c;
-    }
-    return raw(key, s + "\"");
-  }
-  JsonLine& num(std::string_view key, double v) {
-    if (!std::isfinite(v)) return raw(key, "null");
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.6g", v);
-    return raw(key, buf);
-  }
-  JsonLine& integer(std::string_view key, long long v) { return raw(key, std::to_string(v)); }
-  JsonLine& boolean(std::string_view key, bool v) { return raw(key, v ? "true" : "false"); }
-  JsonLine& null(std::string_view key) { return raw(key, "null"); }
-  std::string text() const { return "{" + body_ + "}"; }
-
- private:
-  JsonLine& raw(std::string_view key, const std::string& v) {
-    if (!body_.empty()) body_ += ", ";
-    body_ += "\"";
-    body_ += key;
-    body_ += "\": ";
-    body_ += v;
-    return *this;
-  }
-  std::string body_;
-};
 
 // ---------------------------------------------------------------- FLOPs
 // Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
@@ -201,52 +169,44 @@ std::uint64_t bytes_received(const summa::ProcessGrid& g) {
 }
 
 // The fields every line has.
-JsonLine header(const Context& ctx, std::string_view what, bool backward, std::string_view dtype) {
+Json header(const Context& ctx, std::string_view what, bool backward, std::string_view dtype) {
   const Settings& s = *ctx.s;
   const summa::SummaOptions& o = ctx.engine->options();
-  JsonLine j;
-  j.str("bench", "gpt_layer")
-      .str("what", what)
-      .str("pass", backward ? "fwd_bwd" : "fwd")
-      .integer("q", ctx.q)
-      .integer("ranks", ctx.ranks)
-      .str("dtype", dtype)
-      .integer("layers", s.config.n_layer)
-      .integer("hidden", s.config.n_embd)
-      .integer("heads", s.config.n_head)
-      .integer("seq", s.seq)
-      .integer("batch", s.batch)
-      .integer("vocab", s.config.vocab_size)
-      .integer("positions", s.config.n_positions)
-      .integer("panel", o.panel)
-      .boolean("overlap", o.overlap)
-      .integer("reps", s.reps)
-      .integer("warmup", s.warmup)
-      .str("backend", s.backend)
-      .str("device", ctx.device);
-  if (s.backend == "cuda") j.str("comm", s.comm).boolean("tf32", s.tf32);
+  Json j = {{"bench", "gpt_layer"}, {"what", what},       {"pass", backward ? "fwd_bwd" : "fwd"},
+            {"q", ctx.q},           {"ranks", ctx.ranks}, {"dtype", dtype}};
+  j.update(summa::bench::model_shape_fields(s.config, s.seq, s.batch));
+  j["panel"] = o.panel;
+  j["overlap"] = o.overlap;
+  j["reps"] = s.reps;
+  j["warmup"] = s.warmup;
+  j["backend"] = s.backend;
+  j["device"] = ctx.device;
+  if (s.backend == "cuda") {
+    j["comm"] = s.comm;
+    j["tf32"] = s.tf32;
+  }
   return j;
 }
 
 // Timing, throughput and FLOP/s fields.
-void add_rates(JsonLine& j, const Context& ctx, const std::vector<double>& times, Flops model,
+void add_rates(Json& j, const Context& ctx, const std::vector<double>& times, Flops model,
                Flops hardware) {
   const double t = median(times);
   const double tokens = static_cast<double>(ctx.s->batch * ctx.s->seq);
-  j.num("median_s", t)
-      .num("min_s", *std::min_element(times.begin(), times.end()))
-      .num("tokens_per_s", tokens / t)
-      .str("flops_formula", model.formula)
-      .num("model_flops", model.value)
-      .num("model_flops_per_s", model.value / t)
-      .str("hardware_flops_formula", hardware.formula)
-      .num("hardware_flops", hardware.value)
-      .num("hardware_flops_per_s", hardware.value / t);
+  j["median_s"] = t;
+  j["min_s"] = *std::min_element(times.begin(), times.end());
+  j["tokens_per_s"] = tokens / t;
+  j["flops_formula"] = model.formula;
+  j["model_flops"] = model.value;
+  j["model_flops_per_s"] = model.value / t;
+  j["hardware_flops_formula"] = hardware.formula;
+  j["hardware_flops"] = hardware.value;
+  j["hardware_flops_per_s"] = hardware.value / t;
 }
 
-void emit(const Context& ctx, const JsonLine& j) {
+void emit(const Context& ctx, const Json& j) {
   if (ctx.rank != 0) return;
-  std::printf("%s\n", j.text().c_str());
+  std::printf("%s\n", j.dump().c_str());
   std::fflush(stdout);
 }
 
@@ -317,14 +277,14 @@ bool run_block(Context& ctx) {
 
     const Flops f = block_flops(static_cast<double>(s.batch), static_cast<double>(s.seq),
                                 static_cast<double>(c.n_embd), backward);
-    JsonLine j = header(ctx, "block", backward, dtype);
-    j.null("checkpoint");
+    Json j = header(ctx, "block", backward, dtype);
+    j["checkpoint"] = nullptr;
     add_rates(j, ctx, times, f, f);
-    j.integer("bytes_sent_per_rank", static_cast<long long>(sent))
-        .integer("bytes_received_per_rank", static_cast<long long>(received))
-        .integer("peak_buffer_bytes_per_rank", static_cast<long long>(peak))
-        .integer("param_bytes_per_rank", static_cast<long long>(max_over_ranks(store.bytes())))
-        .boolean("finite", finite);
+    j["bytes_sent_per_rank"] = sent;
+    j["bytes_received_per_rank"] = received;
+    j["peak_buffer_bytes_per_rank"] = peak;
+    j["param_bytes_per_rank"] = max_over_ranks(store.bytes());
+    j["finite"] = finite;
     emit(ctx, j);
   }
   return ok;
@@ -411,27 +371,25 @@ bool run_gpt(Context& ctx, const Batch& data, bool checkpoint,
                V = static_cast<double>(c.vocab_size);
     const Flops model_f = gpt_flops(B, S, L, H, V, backward, false);
     const Flops hw_f = gpt_flops(B, S, L, H, V, backward, backward && checkpoint);
-    JsonLine j = header(ctx, "gpt", backward, dtype);
-    j.boolean("checkpoint", checkpoint);
+    Json j = header(ctx, "gpt", backward, dtype);
+    j["checkpoint"] = checkpoint;
     add_rates(j, ctx, times, model_f, hw_f);
-    j.integer("bytes_sent_per_rank", static_cast<long long>(sent))
-        .integer("bytes_received_per_rank", static_cast<long long>(received))
-        .integer("peak_buffer_bytes_per_rank", static_cast<long long>(peak))
-        .integer("param_bytes_per_rank", static_cast<long long>(max_over_ranks(mem.parameters)))
-        .integer("activation_bytes_per_rank",
-                 static_cast<long long>(max_over_ranks(mem.activations)))
-        .integer("buffer_capacity_bytes_per_rank",
-                 static_cast<long long>(max_over_ranks(mem.total())))
-        .num("loss", loss);
+    j["bytes_sent_per_rank"] = sent;
+    j["bytes_received_per_rank"] = received;
+    j["peak_buffer_bytes_per_rank"] = peak;
+    j["param_bytes_per_rank"] = max_over_ranks(mem.parameters);
+    j["activation_bytes_per_rank"] = max_over_ranks(mem.activations);
+    j["buffer_capacity_bytes_per_rank"] = max_over_ranks(mem.total());
+    j["loss"] = loss;
     if (serial) {
       const double st = median(serial_times);
-      j.num("serial_median_s", st)
-          .num("serial_tokens_per_s", B * S / st)
-          .num("serial_model_flops_per_s", model_f.value / st)
-          .num("vs_serial", median(times) / st)
-          .num("serial_loss", serial_loss);
+      j["serial_median_s"] = st;
+      j["serial_tokens_per_s"] = B * S / st;
+      j["serial_model_flops_per_s"] = model_f.value / st;
+      j["vs_serial"] = median(times) / st;
+      j["serial_loss"] = serial_loss;
     }
-    j.boolean("finite", finite);
+    j["finite"] = finite;
     emit(ctx, j);
   }
   return ok;

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "bench_device.hpp"
+#include "bench_json.hpp"
 #include "summa/summa.hpp"
 
 #if SUMMA_HAVE_CUDA
@@ -106,6 +107,7 @@ namespace {
 
 using summa::Form;
 using summa::index_t;
+using summa::bench::Json;
 
 /// A bad command line or size: detected identically on every rank.
 struct UsageError : std::runtime_error {
@@ -184,39 +186,6 @@ double gflops(index_t m, index_t n, index_t k, double seconds) {
   return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / seconds *
          1e-9;
 }
-
-// ---------------------------------------------------------------- JSON lines
-class JsonLine {
- public:
-  JsonLine& str(std::string_view key, std::string_view v) {
-    std::string s = "\"";
-    for (char c : v) {
-      if (c == '"' || c == '\\') s += '\\';
-      s += c;
-    }
-    return raw(key, s + "\"");
-  }
-  JsonLine& num(std::string_view key, double v) {
-    if (!std::isfinite(v)) return raw(key, "null");
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.6g", v);
-    return raw(key, buf);
-  }
-  JsonLine& integer(std::string_view key, long long v) { return raw(key, std::to_string(v)); }
-  JsonLine& boolean(std::string_view key, bool v) { return raw(key, v ? "true" : "false"); }
-  std::string text() const { return "{" + body_ + "}"; }
-
- private:
-  JsonLine& raw(std::string_view key, const std::string& v) {
-    if (!body_.empty()) body_ += ", ";
-    body_ += "\"";
-    body_ += key;
-    body_ += "\": ";
-    body_ += v;
-    return *this;
-  }
-  std::string body_;
-};
 
 // ---------------------------------------------------------------- BLAS provenance
 // Which shared object the dynamic linker resolved `sym` to (what ScaLAPACK's
@@ -807,25 +776,24 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
 
         const double seconds = median(t_summa);
         const double gf = gflops(m, n, k, seconds);
-        JsonLine j;
-        j.str("op", summa::name_of(form))
-            .str("dtype", summa::name_of(dtype))
-            .integer("m", m)
-            .integer("n", n)
-            .integer("k", k)
-            .integer("q", q)
-            .integer("ranks", ctx.ranks)
-            .integer("panel", panel)
-            .boolean("overlap", overlap)
-            .integer("progress_slices", slices)
-            .integer("reps", s.reps)
-            .num("seconds", seconds)
-            .num("seconds_min", *std::min_element(t_summa.begin(), t_summa.end()))
-            .num("gflops", gf)
-            .num("gflops_per_rank", gf / ctx.ranks)
-            .integer("bytes_sent_per_rank", static_cast<long long>(sent))
-            .integer("bytes_received_per_rank", static_cast<long long>(received))
-            .integer("workspace_bytes", static_cast<long long>(ws_bytes));
+        Json j = {{"op", summa::name_of(form)},
+                  {"dtype", summa::name_of(dtype)},
+                  {"m", m},
+                  {"n", n},
+                  {"k", k},
+                  {"q", q},
+                  {"ranks", ctx.ranks},
+                  {"panel", panel},
+                  {"overlap", overlap},
+                  {"progress_slices", slices},
+                  {"reps", s.reps},
+                  {"seconds", seconds},
+                  {"seconds_min", *std::min_element(t_summa.begin(), t_summa.end())},
+                  {"gflops", gf},
+                  {"gflops_per_rank", gf / ctx.ranks},
+                  {"bytes_sent_per_rank", sent},
+                  {"bytes_received_per_rank", received},
+                  {"workspace_bytes", ws_bytes}};
         if (unguarded) {
           // Paired per repetition: the median of the per-repetition ratios.
           std::vector<double> rc, rw;
@@ -833,56 +801,58 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
             rc.push_back(t_summa[r] / t_unguarded[r]);
             rw.push_back(t_watched[r] / t_summa[r]);
           }
-          j.num("unguarded_seconds", median(t_unguarded))
-              .num("watchdog_seconds", median(t_watched))
-              .num("consensus_overhead", median(rc) - 1)
-              .num("watchdog_overhead", median(rw) - 1);
+          j["unguarded_seconds"] = median(t_unguarded);
+          j["watchdog_seconds"] = median(t_watched);
+          j["consensus_overhead"] = median(rc) - 1;
+          j["watchdog_overhead"] = median(rw) - 1;
         }
         if (eigen) {
           double es = median(t_eigen);  // meaningful on rank 0
           MPI_Bcast(&es, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
           const double eg = gflops(m, n, k, es);
-          j.num("eigen_seconds", es).num("eigen_gflops", eg).num("vs_eigen", gf / eg);
+          j["eigen_seconds"] = es;
+          j["eigen_gflops"] = eg;
+          j["vs_eigen"] = gf / eg;
         }
         if (pdgemm_call) {
           const double ps = median(t_pdgemm), pg = gflops(m, n, k, ps);
-          j.num("pdgemm_seconds", ps)
-              .num("pdgemm_gflops", pg)
-              .num("vs_pdgemm", gf / pg)
-              .integer("pdgemm_nb", ctx.pdgemm_nb);
+          j["pdgemm_seconds"] = ps;
+          j["pdgemm_gflops"] = pg;
+          j["vs_pdgemm"] = gf / pg;
+          j["pdgemm_nb"] = ctx.pdgemm_nb;
         }
         if (cuda) {
-          j.str("backend", "cuda")
-              .str("comm", s.comm)
-              .boolean("tf32", s.tf32)
-              .str("device", ctx.device_name);
+          j["backend"] = "cuda";
+          j["comm"] = s.comm;
+          j["tf32"] = s.tf32;
+          j["device"] = ctx.device_name;
           // rank 0's summa span on the compute stream (events), its median
           double ev = t_events.empty() ? std::nan("") : median(t_events);
           MPI_Bcast(&ev, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-          j.num("event_seconds", ev);
+          j["event_seconds"] = ev;
           if (!t_cublas.empty()) {
             double cs = median(t_cublas);  // meaningful on rank 0
             MPI_Bcast(&cs, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-            j.num("cublas_seconds", cs)
-                .num("cublas_gflops", gflops(m, n, k, cs))
-                .num("vs_cublas", cs / seconds)
-                .num("vs_cublas_events", cs / ev)
-                .num("cublas_max_rel_diff", cublas_diff.value_or(std::nan("")));
+            j["cublas_seconds"] = cs;
+            j["cublas_gflops"] = gflops(m, n, k, cs);
+            j["vs_cublas"] = cs / seconds;
+            j["vs_cublas_events"] = cs / ev;
+            j["cublas_max_rel_diff"] = cublas_diff.value_or(std::nan(""));
           }
         } else {
-          j.str("backend", "cpu")
-              .str("blas", dtype == summa::DType::f64 ? ctx.blas.dgemm : ctx.blas.sgemm);
-          if (!ctx.blas.arch.empty()) j.str("blas_arch", ctx.blas.arch);
+          j["backend"] = "cpu";
+          j["blas"] = dtype == summa::DType::f64 ? ctx.blas.dgemm : ctx.blas.sgemm;
+          if (!ctx.blas.arch.empty()) j["blas_arch"] = ctx.blas.arch;
         }
         if (s.check) {
-          j.num("max_rel_error", *err);
-          if (pdgemm_err) j.num("pdgemm_max_rel_error", *pdgemm_err);
-          j.num("tolerance", tol)
-              .boolean("check_ok", *err <= tol && (!pdgemm_err || *pdgemm_err <= tol) &&
-                                       (!cublas_diff || *cublas_diff <= tol));
+          j["max_rel_error"] = *err;
+          if (pdgemm_err) j["pdgemm_max_rel_error"] = *pdgemm_err;
+          j["tolerance"] = tol;
+          j["check_ok"] = *err <= tol && (!pdgemm_err || *pdgemm_err <= tol) &&
+                          (!cublas_diff || *cublas_diff <= tol);
         }
         if (ctx.rank == 0) {
-          std::printf("%s\n", j.text().c_str());
+          std::printf("%s\n", j.dump().c_str());
           std::fflush(stdout);
         }
       }

@@ -26,6 +26,7 @@
 #include <mpi.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -342,24 +343,13 @@ class LogFile {
     std::string kept, l;
     while (std::getline(in, l)) {
       if (in.eof()) break;  // the last line had no newline: a partial write
-      const auto at = l.find("\"step\": ");
-      if (l.empty() || l.front() != '{' || l.back() != '}' || at == std::string::npos) continue;
-      const long long s = std::atoll(l.c_str() + at + 8);
-      const bool eval = l.find("\"val_loss\"") != std::string::npos;
-      if (eval ? s < step : s <= step) kept += l + "\n";
+      const auto record = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
+      if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer())
+        continue;
+      const auto s = record["step"].get<std::int64_t>();
+      if (record.contains("val_loss") ? s < step : s <= step) kept += l + "\n";
     }
-    const fs::path tmp = path_.string() + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      out << kept;
-      out.flush();
-      if (!out)
-        throw summa::Error("--log: cannot rewrite " + path_.string() + " for the resume (writing " +
-                           tmp.string() + " failed)");
-    }
-    std::error_code ec;
-    fs::rename(tmp, path_, ec);
-    if (ec) throw summa::Error("--log: cannot replace " + path_.string() + ": " + ec.message());
+    summa::io::write_file_atomic(path_, kept, "--log: rewriting the log for the resume");
   }
 
   fs::path path_;
@@ -661,10 +651,7 @@ int train(const Cli& cli) {
       std::printf("%s%s step %lld: validation loss %.4f\n", bar ? "\n" : "", when,
                   static_cast<long long>(trainer.step()), v);
       std::fflush(stdout);
-      char line[128];
-      std::snprintf(line, sizeof line, "{\"step\": %lld, \"val_loss\": %.8g}",
-                    static_cast<long long>(trainer.step()), v);
-      log.line(line);
+      log.line(nlohmann::ordered_json{{"step", trainer.step()}, {"val_loss", v}}.dump());
     }
     return v;
   };
@@ -714,13 +701,15 @@ int train(const Cli& cli) {
         std::printf("%s\n", line);
         std::fflush(stdout);
       }
-      char record[320];
-      std::snprintf(record, sizeof record,
-                    "{\"step\": %lld, \"loss\": %.8g, \"lr\": %.8g, \"grad_norm\": %.8g, "
-                    "\"step_s\": %.8g, \"tokens_per_s\": %.8g, \"model_flops_per_s\": %.8g%s}",
-                    static_cast<long long>(s + 1), st.loss, st.lr, st.grad_norm, dt_max, tok_s,
-                    flop_s, st.skipped ? ", \"skipped\": true" : "");
-      log.line(record);
+      nlohmann::ordered_json record = {{"step", s + 1},
+                                       {"loss", st.loss},
+                                       {"lr", st.lr},
+                                       {"grad_norm", st.grad_norm},
+                                       {"step_s", dt_max},
+                                       {"tokens_per_s", tok_s},
+                                       {"model_flops_per_s", flop_s}};
+      if (st.skipped) record["skipped"] = true;
+      log.line(record.dump());
     }
     if (cli.eval_every > 0 && (s + 1) % cli.eval_every == 0 && s + 1 < steps) eval("at");
     if (cli.checkpoint_every > 0 && (s + 1) % cli.checkpoint_every == 0 && s + 1 < steps) save();

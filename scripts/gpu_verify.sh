@@ -88,14 +88,15 @@ done
 
 # ------------------------------------------------------------------ --fetch-deps
 # The build dependencies as Debian 12 packages (Open MPI with the libraries it
-# loads, Eigen, fmt, GoogleTest, CLI11), nothing of a base system (libc, the
-# compiler runtime: the GPU machine has its own, and a second libc on
-# LD_LIBRARY_PATH would break it). About 10 MB.
+# loads, Eigen, fmt, nlohmann-json, xxHash, GoogleTest, CLI11, and pkg-config,
+# which finds libxxhash.pc under CMAKE_PREFIX_PATH), nothing of a base system
+# (libc, the compiler runtime: the GPU machine has its own, and a second libc
+# on LD_LIBRARY_PATH would break it). About 10 MB.
 DEB_PACKAGES="libopenmpi-dev libopenmpi3 openmpi-bin openmpi-common libpmix2 libhwloc15
   libevent-core-2.1-7 libevent-pthreads-2.1-7 libfabric1 libucx0 libibverbs1 ibverbs-providers
   librdmacm1 libpsm2-2 libpsm-infinipath1 libnl-3-200 libnl-route-3-200 libnuma1 libmunge2
   libltdl7 libxnvctrl0 libpciaccess0 libeigen3-dev libfmt-dev libfmt9 libgtest-dev googletest
-  libcli11-dev"
+  libcli11-dev nlohmann-json3-dev libxxhash-dev libxxhash0 pkgconf pkgconf-bin libpkgconf3"
 if [ "$FETCH" = 1 ]; then
   command -v apt-get >/dev/null || { echo "--fetch-deps needs apt-get" >&2; exit 2; }
   mkdir -p "$DEPS_DIR"
@@ -173,6 +174,9 @@ missing=()
 command -v mpicxx >/dev/null || missing+=(mpi)
 [ -e /usr/include/eigen3/Eigen/Core ] || missing+=(eigen)
 [ -e /usr/include/fmt/core.h ] || missing+=(fmt)
+[ -e /usr/include/nlohmann/json.hpp ] || missing+=(nlohmann-json)
+[ -e /usr/include/xxhash.h ] || missing+=(xxhash)
+command -v pkg-config >/dev/null || missing+=(pkg-config)
 [ -e /usr/include/gtest/gtest.h ] || missing+=(gtest)
 [ -e /usr/include/CLI/CLI.hpp ] || missing+=(cli11)
 if [ ${#missing[@]} -gt 0 ]; then
@@ -205,7 +209,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     record deps "FAILED: missing ${missing[*]} and no $DEPS_DIR/*.deb (make it with --fetch-deps where apt works, carry it)" 1
   fi
 else
-  record deps "ok: MPI, Eigen, fmt, GoogleTest, CLI11 installed"
+  record deps "ok: MPI, Eigen, fmt, nlohmann-json, xxHash, GoogleTest, CLI11, pkg-config installed"
 fi
 # NCCL: the toolkit's, the system's, else the one pip installed with PyTorch.
 if [ ! -e /usr/local/cuda/include/nccl.h ] && [ ! -e /usr/include/nccl.h ]; then

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 what=${1:-demo}
 
 packages=(build-essential cmake ninja-build pkg-config openmpi-bin libopenmpi-dev libeigen3-dev
-          libfmt-dev libgtest-dev libcli11-dev libscalapack-openmpi-dev libblis-dev)
+          libfmt-dev nlohmann-json3-dev libxxhash-dev libgtest-dev libcli11-dev libscalapack-openmpi-dev libblis-dev)
 # The demo also plots its loss curve.
 if [ "$what" = demo ]; then packages+=(python3-matplotlib); fi
 missing=()

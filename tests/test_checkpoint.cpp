@@ -419,6 +419,44 @@ TEST(Checkpoint, ConvertsElementTypes) {
   }
 }
 
+// A checkpoint written by the code before its checksums and file writes moved
+// to libraries (libxxhash, the atomic-file helper; tests/data/README.md): at
+// 4 ranks under "2d:q=2", Model<float>::fill(kFixtureSeed) of
+// small_config(8, 1), make_info(7, "2d:q=2"). It must verify and load under
+// every scheme of this world size (values and slots bit-exact: the oracle
+// regenerates them from the seed), and a copy with one flipped shard byte
+// must be refused by its checksum.
+constexpr std::uint64_t kFixtureSeed = 20240613;
+
+TEST(Checkpoint, LoadsCheckpointWrittenBeforeTheLibraries) {
+  const fs::path fixture = fs::path(SUMMA_SOURCE_DIR) / "tests" / "data" / "checkpoint_v1";
+  Backend& backend = test_backend();
+  const auto config = small_config(8, 1);
+  if (world_rank() == 0) {
+    CheckpointInfo info;
+    EXPECT_NO_THROW(info = verify_checkpoint(fixture));
+    EXPECT_EQ(info, make_info(7, "2d:q=2"));
+  }
+  for (const SchemeSpec& spec : schemes_for(world_size())) {
+    SCOPED_TRACE(cat({"loaded under ", spec.str()}));
+    Model<float> run(spec, backend, config);
+    run.scramble(kFixtureSeed);
+    EXPECT_EQ(load_checkpoint(fixture, run.store(), run.slots, run.grid()), make_info(7, "2d:q=2"));
+    EXPECT_EQ((run.mismatches<float, float>(kFixtureSeed)), 0);
+  }
+  // a damaged copy is refused (the checksums are checked, not just read)
+  TempRoot tmp;
+  on_rank0([&] {
+    fs::create_directories(tmp.path());
+    fs::copy(fixture, tmp.path() / "copy", fs::copy_options::recursive);
+    flip_byte(tmp.path() / "copy" / step_name(7) / "shard_00003.bin", 100);
+  });
+  Model<float> run(schemes_for(world_size()).front(), backend, config);
+  expect_error_everywhere(
+      [&] { load_checkpoint(tmp.path() / "copy", run.store(), run.slots, run.grid()); },
+      {"shard_00003.bin", "corrupted"}, "a flipped byte in the fixture's last shard");
+}
+
 // Steps, `latest`, replacing a step, leftovers of a crashed save, failed saves.
 TEST(Checkpoint, StepsLatestAndCrashLeftovers) {
   TempRoot tmp;

@@ -171,16 +171,6 @@ RandomBatch random_batch(std::uint64_t seed, int vocab, index_t b, index_t s) {
   return out;
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 // ------------------------------------------------------------------ scheme to scheme
 
 template <class T>

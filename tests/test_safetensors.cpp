@@ -2,7 +2,7 @@
 // every dtype, the byte-exact layout of hand-written files (read) and of the
 // writer's output, every malformed-file case the reader rejects, read_rows
 // against slices of read, the 16-bit conversions against an independent
-// nearest-value check, and the JSON subset.
+// nearest-value check, and the header's JSON text (escapes, strictness).
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -10,9 +10,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "summa/io/safetensors.hpp"
@@ -24,24 +26,12 @@ namespace {
 namespace fs = std::filesystem;
 using io::TensorDType;
 
-/// A fresh directory for one test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("summa_safetensors_" + std::to_string(mix(fresh_seed() ^ std::random_device{}())));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const fs::path& path() const { return path_; }
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  fs::path path_;
-};
+// Concatenation (GCC 12 warns falsely about `"literal" + std::string`).
+std::string cat(std::initializer_list<std::string_view> parts) {
+  std::string out;
+  for (std::string_view p : parts) out.append(p);
+  return out;
+}
 
 std::string le64(std::uint64_t v) {
   std::string s(8, '\0');
@@ -73,17 +63,6 @@ std::string file_bytes(const std::string& header, const std::string& data) {
 std::string read_raw(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-/// The message of the summa::Error `f` throws ("" when it throws none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 #define EXPECT_ERROR_WITH(statement, needle, file)                                           \
@@ -232,7 +211,7 @@ TEST(Safetensors, RoundTripEveryDtype) {
         index_t n = 1;
         for (index_t d : shape) n *= d;
         const std::string name =
-            "t" + std::to_string(100 - k++) + "." + std::string(io::safetensors_name(dtype));
+            cat({"t", std::to_string(100 - k++), ".", io::safetensors_name(dtype)});
         if (from_float) {
           float_data.push_back(random_values<float>(static_cast<std::size_t>(n), gen));
           entries.push_back({{name, shape, dtype}, std::span<const float>(float_data.back())});
@@ -418,7 +397,7 @@ TEST(Safetensors, MalformedFilesAreRejected) {
   f = bad(file_bytes(
       "{" + entry("a", "F32", "[2]", "[0,8]") + "," + entry("a", "F32", "[2]", "[8,16]") + "}",
       sixteen));
-  EXPECT_ERROR_WITH(io::SafetensorsFile{f}, "duplicate tensor name", f);
+  EXPECT_ERROR_WITH(io::SafetensorsFile{f}, "duplicate key \"a\" at the top level", f);
   f = bad(file_bytes("{\"__metadata__\":{\"k\":1}}", ""));
   EXPECT_ERROR_WITH(io::SafetensorsFile{f}, "must be a string", f);
   f = bad(file_bytes("{\"__metadata__\":[]}", ""));
@@ -498,13 +477,13 @@ TEST(Safetensors, ReadRowsEqualsSliceOfRead) {
     index_t n = 1;
     for (index_t d : shapes[i]) n *= d;
     data.push_back(random_values<double>(static_cast<std::size_t>(n), gen));
-    entries.push_back(
-        {{"t" + std::to_string(i), shapes[i], dtypes[i]}, std::span<const double>(data.back())});
+    entries.push_back({{cat({"t", std::to_string(i)}), shapes[i], dtypes[i]},
+                       std::span<const double>(data.back())});
   }
   io::write_safetensors(file, entries);
   io::SafetensorsFile in(file);
   for (std::size_t i = 0; i < shapes.size(); ++i) {
-    const std::string name = "t" + std::to_string(i);
+    const std::string name = cat({"t", std::to_string(i)});
     SCOPED_TRACE(name);
     const io::TensorInfo& t = in.info(name);
     const auto whole = in.read<double>(name);
@@ -525,30 +504,63 @@ TEST(Safetensors, ReadRowsEqualsSliceOfRead) {
   }
 }
 
-// ------------------------------------------------------------------ JSON
+// ------------------------------------------------------------------ JSON text
 
-TEST(Safetensors, JsonSubset) {
-  const io::Json j = io::parse_json(
-      " {\"s\": \"a\\\"b\\\\c\\/\\n\\u00e9\\ud83d\\ude00\", \"n\": -12, \"x\": 2.5e-3,"
-      " \"t\": true, \"f\": false, \"z\": null, \"a\": [1, [2, {}]], \"big\": "
-      "123456789012345678901} ");
-  ASSERT_TRUE(j.is_object());
-  EXPECT_EQ(j.find("s")->text, "a\"b\\c/\n\xc3\xa9\xf0\x9f\x98\x80");
-  EXPECT_EQ(j.find("n")->as_int64(), -12);
-  EXPECT_FALSE(j.find("x")->as_int64().has_value());
-  EXPECT_DOUBLE_EQ(*j.find("x")->as_double(), 2.5e-3);
-  EXPECT_TRUE(j.find("t")->boolean);
-  EXPECT_EQ(j.find("f")->kind, io::Json::Kind::boolean);
-  EXPECT_EQ(j.find("z")->kind, io::Json::Kind::null);
-  EXPECT_EQ(j.find("a")->items.size(), 2u);
-  EXPECT_FALSE(j.find("big")->as_int64().has_value());  // out of range, not wrapped
-  EXPECT_EQ(j.find("missing"), nullptr);
-  // The writer's escaping reads back.
-  const std::string tricky = "q\"b\\s\n\t\x01 \xc3\xa9";
-  EXPECT_EQ(io::parse_json(io::json_quote(tricky)).text, tricky);
-  for (const char* text : {"", "{", "[1,]", "01", "1.", "-", "\"abc", "\"\\x\"", "tru", "{1:2}",
-                           "\"\\ud800\"", "\"a\nb\"", "nul", "1 2"})
-    EXPECT_THROW(io::parse_json(text), Error) << text;
+// The header's JSON (nlohmann_json underneath): escapes of every kind in
+// names and metadata read back decoded; the writer escapes what it must and
+// reads back; what the format forbids is refused.
+TEST(Safetensors, HeaderJsonTextAndStrictness) {
+  TempDir dir;
+  const std::string eight(8, 'x');
+  const fs::path hand = dir / "escapes.safetensors";
+  write_raw(hand, file_bytes(R"({"a\"b\\c\/\n\u00e9\ud83d\ude00":)"
+                             R"({"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                             R"( "__metadata__" : {"k\t" : "v\u0001"} } )",
+                             eight));
+  const io::SafetensorsFile in(hand);
+  ASSERT_EQ(in.tensors().size(), 1u);
+  EXPECT_EQ(in.tensors()[0].name, "a\"b\\c/\n\xc3\xa9\xf0\x9f\x98\x80");
+  EXPECT_EQ(in.metadata().at("k\t"), "v\x01");
+
+  // The writer's escaping reads back; its header is valid JSON text.
+  const fs::path written = dir / "tricky.safetensors";
+  const std::string tricky = "q\"b\\s\n\t\x01 \xc3\xa9\x7f";
+  const std::vector<float> two = {1, 2};
+  io::write_safetensors(written, {{{tricky, {2}, TensorDType::f32}, std::span<const float>(two)}},
+                        {{tricky, tricky}});
+  const io::SafetensorsFile back(written);
+  EXPECT_EQ(back.tensors()[0].name, tricky);
+  EXPECT_EQ(back.metadata().at(tricky), tricky);
+  EXPECT_EQ(back.read<float>(tricky), two);
+  EXPECT_ERROR_WITH(io::write_safetensors(written, {{{"bad\xff", {2}, TensorDType::f32},
+                                                     std::span<const float>(two)}}),
+                    "UTF-8", written);
+  EXPECT_EQ(io::SafetensorsFile(written).tensors()[0].name, tricky);  // the old file stays
+
+  int n = 0;
+  const auto bad = [&](const std::string& header) {
+    const fs::path f = dir / ("bad" + std::to_string(n++) + ".safetensors");
+    write_raw(f, file_bytes(header, eight));
+    return f;
+  };
+  fs::path f = bad(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                   R"("__metadata__":{"k":"1","k":"2"}})");
+  EXPECT_ERROR_WITH(io::SafetensorsFile{f}, "duplicate key \"k\" in \"__metadata__\"", f);
+  f = bad(R"({"a":{"dtype":"F32","dtype":"F64","shape":[2],"data_offsets":[0,8]}})");
+  EXPECT_ERROR_WITH(io::SafetensorsFile{f}, "duplicate key \"dtype\" in \"a\"", f);
+  f = bad(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,123456789012345678901]}})");
+  EXPECT_ERROR_WITH(io::SafetensorsFile{f}, "non-negative integers", f);
+  f = bad(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8.0]}})");
+  EXPECT_ERROR_WITH(io::SafetensorsFile{f}, "non-negative integers", f);
+  f = bad(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8e0]}})");
+  EXPECT_ERROR_WITH(io::SafetensorsFile{f}, "non-negative integers", f);
+  for (const char* text :
+       {"", "{", "{\"a\":[1,]}", "{\"a\":01}", "{\"a\":1.}", "{\"a\":-}", "{\"abc", "{\"\\x\":1}",
+        "{\"a\":tru}", "{1:2}", "{\"\\ud800\":1}", "{\"a\nb\":1}", "{\"a\":nul}", "{} {}"}) {
+    SCOPED_TRACE(text);
+    f = bad(text);
+    EXPECT_ERROR_WITH(io::SafetensorsFile{f}, "not valid JSON", f);
+  }
 }
 
 }  // namespace

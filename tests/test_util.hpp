@@ -11,10 +11,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -343,5 +345,41 @@ void set_from_global(std::span<const Param<S>> params,
     test_backend().upload(grad ? p.grad : p.value, local.data(), local.size() * sizeof(S));
   }
 }
+
+/// The message of the summa::Error `f` throws ("" when it throws none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+/// A fresh directory under the system's temporary directory, removed with
+/// its contents at the end: for a test that one process runs (each process
+/// makes its own).
+class TempDir {
+ public:
+  explicit TempDir(std::string_view prefix = "summa_test_") {
+    std::string name(prefix);  // (append: GCC 12 warns falsely on "literal" + std::string)
+    name +=
+        std::to_string(mix(std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32)));
+    path_ = std::filesystem::temp_directory_path() / name;
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
 
 }  // namespace summa::test

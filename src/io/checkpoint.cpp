@@ -5,6 +5,8 @@
 #include <fmt/ranges.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY  // XXH64_state_t's size, for Checksum64
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -21,6 +23,7 @@
 
 #include "summa/comm/mpi_communicator.hpp"
 #include "summa/core/error.hpp"
+#include "summa/io/atomic_file.hpp"
 
 namespace summa {
 
@@ -30,106 +33,29 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::uint64_t kP1 = 0x9E3779B185EBCA87ULL;
-constexpr std::uint64_t kP2 = 0xC2B2AE3D27D4EB4FULL;
-constexpr std::uint64_t kP3 = 0x165667B19E3779F9ULL;
-constexpr std::uint64_t kP4 = 0x85EBCA77C2B2AE63ULL;
-constexpr std::uint64_t kP5 = 0x27D4EB2F165667C5ULL;
-
-inline std::uint64_t rotl(std::uint64_t x, int r) {
-  return (x << r) | (x >> (64 - r));
-}
-// Little-endian loads (the format is defined on little-endian bytes).
-inline std::uint64_t load64(const unsigned char* p) {
-  std::uint64_t v = 0;
-  for (int k = 7; k >= 0; --k) v = (v << 8) | p[k];
-  return v;
-}
-inline std::uint64_t load32(const unsigned char* p) {
-  std::uint64_t v = 0;
-  for (int k = 3; k >= 0; --k) v = (v << 8) | p[k];
-  return v;
-}
-inline std::uint64_t xxh_round(std::uint64_t acc, std::uint64_t input) {
-  acc += input * kP2;
-  acc = rotl(acc, 31);
-  return acc * kP1;
-}
-inline std::uint64_t xxh_merge(std::uint64_t acc, std::uint64_t v) {
-  acc ^= xxh_round(0, v);
-  return acc * kP1 + kP4;
+XXH64_state_t* xxh_state(std::uint64_t* storage) {
+  static_assert(sizeof(XXH64_state_t) <= sizeof(std::uint64_t[11]) &&
+                alignof(XXH64_state_t) <= alignof(std::uint64_t));
+  return reinterpret_cast<XXH64_state_t*>(storage);
 }
 
 }  // namespace
 
-Checksum64::Checksum64(std::uint64_t seed)
-    : v_{seed + kP1 + kP2, seed + kP2, seed, seed - kP1}, seed_(seed), buffer_{} {}
+Checksum64::Checksum64(std::uint64_t seed) : state_{} {
+  (void)XXH64_reset(xxh_state(state_), seed);
+}
 
 Checksum64& Checksum64::update(const void* data, std::size_t bytes) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  total_ += bytes;
-  if (buffered_ + bytes < 32) {
-    if (bytes > 0) std::memcpy(buffer_ + buffered_, p, bytes);
-    buffered_ += bytes;
-    return *this;
-  }
-  if (buffered_ > 0) {
-    const std::size_t fill = 32 - buffered_;
-    std::memcpy(buffer_ + buffered_, p, fill);
-    for (int k = 0; k < 4; ++k) v_[k] = xxh_round(v_[k], load64(buffer_ + 8 * k));
-    p += fill;
-    bytes -= fill;
-    buffered_ = 0;
-  }
-  while (bytes >= 32) {
-    for (int k = 0; k < 4; ++k) v_[k] = xxh_round(v_[k], load64(p + 8 * k));
-    p += 32;
-    bytes -= 32;
-  }
-  if (bytes > 0) std::memcpy(buffer_, p, bytes);
-  buffered_ = bytes;
+  (void)XXH64_update(xxh_state(state_), data, bytes);
   return *this;
 }
 
 std::uint64_t Checksum64::digest() const {
-  std::uint64_t h;
-  if (total_ >= 32) {
-    h = rotl(v_[0], 1) + rotl(v_[1], 7) + rotl(v_[2], 12) + rotl(v_[3], 18);
-    for (int k = 0; k < 4; ++k) h = xxh_merge(h, v_[k]);
-  } else {
-    h = seed_ + kP5;
-  }
-  h += total_;
-  const unsigned char* p = buffer_;
-  std::size_t left = buffered_;
-  while (left >= 8) {
-    h ^= xxh_round(0, load64(p));
-    h = rotl(h, 27) * kP1 + kP4;
-    p += 8;
-    left -= 8;
-  }
-  if (left >= 4) {
-    h ^= load32(p) * kP1;
-    h = rotl(h, 23) * kP2 + kP3;
-    p += 4;
-    left -= 4;
-  }
-  while (left > 0) {
-    h ^= (*p) * kP5;
-    h = rotl(h, 11) * kP1;
-    ++p;
-    --left;
-  }
-  h ^= h >> 33;
-  h *= kP2;
-  h ^= h >> 29;
-  h *= kP3;
-  h ^= h >> 32;
-  return h;
+  return XXH64_digest(reinterpret_cast<const XXH64_state_t*>(state_));
 }
 
 std::uint64_t checksum64(const void* data, std::size_t bytes, std::uint64_t seed) {
-  return Checksum64(seed).update(data, bytes).digest();
+  return XXH64(data, bytes, seed);
 }
 
 // ============================================================ files, text
@@ -169,21 +95,11 @@ std::optional<std::string> capture(F&& f) {
   }
 }
 
-// A file written through one buffer, checksummed on the way, fsync'ed on finish().
+// A file written through one buffer, checksummed on the way, and put in
+// place by finish() (io::AtomicFile: fsync'ed, renamed, directory fsync'ed).
 class OutFile {
  public:
-  explicit OutFile(fs::path path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0)
-      throw Error(
-          fmt::format("checkpoint: cannot create {}: {}", quoted(path_), system_error(errno)));
-    buffer_.reserve(kIoBuffer);
-  }
-  ~OutFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  OutFile(const OutFile&) = delete;
-  OutFile& operator=(const OutFile&) = delete;
+  explicit OutFile(const fs::path& path) : file_(path, "checkpoint") { buffer_.reserve(kIoBuffer); }
 
   void write(const void* data, std::size_t bytes) {
     checksum_.update(data, bytes);
@@ -191,43 +107,23 @@ class OutFile {
     const auto* p = static_cast<const char*>(data);
     if (buffer_.size() + bytes > kIoBuffer) flush();
     if (bytes >= kIoBuffer)
-      write_all(p, bytes);
+      file_.write(p, bytes);
     else
       buffer_.insert(buffer_.end(), p, p + bytes);
   }
   void finish() {
     flush();
-    if (::fsync(fd_) != 0)
-      throw Error(
-          fmt::format("checkpoint: fsync of {} failed: {}", quoted(path_), system_error(errno)));
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0)
-      throw Error(
-          fmt::format("checkpoint: closing {} failed: {}", quoted(path_), system_error(errno)));
+    file_.commit();
   }
   std::uint64_t bytes() const { return bytes_; }
   std::uint64_t checksum() const { return checksum_.digest(); }
 
  private:
   void flush() {
-    write_all(buffer_.data(), buffer_.size());
+    file_.write(buffer_.data(), buffer_.size());
     buffer_.clear();
   }
-  void write_all(const char* p, std::size_t n) {
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, n);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        throw Error(
-            fmt::format("checkpoint: writing {} failed: {}", quoted(path_), system_error(errno)));
-      }
-      p += w;
-      n -= static_cast<std::size_t>(w);
-    }
-  }
-  fs::path path_;
-  int fd_ = -1;
+  io::AtomicFile file_;
   std::vector<char> buffer_;
   Checksum64 checksum_;
   std::uint64_t bytes_ = 0;
@@ -290,15 +186,6 @@ class InFile {
   int fd_ = -1;
   std::uint64_t size_ = 0;
 };
-
-// Best effort: makes renames and new entries of a directory durable. File
-// systems that cannot fsync a directory are ignored.
-void sync_directory(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  (void)::fsync(fd);
-  ::close(fd);
-}
 
 void rename_or_throw(const fs::path& from, const fs::path& to) {
   if (std::rename(from.c_str(), to.c_str()) != 0)
@@ -585,7 +472,8 @@ InFile open_shard(const fs::path& dir, const ShardEntry& entry) {
   if (std::memcmp(header, kShardMagic, sizeof kShardMagic) != 0)
     throw Error(fmt::format("checkpoint: shard {}: bad magic (not a summa checkpoint shard)",
                             quoted(file.path())));
-  const auto version = static_cast<int>(load32(header + 8));
+  int version = 0;  // little-endian 32-bit at byte 8
+  for (int k = 3; k >= 0; --k) version = (version << 8) | header[8 + k];
   if (version != kVersion)
     throw Error(fmt::format("checkpoint: shard {}: unsupported version {} (this build reads {})",
                             quoted(file.path()), version, kVersion));
@@ -915,15 +803,7 @@ void install_directory(const fs::path& tmp, const fs::path& final_dir) {
 }
 
 void write_latest(const fs::path& root, const std::string& dir_name) {
-  const fs::path tmp = root / (std::string(kLatestName) + ".tmp");
-  {
-    OutFile out(tmp);
-    const std::string line = dir_name + "\n";
-    out.write(line.data(), line.size());
-    out.finish();
-  }
-  rename_or_throw(tmp, root / kLatestName);
-  sync_directory(root);
+  io::write_file_atomic(root / kLatestName, dir_name + "\n", "checkpoint");
 }
 
 bool is_step_name(std::string_view name) {
@@ -1253,16 +1133,19 @@ void save_impl(const fs::path& root, ParameterStore<T>& store, std::span<const S
   const fs::path final_dir = root / name;
   fs::path tmp = final_dir;
   tmp += ".tmp";
-  // 1. a fresh temporary directory (stale ones are leftovers of crashed saves)
-  grid.agree(CommAxis::world, rank != 0 ? std::nullopt : capture([&] {
-               fs::create_directories(root);
-               for (const auto& entry : fs::directory_iterator(root)) {
-                 const std::string n = entry.path().filename().string();
-                 if (n.size() > 4 && n.ends_with(".tmp") && is_step_name(n.substr(0, n.size() - 4)))
-                   fs::remove_all(entry.path());
-               }
-               fs::create_directory(tmp);
-             }));
+  // 1. a fresh temporary directory (stale ones, and temporary `latest` files,
+  // are leftovers of crashed saves)
+  grid.agree(
+      CommAxis::world, rank != 0 ? std::nullopt : capture([&] {
+        fs::create_directories(root);
+        for (const auto& entry : fs::directory_iterator(root)) {
+          const std::string n = entry.path().filename().string();
+          if ((n.size() > 4 && n.ends_with(".tmp") && is_step_name(n.substr(0, n.size() - 4))) ||
+              n.starts_with(std::string(kLatestName) + ".tmp"))
+            fs::remove_all(entry.path());
+        }
+        fs::create_directory(tmp);
+      }));
   // 2. the shards: data group 0 only (the other groups hold identical copies)
   std::string lines;
   grid.agree(CommAxis::world, grid.coords().data != 0 ? std::nullopt : capture([&] {
@@ -1296,11 +1179,10 @@ void save_impl(const fs::path& root, ParameterStore<T>& store, std::span<const S
                {
                  OutFile out(tmp / kManifestName);
                  out.write(text.data(), text.size());
-                 out.finish();
+                 out.finish();  // fsyncs tmp/ as well
                }
-               sync_directory(tmp);
                install_directory(tmp, final_dir);
-               sync_directory(root);
+               io::sync_directory(root);
                write_latest(root, name);
              }));
 }

@@ -4,15 +4,14 @@
 
 #include <algorithm>
 #include <cctype>
-#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <iterator>
 #include <limits>
-#include <random>
 #include <system_error>
 
 #include "summa/core/error.hpp"
+#include "summa/io/atomic_file.hpp"
 
 namespace summa::io {
 
@@ -114,36 +113,7 @@ void write_token_file(const fs::path& file, std::span<const std::uint16_t> token
     bytes[2 * i] = static_cast<char>(static_cast<unsigned char>(tokens[i] & 0xFFu));
     bytes[2 * i + 1] = static_cast<char>(static_cast<unsigned char>(tokens[i] >> 8));
   }
-  // A unique temporary name in the target's directory, so the rename below
-  // stays on one file system and is atomic.
-  const auto stamp =
-      static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  const std::uint64_t salt =
-      splitmix64(stamp ^ (static_cast<std::uint64_t>(std::random_device{}()) << 32));
-  fs::path temp = file;
-  temp += fmt::format(".tmp-{:016x}", salt);
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    if (!out)
-      throw Error(fmt::format("write_token_file {}: cannot create the temporary file {}",
-                              quoted(file), quoted(temp)));
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (!out) {
-      std::error_code ignored;
-      fs::remove(temp, ignored);
-      throw Error(fmt::format("write_token_file {}: writing {} bytes to {} failed", quoted(file),
-                              bytes.size(), quoted(temp)));
-    }
-  }
-  std::error_code ec;
-  fs::rename(temp, file, ec);
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(temp, ignored);
-    throw Error(fmt::format("write_token_file {}: renaming {} over it failed: {}", quoted(file),
-                            quoted(temp), ec.message()));
-  }
+  write_file_atomic(file, bytes, "write_token_file " + quoted(file));
 }
 
 namespace {

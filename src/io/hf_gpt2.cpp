@@ -4,25 +4,26 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <charconv>
-#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
-#include <random>
 #include <set>
 #include <system_error>
 
+#include "json.hpp"
 #include "summa/core/error.hpp"
+#include "summa/io/atomic_file.hpp"
 #include "summa/io/safetensors.hpp"
 #include "summa/layers/parameters.hpp"
 
 namespace summa::io {
 
 namespace fs = std::filesystem;
+using detail::describe;
+using detail::Json;
 
 namespace {
 
@@ -57,44 +58,8 @@ TensorDType tensor_dtype(DTypeOut d) {
   return TensorDType::f32;
 }
 
-/// Shortest text that reads back as the same double (valid JSON for finite values).
-std::string json_number(double v) {
-  char buf[64];
-  const auto r = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, r.ptr);
-}
-
 std::string shape_text(const std::vector<index_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
-}
-
-/// Writes `text` to `file` through a temporary file in the same directory
-/// and a rename, so readers see the old file or the whole new one.
-void write_text_atomic(const fs::path& file, const std::string& text) {
-  const auto stamp =
-      static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  fs::path temp = file;
-  temp += fmt::format(".tmp-{:016x}",
-                      stamp ^ (static_cast<std::uint64_t>(std::random_device{}()) << 32));
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(fmt::format("cannot create the temporary file {}", quoted(temp)));
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.close();
-    if (!out) {
-      std::error_code ignored;
-      fs::remove(temp, ignored);
-      throw Error(fmt::format("writing {} failed", quoted(temp)));
-    }
-  }
-  std::error_code ec;
-  fs::rename(temp, file, ec);
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(temp, ignored);
-    throw Error(
-        fmt::format("renaming {} to {} failed: {}", quoted(temp), quoted(file), ec.message()));
-  }
 }
 
 /// The model's parameters must be exactly reference::parameter_list(config)
@@ -153,35 +118,32 @@ std::string read_config_text(const fs::path& file) {
 
 std::string hf_gpt2_config_json(const reference::GptConfig& config, DTypeOut dtype) {
   config.validate();
-  // Keys sorted, two-space indent: the layout transformers' save_pretrained uses.
-  return fmt::format(
-      "{{\n"
-      "  \"activation_function\": \"gelu_new\",\n"
-      "  \"architectures\": [\n"
-      "    \"GPT2LMHeadModel\"\n"
-      "  ],\n"
-      "  \"attn_pdrop\": 0.0,\n"
-      "  \"embd_pdrop\": 0.0,\n"
-      "  \"initializer_range\": 0.02,\n"
-      "  \"layer_norm_epsilon\": {},\n"
-      "  \"model_type\": \"gpt2\",\n"
-      "  \"n_ctx\": {},\n"
-      "  \"n_embd\": {},\n"
-      "  \"n_head\": {},\n"
-      "  \"n_inner\": null,\n"
-      "  \"n_layer\": {},\n"
-      "  \"n_positions\": {},\n"
-      "  \"reorder_and_upcast_attn\": false,\n"
-      "  \"resid_pdrop\": 0.0,\n"
-      "  \"scale_attn_by_inverse_layer_idx\": false,\n"
-      "  \"scale_attn_weights\": true,\n"
-      "  \"tie_word_embeddings\": true,\n"
-      "  \"torch_dtype\": \"{}\",\n"
-      "  \"use_cache\": true,\n"
-      "  \"vocab_size\": {}\n"
-      "}}\n",
-      json_number(config.layer_norm_epsilon), config.n_positions, config.n_embd, config.n_head,
-      config.n_layer, config.n_positions, torch_dtype(dtype), config.vocab_size);
+  // Keys sorted (Json's objects are), two-space indent: the layout
+  // transformers' save_pretrained uses.
+  const Json json = {
+      {"activation_function", "gelu_new"},
+      {"architectures", Json::array({"GPT2LMHeadModel"})},
+      {"attn_pdrop", 0.0},
+      {"embd_pdrop", 0.0},
+      {"initializer_range", 0.02},
+      {"layer_norm_epsilon", config.layer_norm_epsilon},
+      {"model_type", "gpt2"},
+      {"n_ctx", config.n_positions},
+      {"n_embd", config.n_embd},
+      {"n_head", config.n_head},
+      {"n_inner", nullptr},
+      {"n_layer", config.n_layer},
+      {"n_positions", config.n_positions},
+      {"reorder_and_upcast_attn", false},
+      {"resid_pdrop", 0.0},
+      {"scale_attn_by_inverse_layer_idx", false},
+      {"scale_attn_weights", true},
+      {"tie_word_embeddings", true},
+      {"torch_dtype", std::string(torch_dtype(dtype))},
+      {"use_cache", true},
+      {"vocab_size", config.vocab_size},
+  };
+  return json.dump(2) + "\n";
 }
 
 reference::GptConfig read_hf_gpt2_config(const fs::path& path) {
@@ -196,26 +158,28 @@ reference::GptConfig read_hf_gpt2_config(const fs::path& path) {
   }
   Json root;
   try {
-    root = parse_json(text);
+    root = detail::parse_json(text);
   } catch (const Error& e) {
-    throw Error(fmt::format("{}: not valid JSON: {}", where, e.what()));
+    throw Error(fmt::format("{}: {}", where, e.what()));
   }
   if (!root.is_object())
-    throw Error(fmt::format("{}: not a JSON object (it is {})", where, root.describe()));
+    throw Error(fmt::format("{}: not a JSON object (it is {})", where, describe(root)));
+  const auto find = [&](const char* key) -> const Json* {
+    const auto it = root.find(key);
+    return it == root.end() ? nullptr : &*it;
+  };
 
-  if (const Json* type = root.find("model_type");
-      type && (type->kind != Json::Kind::string || type->text != "gpt2"))
-    throw Error(
-        fmt::format("{}: \"model_type\" is {}, expected \"gpt2\"", where, type->describe()));
+  if (const Json* type = find("model_type"); type && *type != "gpt2")
+    throw Error(fmt::format("{}: \"model_type\" is {}, expected \"gpt2\"", where, describe(*type)));
 
   reference::GptConfig config;
   const auto integer = [&](const char* key) {
-    const Json* v = root.find(key);
+    const Json* v = find(key);
     if (v == nullptr) throw Error(fmt::format("{}: missing \"{}\"", where, key));
-    const auto n = v->as_int64();
+    const auto n = detail::as_int64(*v);
     if (!n || *n <= 0 || *n > std::numeric_limits<int>::max())
       throw Error(
-          fmt::format("{}: \"{}\" must be a positive integer, not {}", where, key, v->describe()));
+          fmt::format("{}: \"{}\" must be a positive integer, not {}", where, key, describe(*v)));
     return static_cast<int>(*n);
   };
   config.n_layer = integer("n_layer");
@@ -223,35 +187,31 @@ reference::GptConfig read_hf_gpt2_config(const fs::path& path) {
   config.n_embd = integer("n_embd");
   config.n_positions = integer("n_positions");
   config.vocab_size = integer("vocab_size");
-  if (const Json* eps = root.find("layer_norm_epsilon")) {
-    const auto v = eps->as_double();
-    if (!v || !std::isfinite(*v) || *v <= 0)
+  if (const Json* eps = find("layer_norm_epsilon")) {
+    if (!eps->is_number() || !std::isfinite(eps->get<double>()) || eps->get<double>() <= 0)
       throw Error(fmt::format("{}: \"layer_norm_epsilon\" must be a positive number, not {}", where,
-                              eps->describe()));
-    config.layer_norm_epsilon = *v;
+                              describe(*eps)));
+    config.layer_norm_epsilon = eps->get<double>();
   }
-  if (const Json* act = root.find("activation_function")) {
-    const bool tanh_gelu =
-        act->kind == Json::Kind::string &&
-        (act->text == "gelu_new" || act->text == "gelu_pytorch_tanh" || act->text == "gelu_fast");
-    if (!tanh_gelu)
+  if (const Json* act = find("activation_function")) {
+    if (*act != "gelu_new" && *act != "gelu_pytorch_tanh" && *act != "gelu_fast")
       throw Error(
           fmt::format("{}: \"activation_function\" is {}; summa's GPT-2 computes the tanh "
                       "GeLU (\"gelu_new\")",
-                      where, act->describe()));
+                      where, describe(*act)));
   }
-  if (const Json* inner = root.find("n_inner"); inner && inner->kind != Json::Kind::null) {
-    const auto v = inner->as_int64();
+  if (const Json* inner = find("n_inner"); inner && !inner->is_null()) {
+    const auto v = detail::as_int64(*inner);
     if (!v || *v != 4 * static_cast<std::int64_t>(config.n_embd))
       throw Error(fmt::format("{}: \"n_inner\" is {}; summa's GPT-2 has an MLP of 4 * n_embd = {}",
-                              where, inner->describe(),
+                              where, describe(*inner),
                               4 * static_cast<std::int64_t>(config.n_embd)));
   }
   const auto flag_must_be = [&](const char* key, bool required) {
-    const Json* v = root.find(key);
-    if (v && v->kind == Json::Kind::boolean && v->boolean != required)
+    const Json* v = find(key);
+    if (v && v->is_boolean() && v->get<bool>() != required)
       throw Error(fmt::format("{}: \"{}\" is {}; summa's GPT-2 supports only {}", where, key,
-                              v->describe(), required ? "true" : "false"));
+                              describe(*v), required ? "true" : "false"));
   };
   flag_must_be("tie_word_embeddings", true);
   flag_must_be("scale_attn_weights", true);
@@ -333,7 +293,7 @@ void export_hf_gpt2(GptModel<T>& model, const fs::path& dir, DTypeOut dtype) {
   if (writes && !error) {
     try {
       writer->commit();
-      write_text_atomic(dir / "config.json", hf_gpt2_config_json(model.config(), dtype));
+      write_file_atomic(dir / "config.json", hf_gpt2_config_json(model.config(), dtype));
     } catch (const std::exception& e) {
       error = fmt::format("{}: {}", where, e.what());
     }

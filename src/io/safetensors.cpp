@@ -5,300 +5,27 @@
 
 #include <algorithm>
 #include <bit>
-#include <charconv>
-#include <chrono>
 #include <cmath>
 #include <limits>
-#include <random>
 #include <set>
 #include <system_error>
 #include <type_traits>
 
+#include "json.hpp"
 #include "summa/core/error.hpp"
 
 namespace summa::io {
 
 namespace fs = std::filesystem;
+using detail::describe;
+using detail::Json;
+using detail::json_quote;
+using detail::OrderedJson;
 
 namespace {
 
 constexpr std::uint64_t max_header_bytes = 100'000'000;  // the reference implementation's limit
-constexpr int max_json_depth = 128;
 constexpr std::size_t chunk_elements = std::size_t{1} << 16;
-
-// ---------------------------------------------------------------- JSON parser
-
-class JsonParser {
- public:
-  explicit JsonParser(std::string_view text) : s_(text) {}
-
-  Json parse_document() {
-    Json v = value(0);
-    skip_space();
-    if (pos_ != s_.size()) fail("unexpected text after the JSON value");
-    return v;
-  }
-
- private:
-  [[noreturn]] void fail(std::string_view what) const {
-    throw Error(fmt::format("at byte {}: {}", pos_, what));
-  }
-  void skip_space() {
-    while (pos_ < s_.size() &&
-           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r'))
-      ++pos_;
-  }
-  char peek() const { return pos_ < s_.size() ? s_[pos_] : '\0'; }
-  bool at_end() const { return pos_ >= s_.size(); }
-  void expect_word(std::string_view word) {
-    if (s_.substr(pos_, word.size()) != word)
-      fail(fmt::format("invalid literal (expected '{}')", word));
-    pos_ += word.size();
-  }
-
-  Json value(int depth) {
-    if (depth > max_json_depth) fail(fmt::format("nesting deeper than {} levels", max_json_depth));
-    skip_space();
-    if (at_end()) fail("unexpected end of text (expected a value)");
-    Json v;
-    switch (peek()) {
-      case '{':
-        v.kind = Json::Kind::object;
-        ++pos_;
-        skip_space();
-        if (peek() == '}') {
-          ++pos_;
-          return v;
-        }
-        for (;;) {
-          skip_space();
-          if (peek() != '"') fail("expected a string as object key");
-          v.keys.push_back(string());
-          skip_space();
-          if (peek() != ':') fail("expected ':' after an object key");
-          ++pos_;
-          v.items.push_back(value(depth + 1));
-          skip_space();
-          if (peek() == ',') {
-            ++pos_;
-            continue;
-          }
-          if (peek() == '}') {
-            ++pos_;
-            return v;
-          }
-          fail("expected ',' or '}' in an object");
-        }
-      case '[':
-        v.kind = Json::Kind::array;
-        ++pos_;
-        skip_space();
-        if (peek() == ']') {
-          ++pos_;
-          return v;
-        }
-        for (;;) {
-          v.items.push_back(value(depth + 1));
-          skip_space();
-          if (peek() == ',') {
-            ++pos_;
-            continue;
-          }
-          if (peek() == ']') {
-            ++pos_;
-            return v;
-          }
-          fail("expected ',' or ']' in an array");
-        }
-      case '"':
-        v.kind = Json::Kind::string;
-        v.text = string();
-        return v;
-      case 't':
-        expect_word("true");
-        v.kind = Json::Kind::boolean;
-        v.boolean = true;
-        return v;
-      case 'f':
-        expect_word("false");
-        v.kind = Json::Kind::boolean;
-        return v;
-      case 'n':
-        expect_word("null");
-        return v;
-      default:
-        v.kind = Json::Kind::number;
-        v.text = number();
-        return v;
-    }
-  }
-
-  static bool is_digit(char c) { return c >= '0' && c <= '9'; }
-
-  std::string number() {
-    const std::size_t begin = pos_;
-    if (peek() == '-') ++pos_;
-    if (peek() == '0') {
-      ++pos_;
-    } else if (is_digit(peek())) {
-      while (is_digit(peek())) ++pos_;
-    } else {
-      fail("invalid value (expected a number, string, object, array, true, false or null)");
-    }
-    if (peek() == '.') {
-      ++pos_;
-      if (!is_digit(peek())) fail("expected a digit after the decimal point");
-      while (is_digit(peek())) ++pos_;
-    }
-    if (peek() == 'e' || peek() == 'E') {
-      ++pos_;
-      if (peek() == '+' || peek() == '-') ++pos_;
-      if (!is_digit(peek())) fail("expected a digit in the exponent");
-      while (is_digit(peek())) ++pos_;
-    }
-    return std::string(s_.substr(begin, pos_ - begin));
-  }
-
-  unsigned hex4() {
-    if (pos_ + 4 > s_.size()) fail("truncated \\u escape");
-    unsigned value = 0;
-    for (int k = 0; k < 4; ++k) {
-      const char c = s_[pos_++];
-      value <<= 4;
-      if (c >= '0' && c <= '9')
-        value |= static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f')
-        value |= static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F')
-        value |= static_cast<unsigned>(c - 'A' + 10);
-      else
-        fail("invalid hex digit in a \\u escape");
-    }
-    return value;
-  }
-
-  static void append_utf8(std::string& out, unsigned cp) {
-    const auto byte = [&](unsigned b) { out.push_back(static_cast<char>(b)); };
-    if (cp < 0x80) {
-      byte(cp);
-    } else if (cp < 0x800) {
-      byte(0xC0 | (cp >> 6));
-      byte(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      byte(0xE0 | (cp >> 12));
-      byte(0x80 | ((cp >> 6) & 0x3F));
-      byte(0x80 | (cp & 0x3F));
-    } else {
-      byte(0xF0 | (cp >> 18));
-      byte(0x80 | ((cp >> 12) & 0x3F));
-      byte(0x80 | ((cp >> 6) & 0x3F));
-      byte(0x80 | (cp & 0x3F));
-    }
-  }
-
-  std::string string() {
-    ++pos_;  // opening quote
-    std::string out;
-    for (;;) {
-      if (at_end()) fail("unterminated string");
-      const char c = s_[pos_];
-      if (c == '"') {
-        ++pos_;
-        return out;
-      }
-      if (static_cast<unsigned char>(c) < 0x20) fail("unescaped control character in a string");
-      if (c != '\\') {
-        out.push_back(c);
-        ++pos_;
-        continue;
-      }
-      ++pos_;
-      if (at_end()) fail("unterminated escape in a string");
-      const char e = s_[pos_++];
-      switch (e) {
-        case '"':
-          out.push_back('"');
-          break;
-        case '\\':
-          out.push_back('\\');
-          break;
-        case '/':
-          out.push_back('/');
-          break;
-        case 'b':
-          out.push_back('\b');
-          break;
-        case 'f':
-          out.push_back('\f');
-          break;
-        case 'n':
-          out.push_back('\n');
-          break;
-        case 'r':
-          out.push_back('\r');
-          break;
-        case 't':
-          out.push_back('\t');
-          break;
-        case 'u': {
-          unsigned cp = hex4();
-          if (cp >= 0xD800 && cp <= 0xDBFF) {
-            if (s_.substr(pos_, 2) != "\\u") fail("unpaired high surrogate in a \\u escape");
-            pos_ += 2;
-            const unsigned low = hex4();
-            if (low < 0xDC00 || low > 0xDFFF) fail("invalid low surrogate in a \\u escape");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-          } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-            fail("unpaired low surrogate in a \\u escape");
-          }
-          append_utf8(out, cp);
-          break;
-        }
-        default:
-          --pos_;
-          fail(fmt::format("invalid escape '\\{}' in a string", e));
-      }
-    }
-  }
-
-  std::string_view s_;
-  std::size_t pos_ = 0;
-};
-
-/// Byte offset of the first invalid UTF-8 sequence, or npos.
-std::size_t invalid_utf8_at(std::string_view s) {
-  std::size_t i = 0;
-  while (i < s.size()) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    std::size_t len = 0;
-    unsigned cp = 0;
-    if (b < 0x80) {
-      ++i;
-      continue;
-    } else if ((b & 0xE0) == 0xC0) {
-      len = 2;
-      cp = b & 0x1Fu;
-    } else if ((b & 0xF0) == 0xE0) {
-      len = 3;
-      cp = b & 0x0Fu;
-    } else if ((b & 0xF8) == 0xF0) {
-      len = 4;
-      cp = b & 0x07u;
-    } else {
-      return i;
-    }
-    if (i + len > s.size()) return i;
-    for (std::size_t k = 1; k < len; ++k) {
-      const auto c = static_cast<unsigned char>(s[i + k]);
-      if ((c & 0xC0) != 0x80) return i;
-      cp = (cp << 6) | (c & 0x3Fu);
-    }
-    const unsigned min_cp = len == 2 ? 0x80 : len == 3 ? 0x800 : 0x10000;
-    if (cp < min_cp || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
-    i += len;
-  }
-  return std::string_view::npos;
-}
 
 // ---------------------------------------------------------------- dtypes
 
@@ -403,93 +130,6 @@ std::optional<index_t> checked_product(const std::vector<index_t>& shape) {
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------- Json
-
-const Json* Json::find(std::string_view key) const {
-  if (kind != Kind::object) return nullptr;
-  for (std::size_t i = 0; i < keys.size(); ++i)
-    if (keys[i] == key) return &items[i];
-  return nullptr;
-}
-
-bool Json::is_integer() const {
-  return kind == Kind::number && text.find_first_of(".eE") == std::string::npos;
-}
-
-std::optional<std::int64_t> Json::as_int64() const {
-  if (!is_integer()) return std::nullopt;
-  std::int64_t v = 0;
-  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || ptr != text.data() + text.size()) return std::nullopt;
-  return v;
-}
-
-std::optional<double> Json::as_double() const {
-  if (kind != Kind::number) return std::nullopt;
-  double v = 0;
-  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || ptr != text.data() + text.size()) return std::nullopt;
-  return v;
-}
-
-std::string Json::describe() const {
-  switch (kind) {
-    case Kind::null:
-      return "null";
-    case Kind::boolean:
-      return boolean ? "true" : "false";
-    case Kind::number:
-      return "number " + text;
-    case Kind::string:
-      return "string " + json_quote(text);
-    case Kind::array:
-      return fmt::format("array of {} elements", items.size());
-    case Kind::object:
-      return "object";
-  }
-  return "?";
-}
-
-Json parse_json(std::string_view text) {
-  return JsonParser(text).parse_document();
-}
-
-std::string json_quote(std::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20)
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
-        else
-          out.push_back(c);
-    }
-  }
-  out.push_back('"');
-  return out;
-}
 
 // ---------------------------------------------------------------- dtypes
 
@@ -624,65 +264,54 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
   data_start_ = 8 + header_len;
   const std::uint64_t buffer_size = file_size - data_start_;
 
-  if (const std::size_t bad = invalid_utf8_at(header); bad != std::string_view::npos)
-    throw Error(fmt::format("{}: header is not valid UTF-8 (at byte {})", where(), bad));
   Json root;
   try {
-    root = parse_json(header);
+    root = detail::parse_json(header);
   } catch (const Error& e) {
-    throw Error(fmt::format("{}: header is not valid JSON: {}", where(), e.what()));
+    throw Error(fmt::format("{}: header: {}", where(), e.what()));
   }
   if (!root.is_object())
-    throw Error(
-        fmt::format("{}: header is not a JSON object (it is {})", where(), root.describe()));
+    throw Error(fmt::format("{}: header is not a JSON object (it is {})", where(), describe(root)));
 
-  std::set<std::string, std::less<>> names;
-  bool have_metadata = false;
-  for (std::size_t m = 0; m < root.keys.size(); ++m) {
-    const std::string& name = root.keys[m];
-    const Json& entry = root.items[m];
+  // (the parse refused duplicate names and metadata keys)
+  for (const auto& [name, entry] : root.items()) {
     if (name == "__metadata__") {
-      if (have_metadata) throw Error(where() + ": duplicate \"__metadata__\" in the header");
-      have_metadata = true;
       if (!entry.is_object())
         throw Error(fmt::format("{}: \"__metadata__\" must be an object of strings, not {}",
-                                where(), entry.describe()));
-      for (std::size_t k = 0; k < entry.keys.size(); ++k) {
-        if (entry.items[k].kind != Json::Kind::string)
+                                where(), describe(entry)));
+      for (const auto& [key, value] : entry.items()) {
+        if (!value.is_string())
           throw Error(fmt::format("{}: metadata value of {} must be a string, not {}", where(),
-                                  json_quote(entry.keys[k]), entry.items[k].describe()));
-        if (!metadata_.emplace(entry.keys[k], entry.items[k].text).second)
-          throw Error(
-              fmt::format("{}: duplicate metadata key {}", where(), json_quote(entry.keys[k])));
+                                  json_quote(key), describe(value)));
+        metadata_.emplace(key, value.get<std::string>());
       }
       continue;
     }
     const std::string what = fmt::format("{}: tensor {}", where(), json_quote(name));
-    if (!names.insert(name).second) throw Error(what + ": duplicate tensor name");
     if (!entry.is_object())
-      throw Error(fmt::format("{}: entry must be an object, not {}", what, entry.describe()));
+      throw Error(fmt::format("{}: entry must be an object, not {}", what, describe(entry)));
     TensorInfo t;
     t.name = name;
 
-    const Json* dtype = entry.find("dtype");
-    if (dtype == nullptr || dtype->kind != Json::Kind::string)
+    const auto dtype = entry.find("dtype");
+    if (dtype == entry.end() || !dtype->is_string())
       throw Error(fmt::format("{}: missing or non-string \"dtype\"", what));
-    const DTypeName* known = lookup_dtype(dtype->text);
+    t.dtype_name = dtype->get<std::string>();
+    const DTypeName* known = lookup_dtype(t.dtype_name);
     if (known == nullptr)
       throw Error(fmt::format("{}: unknown dtype {} (summa reads F32, F64, BF16 and F16)", what,
-                              json_quote(dtype->text)));
-    t.dtype_name = dtype->text;
+                              json_quote(t.dtype_name)));
     t.dtype = known->dtype;
     t.element_bytes = known->bytes;
 
-    const Json* shape = entry.find("shape");
-    if (shape == nullptr || shape->kind != Json::Kind::array)
+    const auto shape = entry.find("shape");
+    if (shape == entry.end() || !shape->is_array())
       throw Error(fmt::format("{}: missing \"shape\" or not an array", what));
-    for (const Json& d : shape->items) {
-      const auto v = d.as_int64();
+    for (const Json& d : *shape) {
+      const auto v = detail::as_int64(d);
       if (!v || *v < 0)
         throw Error(fmt::format("{}: shape has a dimension that is not a non-negative integer ({})",
-                                what, d.describe()));
+                                what, describe(d)));
       t.shape.push_back(*v);
     }
     const auto elements = checked_product(t.shape);
@@ -690,18 +319,16 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
         static_cast<std::uint64_t>(*elements) > std::numeric_limits<std::uint64_t>::max() / 8)
       throw Error(fmt::format("{}: shape {} is too large", what, shape_text(t.shape)));
 
-    const Json* offsets = entry.find("data_offsets");
-    if (offsets == nullptr || offsets->kind != Json::Kind::array || offsets->items.size() != 2)
+    const auto offsets = entry.find("data_offsets");
+    if (offsets == entry.end() || !offsets->is_array() || offsets->size() != 2)
       throw Error(fmt::format("{}: missing \"data_offsets\" or not an array [begin, end]", what));
     std::uint64_t bounds[2] = {0, 0};
-    for (int k = 0; k < 2; ++k) {
-      const Json& o = offsets->items[static_cast<std::size_t>(k)];
-      std::uint64_t v = 0;
-      const auto [ptr, ec2] = std::from_chars(o.text.data(), o.text.data() + o.text.size(), v);
-      if (!o.is_integer() || ec2 != std::errc() || ptr != o.text.data() + o.text.size())
+    for (std::size_t k = 0; k < 2; ++k) {
+      const auto v = detail::as_uint64((*offsets)[k]);
+      if (!v)
         throw Error(fmt::format("{}: data_offsets must be non-negative integers, got {}", what,
-                                o.describe()));
-      bounds[k] = v;
+                                describe((*offsets)[k])));
+      bounds[k] = *v;
     }
     t.data_begin = bounds[0];
     t.data_end = bounds[1];
@@ -854,16 +481,10 @@ SafetensorsWriter::SafetensorsWriter(const fs::path& path, std::vector<TensorSpe
   std::sort(slots_.begin(), slots_.end(),
             [](const Slot& a, const Slot& b) { return a.spec.name < b.spec.name; });
 
-  std::string header = "{";
+  OrderedJson layout = OrderedJson::object();
   if (!metadata.empty()) {
-    header += "\"__metadata__\":{";
-    bool first = true;
-    for (const auto& [key, value] : metadata) {
-      if (!first) header += ",";
-      first = false;
-      header += json_quote(key) + ":" + json_quote(value);
-    }
-    header += "}";
+    OrderedJson& meta = layout["__metadata__"] = OrderedJson::object();
+    for (const auto& [key, value] : metadata) meta[key] = value;
   }
   std::uint64_t offset = 0;
   for (Slot& s : slots_) {
@@ -871,48 +492,29 @@ SafetensorsWriter::SafetensorsWriter(const fs::path& path, std::vector<TensorSpe
     s.end = offset +
             static_cast<std::uint64_t>(*checked_product(s.spec.shape)) * element_size(s.spec.dtype);
     offset = s.end;
-    if (header.size() > 1) header += ",";
-    header += fmt::format("{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
-                          json_quote(s.spec.name), safetensors_name(s.spec.dtype),
-                          fmt::join(s.spec.shape, ","), s.begin, s.end);
+    layout[s.spec.name] = {{"dtype", std::string(safetensors_name(s.spec.dtype))},
+                           {"shape", s.spec.shape},
+                           {"data_offsets", {s.begin, s.end}}};
   }
-  header += "}";
+  std::string header;
+  try {
+    header = layout.dump();
+  } catch (const OrderedJson::type_error& e) {
+    throw Error(
+        fmt::format("{}: tensor names and metadata must be UTF-8 text ({})", where(), e.what()));
+  }
   // Pad so the buffer starts 8-byte aligned (the length field is 8 bytes too).
   header.append((8 - header.size() % 8) % 8, ' ');
   data_start_ = 8 + header.size();
 
-  // A unique temporary name in the target's directory, so the final rename
-  // stays on one file system and is atomic.
-  const auto stamp =
-      static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  const std::uint64_t salt =
-      stamp ^ (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-  temp_ = path_;
-  temp_ += fmt::format(".tmp-{:016x}", salt);
-  out_.open(temp_, std::ios::binary | std::ios::trunc);
-  if (!out_)
-    throw Error(
-        fmt::format("{}: cannot create the temporary file {} (does the directory exist "
-                    "and is it writable?)",
-                    where(), quoted(temp_)));
+  file_.emplace(path_, where());
   unsigned char len_bytes[8];
   store_le(len_bytes, static_cast<std::uint64_t>(header.size()));
-  out_.write(reinterpret_cast<const char*>(len_bytes), 8);
-  out_.write(header.data(), static_cast<std::streamsize>(header.size()));
-  if (!out_) {
-    out_.close();
-    std::error_code ignored;
-    fs::remove(temp_, ignored);
-    throw Error(fmt::format("{}: writing the header to {} failed", where(), quoted(temp_)));
-  }
+  file_->write(len_bytes, 8);
+  file_->write(header.data(), header.size());
 }
 
-SafetensorsWriter::~SafetensorsWriter() {
-  if (committed_) return;
-  out_.close();
-  std::error_code ignored;
-  fs::remove(temp_, ignored);
-}
+SafetensorsWriter::~SafetensorsWriter() = default;  // file_ removes an uncommitted file
 
 SafetensorsWriter::Slot& SafetensorsWriter::slot(std::string_view name) {
   for (Slot& s : slots_)
@@ -932,18 +534,13 @@ void SafetensorsWriter::write(std::string_view name, std::span<const T> data) {
     throw Error(fmt::format("{}: tensor {} has shape {} ({} elements) but {} were given", where(),
                             json_quote(name), shape_text(s.spec.shape), want, data.size()));
   const std::size_t bytes_per = element_size(s.spec.dtype);
-  out_.seekp(static_cast<std::streamoff>(data_start_ + s.begin));
   std::vector<unsigned char> buffer(std::min(data.size(), chunk_elements) * bytes_per);
   for (std::size_t done = 0; done < data.size();) {
     const std::size_t n = std::min(data.size() - done, chunk_elements);
     encode(s.spec.dtype, data.data() + done, n, buffer.data());
-    out_.write(reinterpret_cast<const char*>(buffer.data()),
-               static_cast<std::streamsize>(n * bytes_per));
+    file_->write_at(data_start_ + s.begin + done * bytes_per, buffer.data(), n * bytes_per);
     done += n;
   }
-  if (!out_)
-    throw Error(fmt::format("{}: writing tensor {} to {} failed (disk full?)", where(),
-                            json_quote(name), quoted(temp_)));
   s.written = true;
 }
 
@@ -952,15 +549,7 @@ void SafetensorsWriter::commit() {
   for (const Slot& s : slots_)
     if (!s.written)
       throw Error(fmt::format("{}: tensor {} was never written", where(), json_quote(s.spec.name)));
-  out_.flush();
-  out_.close();
-  if (!out_)
-    throw Error(fmt::format("{}: flushing {} failed (disk full?)", where(), quoted(temp_)));
-  std::error_code ec;
-  fs::rename(temp_, path_, ec);
-  if (ec)
-    throw Error(
-        fmt::format("{}: renaming {} over it failed: {}", where(), quoted(temp_), ec.message()));
+  file_->commit();
   committed_ = true;
 }
 

@@ -48,7 +48,17 @@ expect_ok() {
 # A checksum of every file a run saved (checkpoints, export, log).
 snapshot() { (cd "$1" && find . -type f ! -name '.gpt_train.lock' -print0 | sort -z |
                xargs -0 sha256sum) 2>/dev/null; }
-loss_lines() { grep '"loss"' "$1" | sed -E 's/.*"step": ([0-9]+), "loss": ([^,]+),.*/\1 \2/'; }
+loss_lines() {  # "<step> <loss>" of every step line (lines that are not JSON are skipped)
+  python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    if "loss" in r:
+        print(r["step"], r["loss"])' "$1"
+}
 # Every log line complete JSON; no step twice; steps 1..N in order.
 check_log() {
   local log=$1 n=$2

@@ -173,10 +173,10 @@ CheckpointInfo read_checkpoint_info(const std::filesystem::path& path_or_root, M
 /// problem; returns the info otherwise. Not collective (reads everything).
 CheckpointInfo verify_checkpoint(const std::filesystem::path& path_or_root);
 
-/// XXH64 (xxHash, 64-bit, Yann Collet's published algorithm) of a byte
-/// stream: the checksum of checkpoint pieces, shard files and manifests.
-/// update() any number of times, then digest() (which does not consume the
-/// state). Fast (about the speed of memory) and allocation-free.
+/// XXH64 (xxHash, 64-bit, Yann Collet's algorithm; computed by libxxhash) of
+/// a byte stream: the checksum of checkpoint pieces, shard files and
+/// manifests. update() any number of times, then digest() (which does not
+/// consume the state). Fast (about the speed of memory) and allocation-free.
 class Checksum64 {
  public:
   explicit Checksum64(std::uint64_t seed = 0);
@@ -184,11 +184,9 @@ class Checksum64 {
   std::uint64_t digest() const;
 
  private:
-  std::uint64_t v_[4];
-  std::uint64_t seed_;
-  std::uint64_t total_ = 0;
-  unsigned char buffer_[32];
-  std::size_t buffered_ = 0;
+  /// libxxhash's XXH64_state_t, kept opaque so that <xxhash.h> stays out of
+  /// summa's headers (its size is checked where it is used).
+  std::uint64_t state_[11];
 };
 
 /// One-shot XXH64 of `bytes` bytes at `data`.

@@ -1,8 +1,7 @@
 #pragma once
 /// \file safetensors.hpp
 /// The safetensors format (Hugging Face): reading with dtype conversion and
-/// row-range reads for sharded loading, and atomic writing; plus the small
-/// JSON reader/writer the format's header (and config.json) needs.
+/// row-range reads for sharded loading, and atomic writing.
 ///
 /// Layout of a file:
 ///   8 bytes     N, the header length, little-endian unsigned 64-bit
@@ -31,48 +30,9 @@
 #include <vector>
 
 #include "summa/core/types.hpp"
+#include "summa/io/atomic_file.hpp"
 
 namespace summa::io {
-
-// ---------------------------------------------------------------- JSON
-
-/// A parsed JSON value (RFC 8259). Objects keep their members in file order,
-/// duplicates included, so callers can reject duplicate keys; numbers keep
-/// their literal text, so integers of any size are checked exactly.
-struct Json {
-  enum class Kind : std::uint8_t { null, boolean, number, string, array, object };
-  Kind kind = Kind::null;
-  bool boolean = false;
-  /// A string's decoded (UTF-8) value, or a number's literal text.
-  std::string text;
-  /// An array's elements, or an object's member values (in file order).
-  std::vector<Json> items;
-  /// An object's member names, parallel to `items`.
-  std::vector<std::string> keys;
-
-  bool is_object() const { return kind == Kind::object; }
-  /// The value of the first member called `key` of an object; null if there is none
-  /// (or this is not an object).
-  const Json* find(std::string_view key) const;
-  /// True for a number written without fraction or exponent ("12", "-3").
-  bool is_integer() const;
-  /// The value of an integer number that fits in int64; nullopt otherwise
-  /// (not a number, not an integer literal, or out of range).
-  std::optional<std::int64_t> as_int64() const;
-  /// The value of a number (nearest double); nullopt for non-numbers and
-  /// values outside the range of double.
-  std::optional<double> as_double() const;
-  /// A short description for error messages: "object", "string \"F32\"", "number 2.5", ...
-  std::string describe() const;
-};
-
-/// Parses one JSON value; only whitespace may follow it. Nesting deeper than
-/// 128 levels is rejected. Throws summa::Error("... at byte K: ...") on
-/// malformed input.
-Json parse_json(std::string_view text);
-
-/// `text` as a JSON string literal (quoted and escaped).
-std::string json_quote(std::string_view text);
 
 // ---------------------------------------------------------------- dtypes
 
@@ -125,7 +85,8 @@ struct TensorInfo {
 /// JSON or not an object, an unknown dtype, a shape that is not an array of
 /// non-negative integers, data_offsets outside the buffer or with end <
 /// begin, a byte size other than elements · element size, overlapping
-/// tensors, duplicate names, a malformed "__metadata__"; and on reading, a
+/// tensors, a key given twice in one object (duplicate names), a malformed
+/// "__metadata__"; and on reading, a
 /// missing tensor, a dtype that cannot be converted, an output of the wrong
 /// size or rows outside the tensor.
 class SafetensorsFile {
@@ -188,12 +149,14 @@ struct TensorEntry {
 /// Writes a safetensors file incrementally: the header is laid out from the
 /// specs up front (tensors sorted by name, their bytes in that order, the
 /// header padded with spaces to a multiple of 8 bytes), tensors are then
-/// written in any order, and commit() renames the temporary file (in the
-/// target's directory) over `path`. Without commit() (an exception, say) the
-/// destructor removes the temporary file, so `path` is either the old file
-/// or the complete new one. Errors name the file: an empty, duplicate or
-/// reserved ("__metadata__") name, a negative dimension, an unsupported
-/// dtype, data of the wrong size, a tensor written twice or never, I/O failure.
+/// written in any order, and commit() puts the temporary file (in the
+/// target's directory) in place of `path` (AtomicFile: fsync, rename, fsync
+/// of the directory). Without commit() (an exception, say) the destructor
+/// removes the temporary file, so `path` is either the old file or the
+/// complete new one. Errors name the file: an empty, duplicate or reserved
+/// ("__metadata__") name, a name or metadata text that is not UTF-8, a
+/// negative dimension, an unsupported dtype, data of the wrong size, a tensor
+/// written twice or never, I/O failure (with the system's reason).
 class SafetensorsWriter {
  public:
   SafetensorsWriter(const std::filesystem::path& path, std::vector<TensorSpec> tensors,
@@ -205,7 +168,7 @@ class SafetensorsWriter {
   /// Writes tensor `name` (T = float or double), converting to its dtype.
   template <class T>
   void write(std::string_view name, std::span<const T> data);
-  /// Checks every tensor was written, flushes and renames into place.
+  /// Checks every tensor was written, then fsyncs and renames into place.
   void commit();
 
  private:
@@ -217,10 +180,10 @@ class SafetensorsWriter {
   std::string where() const;
   Slot& slot(std::string_view name);
 
-  std::filesystem::path path_, temp_;
+  std::filesystem::path path_;
   std::vector<Slot> slots_;
   std::uint64_t data_start_ = 0;
-  std::ofstream out_;
+  std::optional<AtomicFile> file_;
   bool committed_ = false;
 };
 

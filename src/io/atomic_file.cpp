@@ -1,0 +1,127 @@
+#include "summa/io/atomic_file.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <utility>
+
+#include "summa/core/error.hpp"
+
+namespace summa::io {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string quoted(const fs::path& p) {
+  return fmt::format("'{}'", p.string());
+}
+
+// The message of `errno` now.
+std::string reason() {
+  return std::strerror(errno);
+}
+
+// Random enough that concurrent writers of one target (other processes,
+// other threads) practically never collide; O_EXCL settles the rest.
+std::uint64_t temp_salt() {
+  static std::atomic<std::uint64_t> counter{0};
+  std::random_device device;
+  const std::uint64_t r = (static_cast<std::uint64_t>(device()) << 32) ^ device();
+  return r ^ (counter.fetch_add(1) * 0x9E3779B97F4A7C15ULL);
+}
+
+}  // namespace
+
+AtomicFile::AtomicFile(fs::path path, std::string context)
+    : path_(std::move(path)), context_(std::move(context)) {
+  for (int attempt = 0; fd_ < 0; ++attempt) {
+    temp_ = path_;
+    temp_ += fmt::format(".tmp-{:016x}", temp_salt());
+    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd_ < 0 && (errno != EEXIST || attempt >= 16))
+      fail(fmt::format("cannot create the temporary file {} for {}: {}", quoted(temp_),
+                       quoted(path_), reason()));
+  }
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  ::unlink(temp_.c_str());
+}
+
+void AtomicFile::fail(const std::string& problem) const {
+  throw Error(context_.empty() ? problem : context_ + ": " + problem);
+}
+
+void AtomicFile::write(const void* data, std::size_t bytes) {
+  write_at(end_, data, bytes);
+}
+
+void AtomicFile::write_at(std::uint64_t offset, const void* data, std::size_t bytes) {
+  if (fd_ < 0) fail(fmt::format("writing {} after commit()", quoted(path_)));
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pwrite(fd_, p, bytes, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(fmt::format("writing {} (the temporary file of {}) failed: {}", quoted(temp_),
+                       quoted(path_), reason()));
+    }
+    p += n;
+    offset += static_cast<std::uint64_t>(n);
+    bytes -= static_cast<std::size_t>(n);
+  }
+  end_ = std::max(end_, offset);
+}
+
+void AtomicFile::commit() {
+  if (fd_ < 0) fail(fmt::format("{} committed twice", quoted(path_)));
+  if (::fsync(fd_) != 0)
+    fail(fmt::format("fsync of {} (the temporary file of {}) failed: {}", quoted(temp_),
+                     quoted(path_), reason()));
+  const int fd = std::exchange(fd_, -1);
+  std::string problem;
+  if (::close(fd) != 0)
+    problem = fmt::format("closing {} (the temporary file of {}) failed: {}", quoted(temp_),
+                          quoted(path_), reason());
+  else if (std::rename(temp_.c_str(), path_.c_str()) != 0)
+    problem = fmt::format("renaming {} over {} failed: {}", quoted(temp_), quoted(path_), reason());
+  if (!problem.empty()) {
+    ::unlink(temp_.c_str());
+    fail(problem);
+  }
+  const fs::path dir = path_.parent_path();
+  try {
+    sync_directory(dir.empty() ? fs::path(".") : dir);
+  } catch (const Error& e) {
+    fail(e.what());
+  }
+}
+
+void write_file_atomic(const fs::path& path, std::string_view bytes, std::string context) {
+  AtomicFile file(path, std::move(context));
+  file.write(bytes.data(), bytes.size());
+  file.commit();
+}
+
+void sync_directory(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw Error(fmt::format("cannot open the directory {}: {}", quoted(dir), reason()));
+  if (::fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP) {
+    const std::string why = reason();
+    ::close(fd);
+    throw Error(fmt::format("fsync of the directory {} failed: {}", quoted(dir), why));
+  }
+  ::close(fd);
+}
+
+}  // namespace summa::io
