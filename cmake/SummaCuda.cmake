@@ -1,7 +1,7 @@
 # CUDA toolkit, cuBLAS and NCCL: detection, and the switch that builds the
-# CUDA backend (src/backend/cuda_backend.cu, src/backend/cuda/*.cu) into
-# libsumma. Included from the top-level CMakeLists.txt (enable_language must
-# run at directory scope there).
+# CUDA component, libsumma_cuda (summa::cuda: src/backend/cuda_backend.cu,
+# src/backend/cuda/, the NCCL and staged communicators). Included from the
+# top-level CMakeLists.txt (enable_language must run at directory scope there).
 #
 #   SUMMA_CUDA               AUTO (default): build the CUDA backend when the
 #                            toolkit, cuBLAS and NCCL are found, CPU only
@@ -10,9 +10,12 @@
 #                            syntax), default "80;90" (A100, H100); CUDA 13 builds
 #                            sm_75 and newer only.
 #
-# A sanitizer build (SUMMA_SANITIZE non-empty) is CPU only: nvcc does not
-# compile with -fsanitize, and ASan's shadow memory clashes with the CUDA
-# driver's mappings. SUMMA_CUDA=ON together with SUMMA_SANITIZE is an error.
+# A sanitizer build (SUMMA_SANITIZE non-empty) compiles the component (host
+# C++ sanitized, nvcc's code not) but registers no `cuda` test: ASan's shadow
+# memory clashes with the CUDA driver's mappings (run GPU tests from a
+# Release build, scripts/gpu_verify.sh). The component is a shared library
+# that registers itself when loaded, so a static build (BUILD_SHARED_LIBS
+# OFF) has none (SUMMA_CUDA=ON with it is an error).
 #
 # Results: SUMMA_CUDA_DETECTED (0/1: toolkit, cuBLAS and NCCL found),
 # SUMMA_HAVE_CUDA (0/1: the CUDA backend is built), SUMMA_CUDA_DESCRIPTION,
@@ -43,12 +46,12 @@ if(NOT SUMMA_CUDA STREQUAL "OFF")
   endif()
 endif()
 
-if(SUMMA_CUDA_DETECTED AND SUMMA_SANITIZE)
+if(SUMMA_CUDA_DETECTED AND NOT BUILD_SHARED_LIBS)
   if(SUMMA_CUDA STREQUAL "ON")
-    message(FATAL_ERROR "SUMMA_CUDA=ON cannot be combined with SUMMA_SANITIZE="
-                        "'${SUMMA_SANITIZE}': a sanitizer build is CPU only")
+    message(FATAL_ERROR "SUMMA_CUDA=ON needs BUILD_SHARED_LIBS=ON: the CUDA component is a "
+                        "shared library that registers itself with libsumma when loaded")
   endif()
-  set(SUMMA_CUDA_DESCRIPTION "${SUMMA_CUDA_DESCRIPTION}; backend not built (sanitizer build)")
+  set(SUMMA_CUDA_DESCRIPTION "${SUMMA_CUDA_DESCRIPTION}; component not built (static build)")
 elseif(SUMMA_CUDA_DETECTED)
   if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
     if(CUDAToolkit_NVCC_EXECUTABLE)
@@ -82,17 +85,15 @@ endif()
 
 # summa_add_cuda_sources(<target> <sources...>): compiles the .cu files into
 # an object library linked into <target> (warnings as errors on the host side
-# and in nvcc's own diagnostics) and links the CUDA runtime and cuBLAS
-# privately: no public header needs CUDA.
+# and in nvcc's own diagnostics; the usage requirements of libsumma) and links
+# the CUDA runtime and cuBLAS privately: no public header needs CUDA.
 function(summa_add_cuda_sources target)
   set(objects ${target}_cuda_objects)
   add_library(${objects} OBJECT ${ARGN})
   set_target_properties(${objects} PROPERTIES
     CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON CUDA_EXTENSIONS OFF
     POSITION_INDEPENDENT_CODE ON)
-  target_include_directories(${objects} PRIVATE
-    $<TARGET_PROPERTY:${target},INCLUDE_DIRECTORIES>)
-  target_link_libraries(${objects} PRIVATE CUDA::cudart CUDA::cublas MPI::MPI_CXX)
+  target_link_libraries(${objects} PRIVATE summa CUDA::cudart CUDA::cublas MPI::MPI_CXX)
   # 554: MatrixView<const T>'s conversion to MatrixView<const T> "will not
   # be called" -- true and harmless (it exists for MatrixView<T>).
   target_compile_options(${objects} PRIVATE

@@ -3,11 +3,11 @@
 # Debian packages, configures, builds, then runs what you ask for.
 #
 #   scripts/quickstart.sh demo    the main demo: gpt_train on a 2x2 mesh, loss plot
-#   scripts/quickstart.sh test    the whole test suite (ctest)
-#   scripts/quickstart.sh asan    the whole test suite under ASan + UBSan
-#   scripts/quickstart.sh build   set-up and build only
+#   scripts/quickstart.sh test    the whole test suite (ctest) in the checked build:
+#                                 AddressSanitizer + UndefinedBehaviorSanitizer, -O1
+#   scripts/quickstart.sh build   set-up and the Release build only
 #
-# Environment: BUILD_DIR (default build, build-asan for asan), JOBS (default
+# Environment: BUILD_DIR (default build, build-check for test), JOBS (default
 # nproc), SUMMA_CMAKE_ARGS (extra configure arguments).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,7 +44,7 @@ configure_and_build() {  # <build dir> <extra cmake args...>
 case "$what" in
   demo)
     dir=${BUILD_DIR:-build}
-    configure_and_build "$dir" -DCMAKE_BUILD_TYPE=Release
+    configure_and_build "$dir" -DCMAKE_BUILD_TYPE=Release -DSUMMA_NATIVE_ARCH=ON
     # Trains a small GPT on the bundled corpus on a 2x2 mesh (about two
     # minutes on 2 cores), exports it, then plots the loss curve.
     # --overwrite: a second demo replaces the first one's run.
@@ -54,32 +54,21 @@ case "$what" in
     fi
     ;;
   test)
-    dir=${BUILD_DIR:-build}
-    configure_and_build "$dir" -DCMAKE_BUILD_TYPE=Release
-    ctest --test-dir "$dir" --output-on-failure -j "$jobs"
-    ;;
-  asan)
-    dir=${BUILD_DIR:-build-asan}
-    configure_and_build "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DSUMMA_SANITIZE=address,undefined
-    # Full unwinding on malloc so leak stacks reach the MPI frames the
-    # suppressions name (MPI plugins are unloaded before the leak report).
-    export ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0:abort_on_error=1:detect_odr_violation=0
-    # use_tls=0: GCC 12's LeakSanitizer reads a bogus dynamic-TLS range under
-    # glibc 2.36 in some MPI test processes ("DTLS 6 at 0x3d2d-0x400004e2f"
-    # with verbosity=1) and its tracer then segfaults at exit after every case
-    # passed (seen on comm_np8, then layers2d_np9). Without the TLS roots a
-    # pointer held only in thread-local storage would be reported as a leak;
-    # no leak can be missed.
-    export LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0:use_tls=0
-    export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+    # One build, every test once: the suite under ASan + UBSan (leaks
+    # included) at -O1 (build type Check, CMakeLists.txt), with the CUDA
+    # component compiled where CUDA is found (its GPU tests run from a
+    # Release build: scripts/gpu_verify.sh). The sanitizer settings are part
+    # of every test (tests/CMakeLists.txt), so a plain ctest runs them right.
+    dir=${BUILD_DIR:-build-check}
+    configure_and_build "$dir" -DCMAKE_BUILD_TYPE=Check -DSUMMA_SANITIZE=address,undefined \
+      -DSUMMA_NATIVE_ARCH=ON
     ctest --test-dir "$dir" --output-on-failure -j "$jobs"
     ;;
   build)
-    configure_and_build "${BUILD_DIR:-build}" -DCMAKE_BUILD_TYPE=Release
+    configure_and_build "${BUILD_DIR:-build}" -DCMAKE_BUILD_TYPE=Release -DSUMMA_NATIVE_ARCH=ON
     ;;
   *)
-    echo "usage: $0 demo|test|asan|build" >&2
+    echo "usage: $0 demo|test|build" >&2
     exit 2
     ;;
 esac

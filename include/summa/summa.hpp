@@ -29,6 +29,8 @@
 #include "summa/layers/transformer.hpp"
 #include "summa/memory/arena.hpp"
 #include "summa/memory/buffers.hpp"
+#include "summa/model/config.hpp"
+#include "summa/model/init.hpp"
 #include "summa/model/traffic.hpp"
 #include "summa/optim/optimizer.hpp"
 #include "summa/parallel/scheme.hpp"

@@ -1,6 +1,6 @@
 #include "summa/backend/cpu_backend.hpp"
 
-#include "summa/optim/optimizer.hpp"
+#include "summa/backend/optimizer_math.hpp"
 
 #include <Eigen/Core>
 #include <algorithm>

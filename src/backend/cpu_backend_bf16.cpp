@@ -8,7 +8,7 @@
 
 #include "summa/backend/cpu_backend.hpp"
 
-#include "summa/optim/optimizer.hpp"
+#include "summa/backend/optimizer_math.hpp"
 
 #include <algorithm>
 #include <cmath>

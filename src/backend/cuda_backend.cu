@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "cuda/kernels.cuh"
+#include "summa/backend/optimizer_math.hpp"
 #include "summa/core/error.hpp"
-#include "summa/optim/optimizer.hpp"
 
 namespace summa {
 

@@ -2,16 +2,24 @@
 
 #include <fmt/format.h>
 
+#include "cuda_component.hpp"
 #include "summa/backend/cpu_backend.hpp"
-#include "summa/build_info.hpp"
-#if SUMMA_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "summa/backend/cuda_backend.hpp"
-#include "summa/comm/nccl_communicator.hpp"
-#endif
 
 namespace summa {
+
+namespace detail {
+namespace {
+constinit CudaDeviceFactory registered_cuda_device = nullptr;
+}  // namespace
+
+void register_cuda_device(CudaDeviceFactory factory) noexcept {
+  registered_cuda_device = factory;
+}
+
+CudaDeviceFactory cuda_device() noexcept {
+  return registered_cuda_device;
+}
+}  // namespace detail
 
 Device make_device(MPI_Comm comm, const DeviceOptions& o) {
   // Checked from the options alone: the same outcome on every rank.
@@ -39,25 +47,10 @@ Device make_device(MPI_Comm comm, const DeviceOptions& o) {
   require(c != "mpi",
           "device: the cuda backend with mpi communicators: MPI communicators cannot take device "
           "memory; use nccl (one GPU per rank) or mpi_staged (ranks may share a GPU)");
-#if SUMMA_HAVE_CUDA
-  CudaOptions co;
-  co.device = select_device_for_rank(comm);  // collective; throws on every rank without a GPU
-  co.allow_tf32 = o.tf32;
-  co.check_pointers = o.check_pointers;
-  auto backend = std::make_unique<CudaBackend>(co);
-  d.grid.comm = c == "nccl" ? CommBackend::nccl : CommBackend::mpi_staged;
-  d.grid.compute_stream = backend->stream();
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, co.device) == cudaSuccess) d.name = prop.name;
-  d.backend = std::move(backend);
+  const detail::CudaDeviceFactory make_cuda = detail::cuda_device();
+  if (make_cuda == nullptr) throw Error(detail::cuda_component_missing("device: the cuda backend"));
+  make_cuda(comm, o, c == "nccl" ? CommBackend::nccl : CommBackend::mpi_staged, d);
   return d;
-#else
-  (void)comm;
-  throw Error(
-      "device: the cuda backend: this summa was built without CUDA (summa/build_info.hpp "
-      "SUMMA_HAVE_CUDA=0; configure with -DSUMMA_CUDA=ON where the CUDA toolkit, cuBLAS and NCCL "
-      "are installed)");
-#endif
 }
 
 }  // namespace summa

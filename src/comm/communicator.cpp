@@ -6,6 +6,28 @@
 
 namespace summa {
 
+std::string_view name_of(CommAxis axis) {
+  switch (axis) {
+    case CommAxis::world:
+      return "world";
+    case CommAxis::data:
+      return "data";
+    case CommAxis::depth:
+      return "depth";
+    case CommAxis::mesh_row:
+      return "mesh_row";
+    case CommAxis::mesh_col:
+      return "mesh_col";
+    case CommAxis::mesh:
+      return "mesh";
+    case CommAxis::tensor:
+      return "tensor";
+    case CommAxis::other:
+      return "other";
+  }
+  return "?";
+}
+
 const char* collective_name(int k) {
   static const char* names[] = {"broadcast",  "reduce",         "all_reduce",
                                 "all_gather", "reduce_scatter", "barrier"};

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "summa/comm/consensus.hpp"
 #include "summa/comm/mpi_communicator.hpp"
 #include "summa/core/error.hpp"
-#include "summa/grid/process_grid.hpp"
 
 namespace summa {
 

@@ -10,9 +10,9 @@
 #include <optional>
 #include <string>
 
+#include "summa/comm/consensus.hpp"
 #include "summa/comm/mpi_communicator.hpp"
 #include "summa/core/error.hpp"
-#include "summa/grid/process_grid.hpp"
 
 namespace summa {
 

@@ -9,9 +9,9 @@
 #include <cstdio>
 #include <map>
 
+#include "summa/comm/consensus.hpp"
 #include "summa/comm/mpi_communicator.hpp"
 #include "summa/core/error.hpp"
-#include "summa/grid/process_grid.hpp"
 
 namespace summa {
 

@@ -9,66 +9,37 @@
 #include <limits>
 #include <vector>
 
+#include "device_communicators.hpp"
 #include "summa/build_info.hpp"
 #include "summa/core/error.hpp"
-#if SUMMA_HAVE_CUDA
-#include "summa/comm/nccl_communicator.hpp"
-#include "summa/comm/staged_communicator.hpp"
-#endif
 
 namespace summa {
 
-void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error) {
-  agree_on(comm, local_error, {}, {}, "agree_on");
+namespace detail {
+namespace {
+constinit DeviceCommunicatorFactory registered_device_communicators = nullptr;
+}  // namespace
+
+void register_device_communicators(DeviceCommunicatorFactory factory) noexcept {
+  registered_device_communicators = factory;
 }
 
-void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error,
-              std::span<const std::int64_t> values, std::span<const char* const> names,
-              const char* what) {
-  constexpr std::size_t kMax = 8;
-  if (values.size() > kMax || names.size() != values.size())
-    throw Error(fmt::format("agree_on: {} values and {} names (at most {}, one name each)",
-                            values.size(), names.size(), kMax));
-  int rank = 0, size = 0;
-  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
-  check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
-  // Maxima of (-first failing rank, v..., -v...): one all-reduce gives the
-  // lowest failing rank and every value's range.
-  std::array<std::int64_t, 1 + 2 * kMax> buf{};
-  const std::size_t n = values.size();
-  buf[0] =
-      local_error ? -static_cast<std::int64_t>(rank) : std::numeric_limits<std::int64_t>::min();
-  for (std::size_t i = 0; i < n; ++i) {
-    buf[1 + i] = values[i];
-    // -INT64_MIN overflows: such a value is clamped (and then differs anyway).
-    buf[1 + n + i] = values[i] == std::numeric_limits<std::int64_t>::min()
-                         ? std::numeric_limits<std::int64_t>::max()
-                         : -values[i];
-  }
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(1 + 2 * n), MPI_INT64_T,
-                          MPI_MAX, comm),
-            "MPI_Allreduce");
-  if (buf[0] != std::numeric_limits<std::int64_t>::min()) {
-    const int first = static_cast<int>(-buf[0]);
-    std::string message = rank == first ? *local_error : std::string();
-    int length = static_cast<int>(message.size());
-    check_mpi(MPI_Bcast(&length, 1, MPI_INT, first, comm), "MPI_Bcast");
-    message.resize(static_cast<std::size_t>(length));
-    check_mpi(MPI_Bcast(message.data(), length, MPI_CHAR, first, comm), "MPI_Bcast");
-    throw CollectiveError(message);
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::int64_t hi = buf[1 + i], lo = -buf[1 + n + i];
-    if (hi != lo) {
-      std::string all;
-      for (std::size_t j = 0; j < n; ++j) all += fmt::format("{}{}", j ? ", " : "", names[j]);
-      throw CollectiveError(fmt::format(
-          "{}: ranks disagree on {}: it ranges over [{}, {}] across the {} ranks (every rank "
-          "must pass the same {})",
-          what, names[i], lo, hi, size, all));
-    }
-  }
+DeviceCommunicatorFactory device_communicators() noexcept {
+  return registered_device_communicators;
 }
+
+std::string cuda_component_missing(std::string_view what) {
+  if (!SUMMA_HAVE_CUDA)
+    return fmt::format(
+        "{}: this summa was built without CUDA (summa/build_info.hpp SUMMA_HAVE_CUDA=0; "
+        "configure with -DSUMMA_CUDA=ON where the CUDA toolkit, cuBLAS and NCCL are installed)",
+        what);
+  return fmt::format(
+      "{}: this program does not link summa's CUDA component (libsumma_cuda; in CMake "
+      "find_package(summa COMPONENTS cuda) and target_link_libraries(<program> summa::cuda))",
+      what);
+}
+}  // namespace detail
 
 namespace {
 
@@ -127,12 +98,9 @@ std::optional<std::string> check_comm_backend(const GridOptions& o) {
       return std::nullopt;
     case CommBackend::nccl:
     case CommBackend::mpi_staged:
-      if (!SUMMA_HAVE_CUDA)
-        return fmt::format(
-            "ProcessGrid: GridOptions::comm = {} needs CUDA, but summa was built "
-            "without CUDA (configure with SUMMA_CUDA=ON where CUDA, cuBLAS and "
-            "NCCL are installed)",
-            to_string(o.comm));
+      if (detail::device_communicators() == nullptr)
+        return detail::cuda_component_missing(
+            fmt::format("ProcessGrid: GridOptions::comm = {}", to_string(o.comm)));
       return std::nullopt;
   }
   return fmt::format("ProcessGrid: unknown GridOptions::comm value {}", static_cast<int>(o.comm));
@@ -141,15 +109,8 @@ std::optional<std::string> check_comm_backend(const GridOptions& o) {
 // Takes ownership of `comm` (freed with the communicator, also on a throw).
 std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, CommAxis axis,
                                                 TrafficCounter* counter, const GridOptions& o) {
-#if SUMMA_HAVE_CUDA
-  if (o.comm == CommBackend::nccl)
-    return std::make_unique<NcclCommunicator>(comm, true, axis, counter, o.compute_stream);
-  if (o.comm == CommBackend::mpi_staged)
-    return std::make_unique<StagedCommunicator>(comm, true, axis, counter, o.compute_stream,
-                                                o.staging_bytes);
-#else
-  (void)o;
-#endif
+  if (o.comm != CommBackend::mpi)  // checked by check_comm_backend: the component is loaded
+    return detail::device_communicators()(comm, axis, counter, o);
   return std::make_unique<MpiCommunicator>(comm, true, axis, counter);
 }
 

@@ -62,13 +62,12 @@ std::string shape_text(const std::vector<index_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
-/// The model's parameters must be exactly reference::parameter_list(config)
+/// The model's parameters must be exactly parameter_list(config)
 /// (names and shapes), each once: what the file format assumes.
 template <class T>
-void check_parameters(const ParameterStore<T>& store, const reference::GptConfig& config) {
+void check_parameters(const ParameterStore<T>& store, const GptConfig& config) {
   std::map<std::string, std::vector<index_t>> want;
-  for (const reference::ParamInfo& info : reference::parameter_list(config))
-    want.emplace(info.name, info.shape);
+  for (const ParamInfo& info : parameter_list(config)) want.emplace(info.name, info.shape);
   std::set<std::string> seen;
   for (const Param<T>* p : store.params()) {
     const auto it = want.find(p->shard.name);
@@ -116,7 +115,7 @@ std::string read_config_text(const fs::path& file) {
 
 // ---------------------------------------------------------------- config.json
 
-std::string hf_gpt2_config_json(const reference::GptConfig& config, DTypeOut dtype) {
+std::string hf_gpt2_config_json(const GptConfig& config, DTypeOut dtype) {
   config.validate();
   // Keys sorted (Json's objects are), two-space indent: the layout
   // transformers' save_pretrained uses.
@@ -146,7 +145,7 @@ std::string hf_gpt2_config_json(const reference::GptConfig& config, DTypeOut dty
   return json.dump(2) + "\n";
 }
 
-reference::GptConfig read_hf_gpt2_config(const fs::path& path) {
+GptConfig read_hf_gpt2_config(const fs::path& path) {
   std::error_code ec;
   const fs::path file = fs::is_directory(path, ec) ? path / "config.json" : path;
   const std::string where = "config file " + quoted(file);
@@ -172,7 +171,7 @@ reference::GptConfig read_hf_gpt2_config(const fs::path& path) {
   if (const Json* type = find("model_type"); type && *type != "gpt2")
     throw Error(fmt::format("{}: \"model_type\" is {}, expected \"gpt2\"", where, describe(*type)));
 
-  reference::GptConfig config;
+  GptConfig config;
   const auto integer = [&](const char* key) {
     const Json* v = find(key);
     if (v == nullptr) throw Error(fmt::format("{}: missing \"{}\"", where, key));
@@ -315,9 +314,9 @@ void import_hf_gpt2(GptModel<T>& model, const fs::path& dir) {
 
   try {
     store = &model.parameters_store();
-    const reference::GptConfig& have = model.config();
+    const GptConfig& have = model.config();
     check_parameters(*store, have);
-    const reference::GptConfig got = read_hf_gpt2_config(dir / "config.json");
+    const GptConfig got = read_hf_gpt2_config(dir / "config.json");
     const auto same = [&](const char* key, int file_value, int model_value) {
       if (file_value != model_value)
         throw Error(fmt::format("config.json has {}={} but the model has {}={}", key, file_value,

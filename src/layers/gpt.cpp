@@ -11,8 +11,7 @@ namespace summa {
 namespace {
 
 ProcessGrid& checked(const std::string& what, ProcessGrid& grid, const Backend& backend,
-                     const reference::GptConfig& c, index_t batch, index_t seq,
-                     const GptOptions& options) {
+                     const GptConfig& c, index_t batch, index_t seq, const GptOptions& options) {
   std::optional<std::string> error;
   try {
     c.validate();
@@ -44,8 +43,8 @@ ProcessGrid& checked(const std::string& what, ProcessGrid& grid, const Backend& 
 }  // namespace
 
 template <class T>
-Gpt<T>::Gpt(SchemeContext<T>& scheme, const reference::GptConfig& config, index_t batch,
-            index_t seq, GptOptions options)
+Gpt<T>::Gpt(SchemeContext<T>& scheme, const GptConfig& config, index_t batch, index_t seq,
+            GptOptions options)
     : scheme_(&scheme),
       grid_(&checked(fmt::format("GPT ({})", scheme.label()), scheme.grid(), scheme.backend(),
                      config, batch, seq, options)),

@@ -15,13 +15,6 @@ index_t ParamShard::global_size() const {
   return n;
 }
 
-BufferNeeds& BufferNeeds::then(const BufferNeeds& o) {
-  workspace = std::max(workspace, o.workspace);
-  forward += o.forward;
-  backward = std::max(backward, o.backward);
-  return *this;
-}
-
 template <class T>
 std::size_t ParameterStore<T>::bytes_for(const std::vector<Param<T>*>& params) {
   index_t total = 0;
@@ -66,7 +59,7 @@ Param<T>& ParameterStore<T>::find(std::string_view name) const {
 }
 
 template <class T>
-void ParameterStore<T>::init_gpt(std::uint64_t seed, const reference::GptConfig& config) {
+void ParameterStore<T>::init_gpt(std::uint64_t seed, const GptConfig& config) {
   if constexpr (std::is_same_v<T, bf16>) {
     // bf16: the reference value rounded to float, then to bf16 (the rounding
     // of bf16(double)), through a float host image of each parameter: the
@@ -84,7 +77,7 @@ void ParameterStore<T>::init_gpt(std::uint64_t seed, const reference::GptConfig&
       const auto local = MatrixView<float>::dense(wide.data(), p->shard.local_rows,
                                                   p->shard.local_cols, Order::row_major);
       for (const ShardPiece& piece : p->shard.pieces)
-        reference::init_fill_block<float>(
+        init_fill_block<float>(
             seed, p->shard.name, piece.global_row, piece.global_col,
             local.block(piece.local_row, piece.local_col, piece.rows, piece.cols), config);
       for (std::size_t k = 0; k < n; ++k) narrow[k] = bf16(wide[k]);
@@ -104,9 +97,9 @@ void ParameterStore<T>::init_gpt(std::uint64_t seed, const reference::GptConfig&
                                      Order::row_major);
       }
       for (const ShardPiece& piece : p->shard.pieces)
-        reference::init_fill_block<T>(
-            seed, p->shard.name, piece.global_row, piece.global_col,
-            local.block(piece.local_row, piece.local_col, piece.rows, piece.cols), config);
+        init_fill_block<T>(seed, p->shard.name, piece.global_row, piece.global_col,
+                           local.block(piece.local_row, piece.local_col, piece.rows, piece.cols),
+                           config);
       if (!direct) backend_->upload(p->value, staging.data(), staging.size() * sizeof(T));
     }
   }

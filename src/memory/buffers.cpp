@@ -2,7 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace summa {
+
+BufferNeeds& BufferNeeds::then(const BufferNeeds& o) {
+  workspace = std::max(workspace, o.workspace);
+  forward += o.forward;
+  backward = std::max(backward, o.backward);
+  return *this;
+}
 
 std::size_t MemoryReport::total() const {
   std::size_t t = 0;

@@ -24,9 +24,9 @@ void data_axis(cost::Tally& t, const cost::BucketSizes& b, const cost::Shape& s,
 
 }  // namespace
 
-TrafficCounters predict_step_traffic(const SchemeSpec& spec, const reference::GptConfig& config,
-                                     index_t batch, index_t seq, const GptOptions& options,
-                                     DType dtype, const GridCoords& coords) {
+TrafficCounters predict_step_traffic(const SchemeSpec& spec, const GptConfig& config, index_t batch,
+                                     index_t seq, const GptOptions& options, DType dtype,
+                                     const GridCoords& coords) {
   const auto u = [](auto v) { return static_cast<u64>(v); };
   const cost::Shape s{.L = u(config.n_layer),
                       .h = u(config.n_embd),

@@ -21,8 +21,8 @@ ProcessGrid make_grid(MPI_Comm comm, const SchemeSpec& spec, GridOptions options
 
 template <class T>
 ParallelGpt<T>::ParallelGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
-                            const reference::GptConfig& config, index_t batch, index_t seq,
-                            GptOptions options, GridOptions grid)
+                            const GptConfig& config, index_t batch, index_t seq, GptOptions options,
+                            GridOptions grid)
     : spec_(spec),
       grid_(make_grid(comm, spec, grid)),
       scheme_(make_context<T>(spec, grid_, backend)),
@@ -37,8 +37,8 @@ index_t batch_granularity(const SchemeSpec& spec) {
 
 template <class T>
 MemoryReport plan_memory(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
-                         const reference::GptConfig& config, index_t batch, index_t seq,
-                         GptOptions options, GridOptions grid) {
+                         const GptConfig& config, index_t batch, index_t seq, GptOptions options,
+                         GridOptions grid) {
   options.plan_only = true;
   ParallelGpt<T> run(comm, spec, backend, config, batch, seq, options, grid);
   return run.model().memory_report();
@@ -46,7 +46,7 @@ MemoryReport plan_memory(MPI_Comm comm, const SchemeSpec& spec, Backend& backend
 
 template <class T>
 index_t largest_batch(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
-                      const reference::GptConfig& config, index_t seq, GptOptions options,
+                      const GptConfig& config, index_t seq, GptOptions options,
                       std::size_t budget_bytes, index_t max_batch, GridOptions grid) {
   const index_t step = batch_granularity(spec);
   const auto fits = [&](index_t units) {
@@ -77,23 +77,17 @@ index_t largest_batch(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
 template class ParallelGpt<float>;
 template class ParallelGpt<double>;
 template class ParallelGpt<bf16>;
-template MemoryReport plan_memory<float>(MPI_Comm, const SchemeSpec&, Backend&,
-                                         const reference::GptConfig&, index_t, index_t, GptOptions,
-                                         GridOptions);
-template MemoryReport plan_memory<double>(MPI_Comm, const SchemeSpec&, Backend&,
-                                          const reference::GptConfig&, index_t, index_t, GptOptions,
-                                          GridOptions);
-template index_t largest_batch<float>(MPI_Comm, const SchemeSpec&, Backend&,
-                                      const reference::GptConfig&, index_t, GptOptions, std::size_t,
-                                      index_t, GridOptions);
-template index_t largest_batch<double>(MPI_Comm, const SchemeSpec&, Backend&,
-                                       const reference::GptConfig&, index_t, GptOptions,
-                                       std::size_t, index_t, GridOptions);
-template MemoryReport plan_memory<bf16>(MPI_Comm, const SchemeSpec&, Backend&,
-                                        const reference::GptConfig&, index_t, index_t, GptOptions,
-                                        GridOptions);
-template index_t largest_batch<bf16>(MPI_Comm, const SchemeSpec&, Backend&,
-                                     const reference::GptConfig&, index_t, GptOptions, std::size_t,
-                                     index_t, GridOptions);
+template MemoryReport plan_memory<float>(MPI_Comm, const SchemeSpec&, Backend&, const GptConfig&,
+                                         index_t, index_t, GptOptions, GridOptions);
+template MemoryReport plan_memory<double>(MPI_Comm, const SchemeSpec&, Backend&, const GptConfig&,
+                                          index_t, index_t, GptOptions, GridOptions);
+template index_t largest_batch<float>(MPI_Comm, const SchemeSpec&, Backend&, const GptConfig&,
+                                      index_t, GptOptions, std::size_t, index_t, GridOptions);
+template index_t largest_batch<double>(MPI_Comm, const SchemeSpec&, Backend&, const GptConfig&,
+                                       index_t, GptOptions, std::size_t, index_t, GridOptions);
+template MemoryReport plan_memory<bf16>(MPI_Comm, const SchemeSpec&, Backend&, const GptConfig&,
+                                        index_t, index_t, GptOptions, GridOptions);
+template index_t largest_batch<bf16>(MPI_Comm, const SchemeSpec&, Backend&, const GptConfig&,
+                                     index_t, GptOptions, std::size_t, index_t, GridOptions);
 
 }  // namespace summa

@@ -403,4 +403,16 @@ template void SummaEngine::multiply<bf16>(Form, index_t, index_t, index_t, float
                                           ConstMatrixView<bf16>, ConstMatrixView<bf16>, float,
                                           MatrixView<bf16>, Workspace&);
 
+const char* name_of(Form f) {
+  switch (f) {
+    case Form::AB:
+      return "AB";
+    case Form::ABt:
+      return "ABt";
+    case Form::AtB:
+      return "AtB";
+  }
+  return "?";
+}
+
 }  // namespace summa

@@ -18,7 +18,7 @@ int world_size(MPI_Comm comm) {
   return size;
 }
 
-std::string config_text(const reference::GptConfig& c) {
+std::string config_text(const GptConfig& c) {
   return fmt::format("n_layer={} n_head={} n_embd={} n_positions={} vocab_size={} eps={}",
                      c.n_layer, c.n_head, c.n_embd, c.n_positions, c.vocab_size,
                      c.layer_norm_epsilon);
@@ -45,7 +45,7 @@ void TrainerOptions::validate() const {
   schedule.validate();
 }
 
-reference::GptConfig config_from_meta(const std::map<std::string, std::string>& meta) {
+GptConfig config_from_meta(const std::map<std::string, std::string>& meta) {
   const auto get = [&](const char* key) -> const std::string& {
     const auto it = meta.find(key);
     require(it != meta.end(),
@@ -62,7 +62,7 @@ reference::GptConfig config_from_meta(const std::map<std::string, std::string>& 
     }
     throw Error(fmt::format("checkpoint metadata '{}' = '{}' is not an integer", key, v));
   };
-  reference::GptConfig c;
+  GptConfig c;
   c.n_layer = integer("n_layer");
   c.n_head = integer("n_head");
   c.n_embd = integer("n_embd");
@@ -79,7 +79,7 @@ reference::GptConfig config_from_meta(const std::map<std::string, std::string>& 
   return c;
 }
 
-double model_flops_per_step(const reference::GptConfig& c, index_t batch, index_t seq) {
+double model_flops_per_step(const GptConfig& c, index_t batch, index_t seq) {
   const double B = static_cast<double>(batch), s = static_cast<double>(seq),
                l = static_cast<double>(c.n_layer), h = static_cast<double>(c.n_embd),
                V = static_cast<double>(c.vocab_size);
@@ -181,7 +181,7 @@ double Trainer<T>::evaluate(int batches) {
 
 template <class T>
 std::map<std::string, std::string> Trainer<T>::checkpoint_meta() const {
-  const reference::GptConfig& c = options_.config;
+  const GptConfig& c = options_.config;
   return {{"scheme", run_->spec().str()},
           {"config", config_text(c)},
           {"n_layer", std::to_string(c.n_layer)},

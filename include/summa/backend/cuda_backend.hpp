@@ -5,9 +5,9 @@
 ///
 /// This header needs no CUDA headers (the CUDA objects live behind a pimpl
 /// and streams travel as `void*`), so host-only code and the installed
-/// package can include it. The class is only *defined* in a libsumma built
-/// with CUDA (summa/build_info.hpp: SUMMA_HAVE_CUDA == 1); elsewhere a
-/// program that uses it fails to link.
+/// package can include it. The class is *defined* in summa's CUDA component
+/// (libsumma_cuda, CMake target summa::cuda; built where summa/build_info.hpp
+/// has SUMMA_HAVE_CUDA == 1); a program that uses it links summa::cuda.
 ///
 /// Pointer contract: every pointer handed to a CudaBackend op — view data,
 /// per-row / per-column arrays (bias, mean, rstd, gamma, ...), token ids and

@@ -46,7 +46,8 @@ struct Device {
 /// rank's GPU). Throws summa::Error, the same on every rank, for an unknown
 /// backend or communicator, a combination that cannot work (MPI
 /// communicators with device memory, a device communicator or TF32 on the
-/// cpu), or cuda in a build without CUDA.
+/// cpu), or cuda in a build without CUDA or in a program that does not link
+/// the CUDA component (summa::cuda, libsumma_cuda).
 Device make_device(MPI_Comm comm, const DeviceOptions& options);
 
 }  // namespace summa

@@ -1,7 +1,7 @@
 #pragma once
 /// \file nccl_communicator.hpp
-/// Communicator on NCCL for device buffers, stream-ordered. Available when
-/// summa is built with CUDA (the CMake condition of cmake/SummaCuda.cmake);
+/// Communicator on NCCL for device buffers, stream-ordered. Defined in summa's
+/// CUDA component (libsumma_cuda, CMake target summa::cuda);
 /// this header itself needs neither the CUDA nor the NCCL headers: streams,
 /// events and the NCCL communicator are opaque handles.
 ///
@@ -112,7 +112,7 @@ class NcclCommunicator final : public Communicator {
 /// device (and how many local ranks share it when there are more ranks than
 /// devices). Returns the device index. Collective over `comm`; throws
 /// summa::Error on every rank when any rank sees no CUDA device or cannot
-/// select it. Available when summa is built with CUDA.
+/// select it. Defined in the CUDA component (summa::cuda).
 int select_device_for_rank(MPI_Comm comm);
 
 }  // namespace summa

@@ -3,7 +3,8 @@
 /// Communicator on MPI for device buffers, staged through pinned host memory:
 /// the fallback when NCCL cannot be used, above all when several ranks share
 /// one GPU (NCCL needs one GPU per rank), e.g. a 2x2 mesh tested on one GPU.
-/// Available when summa is built with CUDA; the header needs no CUDA headers.
+/// Defined in the CUDA component (libsumma_cuda, summa::cuda); the header
+/// needs no CUDA headers.
 ///
 /// Each collective copies its input device -> host on the caller's compute
 /// stream and synchronises that stream (so the input the compute stream

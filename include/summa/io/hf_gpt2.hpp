@@ -22,7 +22,7 @@
 #include <string>
 
 #include "summa/layers/gpt_model.hpp"
-#include "summa/reference/gpt.hpp"
+#include "summa/model/config.hpp"
 
 namespace summa::io {
 
@@ -31,7 +31,7 @@ enum class DTypeOut : std::uint8_t { f32, f64, bf16 };
 
 /// The config.json text of a model (Hugging Face GPT2Config fields;
 /// "torch_dtype" names `dtype`).
-std::string hf_gpt2_config_json(const reference::GptConfig& config, DTypeOut dtype = DTypeOut::f32);
+std::string hf_gpt2_config_json(const GptConfig& config, DTypeOut dtype = DTypeOut::f32);
 
 /// The model shape stored in a config.json (the file itself, or a directory
 /// holding one). Throws summa::Error naming the file and the field when it
@@ -43,7 +43,7 @@ std::string hf_gpt2_config_json(const reference::GptConfig& config, DTypeOut dty
 /// or 4·n_embd, untied embeddings, scale_attn_weights false,
 /// scale_attn_by_inverse_layer_idx or reorder_and_upcast_attn true.
 /// layer_norm_epsilon defaults to 1e-5 as in GPT2Config.
-reference::GptConfig read_hf_gpt2_config(const std::filesystem::path& path);
+GptConfig read_hf_gpt2_config(const std::filesystem::path& path);
 
 /// Writes dir/model.safetensors (metadata {"format": "pt"}) and
 /// dir/config.json, creating `dir` if needed; existing files are replaced

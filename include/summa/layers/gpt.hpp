@@ -54,7 +54,7 @@ class Gpt final : public GptModel<T> {
   /// n_positions, batch divisible by the data groups) and the scheme's own
   /// constraints (SchemeContext::check_gpt), with the same error on every
   /// rank. Token and target ids are checked every step.
-  Gpt(SchemeContext<T>& scheme, const reference::GptConfig& config, index_t batch, index_t seq,
+  Gpt(SchemeContext<T>& scheme, const GptConfig& config, index_t batch, index_t seq,
       GptOptions options = {});
   ~Gpt() override;
   Gpt(const Gpt&) = delete;
@@ -69,7 +69,7 @@ class Gpt final : public GptModel<T> {
                  std::span<const std::int32_t> targets) override;
   void backward(bool accumulate = false) override;
 
-  const reference::GptConfig& config() const override { return config_; }
+  const GptConfig& config() const override { return config_; }
   const GptOptions& options() const override { return options_; }
   index_t batch() const override { return batch_; }
   index_t seq() const override { return seq_; }
@@ -103,7 +103,7 @@ class Gpt final : public GptModel<T> {
   SchemeContext<T>* scheme_;
   ProcessGrid* grid_;
   Backend* backend_;
-  reference::GptConfig config_;
+  GptConfig config_;
   GptOptions options_;
   index_t batch_, seq_;
   int data_;

@@ -11,7 +11,7 @@
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/parameters.hpp"
 #include "summa/memory/buffers.hpp"
-#include "summa/reference/gpt.hpp"
+#include "summa/model/config.hpp"
 
 namespace summa {
 
@@ -40,7 +40,7 @@ class GptModel : public Module<T> {
   /// `accumulate`.
   virtual void backward(bool accumulate = false) = 0;
 
-  virtual const reference::GptConfig& config() const = 0;
+  virtual const GptConfig& config() const = 0;
   virtual const GptOptions& options() const = 0;
   /// Global batch (sequences) and sequence length the buffers are sized for.
   virtual index_t batch() const = 0;

@@ -31,6 +31,7 @@
 #include "summa/core/error.hpp"
 #include "summa/core/matrix_view.hpp"
 #include "summa/memory/arena.hpp"
+#include "summa/memory/buffers.hpp"
 
 namespace summa {
 
@@ -89,36 +90,6 @@ struct Param {
   bool held() const { return shard.local_size() > 0; }
 };
 
-/// Bytes of each step arena a layer takes at most (each request rounded up
-/// to Arena::alignment).
-struct BufferNeeds {
-  std::size_t workspace = 0;  ///< peak during any one call
-  std::size_t forward = 0;    ///< kept from forward() until backward()
-  std::size_t backward = 0;   ///< peak during backward()
-
-  /// Sequential composition: forward adds up, the peaks take the maximum.
-  BufferNeeds& then(const BufferNeeds& o);
-};
-
-/// Accumulates arena requests of T elements the way Arena::take rounds them.
-template <class T>
-class ByteCount {
- public:
-  ByteCount& add(index_t count) {
-    bytes_ += Arena::rounded(static_cast<std::size_t>(count) * sizeof(T));
-    return *this;
-  }
-  ByteCount& add_bytes(std::size_t b) {
-    bytes_ += Arena::rounded(b);
-    return *this;
-  }
-  std::size_t bytes() const { return bytes_; }
-  operator std::size_t() const { return bytes_; }
-
- private:
-  std::size_t bytes_ = 0;
-};
-
 /// Token ids (targets, positions) in a backend's memory, where the
 /// backend's row kernels (gather_rows, pick_targets, ...) can read them.
 /// Allocated once at construction; a layer copies the host ids of a step in
@@ -166,13 +137,6 @@ class BackendIds {
   Backend* backend_ = nullptr;
   std::int32_t* data_ = nullptr;
   std::size_t capacity_ = 0, size_ = 0;
-};
-
-/// The arenas of one step (see the file comment).
-struct StepBuffers {
-  Arena& workspace;
-  Arena& forward;
-  Arena& backward;
 };
 
 /// Parameter side of the interface, shared by every layer and model.

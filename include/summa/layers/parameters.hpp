@@ -15,7 +15,8 @@
 
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/layer.hpp"
-#include "summa/reference/gpt.hpp"
+#include "summa/model/config.hpp"
+#include "summa/model/init.hpp"
 
 namespace summa {
 
@@ -36,11 +37,11 @@ class ParameterStore {
   /// The parameter called `name`; throws summa::Error if there is none.
   Param<T>& find(std::string_view name) const;
 
-  /// Layout-invariant GPT-2 initialisation (summa::reference::init_value):
+  /// Layout-invariant GPT-2 initialisation (init_value):
   /// every local element gets the value the serial reference gives the same
   /// global element, whatever the mesh (for bf16: that value rounded to
   /// bf16, through a float host image). Allocates (host staging).
-  void init_gpt(std::uint64_t seed, const reference::GptConfig& config);
+  void init_gpt(std::uint64_t seed, const GptConfig& config);
   /// Every gradient = 0.
   /// Layout-invariant uniform initialisation for any model: every global
   /// element (index i = row * cols + col of the tensor `name`) gets

@@ -39,7 +39,7 @@
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/layer.hpp"
 #include "summa/memory/buffers.hpp"
-#include "summa/reference/gpt.hpp"
+#include "summa/model/config.hpp"
 
 namespace summa {
 
@@ -132,8 +132,7 @@ class SchemeContext {
 
   /// The scheme's constraints on a GPT of `config` and global `batch` (the
   /// data axis included), or nullopt. Gpt agrees on it across ranks.
-  virtual std::optional<std::string> check_gpt(const reference::GptConfig& config,
-                                               index_t batch) const = 0;
+  virtual std::optional<std::string> check_gpt(const GptConfig& config, index_t batch) const = 0;
 
   /// Every rank of the tensor group throws the same summa::Error if any
   /// rank has one.

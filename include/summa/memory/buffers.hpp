@@ -20,9 +20,48 @@
 #include <string>
 #include <vector>
 
-#include "summa/layers/layer.hpp"
+#include "summa/core/types.hpp"
+#include "summa/memory/arena.hpp"
 
 namespace summa {
+
+/// The arenas of one step (see the file comment): what a layer's forward and
+/// backward take temporaries and saved activations from.
+struct StepBuffers {
+  Arena& workspace;
+  Arena& forward;
+  Arena& backward;
+};
+
+/// Bytes of each step arena a layer takes at most (each request rounded up
+/// to Arena::alignment).
+struct BufferNeeds {
+  std::size_t workspace = 0;  ///< peak during any one call
+  std::size_t forward = 0;    ///< kept from forward() until backward()
+  std::size_t backward = 0;   ///< peak during backward()
+
+  /// Sequential composition: forward adds up, the peaks take the maximum.
+  BufferNeeds& then(const BufferNeeds& o);
+};
+
+/// Accumulates arena requests of T elements the way Arena::take rounds them.
+template <class T>
+class ByteCount {
+ public:
+  ByteCount& add(index_t count) {
+    bytes_ += Arena::rounded(static_cast<std::size_t>(count) * sizeof(T));
+    return *this;
+  }
+  ByteCount& add_bytes(std::size_t b) {
+    bytes_ += Arena::rounded(b);
+    return *this;
+  }
+  std::size_t bytes() const { return bytes_; }
+  operator std::size_t() const { return bytes_; }
+
+ private:
+  std::size_t bytes_ = 0;
+};
 
 /// One arena's size and use.
 struct BufferUsage {

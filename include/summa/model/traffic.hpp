@@ -16,8 +16,8 @@ namespace summa::model {
 
 /// Bytes sent and received on every axis by the rank at `coords` in one
 /// forward + backward of a GPT with this configuration (calls are left 0).
-TrafficCounters predict_step_traffic(const SchemeSpec& spec, const reference::GptConfig& config,
-                                     index_t batch, index_t seq, const GptOptions& options,
-                                     DType dtype, const GridCoords& coords);
+TrafficCounters predict_step_traffic(const SchemeSpec& spec, const GptConfig& config, index_t batch,
+                                     index_t seq, const GptOptions& options, DType dtype,
+                                     const GridCoords& coords);
 
 }  // namespace summa::model

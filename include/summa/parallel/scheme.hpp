@@ -33,9 +33,8 @@ ProcessGrid make_grid(MPI_Comm comm, const SchemeSpec& spec, GridOptions options
 template <class T>
 class ParallelGpt {
  public:
-  ParallelGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
-              const reference::GptConfig& config, index_t batch, index_t seq,
-              GptOptions options = {}, GridOptions grid = {});
+  ParallelGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& backend, const GptConfig& config,
+              index_t batch, index_t seq, GptOptions options = {}, GridOptions grid = {});
   ~ParallelGpt();
   ParallelGpt(const ParallelGpt&) = delete;
   ParallelGpt& operator=(const ParallelGpt&) = delete;
@@ -65,7 +64,7 @@ index_t batch_granularity(const SchemeSpec& spec);
 /// its pinned staging buffers while the plan is made).
 template <class T>
 MemoryReport plan_memory(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
-                         const reference::GptConfig& config, index_t batch, index_t seq,
+                         const GptConfig& config, index_t batch, index_t seq,
                          GptOptions options = {}, GridOptions grid = {});
 
 /// Largest global batch, a multiple of batch_granularity(spec) and at most
@@ -75,29 +74,28 @@ MemoryReport plan_memory(MPI_Comm comm, const SchemeSpec& spec, Backend& backend
 /// over plans. Collective over `comm`; `grid` as for plan_memory.
 template <class T>
 index_t largest_batch(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
-                      const reference::GptConfig& config, index_t seq, GptOptions options,
+                      const GptConfig& config, index_t seq, GptOptions options,
                       std::size_t budget_bytes, index_t max_batch, GridOptions grid = {});
 
 extern template class ParallelGpt<float>;
 extern template class ParallelGpt<double>;
 extern template class ParallelGpt<bf16>;
 extern template MemoryReport plan_memory<float>(MPI_Comm, const SchemeSpec&, Backend&,
-                                                const reference::GptConfig&, index_t, index_t,
-                                                GptOptions, GridOptions);
+                                                const GptConfig&, index_t, index_t, GptOptions,
+                                                GridOptions);
 extern template MemoryReport plan_memory<double>(MPI_Comm, const SchemeSpec&, Backend&,
-                                                 const reference::GptConfig&, index_t, index_t,
-                                                 GptOptions, GridOptions);
+                                                 const GptConfig&, index_t, index_t, GptOptions,
+                                                 GridOptions);
 extern template index_t largest_batch<float>(MPI_Comm, const SchemeSpec&, Backend&,
-                                             const reference::GptConfig&, index_t, GptOptions,
-                                             std::size_t, index_t, GridOptions);
+                                             const GptConfig&, index_t, GptOptions, std::size_t,
+                                             index_t, GridOptions);
 extern template index_t largest_batch<double>(MPI_Comm, const SchemeSpec&, Backend&,
-                                              const reference::GptConfig&, index_t, GptOptions,
-                                              std::size_t, index_t, GridOptions);
+                                              const GptConfig&, index_t, GptOptions, std::size_t,
+                                              index_t, GridOptions);
 extern template MemoryReport plan_memory<bf16>(MPI_Comm, const SchemeSpec&, Backend&,
-                                               const reference::GptConfig&, index_t, index_t,
-                                               GptOptions, GridOptions);
-extern template index_t largest_batch<bf16>(MPI_Comm, const SchemeSpec&, Backend&,
-                                            const reference::GptConfig&, index_t, GptOptions,
-                                            std::size_t, index_t, GridOptions);
+                                               const GptConfig&, index_t, index_t, GptOptions,
+                                               GridOptions);
+extern template index_t largest_batch<bf16>(MPI_Comm, const SchemeSpec&, Backend&, const GptConfig&,
+                                            index_t, GptOptions, std::size_t, index_t, GridOptions);
 
 }  // namespace summa

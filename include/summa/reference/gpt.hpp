@@ -25,84 +25,21 @@
 
 #include "summa/core/matrix_view.hpp"
 #include "summa/core/types.hpp"
+#include "summa/model/config.hpp"
+#include "summa/model/init.hpp"
 
 namespace summa::reference {
 
-/// Model shape (Hugging Face GPT2Config field names).
-struct GptConfig {
-  int n_layer = 0;
-  int n_head = 0;
-  int n_embd = 0;
-  int n_positions = 0;
-  int vocab_size = 0;
-  double layer_norm_epsilon = 1e-5;
-
-  /// Throws summa::Error naming the values: every integer field positive,
-  /// n_embd divisible by n_head, epsilon positive and finite.
-  void validate() const;
-  /// d = n_embd / n_head.
-  index_t head_dim() const { return n_head > 0 ? n_embd / n_head : 0; }
-};
-
-/// A parameter tensor: its name and logical (row-major) shape, 1-D or 2-D.
-struct ParamInfo {
-  std::string name;
-  std::vector<index_t> shape;
-  index_t size() const;
-  /// The 2-D shape used by matrix views: [rows, cols] of a 2-D tensor, [1, n]
-  /// of a 1-D one.
-  index_t rows() const { return shape.size() == 2 ? shape[0] : 1; }
-  index_t cols() const { return shape.back(); }
-};
-
-/// Every parameter in the fixed order: wte.weight, wpe.weight, then for i = 0..n_layer-1
-/// h.{i}.ln_1.weight, h.{i}.ln_1.bias, h.{i}.attn.c_attn.weight,
-/// h.{i}.attn.c_attn.bias, h.{i}.attn.c_proj.weight, h.{i}.attn.c_proj.bias,
-/// h.{i}.ln_2.weight, h.{i}.ln_2.bias, h.{i}.mlp.c_fc.weight, h.{i}.mlp.c_fc.bias,
-/// h.{i}.mlp.c_proj.weight, h.{i}.mlp.c_proj.bias; then ln_f.weight, ln_f.bias.
-/// Validates the config.
-std::vector<ParamInfo> parameter_list(const GptConfig& config);
-/// Total number of parameter elements (the tied head counts once).
-index_t parameter_count(const GptConfig& config);
-
-// ---------------------------------------------------------------- initialisation
-//
-// Layout-invariant: every element's initial value is a pure function of
-// (seed, parameter name, flat row-major index in the global tensor), so any
-// shard of any layout can be generated on its own and the global weights are
-// identical. The generator is counter-based (no state):
-//   mix(z)  = splitmix64's finaliser: z ^= z >> 30; z *= 0xBF58476D1CE4E5B9;
-//             z ^= z >> 27; z *= 0x94D049BB133111EB; z ^= z >> 31
-//   γ       = 0x9E3779B97F4A7C15, fnv1a64 = 64-bit FNV-1a of the name's bytes
-//   key     = mix(mix(seed + γ) ^ fnv1a64(name))
-//   u_k     = ((mix(key + (2·index + k + 1)·γ) >> 11) + 1) · 2⁻⁵³ in (0, 1], k = 0, 1
-//   z       = sqrt(−2 ln u_0) · cos(2π u_1)                     (Box–Muller)
-// with all integer arithmetic mod 2⁶⁴. The element's value is std · z,
-// computed in double and then rounded to the element type. GPT-2 init: wte, wpe and every linear
-// weight N(0, 0.02), except the residual projections attn.c_proj.weight and mlp.c_proj.weight,
-// which get N(0, 0.02 / sqrt(2·n_layer)); biases 0; LayerNorm weight 1, bias 0.
-
-/// The standard normal deviate z(seed, name, index) above (no scaling; any
-/// name and index are accepted).
-double init_normal(std::uint64_t seed, std::string_view name, std::uint64_t index);
-
-/// Initial value of element `index` (flat, row-major) of parameter `name`.
-/// Throws summa::Error for an unknown name or an index outside the tensor.
-double init_value(std::uint64_t seed, std::string_view name, index_t index,
-                  const GptConfig& config);
-
-/// out[i] = init_value(seed, name, first + i, config) for every i; the range
-/// must lie inside the tensor.
-template <class T>
-void init_fill(std::uint64_t seed, std::string_view name, index_t first, std::span<T> out,
-               const GptConfig& config);
-
-/// A block of the parameter seen as its 2-D matrix (ParamInfo::rows() x
-/// cols(), 1-D tensors as one row): block(i, j) = value at global (row0 + i,
-/// col0 + j), i.e. flat index (row0 + i)·cols + col0 + j. Any order and ld.
-template <class T>
-void init_fill_block(std::uint64_t seed, std::string_view name, index_t row0, index_t col0,
-                     MatrixView<T> block, const GptConfig& config);
+// The model definition the reference shares with the distributed models
+// (summa/model/config.hpp, init.hpp), under its historical names.
+using summa::GptConfig;
+using summa::init_fill;
+using summa::init_fill_block;
+using summa::init_normal;
+using summa::init_value;
+using summa::parameter_count;
+using summa::parameter_list;
+using summa::ParamInfo;
 
 // ---------------------------------------------------------------- the model
 
@@ -249,13 +186,5 @@ class Gpt {
 
 extern template class Gpt<float>;
 extern template class Gpt<double>;
-extern template void init_fill<float>(std::uint64_t, std::string_view, index_t, std::span<float>,
-                                      const GptConfig&);
-extern template void init_fill<double>(std::uint64_t, std::string_view, index_t, std::span<double>,
-                                       const GptConfig&);
-extern template void init_fill_block<float>(std::uint64_t, std::string_view, index_t, index_t,
-                                            MatrixView<float>, const GptConfig&);
-extern template void init_fill_block<double>(std::uint64_t, std::string_view, index_t, index_t,
-                                             MatrixView<double>, const GptConfig&);
 
 }  // namespace summa::reference

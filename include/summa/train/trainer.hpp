@@ -35,7 +35,7 @@
 namespace summa {
 
 struct TrainerOptions {
-  reference::GptConfig config;
+  GptConfig config;
   /// Scheme text (SchemeSpec::parse); its rank count must equal the
   /// communicator's size.
   std::string scheme = "2d:q=1";
@@ -53,7 +53,7 @@ struct TrainerOptions {
   /// Clip the gradient's global norm to this (0: no clipping, the norm is
   /// still computed and reported).
   double clip = 1.0;
-  std::uint64_t init_seed = 1234;  ///< weights (reference::init_value)
+  std::uint64_t init_seed = 1234;  ///< weights (init_value)
   std::uint64_t data_seed = 1234;  ///< batch windows (io::TokenLoader)
   double val_fraction = 0.1;       ///< held-out tail of the token stream
   /// A step whose loss or gradient norm is NaN or infinite (divergence, or
@@ -141,12 +141,12 @@ class Trainer {
 /// n_layer, n_head, n_embd, n_positions, vocab_size, layer_norm_epsilon), so
 /// a resuming program can build the same model before loading. Throws
 /// summa::Error naming a missing or malformed key.
-reference::GptConfig config_from_meta(const std::map<std::string, std::string>& meta);
+GptConfig config_from_meta(const std::map<std::string, std::string>& meta);
 
 /// Model FLOPs of one training step (forward + backward, no recomputation)
 /// of a GPT-2, Narayanan et al. (SC'21) eq. 3:
 /// 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)).
-double model_flops_per_step(const reference::GptConfig& config, index_t batch, index_t seq);
+double model_flops_per_step(const GptConfig& config, index_t batch, index_t seq);
 
 extern template class Trainer<float>;
 extern template class Trainer<double>;

@@ -24,8 +24,8 @@
 
 #include "kernels.cuh"
 #include "summa/backend/cuda_backend.hpp"
+#include "summa/backend/optimizer_math.hpp"
 #include "summa/core/error.hpp"
-#include "summa/optim/optimizer.hpp"
 
 namespace summa::cuda_detail {
 

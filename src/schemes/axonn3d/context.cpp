@@ -73,8 +73,7 @@ std::unique_ptr<Loss<T>> Axonn3DContext<T>::cross_entropy(index_t tokens, index_
 }
 
 template <class T>
-std::optional<std::string> Axonn3DContext<T>::check_gpt(const reference::GptConfig& c,
-                                                        index_t batch) const {
+std::optional<std::string> Axonn3DContext<T>::check_gpt(const GptConfig& c, index_t batch) const {
   const auto data = static_cast<index_t>(this->grid().shape().data);
   const auto x = static_cast<index_t>(gx_), y = static_cast<index_t>(gy_),
              z = static_cast<index_t>(gz_);

@@ -64,8 +64,7 @@ std::unique_ptr<Loss<T>> Megatron1DContext<T>::cross_entropy(index_t tokens, ind
 }
 
 template <class T>
-std::optional<std::string> Megatron1DContext<T>::check_gpt(const reference::GptConfig& c,
-                                                           index_t) const {
+std::optional<std::string> Megatron1DContext<T>::check_gpt(const GptConfig& c, index_t) const {
   for (auto [what, v] : {std::pair{"n_embd (hidden)", c.n_embd}, std::pair{"n_head", c.n_head},
                          std::pair{"vocab_size", c.vocab_size}})
     if (v % p_ != 0) return fmt::format("GPT (1D): {}={} must be divisible by p={}", what, v, p_);

@@ -61,8 +61,7 @@ std::unique_ptr<Loss<T>> Summa2DContext<T>::cross_entropy(index_t tokens, index_
 }
 
 template <class T>
-std::optional<std::string> Summa2DContext<T>::check_gpt(const reference::GptConfig& c,
-                                                        index_t batch) const {
+std::optional<std::string> Summa2DContext<T>::check_gpt(const GptConfig& c, index_t batch) const {
   const int data = this->grid().shape().data;
   if (batch % (static_cast<index_t>(data) * q_) != 0)
     return fmt::format(

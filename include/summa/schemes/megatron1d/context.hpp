@@ -38,8 +38,7 @@ class Megatron1DContext final : public SchemeContext<T> {
                                    ActivationLayout layout) const override;
   std::unique_ptr<Loss<T>> cross_entropy(index_t tokens, index_t classes,
                                          index_t normalizer = 0) override;
-  std::optional<std::string> check_gpt(const reference::GptConfig& config,
-                                       index_t batch) const override;
+  std::optional<std::string> check_gpt(const GptConfig& config, index_t batch) const override;
 
  private:
   int p_;
