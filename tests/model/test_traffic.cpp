@@ -25,7 +25,7 @@ void step_bytes_match(bool checkpoint) {
   config.n_embd = 144;
   config.n_positions = 7;  // uneven position chunks at q = 2, 3
   config.vocab_size = 72;
-  const index_t batch = 72, seq = 3;
+  const index_t batch = common_batch(schemes_for(ranks)), seq = 3;
   std::mt19937_64 gen(fresh_seed());
   std::uniform_int_distribution<int> dist(0, config.vocab_size - 1);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * seq)), targets(tokens.size());

@@ -49,14 +49,15 @@ template <class T>
 void every_scheme_matches_reference() {
   const int ranks = world_size();
   // Divisible by every tensor size up to 9 that these rank counts give:
-  // heads by p (1, 2, 4, 8) and q (1, 2, 3), batch by data*q and by data.
+  // heads by p (1, 2, 4, 8) and q (1, 2, 3); the batch by every scheme's
+  // granularity (common_batch).
   reference::GptConfig config;
   config.n_layer = 2;
   config.n_head = 72;  // divisible by p up to 9 and by q = 2, 3
   config.n_embd = 144;
   config.n_positions = 8;
   config.vocab_size = 72;
-  const index_t batch = 72, seq = 4;
+  const index_t batch = common_batch(schemes_for(ranks)), seq = 4;
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed_note(seed));
   std::mt19937_64 gen(seed);
