@@ -294,8 +294,8 @@ double norm_error_over_ranks(const A& a, const B& b) {
 }
 
 /// Twice the smallest batch every scheme in `specs` can split (the lcm of
-/// their batch_granularity): every rank gets at least two sequences'
-/// worth of work, at the least compute (a fixed batch of 72, divisible under
+/// their batch_granularity): every split of the batch holds at least two
+/// sequences, at the least compute (a fixed batch of 72, divisible under
 /// every rank count, costs 4 to 9 times more at 4, 8 and 9 ranks).
 inline index_t common_batch(const std::vector<SchemeSpec>& specs) {
   index_t b = 1;
