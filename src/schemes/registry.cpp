@@ -37,10 +37,13 @@ std::span<const SchemeRow* const> scheme_registry() {
   return kRegistry;
 }
 
-const SchemeRow& scheme_row(Scheme id) {
-  for (const SchemeRow* r : kRegistry)
-    if (r->id == id) return *r;
-  throw Error(fmt::format("scheme registry: no row for scheme value {}", static_cast<int>(id)));
+const SchemeRow& scheme_row(std::string_view tag) {
+  std::string tags;
+  for (const SchemeRow* r : kRegistry) {
+    if (r->tag == tag) return *r;
+    tags += fmt::format("{}'{}'", tags.empty() ? "" : ", ", r->tag);
+  }
+  throw Error(fmt::format("unknown scheme '{}' (the registered schemes are {})", tag, tags));
 }
 
 int parse_positive(std::string_view digits, std::string_view item) {
@@ -97,7 +100,7 @@ SchemeSpec SchemeSpec::parse(std::string_view text) {
         return fmt::format("scheme item '{}': a second scheme; {}", item, grammar());
       });
       row = *it;
-      spec.scheme = row->id;
+      spec.scheme = row->tag;
       row->parse(item.substr(colon + 1), item, spec);
     } else if (item.starts_with("data=")) {
       require(!have_data,

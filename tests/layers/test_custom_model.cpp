@@ -141,7 +141,7 @@ void custom_mlp_matches_serial() {
   int tested = 0;
   std::vector<SchemeSpec> specs = schemes_for(world_size());
   for (const SchemeSpec& s : schemes_for(world_size()))
-    if (s.scheme == Scheme::axonn3d && s.gz > 1) {  // the 3D overlaps: hooks run by Sequential
+    if (s.scheme == "3d" && s.gz > 1) {  // the 3D overlaps: hooks run by Sequential
       SchemeSpec all = s;
       all.ors = all.oag = true;
       specs.push_back(all);

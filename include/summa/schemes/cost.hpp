@@ -1,14 +1,17 @@
 #pragma once
 /// \file cost.hpp
 /// The closed-form communication cost of a scheme's ops, in the
-/// direct-exchange model of the traffic counters (docs/communication.md):
-/// each scheme's registry row adds the collectives of one training step to
-/// a Tally (src/schemes/<scheme>/cost.cpp), and model/traffic.hpp adds the
-/// data axis and returns the step total.
+/// direct-exchange model of the traffic counters (docs/communication.md).
+/// Each scheme implements OpCost (its registry row's op_cost makes one for
+/// a rank); each op's cost is defined in the op's own source file, beside
+/// its forward and backward (src/schemes/<scheme>/). model/traffic.cpp
+/// composes a training step from the ops once for every scheme and adds
+/// the data axis.
 
 #include <cstdint>
 
 #include "summa/comm/counters.hpp"
+#include "summa/layers/scheme_context.hpp"
 #include "summa/summa/engine.hpp"
 
 namespace summa::cost {
@@ -67,17 +70,60 @@ class Tally {
   }
 };
 
-/// The model as the cost formulas see it.
-struct Shape {
-  u64 L, h, V, P, T;  // layers, hidden, vocabulary, positions, tokens per data group
-  u64 e;              // element size
-  u64 a;              // statistics element size: acc_t (fp32 for bf16), e otherwise
-  bool checkpoint;
+/// Element sizes of a model: e for activations and parameters, a for the
+/// per-row statistics (acc_t: fp32 for bf16 models, e otherwise).
+struct Elements {
+  u64 e, a;
 };
 
-/// Local parameter elements of the data-axis gradient buckets on a rank.
-struct BucketSizes {
-  u64 ln_f, block, embedding;
+/// One scheme's collectives per op on one rank: each call adds what the
+/// op's forward or backward sends and receives there. Sizes are global:
+/// `tokens` of the data group, widths as in the model; the scheme derives
+/// its local blocks. A linear's role is as in SchemeContext::linear.
+class OpCost {
+ public:
+  virtual ~OpCost() = default;
+
+  virtual void linear_forward(Tally& t, u64 tokens, u64 in, u64 out, LinearRole role,
+                              bool bias) const = 0;
+  virtual void linear_backward(Tally& t, u64 tokens, u64 in, u64 out, LinearRole role,
+                               bool bias) const = 0;
+  virtual void layer_norm_forward(Tally& t, u64 tokens, u64 hidden) const = 0;
+  virtual void layer_norm_backward(Tally& t, u64 tokens, u64 hidden) const = 0;
+  /// Token + position embedding (SchemeContext::embedding).
+  virtual void embedding_forward(Tally& t, u64 tokens, u64 vocab, u64 hidden,
+                                 u64 positions) const = 0;
+  virtual void embedding_backward(Tally& t, u64 tokens, u64 vocab, u64 hidden,
+                                  u64 positions) const = 0;
+  /// The tied LM head and its cross-entropy, the loss included
+  /// (SchemeContext::lm_head).
+  virtual void lm_head_forward(Tally& t, u64 tokens, u64 vocab, u64 hidden) const = 0;
+  virtual void lm_head_backward(Tally& t, u64 tokens, u64 vocab, u64 hidden) const = 0;
+
+  /// Local parameter elements on this rank (replicas included): what the
+  /// rank's data-axis gradient buckets hold.
+  virtual u64 linear_params(u64 in, u64 out, LinearRole role, bool bias) const = 0;
+  virtual u64 layer_norm_params(u64 hidden) const = 0;
+  virtual u64 embedding_params(u64 vocab, u64 hidden, u64 positions) const = 0;
 };
 
 }  // namespace summa::cost
+
+/// Declares every cost::OpCost override in a scheme's class (inside the
+/// class, with `using u64 = cost::u64;` before it).
+#define SUMMA_OP_COST_OVERRIDES                                                                 \
+  void linear_forward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole role, bool bias)  \
+      const override;                                                                           \
+  void linear_backward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole role, bool bias) \
+      const override;                                                                           \
+  void layer_norm_forward(cost::Tally& t, u64 tokens, u64 hidden) const override;               \
+  void layer_norm_backward(cost::Tally& t, u64 tokens, u64 hidden) const override;              \
+  void embedding_forward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden, u64 positions)      \
+      const override;                                                                           \
+  void embedding_backward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden, u64 positions)     \
+      const override;                                                                           \
+  void lm_head_forward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const override;       \
+  void lm_head_backward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const override;      \
+  u64 linear_params(u64 in, u64 out, LinearRole role, bool bias) const override;                \
+  u64 layer_norm_params(u64 hidden) const override;                                             \
+  u64 embedding_params(u64 vocab, u64 hidden, u64 positions) const override;

@@ -4,10 +4,11 @@
 /// everything the rest of the library asks of a scheme — its text (scheme
 /// item and options), rank count, batch granularity, the factorisations of a
 /// rank count, its grid, its layer context for each element type and the
-/// role of each grid axis. Code that handles "any scheme" looks the row up
-/// instead of switching on the Scheme value. A new scheme is a folder
-/// (schemes/<name>/: its ops, its SchemeContext and its row) plus one line in
-/// the table (src/schemes/registry.cpp) and one Scheme value.
+/// role of each grid axis, the communication cost of its ops. Code that
+/// handles "any scheme" looks the row up by the scheme's tag instead of
+/// switching on the scheme. A new scheme is a folder (schemes/<name>/: its
+/// ops with their costs, its SchemeContext and its row) plus one line in the
+/// table (src/schemes/registry.cpp).
 
 #include <mpi.h>
 
@@ -30,9 +31,9 @@ using ContextFactory = std::unique_ptr<SchemeContext<T>> (*)(const SchemeSpec& s
                                                              ProcessGrid& grid, Backend& backend);
 
 struct SchemeRow {
-  Scheme id;
-  /// The scheme item's tag ("1d" in "1d:p=4") and its grammar, with the
-  /// scheme's options, for messages.
+  /// The scheme item's tag ("1d" in "1d:p=4"), which names the scheme
+  /// (SchemeSpec::scheme), and its grammar, with the scheme's options, for
+  /// messages.
   std::string_view tag;
   std::string_view grammar;
   /// Reads the scheme item's body (after "<tag>:") into spec; throws
@@ -59,10 +60,10 @@ struct SchemeRow {
   /// empty when the scheme does not communicate on it (the data axis is
   /// not the scheme's).
   std::string_view (*axis_role)(const SchemeSpec& spec, CommAxis axis);
-  /// Adds the collectives of one GPT training step on the rank at `coords`
-  /// (the data axis excepted) and returns its data-axis bucket sizes.
-  cost::BucketSizes (*step_traffic)(cost::Tally& tally, const cost::Shape& shape,
-                                    const SchemeSpec& spec, const GridCoords& coords);
+  /// The communication cost of the scheme's ops on the rank at `coords`
+  /// (schemes/cost.hpp), for a model with element sizes `elements`.
+  std::unique_ptr<cost::OpCost> (*op_cost)(const SchemeSpec& spec, const GridCoords& coords,
+                                           cost::Elements elements);
   /// The layer context on a grid from make_grid, for each element type.
   ContextFactory<float> context_f32;
   ContextFactory<double> context_f64;
@@ -71,8 +72,9 @@ struct SchemeRow {
 
 /// Every registered scheme, in a fixed order (1D, 2D, 3D).
 std::span<const SchemeRow* const> scheme_registry();
-/// The row of a scheme (throws summa::Error for a value with no row).
-const SchemeRow& scheme_row(Scheme id);
+/// The row of the scheme with tag `tag` (throws summa::Error naming it and
+/// the registered tags when there is none).
+const SchemeRow& scheme_row(std::string_view tag);
 
 /// The scheme's layer context on `grid` (made by the row's make_grid).
 template <class T>

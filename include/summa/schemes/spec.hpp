@@ -26,10 +26,9 @@
 
 namespace summa {
 
-enum class Scheme { megatron1d, summa2d, axonn3d };
-
 struct SchemeSpec {
-  Scheme scheme = Scheme::summa2d;
+  /// The scheme: its registry row's tag ("1d", "2d", "3d"; schemes/registry.hpp).
+  std::string scheme = "2d";
   int p = 1;                   ///< 1D: ranks of the tensor group
   int q = 1;                   ///< 2D: mesh side
   int gx = 1, gy = 1, gz = 1;  ///< 3D: grid

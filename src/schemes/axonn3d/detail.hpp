@@ -9,6 +9,7 @@
 
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/layer.hpp"
+#include "summa/schemes/cost.hpp"
 
 namespace summa::detail3d {
 
@@ -74,5 +75,37 @@ void check_view(const char* where, const char* what, const V& v, index_t rows, i
       return fmt::format("{}: {} must be contiguous (it takes part in a collective)", where, what);
     });
 }
+
+/// The 3D ops' communication (cost::OpCost) on the rank (x, y, z) of an
+/// X x Y x Z grid: X = mesh_col, Y = mesh_row, Z = depth. Each op's part is
+/// defined beside the op (layers.cpp: linear, LayerNorm; vocab.cpp:
+/// embedding, LM head).
+class Cost3D final : public cost::OpCost {
+ public:
+  using u64 = cost::u64;
+  Cost3D(u64 gx, u64 gy, u64 gz, u64 x, u64 y, u64 z, cost::Elements el)
+      : gx_(gx), gy_(gy), gz_(gz), x_(x), y_(y), z_(z), el_(el) {}
+
+  SUMMA_OP_COST_OVERRIDES
+
+ private:
+  struct Axis {
+    CommAxis axis;
+    u64 g, r;
+  };
+  Axis X() const { return {CommAxis::mesh_col, gx_, x_}; }
+  Axis Y() const { return {CommAxis::mesh_row, gy_, y_}; }
+  Axis Z() const { return {CommAxis::depth, gz_, z_}; }
+  static void all_reduce(cost::Tally& t, Axis a, u64 count, u64 e) {
+    t.all_reduce(a.axis, count, a.g, a.r, e);
+  }
+  /// An all-gather or reduce-scatter over Z of `per_rank` elements each.
+  void z_gather_or_scatter(cost::Tally& t, u64 per_rank) const {
+    t.gather_or_scatter(CommAxis::depth, per_rank, gz_, el_.e);
+  }
+  u64 wte_shard(u64 vocab, u64 hidden) const { return vocab * hidden / (gx_ * gy_ * gz_); }
+  u64 gx_, gy_, gz_, x_, y_, z_;
+  cost::Elements el_;
+};
 
 }  // namespace summa::detail3d

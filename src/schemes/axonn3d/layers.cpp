@@ -229,6 +229,34 @@ void Linear3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers&
   out_comm_->wait(request);
 }
 
+// Communication of a linear. The normal orientation (expand) reads input
+// columns over Y and writes outputs over X; the transposed one (contract)
+// the reverse. Forward all-gathers the weight shard over Z and all-reduces
+// the partial outputs over the input axis; backward gathers the weight
+// again (not cached), all-reduces dX over the output axis, reduce-scatters
+// dW over Z and all-reduces the bias gradient over Z.
+void detail3d::Cost3D::linear_forward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole role,
+                                      bool) const {
+  const bool normal = role == LinearRole::expand;
+  const Axis A = normal ? Y() : X(), B = normal ? X() : Y();
+  z_gather_or_scatter(t, in * out / (A.g * B.g * gz_));
+  all_reduce(t, A, tokens / gz_ * out / B.g, el_.e);
+}
+void detail3d::Cost3D::linear_backward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole role,
+                                       bool bias) const {
+  const bool normal = role == LinearRole::expand;
+  const Axis A = normal ? Y() : X(), B = normal ? X() : Y();
+  const u64 shard = in * out / (A.g * B.g * gz_);
+  z_gather_or_scatter(t, shard);                     // the weight
+  all_reduce(t, B, tokens / gz_ * in / A.g, el_.e);  // dX
+  z_gather_or_scatter(t, shard);                     // dW reduce-scatter
+  if (bias) all_reduce(t, Z(), out / B.g, el_.e);
+}
+cost::u64 detail3d::Cost3D::linear_params(u64 in, u64 out, LinearRole role, bool bias) const {
+  const u64 out_split = role == LinearRole::expand ? gx_ : gy_;
+  return in * out / (gx_ * gy_ * gz_) + (bias ? out / out_split : 0);
+}
+
 // ---------------------------------------------------------------- layer norm
 
 namespace {
@@ -326,6 +354,21 @@ void LayerNorm3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffe
   const A beta = accumulate ? A(1) : A(0);
   be.axpby(A(1), ConstMatrixView<T>::dense(partial, 1, n), beta, gamma_.grad_view());
   be.axpby(A(1), ConstMatrixView<T>::dense(partial + n, 1, n), beta, beta_.grad_view());
+}
+
+// Communication of the LayerNorm (on the Y-layout): the row statistics
+// all-reduced over Y in acc_t; backward all-reduces the a | b partials over
+// Y and the dgamma | dbeta over Z.
+void detail3d::Cost3D::layer_norm_forward(cost::Tally& t, u64 tokens, u64) const {
+  all_reduce(t, Y(), tokens / gz_, el_.a);
+  all_reduce(t, Y(), tokens / gz_, el_.a);
+}
+void detail3d::Cost3D::layer_norm_backward(cost::Tally& t, u64 tokens, u64 hidden) const {
+  all_reduce(t, Y(), 2 * (tokens / gz_), el_.a);
+  all_reduce(t, Z(), 2 * (hidden / gy_), el_.e);
+}
+cost::u64 detail3d::Cost3D::layer_norm_params(u64 hidden) const {
+  return 2 * (hidden / gy_);
 }
 
 template class Linear3D<float>;

@@ -2,6 +2,7 @@
 // (overlap=oar+ors+oag or none).
 #include <fmt/format.h>
 
+#include "detail.hpp"
 #include "summa/schemes/axonn3d/context.hpp"
 #include "summa/schemes/registry.hpp"
 
@@ -71,13 +72,16 @@ std::string_view axis_role(const SchemeSpec& s, CommAxis axis) {
   return "";
 }
 
+std::unique_ptr<cost::OpCost> op_cost(const SchemeSpec& s, const GridCoords& c, cost::Elements el) {
+  const auto u = [](int v) { return static_cast<cost::u64>(v); };
+  return std::make_unique<detail3d::Cost3D>(u(s.gx), u(s.gy), u(s.gz), u(c.row), u(c.col),
+                                            u(c.depth), el);
+}
+
 }  // namespace
 
-cost::BucketSizes axonn3d_step_traffic(cost::Tally&, const cost::Shape&, const SchemeSpec&,
-                                       const GridCoords&);  // cost.cpp
 extern const SchemeRow axonn3d_row;
 constinit const SchemeRow axonn3d_row{
-    .id = Scheme::axonn3d,
     .tag = "3d",
     .grammar = "'3d:XxYxZ' (option 'overlap=' with '+'-separated oar, ors, oag or 'none')",
     .parse = &parse,
@@ -93,15 +97,14 @@ constinit const SchemeRow axonn3d_row{
           for (int x = 1; x <= t; ++x)
             for (int y = 1; x * y <= t; ++y)
               if (t % (x * y) == 0)
-                out.push_back(
-                    {.scheme = Scheme::axonn3d, .gx = x, .gy = y, .gz = t / (x * y), .data = data});
+                out.push_back({.scheme = "3d", .gx = x, .gy = y, .gz = t / (x * y), .data = data});
         },
     .make_grid =
         [](MPI_Comm comm, const SchemeSpec& s, GridOptions o) {
           return ProcessGrid::grid3d(comm, s.gx, s.gy, s.gz, s.data, o);
         },
     .axis_role = &axis_role,
-    .step_traffic = &axonn3d_step_traffic,
+    .op_cost = &op_cost,
     .context_f32 = &context<float>,
     .context_f64 = &context<double>,
     .context_bf16 = &context<bf16>,

@@ -9,6 +9,7 @@
 
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/layer.hpp"
+#include "summa/schemes/cost.hpp"
 
 namespace summa::detail1d {
 
@@ -46,5 +47,24 @@ void check_view(const char* where, const char* what, const V& v, index_t rows, i
       return fmt::format("{}: {} must be contiguous (it takes part in a collective)", where, what);
     });
 }
+
+/// The 1D ops' communication (cost::OpCost) on tensor-group rank r of p:
+/// every collective is an all-reduce over the group. Each op's part is
+/// defined beside the op (layers.cpp: linear, LayerNorm; vocab.cpp:
+/// embedding, LM head).
+class Cost1D final : public cost::OpCost {
+ public:
+  using u64 = cost::u64;
+  Cost1D(u64 p, u64 r, cost::Elements el) : p_(p), r_(r), el_(el) {}
+
+  SUMMA_OP_COST_OVERRIDES
+
+ private:
+  void all_reduce(cost::Tally& t, u64 count, u64 e) const {
+    t.all_reduce(CommAxis::tensor, count, p_, r_, e);
+  }
+  u64 p_, r_;
+  cost::Elements el_;
+};
 
 }  // namespace summa::detail1d

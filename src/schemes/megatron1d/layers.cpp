@@ -246,6 +246,22 @@ void RowParallelLinear1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, S
   if (has_bias_) backend_->column_sums(dY, beta, bias_.grad);
 }
 
+// Communication of a linear: column-parallel (expand) all-reduces dX in
+// backward, row-parallel (contract) all-reduces Y in forward; the
+// row-parallel bias is replicated.
+void detail1d::Cost1D::linear_forward(cost::Tally& t, u64 tokens, u64, u64 out, LinearRole role,
+                                      bool) const {
+  if (role == LinearRole::contract) all_reduce(t, tokens * out, el_.e);
+}
+void detail1d::Cost1D::linear_backward(cost::Tally& t, u64 tokens, u64 in, u64, LinearRole role,
+                                       bool) const {
+  if (role == LinearRole::expand) all_reduce(t, tokens * in, el_.e);
+}
+cost::u64 detail1d::Cost1D::linear_params(u64 in, u64 out, LinearRole role, bool bias) const {
+  const u64 b = !bias ? 0 : role == LinearRole::expand ? out / p_ : out;
+  return in * out / p_ + b;
+}
+
 // ---------------------------------------------------------------- layer norm
 
 namespace {
@@ -328,6 +344,13 @@ void LayerNorm1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffe
   be.axpby(acc_t<T>(1), ConstMatrixView<T>::dense(partial, 1, hidden_), beta, gamma_.grad_view());
   be.axpby(acc_t<T>(1), ConstMatrixView<T>::dense(partial + h, 1, hidden_), beta,
            beta_.grad_view());
+}
+
+// Communication of the replicated LayerNorm: none.
+void detail1d::Cost1D::layer_norm_forward(cost::Tally&, u64, u64) const {}
+void detail1d::Cost1D::layer_norm_backward(cost::Tally&, u64, u64) const {}
+cost::u64 detail1d::Cost1D::layer_norm_params(u64 hidden) const {
+  return 2 * hidden;
 }
 
 template class ColumnParallelLinear1D<float>;

@@ -1,6 +1,7 @@
 // The 1D (Megatron-LM) row of the scheme registry.
 #include <fmt/format.h>
 
+#include "detail.hpp"
 #include "summa/schemes/megatron1d/context.hpp"
 #include "summa/schemes/registry.hpp"
 
@@ -13,13 +14,15 @@ std::unique_ptr<SchemeContext<T>> context(const SchemeSpec&, ProcessGrid& grid, 
   return std::make_unique<Megatron1DContext<T>>(grid, backend);
 }
 
+std::unique_ptr<cost::OpCost> op_cost(const SchemeSpec& s, const GridCoords& c, cost::Elements el) {
+  return std::make_unique<detail1d::Cost1D>(static_cast<cost::u64>(s.p),
+                                            static_cast<cost::u64>(c.col), el);
+}
+
 }  // namespace
 
-cost::BucketSizes megatron1d_step_traffic(cost::Tally&, const cost::Shape&, const SchemeSpec&,
-                                          const GridCoords&);  // cost.cpp
 extern const SchemeRow megatron1d_row;
 constinit const SchemeRow megatron1d_row{
-    .id = Scheme::megatron1d,
     .tag = "1d",
     .grammar = "'1d:p=P'",
     .parse = [](std::string_view body, std::string_view item,
@@ -31,14 +34,14 @@ constinit const SchemeRow megatron1d_row{
     .sequence_split = [](const SchemeSpec&) { return 1; },
     .enumerate =
         [](int tensor, int data, std::vector<SchemeSpec>& out) {
-          out.push_back({.scheme = Scheme::megatron1d, .p = tensor, .data = data});
+          out.push_back({.scheme = "1d", .p = tensor, .data = data});
         },
     .make_grid = [](MPI_Comm comm, const SchemeSpec& s,
                     GridOptions o) { return ProcessGrid::linear1d(comm, s.p, s.data, o); },
     .axis_role = [](const SchemeSpec& s, CommAxis axis) -> std::string_view {
       return axis == CommAxis::tensor && s.p > 1 ? "tensor" : "";
     },
-    .step_traffic = &megatron1d_step_traffic,
+    .op_cost = &op_cost,
     .context_f32 = &context<float>,
     .context_f64 = &context<double>,
     .context_bf16 = &context<bf16>,

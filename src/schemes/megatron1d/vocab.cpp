@@ -120,6 +120,16 @@ void Embedding1D<T>::backward(ConstMatrixView<T> dY, StepBuffers&, bool accumula
   be.scatter_add_rows(position_ids_.data(), 0, dY, wpe_.grad_view());
 }
 
+// Communication of the embedding: the vocabulary-parallel lookup's
+// partial rows all-reduced in forward; backward is local (wpe replicated).
+void detail1d::Cost1D::embedding_forward(cost::Tally& t, u64 tokens, u64, u64 hidden, u64) const {
+  all_reduce(t, tokens * hidden, el_.e);
+}
+void detail1d::Cost1D::embedding_backward(cost::Tally&, u64, u64, u64, u64) const {}
+cost::u64 detail1d::Cost1D::embedding_params(u64 vocab, u64 hidden, u64 positions) const {
+  return vocab / p_ * hidden + positions * hidden;
+}
+
 // ---------------------------------------------------------------- cross-entropy
 
 template <class T>
@@ -265,6 +275,17 @@ void LMHead1D<T>::backward(MatrixView<T> dX, StepBuffers& buffers, bool accumula
   backend_->gemm(Op::T, Op::N, acc_t<T>(1), dZ, x_, accumulate ? acc_t<T>(1) : acc_t<T>(0),
                  wte_->grad_view(), scratch);
   group.wait(request);
+}
+
+// Communication of the LM head: forward all-reduces the cross-entropy's
+// row max and (sum exp | target logit) in acc_t; backward all-reduces dX of
+// the vocabulary-split product.
+void detail1d::Cost1D::lm_head_forward(cost::Tally& t, u64 tokens, u64, u64) const {
+  all_reduce(t, tokens, el_.a);
+  all_reduce(t, 2 * tokens, el_.a);
+}
+void detail1d::Cost1D::lm_head_backward(cost::Tally& t, u64 tokens, u64, u64 hidden) const {
+  all_reduce(t, tokens * hidden, el_.e);
 }
 
 template class Embedding1D<float>;

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "detail.hpp"
+
 namespace summa {
 
 namespace {
@@ -152,6 +154,20 @@ void Embedding2D<T>::backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool 
   }
   be.scatter_add_rows(tokens_.data(), c.row * (vocab_ / q_), all, wte_.grad_view());
   if (wpe_.held()) be.scatter_add_rows(position_ids_.data(), c.row * chunk_, all, wpe_.grad_view());
+}
+
+// Communication: the vocabulary-block lookups reduce-scattered over the mesh
+// column in forward, dY all-gathered over it in backward.
+void detail2d::Cost2D::embedding_forward(cost::Tally& t, u64 tokens, u64, u64 hidden, u64) const {
+  t.gather_or_scatter(CommAxis::mesh_col, (tokens / q_) * (hidden / q_), q_, el_.e);
+}
+void detail2d::Cost2D::embedding_backward(cost::Tally& t, u64 tokens, u64, u64 hidden, u64) const {
+  t.gather_or_scatter(CommAxis::mesh_col, (tokens / q_) * (hidden / q_), q_, el_.e);
+}
+cost::u64 detail2d::Cost2D::embedding_params(u64 vocab, u64 hidden, u64 positions) const {
+  const u64 chunk = (positions + q_ - 1) / q_, first = i_ * chunk;
+  const u64 rows = first >= positions ? 0 : std::min(positions, first + chunk) - first;
+  return (vocab / q_) * (hidden / q_) + rows * (hidden / q_);
 }
 
 template class Embedding2D<float>;

@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "detail.hpp"
+
 namespace summa {
 
 namespace {
@@ -157,6 +159,24 @@ void LayerNorm2D::backward(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T*
     be.axpby(A(1), ConstMatrixView<T>::dense(partial + n, 1, nh), beta,
              MatrixView<T>::dense(dbeta, 1, nh));
   }
+}
+
+// Communication: gamma | beta broadcast down the mesh columns from row 0,
+// the row sums and squared deviations all-reduced along the mesh rows (in
+// acc_t); backward broadcasts gamma, reduces dgamma | dbeta to row 0 and
+// all-reduces the a | b partials along the rows.
+void detail2d::Cost2D::layer_norm_forward(cost::Tally& t, u64 tokens, u64 hidden) const {
+  t.broadcast(CommAxis::mesh_col, 2 * (hidden / q_), q_, i_ == 0, el_.e);
+  t.all_reduce(CommAxis::mesh_row, tokens / q_, q_, j_, el_.a);  // sums
+  t.all_reduce(CommAxis::mesh_row, tokens / q_, q_, j_, el_.a);  // squared deviations
+}
+void detail2d::Cost2D::layer_norm_backward(cost::Tally& t, u64 tokens, u64 hidden) const {
+  t.broadcast(CommAxis::mesh_col, hidden / q_, q_, i_ == 0, el_.e);
+  t.reduce(CommAxis::mesh_col, 2 * (hidden / q_), q_, i_ == 0, el_.e);
+  t.all_reduce(CommAxis::mesh_row, 2 * (tokens / q_), q_, j_, el_.a);
+}
+cost::u64 detail2d::Cost2D::layer_norm_params(u64 hidden) const {
+  return i_ == 0 ? 2 * (hidden / q_) : 0;
 }
 
 #define SUMMA_LAYERNORM2D_INSTANTIATE(T)                                                          \

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "detail.hpp"
+
 namespace summa {
 
 Linear2D::Linear2D(SummaEngine& engine, index_t tokens, index_t in, index_t out, bool has_bias)
@@ -84,6 +86,25 @@ void Linear2D::backward(ConstMatrixView<T> X, ConstMatrixView<T> W, ConstMatrixV
     engine_->backend().axpby(A(1), MatrixView<T>::dense(partial, 1, n), beta,
                              MatrixView<T>::dense(dbias, 1, n));
   }
+}
+
+// Communication: the SUMMA products (Y = X W; dX = dY Wᵀ, dW = Xᵀ dY),
+// the bias broadcast down the mesh columns from row 0 in forward and its
+// gradient reduced to row 0 in backward. Both roles alike (2D keeps one
+// activation layout).
+void detail2d::Cost2D::linear_forward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole,
+                                      bool bias) const {
+  t.summa(Form::AB, tokens, out, in, q_, el_.e);
+  if (bias) t.broadcast(CommAxis::mesh_col, out / q_, q_, i_ == 0, el_.e);
+}
+void detail2d::Cost2D::linear_backward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole,
+                                       bool bias) const {
+  t.summa(Form::ABt, tokens, in, out, q_, el_.e);  // dX
+  t.summa(Form::AtB, in, out, tokens, q_, el_.e);  // dW
+  if (bias) t.reduce(CommAxis::mesh_col, out / q_, q_, i_ == 0, el_.e);
+}
+cost::u64 detail2d::Cost2D::linear_params(u64 in, u64 out, LinearRole, bool bias) const {
+  return in * out / (q_ * q_) + (bias && i_ == 0 ? out / q_ : 0);
 }
 
 template void Linear2D::forward<float>(ConstMatrixView<float>, ConstMatrixView<float>, const float*,

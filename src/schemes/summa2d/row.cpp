@@ -4,6 +4,7 @@
 
 #include <charconv>
 
+#include "detail.hpp"
 #include "summa/schemes/registry.hpp"
 #include "summa/schemes/summa2d/context.hpp"
 
@@ -47,13 +48,15 @@ std::string text(const SchemeSpec& s) {
   return t;
 }
 
+std::unique_ptr<cost::OpCost> op_cost(const SchemeSpec& s, const GridCoords& c, cost::Elements el) {
+  const auto u = [](int v) { return static_cast<cost::u64>(v); };
+  return std::make_unique<detail2d::Cost2D>(u(s.q), u(c.row), u(c.col), el);
+}
+
 }  // namespace
 
-cost::BucketSizes summa2d_step_traffic(cost::Tally&, const cost::Shape&, const SchemeSpec&,
-                                       const GridCoords&);  // cost.cpp
 extern const SchemeRow summa2d_row;
 constinit const SchemeRow summa2d_row{
-    .id = Scheme::summa2d,
     .tag = "2d",
     .grammar = "'2d:q=Q' (options 'panel=N', 'overlap=on|off')",
     .parse = [](std::string_view body, std::string_view item,
@@ -65,7 +68,7 @@ constinit const SchemeRow summa2d_row{
     .enumerate =
         [](int tensor, int data, std::vector<SchemeSpec>& out) {
           for (int q = 1; q * q <= tensor; ++q)
-            if (q * q == tensor) out.push_back({.scheme = Scheme::summa2d, .q = q, .data = data});
+            if (q * q == tensor) out.push_back({.scheme = "2d", .q = q, .data = data});
         },
     .make_grid = [](MPI_Comm comm, const SchemeSpec& s,
                     GridOptions o) { return ProcessGrid::mesh2d(comm, s.q, s.data, o); },
@@ -73,7 +76,7 @@ constinit const SchemeRow summa2d_row{
       if (s.q == 1) return "";
       return axis == CommAxis::mesh_row ? "row" : axis == CommAxis::mesh_col ? "col" : "";
     },
-    .step_traffic = &summa2d_step_traffic,
+    .op_cost = &op_cost,
     .context_f32 = &context<float>,
     .context_f64 = &context<double>,
     .context_bf16 = &context<bf16>,

@@ -1,0 +1,24 @@
+#pragma once
+// Helpers shared by the sources of the 2D (SUMMA) layers; not installed.
+
+#include "summa/schemes/cost.hpp"
+
+namespace summa::detail2d {
+
+/// The 2D ops' communication (cost::OpCost) on mesh rank (i, j) of a q x q
+/// mesh: mesh_row rank j, mesh_col rank i, roots on mesh row 0. Each op's
+/// part is defined beside the op (linear.cpp, layernorm.cpp, embedding.cpp,
+/// lm_head.cpp).
+class Cost2D final : public cost::OpCost {
+ public:
+  using u64 = cost::u64;
+  Cost2D(u64 q, u64 i, u64 j, cost::Elements el) : q_(q), i_(i), j_(j), el_(el) {}
+
+  SUMMA_OP_COST_OVERRIDES
+
+ private:
+  u64 q_, i_, j_;
+  cost::Elements el_;
+};
+
+}  // namespace summa::detail2d
