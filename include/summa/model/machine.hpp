@@ -1,0 +1,110 @@
+#pragma once
+/// \file machine.hpp
+/// A machine as the step-time model sees it (docs/scaling.md, "Machine
+/// files"): devices per node; per device a GEMM throughput model per element
+/// type, the memory bandwidth of element-wise work and the memory capacity;
+/// per link level (within a node, across nodes) latency α and bandwidth β of
+/// each collective with the algorithm assumed. Read and written as JSON by
+/// summa/io/machine_file.hpp; measured by the `calibrate` tool.
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "summa/core/types.hpp"
+
+namespace summa::model {
+
+/// The collectives the time model prices.
+enum class Collective : std::uint8_t {
+  broadcast,
+  reduce,
+  all_reduce,
+  all_gather,
+  reduce_scatter,
+};
+inline constexpr std::size_t collective_count = 5;
+inline constexpr std::array<Collective, collective_count> all_collectives = {
+    Collective::broadcast, Collective::reduce, Collective::all_reduce, Collective::all_gather,
+    Collective::reduce_scatter};
+std::string_view name_of(Collective c);
+
+/// How a collective over g ranks moves n bytes; the time model's formula
+/// per algorithm (docs/scaling.md, "Collectives"):
+///   ring      all-reduce 2(g-1)·α + 2(g-1)/g·n/β; all-gather and
+///             reduce-scatter (g-1)·α + (g-1)/g·n/β (n: the whole result);
+///             broadcast and reduce pipelined: (g-1)·α + n/β
+///   tree      ⌈log2 g⌉·(α + n/β) (all-reduce: twice)
+///   direct    (g-1)·(α + n/β) from or to the root (the counters' model)
+enum class Algorithm : std::uint8_t { ring, tree, direct };
+std::string_view name_of(Algorithm a);
+
+/// Latency and bandwidth of one collective on one link level.
+struct CollectiveCost {
+  double alpha_s = 0;         ///< seconds per message step
+  double beta_bytes_s = 1e9;  ///< bytes per second per rank
+  Algorithm algorithm = Algorithm::ring;
+  friend bool operator==(const CollectiveCost&, const CollectiveCost&) = default;
+};
+
+/// Seconds for collective `c` over `g` ranks of a message of `bytes` (for
+/// all-gather and reduce-scatter: the whole gathered or scattered buffer;
+/// for the others: the buffer each rank holds) under `cost`'s algorithm; 0
+/// for g <= 1.
+double collective_seconds(const CollectiveCost& cost, Collective c, std::int64_t g, double bytes);
+
+/// One level of the network (within a node, across nodes).
+struct LinkLevel {
+  std::array<CollectiveCost, collective_count> collectives{};
+  const CollectiveCost& operator[](Collective c) const {
+    return collectives[static_cast<std::size_t>(c)];
+  }
+  CollectiveCost& operator[](Collective c) { return collectives[static_cast<std::size_t>(c)]; }
+  friend bool operator==(const LinkLevel&, const LinkLevel&) = default;
+};
+
+/// A GEMM m x n x k (2mnk flops) of one element type: peak rate times an
+/// efficiency. Where `table` has entries (a calibration's measurements) the
+/// efficiency is that of the entry nearest in log(m), log(n), log(k);
+/// otherwise the saturation curve max_efficiency · f / (f + half_flops),
+/// f = 2mnk, which reaches half of max_efficiency at f = half_flops.
+struct GemmModel {
+  double peak_flops = 0;  ///< per second; 0: the element type is not supported
+  double max_efficiency = 1;
+  double half_flops = 0;
+  struct Point {
+    index_t m = 0, n = 0, k = 0;
+    double efficiency = 0;
+    friend bool operator==(const Point&, const Point&) = default;
+  };
+  std::vector<Point> table;
+  /// Seconds for one m x n x k product (0 when any size is 0).
+  double seconds(index_t m, index_t n, index_t k) const;
+  double efficiency(index_t m, index_t n, index_t k) const;
+  friend bool operator==(const GemmModel&, const GemmModel&) = default;
+};
+
+struct DeviceModel {
+  std::string name;
+  std::uint64_t memory_bytes = 0;
+  /// Bytes per second read plus written by element-wise work.
+  double memory_bandwidth = 0;
+  /// Per element type (DType order: f32, f64, bf16).
+  std::array<GemmModel, 3> gemm{};
+  const GemmModel& gemm_of(DType t) const;
+  GemmModel& gemm_of(DType t);
+  friend bool operator==(const DeviceModel&, const DeviceModel&) = default;
+};
+
+struct Machine {
+  std::string name;
+  std::string source;  ///< where the figures come from (a calibration, published specs)
+  int devices_per_node = 1;
+  DeviceModel device;
+  LinkLevel intra_node, inter_node;
+  friend bool operator==(const Machine&, const Machine&) = default;
+};
+
+}  // namespace summa::model

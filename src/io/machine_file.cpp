@@ -1,0 +1,241 @@
+#include "summa/io/machine_file.hpp"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "json.hpp"
+#include "summa/core/error.hpp"
+#include "summa/io/atomic_file.hpp"
+
+namespace summa::io {
+
+namespace {
+
+using detail::describe;
+using detail::Json;
+using detail::OrderedJson;
+
+constexpr std::string_view kSchema = "summa-machine/1";
+
+// A JSON object being read: every key must be known, the required ones present.
+class Reader {
+ public:
+  Reader(const Json& j, std::string path, std::string_view file)
+      : j_(j), path_(std::move(path)), file_(file) {
+    if (!j.is_object()) fail(fmt::format("is {}, expected an object", describe(j)));
+  }
+  [[noreturn]] void fail(const std::string& msg) const {
+    throw Error(
+        fmt::format("machine file {}: {} {}", file_, path_.empty() ? "the top level" : path_, msg));
+  }
+  const Json* find(std::string_view key) {
+    seen_.insert(std::string(key));
+    const auto it = j_.find(key);
+    return it == j_.end() ? nullptr : &*it;
+  }
+  const Json& need(std::string_view key) {
+    const Json* v = find(key);
+    if (v == nullptr) fail(fmt::format("has no \"{}\"", key));
+    return *v;
+  }
+  std::string child(std::string_view key) const {
+    return path_.empty() ? fmt::format("\"{}\"", key) : fmt::format("{}.\"{}\"", path_, key);
+  }
+  Reader object(std::string_view key) { return Reader(need(key), child(key), file_); }
+  std::string string(std::string_view key, bool required = true) {
+    const Json* v = required ? &need(key) : find(key);
+    if (v == nullptr) return {};
+    if (!v->is_string()) Reader(*v, child(key), file_).fail_value("a string");
+    return v->get<std::string>();
+  }
+  double positive(std::string_view key, bool allow_zero = false) {
+    const Json& v = need(key);
+    if (!v.is_number() || !(v.get<double>() > 0 || (allow_zero && v.get<double>() == 0)))
+      Reader::value_error(v, child(key), file_, allow_zero ? "a number >= 0" : "a number > 0");
+    return v.get<double>();
+  }
+  std::uint64_t count(std::string_view key) {
+    const Json& v = need(key);
+    const auto n = detail::as_uint64(v);
+    if (!n || *n == 0) value_error(v, child(key), file_, "a positive integer");
+    return *n;
+  }
+  /// Every key of the object was asked for.
+  void done() const {
+    for (const auto& [key, value] : j_.items())
+      if (seen_.count(key) == 0) fail(fmt::format("has an unknown key \"{}\"", key));
+  }
+  [[noreturn]] void fail_value(std::string_view expected) const {
+    value_error(j_, path_, file_, expected);
+  }
+  [[noreturn]] static void value_error(const Json& v, const std::string& path,
+                                       std::string_view file, std::string_view expected) {
+    throw Error(
+        fmt::format("machine file {}: {} is {}, expected {}", file, path, describe(v), expected));
+  }
+  std::string_view file() const { return file_; }
+
+ private:
+  const Json& j_;
+  std::string path_;
+  std::string_view file_;
+  std::set<std::string, std::less<>> seen_;
+};
+
+constexpr std::array<std::string_view, 3> kDTypeKeys = {"f32", "f64", "bf16"};
+
+model::GemmModel read_gemm(Reader r) {
+  model::GemmModel g;
+  g.peak_flops = r.positive("peak_flops");
+  g.max_efficiency = r.positive("max_efficiency");
+  if (g.max_efficiency > 1) r.fail("\"max_efficiency\" is above 1");
+  g.half_flops = r.positive("half_flops", true);
+  if (const Json* t = r.find("table")) {
+    if (!t->is_array()) Reader::value_error(*t, r.child("table"), r.file(), "an array");
+    for (std::size_t i = 0; i < t->size(); ++i) {
+      const Json& e = (*t)[i];
+      const std::string at = fmt::format("{}[{}]", r.child("table"), i);
+      if (!e.is_array() || e.size() != 4)
+        Reader::value_error(e, at, r.file(), "[m, n, k, efficiency]");
+      model::GemmModel::Point p;
+      index_t* dims[3] = {&p.m, &p.n, &p.k};
+      for (int d = 0; d < 3; ++d) {
+        const auto v = detail::as_uint64(e[static_cast<std::size_t>(d)]);
+        if (!v || *v == 0)
+          Reader::value_error(e, at, r.file(), "[m, n, k, efficiency] with m, n, k > 0");
+        *dims[d] = static_cast<index_t>(*v);
+      }
+      if (!e[3].is_number() || !(e[3].get<double>() > 0) || e[3].get<double>() > 1)
+        Reader::value_error(e, at, r.file(), "[m, n, k, efficiency] with 0 < efficiency <= 1");
+      p.efficiency = e[3].get<double>();
+      g.table.push_back(p);
+    }
+  }
+  r.done();
+  return g;
+}
+
+model::Algorithm read_algorithm(Reader& r) {
+  const std::string a = r.string("algorithm");
+  for (model::Algorithm alg :
+       {model::Algorithm::ring, model::Algorithm::tree, model::Algorithm::direct})
+    if (model::name_of(alg) == a) return alg;
+  r.fail(fmt::format("has \"algorithm\": \"{}\", expected one of ring, tree, direct", a));
+}
+
+model::LinkLevel read_level(Reader r) {
+  model::LinkLevel level;
+  for (model::Collective c : model::all_collectives) {
+    Reader cr = r.object(model::name_of(c));
+    model::CollectiveCost& cost = level[c];
+    cost.alpha_s = cr.positive("alpha_s", true);
+    cost.beta_bytes_s = cr.positive("beta_bytes_s");
+    cost.algorithm = read_algorithm(cr);
+    cr.done();
+  }
+  r.done();
+  return level;
+}
+
+}  // namespace
+
+model::Machine parse_machine(std::string_view text, std::string_view what) {
+  Json root;
+  try {
+    root = detail::parse_json(text);
+  } catch (const Error& e) {
+    throw Error(fmt::format("machine file {}: {}", what, e.what()));
+  }
+  Reader r(root, "", what);
+  if (const std::string schema = r.string("schema"); schema != kSchema)
+    r.fail(fmt::format("has \"schema\": \"{}\", expected \"{}\"", schema, kSchema));
+  model::Machine m;
+  m.name = r.string("name");
+  m.source = r.string("source", false);
+  m.devices_per_node = static_cast<int>(r.count("devices_per_node"));
+  {
+    Reader d = r.object("device");
+    m.device.name = d.string("name");
+    m.device.memory_bytes = d.count("memory_bytes");
+    m.device.memory_bandwidth = d.positive("memory_bandwidth");
+    Reader g = d.object("gemm");
+    bool any = false;
+    for (std::size_t t = 0; t < kDTypeKeys.size(); ++t)
+      if (g.find(kDTypeKeys[t]) != nullptr) {
+        m.device.gemm[t] = read_gemm(g.object(kDTypeKeys[t]));
+        any = true;
+      }
+    g.done();
+    if (!any) g.fail("has none of \"f32\", \"f64\", \"bf16\"");
+    d.done();
+  }
+  {
+    Reader links = r.object("links");
+    m.intra_node = read_level(links.object("intra_node"));
+    m.inter_node = read_level(links.object("inter_node"));
+    links.done();
+  }
+  r.done();
+  return m;
+}
+
+model::Machine load_machine(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  require(in.good(), [&] { return fmt::format("machine file {}: cannot be opened", path); });
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_machine(text.str(), path);
+}
+
+std::string machine_json(const model::Machine& m) {
+  OrderedJson root;
+  root["schema"] = kSchema;
+  root["name"] = m.name;
+  if (!m.source.empty()) root["source"] = m.source;
+  root["devices_per_node"] = m.devices_per_node;
+  OrderedJson device;
+  device["name"] = m.device.name;
+  device["memory_bytes"] = m.device.memory_bytes;
+  device["memory_bandwidth"] = m.device.memory_bandwidth;
+  OrderedJson gemm = OrderedJson::object();
+  for (std::size_t t = 0; t < kDTypeKeys.size(); ++t) {
+    const model::GemmModel& g = m.device.gemm[t];
+    if (g.peak_flops <= 0) continue;
+    OrderedJson o;
+    o["peak_flops"] = g.peak_flops;
+    o["max_efficiency"] = g.max_efficiency;
+    o["half_flops"] = g.half_flops;
+    if (!g.table.empty()) {
+      OrderedJson table = OrderedJson::array();
+      for (const auto& p : g.table) table.push_back({p.m, p.n, p.k, p.efficiency});
+      o["table"] = table;
+    }
+    gemm[std::string(kDTypeKeys[t])] = o;
+  }
+  device["gemm"] = gemm;
+  root["device"] = device;
+  OrderedJson links;
+  for (auto [name, level] :
+       {std::pair{"intra_node", &m.intra_node}, std::pair{"inter_node", &m.inter_node}}) {
+    OrderedJson l;
+    for (model::Collective c : model::all_collectives) {
+      const model::CollectiveCost& cost = (*level)[c];
+      l[std::string(model::name_of(c))] = {{"alpha_s", cost.alpha_s},
+                                           {"beta_bytes_s", cost.beta_bytes_s},
+                                           {"algorithm", model::name_of(cost.algorithm)}};
+    }
+    links[name] = l;
+  }
+  root["links"] = links;
+  return root.dump(2) + "\n";
+}
+
+void save_machine(const std::string& path, const model::Machine& machine) {
+  write_file_atomic(path, machine_json(machine));
+}
+
+}  // namespace summa::io

@@ -1,0 +1,95 @@
+#include "summa/model/machine.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace summa::model {
+
+std::string_view name_of(Collective c) {
+  switch (c) {
+    case Collective::broadcast:
+      return "broadcast";
+    case Collective::reduce:
+      return "reduce";
+    case Collective::all_reduce:
+      return "all_reduce";
+    case Collective::all_gather:
+      return "all_gather";
+    case Collective::reduce_scatter:
+      return "reduce_scatter";
+  }
+  return "?";
+}
+
+std::string_view name_of(Algorithm a) {
+  switch (a) {
+    case Algorithm::ring:
+      return "ring";
+    case Algorithm::tree:
+      return "tree";
+    case Algorithm::direct:
+      return "direct";
+  }
+  return "?";
+}
+
+double collective_seconds(const CollectiveCost& cost, Collective c, std::int64_t g, double bytes) {
+  if (g <= 1) return 0;
+  const double a = cost.alpha_s, n = bytes / cost.beta_bytes_s, steps = static_cast<double>(g - 1);
+  const double share = steps / static_cast<double>(g);
+  switch (cost.algorithm) {
+    case Algorithm::ring:
+      switch (c) {
+        case Collective::all_reduce:
+          return 2 * steps * a + 2 * share * n;
+        case Collective::all_gather:
+        case Collective::reduce_scatter:
+          return steps * a + share * n;
+        case Collective::broadcast:
+        case Collective::reduce:
+          return steps * a + n;
+      }
+      break;
+    case Algorithm::tree: {
+      const double depth = std::ceil(std::log2(static_cast<double>(g)));
+      return (c == Collective::all_reduce ? 2 : 1) * depth * (a + n);
+    }
+    case Algorithm::direct:
+      return steps * (a + n);
+  }
+  return 0;
+}
+
+double GemmModel::efficiency(index_t m, index_t n, index_t k) const {
+  if (!table.empty()) {
+    const auto l = [](index_t v) { return std::log(static_cast<double>(std::max<index_t>(v, 1))); };
+    double best = std::numeric_limits<double>::infinity(), eff = table.front().efficiency;
+    for (const Point& p : table) {
+      const double d =
+          std::pow(l(m) - l(p.m), 2) + std::pow(l(n) - l(p.n), 2) + std::pow(l(k) - l(p.k), 2);
+      if (d < best) {
+        best = d;
+        eff = p.efficiency;
+      }
+    }
+    return eff;
+  }
+  const double f = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  return max_efficiency * f / (f + half_flops);
+}
+
+double GemmModel::seconds(index_t m, index_t n, index_t k) const {
+  if (m <= 0 || n <= 0 || k <= 0) return 0;
+  const double f = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  return f / (peak_flops * efficiency(m, n, k));
+}
+
+const GemmModel& DeviceModel::gemm_of(DType t) const {
+  return gemm[static_cast<std::size_t>(t)];
+}
+GemmModel& DeviceModel::gemm_of(DType t) {
+  return gemm[static_cast<std::size_t>(t)];
+}
+
+}  // namespace summa::model

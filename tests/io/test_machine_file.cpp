@@ -1,0 +1,144 @@
+// Machine files (summa/io/machine_file.hpp) and the machine model's pieces
+// (summa/model/machine.hpp), serial: every shipped file in machines/ parses
+// and survives a write / parse round trip unchanged; a bad file is refused
+// with a message naming the file, the key and the value; the collective
+// formulas reduce to bytes/β with α = 0 and to the step count times α with
+// no bytes; the GEMM model saturates as documented and a calibration table
+// is read nearest-neighbour.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include "summa/core/error.hpp"
+#include "summa/io/machine_file.hpp"
+#include "test_util.hpp"
+
+namespace summa::test {
+namespace {
+
+namespace fs = std::filesystem;
+using model::Algorithm;
+using model::Collective;
+
+TEST(MachineFile, ShippedFilesParseAndRoundTrip) {
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(fs::path(SUMMA_SOURCE_DIR) / "machines")) {
+    if (entry.path().extension() != ".json") continue;
+    SCOPED_TRACE(entry.path().string());
+    const model::Machine m = io::load_machine(entry.path().string());
+    EXPECT_FALSE(m.name.empty());
+    EXPECT_GE(m.devices_per_node, 1);
+    EXPECT_GT(m.device.memory_bytes, 0u);
+    EXPECT_GT(m.device.gemm_of(DType::f32).peak_flops, 0);
+    EXPECT_EQ(io::parse_machine(io::machine_json(m), "round trip"), m);
+    ++files;
+  }
+  EXPECT_GE(files, 3);
+}
+
+std::string valid() {
+  model::Machine m;
+  m.name = "test";
+  m.devices_per_node = 2;
+  m.device.name = "dev";
+  m.device.memory_bytes = 1 << 30;
+  m.device.memory_bandwidth = 1e10;
+  m.device.gemm_of(DType::f64) = {
+      .peak_flops = 1e10, .max_efficiency = 0.5, .half_flops = 1e6, .table = {}};
+  m.device.gemm_of(DType::f64).table.push_back({.m = 8, .n = 8, .k = 8, .efficiency = 0.25});
+  for (Collective c : model::all_collectives) m.intra_node[c] = {1e-6, 1e9, Algorithm::ring};
+  for (Collective c : model::all_collectives) m.inter_node[c] = {1e-5, 1e8, Algorithm::tree};
+  return io::machine_json(m);
+}
+
+std::string error_of_text(const std::string& text) {
+  try {
+    io::parse_machine(text, "m.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const auto at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return text.replace(at, from.size(), to);
+}
+
+TEST(MachineFile, BadFilesAreRefusedByName) {
+  const std::string ok = valid();
+  EXPECT_EQ(error_of_text(ok), "");
+  const auto expect = [&](const std::string& text, const std::string& want) {
+    const std::string got = error_of_text(text);
+    EXPECT_NE(got.find("m.json"), std::string::npos) << got;
+    EXPECT_NE(got.find(want), std::string::npos) << got << "\n(wanted: " << want << ")";
+  };
+  expect("{", "not valid JSON");
+  expect("[]", "expected an object");
+  expect(replaced(ok, "summa-machine/1", "summa-machine/9"), "\"summa-machine/9\"");
+  expect(replaced(ok, "\"devices_per_node\": 2", "\"devices_per_node\": 0"),
+         "\"devices_per_node\" is number 0, expected a positive integer");
+  expect(replaced(ok, "\"devices_per_node\": 2", "\"devices_per_nodes\": 2"),
+         "has no \"devices_per_node\"");
+  expect(replaced(ok, "\"name\": \"test\"", "\"name\": \"test\", \"colour\": 1"),
+         "unknown key \"colour\"");
+  expect(replaced(ok, "\"beta_bytes_s\": 1000000000.0", "\"beta_bytes_s\": -1"),
+         "\"links\".\"intra_node\".\"broadcast\".\"beta_bytes_s\" is number -1");
+  expect(replaced(ok, "\"algorithm\": \"tree\"", "\"algorithm\": \"star\""),
+         "\"star\", expected one of ring, tree, direct");
+  expect(replaced(ok, "\"max_efficiency\": 0.5", "\"max_efficiency\": 1.5"),
+         "\"max_efficiency\" is above 1");
+  expect(replaced(ok, "0.25", "2.5"), "with 0 < efficiency <= 1");
+  expect(replaced(ok, "\"f64\"", "\"f16\""), "unknown key \"f16\"");
+  EXPECT_THROW(io::load_machine("/nonexistent/machine.json"), Error);
+}
+
+TEST(MachineModel, CollectiveFormulas) {
+  const double n = 3e6, beta = 2e9;
+  const model::CollectiveCost ring{0, beta, Algorithm::ring};
+  for (std::int64_t g : {2, 3, 8}) {
+    const double share = static_cast<double>(g - 1) / static_cast<double>(g);
+    EXPECT_DOUBLE_EQ(model::collective_seconds(ring, Collective::all_reduce, g, n),
+                     2 * share * n / beta);
+    EXPECT_DOUBLE_EQ(model::collective_seconds(ring, Collective::all_gather, g, n),
+                     share * n / beta);
+    EXPECT_DOUBLE_EQ(model::collective_seconds(ring, Collective::broadcast, g, n), n / beta);
+    const model::CollectiveCost latency{1e-5, beta, Algorithm::ring};
+    EXPECT_DOUBLE_EQ(model::collective_seconds(latency, Collective::reduce_scatter, g, 0),
+                     static_cast<double>(g - 1) * 1e-5);
+    const model::CollectiveCost tree{1e-5, beta, Algorithm::tree};
+    EXPECT_DOUBLE_EQ(model::collective_seconds(tree, Collective::all_reduce, g, n),
+                     2 * std::ceil(std::log2(static_cast<double>(g))) * (1e-5 + n / beta));
+    const model::CollectiveCost direct{1e-5, beta, Algorithm::direct};
+    EXPECT_DOUBLE_EQ(model::collective_seconds(direct, Collective::broadcast, g, n),
+                     static_cast<double>(g - 1) * (1e-5 + n / beta));
+  }
+  EXPECT_EQ(model::collective_seconds(ring, Collective::all_reduce, 1, n), 0);
+  // more ranks never make a ring all-reduce of the same buffer faster
+  double last = 0;
+  for (std::int64_t g = 2; g <= 4096; g *= 2) {
+    const double t =
+        model::collective_seconds({1e-6, beta, Algorithm::ring}, Collective::all_reduce, g, n);
+    EXPECT_GE(t, last);
+    last = t;
+  }
+}
+
+TEST(MachineModel, GemmEfficiency) {
+  model::GemmModel g{.peak_flops = 1e12, .max_efficiency = 0.8, .half_flops = 2e6, .table = {}};
+  // f = 2mnk = half_flops: half of max_efficiency
+  EXPECT_DOUBLE_EQ(g.efficiency(100, 100, 100), 0.8 * 2e6 / (2e6 + 2e6));
+  EXPECT_NEAR(g.efficiency(10000, 10000, 10000), 0.8, 1e-5);
+  EXPECT_DOUBLE_EQ(g.seconds(100, 100, 100), 2e6 / (1e12 * 0.4));
+  EXPECT_EQ(g.seconds(0, 100, 100), 0);
+  g.table = {{.m = 64, .n = 64, .k = 64, .efficiency = 0.3},
+             {.m = 1024, .n = 1024, .k = 1024, .efficiency = 0.7}};
+  EXPECT_EQ(g.efficiency(70, 60, 64), 0.3);
+  EXPECT_EQ(g.efficiency(900, 2000, 1024), 0.7);
+}
+
+}  // namespace
+}  // namespace summa::test
