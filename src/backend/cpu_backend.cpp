@@ -100,10 +100,6 @@ void scale_impl(T beta, MatrixView<T> C) {
 template <class T>
 void gemm_impl(Op ta, Op tb, T alpha, ConstMatrixView<T> A, ConstMatrixView<T> B, T beta,
                MatrixView<T> C, Scratch scratch) {
-  A.check_layout("gemm A");
-  B.check_layout("gemm B");
-  C.check_layout("gemm C");
-  check_gemm_shapes(ta, tb, A.rows, A.cols, B.rows, B.cols, C.rows, C.cols);
   const Index m = C.rows, n = C.cols, k = ta == Op::N ? A.cols : A.rows;
   if (m == 0 || n == 0) return;
   scale_impl(beta, C);  // beta == 0 never reads C
@@ -144,22 +140,12 @@ std::size_t scratch_bytes(index_t m, index_t n, index_t k) {
 
 template <class T>
 void copy_impl(ConstMatrixView<T> src, MatrixView<T> dst) {
-  require(src.rows == dst.rows && src.cols == dst.cols, [&] {
-    return std::string("copy: shapes differ (") + std::to_string(src.rows) + "x" +
-           std::to_string(src.cols) + " -> " + std::to_string(dst.rows) + "x" +
-           std::to_string(dst.cols) + ")";
-  });
   if (src.empty()) return;
   with_map(dst, [&](auto d) { with_map(src, [&](auto s) { d = s; }); });
 }
 
 template <class T>
 void axpby_impl(T alpha, ConstMatrixView<T> X, T beta, MatrixView<T> C) {
-  require(X.rows == C.rows && X.cols == C.cols, [&] {
-    return std::string("axpby: shapes differ (") + std::to_string(X.rows) + "x" +
-           std::to_string(X.cols) + " vs " + std::to_string(C.rows) + "x" + std::to_string(C.cols) +
-           ")";
-  });
   if (X.empty()) return;
   with_map(C, [&](auto c) {
     with_map(X, [&](auto x) {
@@ -205,15 +191,6 @@ template <class T>
 using RowVec = Eigen::Map<const Eigen::Array<T, 1, Eigen::Dynamic>>;  // one value per column
 
 template <class T>
-void same_shape(const char* what, ConstMatrixView<T> A, index_t rows, index_t cols) {
-  require(A.rows == rows && A.cols == cols, [&] {
-    return std::string(what) + ": shapes differ (" + std::to_string(A.rows) + "x" +
-           std::to_string(A.cols) + " vs " + std::to_string(rows) + "x" + std::to_string(cols) +
-           ")";
-  });
-}
-
-template <class T>
 void ln_partial_sums_impl(ConstMatrixView<T> X, const T* center, T* out) {
   if (X.rows == 0) return;
   Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> o(out, X.rows);
@@ -243,7 +220,6 @@ void ln_rstd_impl(index_t n, index_t h, double eps, const T* squares, T* rstd) {
 template <class T>
 void ln_apply_impl(ConstMatrixView<T> X, const T* mean, const T* rstd, const T* gamma,
                    const T* beta, MatrixView<T> Y) {
-  same_shape<T>("layernorm_apply", X, Y.rows, Y.cols);
   if (X.empty()) return;
   const ColVec<T> m(mean, X.rows), r(rstd, X.rows);
   const RowVec<T> g(gamma, X.cols), b(beta, X.cols);
@@ -257,7 +233,6 @@ void ln_apply_impl(ConstMatrixView<T> X, const T* mean, const T* rstd, const T* 
 template <class T>
 void ln_backward_partials_impl(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T* mean,
                                const T* rstd, const T* gamma, T* a, T* b) {
-  same_shape<T>("layernorm_backward_partials", dY, X.rows, X.cols);
   if (X.rows == 0) return;
   Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> ao(a, X.rows), bo(b, X.rows);
   if (X.cols == 0) {
@@ -281,8 +256,6 @@ template <class T>
 void ln_backward_apply_impl(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T* mean,
                             const T* rstd, const T* gamma, const T* a, const T* b, index_t h,
                             MatrixView<T> dX) {
-  same_shape<T>("layernorm_backward_apply", dY, X.rows, X.cols);
-  same_shape<T>("layernorm_backward_apply", X, dX.rows, dX.cols);
   if (X.empty()) return;
   const ColVec<T> m(mean, X.rows), r(rstd, X.rows), av(a, X.rows), bv(b, X.rows);
   const RowVec<T> gm(gamma, X.cols);
@@ -303,7 +276,6 @@ void ln_backward_apply_impl(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T
 template <class T>
 void ln_param_partials_impl(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T* mean,
                             const T* rstd, T* dgamma, T* dbeta) {
-  same_shape<T>("layernorm_param_partials", dY, X.rows, X.cols);
   if (X.cols == 0) return;
   Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> go(dgamma, X.cols), bo(dbeta, X.cols);
   if (X.rows == 0) {
@@ -342,7 +314,6 @@ constexpr double kGeluA = 0.044715;
 
 template <class T>
 void gelu_forward_impl(ConstMatrixView<T> X, MatrixView<T> Y) {
-  same_shape<T>("gelu_forward", X, Y.rows, Y.cols);
   for_each_element(Y.rows, Y.cols, Y.order, [&](index_t r, index_t c) {
     const double x = X(r, c);
     const double t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
@@ -352,8 +323,6 @@ void gelu_forward_impl(ConstMatrixView<T> X, MatrixView<T> Y) {
 
 template <class T>
 void gelu_backward_impl(ConstMatrixView<T> X, ConstMatrixView<T> dY, MatrixView<T> dX) {
-  same_shape<T>("gelu_backward", X, dX.rows, dX.cols);
-  same_shape<T>("gelu_backward", dY, dX.rows, dX.cols);
   for_each_element(dX.rows, dX.cols, dX.order, [&](index_t r, index_t c) {
     const double x = X(r, c), dy = dY(r, c);  // read before dX (may be dY) is written
     const double t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
@@ -370,7 +339,6 @@ inline index_t causal_end(index_t r, index_t cols) {
 
 template <class T>
 void softmax_causal_impl(ConstMatrixView<T> S, double scale, MatrixView<T> P) {
-  same_shape<T>("softmax_causal", S, P.rows, P.cols);
   for (index_t r = 0; r < P.rows; ++r) {
     const index_t end = causal_end(r, P.cols);
     // Both reading passes over the row finish before the row is written, so
@@ -389,8 +357,6 @@ void softmax_causal_impl(ConstMatrixView<T> S, double scale, MatrixView<T> P) {
 template <class T>
 void softmax_causal_backward_impl(ConstMatrixView<T> P, ConstMatrixView<T> dP, double scale,
                                   MatrixView<T> dS) {
-  same_shape<T>("softmax_causal_backward", P, dS.rows, dS.cols);
-  same_shape<T>("softmax_causal_backward", dP, dS.rows, dS.cols);
   for (index_t r = 0; r < dS.rows; ++r) {
     // P is zero above the diagonal, so the row dot product and dS only involve
     // the causal window; dS is exactly 0 above it (whatever dP holds there).
@@ -418,7 +384,7 @@ void row_max_impl(ConstMatrixView<T> Z, T* out) {
 template <class T>
 void row_sum_exp_impl(ConstMatrixView<T> Z, const T* max, T* out) {
   for (index_t r = 0; r < Z.rows; ++r) {
-    const double m = max[r];
+    const double m = Z.cols > 0 ? static_cast<double>(max[r]) : 0.0;  // max: null if no columns
     double sum = 0;
     for (index_t c = 0; c < Z.cols; ++c) sum += std::exp(static_cast<double>(Z(r, c)) - m);
     out[r] = static_cast<T>(sum);
@@ -463,10 +429,6 @@ void cross_entropy_grad_impl(MatrixView<T> Z, const T* max, const T* sum,
 template <class T>
 void gather_rows_impl(const std::int32_t* ids, index_t row0, ConstMatrixView<T> table,
                       bool accumulate, MatrixView<T> out) {
-  require(out.cols == table.cols, [&] {
-    return "gather_rows: out has " + std::to_string(out.cols) + " columns, table " +
-           std::to_string(table.cols);
-  });
   for_each_element(out.rows, out.cols, out.order, [&](index_t r, index_t c) {
     const index_t t = local_index(ids[r], row0, table.rows);
     if (t >= 0) {
@@ -483,10 +445,7 @@ void gather_rows_impl(const std::int32_t* ids, index_t row0, ConstMatrixView<T> 
 template <class T>
 void scatter_add_rows_impl(const std::int32_t* ids, index_t row0, ConstMatrixView<T> src,
                            MatrixView<T> table) {
-  require(src.cols == table.cols, [&] {
-    return "scatter_add_rows: src has " + std::to_string(src.cols) + " columns, table " +
-           std::to_string(table.cols);
-  });
+  if (src.cols == 0) return;  // ids are read only for rows with elements
   // Rows in order, so repeated ids accumulate deterministically.
   for (index_t r = 0; r < src.rows; ++r) {
     const index_t t = local_index(ids[r], row0, table.rows);
@@ -525,296 +484,295 @@ std::size_t CpuBackend::gemm_scratch_bytes(index_t m, index_t n, index_t k, DTyp
               std::to_string(static_cast<int>(t)));
 }
 
-void CpuBackend::gemm(Op ta, Op tb, float alpha, ConstMatrixView<float> A, ConstMatrixView<float> B,
-                      float beta, MatrixView<float> C, Scratch s) {
+void CpuBackend::do_gemm(Op ta, Op tb, float alpha, ConstMatrixView<float> A,
+                         ConstMatrixView<float> B, float beta, MatrixView<float> C, Scratch s) {
   gemm_impl(ta, tb, alpha, A, B, beta, C, s);
 }
-void CpuBackend::gemm(Op ta, Op tb, double alpha, ConstMatrixView<double> A,
-                      ConstMatrixView<double> B, double beta, MatrixView<double> C, Scratch s) {
+void CpuBackend::do_gemm(Op ta, Op tb, double alpha, ConstMatrixView<double> A,
+                         ConstMatrixView<double> B, double beta, MatrixView<double> C, Scratch s) {
   gemm_impl(ta, tb, alpha, A, B, beta, C, s);
 }
 namespace {
-// The products of a strided batch through gemm(), in order; validates every
-// argument before the first product.
-template <class T, class S>
-void batched_loop(CpuBackend& be, Op ta, Op tb, S alpha, ConstMatrixView<T> A, index_t stride_a,
-                  ConstMatrixView<T> B, index_t stride_b, S beta, MatrixView<T> C, index_t stride_c,
-                  index_t batch, Scratch s) {
-  A.check_layout("gemm_strided_batched A");
-  B.check_layout("gemm_strided_batched B");
-  C.check_layout("gemm_strided_batched C");
-  check_gemm_batch(ta, tb, A.rows, A.cols, B.rows, B.cols, C.rows, C.cols, C.ld, C.order, stride_a,
-                   stride_b, stride_c, batch);
+// The products of a strided batch, in order: gemm(Ab, Bb, Cb) for b = 0, 1, ...
+// (Backend::gemm_strided_batched checked the batch, so each product fits).
+template <class T, class Gemm>
+void batched_loop(ConstMatrixView<T> A, index_t stride_a, ConstMatrixView<T> B, index_t stride_b,
+                  MatrixView<T> C, index_t stride_c, index_t batch, Gemm&& gemm) {
   for (index_t b = 0; b < batch; ++b) {
     ConstMatrixView<T> Ab = A, Bb = B;
     MatrixView<T> Cb = C;
     Ab.data += b * stride_a;
     Bb.data += b * stride_b;
     Cb.data += b * stride_c;
-    be.gemm(ta, tb, alpha, Ab, Bb, beta, Cb, s);
+    gemm(Ab, Bb, Cb);
   }
 }
 }  // namespace
 
-void CpuBackend::gemm_strided_batched(Op ta, Op tb, float alpha, ConstMatrixView<float> A,
-                                      index_t stride_a, ConstMatrixView<float> B, index_t stride_b,
-                                      float beta, MatrixView<float> C, index_t stride_c,
-                                      index_t batch, Scratch s) {
-  batched_loop(*this, ta, tb, alpha, A, stride_a, B, stride_b, beta, C, stride_c, batch, s);
+void CpuBackend::do_gemm_strided_batched(Op ta, Op tb, float alpha, ConstMatrixView<float> A,
+                                         index_t stride_a, ConstMatrixView<float> B,
+                                         index_t stride_b, float beta, MatrixView<float> C,
+                                         index_t stride_c, index_t batch, Scratch s) {
+  batched_loop(A, stride_a, B, stride_b, C, stride_c, batch,
+               [&](auto Ab, auto Bb, auto Cb) { do_gemm(ta, tb, alpha, Ab, Bb, beta, Cb, s); });
 }
-void CpuBackend::gemm_strided_batched(Op ta, Op tb, double alpha, ConstMatrixView<double> A,
-                                      index_t stride_a, ConstMatrixView<double> B, index_t stride_b,
-                                      double beta, MatrixView<double> C, index_t stride_c,
-                                      index_t batch, Scratch s) {
-  batched_loop(*this, ta, tb, alpha, A, stride_a, B, stride_b, beta, C, stride_c, batch, s);
+void CpuBackend::do_gemm_strided_batched(Op ta, Op tb, double alpha, ConstMatrixView<double> A,
+                                         index_t stride_a, ConstMatrixView<double> B,
+                                         index_t stride_b, double beta, MatrixView<double> C,
+                                         index_t stride_c, index_t batch, Scratch s) {
+  batched_loop(A, stride_a, B, stride_b, C, stride_c, batch,
+               [&](auto Ab, auto Bb, auto Cb) { do_gemm(ta, tb, alpha, Ab, Bb, beta, Cb, s); });
 }
-void CpuBackend::gemm_strided_batched(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A,
-                                      index_t stride_a, ConstMatrixView<bf16> B, index_t stride_b,
-                                      float beta, MatrixView<bf16> C, index_t stride_c,
-                                      index_t batch, Scratch s) {
-  batched_loop(*this, ta, tb, alpha, A, stride_a, B, stride_b, beta, C, stride_c, batch, s);
+void CpuBackend::do_gemm_strided_batched(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A,
+                                         index_t stride_a, ConstMatrixView<bf16> B,
+                                         index_t stride_b, float beta, MatrixView<bf16> C,
+                                         index_t stride_c, index_t batch, Scratch s) {
+  batched_loop(A, stride_a, B, stride_b, C, stride_c, batch,
+               [&](auto Ab, auto Bb, auto Cb) { do_gemm(ta, tb, alpha, Ab, Bb, beta, Cb, s); });
 }
-void CpuBackend::copy(ConstMatrixView<float> src, MatrixView<float> dst) {
+void CpuBackend::do_copy(ConstMatrixView<float> src, MatrixView<float> dst) {
   copy_impl(src, dst);
 }
-void CpuBackend::copy(ConstMatrixView<double> src, MatrixView<double> dst) {
+void CpuBackend::do_copy(ConstMatrixView<double> src, MatrixView<double> dst) {
   copy_impl(src, dst);
 }
-void CpuBackend::axpby(float alpha, ConstMatrixView<float> X, float beta, MatrixView<float> C) {
+void CpuBackend::do_axpby(float alpha, ConstMatrixView<float> X, float beta, MatrixView<float> C) {
   axpby_impl(alpha, X, beta, C);
 }
-void CpuBackend::axpby(double alpha, ConstMatrixView<double> X, double beta, MatrixView<double> C) {
+void CpuBackend::do_axpby(double alpha, ConstMatrixView<double> X, double beta,
+                          MatrixView<double> C) {
   axpby_impl(alpha, X, beta, C);
 }
 
-void CpuBackend::scale(float beta, MatrixView<float> C) {
+void CpuBackend::do_scale(float beta, MatrixView<float> C) {
   scale_impl(beta, C);
 }
-void CpuBackend::scale(double beta, MatrixView<double> C) {
+void CpuBackend::do_scale(double beta, MatrixView<double> C) {
   scale_impl(beta, C);
 }
 
-void CpuBackend::add_bias(MatrixView<float> Y, const float* bias) {
+void CpuBackend::do_add_bias(MatrixView<float> Y, const float* bias) {
   add_bias_impl(Y, bias);
 }
-void CpuBackend::add_bias(MatrixView<double> Y, const double* bias) {
+void CpuBackend::do_add_bias(MatrixView<double> Y, const double* bias) {
   add_bias_impl(Y, bias);
 }
-void CpuBackend::column_sums(ConstMatrixView<float> X, float beta, float* out) {
+void CpuBackend::do_column_sums(ConstMatrixView<float> X, float beta, float* out) {
   column_sums_impl(X, beta, out);
 }
-void CpuBackend::column_sums(ConstMatrixView<double> X, double beta, double* out) {
+void CpuBackend::do_column_sums(ConstMatrixView<double> X, double beta, double* out) {
   column_sums_impl(X, beta, out);
 }
 
-void CpuBackend::layernorm_partial_sums(ConstMatrixView<float> X, const float* center, float* out) {
+void CpuBackend::do_layernorm_partial_sums(ConstMatrixView<float> X, const float* center,
+                                           float* out) {
   ln_partial_sums_impl(X, center, out);
 }
-void CpuBackend::layernorm_partial_sums(ConstMatrixView<double> X, const double* center,
-                                        double* out) {
+void CpuBackend::do_layernorm_partial_sums(ConstMatrixView<double> X, const double* center,
+                                           double* out) {
   ln_partial_sums_impl(X, center, out);
 }
-void CpuBackend::layernorm_mean(index_t n, index_t h, const float* sums, float* mean) {
+void CpuBackend::do_layernorm_mean(index_t n, index_t h, const float* sums, float* mean) {
   ln_mean_impl(n, h, sums, mean);
 }
-void CpuBackend::layernorm_mean(index_t n, index_t h, const double* sums, double* mean) {
+void CpuBackend::do_layernorm_mean(index_t n, index_t h, const double* sums, double* mean) {
   ln_mean_impl(n, h, sums, mean);
 }
-void CpuBackend::layernorm_rstd(index_t n, index_t h, double eps, const float* squares,
-                                float* rstd) {
+void CpuBackend::do_layernorm_rstd(index_t n, index_t h, double eps, const float* squares,
+                                   float* rstd) {
   ln_rstd_impl(n, h, eps, squares, rstd);
 }
-void CpuBackend::layernorm_rstd(index_t n, index_t h, double eps, const double* squares,
-                                double* rstd) {
+void CpuBackend::do_layernorm_rstd(index_t n, index_t h, double eps, const double* squares,
+                                   double* rstd) {
   ln_rstd_impl(n, h, eps, squares, rstd);
 }
-void CpuBackend::layernorm_apply(ConstMatrixView<float> X, const float* mean, const float* rstd,
-                                 const float* gamma, const float* beta, MatrixView<float> Y) {
+void CpuBackend::do_layernorm_apply(ConstMatrixView<float> X, const float* mean, const float* rstd,
+                                    const float* gamma, const float* beta, MatrixView<float> Y) {
   ln_apply_impl(X, mean, rstd, gamma, beta, Y);
 }
-void CpuBackend::layernorm_apply(ConstMatrixView<double> X, const double* mean, const double* rstd,
-                                 const double* gamma, const double* beta, MatrixView<double> Y) {
+void CpuBackend::do_layernorm_apply(ConstMatrixView<double> X, const double* mean,
+                                    const double* rstd, const double* gamma, const double* beta,
+                                    MatrixView<double> Y) {
   ln_apply_impl(X, mean, rstd, gamma, beta, Y);
 }
-void CpuBackend::layernorm_backward_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+void CpuBackend::do_layernorm_backward_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                                const float* mean, const float* rstd,
+                                                const float* gamma, float* a, float* b) {
+  ln_backward_partials_impl(X, dY, mean, rstd, gamma, a, b);
+}
+void CpuBackend::do_layernorm_backward_partials(ConstMatrixView<double> X,
+                                                ConstMatrixView<double> dY, const double* mean,
+                                                const double* rstd, const double* gamma, double* a,
+                                                double* b) {
+  ln_backward_partials_impl(X, dY, mean, rstd, gamma, a, b);
+}
+void CpuBackend::do_layernorm_backward_apply(ConstMatrixView<float> X, ConstMatrixView<float> dY,
                                              const float* mean, const float* rstd,
-                                             const float* gamma, float* a, float* b) {
-  ln_backward_partials_impl(X, dY, mean, rstd, gamma, a, b);
+                                             const float* gamma, const float* a, const float* b,
+                                             index_t h, MatrixView<float> dX) {
+  ln_backward_apply_impl(X, dY, mean, rstd, gamma, a, b, h, dX);
 }
-void CpuBackend::layernorm_backward_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+void CpuBackend::do_layernorm_backward_apply(ConstMatrixView<double> X, ConstMatrixView<double> dY,
                                              const double* mean, const double* rstd,
-                                             const double* gamma, double* a, double* b) {
-  ln_backward_partials_impl(X, dY, mean, rstd, gamma, a, b);
-}
-void CpuBackend::layernorm_backward_apply(ConstMatrixView<float> X, ConstMatrixView<float> dY,
-                                          const float* mean, const float* rstd, const float* gamma,
-                                          const float* a, const float* b, index_t h,
-                                          MatrixView<float> dX) {
+                                             const double* gamma, const double* a, const double* b,
+                                             index_t h, MatrixView<double> dX) {
   ln_backward_apply_impl(X, dY, mean, rstd, gamma, a, b, h, dX);
 }
-void CpuBackend::layernorm_backward_apply(ConstMatrixView<double> X, ConstMatrixView<double> dY,
-                                          const double* mean, const double* rstd,
-                                          const double* gamma, const double* a, const double* b,
-                                          index_t h, MatrixView<double> dX) {
-  ln_backward_apply_impl(X, dY, mean, rstd, gamma, a, b, h, dX);
-}
-void CpuBackend::layernorm_param_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
-                                          const float* mean, const float* rstd, float* dgamma,
-                                          float* dbeta) {
+void CpuBackend::do_layernorm_param_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                             const float* mean, const float* rstd, float* dgamma,
+                                             float* dbeta) {
   ln_param_partials_impl(X, dY, mean, rstd, dgamma, dbeta);
 }
-void CpuBackend::layernorm_param_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
-                                          const double* mean, const double* rstd, double* dgamma,
-                                          double* dbeta) {
+void CpuBackend::do_layernorm_param_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                             const double* mean, const double* rstd, double* dgamma,
+                                             double* dbeta) {
   ln_param_partials_impl(X, dY, mean, rstd, dgamma, dbeta);
 }
 
-void CpuBackend::gelu_forward(ConstMatrixView<float> X, MatrixView<float> Y) {
+void CpuBackend::do_gelu_forward(ConstMatrixView<float> X, MatrixView<float> Y) {
   gelu_forward_impl(X, Y);
 }
-void CpuBackend::gelu_forward(ConstMatrixView<double> X, MatrixView<double> Y) {
+void CpuBackend::do_gelu_forward(ConstMatrixView<double> X, MatrixView<double> Y) {
   gelu_forward_impl(X, Y);
 }
-void CpuBackend::gelu_backward(ConstMatrixView<float> X, ConstMatrixView<float> dY,
-                               MatrixView<float> dX) {
+void CpuBackend::do_gelu_backward(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                  MatrixView<float> dX) {
   gelu_backward_impl(X, dY, dX);
 }
-void CpuBackend::gelu_backward(ConstMatrixView<double> X, ConstMatrixView<double> dY,
-                               MatrixView<double> dX) {
+void CpuBackend::do_gelu_backward(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                  MatrixView<double> dX) {
   gelu_backward_impl(X, dY, dX);
 }
 
-void CpuBackend::softmax_causal(ConstMatrixView<float> S, double scale, MatrixView<float> P) {
+void CpuBackend::do_softmax_causal(ConstMatrixView<float> S, double scale, MatrixView<float> P) {
   softmax_causal_impl(S, scale, P);
 }
-void CpuBackend::softmax_causal(ConstMatrixView<double> S, double scale, MatrixView<double> P) {
+void CpuBackend::do_softmax_causal(ConstMatrixView<double> S, double scale, MatrixView<double> P) {
   softmax_causal_impl(S, scale, P);
 }
-void CpuBackend::softmax_causal_backward(ConstMatrixView<float> P, ConstMatrixView<float> dP,
-                                         double scale, MatrixView<float> dS) {
+void CpuBackend::do_softmax_causal_backward(ConstMatrixView<float> P, ConstMatrixView<float> dP,
+                                            double scale, MatrixView<float> dS) {
   softmax_causal_backward_impl(P, dP, scale, dS);
 }
-void CpuBackend::softmax_causal_backward(ConstMatrixView<double> P, ConstMatrixView<double> dP,
-                                         double scale, MatrixView<double> dS) {
+void CpuBackend::do_softmax_causal_backward(ConstMatrixView<double> P, ConstMatrixView<double> dP,
+                                            double scale, MatrixView<double> dS) {
   softmax_causal_backward_impl(P, dP, scale, dS);
 }
 
-void CpuBackend::row_max(ConstMatrixView<float> Z, float* out) {
+void CpuBackend::do_row_max(ConstMatrixView<float> Z, float* out) {
   row_max_impl(Z, out);
 }
-void CpuBackend::row_max(ConstMatrixView<double> Z, double* out) {
+void CpuBackend::do_row_max(ConstMatrixView<double> Z, double* out) {
   row_max_impl(Z, out);
 }
-void CpuBackend::row_sum_exp(ConstMatrixView<float> Z, const float* max, float* out) {
+void CpuBackend::do_row_sum_exp(ConstMatrixView<float> Z, const float* max, float* out) {
   row_sum_exp_impl(Z, max, out);
 }
-void CpuBackend::row_sum_exp(ConstMatrixView<double> Z, const double* max, double* out) {
+void CpuBackend::do_row_sum_exp(ConstMatrixView<double> Z, const double* max, double* out) {
   row_sum_exp_impl(Z, max, out);
 }
-void CpuBackend::pick_targets(ConstMatrixView<float> Z, const std::int32_t* targets, index_t col0,
-                              float* out) {
+void CpuBackend::do_pick_targets(ConstMatrixView<float> Z, const std::int32_t* targets,
+                                 index_t col0, float* out) {
   pick_targets_impl(Z, targets, col0, out);
 }
-void CpuBackend::pick_targets(ConstMatrixView<double> Z, const std::int32_t* targets, index_t col0,
-                              double* out) {
+void CpuBackend::do_pick_targets(ConstMatrixView<double> Z, const std::int32_t* targets,
+                                 index_t col0, double* out) {
   pick_targets_impl(Z, targets, col0, out);
 }
-double CpuBackend::cross_entropy_sum(index_t n, const float* max, const float* sum,
-                                     const float* picked) {
+double CpuBackend::do_cross_entropy_sum(index_t n, const float* max, const float* sum,
+                                        const float* picked) {
   return cross_entropy_sum_impl(n, max, sum, picked);
 }
-double CpuBackend::cross_entropy_sum(index_t n, const double* max, const double* sum,
-                                     const double* picked) {
+double CpuBackend::do_cross_entropy_sum(index_t n, const double* max, const double* sum,
+                                        const double* picked) {
   return cross_entropy_sum_impl(n, max, sum, picked);
 }
-void CpuBackend::cross_entropy_grad(MatrixView<float> Z, const float* max, const float* sum,
-                                    const std::int32_t* targets, index_t col0, double scale) {
+void CpuBackend::do_cross_entropy_grad(MatrixView<float> Z, const float* max, const float* sum,
+                                       const std::int32_t* targets, index_t col0, double scale) {
   cross_entropy_grad_impl(Z, max, sum, targets, col0, scale);
 }
-void CpuBackend::cross_entropy_grad(MatrixView<double> Z, const double* max, const double* sum,
-                                    const std::int32_t* targets, index_t col0, double scale) {
+void CpuBackend::do_cross_entropy_grad(MatrixView<double> Z, const double* max, const double* sum,
+                                       const std::int32_t* targets, index_t col0, double scale) {
   cross_entropy_grad_impl(Z, max, sum, targets, col0, scale);
 }
 
-void CpuBackend::gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<float> table,
-                             bool accumulate, MatrixView<float> out) {
+void CpuBackend::do_gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<float> table,
+                                bool accumulate, MatrixView<float> out) {
   gather_rows_impl(ids, row0, table, accumulate, out);
 }
-void CpuBackend::gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<double> table,
-                             bool accumulate, MatrixView<double> out) {
+void CpuBackend::do_gather_rows(const std::int32_t* ids, index_t row0,
+                                ConstMatrixView<double> table, bool accumulate,
+                                MatrixView<double> out) {
   gather_rows_impl(ids, row0, table, accumulate, out);
 }
-void CpuBackend::scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<float> src,
-                                  MatrixView<float> table) {
+void CpuBackend::do_scatter_add_rows(const std::int32_t* ids, index_t row0,
+                                     ConstMatrixView<float> src, MatrixView<float> table) {
   scatter_add_rows_impl(ids, row0, src, table);
 }
-void CpuBackend::scatter_add_rows(const std::int32_t* ids, index_t row0,
-                                  ConstMatrixView<double> src, MatrixView<double> table) {
+void CpuBackend::do_scatter_add_rows(const std::int32_t* ids, index_t row0,
+                                     ConstMatrixView<double> src, MatrixView<double> table) {
   scatter_add_rows_impl(ids, row0, src, table);
 }
 
-void CpuBackend::upload(void* dst, const void* host_src, std::size_t bytes) {
+void CpuBackend::do_upload(void* dst, const void* host_src, std::size_t bytes) {
   if (bytes > 0) std::memcpy(dst, host_src, bytes);
 }
-void CpuBackend::download(void* host_dst, const void* src, std::size_t bytes) {
+void CpuBackend::do_download(void* host_dst, const void* src, std::size_t bytes) {
   if (bytes > 0) std::memcpy(host_dst, src, bytes);
 }
 
-void CpuBackend::adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                              index_t n, const optim::AdamWCoefficients& c) {
+void CpuBackend::do_adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                                 index_t n, const optim::AdamWCoefficients& c) {
   optim::adamw_update(param, grad, exp_avg, exp_avg_sq, n, c);
 }
-void CpuBackend::adamw_update(double* param, const double* grad, double* exp_avg,
-                              double* exp_avg_sq, index_t n, const optim::AdamWCoefficients& c) {
+void CpuBackend::do_adamw_update(double* param, const double* grad, double* exp_avg,
+                                 double* exp_avg_sq, index_t n, const optim::AdamWCoefficients& c) {
   optim::adamw_update(param, grad, exp_avg, exp_avg_sq, n, c);
 }
-void CpuBackend::sgd_update(float* param, const float* grad, float* momentum_buffer, index_t n,
-                            const optim::SgdCoefficients& c) {
+void CpuBackend::do_sgd_update(float* param, const float* grad, float* momentum_buffer, index_t n,
+                               const optim::SgdCoefficients& c) {
   optim::sgd_update(param, grad, momentum_buffer, n, c);
 }
-void CpuBackend::sgd_update(double* param, const double* grad, double* momentum_buffer, index_t n,
-                            const optim::SgdCoefficients& c) {
+void CpuBackend::do_sgd_update(double* param, const double* grad, double* momentum_buffer,
+                               index_t n, const optim::SgdCoefficients& c) {
   optim::sgd_update(param, grad, momentum_buffer, n, c);
 }
-double CpuBackend::sum_of_squares(const float* x, index_t n) {
+double CpuBackend::do_sum_of_squares(const float* x, index_t n) {
   return optim::sum_of_squares(x, n);
 }
-double CpuBackend::sum_of_squares(const double* x, index_t n) {
+double CpuBackend::do_sum_of_squares(const double* x, index_t n) {
   return optim::sum_of_squares(x, n);
 }
 
-namespace cpu_detail {
+namespace {
 // Σ x² of a row-major rows x cols block (leading dimension ld), row by row
-// through the contiguous op.
-template <class T>
-double strided_sum_of_squares(CpuBackend& backend, const T* x, index_t rows, index_t cols,
-                              index_t ld) {
-  require(rows >= 0 && cols >= 0 && ld >= cols, [&] {
-    return "sum_of_squares: need rows, cols >= 0 and ld >= cols (got " + std::to_string(rows) +
-           "x" + std::to_string(cols) + ", ld " + std::to_string(ld) + ")";
-  });
+// through the contiguous sum(x, n).
+template <class T, class Sum>
+double strided_sum_of_squares(const T* x, index_t rows, index_t cols, index_t ld, Sum&& sum) {
   if (rows == 0 || cols == 0) return 0;
-  require(x != nullptr, [] { return std::string("sum_of_squares: x is null"); });
-  if (ld == cols) return backend.sum_of_squares(x, rows * cols);
-  double sum = 0;
-  for (index_t r = 0; r < rows; ++r) sum += backend.sum_of_squares(x + r * ld, cols);
-  return sum;
+  if (ld == cols) return sum(x, rows * cols);
+  double total = 0;
+  for (index_t r = 0; r < rows; ++r) total += sum(x + r * ld, cols);
+  return total;
 }
-}  // namespace cpu_detail
+}  // namespace
 
-double CpuBackend::sum_of_squares(const float* x, index_t rows, index_t cols, index_t ld) {
-  return cpu_detail::strided_sum_of_squares(*this, x, rows, cols, ld);
+double CpuBackend::do_sum_of_squares(const float* x, index_t rows, index_t cols, index_t ld) {
+  return strided_sum_of_squares(
+      x, rows, cols, ld, [this](const auto* p, index_t n) { return do_sum_of_squares(p, n); });
 }
-double CpuBackend::sum_of_squares(const double* x, index_t rows, index_t cols, index_t ld) {
-  return cpu_detail::strided_sum_of_squares(*this, x, rows, cols, ld);
+double CpuBackend::do_sum_of_squares(const double* x, index_t rows, index_t cols, index_t ld) {
+  return strided_sum_of_squares(
+      x, rows, cols, ld, [this](const auto* p, index_t n) { return do_sum_of_squares(p, n); });
 }
-double CpuBackend::sum_of_squares(const bf16* x, index_t rows, index_t cols, index_t ld) {
-  return cpu_detail::strided_sum_of_squares(*this, x, rows, cols, ld);
+double CpuBackend::do_sum_of_squares(const bf16* x, index_t rows, index_t cols, index_t ld) {
+  return strided_sum_of_squares(
+      x, rows, cols, ld, [this](const auto* p, index_t n) { return do_sum_of_squares(p, n); });
 }
-void CpuBackend::scale_in_place(float* x, index_t n, double factor) {
+void CpuBackend::do_scale_in_place(float* x, index_t n, double factor) {
   optim::scale_in_place(x, n, factor);
 }
-void CpuBackend::scale_in_place(double* x, index_t n, double factor) {
+void CpuBackend::do_scale_in_place(double* x, index_t n, double factor) {
   optim::scale_in_place(x, n, factor);
 }
 

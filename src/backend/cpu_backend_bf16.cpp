@@ -14,7 +14,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <string>
 #include <vector>
 
 namespace summa {
@@ -34,15 +33,6 @@ inline std::size_t round_up(std::size_t b) {
 }
 inline std::size_t fbytes(index_t r, index_t c) {
   return round_up(static_cast<std::size_t>(r * c) * sizeof(float));
-}
-
-template <class A, class B>
-void same_shape(const char* what, const MatrixView<A>& x, const MatrixView<B>& y) {
-  require(x.rows == y.rows && x.cols == y.cols, [&] {
-    return std::string(what) + ": shapes differ (" + std::to_string(x.rows) + "x" +
-           std::to_string(x.cols) + " vs " + std::to_string(y.rows) + "x" + std::to_string(y.cols) +
-           ")";
-  });
 }
 
 // Calls fn(r, c) for every element, the inner loop along the contiguous axis.
@@ -89,16 +79,12 @@ std::size_t bf16_gemm_scratch_bytes(const CpuBackend& backend, index_t m, index_
 
 }  // namespace cpu_detail
 
-void CpuBackend::gemm(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A, ConstMatrixView<bf16> B,
-                      float beta, MatrixView<bf16> C, Scratch scratch) {
-  A.check_layout("gemm A");
-  B.check_layout("gemm B");
-  C.check_layout("gemm C");
-  check_gemm_shapes(ta, tb, A.rows, A.cols, B.rows, B.cols, C.rows, C.cols);
+void CpuBackend::do_gemm(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A,
+                         ConstMatrixView<bf16> B, float beta, MatrixView<bf16> C, Scratch scratch) {
   const index_t m = C.rows, n = C.cols, k = ta == Op::N ? A.cols : A.rows;
   if (m == 0 || n == 0) return;
   if (alpha == 0.0f || k == 0) {
-    scale(beta, C);
+    do_scale(beta, C);
     return;
   }
   const std::size_t need = cpu_detail::bf16_gemm_scratch_bytes(*this, m, n, k);
@@ -131,45 +117,41 @@ void CpuBackend::gemm(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A, ConstM
       for (index_t i = 0; i < m; ++i) Ap(i, j) = f32(ta == Op::N ? A(i, k0 + j) : A(k0 + j, i));
     for (index_t c = 0; c < n; ++c)
       for (index_t j = 0; j < kk; ++j) Bp(j, c) = f32(tb == Op::N ? B(k0 + j, c) : B(c, k0 + j));
-    gemm(Op::N, Op::N, alpha, ConstMatrixView<float>(Ap), ConstMatrixView<float>(Bp), 1.0f, Cf,
-         rest);
+    do_gemm(Op::N, Op::N, alpha, ConstMatrixView<float>(Ap), ConstMatrixView<float>(Bp), 1.0f, Cf,
+            rest);
   }
   for_each_element(m, n, C.order, [&](index_t r, index_t c) { C(r, c) = bf16(Cf(r, c)); });
 }
 
-void CpuBackend::copy(ConstMatrixView<bf16> src, MatrixView<bf16> dst) {
-  same_shape("copy", src, dst);
+void CpuBackend::do_copy(ConstMatrixView<bf16> src, MatrixView<bf16> dst) {
   for_each_element(dst.rows, dst.cols, dst.order,
                    [&](index_t r, index_t c) { dst(r, c) = src(r, c); });
 }
-void CpuBackend::convert(ConstMatrixView<float> src, MatrixView<bf16> dst) {
-  same_shape("convert", src, dst);
+void CpuBackend::do_convert(ConstMatrixView<float> src, MatrixView<bf16> dst) {
   for_each_element(dst.rows, dst.cols, dst.order,
                    [&](index_t r, index_t c) { dst(r, c) = bf16(src(r, c)); });
 }
-void CpuBackend::convert(ConstMatrixView<bf16> src, MatrixView<float> dst) {
-  same_shape("convert", src, dst);
+void CpuBackend::do_convert(ConstMatrixView<bf16> src, MatrixView<float> dst) {
   for_each_element(dst.rows, dst.cols, dst.order,
                    [&](index_t r, index_t c) { dst(r, c) = f32(src(r, c)); });
 }
-void CpuBackend::axpby(float alpha, ConstMatrixView<bf16> X, float beta, MatrixView<bf16> C) {
-  same_shape("axpby", X, C);
+void CpuBackend::do_axpby(float alpha, ConstMatrixView<bf16> X, float beta, MatrixView<bf16> C) {
   for_each_element(C.rows, C.cols, C.order, [&](index_t r, index_t c) {
     const float x = alpha * f32(X(r, c));
     C(r, c) = bf16(beta == 0.0f ? x : x + beta * f32(C(r, c)));
   });
 }
-void CpuBackend::scale(float beta, MatrixView<bf16> C) {
+void CpuBackend::do_scale(float beta, MatrixView<bf16> C) {
   if (beta == 1.0f) return;
   for_each_element(C.rows, C.cols, C.order, [&](index_t r, index_t c) {
     C(r, c) = beta == 0.0f ? bf16(0.0f) : bf16(beta * f32(C(r, c)));
   });
 }
-void CpuBackend::add_bias(MatrixView<bf16> Y, const bf16* bias) {
+void CpuBackend::do_add_bias(MatrixView<bf16> Y, const bf16* bias) {
   for_each_element(Y.rows, Y.cols, Y.order,
                    [&](index_t r, index_t c) { Y(r, c) = bf16(f32(Y(r, c)) + f32(bias[c])); });
 }
-void CpuBackend::column_sums(ConstMatrixView<bf16> X, float beta, bf16* out) {
+void CpuBackend::do_column_sums(ConstMatrixView<bf16> X, float beta, bf16* out) {
   for (index_t c = 0; c < X.cols; ++c) {
     float s = 0;
     for (index_t r = 0; r < X.rows; ++r) s += f32(X(r, c));
@@ -177,7 +159,8 @@ void CpuBackend::column_sums(ConstMatrixView<bf16> X, float beta, bf16* out) {
   }
 }
 
-void CpuBackend::layernorm_partial_sums(ConstMatrixView<bf16> X, const float* center, float* out) {
+void CpuBackend::do_layernorm_partial_sums(ConstMatrixView<bf16> X, const float* center,
+                                           float* out) {
   for (index_t r = 0; r < X.rows; ++r) {
     float s = 0;
     if (center == nullptr) {
@@ -191,17 +174,15 @@ void CpuBackend::layernorm_partial_sums(ConstMatrixView<bf16> X, const float* ce
     out[r] = s;
   }
 }
-void CpuBackend::layernorm_apply(ConstMatrixView<bf16> X, const float* mean, const float* rstd,
-                                 const bf16* gamma, const bf16* beta, MatrixView<bf16> Y) {
-  same_shape("layernorm_apply", X, Y);
+void CpuBackend::do_layernorm_apply(ConstMatrixView<bf16> X, const float* mean, const float* rstd,
+                                    const bf16* gamma, const bf16* beta, MatrixView<bf16> Y) {
   for_each_element(Y.rows, Y.cols, Y.order, [&](index_t r, index_t c) {
     Y(r, c) = bf16((f32(X(r, c)) - mean[r]) * rstd[r] * f32(gamma[c]) + f32(beta[c]));
   });
 }
-void CpuBackend::layernorm_backward_partials(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
-                                             const float* mean, const float* rstd,
-                                             const bf16* gamma, float* a, float* b) {
-  same_shape("layernorm_backward_partials", dY, X);
+void CpuBackend::do_layernorm_backward_partials(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                                const float* mean, const float* rstd,
+                                                const bf16* gamma, float* a, float* b) {
   for (index_t r = 0; r < X.rows; ++r) {
     float sa = 0, sb = 0;
     for (index_t c = 0; c < X.cols; ++c) {
@@ -214,12 +195,10 @@ void CpuBackend::layernorm_backward_partials(ConstMatrixView<bf16> X, ConstMatri
     b[r] = sb;
   }
 }
-void CpuBackend::layernorm_backward_apply(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
-                                          const float* mean, const float* rstd, const bf16* gamma,
-                                          const float* a, const float* b, index_t h,
-                                          MatrixView<bf16> dX) {
-  same_shape("layernorm_backward_apply", dY, X);
-  same_shape("layernorm_backward_apply", X, dX);
+void CpuBackend::do_layernorm_backward_apply(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                             const float* mean, const float* rstd,
+                                             const bf16* gamma, const float* a, const float* b,
+                                             index_t h, MatrixView<bf16> dX) {
   const float hh = static_cast<float>(h), inv_h = 1.0f / hh;
   for_each_element(dX.rows, dX.cols, dX.order, [&](index_t r, index_t c) {
     const float g = f32(dY(r, c)) * f32(gamma[c]);
@@ -227,10 +206,9 @@ void CpuBackend::layernorm_backward_apply(ConstMatrixView<bf16> X, ConstMatrixVi
     dX(r, c) = bf16((g * hh - a[r] - xhat * b[r]) * rstd[r] * inv_h);
   });
 }
-void CpuBackend::layernorm_param_partials(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
-                                          const float* mean, const float* rstd, bf16* dgamma,
-                                          bf16* dbeta) {
-  same_shape("layernorm_param_partials", dY, X);
+void CpuBackend::do_layernorm_param_partials(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                             const float* mean, const float* rstd, bf16* dgamma,
+                                             bf16* dbeta) {
   for (index_t c = 0; c < X.cols; ++c) {
     float sg = 0, sb = 0;
     for (index_t r = 0; r < X.rows; ++r) {
@@ -243,18 +221,15 @@ void CpuBackend::layernorm_param_partials(ConstMatrixView<bf16> X, ConstMatrixVi
   }
 }
 
-void CpuBackend::gelu_forward(ConstMatrixView<bf16> X, MatrixView<bf16> Y) {
-  same_shape("gelu_forward", X, Y);
+void CpuBackend::do_gelu_forward(ConstMatrixView<bf16> X, MatrixView<bf16> Y) {
   for_each_element(Y.rows, Y.cols, Y.order, [&](index_t r, index_t c) {
     const double x = f32(X(r, c));
     const double t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
     Y(r, c) = bf16(0.5 * x * (1.0 + t));
   });
 }
-void CpuBackend::gelu_backward(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
-                               MatrixView<bf16> dX) {
-  same_shape("gelu_backward", X, dX);
-  same_shape("gelu_backward", dY, dX);
+void CpuBackend::do_gelu_backward(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                  MatrixView<bf16> dX) {
   for_each_element(dX.rows, dX.cols, dX.order, [&](index_t r, index_t c) {
     const double x = f32(X(r, c)), dy = f32(dY(r, c));  // read before dX (may be dY) is written
     const double t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
@@ -264,8 +239,7 @@ void CpuBackend::gelu_backward(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY
   });
 }
 
-void CpuBackend::softmax_causal(ConstMatrixView<bf16> S, double scale, MatrixView<bf16> P) {
-  same_shape("softmax_causal", S, P);
+void CpuBackend::do_softmax_causal(ConstMatrixView<bf16> S, double scale, MatrixView<bf16> P) {
   for (index_t r = 0; r < P.rows; ++r) {
     const index_t end = causal_end(r, P.cols);
     double m = -std::numeric_limits<double>::infinity();
@@ -281,10 +255,8 @@ void CpuBackend::softmax_causal(ConstMatrixView<bf16> S, double scale, MatrixVie
     for (index_t c = end; c < P.cols; ++c) P(r, c) = bf16(0.0f);
   }
 }
-void CpuBackend::softmax_causal_backward(ConstMatrixView<bf16> P, ConstMatrixView<bf16> dP,
-                                         double scale, MatrixView<bf16> dS) {
-  same_shape("softmax_causal_backward", P, dS);
-  same_shape("softmax_causal_backward", dP, dS);
+void CpuBackend::do_softmax_causal_backward(ConstMatrixView<bf16> P, ConstMatrixView<bf16> dP,
+                                            double scale, MatrixView<bf16> dS) {
   for (index_t r = 0; r < dS.rows; ++r) {
     const index_t end = causal_end(r, dS.cols);
     double dot = 0;
@@ -298,30 +270,30 @@ void CpuBackend::softmax_causal_backward(ConstMatrixView<bf16> P, ConstMatrixVie
   }
 }
 
-void CpuBackend::row_max(ConstMatrixView<bf16> Z, float* out) {
+void CpuBackend::do_row_max(ConstMatrixView<bf16> Z, float* out) {
   for (index_t r = 0; r < Z.rows; ++r) {
     float m = -std::numeric_limits<float>::infinity();
     for (index_t c = 0; c < Z.cols; ++c) m = std::max(m, f32(Z(r, c)));
     out[r] = m;
   }
 }
-void CpuBackend::row_sum_exp(ConstMatrixView<bf16> Z, const float* max, float* out) {
+void CpuBackend::do_row_sum_exp(ConstMatrixView<bf16> Z, const float* max, float* out) {
   for (index_t r = 0; r < Z.rows; ++r) {
-    const double m = max[r];
+    const double m = Z.cols > 0 ? static_cast<double>(max[r]) : 0.0;  // max: null if no columns
     double sum = 0;
     for (index_t c = 0; c < Z.cols; ++c) sum += std::exp(static_cast<double>(f32(Z(r, c))) - m);
     out[r] = static_cast<float>(sum);
   }
 }
-void CpuBackend::pick_targets(ConstMatrixView<bf16> Z, const std::int32_t* targets, index_t col0,
-                              float* out) {
+void CpuBackend::do_pick_targets(ConstMatrixView<bf16> Z, const std::int32_t* targets, index_t col0,
+                                 float* out) {
   for (index_t r = 0; r < Z.rows; ++r) {
     const index_t c = local_index(targets[r], col0, Z.cols);
     out[r] = c >= 0 ? f32(Z(r, c)) : 0.0f;
   }
 }
-void CpuBackend::cross_entropy_grad(MatrixView<bf16> Z, const float* max, const float* sum,
-                                    const std::int32_t* targets, index_t col0, double scale) {
+void CpuBackend::do_cross_entropy_grad(MatrixView<bf16> Z, const float* max, const float* sum,
+                                       const std::int32_t* targets, index_t col0, double scale) {
   for_each_element(Z.rows, Z.cols, Z.order, [&](index_t r, index_t c) {
     const double p = std::exp(static_cast<double>(f32(Z(r, c))) - static_cast<double>(max[r])) /
                      static_cast<double>(sum[r]);
@@ -330,12 +302,8 @@ void CpuBackend::cross_entropy_grad(MatrixView<bf16> Z, const float* max, const 
   });
 }
 
-void CpuBackend::gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<bf16> table,
-                             bool accumulate, MatrixView<bf16> out) {
-  require(out.cols == table.cols, [&] {
-    return "gather_rows: out has " + std::to_string(out.cols) + " columns, table " +
-           std::to_string(table.cols);
-  });
+void CpuBackend::do_gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<bf16> table,
+                                bool accumulate, MatrixView<bf16> out) {
   for_each_element(out.rows, out.cols, out.order, [&](index_t r, index_t c) {
     const index_t t = local_index(ids[r], row0, table.rows);
     if (t >= 0)
@@ -344,12 +312,9 @@ void CpuBackend::gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixV
       out(r, c) = bf16(0.0f);
   });
 }
-void CpuBackend::scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<bf16> src,
-                                  MatrixView<bf16> table) {
-  require(src.cols == table.cols, [&] {
-    return "scatter_add_rows: src has " + std::to_string(src.cols) + " columns, table " +
-           std::to_string(table.cols);
-  });
+void CpuBackend::do_scatter_add_rows(const std::int32_t* ids, index_t row0,
+                                     ConstMatrixView<bf16> src, MatrixView<bf16> table) {
+  if (src.cols == 0) return;  // ids are read only for rows with elements
   for (index_t r = 0; r < src.rows; ++r) {
     const index_t t = local_index(ids[r], row0, table.rows);
     if (t < 0) continue;
@@ -359,8 +324,8 @@ void CpuBackend::scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMa
 
 // The arithmetic of optim::adamw_update / sgd_update with M = float, on the
 // fp32 master copy; the bf16 parameter is the master rounded once.
-void CpuBackend::adamw_update(bf16* param, const bf16* grad, float* exp_avg, float* exp_avg_sq,
-                              float* master, index_t n, const optim::AdamWCoefficients& c) {
+void CpuBackend::do_adamw_update(bf16* param, const bf16* grad, float* exp_avg, float* exp_avg_sq,
+                                 float* master, index_t n, const optim::AdamWCoefficients& c) {
   const float decay = static_cast<float>(1.0 - c.lr * c.weight_decay);
   const float beta1 = static_cast<float>(c.beta1),
               one_minus_beta1 = static_cast<float>(1.0 - c.beta1);
@@ -380,8 +345,8 @@ void CpuBackend::adamw_update(bf16* param, const bf16* grad, float* exp_avg, flo
     param[i] = bf16(master[i]);
   }
 }
-void CpuBackend::sgd_update(bf16* param, const bf16* grad, float* momentum_buffer, float* master,
-                            index_t n, const optim::SgdCoefficients& c) {
+void CpuBackend::do_sgd_update(bf16* param, const bf16* grad, float* momentum_buffer, float* master,
+                               index_t n, const optim::SgdCoefficients& c) {
   const float lr = static_cast<float>(c.lr), weight_decay = static_cast<float>(c.weight_decay);
   const float momentum = static_cast<float>(c.momentum);
   for (index_t i = 0; i < n; ++i) {
@@ -393,7 +358,7 @@ void CpuBackend::sgd_update(bf16* param, const bf16* grad, float* momentum_buffe
     param[i] = bf16(master[i]);
   }
 }
-double CpuBackend::sum_of_squares(const bf16* x, index_t n) {
+double CpuBackend::do_sum_of_squares(const bf16* x, index_t n) {
   double s = 0;
   for (index_t i = 0; i < n; ++i) {
     const double v = f32(x[i]);
@@ -401,7 +366,7 @@ double CpuBackend::sum_of_squares(const bf16* x, index_t n) {
   }
   return s;
 }
-void CpuBackend::scale_in_place(bf16* x, index_t n, double factor) {
+void CpuBackend::do_scale_in_place(bf16* x, index_t n, double factor) {
   const float f = static_cast<float>(factor);
   for (index_t i = 0; i < n; ++i) x[i] = bf16(f32(x[i]) * f);
 }

@@ -1,5 +1,6 @@
 // CudaBackend: device memory, the compute stream, cuBLAS GEMM with AxoNN's
-// BLAS-mode tuning, and the checks in front of every kernel (kernels.cu).
+// BLAS-mode tuning, and the hooks of Backend's ops (whose entry points have
+// checked the arguments): CUDA's own checks, then a kernel (kernels.cu).
 #include "summa/backend/cuda_backend.hpp"
 
 #include <cublas_v2.h>
@@ -40,26 +41,6 @@ constexpr std::size_t round_up(std::size_t bytes) {
 
 std::string shape(index_t rows, index_t cols) {
   return std::to_string(rows) + "x" + std::to_string(cols);
-}
-
-template <class T>
-void check_view(ConstMatrixView<T> v, const char* what) {
-  v.check_layout(what);
-}
-
-template <class T>
-void same_shape(const char* what, ConstMatrixView<T> A, index_t rows, index_t cols) {
-  require(A.rows == rows && A.cols == cols, [&] {
-    return std::string(what) + ": shapes differ (" + shape(A.rows, A.cols) + " vs " +
-           shape(rows, cols) + ")";
-  });
-}
-
-// A non-empty per-row / per-column array must not be null.
-void require_array(const void* p, index_t count, const char* op, const char* name) {
-  require(count == 0 || p != nullptr, [&] {
-    return std::string(op) + ": null " + name + " for " + std::to_string(count) + " elements";
-  });
 }
 
 bool flips_a(GemmVariant v) {
@@ -297,16 +278,14 @@ struct cuda_detail::CudaState {
   template <class T>
   void gemm(Op ta, Op tb, acc_t<T> alpha, ConstMatrixView<T> A, ConstMatrixView<T> B, acc_t<T> beta,
             MatrixView<T> C) {
-    A.check_layout("gemm A");
-    B.check_layout("gemm B");
-    C.check_layout("gemm C");
-    check_gemm_shapes(ta, tb, A.rows, A.cols, B.rows, B.cols, C.rows, C.cols);
     const index_t m = C.rows, n = C.cols, k = ta == Op::N ? A.cols : A.rows;
     if (m == 0 || n == 0) return;
     if (alpha == acc_t<T>(0) || k == 0) {  // never reads A or B; beta == 0 never reads C
       scale(beta, C);
       return;
     }
+    // CudaBackend's own limits (Backend::gemm checked the rest): cuBLAS's
+    // int32 dimensions, a forced variant's tuning workspace.
     const index_t extents[] = {m, n, k, A.ld, B.ld, C.ld};
     for (index_t v : extents)
       require(v <= INT_MAX, [&] {
@@ -344,13 +323,10 @@ struct cuda_detail::CudaState {
   void gemm_batched(Op ta, Op tb, acc_t<T> alpha, ConstMatrixView<T> A, index_t stride_a,
                     ConstMatrixView<T> B, index_t stride_b, acc_t<T> beta, MatrixView<T> C,
                     index_t stride_c, index_t batch) {
-    A.check_layout("gemm_strided_batched A");
-    B.check_layout("gemm_strided_batched B");
-    C.check_layout("gemm_strided_batched C");
-    check_gemm_batch(ta, tb, A.rows, A.cols, B.rows, B.cols, C.rows, C.cols, C.ld, C.order,
-                     stride_a, stride_b, stride_c, batch);
     const index_t m = C.rows, n = C.cols, k = ta == Op::N ? A.cols : A.rows;
     if (m == 0 || n == 0 || batch == 0) return;
+    // CudaBackend's own checks (Backend::gemm_strided_batched checked the
+    // rest): cuBLAS's int32 range, the pointer space.
     const index_t extents[] = {m, n, k, A.ld, B.ld, C.ld, batch};
     for (index_t v : extents)
       require(v <= INT_MAX, [&] {
@@ -528,7 +504,7 @@ std::size_t CudaBackend::gemm_scratch_bytes(index_t, index_t, index_t, DType) co
   return 0;
 }
 
-void CudaBackend::upload(void* device_dst, const void* host_src, std::size_t bytes) {
+void CudaBackend::do_upload(void* device_dst, const void* host_src, std::size_t bytes) {
   if (bytes == 0) return;
   check_cuda(
       cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, impl_->launch.stream),
@@ -536,7 +512,7 @@ void CudaBackend::upload(void* device_dst, const void* host_src, std::size_t byt
   check_cuda(cudaStreamSynchronize(impl_->launch.stream), "cudaStreamSynchronize");
 }
 
-void CudaBackend::download(void* host_dst, const void* device_src, std::size_t bytes) {
+void CudaBackend::do_download(void* host_dst, const void* device_src, std::size_t bytes) {
   if (bytes == 0) return;
   check_cuda(
       cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, impl_->launch.stream),
@@ -555,25 +531,25 @@ void CudaBackend::synchronize() {
 
 // ---------------------------------------------------------------- GEMM
 
-void CudaBackend::gemm(Op ta, Op tb, float alpha, ConstMatrixView<float> A,
-                       ConstMatrixView<float> B, float beta, MatrixView<float> C, Scratch) {
+void CudaBackend::do_gemm(Op ta, Op tb, float alpha, ConstMatrixView<float> A,
+                          ConstMatrixView<float> B, float beta, MatrixView<float> C, Scratch) {
   impl_->gemm(ta, tb, alpha, A, B, beta, C);
 }
-void CudaBackend::gemm(Op ta, Op tb, double alpha, ConstMatrixView<double> A,
-                       ConstMatrixView<double> B, double beta, MatrixView<double> C, Scratch) {
+void CudaBackend::do_gemm(Op ta, Op tb, double alpha, ConstMatrixView<double> A,
+                          ConstMatrixView<double> B, double beta, MatrixView<double> C, Scratch) {
   impl_->gemm(ta, tb, alpha, A, B, beta, C);
 }
 
-void CudaBackend::gemm_strided_batched(Op ta, Op tb, float alpha, ConstMatrixView<float> A,
-                                       index_t stride_a, ConstMatrixView<float> B, index_t stride_b,
-                                       float beta, MatrixView<float> C, index_t stride_c,
-                                       index_t batch, Scratch) {
+void CudaBackend::do_gemm_strided_batched(Op ta, Op tb, float alpha, ConstMatrixView<float> A,
+                                          index_t stride_a, ConstMatrixView<float> B,
+                                          index_t stride_b, float beta, MatrixView<float> C,
+                                          index_t stride_c, index_t batch, Scratch) {
   impl_->gemm_batched(ta, tb, alpha, A, stride_a, B, stride_b, beta, C, stride_c, batch);
 }
-void CudaBackend::gemm_strided_batched(Op ta, Op tb, double alpha, ConstMatrixView<double> A,
-                                       index_t stride_a, ConstMatrixView<double> B,
-                                       index_t stride_b, double beta, MatrixView<double> C,
-                                       index_t stride_c, index_t batch, Scratch) {
+void CudaBackend::do_gemm_strided_batched(Op ta, Op tb, double alpha, ConstMatrixView<double> A,
+                                          index_t stride_a, ConstMatrixView<double> B,
+                                          index_t stride_b, double beta, MatrixView<double> C,
+                                          index_t stride_c, index_t batch, Scratch) {
   impl_->gemm_batched(ta, tb, alpha, A, stride_a, B, stride_b, beta, C, stride_c, batch);
 }
 
@@ -610,18 +586,19 @@ std::string CudaBackend::gemm_tuning_report() const {
 
 // ---------------------------------------------------------------- elementwise
 
-// The remaining ops: validation as in CpuBackend (plus layouts and null
-// arrays), then one kernel.
+// The remaining ops: Backend's entry points checked layouts, shapes, counts
+// and null arrays; a hook adds only the pointer-space check
+// (CudaOptions::check_pointers), then launches one kernel.
 #define SUMMA_L impl_->launch
+
+// The pointer space (CudaOptions::check_pointers) of an op's arrays, by name.
+static void check_pointers(const cuda_detail::CudaState& I, const char* op,
+                           std::initializer_list<std::pair<const void*, const char*>> arrays) {
+  for (const auto& [p, name] : arrays) I.check_pointer(p, op, name);
+}
 
 template <class T>
 static void copy_impl(const cuda_detail::Launch& L, ConstMatrixView<T> src, MatrixView<T> dst) {
-  check_view(src, "copy src");
-  check_view<T>(dst, "copy dst");
-  require(src.rows == dst.rows && src.cols == dst.cols, [&] {
-    return "copy: shapes differ (" + shape(src.rows, src.cols) + " -> " +
-           shape(dst.rows, dst.cols) + ")";
-  });
   if (src.empty() || (src.data == dst.data && src.ld == dst.ld && src.order == dst.order)) return;
   if (src.order == dst.order) {
     const bool row = dst.order == Order::row_major;
@@ -636,67 +613,56 @@ static void copy_impl(const cuda_detail::Launch& L, ConstMatrixView<T> src, Matr
   cuda_detail::axpby(L, acc_t<T>(1), dview(src), acc_t<T>(0), dview(dst));
 }
 
-void CudaBackend::copy(ConstMatrixView<float> src, MatrixView<float> dst) {
+void CudaBackend::do_copy(ConstMatrixView<float> src, MatrixView<float> dst) {
   copy_impl(SUMMA_L, src, dst);
 }
-void CudaBackend::copy(ConstMatrixView<double> src, MatrixView<double> dst) {
+void CudaBackend::do_copy(ConstMatrixView<double> src, MatrixView<double> dst) {
   copy_impl(SUMMA_L, src, dst);
 }
 
 template <class T>
 static void axpby_impl(const cuda_detail::Launch& L, acc_t<T> alpha, ConstMatrixView<T> X,
                        acc_t<T> beta, MatrixView<T> C) {
-  check_view(X, "axpby X");
-  check_view<T>(C, "axpby C");
-  require(X.rows == C.rows && X.cols == C.cols, [&] {
-    return "axpby: shapes differ (" + shape(X.rows, X.cols) + " vs " + shape(C.rows, C.cols) + ")";
-  });
   cuda_detail::axpby(L, alpha, dview(X), beta, dview(C));
 }
 
-void CudaBackend::axpby(float alpha, ConstMatrixView<float> X, float beta, MatrixView<float> C) {
+void CudaBackend::do_axpby(float alpha, ConstMatrixView<float> X, float beta, MatrixView<float> C) {
   axpby_impl(SUMMA_L, alpha, X, beta, C);
 }
-void CudaBackend::axpby(double alpha, ConstMatrixView<double> X, double beta,
-                        MatrixView<double> C) {
+void CudaBackend::do_axpby(double alpha, ConstMatrixView<double> X, double beta,
+                           MatrixView<double> C) {
   axpby_impl(SUMMA_L, alpha, X, beta, C);
 }
 
-void CudaBackend::scale(float beta, MatrixView<float> C) {
-  check_view<float>(C, "scale C");
+void CudaBackend::do_scale(float beta, MatrixView<float> C) {
   impl_->scale(beta, C);
 }
-void CudaBackend::scale(double beta, MatrixView<double> C) {
-  check_view<double>(C, "scale C");
+void CudaBackend::do_scale(double beta, MatrixView<double> C) {
   impl_->scale(beta, C);
 }
 
 template <class T>
 static void add_bias_impl(const cuda_detail::CudaState& I, MatrixView<T> Y, const T* bias) {
-  check_view<T>(Y, "add_bias Y");
-  require_array(bias, Y.rows > 0 ? Y.cols : 0, "add_bias", "bias");
   I.check_pointer(bias, "add_bias", "bias");
   cuda_detail::add_bias(I.launch, dview(Y), cuda_detail::dptr(bias));
 }
-void CudaBackend::add_bias(MatrixView<float> Y, const float* bias) {
+void CudaBackend::do_add_bias(MatrixView<float> Y, const float* bias) {
   add_bias_impl(*impl_, Y, bias);
 }
-void CudaBackend::add_bias(MatrixView<double> Y, const double* bias) {
+void CudaBackend::do_add_bias(MatrixView<double> Y, const double* bias) {
   add_bias_impl(*impl_, Y, bias);
 }
 
 template <class T>
 static void column_sums_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> X, acc_t<T> beta,
                              T* out) {
-  check_view(X, "column_sums X");
-  require_array(out, X.cols, "column_sums", "out");
   I.check_pointer(out, "column_sums", "out");
   cuda_detail::column_sums(I.launch, dview(X), beta, cuda_detail::dptr(out));
 }
-void CudaBackend::column_sums(ConstMatrixView<float> X, float beta, float* out) {
+void CudaBackend::do_column_sums(ConstMatrixView<float> X, float beta, float* out) {
   column_sums_impl(*impl_, X, beta, out);
 }
-void CudaBackend::column_sums(ConstMatrixView<double> X, double beta, double* out) {
+void CudaBackend::do_column_sums(ConstMatrixView<double> X, double beta, double* out) {
   column_sums_impl(*impl_, X, beta, out);
 }
 
@@ -705,86 +671,54 @@ void CudaBackend::column_sums(ConstMatrixView<double> X, double beta, double* ou
 template <class T>
 static void ln_partial_sums_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> X,
                                  const acc_t<T>* center, acc_t<T>* out) {
-  check_view(X, "layernorm_partial_sums X");
-  require_array(out, X.rows, "layernorm_partial_sums", "out");
   I.check_pointer(out, "layernorm_partial_sums", "out");
   I.check_pointer(center, "layernorm_partial_sums", "center");
   cuda_detail::layernorm_partial_sums(I.launch, dview(X), center, out);
 }
-void CudaBackend::layernorm_partial_sums(ConstMatrixView<float> X, const float* center,
-                                         float* out) {
+void CudaBackend::do_layernorm_partial_sums(ConstMatrixView<float> X, const float* center,
+                                            float* out) {
   ln_partial_sums_impl(*impl_, X, center, out);
 }
-void CudaBackend::layernorm_partial_sums(ConstMatrixView<double> X, const double* center,
-                                         double* out) {
+void CudaBackend::do_layernorm_partial_sums(ConstMatrixView<double> X, const double* center,
+                                            double* out) {
   ln_partial_sums_impl(*impl_, X, center, out);
 }
 
-template <class T>
-static void ln_stats_check(const cuda_detail::CudaState& I, const char* op, index_t n, index_t h,
-                           const T* in, T* out) {
-  require(n >= 0 && h > 0, [&] {
-    return std::string(op) + ": needs n >= 0 and h > 0 (n " + std::to_string(n) + ", h " +
-           std::to_string(h) + ")";
-  });
-  require_array(in, n, op, "input");
-  require_array(out, n, op, "output");
-  I.check_pointer(in, op, "input");
-  I.check_pointer(out, op, "output");
-}
-
-void CudaBackend::layernorm_mean(index_t n, index_t h, const float* sums, float* mean) {
-  ln_stats_check(*impl_, "layernorm_mean", n, h, sums, mean);
+void CudaBackend::do_layernorm_mean(index_t n, index_t h, const float* sums, float* mean) {
+  check_pointers(*impl_, "layernorm_mean", {{sums, "sums"}, {mean, "mean"}});
   cuda_detail::layernorm_mean(SUMMA_L, n, h, sums, mean);
 }
-void CudaBackend::layernorm_mean(index_t n, index_t h, const double* sums, double* mean) {
-  ln_stats_check(*impl_, "layernorm_mean", n, h, sums, mean);
+void CudaBackend::do_layernorm_mean(index_t n, index_t h, const double* sums, double* mean) {
+  check_pointers(*impl_, "layernorm_mean", {{sums, "sums"}, {mean, "mean"}});
   cuda_detail::layernorm_mean(SUMMA_L, n, h, sums, mean);
 }
-void CudaBackend::layernorm_rstd(index_t n, index_t h, double eps, const float* squares,
-                                 float* rstd) {
-  ln_stats_check(*impl_, "layernorm_rstd", n, h, squares, rstd);
+void CudaBackend::do_layernorm_rstd(index_t n, index_t h, double eps, const float* squares,
+                                    float* rstd) {
+  check_pointers(*impl_, "layernorm_rstd", {{squares, "squares"}, {rstd, "rstd"}});
   cuda_detail::layernorm_rstd(SUMMA_L, n, h, eps, squares, rstd);
 }
-void CudaBackend::layernorm_rstd(index_t n, index_t h, double eps, const double* squares,
-                                 double* rstd) {
-  ln_stats_check(*impl_, "layernorm_rstd", n, h, squares, rstd);
+void CudaBackend::do_layernorm_rstd(index_t n, index_t h, double eps, const double* squares,
+                                    double* rstd) {
+  check_pointers(*impl_, "layernorm_rstd", {{squares, "squares"}, {rstd, "rstd"}});
   cuda_detail::layernorm_rstd(SUMMA_L, n, h, eps, squares, rstd);
-}
-
-template <class R, class C>
-static void ln_rows_cols_check(const cuda_detail::CudaState& I, const char* op, index_t rows,
-                               index_t cols, std::initializer_list<const R*> per_row,
-                               std::initializer_list<const C*> per_col) {
-  if (rows == 0 || cols == 0) return;
-  for (const R* p : per_row) {
-    require_array(p, rows, op, "per-row array");
-    I.check_pointer(p, op, "per-row array");
-  }
-  for (const C* p : per_col) {
-    require_array(p, cols, op, "per-column array");
-    I.check_pointer(p, op, "per-column array");
-  }
 }
 
 template <class T>
 static void ln_apply_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> X,
                           const acc_t<T>* mean, const acc_t<T>* rstd, const T* gamma, const T* beta,
                           MatrixView<T> Y) {
-  check_view(X, "layernorm_apply X");
-  check_view<T>(Y, "layernorm_apply Y");
-  same_shape<T>("layernorm_apply", X, Y.rows, Y.cols);
-  ln_rows_cols_check<acc_t<T>, T>(I, "layernorm_apply", X.rows, X.cols, {mean, rstd},
-                                  {gamma, beta});
+  check_pointers(I, "layernorm_apply",
+                 {{mean, "mean"}, {rstd, "rstd"}, {gamma, "gamma"}, {beta, "beta"}});
   cuda_detail::layernorm_apply(I.launch, dview(X), mean, rstd, cuda_detail::dptr(gamma),
                                cuda_detail::dptr(beta), dview(Y));
 }
-void CudaBackend::layernorm_apply(ConstMatrixView<float> X, const float* mean, const float* rstd,
-                                  const float* gamma, const float* beta, MatrixView<float> Y) {
+void CudaBackend::do_layernorm_apply(ConstMatrixView<float> X, const float* mean, const float* rstd,
+                                     const float* gamma, const float* beta, MatrixView<float> Y) {
   ln_apply_impl(*impl_, X, mean, rstd, gamma, beta, Y);
 }
-void CudaBackend::layernorm_apply(ConstMatrixView<double> X, const double* mean, const double* rstd,
-                                  const double* gamma, const double* beta, MatrixView<double> Y) {
+void CudaBackend::do_layernorm_apply(ConstMatrixView<double> X, const double* mean,
+                                     const double* rstd, const double* gamma, const double* beta,
+                                     MatrixView<double> Y) {
   ln_apply_impl(*impl_, X, mean, rstd, gamma, beta, Y);
 }
 
@@ -793,24 +727,21 @@ static void ln_backward_partials_impl(const cuda_detail::CudaState& I, ConstMatr
                                       ConstMatrixView<T> dY, const acc_t<T>* mean,
                                       const acc_t<T>* rstd, const T* gamma, acc_t<T>* a,
                                       acc_t<T>* b) {
-  check_view(X, "layernorm_backward_partials X");
-  check_view(dY, "layernorm_backward_partials dY");
-  same_shape<T>("layernorm_backward_partials", dY, X.rows, X.cols);
-  ln_rows_cols_check<acc_t<T>, T>(I, "layernorm_backward_partials", X.rows, X.cols, {mean, rstd},
-                                  {gamma});
-  require_array(a, X.rows, "layernorm_backward_partials", "a");
-  require_array(b, X.rows, "layernorm_backward_partials", "b");
+  check_pointers(I, "layernorm_backward_partials",
+                 {{mean, "mean"}, {rstd, "rstd"}, {gamma, "gamma"}, {a, "a"}, {b, "b"}});
   cuda_detail::layernorm_backward_partials(I.launch, dview(X), dview(dY), mean, rstd,
                                            cuda_detail::dptr(gamma), a, b);
 }
-void CudaBackend::layernorm_backward_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
-                                              const float* mean, const float* rstd,
-                                              const float* gamma, float* a, float* b) {
+void CudaBackend::do_layernorm_backward_partials(ConstMatrixView<float> X,
+                                                 ConstMatrixView<float> dY, const float* mean,
+                                                 const float* rstd, const float* gamma, float* a,
+                                                 float* b) {
   ln_backward_partials_impl(*impl_, X, dY, mean, rstd, gamma, a, b);
 }
-void CudaBackend::layernorm_backward_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
-                                              const double* mean, const double* rstd,
-                                              const double* gamma, double* a, double* b) {
+void CudaBackend::do_layernorm_backward_partials(ConstMatrixView<double> X,
+                                                 ConstMatrixView<double> dY, const double* mean,
+                                                 const double* rstd, const double* gamma, double* a,
+                                                 double* b) {
   ln_backward_partials_impl(*impl_, X, dY, mean, rstd, gamma, a, b);
 }
 
@@ -819,29 +750,21 @@ static void ln_backward_apply_impl(const cuda_detail::CudaState& I, ConstMatrixV
                                    ConstMatrixView<T> dY, const acc_t<T>* mean,
                                    const acc_t<T>* rstd, const T* gamma, const acc_t<T>* a,
                                    const acc_t<T>* b, index_t h, MatrixView<T> dX) {
-  check_view(X, "layernorm_backward_apply X");
-  check_view(dY, "layernorm_backward_apply dY");
-  check_view<T>(dX, "layernorm_backward_apply dX");
-  same_shape<T>("layernorm_backward_apply", dY, X.rows, X.cols);
-  same_shape<T>("layernorm_backward_apply", X, dX.rows, dX.cols);
-  require(h > 0 || X.empty(), [&] {
-    return "layernorm_backward_apply: hidden size h " + std::to_string(h) + " must be positive";
-  });
-  ln_rows_cols_check<acc_t<T>, T>(I, "layernorm_backward_apply", X.rows, X.cols, {mean, rstd, a, b},
-                                  {gamma});
+  check_pointers(I, "layernorm_backward_apply",
+                 {{mean, "mean"}, {rstd, "rstd"}, {gamma, "gamma"}, {a, "a"}, {b, "b"}});
   cuda_detail::layernorm_backward_apply(I.launch, dview(X), dview(dY), mean, rstd,
                                         cuda_detail::dptr(gamma), a, b, h, dview(dX));
 }
-void CudaBackend::layernorm_backward_apply(ConstMatrixView<float> X, ConstMatrixView<float> dY,
-                                           const float* mean, const float* rstd, const float* gamma,
-                                           const float* a, const float* b, index_t h,
-                                           MatrixView<float> dX) {
+void CudaBackend::do_layernorm_backward_apply(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                              const float* mean, const float* rstd,
+                                              const float* gamma, const float* a, const float* b,
+                                              index_t h, MatrixView<float> dX) {
   ln_backward_apply_impl(*impl_, X, dY, mean, rstd, gamma, a, b, h, dX);
 }
-void CudaBackend::layernorm_backward_apply(ConstMatrixView<double> X, ConstMatrixView<double> dY,
-                                           const double* mean, const double* rstd,
-                                           const double* gamma, const double* a, const double* b,
-                                           index_t h, MatrixView<double> dX) {
+void CudaBackend::do_layernorm_backward_apply(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                              const double* mean, const double* rstd,
+                                              const double* gamma, const double* a, const double* b,
+                                              index_t h, MatrixView<double> dX) {
   ln_backward_apply_impl(*impl_, X, dY, mean, rstd, gamma, a, b, h, dX);
 }
 
@@ -849,23 +772,19 @@ template <class T>
 static void ln_param_partials_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> X,
                                    ConstMatrixView<T> dY, const acc_t<T>* mean,
                                    const acc_t<T>* rstd, T* dgamma, T* dbeta) {
-  check_view(X, "layernorm_param_partials X");
-  check_view(dY, "layernorm_param_partials dY");
-  same_shape<T>("layernorm_param_partials", dY, X.rows, X.cols);
-  ln_rows_cols_check<acc_t<T>, T>(I, "layernorm_param_partials", X.rows, X.cols, {mean, rstd}, {});
-  require_array(dgamma, X.cols, "layernorm_param_partials", "dgamma");
-  require_array(dbeta, X.cols, "layernorm_param_partials", "dbeta");
+  check_pointers(I, "layernorm_param_partials",
+                 {{mean, "mean"}, {rstd, "rstd"}, {dgamma, "dgamma"}, {dbeta, "dbeta"}});
   cuda_detail::layernorm_param_partials(I.launch, dview(X), dview(dY), mean, rstd,
                                         cuda_detail::dptr(dgamma), cuda_detail::dptr(dbeta));
 }
-void CudaBackend::layernorm_param_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
-                                           const float* mean, const float* rstd, float* dgamma,
-                                           float* dbeta) {
+void CudaBackend::do_layernorm_param_partials(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                              const float* mean, const float* rstd, float* dgamma,
+                                              float* dbeta) {
   ln_param_partials_impl(*impl_, X, dY, mean, rstd, dgamma, dbeta);
 }
-void CudaBackend::layernorm_param_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
-                                           const double* mean, const double* rstd, double* dgamma,
-                                           double* dbeta) {
+void CudaBackend::do_layernorm_param_partials(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                              const double* mean, const double* rstd,
+                                              double* dgamma, double* dbeta) {
   ln_param_partials_impl(*impl_, X, dY, mean, rstd, dgamma, dbeta);
 }
 
@@ -873,34 +792,26 @@ void CudaBackend::layernorm_param_partials(ConstMatrixView<double> X, ConstMatri
 
 template <class T>
 static void gelu_forward_impl(const cuda_detail::Launch& L, ConstMatrixView<T> X, MatrixView<T> Y) {
-  check_view(X, "gelu_forward X");
-  check_view<T>(Y, "gelu_forward Y");
-  same_shape<T>("gelu_forward", X, Y.rows, Y.cols);
   cuda_detail::gelu_forward(L, dview(X), dview(Y));
 }
-void CudaBackend::gelu_forward(ConstMatrixView<float> X, MatrixView<float> Y) {
+void CudaBackend::do_gelu_forward(ConstMatrixView<float> X, MatrixView<float> Y) {
   gelu_forward_impl(SUMMA_L, X, Y);
 }
-void CudaBackend::gelu_forward(ConstMatrixView<double> X, MatrixView<double> Y) {
+void CudaBackend::do_gelu_forward(ConstMatrixView<double> X, MatrixView<double> Y) {
   gelu_forward_impl(SUMMA_L, X, Y);
 }
 
 template <class T>
 static void gelu_backward_impl(const cuda_detail::Launch& L, ConstMatrixView<T> X,
                                ConstMatrixView<T> dY, MatrixView<T> dX) {
-  check_view(X, "gelu_backward X");
-  check_view(dY, "gelu_backward dY");
-  check_view<T>(dX, "gelu_backward dX");
-  same_shape<T>("gelu_backward", X, dX.rows, dX.cols);
-  same_shape<T>("gelu_backward", dY, dX.rows, dX.cols);
   cuda_detail::gelu_backward(L, dview(X), dview(dY), dview(dX));
 }
-void CudaBackend::gelu_backward(ConstMatrixView<float> X, ConstMatrixView<float> dY,
-                                MatrixView<float> dX) {
+void CudaBackend::do_gelu_backward(ConstMatrixView<float> X, ConstMatrixView<float> dY,
+                                   MatrixView<float> dX) {
   gelu_backward_impl(SUMMA_L, X, dY, dX);
 }
-void CudaBackend::gelu_backward(ConstMatrixView<double> X, ConstMatrixView<double> dY,
-                                MatrixView<double> dX) {
+void CudaBackend::do_gelu_backward(ConstMatrixView<double> X, ConstMatrixView<double> dY,
+                                   MatrixView<double> dX) {
   gelu_backward_impl(SUMMA_L, X, dY, dX);
 }
 
@@ -909,34 +820,26 @@ void CudaBackend::gelu_backward(ConstMatrixView<double> X, ConstMatrixView<doubl
 template <class T>
 static void softmax_impl(const cuda_detail::Launch& L, ConstMatrixView<T> S, double scale,
                          MatrixView<T> P) {
-  check_view(S, "softmax_causal S");
-  check_view<T>(P, "softmax_causal P");
-  same_shape<T>("softmax_causal", S, P.rows, P.cols);
   cuda_detail::softmax_causal(L, dview(S), scale, dview(P));
 }
-void CudaBackend::softmax_causal(ConstMatrixView<float> S, double scale, MatrixView<float> P) {
+void CudaBackend::do_softmax_causal(ConstMatrixView<float> S, double scale, MatrixView<float> P) {
   softmax_impl(SUMMA_L, S, scale, P);
 }
-void CudaBackend::softmax_causal(ConstMatrixView<double> S, double scale, MatrixView<double> P) {
+void CudaBackend::do_softmax_causal(ConstMatrixView<double> S, double scale, MatrixView<double> P) {
   softmax_impl(SUMMA_L, S, scale, P);
 }
 
 template <class T>
 static void softmax_backward_impl(const cuda_detail::Launch& L, ConstMatrixView<T> P,
                                   ConstMatrixView<T> dP, double scale, MatrixView<T> dS) {
-  check_view(P, "softmax_causal_backward P");
-  check_view(dP, "softmax_causal_backward dP");
-  check_view<T>(dS, "softmax_causal_backward dS");
-  same_shape<T>("softmax_causal_backward", P, dS.rows, dS.cols);
-  same_shape<T>("softmax_causal_backward", dP, dS.rows, dS.cols);
   cuda_detail::softmax_causal_backward(L, dview(P), dview(dP), scale, dview(dS));
 }
-void CudaBackend::softmax_causal_backward(ConstMatrixView<float> P, ConstMatrixView<float> dP,
-                                          double scale, MatrixView<float> dS) {
+void CudaBackend::do_softmax_causal_backward(ConstMatrixView<float> P, ConstMatrixView<float> dP,
+                                             double scale, MatrixView<float> dS) {
   softmax_backward_impl(SUMMA_L, P, dP, scale, dS);
 }
-void CudaBackend::softmax_causal_backward(ConstMatrixView<double> P, ConstMatrixView<double> dP,
-                                          double scale, MatrixView<double> dS) {
+void CudaBackend::do_softmax_causal_backward(ConstMatrixView<double> P, ConstMatrixView<double> dP,
+                                             double scale, MatrixView<double> dS) {
   softmax_backward_impl(SUMMA_L, P, dP, scale, dS);
 }
 
@@ -944,51 +847,43 @@ void CudaBackend::softmax_causal_backward(ConstMatrixView<double> P, ConstMatrix
 
 template <class T>
 static void row_max_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> Z, acc_t<T>* out) {
-  check_view(Z, "row_max Z");
-  require_array(out, Z.rows, "row_max", "out");
   I.check_pointer(out, "row_max", "out");
   cuda_detail::row_max(I.launch, dview(Z), out);
 }
-void CudaBackend::row_max(ConstMatrixView<float> Z, float* out) {
+void CudaBackend::do_row_max(ConstMatrixView<float> Z, float* out) {
   row_max_impl(*impl_, Z, out);
 }
-void CudaBackend::row_max(ConstMatrixView<double> Z, double* out) {
+void CudaBackend::do_row_max(ConstMatrixView<double> Z, double* out) {
   row_max_impl(*impl_, Z, out);
 }
 
 template <class T>
 static void row_sum_exp_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> Z,
                              const acc_t<T>* max, acc_t<T>* out) {
-  check_view(Z, "row_sum_exp Z");
-  require_array(out, Z.rows, "row_sum_exp", "out");
-  require_array(max, Z.cols > 0 ? Z.rows : 0, "row_sum_exp", "max");
   I.check_pointer(out, "row_sum_exp", "out");
   I.check_pointer(max, "row_sum_exp", "max");
   cuda_detail::row_sum_exp(I.launch, dview(Z), max, out);
 }
-void CudaBackend::row_sum_exp(ConstMatrixView<float> Z, const float* max, float* out) {
+void CudaBackend::do_row_sum_exp(ConstMatrixView<float> Z, const float* max, float* out) {
   row_sum_exp_impl(*impl_, Z, max, out);
 }
-void CudaBackend::row_sum_exp(ConstMatrixView<double> Z, const double* max, double* out) {
+void CudaBackend::do_row_sum_exp(ConstMatrixView<double> Z, const double* max, double* out) {
   row_sum_exp_impl(*impl_, Z, max, out);
 }
 
 template <class T>
 static void pick_targets_impl(const cuda_detail::CudaState& I, ConstMatrixView<T> Z,
                               const std::int32_t* targets, index_t col0, acc_t<T>* out) {
-  check_view(Z, "pick_targets Z");
-  require_array(targets, Z.rows, "pick_targets", "targets");
-  require_array(out, Z.rows, "pick_targets", "out");
   I.check_pointer(targets, "pick_targets", "targets");
   I.check_pointer(out, "pick_targets", "out");
   cuda_detail::pick_targets(I.launch, dview(Z), targets, col0, out);
 }
-void CudaBackend::pick_targets(ConstMatrixView<float> Z, const std::int32_t* targets, index_t col0,
-                               float* out) {
+void CudaBackend::do_pick_targets(ConstMatrixView<float> Z, const std::int32_t* targets,
+                                  index_t col0, float* out) {
   pick_targets_impl(*impl_, Z, targets, col0, out);
 }
-void CudaBackend::pick_targets(ConstMatrixView<double> Z, const std::int32_t* targets, index_t col0,
-                               double* out) {
+void CudaBackend::do_pick_targets(ConstMatrixView<double> Z, const std::int32_t* targets,
+                                  index_t col0, double* out) {
   pick_targets_impl(*impl_, Z, targets, col0, out);
 }
 
@@ -1004,22 +899,18 @@ static double fetch_result(cuda_detail::CudaState& I) {
 template <class T>
 static double cross_entropy_sum_impl(cuda_detail::CudaState& I, index_t n, const T* max,
                                      const T* sum, const T* picked) {
-  require(n >= 0, [&] { return "cross_entropy_sum: negative n " + std::to_string(n); });
-  require_array(max, n, "cross_entropy_sum", "max");
-  require_array(sum, n, "cross_entropy_sum", "sum");
-  require_array(picked, n, "cross_entropy_sum", "picked");
   I.check_pointer(max, "cross_entropy_sum", "max");
   I.check_pointer(sum, "cross_entropy_sum", "sum");
   I.check_pointer(picked, "cross_entropy_sum", "picked");
   cuda_detail::cross_entropy_sum(I.launch, n, max, sum, picked, I.partials);
   return fetch_result(I);
 }
-double CudaBackend::cross_entropy_sum(index_t n, const float* max, const float* sum,
-                                      const float* picked) {
+double CudaBackend::do_cross_entropy_sum(index_t n, const float* max, const float* sum,
+                                         const float* picked) {
   return cross_entropy_sum_impl(*impl_, n, max, sum, picked);
 }
-double CudaBackend::cross_entropy_sum(index_t n, const double* max, const double* sum,
-                                      const double* picked) {
+double CudaBackend::do_cross_entropy_sum(index_t n, const double* max, const double* sum,
+                                         const double* picked) {
   return cross_entropy_sum_impl(*impl_, n, max, sum, picked);
 }
 
@@ -1027,22 +918,17 @@ template <class T>
 static void cross_entropy_grad_impl(const cuda_detail::CudaState& I, MatrixView<T> Z,
                                     const acc_t<T>* max, const acc_t<T>* sum,
                                     const std::int32_t* targets, index_t col0, double scale) {
-  check_view<T>(Z, "cross_entropy_grad Z");
-  const index_t rows = Z.cols > 0 ? Z.rows : 0;
-  require_array(max, rows, "cross_entropy_grad", "max");
-  require_array(sum, rows, "cross_entropy_grad", "sum");
-  require_array(targets, rows, "cross_entropy_grad", "targets");
   I.check_pointer(max, "cross_entropy_grad", "max");
   I.check_pointer(sum, "cross_entropy_grad", "sum");
   I.check_pointer(targets, "cross_entropy_grad", "targets");
   cuda_detail::cross_entropy_grad(I.launch, dview(Z), max, sum, targets, col0, scale);
 }
-void CudaBackend::cross_entropy_grad(MatrixView<float> Z, const float* max, const float* sum,
-                                     const std::int32_t* targets, index_t col0, double scale) {
+void CudaBackend::do_cross_entropy_grad(MatrixView<float> Z, const float* max, const float* sum,
+                                        const std::int32_t* targets, index_t col0, double scale) {
   cross_entropy_grad_impl(*impl_, Z, max, sum, targets, col0, scale);
 }
-void CudaBackend::cross_entropy_grad(MatrixView<double> Z, const double* max, const double* sum,
-                                     const std::int32_t* targets, index_t col0, double scale) {
+void CudaBackend::do_cross_entropy_grad(MatrixView<double> Z, const double* max, const double* sum,
+                                        const std::int32_t* targets, index_t col0, double scale) {
   cross_entropy_grad_impl(*impl_, Z, max, sum, targets, col0, scale);
 }
 
@@ -1051,44 +937,32 @@ void CudaBackend::cross_entropy_grad(MatrixView<double> Z, const double* max, co
 template <class T>
 static void gather_rows_impl(const cuda_detail::CudaState& I, const std::int32_t* ids, index_t row0,
                              ConstMatrixView<T> table, bool accumulate, MatrixView<T> out) {
-  check_view(table, "gather_rows table");
-  check_view<T>(out, "gather_rows out");
-  require(out.cols == table.cols, [&] {
-    return "gather_rows: out has " + std::to_string(out.cols) + " columns, table " +
-           std::to_string(table.cols);
-  });
-  require_array(ids, out.cols > 0 ? out.rows : 0, "gather_rows", "ids");
   I.check_pointer(ids, "gather_rows", "ids");
   cuda_detail::gather_rows(I.launch, ids, row0, dview(table), accumulate, dview(out));
 }
-void CudaBackend::gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<float> table,
-                              bool accumulate, MatrixView<float> out) {
+void CudaBackend::do_gather_rows(const std::int32_t* ids, index_t row0,
+                                 ConstMatrixView<float> table, bool accumulate,
+                                 MatrixView<float> out) {
   gather_rows_impl(*impl_, ids, row0, table, accumulate, out);
 }
-void CudaBackend::gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<double> table,
-                              bool accumulate, MatrixView<double> out) {
+void CudaBackend::do_gather_rows(const std::int32_t* ids, index_t row0,
+                                 ConstMatrixView<double> table, bool accumulate,
+                                 MatrixView<double> out) {
   gather_rows_impl(*impl_, ids, row0, table, accumulate, out);
 }
 
 template <class T>
 static void scatter_add_rows_impl(const cuda_detail::CudaState& I, const std::int32_t* ids,
                                   index_t row0, ConstMatrixView<T> src, MatrixView<T> table) {
-  check_view(src, "scatter_add_rows src");
-  check_view<T>(table, "scatter_add_rows table");
-  require(src.cols == table.cols, [&] {
-    return "scatter_add_rows: src has " + std::to_string(src.cols) + " columns, table " +
-           std::to_string(table.cols);
-  });
-  require_array(ids, src.cols > 0 ? src.rows : 0, "scatter_add_rows", "ids");
   I.check_pointer(ids, "scatter_add_rows", "ids");
   cuda_detail::scatter_add_rows(I.launch, ids, row0, dview(src), dview(table));
 }
-void CudaBackend::scatter_add_rows(const std::int32_t* ids, index_t row0,
-                                   ConstMatrixView<float> src, MatrixView<float> table) {
+void CudaBackend::do_scatter_add_rows(const std::int32_t* ids, index_t row0,
+                                      ConstMatrixView<float> src, MatrixView<float> table) {
   scatter_add_rows_impl(*impl_, ids, row0, src, table);
 }
-void CudaBackend::scatter_add_rows(const std::int32_t* ids, index_t row0,
-                                   ConstMatrixView<double> src, MatrixView<double> table) {
+void CudaBackend::do_scatter_add_rows(const std::int32_t* ids, index_t row0,
+                                      ConstMatrixView<double> src, MatrixView<double> table) {
   scatter_add_rows_impl(*impl_, ids, row0, src, table);
 }
 
@@ -1097,88 +971,72 @@ void CudaBackend::scatter_add_rows(const std::int32_t* ids, index_t row0,
 template <class T>
 static double sum_of_squares_impl(cuda_detail::CudaState& I, const T* x, index_t rows, index_t cols,
                                   index_t ld) {
-  require(rows >= 0 && cols >= 0 && ld >= cols, [&] {
-    return "sum_of_squares: need rows, cols >= 0 and ld >= cols (got " + shape(rows, cols) +
-           ", ld " + std::to_string(ld) + ")";
-  });
-  require_array(x, rows * cols, "sum_of_squares", "x");
   if (rows > 0 && cols > 0) I.check_pointer(x, "sum_of_squares", "x");
   cuda_detail::sum_of_squares(I.launch, cuda_detail::dptr(x), rows, cols, ld, I.partials);
   return fetch_result(I);
 }
 template <class T>
 static double sum_of_squares_impl(cuda_detail::CudaState& I, const T* x, index_t n) {
-  require(n >= 0, [&] { return "sum_of_squares: negative n " + std::to_string(n); });
   return sum_of_squares_impl(I, x, n > 0 ? 1 : 0, n, n);
 }
-double CudaBackend::sum_of_squares(const float* x, index_t n) {
+double CudaBackend::do_sum_of_squares(const float* x, index_t n) {
   return sum_of_squares_impl(*impl_, x, n);
 }
-double CudaBackend::sum_of_squares(const double* x, index_t n) {
+double CudaBackend::do_sum_of_squares(const double* x, index_t n) {
   return sum_of_squares_impl(*impl_, x, n);
 }
-double CudaBackend::sum_of_squares(const float* x, index_t rows, index_t cols, index_t ld) {
+double CudaBackend::do_sum_of_squares(const float* x, index_t rows, index_t cols, index_t ld) {
   return sum_of_squares_impl(*impl_, x, rows, cols, ld);
 }
-double CudaBackend::sum_of_squares(const double* x, index_t rows, index_t cols, index_t ld) {
+double CudaBackend::do_sum_of_squares(const double* x, index_t rows, index_t cols, index_t ld) {
   return sum_of_squares_impl(*impl_, x, rows, cols, ld);
 }
 
 template <class T>
 static void scale_in_place_impl(const cuda_detail::CudaState& I, T* x, index_t n, double factor) {
-  require(n >= 0, [&] { return "scale_in_place: negative n " + std::to_string(n); });
-  require_array(x, n, "scale_in_place", "x");
   I.check_pointer(x, "scale_in_place", "x");
   cuda_detail::scale_in_place(I.launch, cuda_detail::dptr(x), n, factor);
 }
-void CudaBackend::scale_in_place(float* x, index_t n, double factor) {
+void CudaBackend::do_scale_in_place(float* x, index_t n, double factor) {
   scale_in_place_impl(*impl_, x, n, factor);
 }
-void CudaBackend::scale_in_place(double* x, index_t n, double factor) {
+void CudaBackend::do_scale_in_place(double* x, index_t n, double factor) {
   scale_in_place_impl(*impl_, x, n, factor);
 }
 
 template <class T, class M>
 static void adamw_impl(const cuda_detail::CudaState& I, T* param, const T* grad, M* exp_avg,
                        M* exp_avg_sq, index_t n, const optim::AdamWCoefficients& c) {
-  require(n >= 0, [&] { return "adamw_update: negative n " + std::to_string(n); });
-  require_array(param, n, "adamw_update", "param");
-  require_array(grad, n, "adamw_update", "grad");
-  require_array(exp_avg, n, "adamw_update", "exp_avg");
-  require_array(exp_avg_sq, n, "adamw_update", "exp_avg_sq");
   I.check_pointer(param, "adamw_update", "param");
   I.check_pointer(grad, "adamw_update", "grad");
   I.check_pointer(exp_avg, "adamw_update", "exp_avg");
   I.check_pointer(exp_avg_sq, "adamw_update", "exp_avg_sq");
   cuda::adamw_update(param, grad, exp_avg, exp_avg_sq, n, c, I.launch.stream);
 }
-void CudaBackend::adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                               index_t n, const optim::AdamWCoefficients& c) {
+void CudaBackend::do_adamw_update(float* param, const float* grad, float* exp_avg,
+                                  float* exp_avg_sq, index_t n, const optim::AdamWCoefficients& c) {
   adamw_impl(*impl_, param, grad, exp_avg, exp_avg_sq, n, c);
 }
-void CudaBackend::adamw_update(double* param, const double* grad, double* exp_avg,
-                               double* exp_avg_sq, index_t n, const optim::AdamWCoefficients& c) {
+void CudaBackend::do_adamw_update(double* param, const double* grad, double* exp_avg,
+                                  double* exp_avg_sq, index_t n,
+                                  const optim::AdamWCoefficients& c) {
   adamw_impl(*impl_, param, grad, exp_avg, exp_avg_sq, n, c);
 }
 
 template <class T, class M>
 static void sgd_impl(const cuda_detail::CudaState& I, T* param, const T* grad, M* momentum_buffer,
                      index_t n, const optim::SgdCoefficients& c) {
-  require(n >= 0, [&] { return "sgd_update: negative n " + std::to_string(n); });
-  require_array(param, n, "sgd_update", "param");
-  require_array(grad, n, "sgd_update", "grad");
-  require_array(momentum_buffer, n, "sgd_update", "momentum_buffer");
   I.check_pointer(param, "sgd_update", "param");
   I.check_pointer(grad, "sgd_update", "grad");
   I.check_pointer(momentum_buffer, "sgd_update", "momentum_buffer");
   cuda::sgd_update(param, grad, momentum_buffer, n, c, I.launch.stream);
 }
-void CudaBackend::sgd_update(float* param, const float* grad, float* momentum_buffer, index_t n,
-                             const optim::SgdCoefficients& c) {
+void CudaBackend::do_sgd_update(float* param, const float* grad, float* momentum_buffer, index_t n,
+                                const optim::SgdCoefficients& c) {
   sgd_impl(*impl_, param, grad, momentum_buffer, n, c);
 }
-void CudaBackend::sgd_update(double* param, const double* grad, double* momentum_buffer, index_t n,
-                             const optim::SgdCoefficients& c) {
+void CudaBackend::do_sgd_update(double* param, const double* grad, double* momentum_buffer,
+                                index_t n, const optim::SgdCoefficients& c) {
   sgd_impl(*impl_, param, grad, momentum_buffer, n, c);
 }
 
@@ -1186,136 +1044,116 @@ void CudaBackend::sgd_update(double* param, const double* grad, double* momentum
 // The templates above with T = bf16: device kernels on __nv_bfloat16 with fp32
 // arithmetic (kernels.cuh), cublasGemmEx with CUDA_R_16BF and fp32 compute.
 
-void CudaBackend::gemm(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A, ConstMatrixView<bf16> B,
-                       float beta, MatrixView<bf16> C, Scratch) {
+void CudaBackend::do_gemm(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A,
+                          ConstMatrixView<bf16> B, float beta, MatrixView<bf16> C, Scratch) {
   impl_->gemm<bf16>(ta, tb, alpha, A, B, beta, C);
 }
-void CudaBackend::gemm_strided_batched(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A,
-                                       index_t stride_a, ConstMatrixView<bf16> B, index_t stride_b,
-                                       float beta, MatrixView<bf16> C, index_t stride_c,
-                                       index_t batch, Scratch) {
+void CudaBackend::do_gemm_strided_batched(Op ta, Op tb, float alpha, ConstMatrixView<bf16> A,
+                                          index_t stride_a, ConstMatrixView<bf16> B,
+                                          index_t stride_b, float beta, MatrixView<bf16> C,
+                                          index_t stride_c, index_t batch, Scratch) {
   impl_->gemm_batched<bf16>(ta, tb, alpha, A, stride_a, B, stride_b, beta, C, stride_c, batch);
 }
-void CudaBackend::copy(ConstMatrixView<bf16> src, MatrixView<bf16> dst) {
+void CudaBackend::do_copy(ConstMatrixView<bf16> src, MatrixView<bf16> dst) {
   copy_impl(SUMMA_L, src, dst);
 }
-void CudaBackend::convert(ConstMatrixView<float> src, MatrixView<bf16> dst) {
-  check_view(src, "convert src");
-  check_view<bf16>(dst, "convert dst");
-  require(src.rows == dst.rows && src.cols == dst.cols, [&] {
-    return "convert: shapes differ (" + shape(src.rows, src.cols) + " -> " +
-           shape(dst.rows, dst.cols) + ")";
-  });
+void CudaBackend::do_convert(ConstMatrixView<float> src, MatrixView<bf16> dst) {
   cuda_detail::convert(SUMMA_L, dview(src), dview(dst));
 }
-void CudaBackend::convert(ConstMatrixView<bf16> src, MatrixView<float> dst) {
-  check_view(src, "convert src");
-  check_view<float>(dst, "convert dst");
-  require(src.rows == dst.rows && src.cols == dst.cols, [&] {
-    return "convert: shapes differ (" + shape(src.rows, src.cols) + " -> " +
-           shape(dst.rows, dst.cols) + ")";
-  });
+void CudaBackend::do_convert(ConstMatrixView<bf16> src, MatrixView<float> dst) {
   cuda_detail::convert(SUMMA_L, dview(src), dview(dst));
 }
-void CudaBackend::axpby(float alpha, ConstMatrixView<bf16> X, float beta, MatrixView<bf16> C) {
+void CudaBackend::do_axpby(float alpha, ConstMatrixView<bf16> X, float beta, MatrixView<bf16> C) {
   axpby_impl(SUMMA_L, alpha, X, beta, C);
 }
-void CudaBackend::scale(float beta, MatrixView<bf16> C) {
-  check_view<bf16>(C, "scale C");
+void CudaBackend::do_scale(float beta, MatrixView<bf16> C) {
   impl_->scale<bf16>(beta, C);
 }
-void CudaBackend::add_bias(MatrixView<bf16> Y, const bf16* bias) {
+void CudaBackend::do_add_bias(MatrixView<bf16> Y, const bf16* bias) {
   add_bias_impl(*impl_, Y, bias);
 }
-void CudaBackend::column_sums(ConstMatrixView<bf16> X, float beta, bf16* out) {
+void CudaBackend::do_column_sums(ConstMatrixView<bf16> X, float beta, bf16* out) {
   column_sums_impl(*impl_, X, beta, out);
 }
-void CudaBackend::layernorm_partial_sums(ConstMatrixView<bf16> X, const float* center, float* out) {
+void CudaBackend::do_layernorm_partial_sums(ConstMatrixView<bf16> X, const float* center,
+                                            float* out) {
   ln_partial_sums_impl(*impl_, X, center, out);
 }
-void CudaBackend::layernorm_apply(ConstMatrixView<bf16> X, const float* mean, const float* rstd,
-                                  const bf16* gamma, const bf16* beta, MatrixView<bf16> Y) {
+void CudaBackend::do_layernorm_apply(ConstMatrixView<bf16> X, const float* mean, const float* rstd,
+                                     const bf16* gamma, const bf16* beta, MatrixView<bf16> Y) {
   ln_apply_impl(*impl_, X, mean, rstd, gamma, beta, Y);
 }
-void CudaBackend::layernorm_backward_partials(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
-                                              const float* mean, const float* rstd,
-                                              const bf16* gamma, float* a, float* b) {
+void CudaBackend::do_layernorm_backward_partials(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                                 const float* mean, const float* rstd,
+                                                 const bf16* gamma, float* a, float* b) {
   ln_backward_partials_impl(*impl_, X, dY, mean, rstd, gamma, a, b);
 }
-void CudaBackend::layernorm_backward_apply(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
-                                           const float* mean, const float* rstd, const bf16* gamma,
-                                           const float* a, const float* b, index_t h,
-                                           MatrixView<bf16> dX) {
+void CudaBackend::do_layernorm_backward_apply(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                              const float* mean, const float* rstd,
+                                              const bf16* gamma, const float* a, const float* b,
+                                              index_t h, MatrixView<bf16> dX) {
   ln_backward_apply_impl(*impl_, X, dY, mean, rstd, gamma, a, b, h, dX);
 }
-void CudaBackend::layernorm_param_partials(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
-                                           const float* mean, const float* rstd, bf16* dgamma,
-                                           bf16* dbeta) {
+void CudaBackend::do_layernorm_param_partials(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                              const float* mean, const float* rstd, bf16* dgamma,
+                                              bf16* dbeta) {
   ln_param_partials_impl(*impl_, X, dY, mean, rstd, dgamma, dbeta);
 }
-void CudaBackend::gelu_forward(ConstMatrixView<bf16> X, MatrixView<bf16> Y) {
+void CudaBackend::do_gelu_forward(ConstMatrixView<bf16> X, MatrixView<bf16> Y) {
   gelu_forward_impl(SUMMA_L, X, Y);
 }
-void CudaBackend::gelu_backward(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
-                                MatrixView<bf16> dX) {
+void CudaBackend::do_gelu_backward(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
+                                   MatrixView<bf16> dX) {
   gelu_backward_impl(SUMMA_L, X, dY, dX);
 }
-void CudaBackend::softmax_causal(ConstMatrixView<bf16> S, double scale, MatrixView<bf16> P) {
+void CudaBackend::do_softmax_causal(ConstMatrixView<bf16> S, double scale, MatrixView<bf16> P) {
   softmax_impl(SUMMA_L, S, scale, P);
 }
-void CudaBackend::softmax_causal_backward(ConstMatrixView<bf16> P, ConstMatrixView<bf16> dP,
-                                          double scale, MatrixView<bf16> dS) {
+void CudaBackend::do_softmax_causal_backward(ConstMatrixView<bf16> P, ConstMatrixView<bf16> dP,
+                                             double scale, MatrixView<bf16> dS) {
   softmax_backward_impl(SUMMA_L, P, dP, scale, dS);
 }
-void CudaBackend::row_max(ConstMatrixView<bf16> Z, float* out) {
+void CudaBackend::do_row_max(ConstMatrixView<bf16> Z, float* out) {
   row_max_impl(*impl_, Z, out);
 }
-void CudaBackend::row_sum_exp(ConstMatrixView<bf16> Z, const float* max, float* out) {
+void CudaBackend::do_row_sum_exp(ConstMatrixView<bf16> Z, const float* max, float* out) {
   row_sum_exp_impl(*impl_, Z, max, out);
 }
-void CudaBackend::pick_targets(ConstMatrixView<bf16> Z, const std::int32_t* targets, index_t col0,
-                               float* out) {
+void CudaBackend::do_pick_targets(ConstMatrixView<bf16> Z, const std::int32_t* targets,
+                                  index_t col0, float* out) {
   pick_targets_impl(*impl_, Z, targets, col0, out);
 }
-void CudaBackend::cross_entropy_grad(MatrixView<bf16> Z, const float* max, const float* sum,
-                                     const std::int32_t* targets, index_t col0, double scale) {
+void CudaBackend::do_cross_entropy_grad(MatrixView<bf16> Z, const float* max, const float* sum,
+                                        const std::int32_t* targets, index_t col0, double scale) {
   cross_entropy_grad_impl(*impl_, Z, max, sum, targets, col0, scale);
 }
-void CudaBackend::gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<bf16> table,
-                              bool accumulate, MatrixView<bf16> out) {
+void CudaBackend::do_gather_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<bf16> table,
+                                 bool accumulate, MatrixView<bf16> out) {
   gather_rows_impl(*impl_, ids, row0, table, accumulate, out);
 }
-void CudaBackend::scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatrixView<bf16> src,
-                                   MatrixView<bf16> table) {
+void CudaBackend::do_scatter_add_rows(const std::int32_t* ids, index_t row0,
+                                      ConstMatrixView<bf16> src, MatrixView<bf16> table) {
   scatter_add_rows_impl(*impl_, ids, row0, src, table);
 }
-double CudaBackend::sum_of_squares(const bf16* x, index_t n) {
+double CudaBackend::do_sum_of_squares(const bf16* x, index_t n) {
   return sum_of_squares_impl(*impl_, x, n);
 }
-double CudaBackend::sum_of_squares(const bf16* x, index_t rows, index_t cols, index_t ld) {
+double CudaBackend::do_sum_of_squares(const bf16* x, index_t rows, index_t cols, index_t ld) {
   return sum_of_squares_impl(*impl_, x, rows, cols, ld);
 }
-void CudaBackend::scale_in_place(bf16* x, index_t n, double factor) {
+void CudaBackend::do_scale_in_place(bf16* x, index_t n, double factor) {
   scale_in_place_impl(*impl_, x, n, factor);
 }
 
 // The arithmetic of the float updates on the fp32 master, then param = bf16(master).
-static void check_master_arrays(const cuda_detail::CudaState& I, const char* op, index_t n,
-                                std::initializer_list<std::pair<const void*, const char*>> arrays) {
-  require(n >= 0, [&] { return std::string(op) + ": negative n " + std::to_string(n); });
-  for (const auto& [p, name] : arrays) {
-    require_array(p, n, op, name);
-    I.check_pointer(p, op, name);
-  }
-}
-void CudaBackend::adamw_update(bf16* param, const bf16* grad, float* exp_avg, float* exp_avg_sq,
-                               float* master, index_t n, const optim::AdamWCoefficients& c) {
-  check_master_arrays(*impl_, "adamw_update", n,
-                      {{param, "param"},
-                       {grad, "grad"},
-                       {exp_avg, "exp_avg"},
-                       {exp_avg_sq, "exp_avg_sq"},
-                       {master, "master"}});
+void CudaBackend::do_adamw_update(bf16* param, const bf16* grad, float* exp_avg, float* exp_avg_sq,
+                                  float* master, index_t n, const optim::AdamWCoefficients& c) {
+  check_pointers(*impl_, "adamw_update",
+                 {{param, "param"},
+                  {grad, "grad"},
+                  {exp_avg, "exp_avg"},
+                  {exp_avg_sq, "exp_avg_sq"},
+                  {master, "master"}});
   cuda_detail::adamw_update_bf16(
       SUMMA_L, cuda_detail::dptr(param), cuda_detail::dptr(grad), exp_avg, exp_avg_sq, master, n,
       static_cast<float>(1.0 - c.lr * c.weight_decay), static_cast<float>(c.beta1),
@@ -1323,10 +1161,10 @@ void CudaBackend::adamw_update(bf16* param, const bf16* grad, float* exp_avg, fl
       static_cast<float>(1.0 - c.beta2), static_cast<float>(c.eps), static_cast<float>(c.step_size),
       static_cast<float>(c.bias_correction2_sqrt));
 }
-void CudaBackend::sgd_update(bf16* param, const bf16* grad, float* momentum_buffer, float* master,
-                             index_t n, const optim::SgdCoefficients& c) {
-  check_master_arrays(
-      *impl_, "sgd_update", n,
+void CudaBackend::do_sgd_update(bf16* param, const bf16* grad, float* momentum_buffer,
+                                float* master, index_t n, const optim::SgdCoefficients& c) {
+  check_pointers(
+      *impl_, "sgd_update",
       {{param, "param"}, {grad, "grad"}, {momentum_buffer, "momentum_buffer"}, {master, "master"}});
   cuda_detail::sgd_update_bf16(SUMMA_L, cuda_detail::dptr(param), cuda_detail::dptr(grad),
                                momentum_buffer, master, n, static_cast<float>(c.lr),
