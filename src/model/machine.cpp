@@ -56,9 +56,14 @@ double collective_seconds(const CollectiveCost& cost, Collective c, std::int64_t
       return (c == Collective::all_reduce ? 2 : 1) * depth * (a + n);
     }
     case Algorithm::direct:
-      return steps * (a + n);
+      return steps * a + (c == Collective::all_reduce ? 2 : 1) * share * n;
   }
   return 0;
+}
+
+double direct_seconds(const CollectiveCost& cost, std::int64_t g, double sent, double received) {
+  if (g <= 1) return 0;
+  return static_cast<double>(g - 1) * cost.alpha_s + (sent + received) / (2 * cost.beta_bytes_s);
 }
 
 double GemmModel::efficiency(index_t m, index_t n, index_t k) const {

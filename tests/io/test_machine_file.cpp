@@ -114,7 +114,10 @@ TEST(MachineModel, CollectiveFormulas) {
                      2 * std::ceil(std::log2(static_cast<double>(g))) * (1e-5 + n / beta));
     const model::CollectiveCost direct{1e-5, beta, Algorithm::direct};
     EXPECT_DOUBLE_EQ(model::collective_seconds(direct, Collective::broadcast, g, n),
-                     static_cast<double>(g - 1) * (1e-5 + n / beta));
+                     static_cast<double>(g - 1) * 1e-5 + share * n / beta);
+    // a broadcast's root sends (g-1) n, the others receive n
+    EXPECT_DOUBLE_EQ(model::direct_seconds(direct, g, static_cast<double>(g - 1) * n, 0),
+                     static_cast<double>(g - 1) * (1e-5 + n / (2 * beta)));
   }
   EXPECT_EQ(model::collective_seconds(ring, Collective::all_reduce, 1, n), 0);
   // more ranks never make a ring all-reduce of the same buffer faster

@@ -37,7 +37,11 @@ std::string_view name_of(Collective c);
 ///             reduce-scatter (g-1)·α + (g-1)/g·n/β (n: the whole result);
 ///             broadcast and reduce pipelined: (g-1)·α + n/β
 ///   tree      ⌈log2 g⌉·(α + n/β) (all-reduce: twice)
-///   direct    (g-1)·(α + n/β) from or to the root (the counters' model)
+///   direct    the traffic counters' direct-exchange volumes: (g-1)·α +
+///             (sent + received) / (2β) with this rank's bytes
+///             (direct_seconds); for a symmetric collective that is its
+///             bytes/β, so with α = 0 the time is the traffic model's
+///             bytes over β
 enum class Algorithm : std::uint8_t { ring, tree, direct };
 std::string_view name_of(Algorithm a);
 
@@ -53,7 +57,10 @@ struct CollectiveCost {
 /// all-gather and reduce-scatter: the whole gathered or scattered buffer;
 /// for the others: the buffer each rank holds) under `cost`'s algorithm; 0
 /// for g <= 1.
+/// Under Algorithm::direct: the volume averaged over the group's ranks.
 double collective_seconds(const CollectiveCost& cost, Collective c, std::int64_t g, double bytes);
+/// Algorithm::direct for one rank that sends and receives these bytes.
+double direct_seconds(const CollectiveCost& cost, std::int64_t g, double sent, double received);
 
 /// One level of the network (within a node, across nodes).
 struct LinkLevel {

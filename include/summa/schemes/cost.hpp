@@ -9,64 +9,143 @@
 /// the data axis.
 
 #include <cstdint>
+#include <vector>
 
 #include "summa/comm/counters.hpp"
 #include "summa/layers/scheme_context.hpp"
+#include "summa/model/machine.hpp"
 #include "summa/summa/engine.hpp"
 
 namespace summa::cost {
 
 using u64 = std::uint64_t;
 
+/// One piece of an op's work as the step-time model sees it (recorded by a
+/// Tally whose `log` is set; model/step_time.hpp prices it on a machine).
+struct Work {
+  enum class Kind : std::uint8_t {
+    collective,  ///< one collective on `axis` over `group` ranks
+    summa,       ///< one SUMMA call (form, global m x n x k, q = group): the
+                 ///< model expands it into panel steps with the engine's options
+    gemm,        ///< `batch` local products m x n x k
+    memory,      ///< element-wise work moving `bytes` to and from memory
+  };
+  Kind kind = Kind::memory;
+  model::Collective collective = model::Collective::all_reduce;
+  CommAxis axis = CommAxis::other;
+  Form form = Form::AB;
+  /// A collective the op issues non-blocking and completes after compute it
+  /// overlaps (2D bias broadcasts, 3D OAR / ORS / OAG).
+  bool overlapped = false;
+  u64 group = 1;
+  /// This rank's bytes in the counters' model (collective, summa).
+  u64 sent = 0, received = 0;
+  /// collective: the buffer each rank holds (all-gather, reduce-scatter: the
+  /// whole gathered one); memory: bytes read plus written.
+  u64 bytes = 0;
+  u64 m = 0, n = 0, k = 0, batch = 1;
+  u64 element = 0;  ///< element size of a gemm or summa
+};
+
 // Adds collectives to per-axis counters with the formulas of
 // docs/communication.md; g = group size, r = this rank's group rank, e =
 // element size, counts in elements. Per-row statistics (LayerNorm sums and
 // a | b partials, cross-entropy row max, sum exp and target logit) travel in
-// acc_t (fp32 for bf16 models), everything else in the element type.
+// acc_t (fp32 for bf16 models), everything else in the element type. With
+// `log` set, every collective and the ops' compute (gemm, memory) are also
+// recorded as Work for the step-time model.
 class Tally {
  public:
   TrafficCounters t;
+  std::vector<Work>* log = nullptr;
+  /// Marks the collectives recorded while set as overlapped (Work::overlapped).
+  bool overlapped = false;
 
-  void both(CommAxis a, u64 bytes) {
-    t[a].bytes_sent += bytes;
-    t[a].bytes_received += bytes;
-  }
   void all_reduce(CommAxis a, u64 count, u64 g, u64 r, u64 e) {
     const u64 c = count / g + (r < count % g ? 1 : 0);
-    both(a, (count - c + (g - 1) * c) * e);
+    const u64 bytes = (count - c + (g - 1) * c) * e;
+    add(a, bytes, bytes);
+    collective(model::Collective::all_reduce, a, g, count * e, bytes, bytes);
   }
   void broadcast(CommAxis a, u64 count, u64 g, bool root, u64 e) {
-    if (root)
-      t[a].bytes_sent += (g - 1) * count * e;
-    else
-      t[a].bytes_received += count * e;
+    const u64 sent = root ? (g - 1) * count * e : 0, received = root ? 0 : count * e;
+    add(a, sent, received);
+    collective(model::Collective::broadcast, a, g, count * e, sent, received);
   }
   void reduce(CommAxis a, u64 count, u64 g, bool root, u64 e) {
-    if (root)
-      t[a].bytes_received += (g - 1) * count * e;
-    else
-      t[a].bytes_sent += count * e;
+    const u64 sent = root ? 0 : count * e, received = root ? (g - 1) * count * e : 0;
+    add(a, sent, received);
+    collective(model::Collective::reduce, a, g, count * e, sent, received);
   }
-  void gather_or_scatter(CommAxis a, u64 per_rank, u64 g, u64 e) {
-    both(a, (g - 1) * per_rank * e);
+  /// All-gather or reduce-scatter of `per_rank` elements from or to each rank.
+  void all_gather(CommAxis a, u64 per_rank, u64 g, u64 e) {
+    gather_or_scatter(model::Collective::all_gather, a, per_rank, g, e);
+  }
+  void reduce_scatter(CommAxis a, u64 per_rank, u64 g, u64 e) {
+    gather_or_scatter(model::Collective::reduce_scatter, a, per_rank, g, e);
   }
   // SUMMA (docs/communication.md, "SUMMA per call"), global m x n x k.
   void summa(Form f, u64 m, u64 n, u64 k, u64 q, u64 e) {
     const u64 mb = m / q, nb = n / q, kb = k / q;
+    u64 row = 0, col = 0;  // bytes per rank on the mesh row / column
     switch (f) {
       case Form::AB:
-        both(CommAxis::mesh_row, (q - 1) * mb * kb * e);
-        both(CommAxis::mesh_col, (q - 1) * kb * nb * e);
+        row = (q - 1) * mb * kb * e;
+        col = (q - 1) * kb * nb * e;
         break;
       case Form::ABt:
-        both(CommAxis::mesh_row, (q - 1) * mb * nb * e);
-        both(CommAxis::mesh_col, (q - 1) * nb * kb * e);
+        row = (q - 1) * mb * nb * e;
+        col = (q - 1) * nb * kb * e;
         break;
       case Form::AtB:
-        both(CommAxis::mesh_row, (q - 1) * kb * mb * e);
-        both(CommAxis::mesh_col, (q - 1) * mb * nb * e);
+        row = (q - 1) * kb * mb * e;
+        col = (q - 1) * mb * nb * e;
         break;
     }
+    add(CommAxis::mesh_row, row, row);
+    add(CommAxis::mesh_col, col, col);
+    if (log != nullptr)
+      log->push_back({.kind = Work::Kind::summa,
+                      .form = f,
+                      .group = q,
+                      .sent = row + col,
+                      .received = row + col,
+                      .m = m,
+                      .n = n,
+                      .k = k,
+                      .element = e});
+  }
+  /// `batch` local products m x n x k of elements of e bytes (compute only).
+  void gemm(u64 m, u64 n, u64 k, u64 e, u64 batch = 1) {
+    if (log != nullptr)
+      log->push_back(
+          {.kind = Work::Kind::gemm, .m = m, .n = n, .k = k, .batch = batch, .element = e});
+  }
+  /// Element-wise work reading and writing `bytes` in all (compute only).
+  void memory(u64 bytes) {
+    if (log != nullptr) log->push_back({.kind = Work::Kind::memory, .bytes = bytes});
+  }
+
+ private:
+  void add(CommAxis a, u64 sent, u64 received) {
+    t[a].bytes_sent += sent;
+    t[a].bytes_received += received;
+  }
+  void gather_or_scatter(model::Collective c, CommAxis a, u64 per_rank, u64 g, u64 e) {
+    const u64 bytes = (g - 1) * per_rank * e;
+    add(a, bytes, bytes);
+    collective(c, a, g, g * per_rank * e, bytes, bytes);
+  }
+  void collective(model::Collective c, CommAxis a, u64 g, u64 buffer, u64 sent, u64 received) {
+    if (log != nullptr && g > 1)
+      log->push_back({.kind = Work::Kind::collective,
+                      .collective = c,
+                      .axis = a,
+                      .overlapped = overlapped,
+                      .group = g,
+                      .sent = sent,
+                      .received = received,
+                      .bytes = buffer});
   }
 };
 
@@ -105,6 +184,16 @@ class OpCost {
   virtual u64 linear_params(u64 in, u64 out, LinearRole role, bool bias) const = 0;
   virtual u64 layer_norm_params(u64 hidden) const = 0;
   virtual u64 embedding_params(u64 vocab, u64 hidden, u64 positions) const = 0;
+
+  /// This rank's block of activations, as SchemeContext::local_rows,
+  /// local_cols and head_split (for the work the layers do themselves:
+  /// attention, GeLU, residual adds).
+  virtual u64 local_rows(u64 tokens) const = 0;
+  virtual u64 local_cols(u64 width, ActivationLayout layout) const = 0;
+  virtual u64 head_split() const = 0;
+  /// True when some gradients are complete only at the end of backward
+  /// (SchemeContext::defers_gradients: the data-axis buckets wait for it).
+  virtual bool defers_gradients() const { return false; }
 };
 
 }  // namespace summa::cost

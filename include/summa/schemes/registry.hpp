@@ -54,6 +54,8 @@ struct SchemeRow {
   /// Appends every spec of this scheme with `tensor` ranks per group and
   /// `data` groups.
   void (*enumerate)(int tensor, int data, std::vector<SchemeSpec>& out);
+  /// The shape of the scheme's grid (what make_grid builds), without MPI.
+  GridShape (*grid_shape)(const SchemeSpec& spec);
   /// The grid of the scheme on `comm` (whose size is spec.ranks()).
   ProcessGrid (*make_grid)(MPI_Comm comm, const SchemeSpec& spec, GridOptions options);
   /// What a grid axis is for under this scheme ("row", "X", "tensor"), or

@@ -83,10 +83,20 @@ void check_view(const char* where, const char* what, const V& v, index_t rows, i
 class Cost3D final : public cost::OpCost {
  public:
   using u64 = cost::u64;
-  Cost3D(u64 gx, u64 gy, u64 gz, u64 x, u64 y, u64 z, cost::Elements el)
-      : gx_(gx), gy_(gy), gz_(gz), x_(x), y_(y), z_(z), el_(el) {}
+  /// The overlap switches of Axonn3DOptions: OAR, ORS, OAG.
+  struct Overlap {
+    bool all_reduce = true, reduce_scatter = false, all_gather = false;
+  };
+  Cost3D(u64 gx, u64 gy, u64 gz, u64 x, u64 y, u64 z, cost::Elements el, Overlap overlap)
+      : gx_(gx), gy_(gy), gz_(gz), x_(x), y_(y), z_(z), el_(el), overlap_(overlap) {}
 
   SUMMA_OP_COST_OVERRIDES
+  u64 local_rows(u64 tokens) const override { return tokens / gz_; }
+  u64 local_cols(u64 width, ActivationLayout layout) const override {
+    return width / (layout == ActivationLayout::inner ? gx_ : gy_);
+  }
+  u64 head_split() const override { return gx_; }
+  bool defers_gradients() const override { return overlap_.reduce_scatter && gz_ > 1; }
 
  private:
   struct Axis {
@@ -99,13 +109,22 @@ class Cost3D final : public cost::OpCost {
   static void all_reduce(cost::Tally& t, Axis a, u64 count, u64 e) {
     t.all_reduce(a.axis, count, a.g, a.r, e);
   }
-  /// An all-gather or reduce-scatter over Z of `per_rank` elements each.
-  void z_gather_or_scatter(cost::Tally& t, u64 per_rank) const {
-    t.gather_or_scatter(CommAxis::depth, per_rank, gz_, el_.e);
+  /// An all-gather or reduce-scatter over Z of `per_rank` elements each,
+  /// overlapped or not.
+  void z_all_gather(cost::Tally& t, u64 per_rank, bool overlapped = false) const {
+    t.overlapped = overlapped;
+    t.all_gather(CommAxis::depth, per_rank, gz_, el_.e);
+    t.overlapped = false;
+  }
+  void z_reduce_scatter(cost::Tally& t, u64 per_rank, bool overlapped = false) const {
+    t.overlapped = overlapped;
+    t.reduce_scatter(CommAxis::depth, per_rank, gz_, el_.e);
+    t.overlapped = false;
   }
   u64 wte_shard(u64 vocab, u64 hidden) const { return vocab * hidden / (gx_ * gy_ * gz_); }
   u64 gx_, gy_, gz_, x_, y_, z_;
   cost::Elements el_;
+  Overlap overlap_;
 };
 
 }  // namespace summa::detail3d

@@ -229,28 +229,41 @@ void Linear3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers&
   out_comm_->wait(request);
 }
 
-// Communication of a linear. The normal orientation (expand) reads input
-// columns over Y and writes outputs over X; the transposed one (contract)
-// the reverse. Forward all-gathers the weight shard over Z and all-reduces
-// the partial outputs over the input axis; backward gathers the weight
-// again (not cached), all-reduces dX over the output axis, reduce-scatters
-// dW over Z and all-reduces the bias gradient over Z.
+// Cost of a linear. The normal orientation (expand) reads input columns
+// over Y and writes outputs over X; the transposed one (contract) the
+// reverse. Forward all-gathers the weight shard over Z (OAG: prefetched
+// while the previous linear computes), multiplies and all-reduces the
+// partial outputs over the input axis; backward gathers the weight again
+// (not cached), computes dX and all-reduces it over the output axis (OAR:
+// while dW is computed), computes dW and reduce-scatters it over Z (ORS:
+// deferred to the end of backward) and all-reduces the bias gradient over Z.
 void detail3d::Cost3D::linear_forward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole role,
-                                      bool) const {
+                                      bool bias) const {
   const bool normal = role == LinearRole::expand;
   const Axis A = normal ? Y() : X(), B = normal ? X() : Y();
-  z_gather_or_scatter(t, in * out / (A.g * B.g * gz_));
-  all_reduce(t, A, tokens / gz_ * out / B.g, el_.e);
+  const u64 m = tokens / gz_, k = in / A.g, n = out / B.g;
+  z_all_gather(t, in * out / (A.g * B.g * gz_), overlap_.all_gather);
+  t.gemm(m, n, k, el_.e);
+  all_reduce(t, A, m * n, el_.e);
+  if (bias) t.memory(2 * m * n * el_.e);
 }
 void detail3d::Cost3D::linear_backward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole role,
                                        bool bias) const {
   const bool normal = role == LinearRole::expand;
   const Axis A = normal ? Y() : X(), B = normal ? X() : Y();
+  const u64 m = tokens / gz_, k = in / A.g, n = out / B.g;
   const u64 shard = in * out / (A.g * B.g * gz_);
-  z_gather_or_scatter(t, shard);                     // the weight
-  all_reduce(t, B, tokens / gz_ * in / A.g, el_.e);  // dX
-  z_gather_or_scatter(t, shard);                     // dW reduce-scatter
-  if (bias) all_reduce(t, Z(), out / B.g, el_.e);
+  z_all_gather(t, shard, overlap_.all_gather);  // the weight
+  t.gemm(m, k, n, el_.e);                       // dX = dY Wᵀ
+  t.overlapped = overlap_.all_reduce;
+  all_reduce(t, B, m * k, el_.e);
+  t.overlapped = false;
+  t.gemm(k, n, m, el_.e);  // dW = Xᵀ dY
+  z_reduce_scatter(t, shard, overlap_.reduce_scatter);
+  if (bias) {
+    t.memory(m * n * el_.e);
+    all_reduce(t, Z(), n, el_.e);
+  }
 }
 cost::u64 detail3d::Cost3D::linear_params(u64 in, u64 out, LinearRole role, bool bias) const {
   const u64 out_split = role == LinearRole::expand ? gx_ : gy_;
@@ -356,16 +369,22 @@ void LayerNorm3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffe
   be.axpby(A(1), ConstMatrixView<T>::dense(partial + n, 1, n), beta, beta_.grad_view());
 }
 
-// Communication of the LayerNorm (on the Y-layout): the row statistics
+// Cost of the LayerNorm (on the Y-layout): the row statistics
 // all-reduced over Y in acc_t; backward all-reduces the a | b partials over
 // Y and the dgamma | dbeta over Z.
-void detail3d::Cost3D::layer_norm_forward(cost::Tally& t, u64 tokens, u64) const {
+void detail3d::Cost3D::layer_norm_forward(cost::Tally& t, u64 tokens, u64 hidden) const {
+  const u64 block = tokens / gz_ * (hidden / gy_) * el_.e;
+  t.memory(2 * block);  // the two passes of the statistics
   all_reduce(t, Y(), tokens / gz_, el_.a);
   all_reduce(t, Y(), tokens / gz_, el_.a);
+  t.memory(2 * block);  // apply
 }
 void detail3d::Cost3D::layer_norm_backward(cost::Tally& t, u64 tokens, u64 hidden) const {
+  const u64 block = tokens / gz_ * (hidden / gy_) * el_.e;
+  t.memory(4 * block);  // partials and parameter partials
   all_reduce(t, Y(), 2 * (tokens / gz_), el_.a);
   all_reduce(t, Z(), 2 * (hidden / gy_), el_.e);
+  t.memory(3 * block);  // apply
 }
 cost::u64 detail3d::Cost3D::layer_norm_params(u64 hidden) const {
   return 2 * (hidden / gy_);

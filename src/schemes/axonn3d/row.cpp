@@ -74,8 +74,9 @@ std::string_view axis_role(const SchemeSpec& s, CommAxis axis) {
 
 std::unique_ptr<cost::OpCost> op_cost(const SchemeSpec& s, const GridCoords& c, cost::Elements el) {
   const auto u = [](int v) { return static_cast<cost::u64>(v); };
-  return std::make_unique<detail3d::Cost3D>(u(s.gx), u(s.gy), u(s.gz), u(c.row), u(c.col),
-                                            u(c.depth), el);
+  return std::make_unique<detail3d::Cost3D>(
+      u(s.gx), u(s.gy), u(s.gz), u(c.row), u(c.col), u(c.depth), el,
+      detail3d::Cost3D::Overlap{.all_reduce = s.oar, .reduce_scatter = s.ors, .all_gather = s.oag});
 }
 
 }  // namespace
@@ -98,6 +99,10 @@ constinit const SchemeRow axonn3d_row{
             for (int y = 1; x * y <= t; ++y)
               if (t % (x * y) == 0)
                 out.push_back({.scheme = "3d", .gx = x, .gy = y, .gz = t / (x * y), .data = data});
+        },
+    .grid_shape =
+        [](const SchemeSpec& s) {
+          return GridShape{s.data, s.gz, s.gx, s.gy};
         },
     .make_grid =
         [](MPI_Comm comm, const SchemeSpec& s, GridOptions o) {

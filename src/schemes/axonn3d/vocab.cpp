@@ -190,18 +190,21 @@ void Embedding3D<T>::backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool 
   be.axpby(A(1), ConstMatrixView<T>(pos_view), accumulate ? A(1) : A(0), wpe_.grad_view());
 }
 
-// Communication of the embedding: the wte shard all-gathered over Z and
+// Cost of the embedding: the wte shard all-gathered over Z and
 // the rows each vocabulary block holds all-reduced over X; backward
 // all-reduces the wpe gradient over Z and reduce-scatters dwte over Z.
 void detail3d::Cost3D::embedding_forward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden,
                                          u64) const {
-  z_gather_or_scatter(t, wte_shard(vocab, hidden));
-  all_reduce(t, X(), tokens / gz_ * hidden / gy_, el_.e);
+  const u64 block = tokens / gz_ * (hidden / gy_);
+  z_all_gather(t, wte_shard(vocab, hidden));
+  t.memory(3 * block * el_.e);  // lookup and position add
+  all_reduce(t, X(), block, el_.e);
 }
-void detail3d::Cost3D::embedding_backward(cost::Tally& t, u64, u64 vocab, u64 hidden,
+void detail3d::Cost3D::embedding_backward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden,
                                           u64 positions) const {
+  t.memory(3 * (tokens / gz_) * (hidden / gy_) * el_.e);  // row scatter-adds
   all_reduce(t, Z(), positions * (hidden / gy_), el_.e);
-  z_gather_or_scatter(t, wte_shard(vocab, hidden));
+  z_reduce_scatter(t, wte_shard(vocab, hidden));
 }
 cost::u64 detail3d::Cost3D::embedding_params(u64 vocab, u64 hidden, u64 positions) const {
   return wte_shard(vocab, hidden) + positions * (hidden / gy_);
@@ -384,23 +387,32 @@ void LMHead3D<T>::backward(MatrixView<T> dX, StepBuffers& buffers, bool accumula
   xc.wait(request);
 }
 
-// Communication of the LM head: the wte shard over Z, the logits' partial
+// Cost of the LM head: the wte shard over Z, the logits' partial
 // products all-reduced over Y, the cross-entropy's row max and (sum exp |
 // target logit) over X in acc_t, the loss (a double) over Z; backward
 // gathers the wte shard again, all-reduces dX over X and reduce-scatters
 // dwte over Z.
 void detail3d::Cost3D::lm_head_forward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const {
-  const u64 m = tokens / gz_;
-  z_gather_or_scatter(t, wte_shard(vocab, hidden));
-  all_reduce(t, Y(), m * vocab / gx_, el_.e);
+  const u64 m = tokens / gz_, v = vocab / gx_;
+  z_all_gather(t, wte_shard(vocab, hidden));
+  t.gemm(m, v, hidden / gy_, el_.e);  // Z = X wteᵀ
+  all_reduce(t, Y(), m * v, el_.e);
+  t.memory(m * v * el_.e);  // row max
   all_reduce(t, X(), m, el_.a);
+  t.memory(m * v * el_.e);  // sum exp, target
   all_reduce(t, X(), 2 * m, el_.a);
   all_reduce(t, Z(), 1, sizeof(double));
 }
 void detail3d::Cost3D::lm_head_backward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const {
-  z_gather_or_scatter(t, wte_shard(vocab, hidden));
-  all_reduce(t, X(), tokens / gz_ * hidden / gy_, el_.e);
-  z_gather_or_scatter(t, wte_shard(vocab, hidden));
+  const u64 m = tokens / gz_, v = vocab / gx_, k = hidden / gy_;
+  t.memory(2 * m * v * el_.e);  // dZ = softmax - onehot, in place
+  z_all_gather(t, wte_shard(vocab, hidden));
+  t.gemm(m, k, v, el_.e);  // dX = dZ wte
+  t.overlapped = overlap_.all_reduce;
+  all_reduce(t, X(), m * k, el_.e);
+  t.overlapped = false;
+  t.gemm(v, k, m, el_.e);  // dwte = dZᵀ X
+  z_reduce_scatter(t, wte_shard(vocab, hidden));
 }
 
 template class Embedding3D<float>;

@@ -58,6 +58,11 @@ class Cost1D final : public cost::OpCost {
   Cost1D(u64 p, u64 r, cost::Elements el) : p_(p), r_(r), el_(el) {}
 
   SUMMA_OP_COST_OVERRIDES
+  u64 local_rows(u64 tokens) const override { return tokens; }
+  u64 local_cols(u64 width, ActivationLayout layout) const override {
+    return layout == ActivationLayout::inner ? width / p_ : width;
+  }
+  u64 head_split() const override { return p_; }
 
  private:
   void all_reduce(cost::Tally& t, u64 count, u64 e) const {

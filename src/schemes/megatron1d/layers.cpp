@@ -246,16 +246,26 @@ void RowParallelLinear1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, S
   if (has_bias_) backend_->column_sums(dY, beta, bias_.grad);
 }
 
-// Communication of a linear: column-parallel (expand) all-reduces dX in
-// backward, row-parallel (contract) all-reduces Y in forward; the
-// row-parallel bias is replicated.
-void detail1d::Cost1D::linear_forward(cost::Tally& t, u64 tokens, u64, u64 out, LinearRole role,
-                                      bool) const {
-  if (role == LinearRole::contract) all_reduce(t, tokens * out, el_.e);
+// Cost of a linear: column-parallel (expand) multiplies its output columns
+// and all-reduces dX in backward, row-parallel (contract) multiplies its
+// input rows and all-reduces Y in forward; the row-parallel bias is
+// replicated (added after the sum).
+void detail1d::Cost1D::linear_forward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole role,
+                                      bool bias) const {
+  const bool column = role == LinearRole::expand;
+  const u64 k = column ? in : in / p_, n = column ? out / p_ : out;
+  t.gemm(tokens, n, k, el_.e);
+  if (!column) all_reduce(t, tokens * out, el_.e);
+  if (bias) t.memory(2 * tokens * n * el_.e);
 }
-void detail1d::Cost1D::linear_backward(cost::Tally& t, u64 tokens, u64 in, u64, LinearRole role,
-                                       bool) const {
-  if (role == LinearRole::expand) all_reduce(t, tokens * in, el_.e);
+void detail1d::Cost1D::linear_backward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole role,
+                                       bool bias) const {
+  const bool column = role == LinearRole::expand;
+  const u64 k = column ? in : in / p_, n = column ? out / p_ : out;
+  t.gemm(tokens, k, n, el_.e);  // dX = dY Wᵀ
+  if (column) all_reduce(t, tokens * in, el_.e);
+  t.gemm(k, n, tokens, el_.e);  // dW = Xᵀ dY
+  if (bias) t.memory(tokens * n * el_.e);
 }
 cost::u64 detail1d::Cost1D::linear_params(u64 in, u64 out, LinearRole role, bool bias) const {
   const u64 b = !bias ? 0 : role == LinearRole::expand ? out / p_ : out;
@@ -346,9 +356,13 @@ void LayerNorm1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffe
            beta_.grad_view());
 }
 
-// Communication of the replicated LayerNorm: none.
-void detail1d::Cost1D::layer_norm_forward(cost::Tally&, u64, u64) const {}
-void detail1d::Cost1D::layer_norm_backward(cost::Tally&, u64, u64) const {}
+// Cost of the replicated LayerNorm: local work only.
+void detail1d::Cost1D::layer_norm_forward(cost::Tally& t, u64 tokens, u64 hidden) const {
+  t.memory(4 * tokens * hidden * el_.e);
+}
+void detail1d::Cost1D::layer_norm_backward(cost::Tally& t, u64 tokens, u64 hidden) const {
+  t.memory(7 * tokens * hidden * el_.e);
+}
 cost::u64 detail1d::Cost1D::layer_norm_params(u64 hidden) const {
   return 2 * hidden;
 }

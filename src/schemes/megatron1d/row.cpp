@@ -36,6 +36,10 @@ constinit const SchemeRow megatron1d_row{
         [](int tensor, int data, std::vector<SchemeSpec>& out) {
           out.push_back({.scheme = "1d", .p = tensor, .data = data});
         },
+    .grid_shape =
+        [](const SchemeSpec& s) {
+          return GridShape{s.data, 1, 1, s.p};
+        },
     .make_grid = [](MPI_Comm comm, const SchemeSpec& s,
                     GridOptions o) { return ProcessGrid::linear1d(comm, s.p, s.data, o); },
     .axis_role = [](const SchemeSpec& s, CommAxis axis) -> std::string_view {

@@ -120,12 +120,15 @@ void Embedding1D<T>::backward(ConstMatrixView<T> dY, StepBuffers&, bool accumula
   be.scatter_add_rows(position_ids_.data(), 0, dY, wpe_.grad_view());
 }
 
-// Communication of the embedding: the vocabulary-parallel lookup's
-// partial rows all-reduced in forward; backward is local (wpe replicated).
+// Cost of the embedding: the vocabulary-parallel lookup's partial rows
+// all-reduced in forward; backward is local (wpe replicated).
 void detail1d::Cost1D::embedding_forward(cost::Tally& t, u64 tokens, u64, u64 hidden, u64) const {
+  t.memory(3 * tokens * hidden * el_.e);  // lookup and position add
   all_reduce(t, tokens * hidden, el_.e);
 }
-void detail1d::Cost1D::embedding_backward(cost::Tally&, u64, u64, u64, u64) const {}
+void detail1d::Cost1D::embedding_backward(cost::Tally& t, u64 tokens, u64, u64 hidden, u64) const {
+  t.memory(3 * tokens * hidden * el_.e);  // row scatter-adds
+}
 cost::u64 detail1d::Cost1D::embedding_params(u64 vocab, u64 hidden, u64 positions) const {
   return vocab / p_ * hidden + positions * hidden;
 }
@@ -277,15 +280,23 @@ void LMHead1D<T>::backward(MatrixView<T> dX, StepBuffers& buffers, bool accumula
   group.wait(request);
 }
 
-// Communication of the LM head: forward all-reduces the cross-entropy's
-// row max and (sum exp | target logit) in acc_t; backward all-reduces dX of
-// the vocabulary-split product.
-void detail1d::Cost1D::lm_head_forward(cost::Tally& t, u64 tokens, u64, u64) const {
+// Cost of the LM head: the vocabulary-split logits; forward all-reduces the
+// cross-entropy's row max and (sum exp | target logit) in acc_t; backward
+// all-reduces dX of the vocabulary-split product.
+void detail1d::Cost1D::lm_head_forward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const {
+  const u64 v = vocab / p_;
+  t.gemm(tokens, v, hidden, el_.e);  // Z = X wteᵀ
+  t.memory(tokens * v * el_.e);      // row max
   all_reduce(t, tokens, el_.a);
+  t.memory(tokens * v * el_.e);  // sum exp, target
   all_reduce(t, 2 * tokens, el_.a);
 }
-void detail1d::Cost1D::lm_head_backward(cost::Tally& t, u64 tokens, u64, u64 hidden) const {
+void detail1d::Cost1D::lm_head_backward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const {
+  const u64 v = vocab / p_;
+  t.memory(2 * tokens * v * el_.e);  // dZ = softmax - onehot, in place
+  t.gemm(tokens, hidden, v, el_.e);  // dX = dZ wte
   all_reduce(t, tokens * hidden, el_.e);
+  t.gemm(v, hidden, tokens, el_.e);  // dwte = dZᵀ X
 }
 
 template class Embedding1D<float>;

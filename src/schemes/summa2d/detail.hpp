@@ -15,6 +15,9 @@ class Cost2D final : public cost::OpCost {
   Cost2D(u64 q, u64 i, u64 j, cost::Elements el) : q_(q), i_(i), j_(j), el_(el) {}
 
   SUMMA_OP_COST_OVERRIDES
+  u64 local_rows(u64 tokens) const override { return tokens / q_; }
+  u64 local_cols(u64 width, ActivationLayout) const override { return width / q_; }
+  u64 head_split() const override { return q_; }
 
  private:
   u64 q_, i_, j_;

@@ -156,13 +156,17 @@ void Embedding2D<T>::backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool 
   if (wpe_.held()) be.scatter_add_rows(position_ids_.data(), c.row * chunk_, all, wpe_.grad_view());
 }
 
-// Communication: the vocabulary-block lookups reduce-scattered over the mesh
+// Cost: the vocabulary-block lookups reduce-scattered over the mesh
 // column in forward, dY all-gathered over it in backward.
 void detail2d::Cost2D::embedding_forward(cost::Tally& t, u64 tokens, u64, u64 hidden, u64) const {
-  t.gather_or_scatter(CommAxis::mesh_col, (tokens / q_) * (hidden / q_), q_, el_.e);
+  const u64 block = (tokens / q_) * (hidden / q_);
+  t.memory(3 * q_ * block * el_.e);  // the lookups of every row block
+  t.reduce_scatter(CommAxis::mesh_col, block, q_, el_.e);
 }
 void detail2d::Cost2D::embedding_backward(cost::Tally& t, u64 tokens, u64, u64 hidden, u64) const {
-  t.gather_or_scatter(CommAxis::mesh_col, (tokens / q_) * (hidden / q_), q_, el_.e);
+  const u64 block = (tokens / q_) * (hidden / q_);
+  t.all_gather(CommAxis::mesh_col, block, q_, el_.e);
+  t.memory(3 * q_ * block * el_.e);  // row scatter-adds
 }
 cost::u64 detail2d::Cost2D::embedding_params(u64 vocab, u64 hidden, u64 positions) const {
   const u64 chunk = (positions + q_ - 1) / q_, first = i_ * chunk;

@@ -161,19 +161,26 @@ void LayerNorm2D::backward(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T*
   }
 }
 
-// Communication: gamma | beta broadcast down the mesh columns from row 0,
+// Cost: gamma | beta broadcast down the mesh columns from row 0,
 // the row sums and squared deviations all-reduced along the mesh rows (in
 // acc_t); backward broadcasts gamma, reduces dgamma | dbeta to row 0 and
 // all-reduces the a | b partials along the rows.
 void detail2d::Cost2D::layer_norm_forward(cost::Tally& t, u64 tokens, u64 hidden) const {
+  const u64 block = (tokens / q_) * (hidden / q_) * el_.e;
   t.broadcast(CommAxis::mesh_col, 2 * (hidden / q_), q_, i_ == 0, el_.e);
+  t.memory(block);
   t.all_reduce(CommAxis::mesh_row, tokens / q_, q_, j_, el_.a);  // sums
+  t.memory(block);
   t.all_reduce(CommAxis::mesh_row, tokens / q_, q_, j_, el_.a);  // squared deviations
+  t.memory(2 * block);                                           // apply
 }
 void detail2d::Cost2D::layer_norm_backward(cost::Tally& t, u64 tokens, u64 hidden) const {
+  const u64 block = (tokens / q_) * (hidden / q_) * el_.e;
   t.broadcast(CommAxis::mesh_col, hidden / q_, q_, i_ == 0, el_.e);
+  t.memory(4 * block);  // partials and parameter partials
   t.reduce(CommAxis::mesh_col, 2 * (hidden / q_), q_, i_ == 0, el_.e);
   t.all_reduce(CommAxis::mesh_row, 2 * (tokens / q_), q_, j_, el_.a);
+  t.memory(3 * block);  // apply
 }
 cost::u64 detail2d::Cost2D::layer_norm_params(u64 hidden) const {
   return i_ == 0 ? 2 * (hidden / q_) : 0;

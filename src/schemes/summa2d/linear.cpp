@@ -88,20 +88,28 @@ void Linear2D::backward(ConstMatrixView<T> X, ConstMatrixView<T> W, ConstMatrixV
   }
 }
 
-// Communication: the SUMMA products (Y = X W; dX = dY Wᵀ, dW = Xᵀ dY),
+// Cost: the SUMMA products (Y = X W; dX = dY Wᵀ, dW = Xᵀ dY),
 // the bias broadcast down the mesh columns from row 0 in forward and its
 // gradient reduced to row 0 in backward. Both roles alike (2D keeps one
 // activation layout).
 void detail2d::Cost2D::linear_forward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole,
                                       bool bias) const {
+  if (bias) {  // in flight while the product runs
+    t.overlapped = true;
+    t.broadcast(CommAxis::mesh_col, out / q_, q_, i_ == 0, el_.e);
+    t.overlapped = false;
+  }
   t.summa(Form::AB, tokens, out, in, q_, el_.e);
-  if (bias) t.broadcast(CommAxis::mesh_col, out / q_, q_, i_ == 0, el_.e);
+  if (bias) t.memory(2 * (tokens / q_) * (out / q_) * el_.e);
 }
 void detail2d::Cost2D::linear_backward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole,
                                        bool bias) const {
   t.summa(Form::ABt, tokens, in, out, q_, el_.e);  // dX
   t.summa(Form::AtB, in, out, tokens, q_, el_.e);  // dW
-  if (bias) t.reduce(CommAxis::mesh_col, out / q_, q_, i_ == 0, el_.e);
+  if (bias) {
+    t.memory((tokens / q_) * (out / q_) * el_.e);
+    t.reduce(CommAxis::mesh_col, out / q_, q_, i_ == 0, el_.e);
+  }
 }
 cost::u64 detail2d::Cost2D::linear_params(u64 in, u64 out, LinearRole, bool bias) const {
   return in * out / (q_ * q_) + (bias && i_ == 0 ? out / q_ : 0);

@@ -135,17 +135,22 @@ void LMHead2D<T>::backward(MatrixView<T> dX, StepBuffers& buffers, bool accumula
                accumulate ? acc_t<T>(1) : acc_t<T>(0), wte_->grad_view(), buffers.workspace);
 }
 
-// Communication: logits Z = X wteᵀ by SUMMA, the cross-entropy's row max
+// Cost: logits Z = X wteᵀ by SUMMA, the cross-entropy's row max
 // and (sum exp | target logit) all-reduced along the mesh rows in acc_t,
 // the loss (a double) over the mesh column; backward dX = dZ wte and
 // dwte += dZᵀ X by SUMMA.
 void detail2d::Cost2D::lm_head_forward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const {
+  const u64 block = (tokens / q_) * (vocab / q_) * el_.e;
   t.summa(Form::ABt, tokens, vocab, hidden, q_, el_.e);
+  t.memory(block);  // row max
   t.all_reduce(CommAxis::mesh_row, tokens / q_, q_, j_, el_.a);
+  t.memory(block);  // sum exp, target
   t.all_reduce(CommAxis::mesh_row, 2 * (tokens / q_), q_, j_, el_.a);
   t.all_reduce(CommAxis::mesh_col, 1, q_, i_, sizeof(double));
 }
 void detail2d::Cost2D::lm_head_backward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const {
+  t.memory(2 * (tokens / q_) * (vocab / q_) * el_.e);  // dZ = softmax - onehot, in place
+
   t.summa(Form::AB, tokens, hidden, vocab, q_, el_.e);
   t.summa(Form::AtB, vocab, hidden, tokens, q_, el_.e);
 }

@@ -70,6 +70,10 @@ constinit const SchemeRow summa2d_row{
           for (int q = 1; q * q <= tensor; ++q)
             if (q * q == tensor) out.push_back({.scheme = "2d", .q = q, .data = data});
         },
+    .grid_shape =
+        [](const SchemeSpec& s) {
+          return GridShape{s.data, 1, s.q, s.q};
+        },
     .make_grid = [](MPI_Comm comm, const SchemeSpec& s,
                     GridOptions o) { return ProcessGrid::mesh2d(comm, s.q, s.data, o); },
     .axis_role = [](const SchemeSpec& s, CommAxis axis) -> std::string_view {

@@ -1,0 +1,87 @@
+#pragma once
+/// \file step_time.hpp
+/// The step-time model (docs/scaling.md): a GPT training step of any scheme
+/// priced on a machine description (model/machine.hpp). The step is the one
+/// the traffic model counts (model/traffic.hpp; same ops, same collectives,
+/// the same bytes), plus each op's compute: local GEMMs at the machine's
+/// GEMM rate for their shapes, element-wise work at its memory bandwidth.
+/// Each collective is priced by the α-β formula of its algorithm on the link
+/// level its group spans under the node placement; communication the
+/// implementation overlaps (SUMMA's double-buffered panels, the 2D bias
+/// broadcasts, the 3D OAR / ORS / OAG switches, the data-axis buckets) is
+/// exposed only where it outlasts the compute it overlaps. No MPI, no
+/// allocation of the model: a 4096-device prediction takes milliseconds.
+
+#include <array>
+#include <cstdint>
+#include <optional>
+
+#include <string_view>
+#include <vector>
+
+#include "summa/comm/counters.hpp"
+#include "summa/grid/placement.hpp"
+#include "summa/layers/gpt_model.hpp"
+#include "summa/model/config.hpp"
+#include "summa/model/machine.hpp"
+#include "summa/schemes/spec.hpp"
+
+namespace summa::model {
+
+enum class Phase : std::uint8_t { forward, backward, recompute, optimizer };
+inline constexpr std::size_t phase_count = 4;
+std::string_view name_of(Phase p);
+
+/// One op of the step on the critical rank: its name ("embedding",
+/// "block.attn.c_attn", "lm_head", "optimizer", "data_axis"), phase, how
+/// often a step runs it (the layer count for block ops) and, per run, its
+/// compute, its communication per grid axis and the part of that
+/// communication not hidden behind compute.
+struct OpTime {
+  std::string_view op;
+  Phase phase = Phase::forward;
+  std::uint64_t count = 1;
+  double compute_s = 0;
+  std::array<double, comm_axis_count> comm_s{};
+  double exposed_s = 0;
+  double seconds() const { return compute_s + exposed_s; }
+  double comm_total_s() const;
+};
+
+struct StepTimeOptions {
+  /// Where ranks sit on nodes (grid/placement.hpp), devices_per_node from
+  /// the machine.
+  Placement placement = Placement::natural;
+  /// Price the AdamW update of the rank's parameter shards.
+  bool optimizer = true;
+  /// Price this rank only (grid coordinates) instead of the slowest.
+  std::optional<GridCoords> rank;
+};
+
+struct StepTime {
+  /// The step: the sum over phases (the data axis's exposed part included
+  /// in backward).
+  double step_s = 0;
+  std::array<double, phase_count> phase_s{};
+  double compute_s = 0;
+  /// Communication per grid axis (all of it) and the part not hidden.
+  std::array<double, comm_axis_count> comm_s{};
+  double exposed_s = 0;
+  /// Every op of the critical rank, in step order.
+  std::vector<OpTime> ops;
+  /// The rank (grid coordinates) whose step is the longest: the step time.
+  GridCoords critical{};
+  double phase(Phase p) const { return phase_s[static_cast<std::size_t>(p)]; }
+};
+
+/// The step time of a GPT of `config` with global `batch` sequences of
+/// `seq` tokens under `spec` on `machine`, elements of `dtype`. Throws
+/// summa::Error when the machine has no GEMM rate for dtype or the batch
+/// does not split over the data groups. Local sizes are global sizes
+/// divided by the scheme's factors (rounded down): check a configuration's
+/// divisibility with the scheme first (ParallelGpt, plan_memory).
+StepTime predict_step_time(const SchemeSpec& spec, const GptConfig& config, index_t batch,
+                           index_t seq, const GptOptions& options, DType dtype,
+                           const Machine& machine, const StepTimeOptions& time_options = {});
+
+}  // namespace summa::model

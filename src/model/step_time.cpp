@@ -1,0 +1,408 @@
+// The step-time model: the step of step.hpp priced on a machine
+// (docs/scaling.md has the equations).
+#include "summa/model/step_time.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <numeric>
+
+#include "step.hpp"
+#include "summa/core/error.hpp"
+#include "summa/schemes/registry.hpp"
+
+namespace summa::model {
+
+std::string_view name_of(Phase p) {
+  switch (p) {
+    case Phase::forward:
+      return "forward";
+    case Phase::backward:
+      return "backward";
+    case Phase::recompute:
+      return "recompute";
+    case Phase::optimizer:
+      return "optimizer";
+  }
+  return "?";
+}
+
+double OpTime::comm_total_s() const {
+  return std::accumulate(comm_s.begin(), comm_s.end(), 0.0);
+}
+
+namespace {
+
+using cost::u64;
+using cost::Work;
+using detail::StepOp;
+
+constexpr std::size_t axis_index(CommAxis a) {
+  return static_cast<std::size_t>(a);
+}
+
+// Which grid coordinates vary within a group of each axis.
+struct Varying {
+  bool data, depth, row, col;
+};
+Varying varying(CommAxis a) {
+  switch (a) {
+    case CommAxis::data:
+      return {true, false, false, false};
+    case CommAxis::depth:
+      return {false, true, false, false};
+    case CommAxis::mesh_row:
+      return {false, false, false, true};
+    case CommAxis::mesh_col:
+      return {false, false, true, false};
+    case CommAxis::mesh:
+      return {false, false, true, true};
+    case CommAxis::tensor:
+      return {false, true, true, true};
+    case CommAxis::world:
+    case CommAxis::other:
+      break;
+  }
+  return {true, true, true, true};
+}
+
+// For every rank and axis: does the rank's group on that axis span more
+// than one node under the placement?
+class Links {
+ public:
+  Links(const GridShape& shape, Placement placement, int per_node) : shape_(shape) {
+    const std::vector<GridCoords> slots = place(shape, placement, per_node);
+    for (std::size_t a = 0; a < comm_axis_count; ++a) {
+      auto& span = spans_[a];
+      span.assign(static_cast<std::size_t>(shape.size()), {-1, -1});
+      for (std::size_t s = 0; s < slots.size(); ++s) {
+        const int node = static_cast<int>(s) / per_node;
+        auto& [lo, hi] = span[key(slots[s], static_cast<CommAxis>(a))];
+        lo = lo < 0 ? node : std::min(lo, node);
+        hi = std::max(hi, node);
+      }
+    }
+  }
+  bool spans_nodes(const GridCoords& c, CommAxis a) const {
+    const auto& [lo, hi] = spans_[axis_index(a)][key(c, a)];
+    return lo != hi;
+  }
+
+ private:
+  std::size_t key(GridCoords c, CommAxis a) const {
+    const Varying v = varying(a);
+    if (v.data) c.data = 0;
+    if (v.depth) c.depth = 0;
+    if (v.row) c.row = 0;
+    if (v.col) c.col = 0;
+    return static_cast<std::size_t>(
+        ((c.data * shape_.depth + c.depth) * shape_.rows + c.row) * shape_.cols + c.col);
+  }
+  GridShape shape_;
+  std::array<std::vector<std::pair<int, int>>, comm_axis_count> spans_;
+};
+
+// Prices one rank's work.
+class Pricer {
+ public:
+  Pricer(const Machine& m, DType dtype, const Links& links, const GridCoords& c,
+         const SummaOptions& summa)
+      : machine_(m), gemm_(m.device.gemm_of(dtype)), links_(links), coords_(c), summa_(summa) {}
+
+  const LinkLevel& level(CommAxis a) const {
+    return links_.spans_nodes(coords_, a) ? machine_.inter_node : machine_.intra_node;
+  }
+  double collective(const Work& w) const {
+    const CollectiveCost& cost = level(w.axis)[w.collective];
+    const auto g = static_cast<std::int64_t>(w.group);
+    if (cost.algorithm == Algorithm::direct)
+      return direct_seconds(cost, g, static_cast<double>(w.sent), static_cast<double>(w.received));
+    return collective_seconds(cost, w.collective, g, static_cast<double>(w.bytes));
+  }
+  double gemm(u64 m, u64 n, u64 k, u64 batch = 1) const {
+    return static_cast<double>(batch) *
+           gemm_.seconds(static_cast<index_t>(m), static_cast<index_t>(n), static_cast<index_t>(k));
+  }
+  double memory(u64 bytes) const {
+    return static_cast<double>(bytes) / machine_.device.memory_bandwidth;
+  }
+
+  // One SUMMA call (engine.hpp): q outer steps, each cut into panels; with
+  // overlap, panel s+1's collectives run during panel s's product.
+  struct Summa {
+    double gemm_s = 0, row_s = 0, col_s = 0, total_s = 0;
+  };
+  Summa summa(const Work& w) const {
+    const u64 q = w.group, mb = w.m / q, nb = w.n / q, kb = w.k / q, e = w.element;
+    Summa out;
+    if (q == 1) {
+      out.gemm_s = out.total_s = gemm(w.m, w.n, w.k);
+      return out;
+    }
+    // The panelled dimension and, per panel of width x: the product and the
+    // collectives on the mesh row and column (a broadcast, or a reduce of C).
+    const u64 dim = w.form == Form::AB ? kb : w.form == Form::ABt ? nb : mb;
+    const u64 full = summa_.panel <= 0 || static_cast<u64>(summa_.panel) > dim
+                         ? dim
+                         : static_cast<u64>(summa_.panel);
+    const u64 slices = summa_.overlap ? static_cast<u64>(std::max(1, summa_.progress_slices)) : 1;
+    // A panel's broadcast or reduce. Every rank is the root of one of the
+    // q outer steps, so under the direct algorithm a step is priced with
+    // the rank's average: (q-1)/q of the panel sent and received.
+    const auto panel = [&](Collective c, CommAxis a, u64 elements) {
+      const CollectiveCost& cost = level(a)[c];
+      const double bytes = static_cast<double>(elements * e);
+      const auto g = static_cast<std::int64_t>(q);
+      if (cost.algorithm != Algorithm::direct) return collective_seconds(cost, c, g, bytes);
+      const double share = static_cast<double>(q - 1) / static_cast<double>(q) * bytes;
+      return direct_seconds(cost, g, share, share);
+    };
+    const auto bcast = [&](CommAxis a, u64 elements) {
+      return panel(Collective::broadcast, a, elements);
+    };
+    const auto reduce = [&](CommAxis a, u64 elements) {
+      return panel(Collective::reduce, a, elements);
+    };
+    struct Step {
+      double gemm, row, col;
+    };
+    const auto step = [&](u64 x) -> Step {
+      switch (w.form) {
+        case Form::AB:
+          return {slices * gemm(mb, std::max<u64>(nb / slices, 1), x),
+                  bcast(CommAxis::mesh_row, mb * x), bcast(CommAxis::mesh_col, x * nb)};
+        case Form::ABt:
+          return {slices * gemm(mb, std::max<u64>(x / slices, 1), kb),
+                  reduce(CommAxis::mesh_row, mb * x), bcast(CommAxis::mesh_col, x * kb)};
+        case Form::AtB:
+          return {slices * gemm(x, std::max<u64>(nb / slices, 1), kb),
+                  bcast(CommAxis::mesh_row, kb * x), reduce(CommAxis::mesh_col, x * nb)};
+      }
+      return {};
+    };
+    const u64 panels_full = dim / full, rest = dim % full;
+    const std::array<std::pair<Step, u64>, 2> steps = {std::pair{step(full), q * panels_full},
+                                                       std::pair{step(rest), rest > 0 ? q : 0}};
+    double pipelined = 0, fill = std::numeric_limits<double>::infinity();
+    for (const auto& [s, count] : steps) {
+      if (count == 0) continue;
+      const double n = static_cast<double>(count), comm = s.row + s.col;
+      out.gemm_s += n * s.gemm;
+      out.row_s += n * s.row;
+      out.col_s += n * s.col;
+      pipelined += n * std::max(s.gemm, comm);
+      fill = std::min(fill, std::min(s.gemm, comm));
+    }
+    out.total_s = summa_.overlap ? pipelined + fill : out.gemm_s + out.row_s + out.col_s;
+    if (summa_.consensus_checks) {  // the shape agreement: one small all-reduce on the mesh
+      const double check = collective({.kind = Work::Kind::collective,
+                                       .collective = Collective::all_reduce,
+                                       .axis = CommAxis::mesh,
+                                       .group = q * q,
+                                       .sent = 72,
+                                       .received = 72,
+                                       .bytes = 72});
+      out.total_s += check;
+      out.row_s += check;  // reported with the mesh row's
+    }
+    return out;
+  }
+
+  OpTime price(const StepOp& op) const {
+    OpTime t{.op = op.name, .phase = op.phase, .count = op.count};
+    double overlapped = 0;
+    for (const Work& w : op.work) {
+      switch (w.kind) {
+        case Work::Kind::gemm:
+          t.compute_s += gemm(w.m, w.n, w.k, w.batch);
+          break;
+        case Work::Kind::memory:
+          t.compute_s += memory(w.bytes);
+          break;
+        case Work::Kind::summa: {
+          const Summa s = summa(w);
+          t.compute_s += s.gemm_s;
+          t.comm_s[axis_index(CommAxis::mesh_row)] += s.row_s;
+          t.comm_s[axis_index(CommAxis::mesh_col)] += s.col_s;
+          t.exposed_s += s.total_s - s.gemm_s;
+          break;
+        }
+        case Work::Kind::collective: {
+          const double c = collective(w);
+          t.comm_s[axis_index(w.axis)] += c;
+          (w.overlapped ? overlapped : t.exposed_s) += c;
+          break;
+        }
+      }
+    }
+    // Overlapped collectives hide behind the op's compute.
+    t.exposed_s += std::max(0.0, overlapped - t.compute_s);
+    return t;
+  }
+
+ private:
+  const Machine& machine_;
+  const GemmModel& gemm_;
+  const Links& links_;
+  GridCoords coords_;
+  SummaOptions summa_;
+};
+
+// Bytes the optimizer (AdamW) reads and writes per parameter element:
+// parameter, gradient, the two moments and, for bf16, the fp32 master.
+u64 optimizer_bytes(DType t) {
+  switch (t) {
+    case DType::f32:
+      return 7 * 4;
+    case DType::f64:
+      return 7 * 8;
+    case DType::bf16:
+      return 2 + 2 + 2 + 3 * 8;
+  }
+  return 0;
+}
+
+}  // namespace
+
+StepTime predict_step_time(const SchemeSpec& spec, const GptConfig& config, index_t batch,
+                           index_t seq, const GptOptions& options, DType dtype,
+                           const Machine& machine, const StepTimeOptions& time_options) {
+  require(machine.device.gemm_of(dtype).peak_flops > 0, [&] {
+    return fmt::format("machine '{}' has no GEMM rate for {} (its gemm has no \"{}\")",
+                       machine.name, name_of(dtype), name_of(dtype));
+  });
+  require(machine.devices_per_node >= 1 && machine.device.memory_bandwidth > 0,
+          [&] { return fmt::format("machine '{}': incomplete description", machine.name); });
+  require(batch > 0 && seq > 0 && batch % spec.data == 0, [&] {
+    return fmt::format("predict_step_time: batch={} must be positive and divisible by data={}",
+                       batch, spec.data);
+  });
+  const SchemeRow& row = scheme_row(spec.scheme);
+  const GridShape shape = row.grid_shape(spec);
+  const Links links(shape, time_options.placement, machine.devices_per_node);
+  const auto u = [](auto v) { return static_cast<u64>(v); };
+  const u64 e = u(size_of(dtype));
+  const cost::Elements el{.e = e, .a = u(size_of(acc_dtype(dtype)))};
+  const detail::StepDims dims =
+      detail::step_dims(config, batch, seq, spec.data, dtype, options.checkpoint);
+  const u64 data = u(spec.data);
+
+  // The ranks to evaluate: every rank where a collective's price depends on
+  // the rank's own bytes (direct algorithm), otherwise one rank per pattern
+  // of node-spanning axes (and the origin, which holds the roots).
+  bool direct = false;
+  for (const LinkLevel* level : {&machine.intra_node, &machine.inter_node})
+    for (const CollectiveCost& c : level->collectives) direct |= c.algorithm == Algorithm::direct;
+  std::vector<GridCoords> ranks;
+  if (time_options.rank) {
+    const GridCoords& c = *time_options.rank;
+    require(c.data >= 0 && c.data < shape.data && c.depth >= 0 && c.depth < shape.depth &&
+                c.row >= 0 && c.row < shape.rows && c.col >= 0 && c.col < shape.cols,
+            [&] {
+              return fmt::format("predict_step_time: rank ({}, {}, {}, {}) is not on the {} grid",
+                                 c.data, c.depth, c.row, c.col, spec.str());
+            });
+  }
+  {
+    std::map<unsigned, bool> seen;
+    for (int d = 0; d < shape.data; ++d)
+      for (int z = 0; z < shape.depth; ++z)
+        for (int r = 0; r < shape.rows; ++r)
+          for (int c = 0; c < shape.cols; ++c) {
+            const GridCoords at{d, z, r, c};
+            unsigned key = 0;
+            for (std::size_t a = 0; a < comm_axis_count; ++a)
+              key |= (links.spans_nodes(at, static_cast<CommAxis>(a)) ? 1u : 0u) << a;
+            if (time_options.rank ? at == *time_options.rank
+                                  : direct || at == GridCoords{} || !seen[key])
+              ranks.push_back(at);
+            seen[key] = true;
+          }
+  }
+
+  StepTime best;
+  best.step_s = -1;
+  for (const GridCoords& at : ranks) {
+    const auto op = row.op_cost(spec, at, el);
+    cost::Tally tally;
+    std::vector<StepOp> ops;
+    const detail::Buckets buckets = detail::compose_step(*op, tally, dims, &ops);
+    const Pricer pricer(machine, dtype, links, at, spec.summa);
+    StepTime st;
+    st.critical = at;
+    // Backward's timeline for the data-axis buckets: ln_f's gradients are
+    // final after ln_f's backward, a block's after its backward, the
+    // embedding's at the end; each bucket's all-reduce starts when it is
+    // final and the previous one is done (one communication stream).
+    std::vector<double> ready;  // compute time into backward when each bucket is final
+    double backward_clock = 0;
+    for (const StepOp& o : ops) {
+      OpTime t = pricer.price(o);
+      const double per_step = t.seconds() * static_cast<double>(t.count);
+      st.phase_s[static_cast<std::size_t>(t.phase)] += per_step;
+      st.compute_s += t.compute_s * static_cast<double>(t.count);
+      st.exposed_s += t.exposed_s * static_cast<double>(t.count);
+      for (std::size_t a = 0; a < comm_axis_count; ++a)
+        st.comm_s[a] += t.comm_s[a] * static_cast<double>(t.count);
+      if (t.phase == Phase::backward || t.phase == Phase::recompute) {
+        backward_clock += per_step;
+        if (o.name == "ln_f" && t.phase == Phase::backward) ready.push_back(backward_clock);
+      }
+      st.ops.push_back(t);
+    }
+    // One block's backward (with its recomputation): the blocks' buckets
+    // become final at equal intervals after ln_f's.
+    if (data > 1) {
+      const double block_s =
+          std::accumulate(st.ops.begin(), st.ops.end(), 0.0, [](double s, const OpTime& t) {
+            return t.op.starts_with("block.") &&
+                           (t.phase == Phase::backward || t.phase == Phase::recompute)
+                       ? s + t.seconds()
+                       : s;
+          });
+      const double after_ln_f = ready.empty() ? 0 : ready.front();
+      for (u64 l = 1; l <= dims.layers; ++l)
+        ready.push_back(after_ln_f + static_cast<double>(l) * block_s);
+      ready.push_back(backward_clock);  // the embedding
+      if (op->defers_gradients()) std::fill(ready.begin(), ready.end(), backward_clock);
+      OpTime d{.op = "data_axis", .phase = Phase::backward, .count = 1};
+      const auto all_reduce = [&](u64 elements, u64 bytes_per) {
+        std::vector<Work> w;
+        cost::Tally data_tally;
+        data_tally.log = &w;
+        data_tally.all_reduce(CommAxis::data, elements, data, u(at.data), bytes_per);
+        return pricer.collective(w.front());
+      };
+      const double loss = all_reduce(1, sizeof(double));
+      std::vector<double> bucket = {all_reduce(buckets.ln_f, e)};
+      for (u64 l = 0; l < dims.layers; ++l) bucket.push_back(all_reduce(buckets.block, e));
+      bucket.push_back(all_reduce(buckets.embedding, e));
+      double clock = 0;
+      for (std::size_t k = 0; k < bucket.size(); ++k) {
+        clock = std::max(clock, ready[k]) + bucket[k];
+        d.comm_s[axis_index(CommAxis::data)] += bucket[k];
+      }
+      d.comm_s[axis_index(CommAxis::data)] += loss;
+      d.exposed_s = loss + std::max(0.0, clock - backward_clock);
+      st.phase_s[static_cast<std::size_t>(Phase::backward)] += d.exposed_s;
+      st.exposed_s += d.exposed_s;
+      st.comm_s[axis_index(CommAxis::data)] += d.comm_s[axis_index(CommAxis::data)];
+      st.ops.push_back(d);
+    }
+    if (time_options.optimizer) {
+      const u64 params = buckets.ln_f + dims.layers * buckets.block + buckets.embedding;
+      OpTime o{.op = "optimizer", .phase = Phase::optimizer, .count = 1};
+      o.compute_s = pricer.memory(params * optimizer_bytes(dtype));
+      st.phase_s[static_cast<std::size_t>(Phase::optimizer)] += o.compute_s;
+      st.compute_s += o.compute_s;
+      st.ops.push_back(o);
+    }
+    st.step_s = std::accumulate(st.phase_s.begin(), st.phase_s.end(), 0.0);
+    if (st.step_s > best.step_s) best = std::move(st);
+  }
+  return best;
+}
+
+}  // namespace summa::model

@@ -1,0 +1,239 @@
+// The step-time model (summa/model/step_time.hpp), serial (no ranks are
+// launched: the model prices any grid). Oracles:
+//  - with α = 0, compute free and every collective priced by the direct
+//    algorithm (the traffic counters' volumes), each rank's communication
+//    time on each axis is exactly (sent + received) / 2β of the traffic
+//    model's bytes for that rank (summa/model/traffic.hpp, itself checked
+//    against measured counters by test_traffic), for every scheme of 1 to
+//    16 ranks, with and without checkpointing, in every element type;
+//  - 3D with X only and no overlap takes 1D's time (same products, the
+//    same all-reduces on another axis); 3D with Z only does the compute of
+//    the data-parallel model;
+//  - monotone where it must be: more bandwidth, less latency, faster GEMMs
+//    or fewer tokens never make a step slower; nodes of fewer devices never
+//    make it faster; overlap never makes it slower;
+//  - a 4096-device prediction runs in well under a second.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "summa/model/step_time.hpp"
+#include "summa/model/traffic.hpp"
+#include "summa/schemes/registry.hpp"
+#include "test_util.hpp"
+
+namespace summa::test {
+namespace {
+
+using model::Algorithm;
+using model::Collective;
+using model::Machine;
+
+Machine machine(double alpha, double beta, Algorithm algorithm, int per_node = 4) {
+  Machine m;
+  m.name = "test";
+  m.devices_per_node = per_node;
+  m.device.memory_bytes = 1ull << 34;
+  m.device.memory_bandwidth = 1e11;
+  for (DType t : {DType::f32, DType::f64, DType::bf16})
+    m.device.gemm_of(t) = {
+        .peak_flops = 1e12, .max_efficiency = 0.8, .half_flops = 1e7, .table = {}};
+  for (Collective c : model::all_collectives) {
+    m.intra_node[c] = {alpha, beta, algorithm};
+    m.inter_node[c] = {4 * alpha, beta / 8, algorithm};
+  }
+  return m;
+}
+
+GptConfig config(int heads = 48) {
+  GptConfig c;
+  c.n_layer = 3;
+  c.n_head = heads;
+  c.n_embd = 8 * heads;
+  c.n_positions = 16;
+  c.vocab_size = 48 * 8;
+  return c;
+}
+
+std::vector<GridCoords> every_rank(const SchemeSpec& spec) {
+  const GridShape s = scheme_row(spec.scheme).grid_shape(spec);
+  std::vector<GridCoords> out;
+  for (int d = 0; d < s.data; ++d)
+    for (int z = 0; z < s.depth; ++z)
+      for (int r = 0; r < s.rows; ++r)
+        for (int c = 0; c < s.cols; ++c) out.push_back({d, z, r, c});
+  return out;
+}
+
+TEST(StepTime, CommunicationIsTrafficOverBandwidthWithoutLatency) {
+  const double beta = 1e9;
+    Machine m = machine(0, beta, Algorithm::direct);
+  m.inter_node = m.intra_node;  // one β whatever the placement
+
+  for (DType t : {DType::f32, DType::f64, DType::bf16}) m.device.gemm_of(t).peak_flops = 1e300;
+  m.device.memory_bandwidth = 1e300;
+  int checked = 0;
+  for (int ranks : {1, 2, 4, 8, 9, 12, 16})
+    for (SchemeSpec spec : schemes_for(ranks)) {
+      spec.summa.consensus_checks = false;  // the shape agreement is not counted traffic
+      for (bool checkpoint : {true, false})
+        for (DType dtype : {DType::f32, DType::bf16}) {
+          SCOPED_TRACE(spec.str());
+          const index_t batch = 2 * common_batch({spec}) * spec.data, seq = 8;
+          const GptOptions options{.checkpoint = checkpoint};
+          for (const GridCoords& at : every_rank(spec)) {
+            const TrafficCounters bytes =
+                model::predict_step_traffic(spec, config(), batch, seq, options, dtype, at);
+            const model::StepTime time = model::predict_step_time(
+                spec, config(), batch, seq, options, dtype, m, {.optimizer = false, .rank = at});
+            for (std::size_t a = 0; a < comm_axis_count; ++a) {
+              const auto& b = bytes[static_cast<CommAxis>(a)];
+              const double want = static_cast<double>(b.bytes_sent + b.bytes_received) / (2 * beta);
+              EXPECT_NEAR(time.comm_s[a], want, 1e-12 * want + 1e-18)
+                  << name_of(static_cast<CommAxis>(a));
+            }
+            EXPECT_LT(time.compute_s, 1e-200);
+            ++checked;
+          }
+        }
+    }
+  EXPECT_GT(checked, 100);
+}
+
+TEST(StepTime, ThreeDWithXOnlyIsOneD) {
+  const Machine m = machine(2e-6, 5e9, Algorithm::ring);
+  for (int p : {2, 4, 8}) {
+    const auto one = SchemeSpec::parse("1d:p=" + std::to_string(p));
+    const auto three = SchemeSpec::parse("3d:" + std::to_string(p) + "x1x1,overlap=none");
+    for (bool checkpoint : {true, false}) {
+      const GptOptions o{.checkpoint = checkpoint};
+      const auto a = model::predict_step_time(one, config(), 4, 16, o, DType::f32, m);
+      const auto b = model::predict_step_time(three, config(), 4, 16, o, DType::f32, m);
+      EXPECT_NEAR(a.step_s, b.step_s, 1e-12 * a.step_s) << p;
+      EXPECT_NEAR(a.compute_s, b.compute_s, 1e-12 * a.compute_s) << p;
+      // the overlap can only help
+      const auto oar = model::predict_step_time(
+          SchemeSpec::parse("3d:" + std::to_string(p) + "x1x1"), config(), 4, 16, o, DType::f32, m);
+      EXPECT_LE(oar.step_s, b.step_s * (1 + 1e-12));
+    }
+  }
+}
+
+TEST(StepTime, ThreeDWithZOnlyComputesAsDataParallel) {
+  const Machine m = machine(2e-6, 5e9, Algorithm::ring);
+  for (int z : {2, 4}) {
+    const auto fsdp = SchemeSpec::parse("3d:1x1x" + std::to_string(z));
+    const auto dp = SchemeSpec::parse("data=" + std::to_string(z) + ",1d:p=1");
+    const auto a = model::predict_step_time(fsdp, config(), 8, 16, {}, DType::f32, m);
+    const auto b = model::predict_step_time(dp, config(), 8, 16, {}, DType::f32, m);
+    const double fwd = [&] {
+      double s = 0;
+      for (const auto& op : a.ops) s += op.compute_s * static_cast<double>(op.count);
+      return s;
+    }();
+    EXPECT_NEAR(fwd, a.compute_s, 1e-12 * fwd);
+    // optimizer aside (FSDP updates 1/Z of the weights), the compute is the same
+    const auto no_opt = [&](const model::StepTime& t) {
+      double s = 0;
+      for (const auto& op : t.ops)
+        if (op.op != "optimizer") s += op.compute_s * static_cast<double>(op.count);
+      return s;
+    };
+    EXPECT_NEAR(no_opt(a), no_opt(b), 1e-12 * no_opt(b)) << z;
+    EXPECT_EQ(a.comm_s[static_cast<std::size_t>(CommAxis::mesh_row)], 0);
+    EXPECT_EQ(a.comm_s[static_cast<std::size_t>(CommAxis::mesh_col)], 0);
+  }
+}
+
+TEST(StepTime, Monotone) {
+  const GptOptions o{};
+  for (const char* text : {"1d:p=4", "2d:q=2", "3d:2x1x2", "data=2,2d:q=2", "2d:q=4"}) {
+    SCOPED_TRACE(text);
+    const SchemeSpec spec = SchemeSpec::parse(text);
+    const auto t = [&](const Machine& m, index_t batch = 8) {
+      return model::predict_step_time(spec, config(), batch, 16, o, DType::f32, m).step_s;
+    };
+    const Machine base = machine(5e-6, 5e9, Algorithm::ring);
+    const double t0 = t(base);
+    EXPECT_GT(t0, 0);
+    Machine faster_links = machine(5e-6, 10e9, Algorithm::ring);
+    EXPECT_LE(t(faster_links), t0);
+    Machine less_latency = machine(1e-6, 5e9, Algorithm::ring);
+    EXPECT_LE(t(less_latency), t0);
+    Machine faster_gemm = base;
+    for (DType d : {DType::f32, DType::f64, DType::bf16})
+      faster_gemm.device.gemm_of(d).peak_flops *= 2;
+    EXPECT_LT(t(faster_gemm), t0);
+    EXPECT_LT(t(base, 4), t0);
+    Machine small_nodes = machine(5e-6, 5e9, Algorithm::ring, 1);
+    EXPECT_GE(t(small_nodes), t0);
+        // SUMMA's overlap is never slower when it does not slice the products
+    // (with progress slices the smaller GEMMs may cost more than is hidden)
+    if (spec.scheme == "2d" && spec.q > 1) {
+      SchemeSpec on = spec, off = spec;
+      on.summa.progress_slices = 1;
+      off.summa.overlap = false;
+      EXPECT_GE(model::predict_step_time(off, config(), 8, 16, o, DType::f32, base).step_s,
+                model::predict_step_time(on, config(), 8, 16, o, DType::f32, base).step_s *
+                    (1 - 1e-12));
+    }
+  }
+}
+
+TEST(StepTime, BreakdownAddsUp) {
+  const Machine m = machine(5e-6, 5e9, Algorithm::ring, 2);
+  const auto spec = SchemeSpec::parse("data=2,3d:2x2x2,overlap=oar+ors+oag");
+  const auto t = model::predict_step_time(spec, config(), 8, 16, {}, DType::bf16, m);
+  double phases = 0, ops = 0;
+  for (double p : t.phase_s) phases += p;
+  for (const auto& op : t.ops) ops += op.seconds() * static_cast<double>(op.count);
+  EXPECT_NEAR(t.step_s, phases, 1e-12 * t.step_s);
+  EXPECT_NEAR(t.step_s, ops, 1e-12 * t.step_s);
+  EXPECT_NEAR(t.step_s, t.compute_s + t.exposed_s, 1e-12 * t.step_s);
+  EXPECT_GT(t.phase(model::Phase::recompute), 0);
+  EXPECT_GT(t.comm_s[static_cast<std::size_t>(CommAxis::data)], 0);
+  // no checkpointing: no recomputation
+  const auto plain =
+      model::predict_step_time(spec, config(), 8, 16, {.checkpoint = false}, DType::bf16, m);
+  EXPECT_EQ(plain.phase(model::Phase::recompute), 0);
+  EXPECT_LT(plain.step_s, t.step_s);
+}
+
+TEST(StepTime, ThousandsOfDevicesInMilliseconds) {
+  const Machine m = machine(5e-6, 25e9, Algorithm::ring, 8);
+  GptConfig c = config(64);
+  c.n_embd = 8192;
+  c.n_layer = 24;
+  const auto start = std::chrono::steady_clock::now();
+  for (const char* text : {"2d:q=64", "data=64,1d:p=64", "3d:16x16x16", "data=64,2d:q=8"}) {
+    const auto t =
+        model::predict_step_time(SchemeSpec::parse(text), c, 4096, 512, {}, DType::bf16, m);
+    EXPECT_GT(t.step_s, 0) << text;
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(s, 2.0);  // four 4096-device predictions (typically a few ms each)
+  testing::Test::RecordProperty("seconds", std::to_string(s));
+}
+
+TEST(StepTime, Errors) {
+  Machine m = machine(5e-6, 5e9, Algorithm::ring);
+  m.device.gemm_of(DType::bf16).peak_flops = 0;
+  EXPECT_NE(error_of([&] {
+              model::predict_step_time(SchemeSpec::parse("2d:q=2"), config(), 8, 16, {},
+                                       DType::bf16, m);
+            }).find("no GEMM rate for bf16"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              model::predict_step_time(SchemeSpec::parse("data=2,2d:q=2"), config(), 3, 16, {},
+                                       DType::f32, m);
+            }).find("divisible by data=2"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              model::predict_step_time(SchemeSpec::parse("2d:q=2"), config(), 8, 16, {}, DType::f32,
+                                       m, {.rank = GridCoords{0, 0, 2, 0}});
+            }).find("not on the 2d:q=2 grid"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace summa::test
