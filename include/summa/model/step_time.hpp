@@ -55,7 +55,7 @@ struct StepTimeOptions {
   /// Price the AdamW update of the rank's parameter shards.
   bool optimizer = true;
   /// Price this rank only (grid coordinates) instead of the slowest.
-  std::optional<GridCoords> rank;
+  std::optional<GridCoords> rank = {};
 };
 
 struct StepTime {

@@ -1,0 +1,447 @@
+// scaling_study: weak and strong scaling studies of the stacked transformer
+// layers (Optimus Tables 2 and 3) and of whole GPT steps (AxoNN's weak
+// scaling), predicted by the step-time model (summa/model/step_time.hpp) on
+// a machine file (machines/*.json), side by side with the papers' published
+// figures where a preset has them (docs/scaling.md).
+//
+//   scaling_study --preset optimus-weak --predict machines/frontera-rtx.json
+//   scaling_study --preset optimus-strong --predict machines/frontera-rtx.json --json
+//   scaling_study --study my_study.json --predict machines/h100-cluster.json --csv out.csv
+//
+// A study file: {"name": ..., "kind": "weak"|"strong", "stem_only": bool,
+// "dtype": "f32"|"bf16"|"f64", "checkpoint": bool, "placement":
+// "natural"|"bunched", "points": [{"gpus": 4, "scheme": "2d:q=2", "batch": 96,
+// "seq": 512, "layers": 24, "hidden": 2048, "heads": 32, "vocab": 50304,
+// "paper_fwd_per_sample_s": ..., "paper_bwd_per_sample_s": ...}, ...]}.
+// "scheme" may be "auto": every scheme of the point's rank count, ranked by
+// predicted step time (the best is reported, the top 3 listed on stderr).
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "summa/io/machine_file.hpp"
+#include "summa/model/step_time.hpp"
+#include "summa/schemes/spec.hpp"
+
+namespace {
+
+using nlohmann::json;
+
+struct Point {
+  int gpus = 1;
+  std::string scheme;
+  long batch = 1, seq = 512, layers = 24, hidden = 1024, heads = 16, vocab = 50304;
+  std::optional<double> paper_fwd = {}, paper_bwd = {};  // seconds per sample
+};
+
+struct Study {
+  std::string name, kind = "weak";
+  bool stem_only = true, checkpoint = true;
+  summa::DType dtype = summa::DType::f32;
+  summa::Placement placement = summa::Placement::natural;
+  std::vector<Point> points = {};
+};
+
+// ---------------------------------------------------------------- presets
+
+// Optimus (Xu et al. 2021) Tables 2 and 3: 24 layers, seq 512, the stacked
+// transformer layers timed, TACC Frontera rtx nodes (4 GPUs each), bunched
+// placement for 2D. Published forward and backward time per sample.
+Study optimus_weak() {
+  Study s{.name = "Optimus Table 2 (weak scaling)", .kind = "weak"};
+  s.placement = summa::Placement::bunched;
+  struct Row {
+    int gpus, q;
+    long h, heads, batch_1d, batch_2d;
+    double fwd_1d, bwd_1d, fwd_2d, bwd_2d;
+  };
+  const Row rows[] = {
+      {4, 2, 2048, 32, 60, 96, 0.0793, 0.2613, 0.0985, 0.2979},
+      {16, 4, 4096, 64, 60, 192, 0.2081, 0.5149, 0.1764, 0.5312},
+      {36, 6, 6120, 72, 40, 288, 0.3379, 0.7955, 0.1901, 0.5759},
+      {64, 8, 8192, 128, 30, 384, 0.4638, 1.0963, 0.2589, 0.7935},
+  };
+  for (const Row& r : rows) {
+    s.points.push_back({.gpus = r.gpus,
+                        .scheme = fmt::format("1d:p={}", r.gpus),
+                        .batch = r.batch_1d,
+                        .hidden = r.h,
+                        .heads = r.heads,
+                        .paper_fwd = r.fwd_1d,
+                        .paper_bwd = r.bwd_1d});
+    s.points.push_back({.gpus = r.gpus,
+                        .scheme = fmt::format("2d:q={}", r.q),
+                        .batch = r.batch_2d,
+                        .hidden = r.h,
+                        .heads = r.heads,
+                        .paper_fwd = r.fwd_2d,
+                        .paper_bwd = r.bwd_2d});
+  }
+  return s;
+}
+
+Study optimus_strong() {
+  Study s{.name = "Optimus Table 3 (strong scaling)", .kind = "strong"};
+  s.placement = summa::Placement::bunched;
+  struct Row {
+    int gpus, q;
+    long h_1d, heads_1d;
+    double fwd_1d, bwd_1d, fwd_2d, bwd_2d;
+  };
+  const Row rows[] = {
+      {4, 2, 3072, 64, 0.1225, 0.4749, 0.1888, 0.5691},
+      {16, 4, 3072, 64, 0.1143, 0.4293, 0.1950, 0.5704},
+      {36, 6, 3096, 72, 0.1212, 0.4512, 0.1625, 0.4764},
+      {64, 8, 3072, 64, 0.1195, 0.5306, 0.1253, 0.3716},
+  };
+  for (const Row& r : rows) {
+    s.points.push_back({.gpus = r.gpus,
+                        .scheme = fmt::format("1d:p={}", r.gpus),
+                        .batch = 12,
+                        .hidden = r.h_1d,
+                        .heads = r.heads_1d,
+                        .paper_fwd = r.fwd_1d,
+                        .paper_bwd = r.bwd_1d});
+    s.points.push_back({.gpus = r.gpus,
+                        .scheme = fmt::format("2d:q={}", r.q),
+                        .batch = 24,
+                        .hidden = 3072,
+                        .heads = 24,
+                        .paper_fwd = r.fwd_2d,
+                        .paper_bwd = r.bwd_2d});
+  }
+  return s;
+}
+
+// AxoNN (Singh et al. 2024) weak scaling on Perlmutter, Table II models on
+// 512 to 4096 GPUs, bf16, whole training steps, the scheme chosen by the
+// model's ranking (AxoNN's configuration search). Sequence 2048 and one
+// sequence per GPU per step are this preset's assumptions (the paper's
+// batch is not in the text).
+Study axonn_weak() {
+  Study s{.name = "AxoNN weak scaling (Perlmutter)", .kind = "weak"};
+  s.stem_only = false;
+  s.dtype = summa::DType::bf16;
+  struct Row {
+    int gpus;
+    long layers, h, heads;
+  };
+  const Row rows[] = {
+      {512, 24, 4096, 32}, {1024, 32, 5120, 40}, {2048, 32, 7168, 56}, {4096, 38, 9216, 72}};
+  for (const Row& r : rows)
+    s.points.push_back({.gpus = r.gpus,
+                        .scheme = "auto",
+                        .batch = r.gpus,
+                        .seq = 2048,
+                        .layers = r.layers,
+                        .hidden = r.h,
+                        .heads = r.heads});
+  return s;
+}
+
+// A small study that fits this machine's launch (1, 2 and 4 ranks).
+Study local(const std::string& kind) {
+  Study s{.name = "local " + kind, .kind = kind};
+  for (int gpus : {1, 2, 4})
+    for (const std::string& scheme :
+         {fmt::format("1d:p={}", gpus), fmt::format("3d:1x1x{}", gpus)}) {
+      const long batch = kind == "weak" ? 4 * gpus : 8;
+      s.points.push_back({.gpus = gpus,
+                          .scheme = scheme,
+                          .batch = batch,
+                          .seq = 64,
+                          .layers = 4,
+                          .hidden = 256,
+                          .heads = 8,
+                          .vocab = 512});
+    }
+  for (int q : {1, 2}) {
+    const int gpus = q * q;
+    const long batch = kind == "weak" ? 4 * gpus : 8;
+    s.points.push_back({.gpus = gpus,
+                        .scheme = fmt::format("2d:q={}", q),
+                        .batch = batch,
+                        .seq = 64,
+                        .layers = 4,
+                        .hidden = 256,
+                        .heads = 8,
+                        .vocab = 512});
+  }
+  return s;
+}
+
+summa::DType parse_dtype(const std::string& t) {
+  if (t == "f32") return summa::DType::f32;
+  if (t == "f64") return summa::DType::f64;
+  if (t == "bf16") return summa::DType::bf16;
+  throw summa::Error(fmt::format("study: dtype '{}' is not f32, f64 or bf16", t));
+}
+
+Study read_study(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw summa::Error(fmt::format("study file {}: cannot be opened", path));
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    throw summa::Error(fmt::format("study file {}: {}", path, e.what()));
+  }
+  Study s;
+  try {
+    s.name = j.value("name", path);
+    s.kind = j.value("kind", "weak");
+    s.stem_only = j.value("stem_only", true);
+    s.checkpoint = j.value("checkpoint", true);
+    s.dtype = parse_dtype(j.value("dtype", "f32"));
+    const std::string placement = j.value("placement", "natural");
+    if (placement != "natural" && placement != "bunched")
+      throw summa::Error(fmt::format("placement '{}' is not natural or bunched", placement));
+    s.placement = placement == "bunched" ? summa::Placement::bunched : summa::Placement::natural;
+    for (const json& p : j.at("points")) {
+      Point pt;
+      pt.gpus = p.at("gpus").get<int>();
+      pt.scheme = p.at("scheme").get<std::string>();
+      pt.batch = p.at("batch").get<long>();
+      pt.seq = p.value("seq", pt.seq);
+      pt.layers = p.value("layers", pt.layers);
+      pt.hidden = p.at("hidden").get<long>();
+      pt.heads = p.at("heads").get<long>();
+      pt.vocab = p.value("vocab", pt.vocab);
+      if (p.contains("paper_fwd_per_sample_s"))
+        pt.paper_fwd = p["paper_fwd_per_sample_s"].get<double>();
+      if (p.contains("paper_bwd_per_sample_s"))
+        pt.paper_bwd = p["paper_bwd_per_sample_s"].get<double>();
+      s.points.push_back(pt);
+    }
+  } catch (const json::exception& e) {
+    throw summa::Error(fmt::format("study file {}: {}", path, e.what()));
+  }
+  if (s.points.empty()) throw summa::Error(fmt::format("study file {}: no points", path));
+  return s;
+}
+
+// ---------------------------------------------------------------- prediction
+
+struct Result {
+  Point point;
+  std::string scheme;                 // the one priced (auto: the best)
+  double fwd = 0, bwd = 0, step = 0;  // seconds per step (of the timed part)
+  double flops_per_step = 0;
+  std::vector<std::pair<std::string, double>> ranked = {};  // auto: top schemes and steps
+};
+
+// Model flops of one training step of the timed part (2 per multiply-add;
+// forward 24 b s h^2 + 4 b s^2 h per layer, backward twice that, the
+// checkpointed recomputation once more; the LM head 2 b s h V forward).
+double step_flops(const Point& p, const Study& s) {
+  const double b = static_cast<double>(p.batch), sq = static_cast<double>(p.seq),
+               h = static_cast<double>(p.hidden);
+  const double layer = 2 * (12 * b * sq * h * h + 2 * b * sq * sq * h);
+  double fwd = static_cast<double>(p.layers) * layer;
+  if (!s.stem_only) fwd += 2 * b * sq * h * static_cast<double>(p.vocab);
+  return fwd * (s.checkpoint ? 4 : 3);
+}
+
+Result predict(const Point& p, const Study& s, const summa::model::Machine& m) {
+  summa::GptConfig c;
+  c.n_layer = static_cast<int>(p.layers);
+  c.n_embd = static_cast<int>(p.hidden);
+  c.n_head = static_cast<int>(p.heads);
+  c.n_positions = static_cast<int>(p.seq);
+  c.vocab_size = static_cast<int>(p.vocab);
+  const summa::model::StepTimeOptions options{.placement = s.placement, .optimizer = !s.stem_only};
+  const auto price = [&](const summa::SchemeSpec& spec, Result& r) {
+    const auto t = summa::model::predict_step_time(
+        spec, c, p.batch, p.seq, {.checkpoint = s.checkpoint}, s.dtype, m, options);
+    r.fwd = r.bwd = 0;
+    for (const auto& op : t.ops) {
+      if (s.stem_only && !op.op.starts_with("block.")) continue;
+      const double sec = op.seconds() * static_cast<double>(op.count);
+      (op.phase == summa::model::Phase::forward ? r.fwd : r.bwd) += sec;
+    }
+    r.step = r.fwd + r.bwd;
+  };
+  Result r{.point = p, .scheme = p.scheme};
+  r.flops_per_step = step_flops(p, s);
+  if (p.scheme != "auto") {
+    price(summa::SchemeSpec::parse(p.scheme), r);
+    return r;
+  }
+  // every scheme that fits and divides the model, ranked by predicted step
+  std::vector<std::pair<double, std::string>> all;
+  for (const summa::SchemeSpec& spec : summa::schemes_for(p.gpus)) {
+    const long split_heads = spec.scheme == "1d" ? spec.p : spec.scheme == "2d" ? spec.q : spec.gx;
+    const long split_batch = spec.data * (spec.scheme == "2d"   ? spec.q
+                                          : spec.scheme == "3d" ? spec.gz
+                                                                : 1);
+    if (p.heads % split_heads != 0 || p.batch % split_batch != 0 ||
+        p.hidden % (spec.scheme == "3d" ? spec.gx * spec.gy : split_heads) != 0)
+      continue;
+    Result trial = r;
+    price(spec, trial);
+    all.emplace_back(trial.step, spec.str());
+  }
+  if (all.empty())
+    throw summa::Error(
+        fmt::format("no scheme of {} ranks divides the model of point {} GPUs", p.gpus, p.gpus));
+  std::sort(all.begin(), all.end());
+  r.scheme = all.front().second;
+  price(summa::SchemeSpec::parse(r.scheme), r);
+  for (std::size_t k = 0; k < std::min<std::size_t>(3, all.size()); ++k)
+    r.ranked.emplace_back(all[k].second, all[k].first);
+  return r;
+}
+
+std::string scheme_family(const std::string& scheme) {
+  const auto comma = scheme.find(',');
+  const std::string core = scheme.starts_with("data=") ? scheme.substr(comma + 1) : scheme;
+  return core.substr(0, 2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Weak and strong scaling studies predicted by summa's step-time model"};
+  std::string preset, study_file, machine_file, csv;
+  bool as_json = false;
+  app.add_option("--preset", preset,
+                 "optimus-weak | optimus-strong | axonn-weak | local-weak | local-strong");
+  app.add_option("--study", study_file, "A study file (JSON; see the source's header)");
+  app.add_option("--predict", machine_file, "Machine file (machines/*.json)")->required();
+  app.add_flag("--json", as_json, "One JSON object per point and scheme on stdout");
+  app.add_option("--csv", csv, "Also write the table as CSV to this file");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (preset.empty() == study_file.empty())
+      throw summa::Error("give exactly one of --preset and --study");
+    Study study;
+    if (preset == "optimus-weak")
+      study = optimus_weak();
+    else if (preset == "optimus-strong")
+      study = optimus_strong();
+    else if (preset == "axonn-weak")
+      study = axonn_weak();
+    else if (preset == "local-weak" || preset == "local")
+      study = local("weak");
+    else if (preset == "local-strong")
+      study = local("strong");
+    else if (!preset.empty())
+      throw summa::Error(fmt::format(
+          "--preset '{}' is not optimus-weak, optimus-strong, axonn-weak, local-weak or "
+          "local-strong",
+          preset));
+    else
+      study = read_study(study_file);
+    const summa::model::Machine machine = summa::io::load_machine(machine_file);
+
+    std::vector<Result> results;
+    for (const Point& p : study.points) results.push_back(predict(p, study, machine));
+
+    // efficiency against the first point of the same scheme family, and
+    // 2D / 1D throughput at equal GPU counts
+    std::map<std::string, const Result*> first;
+    std::map<int, std::map<std::string, double>> throughput_at;
+    for (const Result& r : results) {
+      first.emplace(scheme_family(r.scheme), &r);
+      throughput_at[r.point.gpus][scheme_family(r.scheme)] =
+          static_cast<double>(r.point.batch) / r.step;
+    }
+    std::ostringstream table;
+    table << fmt::format("# {} on {} ({}; {})\n", study.name, machine.name,
+                         study.stem_only ? "stacked transformer layers" : "whole step",
+                         summa::name_of(study.dtype));
+    table << fmt::format(
+        "{:>5} {:>22} {:>6} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} "
+        "{:>6} {:>6} {:>8}\n",
+        "gpus", "scheme", "batch", "hidden", "heads", "fwd/smp", "paper", "bwd/smp", "paper",
+        "thru", "infer", "eff", "2d/1d", "TF/gpu");
+    std::ofstream csv_out;
+    if (!csv.empty()) {
+      csv_out.open(csv);
+      if (!csv_out) throw summa::Error(fmt::format("--csv {}: cannot be written", csv));
+      csv_out << "gpus,scheme,batch,hidden,heads,fwd_per_sample_s,paper_fwd_per_sample_s,"
+                 "bwd_per_sample_s,paper_bwd_per_sample_s,throughput,inference_throughput,"
+                 "efficiency,speedup_2d_1d,tflops_per_gpu\n";
+    }
+    for (const Result& r : results) {
+      const double b = static_cast<double>(r.point.batch);
+      const double thru = b / r.step, infer = b / r.fwd;
+      const Result& f = *first.at(scheme_family(r.scheme));
+      const double f_thru = static_cast<double>(f.point.batch) / f.step;
+      // Efficiency against the first point of the scheme family: weak, the
+      // model flop/s per GPU relative to the first's; strong (the same
+      // problem), the speedup over the first divided by the GPU ratio.
+      const double per_gpu = r.flops_per_step / r.step / r.point.gpus;
+      const double first_per_gpu = f.flops_per_step / f.step / f.point.gpus;
+      const double eff = study.kind == "weak"
+                             ? per_gpu / first_per_gpu
+                             : (thru / f_thru) / (static_cast<double>(r.point.gpus) / f.point.gpus);
+      const auto& at = throughput_at[r.point.gpus];
+      const double speedup =
+          at.count("2d") && at.count("1d") ? at.at("2d") / at.at("1d") : std::nan("");
+      const double tflops = r.flops_per_step / r.step / r.point.gpus / 1e12;
+      const auto paper = [](const std::optional<double>& v) {
+        return v ? fmt::format("{:.4f}", *v) : std::string("-");
+      };
+      table << fmt::format(
+          "{:>5} {:>22} {:>6} {:>6} {:>5} {:>9.4f} {:>9} {:>9.4f} {:>9} {:>8.4f} {:>8.4f} "
+          "{:>6.3f} {:>6.3f} {:>8.2f}\n",
+          r.point.gpus, r.scheme, r.point.batch, r.point.hidden, r.point.heads, r.fwd / b,
+          paper(r.point.paper_fwd), r.bwd / b, paper(r.point.paper_bwd), thru, infer, eff, speedup,
+          tflops);
+      if (csv_out)
+        csv_out << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", r.point.gpus,
+                               r.scheme, r.point.batch, r.point.hidden, r.point.heads, r.fwd / b,
+                               r.point.paper_fwd ? fmt::format("{}", *r.point.paper_fwd) : "",
+                               r.bwd / b,
+                               r.point.paper_bwd ? fmt::format("{}", *r.point.paper_bwd) : "", thru,
+                               infer, eff, std::isnan(speedup) ? 0.0 : speedup, tflops);
+      if (as_json) {
+        json o{{"study", study.name},
+               {"gpus", r.point.gpus},
+               {"scheme", r.scheme},
+               {"batch", r.point.batch},
+               {"seq", r.point.seq},
+               {"layers", r.point.layers},
+               {"hidden", r.point.hidden},
+               {"heads", r.point.heads},
+               {"predicted_step_s", r.step},
+               {"predicted_fwd_s", r.fwd},
+               {"predicted_bwd_s", r.bwd},
+               {"throughput", thru},
+               {"inference_throughput", infer},
+               {"efficiency", eff},
+               {"tflops_per_gpu", tflops}};
+        if (!std::isnan(speedup)) o["speedup_2d_1d"] = speedup;
+        if (r.point.paper_fwd && r.point.paper_bwd) {
+          o["paper_fwd_per_sample_s"] = *r.point.paper_fwd;
+          o["paper_bwd_per_sample_s"] = *r.point.paper_bwd;
+          o["paper_throughput"] = 1 / (*r.point.paper_fwd + *r.point.paper_bwd);
+          o["paper_inference_throughput"] = 1 / *r.point.paper_fwd;
+        }
+        if (!r.ranked.empty()) {
+          json top = json::array();
+          for (const auto& [scheme, step] : r.ranked)
+            top.push_back({{"scheme", scheme}, {"predicted_step_s", step}});
+          o["top"] = top;
+        }
+        std::cout << o.dump() << "\n";
+      }
+    }
+    if (!as_json) std::cout << table.str();
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "scaling_study: " << e.what() << "\n";
+    return 2;
+  }
+}
