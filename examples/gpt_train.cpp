@@ -662,6 +662,7 @@ int train(const Cli& cli) {
   int skipped = 0;
   const auto t_start = std::chrono::steady_clock::now();
   for (std::int64_t s = first; s < steps; ++s) {
+    const summa::TrafficCounters before = trainer.model().grid().traffic();
     const auto t0 = std::chrono::steady_clock::now();
     const summa::StepStats st = trainer.train_step();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -708,6 +709,20 @@ int train(const Cli& cli) {
                                        {"step_s", dt_max},
                                        {"tokens_per_s", tok_s},
                                        {"model_flops_per_s", flop_s}};
+      // Rank 0's breakdown: the time it waited on each axis's communication
+      // and the rest of its step (compute and unhidden local work).
+      const summa::TrafficCounters& after = trainer.model().grid().traffic();
+      nlohmann::ordered_json wait = nlohmann::ordered_json::object();
+      double waited = 0;
+      for (std::size_t a = 0; a < summa::comm_axis_count; ++a) {
+        const auto axis = static_cast<summa::CommAxis>(a);
+        const double w = after[axis].wait_seconds - before[axis].wait_seconds;
+        if (after[axis].calls == before[axis].calls) continue;
+        wait[std::string(summa::name_of(axis))] = w;
+        waited += w;
+      }
+      record["comm_wait_s"] = wait;
+      record["compute_s"] = std::max(0.0, dt - waited);
       if (st.skipped) record["skipped"] = true;
       log.line(record.dump());
     }

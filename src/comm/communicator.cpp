@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+
 #include "summa/core/error.hpp"
 
 namespace summa {
@@ -105,11 +107,32 @@ Request Communicator::issue(Kind kind, const void* send, void* recv, std::size_t
                       count * size_of(t));
 }
 
+namespace {
+
+// Adds the wall time of its scope to a counter's wait_seconds.
+class WaitTimer {
+ public:
+  explicit WaitTimer(TrafficCounter& c) : c_(c), start_(std::chrono::steady_clock::now()) {}
+  ~WaitTimer() {
+    c_.wait_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  WaitTimer(const WaitTimer&) = delete;
+  WaitTimer& operator=(const WaitTimer&) = delete;
+
+ private:
+  TrafficCounter& c_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace
+
 void Communicator::execute(Kind kind, const void* send, void* recv, std::size_t count, DType t,
                            ReduceOp op, int root) {
   validate(kind, send, recv, count, root);
   account(kind, count, t, root);
   ++sequence_;
+  const WaitTimer timer(*counter_);
   if (watchdog_ != nullptr) {  // started, then polled under the time limit
     Request r = make_request(start(kind, send, recv, count, t, op, root),
                              static_cast<std::uint8_t>(kind), count * size_of(t));
@@ -121,6 +144,7 @@ void Communicator::execute(Kind kind, const void* send, void* recv, std::size_t 
 
 void Communicator::barrier() {
   ++sequence_;
+  const WaitTimer timer(*counter_);
   std::uintptr_t token = 0;
   if (watchdog_ != nullptr && start_barrier(token)) {
     Request r = make_request(token, barrier_code, 0);
@@ -176,6 +200,7 @@ void Communicator::run(Kind kind, const void* send, void* recv, std::size_t coun
 void Communicator::wait(Request& r) {
   if (!r.active()) return;
   if (r.owner_ != this) throw Error("wait: request belongs to another communicator");
+  const WaitTimer timer(*counter_);
   if (watchdog_ != nullptr) {
     guarded_wait(r);
     return;

@@ -653,6 +653,34 @@ TEST(Collectives, StandaloneCommunicators) {
   }
 }
 
+// The wait timer: a collective that cannot finish before every rank arrives
+// waits at least as long as the last rank is late; counters still compare
+// by traffic only.
+TEST(Counters, WaitSecondsTimeBlockingCallsAndWaits) {
+  TrafficCounter counter;
+  MpiCommunicator c(MPI_COMM_WORLD, false, CommAxis::other, &counter);
+  const double late = 0.05;
+  double x = 1;
+  if (world_size() > 1 && world_rank() == world_size() - 1)
+    std::this_thread::sleep_for(std::chrono::duration<double>(late));
+  c.all_reduce(&x, &x, 1, DType::f64, ReduceOp::sum);
+    if (world_size() > 1 && world_rank() == 0) {
+    EXPECT_GE(counter.wait_seconds, 0.8 * late);
+  }
+  const double after_blocking = counter.wait_seconds;
+  EXPECT_GE(after_blocking, 0);
+  if (world_size() > 1 && world_rank() == world_size() - 1)
+    std::this_thread::sleep_for(std::chrono::duration<double>(late));
+  Request r = c.iall_reduce(&x, &x, 1, DType::f64, ReduceOp::sum);
+  c.wait(r);
+    if (world_size() > 1 && world_rank() == 0) {
+    EXPECT_GE(counter.wait_seconds - after_blocking, 0.8 * late);
+  }
+  TrafficCounter same = counter;
+  same.wait_seconds = 0;
+  EXPECT_EQ(same, counter);
+}
+
 TEST(Collectives, TypedConveniencesAndBarrier) {
   const std::uint64_t seed = test_seed();
   SCOPED_TRACE(seed_note(seed));

@@ -38,19 +38,30 @@ inline constexpr std::size_t comm_axis_count = 8;
 
 std::string_view name_of(CommAxis axis);
 
-/// Traffic of one axis, as bytes and calls.
+/// Traffic of one axis, as bytes and calls, and the time spent waiting on
+/// it.
 struct TrafficCounter {
   std::uint64_t bytes_sent = 0;
   std::uint64_t bytes_received = 0;
   std::uint64_t calls = 0;
+  /// Wall time (host clock, seconds) this rank spent inside the axis's
+  /// blocking collectives and in waits on its non-blocking ones: the
+  /// communication a step did not hide behind compute (on an asynchronous
+  /// device, the time the host waited for it). Not part of equality:
+  /// counters compare by traffic.
+  double wait_seconds = 0;
 
   TrafficCounter& operator+=(const TrafficCounter& o) {
     bytes_sent += o.bytes_sent;
     bytes_received += o.bytes_received;
     calls += o.calls;
+    wait_seconds += o.wait_seconds;
     return *this;
   }
-  friend bool operator==(const TrafficCounter&, const TrafficCounter&) = default;
+  friend bool operator==(const TrafficCounter& a, const TrafficCounter& b) {
+    return a.bytes_sent == b.bytes_sent && a.bytes_received == b.bytes_received &&
+           a.calls == b.calls;
+  }
 };
 
 /// One TrafficCounter per CommAxis.
