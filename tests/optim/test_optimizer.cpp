@@ -20,7 +20,7 @@
 // Tolerances (double): the norm is one sum of ~2.6·10⁴ squares whose order
 // differs between layouts, so its relative error is ~1e-15; we ask 1e-12.
 // Clipped gradients inherit the model's gradient tolerance against the
-// reference (model_tolerance, 1e-9: see test_gpt2d.cpp). After the steps the
+// reference (model_tolerance, 1e-9: see test_util.hpp). After the steps the
 // weights are compared per tensor as max|a − b| / max(max|b|, lr) — the lr
 // floor because a tensor that starts at zero (biases) holds only updates of
 // size ~lr. SGD is linear in the gradient: 1e-12 (measured ~1e-15). AdamW:

@@ -2,8 +2,8 @@
 // (CTest: 1, 2, 4, 8 and 9 ranks) is built from its text with ParallelGpt
 // and driven by the same training-step code; loss and every gathered
 // parameter gradient must equal the serial reference's on the same global
-// weights and batch (tolerances as in test_gpt2d.cpp). Also the scheme
-// grammar: parsing, canonical text, errors.
+// weights and batch (tolerances as in test_scheme_layers.cpp). Also the
+// scheme grammar: parsing, canonical text, errors.
 //
 // The models run on test_backend() (SUMMA_TEST_BACKEND=cpu|cuda) with its
 // communicators (test_grid_options(), handed to ParallelGpt / plan_memory /

@@ -239,7 +239,7 @@ std::vector<T> read(ConstMatrixView<T> v) {
 
 /// Tolerance of the layer and model tests (max relative error of a tensor
 /// against the serial reference): 1e-9 in double, 2e-3 in float; see
-/// test_gpt2d.cpp for the reasoning.
+/// tests/layers/test_scheme_layers.cpp for the reasoning.
 template <class T>
 double model_tolerance() {
   return std::is_same_v<T, float> ? 2e-3 : 1e-9;
