@@ -1,5 +1,6 @@
-// One model, any scheme: every implemented scheme that fits the rank count
-// (CTest: 1, 2, 4, 8 and 9 ranks) is built from its text with ParallelGpt
+// One model, any scheme: every implemented scheme of 1, 2, 4, 8 and 9 ranks
+// (one CTest launch of 9 ranks covers them all on sub-communicators:
+// for_each_group in test_util.hpp) is built from its text with ParallelGpt
 // and driven by the same training-step code; loss and every gathered
 // parameter gradient must equal the serial reference's on the same global
 // weights and batch (tolerances as in test_scheme_layers.cpp). Also the
@@ -46,8 +47,7 @@ double train_step(GptModel<T>& model, const std::vector<std::int32_t>& tokens,
 }
 
 template <class T>
-void every_scheme_matches_reference() {
-  const int ranks = world_size();
+void every_scheme_matches_reference(MPI_Comm comm, int ranks) {
   // Divisible by every tensor size up to 9 that these rank counts give:
   // heads by p (1, 2, 4, 8) and q (1, 2, 3); the batch by every scheme's
   // granularity (common_batch).
@@ -85,7 +85,7 @@ void every_scheme_matches_reference() {
   }
   for (const SchemeSpec& spec : specs) {
     SCOPED_TRACE(spec.str());
-    ParallelGpt<T> run(MPI_COMM_WORLD, spec, backend, config, batch, seq, {}, grid_options());
+    ParallelGpt<T> run(comm, spec, backend, config, batch, seq, {}, grid_options());
     if (spec.scheme == "2d") {  // the scheme text's SUMMA options reach the engine
       EXPECT_EQ(dynamic_cast<Summa2DContext<T>&>(run.scheme()).engine().options(), spec.summa);
     }
@@ -110,11 +110,15 @@ void every_scheme_matches_reference() {
   testing::Test::RecordProperty("schemes", tested);
 }
 
+// The rank counts the heavy cases cover, on sub-communicators of one launch
+// (for_each_group; CTest launches 9 ranks: [9], then [8, 1], then [4, 2]).
+const std::vector<int> kRankCounts = {1, 2, 4, 8, 9};
+
 TEST(Schemes, EverySchemeMatchesReferenceDouble) {
-  every_scheme_matches_reference<double>();
+  for_each_group(kRankCounts, every_scheme_matches_reference<double>);
 }
 TEST(Schemes, EverySchemeMatchesReferenceFloat) {
-  every_scheme_matches_reference<float>();
+  for_each_group(kRankCounts, every_scheme_matches_reference<float>);
 }
 
 TEST(Schemes, ParseAndPrint) {
@@ -237,8 +241,7 @@ namespace {
 // The planner's capacities are those a real model allocates, and the
 // largest batch under a budget is the boundary: it fits, one more step does not.
 template <class T>
-void memory_planner_matches_real_models() {
-  const int ranks = world_size();
+void memory_planner_matches_real_models(MPI_Comm comm, int ranks) {
   reference::GptConfig config;
   config.n_layer = 2;
   config.n_head = 72;
@@ -263,47 +266,43 @@ void memory_planner_matches_real_models() {
   for (const SchemeSpec& spec : specs) {
     SCOPED_TRACE(spec.str());
     const index_t batch = 2 * batch_granularity(spec);
-    const MemoryReport plan =
-        plan_memory<T>(MPI_COMM_WORLD, spec, backend, config, batch, seq, {}, grid);
-    ParallelGpt<T> real(MPI_COMM_WORLD, spec, backend, config, batch, seq, {}, grid);
+    const MemoryReport plan = plan_memory<T>(comm, spec, backend, config, batch, seq, {}, grid);
+    ParallelGpt<T> real(comm, spec, backend, config, batch, seq, {}, grid);
     const MemoryReport got = real.model().memory_report();
     ASSERT_EQ(plan.buffers.size(), got.buffers.size());
     for (std::size_t k = 0; k < got.buffers.size(); ++k)
       EXPECT_EQ(plan.buffers[k].capacity, got.buffers[k].capacity) << got.buffers[k].name;
     EXPECT_EQ(plan.parameters, got.parameters);
     EXPECT_EQ(plan.total(), got.total());
-    EXPECT_THROW(
-        ParallelGpt<T>(MPI_COMM_WORLD, spec, backend, config, batch, seq, {.plan_only = true}, grid)
-            .model()
-            .forward({}, {}),
-        Error);
+    EXPECT_THROW(ParallelGpt<T>(comm, spec, backend, config, batch, seq, {.plan_only = true}, grid)
+                     .model()
+                     .forward({}, {}),
+                 Error);
 
     // a budget between two batch sizes
     const index_t step = batch_granularity(spec);
     const auto planned_max = [&](index_t b) {
-      unsigned long long t =
-          plan_memory<T>(MPI_COMM_WORLD, spec, backend, config, b, seq, {}, grid).total();
-      MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+      unsigned long long t = plan_memory<T>(comm, spec, backend, config, b, seq, {}, grid).total();
+      MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm);
       return static_cast<std::size_t>(t);
     };
     const std::size_t budget = (planned_max(5 * step) + planned_max(6 * step)) / 2;
     const index_t best =
-        largest_batch<T>(MPI_COMM_WORLD, spec, backend, config, seq, {}, budget, 64 * step, grid);
+        largest_batch<T>(comm, spec, backend, config, seq, {}, budget, 64 * step, grid);
     EXPECT_EQ(best, 5 * step);
-    EXPECT_EQ(largest_batch<T>(MPI_COMM_WORLD, spec, backend, config, seq, {}, 1, 64 * step, grid),
-              0);
-    EXPECT_EQ(largest_batch<T>(MPI_COMM_WORLD, spec, backend, config, seq, {},
-                               planned_max(3 * step), 3 * step, grid),
+    EXPECT_EQ(largest_batch<T>(comm, spec, backend, config, seq, {}, 1, 64 * step, grid), 0);
+    EXPECT_EQ(largest_batch<T>(comm, spec, backend, config, seq, {}, planned_max(3 * step),
+                               3 * step, grid),
               3 * step);
   }
 }
 TEST(Schemes, MemoryPlannerMatchesRealModels) {
-  memory_planner_matches_real_models<float>();
+  for_each_group(kRankCounts, memory_planner_matches_real_models<float>);
 }
 // bf16: 2-byte buffers and parameters next to fp32 statistics, master
 // weights outside the model (the optimizer's).
 TEST(Schemes, MemoryPlannerMatchesRealModelsBf16) {
-  memory_planner_matches_real_models<bf16>();
+  for_each_group(kRankCounts, memory_planner_matches_real_models<bf16>);
 }
 
 }  // namespace

@@ -43,12 +43,21 @@ inline std::uint64_t hash_string(const std::string& s) {
   return h;
 }
 
+/// The ranks the current case runs on: MPI_COMM_WORLD, or the group's
+/// communicator inside for_each_group. The helpers below that agree across
+/// ranks (test_seed, fresh_seed, max_over_ranks, norm_error_over_ranks,
+/// same_on_all_ranks) are collective over it.
+inline MPI_Comm& test_comm() {
+  static MPI_Comm comm = MPI_COMM_WORLD;
+  return comm;
+}
+
 /// Seed of the current test, identical on every rank: SUMMA_TEST_SEED if set
 /// (to reproduce a failure), otherwise a fresh value drawn on rank 0 for every
-/// call; mixed with the test's name. Collective over MPI_COMM_WORLD.
+/// call; mixed with the test's name. Collective over test_comm().
 inline std::uint64_t test_seed() {
   int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_rank(test_comm(), &rank);
   unsigned long long base = 0;
   if (rank == 0) {
     if (const char* env = std::getenv("SUMMA_TEST_SEED"))
@@ -57,7 +66,7 @@ inline std::uint64_t test_seed() {
       base =
           (static_cast<unsigned long long>(std::random_device{}()) << 32) ^ std::random_device{}();
   }
-  MPI_Bcast(&base, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  MPI_Bcast(&base, 1, MPI_UNSIGNED_LONG_LONG, 0, test_comm());
   const auto* info = testing::UnitTest::GetInstance()->current_test_info();
   const std::string name =
       info ? std::string(info->test_suite_name()) + "." + info->name() : std::string();
@@ -71,8 +80,12 @@ inline std::string seed_note(std::uint64_t seed) {
 /// A new seed for each call (fresh data every time), the same on every rank;
 /// reproducible in sequence when SUMMA_TEST_SEED is set. Collective.
 inline std::uint64_t fresh_seed() {
+  // The call count is per process, and ranks that sat out a for_each_group
+  // phase have counted fewer calls: rank 0's seed is everyone's.
   static std::uint64_t calls = 0;
-  return mix(test_seed() + ++calls);
+  unsigned long long seed = mix(test_seed() + ++calls);
+  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, test_comm());
+  return seed;
 }
 
 template <class T>
@@ -210,9 +223,9 @@ Mat<T> block_of(const Mat<T>& g, int q, int i, int j) {
   return g.block(i * g.rows() / q, j * g.cols() / q, g.rows() / q, g.cols() / q);
 }
 
-/// Maximum of `local` over MPI_COMM_WORLD. Collective.
+/// Maximum of `local` over test_comm(). Collective.
 inline double max_over_ranks(double local) {
-  MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_DOUBLE, MPI_MAX, test_comm());
   return local;
 }
 
@@ -276,7 +289,7 @@ double norm_error(const A& a, const B& b) {
   return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
 }
 
-/// The same for a tensor spread over the ranks of MPI_COMM_WORLD: each rank
+/// The same for a tensor spread over the ranks of test_comm(): each rank
 /// passes its local elements and the reference's for the same global
 /// elements. Every global element must be held by equally many ranks, so that
 /// the sums of squares over the ranks give the global tensor's ratio.
@@ -289,7 +302,7 @@ double norm_error_over_ranks(const A& a, const B& b) {
     s[0] += d * d;
     s[1] += static_cast<double>(b[k]) * static_cast<double>(b[k]);
   }
-  MPI_Allreduce(MPI_IN_PLACE, s, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, s, 2, MPI_DOUBLE, MPI_SUM, test_comm());
   return s[1] > 0 ? std::sqrt(s[0] / s[1]) : std::sqrt(s[0]);
 }
 
@@ -303,8 +316,63 @@ inline index_t common_batch(const std::vector<SchemeSpec>& specs) {
   return 2 * b;
 }
 
+/// Several rank counts in one MPI launch: runs `body(comm, size)` on
+/// disjoint sub-communicators of MPI_COMM_WORLD of every size in `sizes`
+/// (those larger than the world are left out). The sizes are packed into
+/// phases, largest first, each into the first phase with room (first-fit
+/// decreasing); in a phase every rank runs `body` on its group's
+/// communicator or sits the phase out, and a world barrier ends it. Nine
+/// ranks cover 1, 2, 4, 8 and 9 in three phases: [9], [8, 1], [4, 2].
+/// Returns the sizes run. Collective over MPI_COMM_WORLD.
+template <class Body>
+std::vector<int> for_each_group(std::vector<int> sizes, Body&& body) {
+  int world = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::erase_if(sizes, [&](int s) { return s < 1 || s > world; });
+  std::sort(sizes.begin(), sizes.end(), std::greater<>());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  std::vector<std::vector<int>> phases;
+  for (int s : sizes) {
+    auto room = std::find_if(phases.begin(), phases.end(), [&](const std::vector<int>& p) {
+      return std::accumulate(p.begin(), p.end(), 0) + s <= world;
+    });
+    if (room == phases.end()) {
+      phases.push_back({s});
+    } else {
+      room->push_back(s);
+    }
+  }
+  for (const std::vector<int>& phase : phases) {
+    int color = MPI_UNDEFINED, first = 0, size = 0;
+    for (std::size_t g = 0; g < phase.size(); first += phase[g], ++g)
+      if (rank >= first && rank < first + phase[g]) {
+        color = static_cast<int>(g);
+        size = phase[g];
+      }
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, color, rank, &comm);
+    if (comm != MPI_COMM_NULL) {
+      SCOPED_TRACE("group of " + std::to_string(size) + " ranks");
+      struct Group {  // the helpers agree over the group while it runs
+        MPI_Comm comm;
+        explicit Group(MPI_Comm c) : comm(c) { test_comm() = c; }
+        ~Group() {
+          test_comm() = MPI_COMM_WORLD;
+          MPI_Comm_free(&comm);
+        }
+        Group(const Group&) = delete;
+        Group& operator=(const Group&) = delete;
+      } group(comm);
+      body(comm, size);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  return sizes;
+}
+
 /// True when `text` is identical on every rank of `comm`. Collective.
-inline bool same_on_all_ranks(const std::string& text, MPI_Comm comm = MPI_COMM_WORLD) {
+inline bool same_on_all_ranks(const std::string& text, MPI_Comm comm = test_comm()) {
   int length = static_cast<int>(text.size());
   MPI_Bcast(&length, 1, MPI_INT, 0, comm);
   std::string root(static_cast<std::size_t>(length), '\0');
