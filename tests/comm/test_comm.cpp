@@ -664,7 +664,7 @@ TEST(Counters, WaitSecondsTimeBlockingCallsAndWaits) {
   if (world_size() > 1 && world_rank() == world_size() - 1)
     std::this_thread::sleep_for(std::chrono::duration<double>(late));
   c.all_reduce(&x, &x, 1, DType::f64, ReduceOp::sum);
-    if (world_size() > 1 && world_rank() == 0) {
+  if (world_size() > 1 && world_rank() == 0) {
     EXPECT_GE(counter.wait_seconds, 0.8 * late);
   }
   const double after_blocking = counter.wait_seconds;
@@ -673,7 +673,7 @@ TEST(Counters, WaitSecondsTimeBlockingCallsAndWaits) {
     std::this_thread::sleep_for(std::chrono::duration<double>(late));
   Request r = c.iall_reduce(&x, &x, 1, DType::f64, ReduceOp::sum);
   c.wait(r);
-    if (world_size() > 1 && world_rank() == 0) {
+  if (world_size() > 1 && world_rank() == 0) {
     EXPECT_GE(counter.wait_seconds - after_blocking, 0.8 * late);
   }
   TrafficCounter same = counter;

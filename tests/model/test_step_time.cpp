@@ -67,7 +67,7 @@ std::vector<GridCoords> every_rank(const SchemeSpec& spec) {
 
 TEST(StepTime, CommunicationIsTrafficOverBandwidthWithoutLatency) {
   const double beta = 1e9;
-    Machine m = machine(0, beta, Algorithm::direct);
+  Machine m = machine(0, beta, Algorithm::direct);
   m.inter_node = m.intra_node;  // one β whatever the placement
 
   for (DType t : {DType::f32, DType::f64, DType::bf16}) m.device.gemm_of(t).peak_flops = 1e300;
@@ -167,15 +167,15 @@ TEST(StepTime, Monotone) {
     EXPECT_LT(t(base, 4), t0);
     Machine small_nodes = machine(5e-6, 5e9, Algorithm::ring, 1);
     EXPECT_GE(t(small_nodes), t0);
-        // SUMMA's overlap is never slower when it does not slice the products
+    // SUMMA's overlap is never slower when it does not slice the products
     // (with progress slices the smaller GEMMs may cost more than is hidden)
     if (spec.scheme == "2d" && spec.q > 1) {
       SchemeSpec on = spec, off = spec;
       on.summa.progress_slices = 1;
       off.summa.overlap = false;
-      EXPECT_GE(model::predict_step_time(off, config(), 8, 16, o, DType::f32, base).step_s,
-                model::predict_step_time(on, config(), 8, 16, o, DType::f32, base).step_s *
-                    (1 - 1e-12));
+      EXPECT_GE(
+          model::predict_step_time(off, config(), 8, 16, o, DType::f32, base).step_s,
+          model::predict_step_time(on, config(), 8, 16, o, DType::f32, base).step_s * (1 - 1e-12));
     }
   }
 }
