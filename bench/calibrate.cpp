@@ -25,6 +25,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,6 +34,8 @@
 
 #include "bench_device.hpp"
 #include "summa/io/machine_file.hpp"
+#include "summa/model/step_time.hpp"
+#include "summa/schemes/registry.hpp"
 
 namespace {
 
@@ -98,47 +102,233 @@ struct Buffer {
   Buffer& operator=(const Buffer&) = delete;
 };
 
+// The GEMM table: a sweep of square sizes and the skinny shapes of panels
+// and small local blocks, plus `extra` (the shapes of --gpt configurations,
+// a batched product timed as one strided-batched call, as the layers make
+// it, and its rate per product).
 template <class T>
-summa::model::GemmModel measure_gemm(summa::Backend& be, double min_s, summa::index_t max_size) {
+summa::model::GemmModel measure_gemm(summa::Backend& be, double min_s, summa::index_t max_size,
+                                     const std::vector<summa::model::GemmShape>& extra) {
   using A = summa::acc_t<T>;
-  // square sizes, then the skinny shapes of panels and local blocks
-  std::vector<std::array<summa::index_t, 3>> shapes;
+  using summa::model::GemmShape;
+  std::vector<GemmShape> shapes;
   for (summa::index_t s : {32, 64, 128, 256, 512, 768})
-    if (s <= max_size) shapes.push_back({s, s, s});
+    if (s <= max_size) shapes.push_back({s, s, s, 1});
   for (auto [a, b] :
        {std::pair<summa::index_t, summa::index_t>{512, 64}, {512, 128}, {256, 32}, {768, 96}})
-    for (auto sh : {std::array{a, a, b}, std::array{a, b, a}, std::array{b, a, a}})
-      if (a <= max_size) shapes.push_back(sh);
+    if (a <= max_size)
+      for (GemmShape sh : {GemmShape{a, a, b, 1}, GemmShape{a, b, a, 1}, GemmShape{b, a, a, 1}})
+        shapes.push_back(sh);
+  for (const GemmShape& sh : extra)
+    if (std::find_if(shapes.begin(), shapes.end(), [&](const GemmShape& o) {
+          return o.m == sh.m && o.n == sh.n && o.k == sh.k;
+        }) == shapes.end())
+      shapes.push_back(sh);
   summa::model::GemmModel g{.peak_flops = 0, .max_efficiency = 1, .half_flops = 0, .table = {}};
   std::vector<double> rates;
   const std::size_t e = sizeof(T);
-  for (const auto& [m, n, k] : shapes) {
-    Buffer a(be, static_cast<std::size_t>(m * k) * e), b(be, static_cast<std::size_t>(k * n) * e),
-        c(be, static_cast<std::size_t>(m * n) * e);
+  for (const auto& [m, n, k, batch] : shapes) {
+    const auto count = [&](summa::index_t r, summa::index_t c) {
+      return static_cast<std::size_t>(r * c * batch) * e;
+    };
+    Buffer a(be, count(m, k)), b(be, count(k, n)), c(be, count(m, n));
     const auto view = [](void* p, summa::index_t r, summa::index_t cc) {
       return summa::MatrixView<T>::dense(static_cast<T*>(p), r, cc, summa::Order::row_major);
     };
     const std::size_t scratch_bytes = be.gemm_scratch_bytes(m, n, k, summa::dtype_v<T>);
     Buffer scratch(be, std::max<std::size_t>(scratch_bytes, 64));
+    const summa::Scratch sc{scratch.data, scratch_bytes};
+    const auto A_ = summa::ConstMatrixView<T>(view(a.data, m, k));
+    const auto B_ = summa::ConstMatrixView<T>(view(b.data, k, n));
+    const auto C_ = view(c.data, m, n);
     const double s = best_seconds(
         MPI_COMM_WORLD,
-        [&] {
-          be.gemm(summa::Op::N, summa::Op::N, A(1), summa::ConstMatrixView<T>(view(a.data, m, k)),
-                  summa::ConstMatrixView<T>(view(b.data, k, n)), A(0), view(c.data, m, n),
-                  summa::Scratch{scratch.data, scratch_bytes});
+        [&, batch = batch] {
+          if (batch == 1)
+            be.gemm(summa::Op::N, summa::Op::N, A(1), A_, B_, A(0), C_, sc);
+          else
+            be.gemm_strided_batched(summa::Op::N, summa::Op::N, A(1), A_, m * k, B_, k * n, A(0),
+                                    C_, m * n, batch, sc);
           be.synchronize();
         },
         min_s);
-    const double rate = median_over(MPI_COMM_WORLD, 2.0 * static_cast<double>(m * n * k) / s);
+    const double rate = median_over(
+        MPI_COMM_WORLD, 2.0 * static_cast<double>(m * n * k) * static_cast<double>(batch) / s);
     rates.push_back(rate);
     g.peak_flops = std::max(g.peak_flops, rate);
   }
   for (std::size_t i = 0; i < shapes.size(); ++i)
-    g.table.push_back({.m = shapes[i][0],
-                       .n = shapes[i][1],
-                       .k = shapes[i][2],
+    g.table.push_back({.m = shapes[i].m,
+                       .n = shapes[i].n,
+                       .k = shapes[i].k,
                        .efficiency = std::max(1e-6, rates[i] / g.peak_flops)});
   return g;
+}
+
+// "layers=2,hidden=192,heads=24,seq=32,batch=24,vocab=1536" (any subset;
+// the rest as here).
+struct GptPoint {
+  summa::GptConfig config;
+  summa::index_t seq = 32, batch = 24;
+};
+GptPoint parse_gpt(const std::string& text) {
+  GptPoint p;
+  p.config.n_layer = 2;
+  p.config.n_embd = 192;
+  p.config.n_head = 24;
+  p.config.vocab_size = 1536;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    at = comma + 1;
+    const std::size_t eq = item.find('=');
+    long long v = 0;
+    try {
+      if (eq == std::string::npos) throw std::invalid_argument("no '='");
+      std::size_t used = 0;
+      v = std::stoll(item.substr(eq + 1), &used);
+      if (used != item.size() - eq - 1 || v <= 0) throw std::invalid_argument("not positive");
+    } catch (const std::exception&) {
+      throw UsageError("--gpt '" + text + "': '" + item +
+                       "' is not key=positive integer (keys layers, hidden, heads, seq, batch, "
+                       "vocab)");
+    }
+    const std::string key = item.substr(0, eq);
+    if (key == "layers")
+      p.config.n_layer = static_cast<int>(v);
+    else if (key == "hidden")
+      p.config.n_embd = static_cast<int>(v);
+    else if (key == "heads")
+      p.config.n_head = static_cast<int>(v);
+    else if (key == "vocab")
+      p.config.vocab_size = static_cast<int>(v);
+    else if (key == "seq")
+      p.seq = v;
+    else if (key == "batch")
+      p.batch = v;
+    else
+      throw UsageError("--gpt '" + text + "': unknown key '" + key +
+                       "' (keys layers, hidden, heads, seq, batch, vocab)");
+  }
+  p.config.n_positions = static_cast<int>(p.seq);
+  return p;
+}
+
+// Every local GEMM shape the step-time model prices for these GPTs under
+// every scheme of these rank counts that accepts them.
+std::vector<summa::model::GemmShape> gpt_shapes(const std::vector<GptPoint>& gpts,
+                                                const std::vector<int>& ranks, DType dtype) {
+  std::set<summa::model::GemmShape> all;
+  for (const GptPoint& p : gpts)
+    for (int r : ranks)
+      for (const summa::SchemeSpec& spec : summa::schemes_for(r)) {
+        try {
+          const auto shapes =
+              summa::model::step_gemm_shapes(spec, p.config, p.batch, p.seq, {}, dtype);
+          all.insert(shapes.begin(), shapes.end());
+        } catch (const summa::Error&) {  // the batch does not split over this data axis
+        }
+      }
+  return {all.begin(), all.end()};
+}
+
+// Elements per second of the kernels the model prices as Pointwise (their
+// cost on a CPU is the arithmetic, transcendental functions above all, not
+// the bytes), on a 1024 x 1024 block of standard normal values: GeLU
+// forward and backward, the causal softmax of 64 x 64 score blocks (one
+// call per block, as Attention makes them), the cross-entropy's exp passes
+// (row_sum_exp, then cross_entropy_grad), LayerNorm forward (both
+// statistics passes and apply) and backward (the three partial and apply
+// kernels).
+template <class T>
+std::array<double, summa::model::pointwise_count> measure_pointwise(summa::Backend& be,
+                                                                    double min_s) {
+  using A = summa::acc_t<T>;
+  using summa::model::Pointwise;
+  std::array<double, summa::model::pointwise_count> rate{};
+  const auto view = [](void* p, summa::index_t r, summa::index_t c) {
+    return summa::MatrixView<T>::dense(static_cast<T*>(p), r, c, summa::Order::row_major);
+  };
+  const auto cview = [&](void* p, summa::index_t r, summa::index_t c) {
+    return summa::ConstMatrixView<T>(view(p, r, c));
+  };
+  const auto per_second = [&](double elements, auto&& kernel) {
+    const double sec = best_seconds(
+        MPI_COMM_WORLD,
+        [&] {
+          kernel();
+          be.synchronize();
+        },
+        min_s);
+    return median_over(MPI_COMM_WORLD, elements / sec);
+  };
+  const summa::index_t rows = 1024, cols = 1024, n = rows * cols, s = 64;
+  Buffer x(be, static_cast<std::size_t>(n) * sizeof(T)), y(be, static_cast<std::size_t>(n) * sizeof(T)),
+      dy(be, static_cast<std::size_t>(n) * sizeof(T));
+  Buffer max(be, static_cast<std::size_t>(rows) * sizeof(A)),
+      sum(be, static_cast<std::size_t>(rows) * sizeof(A)),
+      gamma(be, static_cast<std::size_t>(2 * cols) * sizeof(T)),
+      partial(be, static_cast<std::size_t>(2 * cols) * sizeof(T)),
+      ab(be, static_cast<std::size_t>(2 * rows) * sizeof(A));
+  {  // standard normal activations (the transcendental functions' speed
+     // depends on the argument's range)
+    std::mt19937_64 rng(7);
+    std::normal_distribution<float> normal;
+    std::vector<T> host(static_cast<std::size_t>(n));
+    for (T& v : host) v = T(normal(rng));
+    be.upload(x.data, host.data(), host.size() * sizeof(T));
+    be.upload(dy.data, host.data(), host.size() * sizeof(T));
+  }
+  auto& at = rate;
+  at[static_cast<std::size_t>(Pointwise::gelu)] =
+      per_second(static_cast<double>(n), [&] { be.gelu_forward(cview(x.data, rows, cols), view(y.data, rows, cols)); });
+  at[static_cast<std::size_t>(Pointwise::gelu_grad)] = per_second(static_cast<double>(n), [&] {
+    be.gelu_backward(cview(x.data, rows, cols), cview(dy.data, rows, cols), view(y.data, rows, cols));
+  });
+  at[static_cast<std::size_t>(Pointwise::softmax)] = per_second(static_cast<double>(n), [&] {
+    for (summa::index_t b = 0; b < n / (s * s); ++b) {
+      T* const block = static_cast<T*>(x.data) + b * s * s;
+      T* const out = static_cast<T*>(y.data) + b * s * s;
+      be.softmax_causal(summa::ConstMatrixView<T>(view(block, s, s)), 0.125, view(out, s, s));
+    }
+  });
+  std::vector<std::int32_t> host_targets(static_cast<std::size_t>(rows), 3);
+  Buffer targets(be, host_targets.size() * sizeof(std::int32_t));
+  be.upload(targets.data, host_targets.data(), host_targets.size() * sizeof(std::int32_t));
+  // One exp pass each: row_sum_exp, and cross_entropy_grad (on a copy of
+  // the logits, in place).
+  const double sum_exp = 1.0 / per_second(static_cast<double>(n), [&] {
+    be.row_sum_exp(cview(x.data, rows, cols), static_cast<const A*>(max.data),
+                   static_cast<A*>(sum.data));
+  });
+  const double grad = 1.0 / per_second(static_cast<double>(n), [&] {
+    be.cross_entropy_grad(view(y.data, rows, cols), static_cast<const A*>(max.data),
+                          static_cast<const A*>(sum.data),
+                          static_cast<const std::int32_t*>(targets.data), 0, 1.0);
+  });
+  at[static_cast<std::size_t>(Pointwise::exp)] = 2.0 / (sum_exp + grad);
+  const A* mean = static_cast<const A*>(max.data);
+  const A* rstd = static_cast<const A*>(sum.data);
+  const T* g = static_cast<const T*>(gamma.data);
+  at[static_cast<std::size_t>(Pointwise::layernorm)] = per_second(static_cast<double>(n), [&] {
+    be.layernorm_partial_sums(cview(x.data, rows, cols), nullptr, static_cast<A*>(max.data));
+    be.layernorm_mean(rows, cols, mean, static_cast<A*>(max.data));
+    be.layernorm_partial_sums(cview(x.data, rows, cols), mean, static_cast<A*>(sum.data));
+    be.layernorm_rstd(rows, cols, 1e-5, rstd, static_cast<A*>(sum.data));
+    be.layernorm_apply(cview(x.data, rows, cols), mean, rstd, g, g + cols, view(y.data, rows, cols));
+  });
+  at[static_cast<std::size_t>(Pointwise::layernorm_grad)] = per_second(static_cast<double>(n), [&] {
+    T* const p = static_cast<T*>(partial.data);
+    A* const a = static_cast<A*>(ab.data);
+    be.layernorm_param_partials(cview(x.data, rows, cols), cview(dy.data, rows, cols), mean, rstd, p,
+                                p + cols);
+    be.layernorm_backward_partials(cview(x.data, rows, cols), cview(dy.data, rows, cols), mean,
+                                   rstd, g, a, a + rows);
+    be.layernorm_backward_apply(cview(x.data, rows, cols), cview(dy.data, rows, cols), mean, rstd,
+                                g, a, a + rows, cols, view(y.data, rows, cols));
+  });
+  return rate;
 }
 
 double measure_bandwidth(summa::Backend& be, double min_s) {
@@ -233,6 +423,16 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--min-seconds", min_s, "Shortest timed batch per measurement")
         ->capture_default_str();
+    std::vector<std::string> gpt_texts;
+    std::vector<int> gpt_ranks;
+    app.add_option("--gpt", gpt_texts,
+                   "Also measure every local GEMM shape of this GPT (\"layers=2,hidden=192,"
+                   "heads=24,seq=32,batch=24,vocab=1536\") under every scheme of --ranks; "
+                   "repeatable");
+    app.add_option("--ranks", gpt_ranks,
+                   "Rank counts whose schemes --gpt covers (default: the world size)")
+        ->delimiter(',')
+        ->check(CLI::Range(1, 1 << 20));
     summa::bench::add_device_options(app, backend, comm, tf32, "", "cuda: TF32 in float GEMMs");
     try {
       app.parse(argc, argv);
@@ -257,12 +457,26 @@ int main(int argc, char** argv) {
       m.devices_per_node = per_node;
       m.device.name = dev.device;
       m.device.memory_bytes = 0;
+      std::vector<GptPoint> gpts;
+      for (const std::string& t : gpt_texts) gpts.push_back(parse_gpt(t));
+      if (gpt_ranks.empty()) gpt_ranks.push_back(ranks);
+      std::size_t gpt_shape_count = 0;
       for (const std::string& t : {std::string("f32"), std::string("f64"), std::string("bf16")}) {
         if (dtypes.find(t) == std::string::npos) continue;
-        if (t == "f32") m.device.gemm_of(DType::f32) = measure_gemm<float>(be, min_s, max_size);
-        if (t == "f64") m.device.gemm_of(DType::f64) = measure_gemm<double>(be, min_s, max_size);
-        if (t == "bf16")
-          m.device.gemm_of(DType::bf16) = measure_gemm<summa::bf16>(be, min_s, max_size);
+        const DType dt = t == "f32" ? DType::f32 : t == "f64" ? DType::f64 : DType::bf16;
+        const auto extra = gpt_shapes(gpts, gpt_ranks, dt);
+        gpt_shape_count = std::max(gpt_shape_count, extra.size());
+        auto& pw = m.device.pointwise[static_cast<std::size_t>(dt)];
+        if (dt == DType::f32) {
+          m.device.gemm_of(dt) = measure_gemm<float>(be, min_s, max_size, extra);
+          pw = measure_pointwise<float>(be, min_s);
+        } else if (dt == DType::f64) {
+          m.device.gemm_of(dt) = measure_gemm<double>(be, min_s, max_size, extra);
+          pw = measure_pointwise<double>(be, min_s);
+        } else {
+          m.device.gemm_of(dt) = measure_gemm<summa::bf16>(be, min_s, max_size, extra);
+          pw = measure_pointwise<summa::bf16>(be, min_s);
+        }
       }
       m.device.memory_bandwidth = measure_bandwidth(be, min_s);
       // memory: the host's (cpu) or the device's, as the backend reports it
@@ -303,9 +517,10 @@ int main(int argc, char** argv) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       m.source = fmt::format(
           "calibrate (bench/calibrate.cpp) on {} rank(s), {} per node, backend {}: GEMM tables "
-          "measured with every rank multiplying at once, element-wise bandwidth from axpby, "
-          "collectives from 8 B to 4 MiB (ring formulas fitted); {}; {:.1f} s",
-          ranks, per_node, backend, links_note, seconds);
+          "measured with every rank multiplying at once ({} shapes of {} --gpt "
+          "configuration(s) included), element-wise bandwidth from axpby, GeLU / softmax / exp "
+          "kernel rates, collectives from 8 B to 4 MiB (ring formulas fitted); {}; {:.1f} s",
+          ranks, per_node, backend, gpt_shape_count, gpts.size(), links_note, seconds);
       if (world_rank() == 0) {
         summa::io::save_machine(out, m);
         std::printf("calibrate: wrote %s in %.1f s\n", out.c_str(), seconds);

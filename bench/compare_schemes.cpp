@@ -11,6 +11,7 @@
 //                                  [--batch 24] [--vocab 1536] [--schemes "2d:q=2;1d:p=4"]
 //                                  [--budget-mib 64] [--max-batch 4096] [--format both]
 //                                  [--dtype f32|f64|bf16] [--backend cpu|cuda]
+//                                  [--predict machines/dev-2core.json]
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -26,10 +27,13 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "bench_device.hpp"
 #include "bench_json.hpp"
+#include "summa/io/machine_file.hpp"
+#include "summa/model/step_time.hpp"
 #include "summa/schemes/registry.hpp"
 #include "summa/summa.hpp"
 
@@ -118,6 +122,10 @@ struct Settings {
   double budget_mib = 64;
   index_t max_batch = 4096;
   std::vector<summa::SchemeSpec> schemes;
+  // --predict: the step-time model's prediction beside each measurement
+  std::optional<summa::model::Machine> machine;
+  std::string machine_path;
+  int ranks_per_device = 1;
   std::string format = "both";
   std::uint64_t seed = 1234;
 };
@@ -173,6 +181,10 @@ struct Result {
   std::string skipped;  // the reason, when the scheme did not run
   double step_s = NAN, tokens_per_s = NAN, loss = NAN;
   bool finite = true;
+  // Time in blocking communication (TrafficCounter::wait_seconds over the
+  // axes) in the counted step, max over ranks; and the step-time model's
+  // step and its exposed communication (--predict).
+  double wait_s = NAN, predicted_s = NAN, predicted_exposed_s = NAN;
   std::array<u64, 5> sent{}, received{};  // kAxes, max over ranks
   bool have_prediction = false, prediction_matches = false;
   std::array<u64, 5> predicted_sent{}, predicted_received{};
@@ -238,6 +250,18 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
   for (std::size_t a = 0; a < kAxes.size(); ++a) {
     r.sent[a] = max_over_ranks(measured[kAxes[a]].bytes_sent);
     r.received[a] = max_over_ranks(measured[kAxes[a]].bytes_received);
+  }
+  double wait = 0;
+  for (std::size_t a = 0; a < summa::comm_axis_count; ++a)
+    wait += measured[static_cast<CommAxis>(a)].wait_seconds;
+  MPI_Allreduce(MPI_IN_PLACE, &wait, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  r.wait_s = wait;
+  if (s.machine) {  // forward + backward, as timed: no optimizer
+    const summa::model::StepTime t = summa::model::predict_step_time(
+        spec, s.config, s.batch, s.seq, options, summa::dtype_v<T>, *s.machine,
+        {.optimizer = false, .ranks_per_device = s.ranks_per_device});
+    r.predicted_s = t.step_s;
+    r.predicted_exposed_s = t.exposed_s;
   }
 
   // The closed form for this rank; a scheme without a model throws on every rank.
@@ -346,6 +370,14 @@ Json json_of(const Settings& s, const Result& r, int ranks) {
   j["model_flops_per_s"] = flops / r.step_s;
   j["loss"] = r.loss;
   j["finite"] = r.finite;
+  j["comm_wait_s"] = r.wait_s;
+  if (s.machine) {
+    j["machine"] = s.machine->name;
+    j["ranks_per_device"] = s.ranks_per_device;
+    j["predicted_step_s"] = r.predicted_s;
+    j["predicted_exposed_comm_s"] = r.predicted_exposed_s;
+    j["prediction_error"] = (r.predicted_s - r.step_s) / r.step_s;
+  }
   Json roles, sent, received, psent, preceived;
   for (std::size_t a = 0; a < kAxes.size(); ++a) {
     const std::string name(summa::name_of(kAxes[a]));
@@ -420,6 +452,45 @@ class Table {
   std::vector<std::vector<std::string>> rows_;
 };
 
+// A scheme's place in the predicted order: 1 + the number of distinct
+// predicted step times below its own (schemes that do the same computation,
+// e.g. data=4 with 1d:p=1, 2d:q=1 or 3d:1x1x1, are predicted alike and
+// share a place).
+int predicted_place(const std::vector<Result>& results, const Result& r) {
+  std::vector<double> below;
+  for (const Result& o : results)
+    if (o.skipped.empty() && o.predicted_s < r.predicted_s &&
+        std::none_of(below.begin(), below.end(), [&](double t) {
+          return std::abs(t - o.predicted_s) <= 1e-9 * r.predicted_s;
+        }))
+      below.push_back(o.predicted_s);
+  return 1 + static_cast<int>(below.size());
+}
+
+// How well the step-time model did: mean and worst |error| over the schemes
+// that ran, and where the measured fastest scheme is in the predicted order.
+void print_prediction_summary(std::FILE* out, const Settings& s,
+                              const std::vector<Result>& results) {
+  double sum = 0, worst = 0;
+  int n = 0;
+  const Result* fastest = nullptr;
+  for (const Result& r : results) {
+    if (!r.skipped.empty()) continue;
+    const double err = std::abs(r.predicted_s - r.step_s) / r.step_s;
+    sum += err;
+    worst = std::max(worst, err);
+    ++n;
+    if (fastest == nullptr || r.step_s < fastest->step_s) fastest = &r;
+  }
+  if (n == 0) return;
+  const int place = predicted_place(results, *fastest);
+  std::fprintf(out,
+               "\nprediction (%s, %d rank(s) per device, forward + backward): mean |error| "
+               "%.1f %%, worst %.1f %% over %d scheme(s); measured fastest %s is predicted #%d\n",
+               s.machine->name.c_str(), s.ranks_per_device, 100 * sum / n, 100 * worst, n,
+               fastest->spec.str().c_str(), place);
+}
+
 void print_table(std::FILE* out, const Settings& s, const std::vector<Result>& results, int ranks) {
   std::fprintf(out,
                "\ncompare_schemes: %d ranks, layers %d, hidden %d, heads %d, seq %lld, batch %lld, "
@@ -437,7 +508,9 @@ void print_table(std::FILE* out, const Settings& s, const std::vector<Result>& r
       "memory: MiB per rank (max over ranks); largest: global batch within the budget "
       "(+ confirmed by a real step, ! not confirmed, * = --max-batch cap)\n\n");
   Table t;
-  std::vector<std::string> head = {"scheme", "step_s", "tokens/s"};
+  std::vector<std::string> head = {"scheme", "step_s", "tokens/s", "wait_s"};
+  if (s.machine)
+    for (const char* h : {"pred_s", "err%", "rank"}) head.emplace_back(h);
   for (const char* a : kAxisHeads) head.emplace_back(a);
   for (const char* h : {"pred", "param", "grad", "act", "total", "largest"}) head.emplace_back(h);
   t.row(head);
@@ -449,6 +522,15 @@ void print_table(std::FILE* out, const Settings& s, const std::vector<Result>& r
     row.emplace_back(buf);
     std::snprintf(buf, sizeof buf, "%.0f", r.tokens_per_s);
     row.emplace_back(buf);
+    std::snprintf(buf, sizeof buf, "%.4f", r.wait_s);
+    row.emplace_back(buf);
+    if (s.machine) {
+      std::snprintf(buf, sizeof buf, "%.4f", r.predicted_s);
+      row.emplace_back(buf);
+      std::snprintf(buf, sizeof buf, "%+.1f", 100 * (r.predicted_s - r.step_s) / r.step_s);
+      row.emplace_back(buf);
+      row.push_back(std::to_string(predicted_place(results, r)));
+    }
     for (std::size_t a = 0; a < kAxes.size(); ++a) {
       const std::string_view what = role(r.spec, kAxes[a]);
       row.push_back(r.sent[a] == 0 && what.empty() ? "-" : kib(r.sent[a]));
@@ -465,6 +547,7 @@ void print_table(std::FILE* out, const Settings& s, const std::vector<Result>& r
     t.row(row);
   }
   t.print(out);
+  if (s.machine) print_prediction_summary(out, s, results);
   bool any_skipped = false;
   for (const Result& r : results) {
     if (r.skipped.empty()) continue;
@@ -517,6 +600,21 @@ int run_all(const Settings& s, summa::Backend& backend, int rank, int ranks) {
     std::fflush(text);
   }
   return failed || ran == 0 ? 1 : 0;
+}
+
+// Ranks per core on this node (cpu), rounded up, the largest over nodes;
+// 1 on cuda (one rank per GPU is the usual launch).
+int ranks_sharing_a_device(const Settings& s) {
+  if (s.backend != "cpu") return 1;
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local = 1;
+  MPI_Comm_size(node, &local);
+  MPI_Comm_free(&node);
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  int share = (local + cores - 1) / cores;
+  MPI_Allreduce(MPI_IN_PLACE, &share, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return share;
 }
 
 std::vector<summa::SchemeSpec> parse_schemes(const std::string& list, int ranks) {
@@ -597,6 +695,15 @@ int run(int argc, char** argv, int rank, int ranks) {
       ->check(CLI::IsMember({"both", "json", "table"}))
       ->capture_default_str();
   app.add_option("--seed", s.seed, "Seed of weights and tokens")->capture_default_str();
+  int ranks_per_device = 0;
+  app.add_option("--predict", s.machine_path,
+                 "Machine file (machines/*.json): the step-time model's prediction beside each "
+                 "measured step (docs/scaling.md)");
+  app.add_option("--ranks-per-device", ranks_per_device,
+                 "With --predict: ranks sharing one core (cpu) or GPU; 0: ranks on this node / "
+                 "cores (cpu), 1 (cuda)")
+      ->check(CLI::Range(0, 1 << 16))
+      ->capture_default_str();
   summa::bench::add_device_options(app, s.backend, s.comm, s.tf32,
                                    "; --budget-mib is then device memory per rank",
                                    "cuda: TF32 tensor cores in f32 GEMMs");
@@ -620,6 +727,10 @@ int run(int argc, char** argv, int rank, int ranks) {
                      " exceeds --positions=" + std::to_string(s.config.n_positions));
   s.config.validate();  // summa::Error
   s.schemes = parse_schemes(schemes, ranks);
+  if (!s.machine_path.empty()) {
+    s.machine = summa::io::load_machine(s.machine_path);  // summa::Error, alike on every rank
+    s.ranks_per_device = ranks_per_device > 0 ? ranks_per_device : ranks_sharing_a_device(s);
+  }
   // The backend before any grid: the communicators order their work with its stream.
   summa::bench::BenchBackend chosen = summa::bench::make_backend<UsageError>(
       s.backend, s.comm, s.tf32, app.count("--comm") > 0, "compare_schemes");

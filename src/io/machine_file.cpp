@@ -171,6 +171,19 @@ model::Machine parse_machine(std::string_view text, std::string_view what) {
       }
     g.done();
     if (!any) g.fail("has none of \"f32\", \"f64\", \"bf16\"");
+    if (d.find("pointwise") != nullptr) {  // optional: rates of compute-bound kernels
+      Reader p = d.object("pointwise");
+      for (std::size_t t = 0; t < kDTypeKeys.size(); ++t)
+        if (p.find(kDTypeKeys[t]) != nullptr) {
+          Reader rates = p.object(kDTypeKeys[t]);
+          for (model::Pointwise f : model::all_pointwise)
+            if (rates.find(model::name_of(f)) != nullptr)
+              m.device.pointwise[t][static_cast<std::size_t>(f)] =
+                  rates.positive(model::name_of(f));
+          rates.done();
+        }
+      p.done();
+    }
     d.done();
   }
   {
@@ -217,6 +230,15 @@ std::string machine_json(const model::Machine& m) {
     gemm[std::string(kDTypeKeys[t])] = o;
   }
   device["gemm"] = gemm;
+  OrderedJson pointwise = OrderedJson::object();
+  for (std::size_t t = 0; t < kDTypeKeys.size(); ++t) {
+    OrderedJson rates = OrderedJson::object();
+    for (model::Pointwise f : model::all_pointwise)
+      if (const double r = m.device.pointwise[t][static_cast<std::size_t>(f)]; r > 0)
+        rates[std::string(model::name_of(f))] = r;
+    if (!rates.empty()) pointwise[std::string(kDTypeKeys[t])] = rates;
+  }
+  if (!pointwise.empty()) device["pointwise"] = pointwise;
   root["device"] = device;
   OrderedJson links;
   for (auto [name, level] :

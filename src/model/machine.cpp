@@ -22,6 +22,24 @@ std::string_view name_of(Collective c) {
   return "?";
 }
 
+std::string_view name_of(Pointwise f) {
+  switch (f) {
+    case Pointwise::gelu:
+      return "gelu";
+    case Pointwise::gelu_grad:
+      return "gelu_grad";
+    case Pointwise::softmax:
+      return "softmax";
+    case Pointwise::exp:
+      return "exp";
+    case Pointwise::layernorm:
+      return "layernorm";
+    case Pointwise::layernorm_grad:
+      return "layernorm_grad";
+  }
+  return "?";
+}
+
 std::string_view name_of(Algorithm a) {
   switch (a) {
     case Algorithm::ring:

@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <set>
 
 #include "step.hpp"
 #include "summa/core/error.hpp"
@@ -108,8 +109,15 @@ class Links {
 class Pricer {
  public:
   Pricer(const Machine& m, DType dtype, const Links& links, const GridCoords& c,
-         const SummaOptions& summa)
-      : machine_(m), gemm_(m.device.gemm_of(dtype)), links_(links), coords_(c), summa_(summa) {}
+         const SummaOptions& summa, int ranks_per_device, std::set<GemmShape>* shapes)
+      : machine_(m),
+        dtype_(dtype),
+        shapes_(shapes),
+        gemm_(m.device.gemm_of(dtype)),
+        links_(links),
+        coords_(c),
+        summa_(summa),
+        share_(static_cast<double>(ranks_per_device)) {}
 
   const LinkLevel& level(CommAxis a) const {
     return links_.spans_nodes(coords_, a) ? machine_.inter_node : machine_.intra_node;
@@ -122,11 +130,19 @@ class Pricer {
     return collective_seconds(cost, w.collective, g, static_cast<double>(w.bytes));
   }
   double gemm(u64 m, u64 n, u64 k, u64 batch = 1) const {
-    return static_cast<double>(batch) *
+    if (shapes_ != nullptr && m > 0 && n > 0 && k > 0)
+      shapes_->insert({static_cast<index_t>(m), static_cast<index_t>(n), static_cast<index_t>(k),
+                       static_cast<index_t>(batch)});
+    return share_ * static_cast<double>(batch) *
            gemm_.seconds(static_cast<index_t>(m), static_cast<index_t>(n), static_cast<index_t>(k));
   }
   double memory(u64 bytes) const {
-    return static_cast<double>(bytes) / machine_.device.memory_bandwidth;
+    return share_ * static_cast<double>(bytes) / machine_.device.memory_bandwidth;
+  }
+  // A compute-bound kernel: its bytes, or its elements at the kernel's rate.
+  double pointwise(Pointwise f, u64 elements, u64 bytes) const {
+    const double rate = machine_.device.pointwise_rate(dtype_, f);
+    return std::max(memory(bytes), rate > 0 ? share_ * static_cast<double>(elements) / rate : 0.0);
   }
 
   // One SUMMA call (engine.hpp): q outer steps, each cut into panels; with
@@ -221,6 +237,9 @@ class Pricer {
         case Work::Kind::memory:
           t.compute_s += memory(w.bytes);
           break;
+        case Work::Kind::pointwise:
+          t.compute_s += pointwise(w.function, w.elements, w.bytes);
+          break;
         case Work::Kind::summa: {
           const Summa s = summa(w);
           t.compute_s += s.gemm_s;
@@ -244,10 +263,13 @@ class Pricer {
 
  private:
   const Machine& machine_;
+  DType dtype_;
+  std::set<GemmShape>* shapes_;
   const GemmModel& gemm_;
   const Links& links_;
   GridCoords coords_;
   SummaOptions summa_;
+  double share_;  // ranks time-sharing the device
 };
 
 // Bytes the optimizer (AdamW) reads and writes per parameter element:
@@ -266,9 +288,11 @@ u64 optimizer_bytes(DType t) {
 
 }  // namespace
 
-StepTime predict_step_time(const SchemeSpec& spec, const GptConfig& config, index_t batch,
-                           index_t seq, const GptOptions& options, DType dtype,
-                           const Machine& machine, const StepTimeOptions& time_options) {
+namespace {
+
+StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch, index_t seq,
+                 const GptOptions& options, DType dtype, const Machine& machine,
+                 const StepTimeOptions& time_options, std::set<GemmShape>* shapes) {
   require(machine.device.gemm_of(dtype).peak_flops > 0, [&] {
     return fmt::format("machine '{}' has no GEMM rate for {} (its gemm has no \"{}\")",
                        machine.name, name_of(dtype), name_of(dtype));
@@ -281,7 +305,12 @@ StepTime predict_step_time(const SchemeSpec& spec, const GptConfig& config, inde
   });
   const SchemeRow& row = scheme_row(spec.scheme);
   const GridShape shape = row.grid_shape(spec);
-  const Links links(shape, time_options.placement, machine.devices_per_node);
+  require(time_options.ranks_per_device >= 1, [&] {
+    return fmt::format("predict_step_time: ranks_per_device must be >= 1, got {}",
+                       time_options.ranks_per_device);
+  });
+  const Links links(shape, time_options.placement,
+                    machine.devices_per_node * time_options.ranks_per_device);
   const auto u = [](auto v) { return static_cast<u64>(v); };
   const u64 e = u(size_of(dtype));
   const cost::Elements el{.e = e, .a = u(size_of(acc_dtype(dtype)))};
@@ -329,7 +358,8 @@ StepTime predict_step_time(const SchemeSpec& spec, const GptConfig& config, inde
     cost::Tally tally;
     std::vector<StepOp> ops;
     const detail::Buckets buckets = detail::compose_step(*op, tally, dims, &ops);
-    const Pricer pricer(machine, dtype, links, at, spec.summa);
+    const Pricer pricer(machine, dtype, links, at, spec.summa, time_options.ranks_per_device,
+                        shapes);
     StepTime st;
     st.critical = at;
     // Backward's timeline for the data-axis buckets: ln_f's gradients are
@@ -403,6 +433,26 @@ StepTime predict_step_time(const SchemeSpec& spec, const GptConfig& config, inde
     if (st.step_s > best.step_s) best = std::move(st);
   }
   return best;
+}
+
+}  // namespace
+
+StepTime predict_step_time(const SchemeSpec& spec, const GptConfig& config, index_t batch,
+                           index_t seq, const GptOptions& options, DType dtype,
+                           const Machine& machine, const StepTimeOptions& time_options) {
+  return predict(spec, config, batch, seq, options, dtype, machine, time_options, nullptr);
+}
+
+std::vector<GemmShape> step_gemm_shapes(const SchemeSpec& spec, const GptConfig& config,
+                                        index_t batch, index_t seq, const GptOptions& options,
+                                        DType dtype) {
+  // Any machine will do: the shapes do not depend on the rates.
+  Machine any;
+  any.device.memory_bandwidth = 1;
+  any.device.gemm_of(dtype).peak_flops = 1;
+  std::set<GemmShape> shapes;
+  predict(spec, config, batch, seq, options, dtype, any, {.optimizer = false}, &shapes);
+  return {shapes.begin(), shapes.end()};
 }
 
 }  // namespace summa::model

@@ -48,6 +48,8 @@ std::string valid() {
   m.device.gemm_of(DType::f64) = {
       .peak_flops = 1e10, .max_efficiency = 0.5, .half_flops = 1e6, .table = {}};
   m.device.gemm_of(DType::f64).table.push_back({.m = 8, .n = 8, .k = 8, .efficiency = 0.25});
+  m.device.pointwise[static_cast<std::size_t>(DType::f64)]
+                    [static_cast<std::size_t>(model::Pointwise::gelu)] = 3e7;
   for (Collective c : model::all_collectives) m.intra_node[c] = {1e-6, 1e9, Algorithm::ring};
   for (Collective c : model::all_collectives) m.inter_node[c] = {1e-5, 1e8, Algorithm::tree};
   return io::machine_json(m);
@@ -93,6 +95,14 @@ TEST(MachineFile, BadFilesAreRefusedByName) {
          "\"max_efficiency\" is above 1");
   expect(replaced(ok, "0.25", "2.5"), "with 0 < efficiency <= 1");
   expect(replaced(ok, "\"f64\"", "\"f16\""), "unknown key \"f16\"");
+  expect(replaced(ok, "\"gelu\": 30000000.0", "\"gelu\": 0"),
+         "\"pointwise\".\"f64\".\"gelu\" is number 0, expected a number > 0");
+  expect(replaced(ok, "\"gelu\": 30000000.0", "\"tanh\": 1"), "unknown key \"tanh\"");
+  // the pointwise rates survive the round trip; a file without them has none
+  const model::Machine back = io::parse_machine(ok, "m.json");
+  EXPECT_EQ(back.device.pointwise_rate(DType::f64, model::Pointwise::gelu), 3e7);
+  EXPECT_EQ(back.device.pointwise_rate(DType::f64, model::Pointwise::exp), 0);
+  EXPECT_EQ(io::parse_machine(io::machine_json(back), "again"), back);
   EXPECT_THROW(io::load_machine("/nonexistent/machine.json"), Error);
 }
 

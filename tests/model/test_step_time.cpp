@@ -15,6 +15,7 @@
 //  - a 4096-device prediction runs in well under a second.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "summa/model/step_time.hpp"
@@ -167,6 +168,13 @@ TEST(StepTime, Monotone) {
     EXPECT_LT(t(base, 4), t0);
     Machine small_nodes = machine(5e-6, 5e9, Algorithm::ring, 1);
     EXPECT_GE(t(small_nodes), t0);
+    // a compute-bound element-wise kernel (a rate below its bytes' pace)
+    // only adds; a slower one adds more
+    Machine slow_gelu = base, slower_gelu = base;
+    slow_gelu.device.pointwise[0][static_cast<std::size_t>(model::Pointwise::gelu)] = 1e8;
+    slower_gelu.device.pointwise[0][static_cast<std::size_t>(model::Pointwise::gelu)] = 1e7;
+    EXPECT_GT(t(slow_gelu), t0);
+    EXPECT_GT(t(slower_gelu), t(slow_gelu));
     // SUMMA's overlap is never slower when it does not slice the products
     // (with progress slices the smaller GEMMs may cost more than is hidden)
     if (spec.scheme == "2d" && spec.q > 1) {
@@ -178,6 +186,57 @@ TEST(StepTime, Monotone) {
           model::predict_step_time(on, config(), 8, 16, o, DType::f32, base).step_s * (1 - 1e-12));
     }
   }
+}
+
+// An oversubscribed launch (ranks_per_device = 2) time-shares the device:
+// exactly twice each op's compute; a GeLU kernel's time is its elements at
+// the kernel's rate when that is slower than its bytes, and its bytes at
+// the memory bandwidth otherwise.
+TEST(StepTime, OversubscriptionAndPointwiseKernels) {
+  const SchemeSpec spec = SchemeSpec::parse("2d:q=2");
+  Machine m = machine(5e-6, 5e9, Algorithm::ring);
+  m.inter_node = m.intra_node;  // the placement does not matter
+  const auto at = [&](const Machine& mm, int share) {
+    return model::predict_step_time(spec, config(), 8, 16, {}, DType::f32, mm,
+                                    {.optimizer = true, .ranks_per_device = share});
+  };
+  const auto one = at(m, 1), two = at(m, 2);
+  EXPECT_NEAR(two.compute_s, 2 * one.compute_s, 1e-12 * two.compute_s);
+  for (std::size_t i = 0; i < one.ops.size(); ++i)
+    EXPECT_NEAR(two.ops[i].compute_s, 2 * one.ops[i].compute_s, 1e-12 * two.ops[i].compute_s + 1e-300);
+  // GeLU forward on the q = 2 mesh: (tokens / 2) x (4h / 2) elements, read and written
+  const double elements = (8.0 * 16 / 2) * (4.0 * config().n_embd / 2), bytes = 2 * elements * 4;
+  const auto gelu = [](const model::StepTime& t) {
+    for (const auto& op : t.ops)
+      if (op.op == "block.mlp.gelu" && op.phase == model::Phase::forward) return op.compute_s;
+    return -1.0;
+  };
+  EXPECT_NEAR(gelu(one), bytes / m.device.memory_bandwidth, 1e-9 * gelu(one));
+  m.device.pointwise[0][static_cast<std::size_t>(model::Pointwise::gelu)] = 1e6;
+  EXPECT_NEAR(gelu(at(m, 1)), elements / 1e6, 1e-9 * gelu(at(m, 1)));
+  EXPECT_THROW(at(m, 0), Error);
+}
+
+// The GEMM shapes the model prices (what calibrate --gpt measures): the
+// linears' local products and the attention's batched ones for 1D on one
+// rank; SUMMA's panel products for 2D.
+TEST(StepTime, GemmShapes) {
+  const GptConfig c = config();
+  const index_t h = c.n_embd, tokens = 8 * 16, hd = h / c.n_head;
+  const auto has = [](const std::vector<model::GemmShape>& v, model::GemmShape s) {
+    return std::find(v.begin(), v.end(), s) != v.end();
+  };
+  const auto one = model::step_gemm_shapes(SchemeSpec::parse("1d:p=1"), c, 8, 16, {}, DType::f32);
+  EXPECT_TRUE(has(one, {tokens, 3 * h, h, 1}));           // c_attn forward
+  EXPECT_TRUE(has(one, {h, 4 * h, tokens, 1}));           // c_fc weight gradient
+  EXPECT_TRUE(has(one, {16, 16, hd, 8 * c.n_head}));      // S = Q Kᵀ per head
+  EXPECT_TRUE(has(one, {tokens, c.vocab_size, h, 1}));    // logits
+  SchemeSpec two = SchemeSpec::parse("2d:q=2");
+  two.summa.panel = 16;
+  two.summa.progress_slices = 1;
+  const auto panels = model::step_gemm_shapes(two, c, 8, 16, {}, DType::f32);
+  EXPECT_TRUE(has(panels, {tokens / 2, 3 * h / 2, 16, 1}));  // c_attn: A B panel of 16
+  EXPECT_FALSE(has(panels, {tokens, 3 * h, h, 1}));
 }
 
 TEST(StepTime, BreakdownAddsUp) {

@@ -31,6 +31,20 @@ inline constexpr std::array<Collective, collective_count> all_collectives = {
     Collective::reduce_scatter};
 std::string_view name_of(Collective c);
 
+/// The element-wise kernels whose cost is more than moving their bytes
+/// (transcendental functions: on a CPU they are compute-bound): GeLU
+/// forward and backward, the attention's masked softmax (counted over the
+/// whole s x s score block), the cross-entropy's exp passes over the
+/// logits (row_sum_exp, cross_entropy_grad), and LayerNorm forward (both
+/// statistics passes and apply) and backward (the partials and apply), per
+/// element of the normalised block.
+enum class Pointwise : std::uint8_t { gelu, gelu_grad, softmax, exp, layernorm, layernorm_grad };
+inline constexpr std::size_t pointwise_count = 6;
+inline constexpr std::array<Pointwise, pointwise_count> all_pointwise = {
+    Pointwise::gelu,    Pointwise::gelu_grad, Pointwise::softmax,
+    Pointwise::exp,     Pointwise::layernorm, Pointwise::layernorm_grad};
+std::string_view name_of(Pointwise f);
+
 /// How a collective over g ranks moves n bytes; the time model's formula
 /// per algorithm (docs/scaling.md, "Collectives"):
 ///   ring      all-reduce 2(g-1)·α + 2(g-1)/g·n/β; all-gather and
@@ -100,8 +114,15 @@ struct DeviceModel {
   double memory_bandwidth = 0;
   /// Per element type (DType order: f32, f64, bf16).
   std::array<GemmModel, 3> gemm{};
+  /// Per element type (DType order) and Pointwise kernel: elements per
+  /// second. A kernel takes max(its bytes / memory_bandwidth, elements /
+  /// rate); 0: bound by the bandwidth alone (the usual case on a GPU).
+  std::array<std::array<double, pointwise_count>, 3> pointwise{};
   const GemmModel& gemm_of(DType t) const;
   GemmModel& gemm_of(DType t);
+  double pointwise_rate(DType t, Pointwise f) const {
+    return pointwise[static_cast<std::size_t>(t)][static_cast<std::size_t>(f)];
+  }
   friend bool operator==(const DeviceModel&, const DeviceModel&) = default;
 };
 

@@ -56,6 +56,11 @@ struct StepTimeOptions {
   bool optimizer = true;
   /// Price this rank only (grid coordinates) instead of the slowest.
   std::optional<GridCoords> rank = {};
+  /// Ranks sharing one device (an oversubscribed launch: more ranks per
+  /// node than cores or GPUs). Each rank's compute and element-wise work
+  /// take this many times longer (the device is time-shared), and a node
+  /// holds devices_per_node x ranks_per_device ranks.
+  int ranks_per_device = 1;
 };
 
 struct StepTime {
@@ -83,5 +88,19 @@ struct StepTime {
 StepTime predict_step_time(const SchemeSpec& spec, const GptConfig& config, index_t batch,
                            index_t seq, const GptOptions& options, DType dtype,
                            const Machine& machine, const StepTimeOptions& time_options = {});
+
+/// One local GEMM shape of a step: `batch` products m x n x k in one call.
+struct GemmShape {
+  index_t m = 0, n = 0, k = 0, batch = 1;
+  friend auto operator<=>(const GemmShape&, const GemmShape&) = default;
+};
+
+/// Every distinct local GEMM the step-time model prices for this step, on
+/// every rank it evaluates (SUMMA's panel products included): what
+/// `calibrate --gpt` measures so that the machine's GEMM table holds the
+/// configuration's own shapes.
+std::vector<GemmShape> step_gemm_shapes(const SchemeSpec& spec, const GptConfig& config,
+                                        index_t batch, index_t seq, const GptOptions& options,
+                                        DType dtype);
 
 }  // namespace summa::model

@@ -29,9 +29,11 @@ struct Work {
                  ///< model expands it into panel steps with the engine's options
     gemm,        ///< `batch` local products m x n x k
     memory,      ///< element-wise work moving `bytes` to and from memory
+    pointwise,   ///< a Pointwise kernel over `elements` moving `bytes`
   };
   Kind kind = Kind::memory;
   model::Collective collective = model::Collective::all_reduce;
+  model::Pointwise function = model::Pointwise::gelu;
   CommAxis axis = CommAxis::other;
   Form form = Form::AB;
   /// A collective the op issues non-blocking and completes after compute it
@@ -44,6 +46,7 @@ struct Work {
   /// whole gathered one); memory: bytes read plus written.
   u64 bytes = 0;
   u64 m = 0, n = 0, k = 0, batch = 1;
+  u64 elements = 0;  ///< pointwise: the kernel's elements
   u64 element = 0;  ///< element size of a gemm or summa
 };
 
@@ -124,6 +127,13 @@ class Tally {
   /// Element-wise work reading and writing `bytes` in all (compute only).
   void memory(u64 bytes) {
     if (log != nullptr) log->push_back({.kind = Work::Kind::memory, .bytes = bytes});
+  }
+  /// A Pointwise kernel (GeLU, softmax, exp) over `elements`, reading and
+  /// writing `bytes` in all (compute only).
+  void pointwise(model::Pointwise f, u64 elements, u64 bytes) {
+    if (log != nullptr)
+      log->push_back(
+          {.kind = Work::Kind::pointwise, .function = f, .bytes = bytes, .elements = elements});
   }
 
  private:

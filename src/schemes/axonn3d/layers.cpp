@@ -374,17 +374,17 @@ void LayerNorm3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffe
 // Y and the dgamma | dbeta over Z.
 void detail3d::Cost3D::layer_norm_forward(cost::Tally& t, u64 tokens, u64 hidden) const {
   const u64 block = tokens / gz_ * (hidden / gy_) * el_.e;
-  t.memory(2 * block);  // the two passes of the statistics
+  // the two passes of the statistics, then apply
+  t.pointwise(model::Pointwise::layernorm, block / el_.e, 4 * block);
   all_reduce(t, Y(), tokens / gz_, el_.a);
   all_reduce(t, Y(), tokens / gz_, el_.a);
-  t.memory(2 * block);  // apply
 }
 void detail3d::Cost3D::layer_norm_backward(cost::Tally& t, u64 tokens, u64 hidden) const {
   const u64 block = tokens / gz_ * (hidden / gy_) * el_.e;
-  t.memory(4 * block);  // partials and parameter partials
+  // partials and parameter partials, then apply
+  t.pointwise(model::Pointwise::layernorm_grad, block / el_.e, 7 * block);
   all_reduce(t, Y(), 2 * (tokens / gz_), el_.a);
   all_reduce(t, Z(), 2 * (hidden / gy_), el_.e);
-  t.memory(3 * block);  // apply
 }
 cost::u64 detail3d::Cost3D::layer_norm_params(u64 hidden) const {
   return 2 * (hidden / gy_);

@@ -399,13 +399,13 @@ void detail3d::Cost3D::lm_head_forward(cost::Tally& t, u64 tokens, u64 vocab, u6
   all_reduce(t, Y(), m * v, el_.e);
   t.memory(m * v * el_.e);  // row max
   all_reduce(t, X(), m, el_.a);
-  t.memory(m * v * el_.e);  // sum exp, target
+  t.pointwise(model::Pointwise::exp, m * v, m * v * el_.e);  // sum exp, target
   all_reduce(t, X(), 2 * m, el_.a);
   all_reduce(t, Z(), 1, sizeof(double));
 }
 void detail3d::Cost3D::lm_head_backward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const {
   const u64 m = tokens / gz_, v = vocab / gx_, k = hidden / gy_;
-  t.memory(2 * m * v * el_.e);  // dZ = softmax - onehot, in place
+  t.pointwise(model::Pointwise::exp, m * v, 2 * m * v * el_.e);  // dZ = softmax - onehot
   z_all_gather(t, wte_shard(vocab, hidden));
   t.gemm(m, k, v, el_.e);  // dX = dZ wte
   t.overlapped = overlap_.all_reduce;

@@ -358,10 +358,10 @@ void LayerNorm1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffe
 
 // Cost of the replicated LayerNorm: local work only.
 void detail1d::Cost1D::layer_norm_forward(cost::Tally& t, u64 tokens, u64 hidden) const {
-  t.memory(4 * tokens * hidden * el_.e);
+  t.pointwise(model::Pointwise::layernorm, tokens * hidden, 4 * tokens * hidden * el_.e);
 }
 void detail1d::Cost1D::layer_norm_backward(cost::Tally& t, u64 tokens, u64 hidden) const {
-  t.memory(7 * tokens * hidden * el_.e);
+  t.pointwise(model::Pointwise::layernorm_grad, tokens * hidden, 7 * tokens * hidden * el_.e);
 }
 cost::u64 detail1d::Cost1D::layer_norm_params(u64 hidden) const {
   return 2 * hidden;

@@ -288,12 +288,12 @@ void detail1d::Cost1D::lm_head_forward(cost::Tally& t, u64 tokens, u64 vocab, u6
   t.gemm(tokens, v, hidden, el_.e);  // Z = X wteᵀ
   t.memory(tokens * v * el_.e);      // row max
   all_reduce(t, tokens, el_.a);
-  t.memory(tokens * v * el_.e);  // sum exp, target
+  t.pointwise(model::Pointwise::exp, tokens * v, tokens * v * el_.e);  // sum exp, target
   all_reduce(t, 2 * tokens, el_.a);
 }
 void detail1d::Cost1D::lm_head_backward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const {
   const u64 v = vocab / p_;
-  t.memory(2 * tokens * v * el_.e);  // dZ = softmax - onehot, in place
+  t.pointwise(model::Pointwise::exp, tokens * v, 2 * tokens * v * el_.e);  // dZ = softmax - onehot
   t.gemm(tokens, hidden, v, el_.e);  // dX = dZ wte
   all_reduce(t, tokens * hidden, el_.e);
   t.gemm(v, hidden, tokens, el_.e);  // dwte = dZᵀ X

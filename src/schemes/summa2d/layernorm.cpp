@@ -168,19 +168,18 @@ void LayerNorm2D::backward(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T*
 void detail2d::Cost2D::layer_norm_forward(cost::Tally& t, u64 tokens, u64 hidden) const {
   const u64 block = (tokens / q_) * (hidden / q_) * el_.e;
   t.broadcast(CommAxis::mesh_col, 2 * (hidden / q_), q_, i_ == 0, el_.e);
-  t.memory(block);
+  // the two passes of the statistics, then apply
+  t.pointwise(model::Pointwise::layernorm, block / el_.e, 4 * block);
   t.all_reduce(CommAxis::mesh_row, tokens / q_, q_, j_, el_.a);  // sums
-  t.memory(block);
   t.all_reduce(CommAxis::mesh_row, tokens / q_, q_, j_, el_.a);  // squared deviations
-  t.memory(2 * block);                                           // apply
 }
 void detail2d::Cost2D::layer_norm_backward(cost::Tally& t, u64 tokens, u64 hidden) const {
   const u64 block = (tokens / q_) * (hidden / q_) * el_.e;
   t.broadcast(CommAxis::mesh_col, hidden / q_, q_, i_ == 0, el_.e);
-  t.memory(4 * block);  // partials and parameter partials
+  // partials and parameter partials, then apply
+  t.pointwise(model::Pointwise::layernorm_grad, block / el_.e, 7 * block);
   t.reduce(CommAxis::mesh_col, 2 * (hidden / q_), q_, i_ == 0, el_.e);
   t.all_reduce(CommAxis::mesh_row, 2 * (tokens / q_), q_, j_, el_.a);
-  t.memory(3 * block);  // apply
 }
 cost::u64 detail2d::Cost2D::layer_norm_params(u64 hidden) const {
   return i_ == 0 ? 2 * (hidden / q_) : 0;

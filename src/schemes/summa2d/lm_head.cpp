@@ -144,12 +144,13 @@ void detail2d::Cost2D::lm_head_forward(cost::Tally& t, u64 tokens, u64 vocab, u6
   t.summa(Form::ABt, tokens, vocab, hidden, q_, el_.e);
   t.memory(block);  // row max
   t.all_reduce(CommAxis::mesh_row, tokens / q_, q_, j_, el_.a);
-  t.memory(block);  // sum exp, target
+  t.pointwise(model::Pointwise::exp, block / el_.e, block);  // sum exp, target
   t.all_reduce(CommAxis::mesh_row, 2 * (tokens / q_), q_, j_, el_.a);
   t.all_reduce(CommAxis::mesh_col, 1, q_, i_, sizeof(double));
 }
 void detail2d::Cost2D::lm_head_backward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const {
-  t.memory(2 * (tokens / q_) * (vocab / q_) * el_.e);  // dZ = softmax - onehot, in place
+  const u64 n = (tokens / q_) * (vocab / q_);
+  t.pointwise(model::Pointwise::exp, n, 2 * n * el_.e);  // dZ = softmax - onehot, in place
 
   t.summa(Form::AB, tokens, hidden, vocab, q_, el_.e);
   t.summa(Form::AtB, vocab, hidden, tokens, q_, el_.e);
