@@ -264,7 +264,8 @@ std::array<double, summa::model::pointwise_count> measure_pointwise(summa::Backe
     return median_over(MPI_COMM_WORLD, elements / sec);
   };
   const summa::index_t rows = 1024, cols = 1024, n = rows * cols, s = 64;
-  Buffer x(be, static_cast<std::size_t>(n) * sizeof(T)), y(be, static_cast<std::size_t>(n) * sizeof(T)),
+  Buffer x(be, static_cast<std::size_t>(n) * sizeof(T)),
+      y(be, static_cast<std::size_t>(n) * sizeof(T)),
       dy(be, static_cast<std::size_t>(n) * sizeof(T));
   Buffer max(be, static_cast<std::size_t>(rows) * sizeof(A)),
       sum(be, static_cast<std::size_t>(rows) * sizeof(A)),
@@ -281,10 +282,12 @@ std::array<double, summa::model::pointwise_count> measure_pointwise(summa::Backe
     be.upload(dy.data, host.data(), host.size() * sizeof(T));
   }
   auto& at = rate;
-  at[static_cast<std::size_t>(Pointwise::gelu)] =
-      per_second(static_cast<double>(n), [&] { be.gelu_forward(cview(x.data, rows, cols), view(y.data, rows, cols)); });
+  at[static_cast<std::size_t>(Pointwise::gelu)] = per_second(static_cast<double>(n), [&] {
+    be.gelu_forward(cview(x.data, rows, cols), view(y.data, rows, cols));
+  });
   at[static_cast<std::size_t>(Pointwise::gelu_grad)] = per_second(static_cast<double>(n), [&] {
-    be.gelu_backward(cview(x.data, rows, cols), cview(dy.data, rows, cols), view(y.data, rows, cols));
+    be.gelu_backward(cview(x.data, rows, cols), cview(dy.data, rows, cols),
+                     view(y.data, rows, cols));
   });
   at[static_cast<std::size_t>(Pointwise::softmax)] = per_second(static_cast<double>(n), [&] {
     for (summa::index_t b = 0; b < n / (s * s); ++b) {
@@ -298,15 +301,17 @@ std::array<double, summa::model::pointwise_count> measure_pointwise(summa::Backe
   be.upload(targets.data, host_targets.data(), host_targets.size() * sizeof(std::int32_t));
   // One exp pass each: row_sum_exp, and cross_entropy_grad (on a copy of
   // the logits, in place).
-  const double sum_exp = 1.0 / per_second(static_cast<double>(n), [&] {
-    be.row_sum_exp(cview(x.data, rows, cols), static_cast<const A*>(max.data),
-                   static_cast<A*>(sum.data));
-  });
-  const double grad = 1.0 / per_second(static_cast<double>(n), [&] {
-    be.cross_entropy_grad(view(y.data, rows, cols), static_cast<const A*>(max.data),
-                          static_cast<const A*>(sum.data),
-                          static_cast<const std::int32_t*>(targets.data), 0, 1.0);
-  });
+  const double sum_exp =
+      1.0 / per_second(static_cast<double>(n), [&] {
+        be.row_sum_exp(cview(x.data, rows, cols), static_cast<const A*>(max.data),
+                       static_cast<A*>(sum.data));
+      });
+  const double grad =
+      1.0 / per_second(static_cast<double>(n), [&] {
+        be.cross_entropy_grad(view(y.data, rows, cols), static_cast<const A*>(max.data),
+                              static_cast<const A*>(sum.data),
+                              static_cast<const std::int32_t*>(targets.data), 0, 1.0);
+      });
   at[static_cast<std::size_t>(Pointwise::exp)] = 2.0 / (sum_exp + grad);
   const A* mean = static_cast<const A*>(max.data);
   const A* rstd = static_cast<const A*>(sum.data);
@@ -316,13 +321,14 @@ std::array<double, summa::model::pointwise_count> measure_pointwise(summa::Backe
     be.layernorm_mean(rows, cols, mean, static_cast<A*>(max.data));
     be.layernorm_partial_sums(cview(x.data, rows, cols), mean, static_cast<A*>(sum.data));
     be.layernorm_rstd(rows, cols, 1e-5, rstd, static_cast<A*>(sum.data));
-    be.layernorm_apply(cview(x.data, rows, cols), mean, rstd, g, g + cols, view(y.data, rows, cols));
+    be.layernorm_apply(cview(x.data, rows, cols), mean, rstd, g, g + cols,
+                       view(y.data, rows, cols));
   });
   at[static_cast<std::size_t>(Pointwise::layernorm_grad)] = per_second(static_cast<double>(n), [&] {
     T* const p = static_cast<T*>(partial.data);
     A* const a = static_cast<A*>(ab.data);
-    be.layernorm_param_partials(cview(x.data, rows, cols), cview(dy.data, rows, cols), mean, rstd, p,
-                                p + cols);
+    be.layernorm_param_partials(cview(x.data, rows, cols), cview(dy.data, rows, cols), mean, rstd,
+                                p, p + cols);
     be.layernorm_backward_partials(cview(x.data, rows, cols), cview(dy.data, rows, cols), mean,
                                    rstd, g, a, a + rows);
     be.layernorm_backward_apply(cview(x.data, rows, cols), cview(dy.data, rows, cols), mean, rstd,

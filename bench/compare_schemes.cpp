@@ -27,7 +27,6 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "bench_device.hpp"
@@ -126,6 +125,8 @@ struct Settings {
   std::optional<summa::model::Machine> machine;
   std::string machine_path;
   int ranks_per_device = 1;
+  bool auto_schemes = false;  // --schemes auto: the --top best by predicted step
+  int top = 3;
   std::string format = "both";
   std::uint64_t seed = 1234;
 };
@@ -460,9 +461,8 @@ int predicted_place(const std::vector<Result>& results, const Result& r) {
   std::vector<double> below;
   for (const Result& o : results)
     if (o.skipped.empty() && o.predicted_s < r.predicted_s &&
-        std::none_of(below.begin(), below.end(), [&](double t) {
-          return std::abs(t - o.predicted_s) <= 1e-9 * r.predicted_s;
-        }))
+        std::none_of(below.begin(), below.end(),
+                     [&](double t) { return std::abs(t - o.predicted_s) <= 1e-9 * r.predicted_s; }))
       below.push_back(o.predicted_s);
   return 1 + static_cast<int>(below.size());
 }
@@ -564,11 +564,47 @@ void print_table(std::FILE* out, const Settings& s, const std::vector<Result>& r
                                           : "the next batch also fits the budget");
 }
 
+// --schemes auto: every scheme of the world size planned and priced
+// (summa::rank_schemes), the table of candidates on rank 0, then the --top
+// best within the budget are the ones run.
 template <class T>
-int run_all(const Settings& s, summa::Backend& backend, int rank, int ranks) {
+std::vector<summa::SchemeSpec> auto_schemes(const Settings& s, summa::Backend& backend, int rank,
+                                            std::FILE* text) {
+  const auto budget = static_cast<std::uint64_t>(s.budget_mib * 1024 * 1024);
+  const std::vector<summa::SchemeCandidate> all = summa::rank_schemes<T>(
+      MPI_COMM_WORLD, backend, s.config, s.batch, s.seq, {.checkpoint = s.checkpoint}, *s.machine,
+      {.budget_bytes = budget,
+       .time = {.optimizer = false, .ranks_per_device = s.ranks_per_device}},
+      s.grid);
+  std::vector<summa::SchemeSpec> chosen;
+  if (rank == 0)
+    std::fprintf(text,
+                 "# --schemes auto on %s: predicted step (forward + backward), memory per rank\n",
+                 s.machine->name.c_str());
+  int place = 0;
+  for (const summa::SchemeCandidate& c : all) {
+    const bool run = c.rejected.empty() && static_cast<int>(chosen.size()) < s.top;
+    if (run) chosen.push_back(c.spec);
+    if (rank != 0) continue;
+    if (c.rejected.empty())
+      std::fprintf(text, "#   %2d. %-20s %9.4f s %9.2f MiB%s\n", ++place, c.spec.str().c_str(),
+                   c.time.step_s, static_cast<double>(c.memory_bytes) / (1 << 20),
+                   run ? "  (run)" : "");
+    else
+      std::fprintf(text, "#    -  %-20s %s\n", c.spec.str().c_str(), c.rejected.c_str());
+  }
+  if (chosen.empty())
+    throw UsageError("--schemes auto: no scheme fits the configuration and budget");
+  return chosen;
+}
+
+template <class T>
+int run_all(const Settings& given, summa::Backend& backend, int rank, int ranks) {
+  Settings s = given;
   const Batch data = make_batch(s, s.batch);
   // In "json" mode stdout carries only JSON lines; the rest goes to stderr.
   std::FILE* text = s.format == "json" ? stderr : stdout;
+  if (s.auto_schemes) s.schemes = auto_schemes<T>(s, backend, rank, text);
   std::vector<Result> results;
   for (const summa::SchemeSpec& spec : s.schemes) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -602,23 +638,8 @@ int run_all(const Settings& s, summa::Backend& backend, int rank, int ranks) {
   return failed || ran == 0 ? 1 : 0;
 }
 
-// Ranks per core on this node (cpu), rounded up, the largest over nodes;
-// 1 on cuda (one rank per GPU is the usual launch).
-int ranks_sharing_a_device(const Settings& s) {
-  if (s.backend != "cpu") return 1;
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int local = 1;
-  MPI_Comm_size(node, &local);
-  MPI_Comm_free(&node);
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  int share = (local + cores - 1) / cores;
-  MPI_Allreduce(MPI_IN_PLACE, &share, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return share;
-}
-
 std::vector<summa::SchemeSpec> parse_schemes(const std::string& list, int ranks) {
-  if (list.empty()) return summa::schemes_for(ranks);
+  if (list.empty() || list == "auto") return summa::schemes_for(ranks);
   std::vector<summa::SchemeSpec> out;
   std::string_view rest = list;
   while (!rest.empty()) {
@@ -687,8 +708,12 @@ int run(int argc, char** argv, int rank, int ranks) {
       ->check(CLI::Range(1LL, 1LL << 24))
       ->capture_default_str();
   app.add_option("--schemes", schemes,
-                 "Schemes separated by ';' (e.g. \"2d:q=2;1d:p=4;data=2,3d:1x1x2\"); default: "
-                 "every scheme for the world size");
+                 "Schemes separated by ';' (e.g. \"2d:q=2;1d:p=4;data=2,3d:1x1x2\"), or auto: "
+                 "the --top fastest by the step-time model (needs --predict) within "
+                 "--budget-mib; default: every scheme for the world size");
+  app.add_option("--top", s.top, "With --schemes auto: how many of the best to run")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
   app.add_option("--format", s.format,
                  "both: progress, table and 'json: '-prefixed JSON lines on stdout; json: only "
                  "bare JSON lines on stdout (the rest on stderr); table: no JSON")
@@ -727,9 +752,14 @@ int run(int argc, char** argv, int rank, int ranks) {
                      " exceeds --positions=" + std::to_string(s.config.n_positions));
   s.config.validate();  // summa::Error
   s.schemes = parse_schemes(schemes, ranks);
+  s.auto_schemes = schemes == "auto";
+  if (s.auto_schemes && s.machine_path.empty())
+    throw UsageError("--schemes auto needs --predict MACHINE (the step-time model ranks them)");
   if (!s.machine_path.empty()) {
     s.machine = summa::io::load_machine(s.machine_path);  // summa::Error, alike on every rank
-    s.ranks_per_device = ranks_per_device > 0 ? ranks_per_device : ranks_sharing_a_device(s);
+    s.ranks_per_device = ranks_per_device > 0
+                             ? ranks_per_device
+                             : summa::ranks_per_device(MPI_COMM_WORLD, s.backend == "cpu");
   }
   // The backend before any grid: the communicators order their work with its stream.
   summa::bench::BenchBackend chosen = summa::bench::make_backend<UsageError>(

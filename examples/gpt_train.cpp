@@ -63,7 +63,10 @@ using summa::index_t;
 
 struct Cli {
   int layers = 4, hidden = 128, heads = 4, seq = 64, vocab = 0, positions = 0;
-  std::string scheme;  // default: from the rank count
+  std::string scheme;  // default: from the rank count; "auto": the step-time model's choice
+  std::string machine = SUMMA_DEFAULT_MACHINE;  // --scheme auto
+  double budget_mib = 0;                        // --scheme auto; 0: the machine's memory
+  int top = 3;
   std::string dtype = "float";
   std::string backend = "cpu";
   std::string comm;  // default: mpi on cpu, nccl on cuda
@@ -194,7 +197,7 @@ void check_flags(const Cli& cli) {
     fail("--min-lr " + std::to_string(cli.min_lr) + " exceeds --lr " + std::to_string(cli.lr));
   if (cli.out.empty()) fail("--out must name a directory (it is empty)");
   if (cli.log.empty()) fail("--log must name a file (it is empty)");
-  if (!cli.scheme.empty()) {
+  if (!cli.scheme.empty() && cli.scheme != "auto") {
     try {
       (void)summa::SchemeSpec::parse(cli.scheme);
     } catch (const summa::Error& e) {
@@ -413,6 +416,39 @@ std::unique_ptr<summa::Backend> make_backend(const Cli& cli, summa::GridOptions&
   return std::move(d.backend);
 }
 
+// --scheme auto: every scheme of the rank count planned and priced on
+// --machine (summa::rank_schemes, docs/scaling.md), the --top best printed,
+// the fastest within the memory budget chosen.
+template <class T>
+summa::SchemeSpec choose_scheme(const Cli& cli, const summa::TrainerOptions& o,
+                                summa::Backend& backend, bool root) {
+  const summa::model::Machine machine = summa::io::load_machine(cli.machine);
+  const std::uint64_t budget = cli.budget_mib > 0
+                                   ? static_cast<std::uint64_t>(cli.budget_mib * 1024 * 1024)
+                                   : machine.device.memory_bytes;
+  const auto all = summa::rank_schemes<T>(
+      MPI_COMM_WORLD, backend, o.config, o.batch, o.seq, o.gpt, machine,
+      {.budget_bytes = budget,
+       .time = {.ranks_per_device = summa::ranks_per_device(MPI_COMM_WORLD, cli.backend == "cpu")}},
+      o.grid);
+  if (all.empty() || !all.front().rejected.empty())
+    throw summa::Error(
+        "--scheme auto: no scheme of " + std::to_string(world_size()) +
+        " ranks fits the model within " + std::to_string(budget / (1024 * 1024)) + " MiB per rank" +
+        (all.empty() ? "" : " (" + all.front().spec.str() + ": " + all.front().rejected + ")"));
+  if (root) {
+    std::printf(
+        "gpt_train: --scheme auto on %s (step with the optimizer; memory planned per rank):\n",
+        machine.name.c_str());
+    for (int k = 0; k < cli.top && k < static_cast<int>(all.size()) && all[k].rejected.empty(); ++k)
+      std::printf("  %d. %-22s predicted %.4f s/step  %.1f MiB%s\n", k + 1,
+                  all[k].spec.str().c_str(), all[k].time.step_s,
+                  static_cast<double>(all[k].memory_bytes) / (1024 * 1024),
+                  k == 0 ? "  <- chosen" : "");
+  }
+  return all.front().spec;
+}
+
 template <class T>
 int train(const Cli& cli) {
   const int rank = world_rank(), ranks = world_size();
@@ -425,8 +461,11 @@ int train(const Cli& cli) {
   const Progress progress = progress_mode(cli);
 
   summa::TrainerOptions o;
-  o.scheme = cli.scheme.empty() ? default_scheme(ranks) : cli.scheme;
-  const summa::SchemeSpec spec = summa::SchemeSpec::parse(o.scheme);
+  // --scheme auto: chosen below, once the backend exists; until then the
+  // default stands in (the vocabulary is padded for any split of the ranks)
+  const bool auto_scheme = cli.scheme == "auto";
+  o.scheme = cli.scheme.empty() || auto_scheme ? default_scheme(ranks) : cli.scheme;
+  summa::SchemeSpec spec = summa::SchemeSpec::parse(o.scheme);
   if (spec.ranks() != ranks)
     throw summa::CollectiveError("gpt_train: --scheme " + spec.str() + " needs " +
                                  std::to_string(spec.ranks()) + " ranks, running on " +
@@ -436,10 +475,11 @@ int train(const Cli& cli) {
   o.config.n_embd = cli.hidden;
   o.config.n_positions = cli.positions > 0 ? cli.positions : cli.seq;
   // Byte-level tokens (256), padded so every scheme's vocabulary split works.
-  o.config.vocab_size =
-      cli.vocab > 0 ? cli.vocab
-                    : summa::io::ByteTokenizer::padded_vocab(summa::io::ByteTokenizer::base_vocab,
-                                                             static_cast<int>(spec.tensor_ranks()));
+  o.config.vocab_size = cli.vocab > 0
+                            ? cli.vocab
+                            : summa::io::ByteTokenizer::padded_vocab(
+                                  summa::io::ByteTokenizer::base_vocab,
+                                  auto_scheme ? ranks : static_cast<int>(spec.tensor_ranks()));
   o.batch = cli.batch;
   o.seq = cli.seq;
   o.gpt.checkpoint = cli.recompute;
@@ -566,6 +606,10 @@ int train(const Cli& cli) {
   }
   const std::size_t n_tokens = tokens.size();
   const std::unique_ptr<summa::Backend> backend = make_backend(cli, o.grid);
+  if (auto_scheme) {
+    spec = choose_scheme<T>(cli, o, *backend, root);
+    o.scheme = spec.str();
+  }
 
   // Memory: the planner's figure for this configuration (parameters,
   // gradients, every step buffer) plus the optimizer state, against what
@@ -839,8 +883,19 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--scheme", cli.scheme,
                  "scheme and grid: 2d:q=Q[,panel=N][,overlap=on|off], 1d:p=P, "
-                 "3d:XxYxZ[,overlap=oar+ors+oag], with optional data=D (default: 2d on a square "
-                 "rank count, else 1d)");
+                 "3d:XxYxZ[,overlap=oar+ors+oag], with optional data=D, or auto: the fastest "
+                 "by the step-time model on --machine within the memory budget (default: 2d on "
+                 "a square rank count, else 1d)");
+  app.add_option("--machine", cli.machine,
+                 "--scheme auto: the machine file the schemes are priced on (machines/*.json)")
+      ->capture_default_str();
+  app.add_option("--budget-mib", cli.budget_mib,
+                 "--scheme auto: memory per rank the planned model must fit (0: the machine "
+                 "file's device memory)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--top", cli.top, "--scheme auto: how many of the best schemes to print")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   app.add_option("--dtype", cli.dtype,
                  "float, double or bf16 (bf16 parameters and activations, fp32 master weights, "
                  "optimizer state and statistics)")

@@ -31,11 +31,11 @@ class Composer {
     const u64 scores = batch * s * s * e;
     const u64 qkv = rows * op_.local_cols(3 * d_.hidden, ActivationLayout::inner) * e;
     if (!backward) {
-      t_.memory(qkv);                     // head-major copies of q, k, v
-      t_.gemm(s, s, head_dim, e, batch);  // S = Q Kᵀ
+      t_.memory(qkv);                                            // head-major copies of q, k, v
+      t_.gemm(s, s, head_dim, e, batch);                         // S = Q Kᵀ
       t_.pointwise(Pointwise::softmax, scores / e, 3 * scores);  // masked softmax
-      t_.gemm(s, head_dim, s, e, batch);  // O = P V
-      t_.memory(2 * (qkv / 3));           // context back to token-major
+      t_.gemm(s, head_dim, s, e, batch);                         // O = P V
+      t_.memory(2 * (qkv / 3));                                  // context back to token-major
     } else {
       t_.memory(2 * (qkv / 3));
       t_.gemm(s, s, head_dim, e, batch);      // dP = dO Vᵀ
@@ -48,7 +48,8 @@ class Composer {
   void gelu(bool backward) {
     const u64 n =
         op_.local_rows(d_.tokens) * op_.local_cols(4 * d_.hidden, ActivationLayout::inner);
-    t_.pointwise(backward ? Pointwise::gelu_grad : Pointwise::gelu, n, (backward ? 3 : 2) * n * element());
+    t_.pointwise(backward ? Pointwise::gelu_grad : Pointwise::gelu, n,
+                 (backward ? 3 : 2) * n * element());
   }
   void residual_add() {
     const u64 n = op_.local_rows(d_.tokens) * op_.local_cols(d_.hidden, ActivationLayout::outer);

@@ -203,7 +203,8 @@ TEST(StepTime, OversubscriptionAndPointwiseKernels) {
   const auto one = at(m, 1), two = at(m, 2);
   EXPECT_NEAR(two.compute_s, 2 * one.compute_s, 1e-12 * two.compute_s);
   for (std::size_t i = 0; i < one.ops.size(); ++i)
-    EXPECT_NEAR(two.ops[i].compute_s, 2 * one.ops[i].compute_s, 1e-12 * two.ops[i].compute_s + 1e-300);
+    EXPECT_NEAR(two.ops[i].compute_s, 2 * one.ops[i].compute_s,
+                1e-12 * two.ops[i].compute_s + 1e-300);
   // GeLU forward on the q = 2 mesh: (tokens / 2) x (4h / 2) elements, read and written
   const double elements = (8.0 * 16 / 2) * (4.0 * config().n_embd / 2), bytes = 2 * elements * 4;
   const auto gelu = [](const model::StepTime& t) {
@@ -227,10 +228,10 @@ TEST(StepTime, GemmShapes) {
     return std::find(v.begin(), v.end(), s) != v.end();
   };
   const auto one = model::step_gemm_shapes(SchemeSpec::parse("1d:p=1"), c, 8, 16, {}, DType::f32);
-  EXPECT_TRUE(has(one, {tokens, 3 * h, h, 1}));           // c_attn forward
-  EXPECT_TRUE(has(one, {h, 4 * h, tokens, 1}));           // c_fc weight gradient
-  EXPECT_TRUE(has(one, {16, 16, hd, 8 * c.n_head}));      // S = Q Kᵀ per head
-  EXPECT_TRUE(has(one, {tokens, c.vocab_size, h, 1}));    // logits
+  EXPECT_TRUE(has(one, {tokens, 3 * h, h, 1}));         // c_attn forward
+  EXPECT_TRUE(has(one, {h, 4 * h, tokens, 1}));         // c_fc weight gradient
+  EXPECT_TRUE(has(one, {16, 16, hd, 8 * c.n_head}));    // S = Q Kᵀ per head
+  EXPECT_TRUE(has(one, {tokens, c.vocab_size, h, 1}));  // logits
   SchemeSpec two = SchemeSpec::parse("2d:q=2");
   two.summa.panel = 16;
   two.summa.progress_slices = 1;

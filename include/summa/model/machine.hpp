@@ -41,8 +41,8 @@ std::string_view name_of(Collective c);
 enum class Pointwise : std::uint8_t { gelu, gelu_grad, softmax, exp, layernorm, layernorm_grad };
 inline constexpr std::size_t pointwise_count = 6;
 inline constexpr std::array<Pointwise, pointwise_count> all_pointwise = {
-    Pointwise::gelu,    Pointwise::gelu_grad, Pointwise::softmax,
-    Pointwise::exp,     Pointwise::layernorm, Pointwise::layernorm_grad};
+    Pointwise::gelu, Pointwise::gelu_grad, Pointwise::softmax,
+    Pointwise::exp,  Pointwise::layernorm, Pointwise::layernorm_grad};
 std::string_view name_of(Pointwise f);
 
 /// How a collective over g ranks moves n bytes; the time model's formula

@@ -47,7 +47,7 @@ struct Work {
   u64 bytes = 0;
   u64 m = 0, n = 0, k = 0, batch = 1;
   u64 elements = 0;  ///< pointwise: the kernel's elements
-  u64 element = 0;  ///< element size of a gemm or summa
+  u64 element = 0;   ///< element size of a gemm or summa
 };
 
 // Adds collectives to per-axis counters with the formulas of

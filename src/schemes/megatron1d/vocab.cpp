@@ -294,7 +294,7 @@ void detail1d::Cost1D::lm_head_forward(cost::Tally& t, u64 tokens, u64 vocab, u6
 void detail1d::Cost1D::lm_head_backward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const {
   const u64 v = vocab / p_;
   t.pointwise(model::Pointwise::exp, tokens * v, 2 * tokens * v * el_.e);  // dZ = softmax - onehot
-  t.gemm(tokens, hidden, v, el_.e);  // dX = dZ wte
+  t.gemm(tokens, hidden, v, el_.e);                                        // dX = dZ wte
   all_reduce(t, tokens * hidden, el_.e);
   t.gemm(v, hidden, tokens, el_.e);  // dwte = dZᵀ X
 }

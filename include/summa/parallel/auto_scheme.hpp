@@ -1,0 +1,67 @@
+#pragma once
+/// \file auto_scheme.hpp
+/// `--scheme auto`: every scheme and factorisation of a rank count that
+/// accepts a GPT configuration, with its planned memory per rank (the
+/// memory planner, parallel/scheme.hpp) and its predicted step time (the
+/// step-time model, model/step_time.hpp on a machine file), ranked fastest
+/// first among those within a memory budget (docs/scaling.md).
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "summa/backend/backend.hpp"
+#include "summa/grid/process_grid.hpp"
+#include "summa/model/step_time.hpp"
+#include "summa/parallel/scheme.hpp"
+
+namespace summa {
+
+struct SchemeCandidate {
+  SchemeSpec spec;
+  /// Empty when the scheme is a choice; otherwise why not: the scheme's
+  /// own error for the configuration, or the planned memory over budget.
+  std::string rejected;
+  /// Planned total per rank (MemoryReport::total(), the largest over ranks).
+  std::uint64_t memory_bytes = 0;
+  /// The predicted step (forward, backward, recomputation and, when
+  /// asked, the optimizer); 0 when rejected by the scheme.
+  model::StepTime time;
+};
+
+struct AutoSchemeOptions {
+  /// Memory per rank the plan must fit in (bytes).
+  std::uint64_t budget_bytes = 0;
+  model::StepTimeOptions time = {};
+};
+
+/// Every scheme of the communicator's size (schemes_for) for a GPT of
+/// `config` with global `batch` sequences of `seq` tokens: planned and
+/// priced, the choices first, fastest first (ties in the order of
+/// schemes_for), then the rejected ones. Collective over `comm`; the same
+/// result on every rank.
+template <class T>
+std::vector<SchemeCandidate> rank_schemes(MPI_Comm comm, Backend& backend, const GptConfig& config,
+                                          index_t batch, index_t seq, const GptOptions& options,
+                                          const model::Machine& machine,
+                                          const AutoSchemeOptions& auto_options,
+                                          GridOptions grid = {});
+
+/// Ranks sharing one device on the busiest node of `comm`: with a CPU
+/// backend the node's ranks over its cores, rounded up (an oversubscribed
+/// launch); 1 otherwise. Collective; the same on every rank.
+int ranks_per_device(MPI_Comm comm, bool cpu_backend);
+
+extern template std::vector<SchemeCandidate> rank_schemes<float>(
+    MPI_Comm, Backend&, const GptConfig&, index_t, index_t, const GptOptions&,
+    const model::Machine&, const AutoSchemeOptions&, GridOptions);
+extern template std::vector<SchemeCandidate> rank_schemes<double>(
+    MPI_Comm, Backend&, const GptConfig&, index_t, index_t, const GptOptions&,
+    const model::Machine&, const AutoSchemeOptions&, GridOptions);
+extern template std::vector<SchemeCandidate> rank_schemes<bf16>(
+    MPI_Comm, Backend&, const GptConfig&, index_t, index_t, const GptOptions&,
+    const model::Machine&, const AutoSchemeOptions&, GridOptions);
+
+}  // namespace summa

@@ -1,0 +1,71 @@
+#include "summa/parallel/auto_scheme.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "summa/core/error.hpp"
+#include "summa/schemes/registry.hpp"
+
+namespace summa {
+
+int ranks_per_device(MPI_Comm comm, bool cpu_backend) {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local = 1;
+  MPI_Comm_size(node, &local);
+  MPI_Comm_free(&node);
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  int share = cpu_backend ? (local + cores - 1) / cores : 1;
+  MPI_Allreduce(MPI_IN_PLACE, &share, 1, MPI_INT, MPI_MAX, comm);
+  return share;
+}
+
+template <class T>
+std::vector<SchemeCandidate> rank_schemes(MPI_Comm comm, Backend& backend, const GptConfig& config,
+                                          index_t batch, index_t seq, const GptOptions& options,
+                                          const model::Machine& machine,
+                                          const AutoSchemeOptions& auto_options, GridOptions grid) {
+  int ranks = 1;
+  MPI_Comm_size(comm, &ranks);
+  std::vector<SchemeCandidate> all;
+  for (const SchemeSpec& spec : schemes_for(ranks)) {
+    SchemeCandidate c{.spec = spec, .rejected = {}, .memory_bytes = 0, .time = {}};
+    try {  // the scheme's own checks, alike on every rank
+      unsigned long long total =
+          plan_memory<T>(comm, spec, backend, config, batch, seq, options, grid).total();
+      MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm);
+      c.memory_bytes = total;
+      c.time = model::predict_step_time(spec, config, batch, seq, options, dtype_v<T>, machine,
+                                        auto_options.time);
+      if (c.memory_bytes > auto_options.budget_bytes)
+        c.rejected = fmt::format("{:.1f} MiB per rank exceeds the budget of {:.1f} MiB",
+                                 static_cast<double>(c.memory_bytes) / (1 << 20),
+                                 static_cast<double>(auto_options.budget_bytes) / (1 << 20));
+    } catch (const Error& e) {
+      c.rejected = e.what();
+    }
+    all.push_back(std::move(c));
+  }
+  std::stable_sort(all.begin(), all.end(), [](const SchemeCandidate& a, const SchemeCandidate& b) {
+    if (a.rejected.empty() != b.rejected.empty()) return a.rejected.empty();
+    return a.rejected.empty() && a.time.step_s < b.time.step_s;
+  });
+  return all;
+}
+
+template std::vector<SchemeCandidate> rank_schemes<float>(MPI_Comm, Backend&, const GptConfig&,
+                                                          index_t, index_t, const GptOptions&,
+                                                          const model::Machine&,
+                                                          const AutoSchemeOptions&, GridOptions);
+template std::vector<SchemeCandidate> rank_schemes<double>(MPI_Comm, Backend&, const GptConfig&,
+                                                           index_t, index_t, const GptOptions&,
+                                                           const model::Machine&,
+                                                           const AutoSchemeOptions&, GridOptions);
+template std::vector<SchemeCandidate> rank_schemes<bf16>(MPI_Comm, Backend&, const GptConfig&,
+                                                         index_t, index_t, const GptOptions&,
+                                                         const model::Machine&,
+                                                         const AutoSchemeOptions&, GridOptions);
+
+}  // namespace summa

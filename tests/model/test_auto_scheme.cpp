@@ -1,0 +1,128 @@
+// --scheme auto (summa/parallel/auto_scheme.hpp) on 4 ranks: every scheme of
+// the rank count is a candidate; a choice's memory is the planner's total
+// (the largest over ranks) and its time the step-time model's prediction;
+// the choices come fastest first, the ones over the memory budget or refused
+// by their scheme after them with the reason; every rank gets the same list.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "summa/parallel/auto_scheme.hpp"
+#include "summa/schemes/registry.hpp"
+#include "test_util.hpp"
+
+namespace summa::test {
+namespace {
+
+model::Machine machine() {
+  model::Machine m;
+  m.name = "test";
+  m.devices_per_node = 2;
+  m.device.memory_bytes = 1ull << 34;
+  m.device.memory_bandwidth = 1e10;
+  m.device.gemm_of(DType::f32) = {
+      .peak_flops = 1e11, .max_efficiency = 0.9, .half_flops = 1e6, .table = {}};
+  for (model::Collective c : model::all_collectives) {
+    m.intra_node[c] = {1e-6, 5e9, model::Algorithm::ring};
+    m.inter_node[c] = {5e-6, 1e9, model::Algorithm::ring};
+  }
+  return m;
+}
+
+GptConfig config(int heads) {
+  GptConfig c;
+  c.n_layer = 2;
+  c.n_head = heads;
+  c.n_embd = 16 * heads;
+  c.n_positions = 8;
+  c.vocab_size = 64;
+  return c;
+}
+
+std::string listing(const std::vector<SchemeCandidate>& all) {
+  std::string s;
+  for (const SchemeCandidate& c : all)
+    s += c.spec.str() + " " + std::to_string(c.memory_bytes) + " " + std::to_string(c.time.step_s) +
+         " " + c.rejected + "\n";
+  return s;
+}
+
+TEST(AutoScheme, RanksEverySchemeByPredictedStepWithinTheBudget) {
+  int ranks = 1;
+  MPI_Comm_size(test_comm(), &ranks);
+  CpuBackend backend;
+  const model::Machine m = machine();
+  const GptConfig c = config(4);
+  const index_t batch = 8, seq = 8;
+  const GptOptions o{.checkpoint = true};
+  const auto all = rank_schemes<float>(test_comm(), backend, c, batch, seq, o, m,
+                                       {.budget_bytes = ~std::uint64_t{0}});
+  ASSERT_EQ(all.size(), schemes_for(ranks).size());
+  EXPECT_TRUE(same_on_all_ranks(listing(all)));
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    SCOPED_TRACE(all[i].spec.str());
+    EXPECT_EQ(all[i].rejected, "");
+    if (i > 0) {
+      EXPECT_LE(all[i - 1].time.step_s, all[i].time.step_s);
+    }
+    EXPECT_EQ(all[i].time.step_s,
+              model::predict_step_time(all[i].spec, c, batch, seq, o, DType::f32, m).step_s);
+    unsigned long long want =
+        plan_memory<float>(test_comm(), all[i].spec, backend, c, batch, seq, o).total();
+    MPI_Allreduce(MPI_IN_PLACE, &want, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, test_comm());
+    EXPECT_EQ(all[i].memory_bytes, want);
+  }
+  // A budget between the smallest and the largest plan: the rest are
+  // rejected, named, after the choices.
+  std::uint64_t lo = ~std::uint64_t{0}, hi = 0;
+  for (const SchemeCandidate& x : all) {
+    lo = std::min<std::uint64_t>(lo, x.memory_bytes);
+    hi = std::max<std::uint64_t>(hi, x.memory_bytes);
+  }
+  ASSERT_LT(lo, hi);
+  const std::uint64_t budget = (lo + hi) / 2;
+  const auto tight =
+      rank_schemes<float>(test_comm(), backend, c, batch, seq, o, m, {.budget_bytes = budget});
+  bool rejecting = false;
+  int rejected = 0;
+  for (const SchemeCandidate& x : tight) {
+    SCOPED_TRACE(x.spec.str());
+    EXPECT_EQ(x.rejected.empty(), x.memory_bytes <= budget);
+    if (!x.rejected.empty()) {
+      EXPECT_NE(x.rejected.find("exceeds the budget"), std::string::npos) << x.rejected;
+      ++rejected;
+    }
+    EXPECT_FALSE(rejecting && x.rejected.empty()) << "a choice after a rejected scheme";
+    rejecting = rejecting || !x.rejected.empty();
+  }
+  EXPECT_GT(rejected, 0);
+  EXPECT_LT(rejected, static_cast<int>(tight.size()));
+}
+
+TEST(AutoScheme, SchemesThatRefuseTheModelAreRejectedWithTheirReason) {
+  int ranks = 1;
+  MPI_Comm_size(test_comm(), &ranks);
+  if (ranks < 2) GTEST_SKIP() << "every scheme of one rank accepts any model";
+  CpuBackend backend;
+  // 3 heads: no scheme splitting heads over 2 or 4 ranks takes it
+  const auto all = rank_schemes<float>(test_comm(), backend, config(3), 8, 8, {}, machine(),
+                                       {.budget_bytes = ~std::uint64_t{0}});
+  int refused = 0;
+  for (const SchemeCandidate& x : all)
+    if (!x.rejected.empty()) {
+      ++refused;
+      EXPECT_EQ(x.rejected.find("exceeds the budget"), std::string::npos) << x.rejected;
+    }
+  EXPECT_GT(refused, 0);
+  ASSERT_FALSE(all.empty());
+  EXPECT_TRUE(all.front().rejected.empty()) << "the data axis alone always takes it";
+  EXPECT_TRUE(same_on_all_ranks(listing(all)));
+}
+
+TEST(AutoScheme, RanksPerDevice) {
+  EXPECT_EQ(ranks_per_device(test_comm(), false), 1);
+  EXPECT_GE(ranks_per_device(test_comm(), true), 1);
+}
+
+}  // namespace
+}  // namespace summa::test
