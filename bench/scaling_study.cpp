@@ -7,6 +7,18 @@
 //   scaling_study --preset optimus-weak --predict machines/frontera-rtx.json
 //   scaling_study --preset optimus-strong --predict machines/frontera-rtx.json --json
 //   scaling_study --study my_study.json --predict machines/h100-cluster.json --csv out.csv
+//   mpirun -np 4 scaling_study --preset local-weak --predict machines/dev-2core.json --run
+//   scaling_study --preset optimus-weak --predict machines/frontera-rtx.json --plot /tmp/opt
+//
+// --run measures every point whose device count fits the launch, one after
+// the other on the first `gpus` ranks (a sub-communicator; the others
+// wait): forward and backward of whole training steps (embedding and LM
+// head included; no optimizer), median of --reps, beside the prediction for
+// the same whole step with the launch's ranks per device. Points that need
+// more ranks than the launch are listed at the end with the command that
+// runs them on a cluster (srun / mpirun with --gpus N).
+// --plot PREFIX writes PREFIX.jsonl and the plots PREFIX-throughput.png and
+// PREFIX-efficiency.png (scripts/plot_scaling.py, python3-matplotlib).
 //
 // A study file: {"name": ..., "kind": "weak"|"strong", "stem_only": bool,
 // "dtype": "f32"|"bf16"|"f64", "checkpoint": bool, "placement":
@@ -15,11 +27,15 @@
 // "paper_fwd_per_sample_s": ..., "paper_bwd_per_sample_s": ...}, ...]}.
 // "scheme" may be "auto": every scheme of the point's rank count, ranked by
 // predicted step time (the best is reported, the top 3 listed on stderr).
+#include <mpi.h>
+
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -27,10 +43,13 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "bench_device.hpp"
 #include "summa/io/machine_file.hpp"
 #include "summa/model/step_time.hpp"
+#include "summa/parallel/auto_scheme.hpp"
 #include "summa/schemes/spec.hpp"
 
 namespace {
@@ -152,6 +171,7 @@ Study axonn_weak() {
 // A small study that fits this machine's launch (1, 2 and 4 ranks).
 Study local(const std::string& kind) {
   Study s{.name = "local " + kind, .kind = kind};
+  s.stem_only = false;  // whole steps: what --run measures
   for (int gpus : {1, 2, 4})
     for (const std::string& scheme :
          {fmt::format("1d:p={}", gpus), fmt::format("3d:1x1x{}", gpus)}) {
@@ -238,6 +258,14 @@ struct Result {
   double fwd = 0, bwd = 0, step = 0;  // seconds per step (of the timed part)
   double flops_per_step = 0;
   std::vector<std::pair<std::string, double>> ranked = {};  // auto: top schemes and steps
+  // --run: the measured whole step (forward, backward) and the prediction
+  // of that same whole step with the launch's ranks per device
+  std::optional<double> measured_fwd = {}, measured_bwd = {}, predicted_whole = {};
+  std::string run_note = {};  // why a point that fits was not measured
+};
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 // Model flops of one training step of the timed part (2 per multiply-add;
@@ -252,13 +280,18 @@ double step_flops(const Point& p, const Study& s) {
   return fwd * (s.checkpoint ? 4 : 3);
 }
 
-Result predict(const Point& p, const Study& s, const summa::model::Machine& m) {
+summa::GptConfig config_of(const Point& p) {
   summa::GptConfig c;
   c.n_layer = static_cast<int>(p.layers);
   c.n_embd = static_cast<int>(p.hidden);
   c.n_head = static_cast<int>(p.heads);
   c.n_positions = static_cast<int>(p.seq);
   c.vocab_size = static_cast<int>(p.vocab);
+  return c;
+}
+
+Result predict(const Point& p, const Study& s, const summa::model::Machine& m) {
+  const summa::GptConfig c = config_of(p);
   const summa::model::StepTimeOptions options{.placement = s.placement, .optimizer = !s.stem_only};
   const auto price = [&](const summa::SchemeSpec& spec, Result& r) {
     const auto t = summa::model::predict_step_time(
@@ -302,146 +335,336 @@ Result predict(const Point& p, const Study& s, const summa::model::Machine& m) {
   return r;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+// --run: one point on the first `gpus` ranks of the launch (the others only
+// take part in the split). Forward and backward of whole steps, each timed
+// from a barrier to the slowest rank; the median of `reps` after a warm-up.
+template <class T>
+void measure(Result& r, const Study& s, const summa::model::Machine& machine,
+             summa::Backend& backend, const summa::GridOptions& grid, int reps) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const bool member = rank < r.point.gpus;
+  MPI_Comm sub = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, rank, &sub);
+  if (member) {
+    const summa::SchemeSpec spec = summa::SchemeSpec::parse(r.scheme);
+    const summa::GptConfig c = config_of(r.point);
+    const summa::GptOptions options{.checkpoint = s.checkpoint};
+    try {
+      summa::ParallelGpt<T> run(sub, spec, backend, c, r.point.batch, r.point.seq, options, grid);
+      summa::GptModel<T>& model = run.model();
+      model.init(1234);
+      const auto count = static_cast<std::size_t>(r.point.batch * r.point.seq);
+      std::vector<std::int32_t> tokens(count), targets(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        tokens[i] = static_cast<std::int32_t>((i * 7919) % static_cast<std::size_t>(c.vocab_size));
+        targets[i] =
+            static_cast<std::int32_t>((i * 104729 + 1) % static_cast<std::size_t>(c.vocab_size));
+      }
+      const auto timed = [&](auto&& call) {
+        MPI_Barrier(sub);
+        const auto t0 = std::chrono::steady_clock::now();
+        call();
+        backend.synchronize();
+        double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, sub);
+        return dt;
+      };
+      std::vector<double> fwd, bwd;
+      for (int k = 0; k <= reps; ++k) {  // the first is the warm-up
+        const double f = timed([&] { (void)model.forward(tokens, targets); });
+        const double b = timed([&] { model.backward(); });
+        if (k > 0) {
+          fwd.push_back(f);
+          bwd.push_back(b);
+        }
+      }
+      r.measured_fwd = median(fwd);
+      r.measured_bwd = median(bwd);
+      const int share = summa::ranks_per_device(sub, backend.host_accessible());
+      r.predicted_whole =
+          summa::model::predict_step_time(
+              spec, c, r.point.batch, r.point.seq, options, summa::dtype_v<T>, machine,
+              {.placement = s.placement, .optimizer = false, .ranks_per_device = share})
+              .step_s;
+    } catch (const summa::Error& e) {  // the scheme refuses the point, alike on every member
+      r.run_note = e.what();
+    }
+    MPI_Comm_free(&sub);
+  }
+  // The ranks that sat out wait here asleep (a spinning MPI_Barrier would
+  // take the cores of an oversubscribed launch from the measured ranks).
+  MPI_Request done = MPI_REQUEST_NULL;
+  MPI_Ibarrier(MPI_COMM_WORLD, &done);
+  for (int finished = 0; !finished;) {
+    MPI_Test(&done, &finished, MPI_STATUS_IGNORE);
+    if (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 std::string scheme_family(const std::string& scheme) {
   const auto comma = scheme.find(',');
   const std::string core = scheme.starts_with("data=") ? scheme.substr(comma + 1) : scheme;
   return core.substr(0, 2);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"Weak and strong scaling studies predicted by summa's step-time model"};
-  std::string preset, study_file, machine_file, csv;
-  bool as_json = false;
+int study_main(int argc, char** argv, int rank, int world) {
+  CLI::App app{
+      "Weak and strong scaling studies: predicted by summa's step-time model, measured "
+      "with --run"};
+  std::string preset, study_file, machine_file, csv, plot, backend_name = "cpu", comm = "nccl";
+  bool as_json = false, run = false, tf32 = false;
+  int only_gpus = 0, reps = 3;
   app.add_option("--preset", preset,
                  "optimus-weak | optimus-strong | axonn-weak | local-weak | local-strong");
   app.add_option("--study", study_file, "A study file (JSON; see the source's header)");
   app.add_option("--predict", machine_file, "Machine file (machines/*.json)")->required();
+  app.add_flag("--run", run,
+               "Also measure the points whose device count fits the launch (the others: a "
+               "command to run them on a cluster)");
+  app.add_option("--gpus", only_gpus, "Only the points of this many devices")
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_option("--reps", reps, "--run: timed steps per point (median)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   app.add_flag("--json", as_json, "One JSON object per point and scheme on stdout");
   app.add_option("--csv", csv, "Also write the table as CSV to this file");
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--plot", plot,
+                 "Write PREFIX.jsonl and the plots PREFIX-throughput.png, PREFIX-efficiency.png "
+                 "(python3-matplotlib)");
+  summa::bench::add_device_options(app, backend_name, comm, tf32, "", "cuda: TF32 in f32 GEMMs");
   try {
-    if (preset.empty() == study_file.empty())
-      throw summa::Error("give exactly one of --preset and --study");
-    Study study;
-    if (preset == "optimus-weak")
-      study = optimus_weak();
-    else if (preset == "optimus-strong")
-      study = optimus_strong();
-    else if (preset == "axonn-weak")
-      study = axonn_weak();
-    else if (preset == "local-weak" || preset == "local")
-      study = local("weak");
-    else if (preset == "local-strong")
-      study = local("strong");
-    else if (!preset.empty())
-      throw summa::Error(fmt::format(
-          "--preset '{}' is not optimus-weak, optimus-strong, axonn-weak, local-weak or "
-          "local-strong",
-          preset));
-    else
-      study = read_study(study_file);
-    const summa::model::Machine machine = summa::io::load_machine(machine_file);
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (rank == 0) return app.exit(e);
+    return e.get_exit_code();
+  }
+  if (preset.empty() == study_file.empty())
+    throw UsageError("give exactly one of --preset and --study");
+  Study study;
+  if (preset == "optimus-weak")
+    study = optimus_weak();
+  else if (preset == "optimus-strong")
+    study = optimus_strong();
+  else if (preset == "axonn-weak")
+    study = axonn_weak();
+  else if (preset == "local-weak" || preset == "local")
+    study = local("weak");
+  else if (preset == "local-strong")
+    study = local("strong");
+  else if (!preset.empty())
+    throw UsageError(
+        fmt::format("--preset '{}' is not optimus-weak, optimus-strong, axonn-weak, local-weak or "
+                    "local-strong",
+                    preset));
+  else
+    study = read_study(study_file);
+  if (only_gpus > 0)
+    std::erase_if(study.points, [&](const Point& p) { return p.gpus != only_gpus; });
+  if (study.points.empty()) throw UsageError(fmt::format("no point has --gpus {}", only_gpus));
+  const summa::model::Machine machine = summa::io::load_machine(machine_file);
 
-    std::vector<Result> results;
-    for (const Point& p : study.points) results.push_back(predict(p, study, machine));
+  std::vector<Result> results;
+  for (const Point& p : study.points) results.push_back(predict(p, study, machine));
 
-    // efficiency against the first point of the same scheme family, and
-    // 2D / 1D throughput at equal GPU counts
-    std::map<std::string, const Result*> first;
-    std::map<int, std::map<std::string, double>> throughput_at;
-    for (const Result& r : results) {
-      first.emplace(scheme_family(r.scheme), &r);
-      throughput_at[r.point.gpus][scheme_family(r.scheme)] =
-          static_cast<double>(r.point.batch) / r.step;
-    }
-    std::ostringstream table;
-    table << fmt::format("# {} on {} ({}; {})\n", study.name, machine.name,
-                         study.stem_only ? "stacked transformer layers" : "whole step",
-                         summa::name_of(study.dtype));
-    table << fmt::format(
-        "{:>5} {:>22} {:>6} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} "
-        "{:>6} {:>6} {:>8}\n",
-        "gpus", "scheme", "batch", "hidden", "heads", "fwd/smp", "paper", "bwd/smp", "paper",
-        "thru", "infer", "eff", "2d/1d", "TF/gpu");
-    std::ofstream csv_out;
-    if (!csv.empty()) {
-      csv_out.open(csv);
-      if (!csv_out) throw summa::Error(fmt::format("--csv {}: cannot be written", csv));
-      csv_out << "gpus,scheme,batch,hidden,heads,fwd_per_sample_s,paper_fwd_per_sample_s,"
-                 "bwd_per_sample_s,paper_bwd_per_sample_s,throughput,inference_throughput,"
-                 "efficiency,speedup_2d_1d,tflops_per_gpu\n";
-    }
-    for (const Result& r : results) {
-      const double b = static_cast<double>(r.point.batch);
-      const double thru = b / r.step, infer = b / r.fwd;
-      const Result& f = *first.at(scheme_family(r.scheme));
-      const double f_thru = static_cast<double>(f.point.batch) / f.step;
-      // Efficiency against the first point of the scheme family: weak, the
-      // model flop/s per GPU relative to the first's; strong (the same
-      // problem), the speedup over the first divided by the GPU ratio.
-      const double per_gpu = r.flops_per_step / r.step / r.point.gpus;
-      const double first_per_gpu = f.flops_per_step / f.step / f.point.gpus;
-      const double eff = study.kind == "weak"
-                             ? per_gpu / first_per_gpu
-                             : (thru / f_thru) / (static_cast<double>(r.point.gpus) / f.point.gpus);
-      const auto& at = throughput_at[r.point.gpus];
-      const double speedup =
-          at.count("2d") && at.count("1d") ? at.at("2d") / at.at("1d") : std::nan("");
-      const double tflops = r.flops_per_step / r.step / r.point.gpus / 1e12;
-      const auto paper = [](const std::optional<double>& v) {
-        return v ? fmt::format("{:.4f}", *v) : std::string("-");
-      };
-      table << fmt::format(
-          "{:>5} {:>22} {:>6} {:>6} {:>5} {:>9.4f} {:>9} {:>9.4f} {:>9} {:>8.4f} {:>8.4f} "
-          "{:>6.3f} {:>6.3f} {:>8.2f}\n",
-          r.point.gpus, r.scheme, r.point.batch, r.point.hidden, r.point.heads, r.fwd / b,
-          paper(r.point.paper_fwd), r.bwd / b, paper(r.point.paper_bwd), thru, infer, eff, speedup,
-          tflops);
-      if (csv_out)
-        csv_out << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", r.point.gpus,
-                               r.scheme, r.point.batch, r.point.hidden, r.point.heads, r.fwd / b,
-                               r.point.paper_fwd ? fmt::format("{}", *r.point.paper_fwd) : "",
-                               r.bwd / b,
-                               r.point.paper_bwd ? fmt::format("{}", *r.point.paper_bwd) : "", thru,
-                               infer, eff, std::isnan(speedup) ? 0.0 : speedup, tflops);
-      if (as_json) {
-        json o{{"study", study.name},
-               {"gpus", r.point.gpus},
-               {"scheme", r.scheme},
-               {"batch", r.point.batch},
-               {"seq", r.point.seq},
-               {"layers", r.point.layers},
-               {"hidden", r.point.hidden},
-               {"heads", r.point.heads},
-               {"predicted_step_s", r.step},
-               {"predicted_fwd_s", r.fwd},
-               {"predicted_bwd_s", r.bwd},
-               {"throughput", thru},
-               {"inference_throughput", infer},
-               {"efficiency", eff},
-               {"tflops_per_gpu", tflops}};
-        if (!std::isnan(speedup)) o["speedup_2d_1d"] = speedup;
-        if (r.point.paper_fwd && r.point.paper_bwd) {
-          o["paper_fwd_per_sample_s"] = *r.point.paper_fwd;
-          o["paper_bwd_per_sample_s"] = *r.point.paper_bwd;
-          o["paper_throughput"] = 1 / (*r.point.paper_fwd + *r.point.paper_bwd);
-          o["paper_inference_throughput"] = 1 / *r.point.paper_fwd;
-        }
-        if (!r.ranked.empty()) {
-          json top = json::array();
-          for (const auto& [scheme, step] : r.ranked)
-            top.push_back({{"scheme", scheme}, {"predicted_step_s", step}});
-          o["top"] = top;
-        }
-        std::cout << o.dump() << "\n";
+  std::vector<int> cluster;  // device counts beyond this launch
+  if (run) {
+    summa::bench::BenchBackend dev = summa::bench::make_backend<UsageError>(
+        backend_name, comm, tf32, app.count("--comm") > 0, "scaling_study");
+    for (Result& r : results) {
+      if (r.point.gpus > world) {
+        if (std::find(cluster.begin(), cluster.end(), r.point.gpus) == cluster.end())
+          cluster.push_back(r.point.gpus);
+        continue;
+      }
+      if (rank == 0)
+        std::fprintf(stderr, "scaling_study: running %d device(s), %s, batch %ld\n", r.point.gpus,
+                     r.scheme.c_str(), r.point.batch);
+      switch (study.dtype) {
+        case summa::DType::f32:
+          measure<float>(r, study, machine, *dev.backend, dev.grid, reps);
+          break;
+        case summa::DType::f64:
+          measure<double>(r, study, machine, *dev.backend, dev.grid, reps);
+          break;
+        case summa::DType::bf16:
+          measure<summa::bf16>(r, study, machine, *dev.backend, dev.grid, reps);
+          break;
       }
     }
-    if (!as_json) std::cout << table.str();
-    return 0;
-  } catch (const std::exception& e) {
-    std::cerr << "scaling_study: " << e.what() << "\n";
-    return 2;
   }
+  if (rank != 0) return 0;
+
+  // efficiency against the first point of the same scheme family, and
+  // 2D / 1D throughput at equal GPU counts
+  std::map<std::string, const Result*> first;
+  std::map<int, std::map<std::string, double>> throughput_at;
+  for (const Result& r : results) {
+    first.emplace(scheme_family(r.scheme), &r);
+    throughput_at[r.point.gpus][scheme_family(r.scheme)] =
+        static_cast<double>(r.point.batch) / r.step;
+  }
+  const bool any_measured = std::any_of(results.begin(), results.end(),
+                                        [](const Result& r) { return r.measured_fwd.has_value(); });
+  std::ostringstream table;
+  table << fmt::format("# {} on {} ({}; {})\n", study.name, machine.name,
+                       study.stem_only ? "stacked transformer layers" : "whole step",
+                       summa::name_of(study.dtype));
+  table << fmt::format(
+      "{:>5} {:>22} {:>6} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6} {:>6} {:>8}",
+      "gpus", "scheme", "batch", "hidden", "heads", "fwd/smp", "paper", "bwd/smp", "paper", "thru",
+      "infer", "eff", "2d/1d", "TF/gpu");
+  if (any_measured) table << fmt::format(" {:>9} {:>9} {:>7}", "pred_s", "meas_s", "err%");
+  table << "\n";
+  std::ofstream csv_out;
+  if (!csv.empty()) {
+    csv_out.open(csv);
+    if (!csv_out) throw UsageError(fmt::format("--csv {}: cannot be written", csv));
+    csv_out << "gpus,scheme,batch,hidden,heads,fwd_per_sample_s,paper_fwd_per_sample_s,"
+               "bwd_per_sample_s,paper_bwd_per_sample_s,throughput,inference_throughput,"
+               "efficiency,speedup_2d_1d,tflops_per_gpu,predicted_whole_step_s,measured_step_s\n";
+  }
+  std::ofstream plot_out;
+  if (!plot.empty()) {
+    plot_out.open(plot + ".jsonl");
+    if (!plot_out) throw UsageError(fmt::format("--plot {}.jsonl: cannot be written", plot));
+  }
+  for (const Result& r : results) {
+    const double b = static_cast<double>(r.point.batch);
+    const double thru = b / r.step, infer = b / r.fwd;
+    const Result& f = *first.at(scheme_family(r.scheme));
+    const double f_thru = static_cast<double>(f.point.batch) / f.step;
+    // Efficiency against the first point of the scheme family: weak, the
+    // model flop/s per GPU relative to the first's; strong (the same
+    // problem), the speedup over the first divided by the GPU ratio.
+    const double per_gpu = r.flops_per_step / r.step / r.point.gpus;
+    const double first_per_gpu = f.flops_per_step / f.step / f.point.gpus;
+    const double gpu_ratio = static_cast<double>(r.point.gpus) / f.point.gpus;
+    const double eff = study.kind == "weak" ? per_gpu / first_per_gpu : (thru / f_thru) / gpu_ratio;
+    const auto& at = throughput_at[r.point.gpus];
+    const double speedup =
+        at.count("2d") && at.count("1d") ? at.at("2d") / at.at("1d") : std::nan("");
+    const double tflops = r.flops_per_step / r.step / r.point.gpus / 1e12;
+    const auto paper = [](const std::optional<double>& v) {
+      return v ? fmt::format("{:.4f}", *v) : std::string("-");
+    };
+    const bool was_run = r.measured_fwd.has_value();
+    const double measured =
+        was_run ? r.measured_fwd.value() + r.measured_bwd.value() : std::nan("");
+    const double whole = was_run ? r.predicted_whole.value() : std::nan("");
+    table << fmt::format(
+        "{:>5} {:>22} {:>6} {:>6} {:>5} {:>9.4f} {:>9} {:>9.4f} {:>9} {:>8.4f} {:>8.4f} "
+        "{:>6.3f} {:>6.3f} {:>8.2f}",
+        r.point.gpus, r.scheme, r.point.batch, r.point.hidden, r.point.heads, r.fwd / b,
+        paper(r.point.paper_fwd), r.bwd / b, paper(r.point.paper_bwd), thru, infer, eff, speedup,
+        tflops);
+    if (any_measured) {
+      if (was_run)
+        table << fmt::format(" {:>9.4f} {:>9.4f} {:>+7.1f}", whole, measured,
+                             100 * (whole - measured) / measured);
+      else
+        table << fmt::format(" {:>9} {:>9} {:>7}", "-", "-", "-");
+    }
+    table << "\n";
+    if (csv_out)
+      csv_out << fmt::format(
+          "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", r.point.gpus, r.scheme,
+          r.point.batch, r.point.hidden, r.point.heads, r.fwd / b,
+          r.point.paper_fwd ? fmt::format("{}", *r.point.paper_fwd) : "", r.bwd / b,
+          r.point.paper_bwd ? fmt::format("{}", *r.point.paper_bwd) : "", thru, infer, eff,
+          std::isnan(speedup) ? 0.0 : speedup, tflops, was_run ? fmt::format("{}", whole) : "",
+          was_run ? fmt::format("{}", measured) : "");
+    json o{
+        {"study", study.name},      {"kind", study.kind},         {"machine", machine.name},
+        {"gpus", r.point.gpus},     {"scheme", r.scheme},         {"batch", r.point.batch},
+        {"seq", r.point.seq},       {"layers", r.point.layers},   {"hidden", r.point.hidden},
+        {"heads", r.point.heads},   {"predicted_step_s", r.step}, {"predicted_fwd_s", r.fwd},
+        {"predicted_bwd_s", r.bwd}, {"throughput", thru},         {"inference_throughput", infer},
+        {"efficiency", eff},        {"tflops_per_gpu", tflops}};
+    if (!std::isnan(speedup)) o["speedup_2d_1d"] = speedup;
+    if (r.point.paper_fwd && r.point.paper_bwd) {
+      o["paper_fwd_per_sample_s"] = *r.point.paper_fwd;
+      o["paper_bwd_per_sample_s"] = *r.point.paper_bwd;
+      o["paper_throughput"] = 1 / (*r.point.paper_fwd + *r.point.paper_bwd);
+      o["paper_inference_throughput"] = 1 / *r.point.paper_fwd;
+    }
+    if (was_run) {
+      // the measured whole step, efficiency against the family's first
+      // measured point the way the predicted one is defined
+      const Result& fm = *std::find_if(results.begin(), results.end(), [&](const Result& x) {
+        return scheme_family(x.scheme) == scheme_family(r.scheme) && x.measured_fwd;
+      });
+      const double fm_step = *fm.measured_fwd + *fm.measured_bwd;
+      const double fm_thru = static_cast<double>(fm.point.batch) / fm_step;
+      const double m_thru = b / measured;
+      const double m_ratio = static_cast<double>(r.point.gpus) / fm.point.gpus;
+      o["predicted_whole_step_s"] = whole;
+      o["measured_step_s"] = measured;
+      o["measured_fwd_s"] = *r.measured_fwd;
+      o["measured_bwd_s"] = *r.measured_bwd;
+      o["measured_throughput"] = m_thru;
+      o["measured_inference_throughput"] = b / *r.measured_fwd;
+      o["measured_efficiency"] = study.kind == "weak"
+                                     ? (r.flops_per_step / measured / r.point.gpus) /
+                                           (fm.flops_per_step / fm_step / fm.point.gpus)
+                                     : (m_thru / fm_thru) / m_ratio;
+      o["prediction_error"] = (whole - measured) / measured;
+    }
+    if (!r.run_note.empty()) o["run_note"] = r.run_note;
+    if (!r.ranked.empty()) {
+      json top = json::array();
+      for (const auto& [scheme, step] : r.ranked)
+        top.push_back({{"scheme", scheme}, {"predicted_step_s", step}});
+      o["top"] = top;
+    }
+    if (as_json) std::cout << o.dump() << "\n";
+    if (plot_out) plot_out << o.dump() << "\n";
+  }
+  if (!as_json) std::cout << table.str();
+  for (const Result& r : results)
+    if (!r.run_note.empty())
+      std::cerr << fmt::format("scaling_study: {} on {} device(s) not run: {}\n", r.scheme,
+                               r.point.gpus, r.run_note);
+  if (!cluster.empty()) {
+    std::string args;
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a != "--run") args += " " + a;
+    }
+    std::cerr << "scaling_study: points beyond this launch of " << world
+              << " rank(s); on a cluster, one job per device count:\n";
+    for (int g : cluster)
+      std::cerr << fmt::format("  srun -n {} {} --run --gpus {}{}\n", g, argv[0], g, args);
+  }
+  if (plot_out) {
+    plot_out.close();
+    const std::string command =
+        fmt::format("python3 '{}' '{}.jsonl' --out '{}'", SUMMA_PLOT_SCALING, plot, plot);
+    if (std::system(command.c_str()) != 0)
+      throw UsageError(fmt::format("--plot: '{}' failed (python3-matplotlib installed?)", command));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, world = 1, code = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  try {
+    code = study_main(argc, argv, rank, world);
+  } catch (const std::exception& e) {  // usage and summa errors: alike on every rank
+    if (rank == 0) std::cerr << "scaling_study: " << e.what() << "\n";
+    code = 2;
+  }
+  MPI_Finalize();
+  return code;
 }
