@@ -290,9 +290,11 @@ summa::GptConfig config_of(const Point& p) {
   return c;
 }
 
-Result predict(const Point& p, const Study& s, const summa::model::Machine& m) {
+// `share`: ranks per device (a --run point priced as it ran).
+Result predict(const Point& p, const Study& s, const summa::model::Machine& m, int share = 1) {
   const summa::GptConfig c = config_of(p);
-  const summa::model::StepTimeOptions options{.placement = s.placement, .optimizer = !s.stem_only};
+  const summa::model::StepTimeOptions options{
+      .placement = s.placement, .optimizer = !s.stem_only, .ranks_per_device = share};
   const auto price = [&](const summa::SchemeSpec& spec, Result& r) {
     const auto t = summa::model::predict_step_time(
         spec, c, p.batch, p.seq, {.checkpoint = s.checkpoint}, s.dtype, m, options);
@@ -388,6 +390,13 @@ void measure(Result& r, const Study& s, const summa::model::Machine& machine,
       r.measured_fwd = median(fwd);
       r.measured_bwd = median(bwd);
       const int share = summa::ranks_per_device(sub, backend.host_accessible());
+      // the predicted columns as the point ran (ranks per device)
+      Point as_run = r.point;
+      as_run.scheme = r.scheme;
+      const Result again = predict(as_run, s, machine, share);
+      r.fwd = again.fwd;
+      r.bwd = again.bwd;
+      r.step = again.step;
       r.predicted_whole =
           summa::model::predict_step_time(
               spec, c, r.point.batch, r.point.seq, options, summa::dtype_v<T>, machine,

@@ -84,7 +84,7 @@ double direct_seconds(const CollectiveCost& cost, std::int64_t g, double sent, d
   return static_cast<double>(g - 1) * cost.alpha_s + (sent + received) / (2 * cost.beta_bytes_s);
 }
 
-double GemmModel::efficiency(index_t m, index_t n, index_t k) const {
+double GemmModel::efficiency(index_t m, index_t n, index_t k, index_t batch) const {
   if (!table.empty()) {
     const auto l = [](index_t v) { return std::log(static_cast<double>(std::max<index_t>(v, 1))); };
     double best = std::numeric_limits<double>::infinity(), eff = table.front().efficiency;
@@ -98,14 +98,16 @@ double GemmModel::efficiency(index_t m, index_t n, index_t k) const {
     }
     return eff;
   }
-  const double f = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const double f = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) *
+                   static_cast<double>(std::max<index_t>(batch, 1));
   return max_efficiency * f / (f + half_flops);
 }
 
-double GemmModel::seconds(index_t m, index_t n, index_t k) const {
-  if (m <= 0 || n <= 0 || k <= 0) return 0;
-  const double f = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  return f / (peak_flops * efficiency(m, n, k));
+double GemmModel::seconds(index_t m, index_t n, index_t k, index_t batch) const {
+  if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
+  const double f = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) *
+                   static_cast<double>(batch);
+  return f / (peak_flops * efficiency(m, n, k, batch));
 }
 
 const GemmModel& DeviceModel::gemm_of(DType t) const {

@@ -27,21 +27,23 @@ class Composer {
     const u64 e = element();
     const u64 rows = op_.local_rows(d_.tokens), sequences = rows / d_.seq;
     const u64 heads = d_.heads / op_.head_split(), head_dim = d_.hidden / d_.heads;
+    // Attention makes one strided-batched call of `heads` products per
+    // sequence (layers/attention_core.hpp)
     const u64 s = d_.seq, batch = sequences * heads;
     const u64 scores = batch * s * s * e;
     const u64 qkv = rows * op_.local_cols(3 * d_.hidden, ActivationLayout::inner) * e;
     if (!backward) {
       t_.memory(qkv);                                            // head-major copies of q, k, v
-      t_.gemm(s, s, head_dim, e, batch);                         // S = Q Kᵀ
+      t_.gemm(s, s, head_dim, e, heads, sequences);              // S = Q Kᵀ
       t_.pointwise(Pointwise::softmax, scores / e, 3 * scores);  // masked softmax
-      t_.gemm(s, head_dim, s, e, batch);                         // O = P V
+      t_.gemm(s, head_dim, s, e, heads, sequences);              // O = P V
       t_.memory(2 * (qkv / 3));                                  // context back to token-major
     } else {
       t_.memory(2 * (qkv / 3));
-      t_.gemm(s, s, head_dim, e, batch);      // dP = dO Vᵀ
-      t_.gemm(s, head_dim, s, e, batch);      // dV = Pᵀ dO
-      t_.memory(4 * scores);                  // softmax backward
-      t_.gemm(s, head_dim, s, e, 2 * batch);  // dQ = dS K, dK = dSᵀ Q
+      t_.gemm(s, s, head_dim, e, heads, sequences);      // dP = dO Vᵀ
+      t_.gemm(s, head_dim, s, e, heads, sequences);      // dV = Pᵀ dO
+      t_.memory(4 * scores);                             // softmax backward
+      t_.gemm(s, head_dim, s, e, heads, 2 * sequences);  // dQ = dS K, dK = dSᵀ Q
       t_.memory(qkv);
     }
   }

@@ -70,39 +70,65 @@ Varying varying(CommAxis a) {
 }
 
 // For every rank and axis: does the rank's group on that axis span more
-// than one node under the placement?
+// than one node under the placement, and how many groups of that axis leave
+// the rank's node (they share its network links: AxoNN eq. 7)?
 class Links {
  public:
   Links(const GridShape& shape, Placement placement, int per_node) : shape_(shape) {
     const std::vector<GridCoords> slots = place(shape, placement, per_node);
+    const auto nodes = static_cast<std::size_t>((slots.size() + per_node - 1) / per_node);
+    node_.assign(static_cast<std::size_t>(shape.size()), 0);
+    for (std::size_t s = 0; s < slots.size(); ++s)
+      node_[index(slots[s])] = static_cast<int>(s) / per_node;
     for (std::size_t a = 0; a < comm_axis_count; ++a) {
+      const auto axis = static_cast<CommAxis>(a);
       auto& span = spans_[a];
       span.assign(static_cast<std::size_t>(shape.size()), {-1, -1});
       for (std::size_t s = 0; s < slots.size(); ++s) {
         const int node = static_cast<int>(s) / per_node;
-        auto& [lo, hi] = span[key(slots[s], static_cast<CommAxis>(a))];
+        auto& [lo, hi] = span[key(slots[s], axis)];
         lo = lo < 0 ? node : std::min(lo, node);
         hi = std::max(hi, node);
       }
+      // groups leaving each node: distinct spanning groups with a member there
+      std::vector<std::vector<std::size_t>> leaving(nodes);
+      for (std::size_t s = 0; s < slots.size(); ++s) {
+        const std::size_t k = key(slots[s], axis);
+        auto& on = leaving[s / static_cast<std::size_t>(per_node)];
+        if (span[k].first != span[k].second && std::find(on.begin(), on.end(), k) == on.end())
+          on.push_back(k);
+      }
+      flows_[a].resize(nodes);
+      for (std::size_t n = 0; n < nodes; ++n)
+        flows_[a][n] = std::max<int>(1, static_cast<int>(leaving[n].size()));
     }
   }
   bool spans_nodes(const GridCoords& c, CommAxis a) const {
     const auto& [lo, hi] = spans_[axis_index(a)][key(c, a)];
     return lo != hi;
   }
+  /// Groups of axis `a` that leave the node of the rank at `c` (at least 1).
+  int flows(const GridCoords& c, CommAxis a) const {
+    return flows_[axis_index(a)][static_cast<std::size_t>(node_[index(c)])];
+  }
 
  private:
+  std::size_t index(const GridCoords& c) const {
+    return static_cast<std::size_t>(
+        ((c.data * shape_.depth + c.depth) * shape_.rows + c.row) * shape_.cols + c.col);
+  }
   std::size_t key(GridCoords c, CommAxis a) const {
     const Varying v = varying(a);
     if (v.data) c.data = 0;
     if (v.depth) c.depth = 0;
     if (v.row) c.row = 0;
     if (v.col) c.col = 0;
-    return static_cast<std::size_t>(
-        ((c.data * shape_.depth + c.depth) * shape_.rows + c.row) * shape_.cols + c.col);
+    return index(c);
   }
   GridShape shape_;
+  std::vector<int> node_;  // by index(): the rank's node
   std::array<std::vector<std::pair<int, int>>, comm_axis_count> spans_;
+  std::array<std::vector<int>, comm_axis_count> flows_;  // by node
 };
 
 // Prices one rank's work.
@@ -119,22 +145,27 @@ class Pricer {
         summa_(summa),
         share_(static_cast<double>(ranks_per_device)) {}
 
-  const LinkLevel& level(CommAxis a) const {
-    return links_.spans_nodes(coords_, a) ? machine_.inter_node : machine_.intra_node;
+  // Collective c on axis a for this rank: the intra-node figures, or the
+  // inter-node ones with β shared by the axis's groups leaving the node.
+  CollectiveCost cost_of(CommAxis a, Collective c) const {
+    if (!links_.spans_nodes(coords_, a)) return machine_.intra_node[c];
+    CollectiveCost cost = machine_.inter_node[c];
+    cost.beta_bytes_s /= static_cast<double>(links_.flows(coords_, a));
+    return cost;
   }
   double collective(const Work& w) const {
-    const CollectiveCost& cost = level(w.axis)[w.collective];
+    const CollectiveCost cost = cost_of(w.axis, w.collective);
     const auto g = static_cast<std::int64_t>(w.group);
     if (cost.algorithm == Algorithm::direct)
       return direct_seconds(cost, g, static_cast<double>(w.sent), static_cast<double>(w.received));
     return collective_seconds(cost, w.collective, g, static_cast<double>(w.bytes));
   }
-  double gemm(u64 m, u64 n, u64 k, u64 batch = 1) const {
+  // `calls` calls of `batch` products each
+  double gemm(u64 m, u64 n, u64 k, u64 batch = 1, u64 calls = 1) const {
+    const auto i = [](u64 v) { return static_cast<index_t>(v); };
     if (shapes_ != nullptr && m > 0 && n > 0 && k > 0)
-      shapes_->insert({static_cast<index_t>(m), static_cast<index_t>(n), static_cast<index_t>(k),
-                       static_cast<index_t>(batch)});
-    return share_ * static_cast<double>(batch) *
-           gemm_.seconds(static_cast<index_t>(m), static_cast<index_t>(n), static_cast<index_t>(k));
+      shapes_->insert({i(m), i(n), i(k), i(batch)});
+    return share_ * static_cast<double>(calls) * gemm_.seconds(i(m), i(n), i(k), i(batch));
   }
   double memory(u64 bytes) const {
     return share_ * static_cast<double>(bytes) / machine_.device.memory_bandwidth;
@@ -168,7 +199,7 @@ class Pricer {
     // q outer steps, so under the direct algorithm a step is priced with
     // the rank's average: (q-1)/q of the panel sent and received.
     const auto panel = [&](Collective c, CommAxis a, u64 elements) {
-      const CollectiveCost& cost = level(a)[c];
+      const CollectiveCost cost = cost_of(a, c);
       const double bytes = static_cast<double>(elements * e);
       const auto g = static_cast<std::int64_t>(q);
       if (cost.algorithm != Algorithm::direct) return collective_seconds(cost, c, g, bytes);
@@ -232,7 +263,7 @@ class Pricer {
     for (const Work& w : op.work) {
       switch (w.kind) {
         case Work::Kind::gemm:
-          t.compute_s += gemm(w.m, w.n, w.k, w.batch);
+          t.compute_s += gemm(w.m, w.n, w.k, w.batch, w.calls);
           break;
         case Work::Kind::memory:
           t.compute_s += memory(w.bytes);

@@ -147,6 +147,9 @@ TEST(MachineModel, GemmEfficiency) {
   EXPECT_NEAR(g.efficiency(10000, 10000, 10000), 0.8, 1e-5);
   EXPECT_DOUBLE_EQ(g.seconds(100, 100, 100), 2e6 / (1e12 * 0.4));
   EXPECT_EQ(g.seconds(0, 100, 100), 0);
+  // a batched call of 4 products saturates like one product of its whole work
+  EXPECT_DOUBLE_EQ(g.efficiency(100, 100, 100, 4), 0.8 * 8e6 / (8e6 + 2e6));
+  EXPECT_DOUBLE_EQ(g.seconds(100, 100, 100, 4), 8e6 / (1e12 * 0.8 * 8e6 / (8e6 + 2e6)));
   g.table = {{.m = 64, .n = 64, .k = 64, .efficiency = 0.3},
              {.m = 1024, .n = 1024, .k = 1024, .efficiency = 0.7}};
   EXPECT_EQ(g.efficiency(70, 60, 64), 0.3);

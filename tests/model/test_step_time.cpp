@@ -10,13 +10,15 @@
 //    same all-reduces on another axis); 3D with Z only does the compute of
 //    the data-parallel model;
 //  - monotone where it must be: more bandwidth, less latency, faster GEMMs
-//    or fewer tokens never make a step slower; nodes of fewer devices never
-//    make it faster; overlap never makes it slower;
+//    or fewer tokens never make a step slower; overlap never makes it
+//    slower;
+//  - groups of an axis leaving a node share its network bandwidth;
 //  - a 4096-device prediction runs in well under a second.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
+#include <tuple>
 
 #include "summa/model/step_time.hpp"
 #include "summa/model/traffic.hpp"
@@ -68,8 +70,7 @@ std::vector<GridCoords> every_rank(const SchemeSpec& spec) {
 
 TEST(StepTime, CommunicationIsTrafficOverBandwidthWithoutLatency) {
   const double beta = 1e9;
-  Machine m = machine(0, beta, Algorithm::direct);
-  m.inter_node = m.intra_node;  // one β whatever the placement
+  Machine m = machine(0, beta, Algorithm::direct, 64);  // one node
 
   for (DType t : {DType::f32, DType::f64, DType::bf16}) m.device.gemm_of(t).peak_flops = 1e300;
   m.device.memory_bandwidth = 1e300;
@@ -99,6 +100,30 @@ TEST(StepTime, CommunicationIsTrafficOverBandwidthWithoutLatency) {
         }
     }
   EXPECT_GT(checked, 100);
+}
+
+// Groups of an axis that leave a node share its links (AxoNN eq. 7): with
+// α = 0 and the direct algorithm a rank's time on a node-spanning axis is
+// its bytes over β_inter divided by the number of such groups on its node.
+TEST(StepTime, GroupsLeavingANodeShareItsBandwidth) {
+  const double beta = 1e9;
+  Machine m = machine(0, 1e30, Algorithm::direct, 2);
+  for (Collective c : model::all_collectives) m.inter_node[c] = {0, beta, Algorithm::direct};
+  for (m.device.gemm_of(DType::f32).peak_flops = 1e300;
+       const auto& [text, axis, flows] : {std::tuple{"data=4,1d:p=2", CommAxis::data, 2},
+                                          {"1d:p=8", CommAxis::tensor, 1},
+                                          {"data=4,1d:p=1", CommAxis::data, 1}}) {
+    SCOPED_TRACE(text);
+    const SchemeSpec spec = SchemeSpec::parse(text);
+    for (const GridCoords& at : every_rank(spec)) {
+      const auto bytes = model::predict_step_traffic(spec, config(), 8, 16, {}, DType::f32, at);
+      const auto t = model::predict_step_time(spec, config(), 8, 16, {}, DType::f32, m,
+                                              {.optimizer = false, .rank = at});
+      const auto& b = bytes[axis];
+      const double want = static_cast<double>(b.bytes_sent + b.bytes_received) / (2 * beta / flows);
+      EXPECT_NEAR(t.comm_s[static_cast<std::size_t>(axis)], want, 1e-12 * want);
+    }
+  }
 }
 
 TEST(StepTime, ThreeDWithXOnlyIsOneD) {
@@ -166,8 +191,9 @@ TEST(StepTime, Monotone) {
       faster_gemm.device.gemm_of(d).peak_flops *= 2;
     EXPECT_LT(t(faster_gemm), t0);
     EXPECT_LT(t(base, 4), t0);
-    Machine small_nodes = machine(5e-6, 5e9, Algorithm::ring, 1);
-    EXPECT_GE(t(small_nodes), t0);
+    Machine faster_network = base;
+    for (Collective c : model::all_collectives) faster_network.inter_node[c].beta_bytes_s *= 2;
+    EXPECT_LE(t(faster_network), t0);
     // a compute-bound element-wise kernel (a rate below its bytes' pace)
     // only adds; a slower one adds more
     Machine slow_gelu = base, slower_gelu = base;
@@ -230,7 +256,7 @@ TEST(StepTime, GemmShapes) {
   const auto one = model::step_gemm_shapes(SchemeSpec::parse("1d:p=1"), c, 8, 16, {}, DType::f32);
   EXPECT_TRUE(has(one, {tokens, 3 * h, h, 1}));         // c_attn forward
   EXPECT_TRUE(has(one, {h, 4 * h, tokens, 1}));         // c_fc weight gradient
-  EXPECT_TRUE(has(one, {16, 16, hd, 8 * c.n_head}));    // S = Q Kᵀ per head
+  EXPECT_TRUE(has(one, {16, 16, hd, c.n_head}));        // S = Q Kᵀ per head
   EXPECT_TRUE(has(one, {tokens, c.vocab_size, h, 1}));  // logits
   SchemeSpec two = SchemeSpec::parse("2d:q=2");
   two.summa.panel = 16;

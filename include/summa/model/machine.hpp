@@ -90,7 +90,11 @@ struct LinkLevel {
 /// efficiency. Where `table` has entries (a calibration's measurements) the
 /// efficiency is that of the entry nearest in log(m), log(n), log(k);
 /// otherwise the saturation curve max_efficiency · f / (f + half_flops),
-/// f = 2mnk, which reaches half of max_efficiency at f = half_flops.
+/// f = 2mnk · batch, which reaches half of max_efficiency at f =
+/// half_flops. A strided-batched call of `batch` products fills the device
+/// like one product of its whole work, hence the call's flops in the
+/// curve; a table entry is per product of the call it was measured in
+/// (calibrate times batched shapes as one call).
 struct GemmModel {
   double peak_flops = 0;  ///< per second; 0: the element type is not supported
   double max_efficiency = 1;
@@ -101,9 +105,9 @@ struct GemmModel {
     friend bool operator==(const Point&, const Point&) = default;
   };
   std::vector<Point> table;
-  /// Seconds for one m x n x k product (0 when any size is 0).
-  double seconds(index_t m, index_t n, index_t k) const;
-  double efficiency(index_t m, index_t n, index_t k) const;
+  /// Seconds for one call of `batch` m x n x k products (0 when any size is 0).
+  double seconds(index_t m, index_t n, index_t k, index_t batch = 1) const;
+  double efficiency(index_t m, index_t n, index_t k, index_t batch = 1) const;
   friend bool operator==(const GemmModel&, const GemmModel&) = default;
 };
 

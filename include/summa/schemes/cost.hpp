@@ -27,7 +27,7 @@ struct Work {
     collective,  ///< one collective on `axis` over `group` ranks
     summa,       ///< one SUMMA call (form, global m x n x k, q = group): the
                  ///< model expands it into panel steps with the engine's options
-    gemm,        ///< `batch` local products m x n x k
+    gemm,        ///< `calls` calls of `batch` local products m x n x k each
     memory,      ///< element-wise work moving `bytes` to and from memory
     pointwise,   ///< a Pointwise kernel over `elements` moving `bytes`
   };
@@ -45,7 +45,7 @@ struct Work {
   /// collective: the buffer each rank holds (all-gather, reduce-scatter: the
   /// whole gathered one); memory: bytes read plus written.
   u64 bytes = 0;
-  u64 m = 0, n = 0, k = 0, batch = 1;
+  u64 m = 0, n = 0, k = 0, batch = 1, calls = 1;
   u64 elements = 0;  ///< pointwise: the kernel's elements
   u64 element = 0;   ///< element size of a gemm or summa
 };
@@ -118,11 +118,17 @@ class Tally {
                       .k = k,
                       .element = e});
   }
-  /// `batch` local products m x n x k of elements of e bytes (compute only).
-  void gemm(u64 m, u64 n, u64 k, u64 e, u64 batch = 1) {
+  /// `calls` strided-batched calls of `batch` local products m x n x k of
+  /// elements of e bytes (compute only).
+  void gemm(u64 m, u64 n, u64 k, u64 e, u64 batch = 1, u64 calls = 1) {
     if (log != nullptr)
-      log->push_back(
-          {.kind = Work::Kind::gemm, .m = m, .n = n, .k = k, .batch = batch, .element = e});
+      log->push_back({.kind = Work::Kind::gemm,
+                      .m = m,
+                      .n = n,
+                      .k = k,
+                      .batch = batch,
+                      .calls = calls,
+                      .element = e});
   }
   /// Element-wise work reading and writing `bytes` in all (compute only).
   void memory(u64 bytes) {
