@@ -15,8 +15,8 @@ what=${1:-demo}
 
 packages=(build-essential cmake ninja-build pkg-config openmpi-bin libopenmpi-dev libeigen3-dev
           libfmt-dev nlohmann-json3-dev libxxhash-dev libgtest-dev libcli11-dev libscalapack-openmpi-dev libblis-dev)
-# The demo also plots its loss curve.
-if [ "$what" = demo ]; then packages+=(python3-matplotlib); fi
+# The demo plots its loss curve; the tests plot a scaling study (bench_scaling_study_plot).
+if [ "$what" = demo ] || [ "$what" = test ]; then packages+=(python3-matplotlib); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
