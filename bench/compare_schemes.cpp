@@ -125,6 +125,7 @@ struct Settings {
   std::optional<summa::model::Machine> machine;
   std::string machine_path;
   int ranks_per_device = 1;
+  bool breakdown = false;     // --breakdown: the step's parts, measured and predicted
   bool auto_schemes = false;  // --schemes auto: the --top best by predicted step
   int top = 3;
   std::string format = "both";
@@ -186,6 +187,14 @@ struct Result {
   // axes) in the counted step, max over ranks; and the step-time model's
   // step and its exposed communication (--predict).
   double wait_s = NAN, predicted_s = NAN, predicted_exposed_s = NAN;
+  // --breakdown: per part of the step (GptModel::profile), the measured
+  // seconds per step (mean over the timed steps, largest over ranks) and
+  // the predicted ones
+  struct Part {
+    std::string op, phase;
+    double measured_s = 0, predicted_s = 0;
+  };
+  std::vector<Part> parts;
   std::array<u64, 5> sent{}, received{};  // kAxes, max over ranks
   bool have_prediction = false, prediction_matches = false;
   std::array<u64, 5> predicted_sent{}, predicted_received{};
@@ -219,7 +228,7 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
                   const Batch& data) {
   Result r;
   r.spec = spec;
-  const summa::GptOptions options{.checkpoint = s.checkpoint};
+  const summa::GptOptions options{.checkpoint = s.checkpoint, .profile = s.breakdown};
   std::optional<summa::ParallelGpt<T>> run;
   try {
     run.emplace(MPI_COMM_WORLD, spec, backend, s.config, s.batch, s.seq, options, s.grid);
@@ -243,7 +252,13 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
   step();
   const summa::TrafficCounters measured = grid.traffic();
   std::vector<double> times;
+  model.reset_profile();
   for (int k = 0; k < s.reps; ++k) times.push_back(time_collective(step));
+  for (const summa::StepPart& p : model.profile()) {
+    double per_step = p.seconds / s.reps;
+    MPI_Allreduce(MPI_IN_PLACE, &per_step, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    r.parts.push_back({std::string(p.op), std::string(p.phase), per_step, 0});
+  }
   r.step_s = median(times);
   r.tokens_per_s = static_cast<double>(s.batch * s.seq) / r.step_s;
   r.loss = loss;
@@ -263,6 +278,12 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
         {.optimizer = false, .ranks_per_device = s.ranks_per_device});
     r.predicted_s = t.step_s;
     r.predicted_exposed_s = t.exposed_s;
+    for (const summa::model::OpTime& op : t.ops) {
+      const std::string name = op.op.starts_with("block.") ? "blocks" : std::string(op.op);
+      for (Result::Part& p : r.parts)
+        if (p.op == name && p.phase == summa::model::name_of(op.phase))
+          p.predicted_s += op.seconds() * static_cast<double>(op.count);
+    }
   }
 
   // The closed form for this rank; a scheme without a model throws on every rank.
@@ -372,6 +393,15 @@ Json json_of(const Settings& s, const Result& r, int ranks) {
   j["loss"] = r.loss;
   j["finite"] = r.finite;
   j["comm_wait_s"] = r.wait_s;
+  if (!r.parts.empty()) {
+    Json parts = Json::array();
+    for (const Result::Part& p : r.parts) {
+      Json o = {{"op", p.op}, {"phase", p.phase}, {"measured_s", p.measured_s}};
+      if (s.machine) o["predicted_s"] = p.predicted_s;
+      parts.push_back(o);
+    }
+    j["breakdown"] = parts;
+  }
   if (s.machine) {
     j["machine"] = s.machine->name;
     j["ranks_per_device"] = s.ranks_per_device;
@@ -467,6 +497,25 @@ int predicted_place(const std::vector<Result>& results, const Result& r) {
   return 1 + static_cast<int>(below.size());
 }
 
+// --breakdown: per scheme, each part's measured seconds per step (and the
+// prediction beside it with --predict).
+void print_breakdown(std::FILE* out, const Settings& s, const std::vector<Result>& results) {
+  std::fprintf(out, "\nbreakdown: seconds per step of each part, measured%s (largest over ranks)\n",
+               s.machine ? " / predicted" : "");
+  for (const Result& r : results) {
+    if (!r.skipped.empty()) continue;
+    std::fprintf(out, "  %s:", r.spec.str().c_str());
+    for (const Result::Part& p : r.parts) {
+      if (s.machine)
+        std::fprintf(out, "  %s.%s %.4f/%.4f", p.op.c_str(), p.phase.c_str(), p.measured_s,
+                     p.predicted_s);
+      else
+        std::fprintf(out, "  %s.%s %.4f", p.op.c_str(), p.phase.c_str(), p.measured_s);
+    }
+    std::fprintf(out, "\n");
+  }
+}
+
 // How well the step-time model did: mean and worst |error| over the schemes
 // that ran, and where the measured fastest scheme is in the predicted order.
 void print_prediction_summary(std::FILE* out, const Settings& s,
@@ -548,6 +597,7 @@ void print_table(std::FILE* out, const Settings& s, const std::vector<Result>& r
   }
   t.print(out);
   if (s.machine) print_prediction_summary(out, s, results);
+  if (s.breakdown) print_breakdown(out, s, results);
   bool any_skipped = false;
   for (const Result& r : results) {
     if (r.skipped.empty()) continue;
@@ -721,6 +771,10 @@ int run(int argc, char** argv, int rank, int ranks) {
       ->capture_default_str();
   app.add_option("--seed", s.seed, "Seed of weights and tokens")->capture_default_str();
   int ranks_per_device = 0;
+  app.add_flag("--breakdown", s.breakdown,
+               "Time the step's parts (embedding, blocks, ln_f, lm_head forward; lm_head, ln_f, "
+               "blocks recompute and backward, embedding, data-axis wait) and print them, beside "
+               "the prediction with --predict");
   app.add_option("--predict", s.machine_path,
                  "Machine file (machines/*.json): the step-time model's prediction beside each "
                  "measured step (docs/scaling.md)");

@@ -65,13 +65,13 @@ struct Cli {
   int layers = 4, hidden = 128, heads = 4, seq = 64, vocab = 0, positions = 0;
   std::string scheme;  // default: from the rank count; "auto": the step-time model's choice
   std::string machine = SUMMA_DEFAULT_MACHINE;  // --scheme auto
-  double budget_mib = 0;                        // --scheme auto; 0: the machine's memory
   int top = 3;
   std::string dtype = "float";
   std::string backend = "cpu";
   std::string comm;  // default: mpi on cpu, nccl on cuda
   bool tf32 = false;
   bool recompute = true;
+  bool profile = false;  // time the step's parts into the log
   std::int64_t steps = 400;
   index_t batch = 16;
   std::string optimizer = "adamw";
@@ -423,8 +423,9 @@ template <class T>
 summa::SchemeSpec choose_scheme(const Cli& cli, const summa::TrainerOptions& o,
                                 summa::Backend& backend, bool root) {
   const summa::model::Machine machine = summa::io::load_machine(cli.machine);
-  const std::uint64_t budget = cli.budget_mib > 0
-                                   ? static_cast<std::uint64_t>(cli.budget_mib * 1024 * 1024)
+  // --memory-budget when given, else the machine file's device memory
+  const std::uint64_t budget = cli.memory_budget_gib > 0
+                                   ? static_cast<std::uint64_t>(cli.memory_budget_gib * (1 << 30))
                                    : machine.device.memory_bytes;
   const auto all = summa::rank_schemes<T>(
       MPI_COMM_WORLD, backend, o.config, o.batch, o.seq, o.gpt, machine,
@@ -483,6 +484,7 @@ int train(const Cli& cli) {
   o.batch = cli.batch;
   o.seq = cli.seq;
   o.gpt.checkpoint = cli.recompute;
+  o.gpt.profile = cli.profile;
   o.optimizer.kind = cli.optimizer;
   o.optimizer.weight_decay = cli.weight_decay;
   o.optimizer.beta2 = cli.beta2;
@@ -707,6 +709,7 @@ int train(const Cli& cli) {
   const auto t_start = std::chrono::steady_clock::now();
   for (std::int64_t s = first; s < steps; ++s) {
     const summa::TrafficCounters before = trainer.model().grid().traffic();
+    trainer.model().reset_profile();
     const auto t0 = std::chrono::steady_clock::now();
     const summa::StepStats st = trainer.train_step();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -767,6 +770,12 @@ int train(const Cli& cli) {
       }
       record["comm_wait_s"] = wait;
       record["compute_s"] = std::max(0.0, dt - waited);
+      if (cli.profile) {  // rank 0's step parts (GptOptions::profile)
+        nlohmann::ordered_json parts = nlohmann::ordered_json::object();
+        for (const summa::StepPart& p : trainer.model().profile())
+          parts[std::string(p.op) + "." + std::string(p.phase)] = p.seconds;
+        record["parts_s"] = parts;
+      }
       if (st.skipped) record["skipped"] = true;
       log.line(record.dump());
     }
@@ -889,10 +898,6 @@ int main(int argc, char** argv) {
   app.add_option("--machine", cli.machine,
                  "--scheme auto: the machine file the schemes are priced on (machines/*.json)")
       ->capture_default_str();
-  app.add_option("--budget-mib", cli.budget_mib,
-                 "--scheme auto: memory per rank the planned model must fit (0: the machine "
-                 "file's device memory)")
-      ->check(CLI::NonNegativeNumber);
   app.add_option("--top", cli.top, "--scheme auto: how many of the best schemes to print")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
@@ -913,6 +918,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"mpi", "nccl", "mpi_staged"}));
   app.add_flag("--tf32", cli.tf32, "cuda: TF32 tensor cores in float GEMMs");
   app.add_flag("!--no-recompute", cli.recompute, "keep every activation (no checkpointing)");
+  app.add_flag("--profile", cli.profile,
+               "log each step's parts (parts_s: embedding, blocks, ln_f, lm_head forward; "
+               "lm_head, ln_f, blocks recompute and backward, embedding, data-axis wait; "
+               "rank 0, device-synchronised)");
   app.add_option("--steps", cli.steps, "total training steps")
       ->check(integer_in(0, 1e12))
       ->capture_default_str();

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 #include <string>
 
@@ -76,6 +77,7 @@ template <class T>
 void Gpt<T>::finish_construction(index_t rows, index_t cols) {
   rows_ = rows;
   cols_ = cols;
+  reset_profile();
   const BufferNeeds needs = buffer_needs();
   ByteCount<T> slot;
   slot.add(rows * cols);
@@ -183,6 +185,46 @@ void Gpt<T>::reduce_bucket(std::size_t k) {
 }
 
 template <class T>
+template <class F>
+void Gpt<T>::timed(Part part, F&& work) {
+  if (!options_.profile) {
+    work();
+    return;
+  }
+  backend_->synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  work();
+  backend_->synchronize();
+  parts_[part].seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++parts_[part].calls;
+}
+
+template <class T>
+std::span<const StepPart> Gpt<T>::profile() const {
+  if (!options_.profile) return {};
+  return parts_;
+}
+
+template <class T>
+void Gpt<T>::reset_profile() {
+  constexpr std::array<std::pair<std::string_view, std::string_view>, part_count> names = {{
+      {"embedding", "forward"},
+      {"blocks", "forward"},
+      {"ln_f", "forward"},
+      {"lm_head", "forward"},
+      {"lm_head", "backward"},
+      {"ln_f", "backward"},
+      {"blocks", "recompute"},
+      {"blocks", "backward"},
+      {"embedding", "backward"},
+      {"data_axis", "backward"},
+  }};
+  for (std::size_t i = 0; i < part_count; ++i)
+    parts_[i] = {.op = names[i].first, .phase = names[i].second, .seconds = 0, .calls = 0};
+}
+
+template <class T>
 double Gpt<T>::forward(std::span<const std::int32_t> tokens,
                        std::span<const std::int32_t> targets) {
   require_allocated("forward");
@@ -219,17 +261,22 @@ double Gpt<T>::forward(std::span<const std::int32_t> tokens,
   B.backward.reset();
   B.workspace.reset();
   StepBuffers step = B.step();
-  embedding_->forward(tokens_, boundaries_[0], step);
-  for (std::size_t i = 0; i < blocks_.size(); ++i) {
-    const std::size_t mark = B.forward.mark();
-    blocks_[i]->forward(boundaries_[i], boundaries_[i + 1], step);
-    if (options_.checkpoint) B.forward.release(mark);
-  }
+  timed(fwd_embedding, [&] { embedding_->forward(tokens_, boundaries_[0], step); });
+  timed(fwd_blocks, [&] {
+    for (std::size_t i = 0; i < blocks_.size(); ++i) {
+      const std::size_t mark = B.forward.mark();
+      blocks_[i]->forward(boundaries_[i], boundaries_[i + 1], step);
+      if (options_.checkpoint) B.forward.release(mark);
+    }
+  });
   lnf_ = MatrixView<T>::dense(B.forward.take<T>(static_cast<std::size_t>(rows_ * cols_)), rows_,
                               cols_, Order::row_major);
-  ln_f_->forward(boundaries_.back(), lnf_, step);
-  double loss = head_->forward(lnf_, targets_, step);
-  if (data_ > 1) grid_->data().all_reduce(&loss, &loss, 1, DType::f64, ReduceOp::sum);
+  timed(fwd_ln_f, [&] { ln_f_->forward(boundaries_.back(), lnf_, step); });
+  double loss = 0;
+  timed(fwd_lm_head, [&] {
+    loss = head_->forward(lnf_, targets_, step);
+    if (data_ > 1) grid_->data().all_reduce(&loss, &loss, 1, DType::f64, ReduceOp::sum);
+  });
   have_forward_ = true;
   return loss;
 }
@@ -254,8 +301,8 @@ void Gpt<T>::backward(bool accumulate) {
     const auto dlnf =
         MatrixView<T>::dense(B.backward.take<T>(static_cast<std::size_t>(rows_ * cols_)), rows_,
                              cols_, Order::row_major);
-    head_->backward(dlnf, step, true);
-    ln_f_->backward(dlnf, conj_[0], step, true);
+    timed(bwd_lm_head, [&] { head_->backward(dlnf, step, true); });
+    timed(bwd_ln_f, [&] { ln_f_->backward(dlnf, conj_[0], step, true); });
   }
   std::size_t bucket = 0;
   reduce_bucket(bucket++);  // LN_f's gradients are final
@@ -265,24 +312,26 @@ void Gpt<T>::backward(bool accumulate) {
       // Recompute block i from its checkpointed input; its output goes to the
       // free conjunction slot (backward does not read a block's output).
       B.forward.reset();
-      blocks_[i]->forward(boundaries_[i], conj_[1 - cur], step);
+      timed(rec_blocks, [&] { blocks_[i]->forward(boundaries_[i], conj_[1 - cur], step); });
     }
-    blocks_[i]->backward(conj_[cur], conj_[1 - cur], step, true);
+    timed(bwd_blocks, [&] { blocks_[i]->backward(conj_[cur], conj_[1 - cur], step, true); });
     reduce_bucket(bucket++);  // in flight while the blocks below run
     cur = 1 - cur;
   }
-  embedding_->backward(conj_[cur], step, true);
+  timed(bwd_embedding, [&] { embedding_->backward(conj_[cur], step, true); });
   reduce_bucket(bucket++);
   input_grad_ = conj_[cur];
   // The one completion point: deferred gradient work (ORS), then the
   // data-axis buckets (issued here when gradients were deferred).
-  scheme_->complete_deferred();
-  if (data_ > 1 && scheme_->defers_gradients())
-    for (Bucket& b : buckets_)
-      if (b.count > 0)
-        b.request = grid_->data().iall_reduce(b.begin, b.begin, static_cast<std::size_t>(b.count),
-                                              dtype_v<T>, ReduceOp::sum);
-  for (Bucket& b : buckets_) grid_->data().wait(b.request);
+  timed(bwd_data_axis, [&] {
+    scheme_->complete_deferred();
+    if (data_ > 1 && scheme_->defers_gradients())
+      for (Bucket& b : buckets_)
+        if (b.count > 0)
+          b.request = grid_->data().iall_reduce(b.begin, b.begin, static_cast<std::size_t>(b.count),
+                                                dtype_v<T>, ReduceOp::sum);
+    for (Bucket& b : buckets_) grid_->data().wait(b.request);
+  });
 }
 
 template <class T>

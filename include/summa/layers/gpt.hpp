@@ -32,6 +32,7 @@
 /// that defers gradient work (3D with ORS) completes it at the same point,
 /// before the buckets are all-reduced.
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -76,6 +77,8 @@ class Gpt final : public GptModel<T> {
   ProcessGrid& grid() const override { return *grid_; }
   ParameterStore<T>& parameters_store() override;
   MemoryReport memory_report() const override;
+  std::span<const StepPart> profile() const override;
+  void reset_profile() override;
   ModelBuffers& buffers();
 
   /// Data-parallel groups and the sequences each one takes.
@@ -121,6 +124,24 @@ class Gpt final : public GptModel<T> {
   void reduce_bucket(std::size_t k);
 
   void require_allocated(const char* what) const;
+
+  // GptOptions::profile: the parts, in step order, and their timing.
+  enum Part : std::uint8_t {
+    fwd_embedding,
+    fwd_blocks,
+    fwd_ln_f,
+    fwd_lm_head,
+    bwd_lm_head,
+    bwd_ln_f,
+    rec_blocks,
+    bwd_blocks,
+    bwd_embedding,
+    bwd_data_axis,
+    part_count
+  };
+  std::array<StepPart, part_count> parts_{};
+  template <class F>
+  void timed(Part part, F&& work);
 
   index_t rows_ = 0, cols_ = 0;  // local activation block
   ModelBuffers::Sizes sizes_{};  // of every step buffer

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/parameters.hpp"
@@ -23,6 +24,20 @@ struct GptOptions {
   /// memory planner (summa::plan_memory); init, forward, backward and
   /// parameters_store() throw.
   bool plan_only = false;
+  /// Time the step's parts (GptModel::profile): each part is bracketed by
+  /// Backend::synchronize() and a clock read, so the figures are the
+  /// device's; off, the step runs untouched.
+  bool profile = false;
+};
+
+/// One part of a training step as GptModel::profile reports it: its name in
+/// the step-time model's terms (model/step_time.hpp, OpTime::op, the block
+/// ops summed as "blocks"), its phase ("forward", "backward",
+/// "recompute"), and the wall time and calls since the last reset.
+struct StepPart {
+  std::string_view op, phase;
+  double seconds = 0;
+  std::uint64_t calls = 0;
 };
 
 template <class T>
@@ -49,6 +64,12 @@ class GptModel : public Module<T> {
   virtual ParameterStore<T>& parameters_store() = 0;
   /// Bytes per rank: parameters, gradients, activations, every buffer.
   virtual MemoryReport memory_report() const = 0;
+  /// The step's parts timed on this rank since reset_profile() (empty
+  /// unless built with GptOptions::profile): embedding, blocks, ln_f and
+  /// lm_head forward; lm_head, ln_f, blocks (recompute and backward),
+  /// embedding and the data axis's wait backward.
+  virtual std::span<const StepPart> profile() const { return {}; }
+  virtual void reset_profile() {}
 };
 
 }  // namespace summa
