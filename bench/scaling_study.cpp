@@ -25,8 +25,11 @@
 // "natural"|"bunched", "points": [{"gpus": 4, "scheme": "2d:q=2", "batch": 96,
 // "seq": 512, "layers": 24, "hidden": 2048, "heads": 32, "vocab": 50304,
 // "paper_fwd_per_sample_s": ..., "paper_bwd_per_sample_s": ...}, ...]}.
-// "scheme" may be "auto": every scheme of the point's rank count, ranked by
-// predicted step time (the best is reported, the top 3 listed on stderr).
+// "scheme" may be "auto": every scheme of the point's rank count, planned
+// (the scheme's own checks; its memory within the device's) and ranked by
+// predicted step time (the best is reported, the top 3 in --json's "top").
+// Every point's memory per device is the memory planner's, for the busiest
+// rank, computed without launching the ranks (plan-only grids).
 #include <mpi.h>
 
 #include <fmt/format.h>
@@ -44,11 +47,14 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "bench_device.hpp"
 #include "summa/io/machine_file.hpp"
 #include "summa/model/step_time.hpp"
+#include "summa/optim/optimizer.hpp"
 #include "summa/parallel/auto_scheme.hpp"
 #include "summa/schemes/spec.hpp"
 
@@ -73,6 +79,17 @@ struct Study {
 
 // ---------------------------------------------------------------- presets
 
+// GPT-2's vocabulary as the presets' 1D points use it: 50304 (50257 padded
+// to a multiple of 128) where p divides it, otherwise padded to a multiple
+// of 128 p as Megatron pads it (50688 for p = 36). Only the memory plan sees
+// it in a stem-only study.
+long megatron_vocab(int p) {
+  const long gpt2 = 50257, padded = 50304;
+  if (padded % p == 0) return padded;
+  const long unit = 128L * p;
+  return (gpt2 + unit - 1) / unit * unit;
+}
+
 // Optimus (Xu et al. 2021) Tables 2 and 3: 24 layers, seq 512, the stacked
 // transformer layers timed, TACC Frontera rtx nodes (4 GPUs each), bunched
 // placement for 2D. Published forward and backward time per sample.
@@ -96,6 +113,7 @@ Study optimus_weak() {
                         .batch = r.batch_1d,
                         .hidden = r.h,
                         .heads = r.heads,
+                        .vocab = megatron_vocab(r.gpus),
                         .paper_fwd = r.fwd_1d,
                         .paper_bwd = r.bwd_1d});
     s.points.push_back({.gpus = r.gpus,
@@ -129,6 +147,7 @@ Study optimus_strong() {
                         .batch = 12,
                         .hidden = r.h_1d,
                         .heads = r.heads_1d,
+                        .vocab = megatron_vocab(r.gpus),
                         .paper_fwd = r.fwd_1d,
                         .paper_bwd = r.bwd_1d});
     s.points.push_back({.gpus = r.gpus,
@@ -262,6 +281,10 @@ struct Result {
   // of that same whole step with the launch's ranks per device
   std::optional<double> measured_fwd = {}, measured_bwd = {}, predicted_whole = {};
   std::string run_note = {};  // why a point that fits was not measured
+  // The busiest rank's planned memory (model buffers and AdamW state;
+  // launch-free), or why the scheme refuses the point.
+  std::optional<std::uint64_t> memory_bytes = {};
+  std::string plan_note = {};
 };
 
 struct UsageError : std::runtime_error {
@@ -290,6 +313,61 @@ summa::GptConfig config_of(const Point& p) {
   return c;
 }
 
+// Bytes per rank of the AdamW state beside the planned model (two moments
+// in master_t<T>, plus the fp32 master weights of a bf16 model), as
+// gpt_train counts it.
+template <class T>
+constexpr std::uint64_t adamw_bytes_per_parameter = sizeof(summa::master_t<T>) *
+                                                    (std::is_same_v<T, summa::bf16> ? 3 : 2);
+
+template <class T>
+std::uint64_t adamw_state_bytes(const summa::MemoryReport& plan) {
+  return plan.parameters / sizeof(T) * adamw_bytes_per_parameter<T>;
+}
+
+// The memory plan of the point's busiest rank (launch-free: a plan-only
+// grid per rank of one tensor group) for the study's element type; for
+// "auto", every scheme planned and priced (summa::rank_schemes), those
+// whose plan exceeds the machine's device memory rejected.
+struct Planned {
+  std::uint64_t memory_bytes = 0;
+  std::vector<summa::SchemeCandidate> ranking = {};  // auto only
+};
+
+template <class T>
+Planned plan_point(const Point& p, const Study& s, const summa::model::Machine& m,
+                   const summa::model::StepTimeOptions& time) {
+  summa::CpuBackend backend;  // the plan's workspaces as the CPU backend sizes them
+  const summa::GptConfig c = config_of(p);
+  const summa::GptOptions options{.checkpoint = s.checkpoint};
+  Planned out;
+  if (p.scheme != "auto") {
+    const summa::RankMemory r = summa::plan_memory_busiest<T>(summa::SchemeSpec::parse(p.scheme),
+                                                              backend, c, p.batch, p.seq, options);
+    out.memory_bytes = r.report.total() + adamw_state_bytes<T>(r.report);
+    return out;
+  }
+  const std::uint64_t budget = m.device.memory_bytes > 0 ? m.device.memory_bytes : ~0ull;
+  out.ranking = summa::rank_schemes<T>(p.gpus, backend, c, p.batch, p.seq, options, m,
+                                       {.budget_bytes = budget,
+                                        .state_bytes_per_parameter = adamw_bytes_per_parameter<T>,
+                                        .time = time});
+  return out;
+}
+
+Planned plan_point(const Point& p, const Study& s, const summa::model::Machine& m,
+                   const summa::model::StepTimeOptions& time) {
+  switch (s.dtype) {
+    case summa::DType::f32:
+      return plan_point<float>(p, s, m, time);
+    case summa::DType::f64:
+      return plan_point<double>(p, s, m, time);
+    case summa::DType::bf16:
+      break;
+  }
+  return plan_point<summa::bf16>(p, s, m, time);
+}
+
 // `share`: ranks per device (a --run point priced as it ran).
 Result predict(const Point& p, const Study& s, const summa::model::Machine& m, int share = 1) {
   const summa::GptConfig c = config_of(p);
@@ -310,30 +388,40 @@ Result predict(const Point& p, const Study& s, const summa::model::Machine& m, i
   r.flops_per_step = step_flops(p, s);
   if (p.scheme != "auto") {
     price(summa::SchemeSpec::parse(p.scheme), r);
+    try {  // the scheme's own checks of the model, as a launch makes them
+      r.memory_bytes = plan_point(p, s, m, options).memory_bytes;
+    } catch (const summa::Error& e) {
+      r.plan_note = e.what();
+    }
     return r;
   }
-  // every scheme that fits and divides the model, ranked by predicted step
-  std::vector<std::pair<double, std::string>> all;
-  for (const summa::SchemeSpec& spec : summa::schemes_for(p.gpus)) {
-    const long split_heads = spec.scheme == "1d" ? spec.p : spec.scheme == "2d" ? spec.q : spec.gx;
-    const long split_batch = spec.data * (spec.scheme == "2d"   ? spec.q
-                                          : spec.scheme == "3d" ? spec.gz
-                                                                : 1);
-    if (p.heads % split_heads != 0 || p.batch % split_batch != 0 ||
-        p.hidden % (spec.scheme == "3d" ? spec.gx * spec.gy : split_heads) != 0)
-      continue;
+  // Every scheme of the rank count, planned (its own checks and its memory
+  // against the device's) and ranked by predicted step. The ranking prices
+  // whole steps; a stem-only study reranks the choices by their stem.
+  const Planned planned = plan_point(p, s, m, options);
+  std::vector<std::tuple<double, std::string, std::uint64_t>> all;
+  for (const summa::SchemeCandidate& x : planned.ranking) {
+    if (!x.rejected.empty()) continue;
     Result trial = r;
-    price(spec, trial);
-    all.emplace_back(trial.step, spec.str());
+    price(x.spec, trial);
+    all.emplace_back(trial.step, x.spec.str(), x.memory_bytes);
   }
-  if (all.empty())
-    throw summa::Error(
-        fmt::format("no scheme of {} ranks divides the model of point {} GPUs", p.gpus, p.gpus));
-  std::sort(all.begin(), all.end());
-  r.scheme = all.front().second;
+  if (all.empty()) {
+    std::string why;
+    for (const summa::SchemeCandidate& x : planned.ranking)
+      why += fmt::format("\n  {}: {}", x.spec.str(), x.rejected);
+    throw summa::Error(fmt::format("no scheme of {} ranks takes the point (batch {}, hidden {}):{}",
+                                   p.gpus, p.batch, p.hidden, why));
+  }
+  std::stable_sort(all.begin(), all.end(),
+                   [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
+  r.scheme = std::get<1>(all.front());
   price(summa::SchemeSpec::parse(r.scheme), r);
+  Point chosen = p;
+  chosen.scheme = r.scheme;
+  r.memory_bytes = plan_point(chosen, s, m, options).memory_bytes;
   for (std::size_t k = 0; k < std::min<std::size_t>(3, all.size()); ++k)
-    r.ranked.emplace_back(all[k].second, all[k].first);
+    r.ranked.emplace_back(std::get<1>(all[k]), std::get<0>(all[k]));
   return r;
 }
 
@@ -529,15 +617,18 @@ int study_main(int argc, char** argv, int rank, int world) {
       "{:>5} {:>22} {:>6} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6} {:>6} {:>8}",
       "gpus", "scheme", "batch", "hidden", "heads", "fwd/smp", "paper", "bwd/smp", "paper", "thru",
       "infer", "eff", "2d/1d", "TF/gpu");
+  table << fmt::format(" {:>8}", "GiB/gpu");
   if (any_measured) table << fmt::format(" {:>9} {:>9} {:>7}", "pred_s", "meas_s", "err%");
   table << "\n";
   std::ofstream csv_out;
   if (!csv.empty()) {
     csv_out.open(csv);
     if (!csv_out) throw UsageError(fmt::format("--csv {}: cannot be written", csv));
-    csv_out << "gpus,scheme,batch,hidden,heads,fwd_per_sample_s,paper_fwd_per_sample_s,"
-               "bwd_per_sample_s,paper_bwd_per_sample_s,throughput,inference_throughput,"
-               "efficiency,speedup_2d_1d,tflops_per_gpu,predicted_whole_step_s,measured_step_s\n";
+    csv_out
+        << "gpus,scheme,batch,hidden,heads,fwd_per_sample_s,paper_fwd_per_sample_s,"
+           "bwd_per_sample_s,paper_bwd_per_sample_s,throughput,inference_throughput,"
+           "efficiency,speedup_2d_1d,tflops_per_gpu,memory_per_gpu_bytes,predicted_whole_step_s,"
+           "measured_step_s\n";
   }
   std::ofstream plot_out;
   if (!plot.empty()) {
@@ -573,6 +664,14 @@ int study_main(int argc, char** argv, int rank, int world) {
         r.point.gpus, r.scheme, r.point.batch, r.point.hidden, r.point.heads, r.fwd / b,
         paper(r.point.paper_fwd), r.bwd / b, paper(r.point.paper_bwd), thru, infer, eff, speedup,
         tflops);
+    // the busiest rank's plan; '!' past the device's memory
+    const bool fits = !r.memory_bytes || machine.device.memory_bytes == 0 ||
+                      *r.memory_bytes <= machine.device.memory_bytes;
+    table << (r.memory_bytes ? fmt::format(" {:>7.2f}{}",
+                                           static_cast<double>(*r.memory_bytes) /
+                                               static_cast<double>(1ull << 30),
+                                           fits ? " " : "!")
+                             : fmt::format(" {:>8}", "-"));
     if (any_measured) {
       if (was_run)
         table << fmt::format(" {:>9.4f} {:>9.4f} {:>+7.1f}", whole, measured,
@@ -583,12 +682,13 @@ int study_main(int argc, char** argv, int rank, int world) {
     table << "\n";
     if (csv_out)
       csv_out << fmt::format(
-          "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", r.point.gpus, r.scheme,
+          "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", r.point.gpus, r.scheme,
           r.point.batch, r.point.hidden, r.point.heads, r.fwd / b,
           r.point.paper_fwd ? fmt::format("{}", *r.point.paper_fwd) : "", r.bwd / b,
           r.point.paper_bwd ? fmt::format("{}", *r.point.paper_bwd) : "", thru, infer, eff,
-          std::isnan(speedup) ? 0.0 : speedup, tflops, was_run ? fmt::format("{}", whole) : "",
-          was_run ? fmt::format("{}", measured) : "");
+          std::isnan(speedup) ? 0.0 : speedup, tflops,
+          r.memory_bytes ? fmt::format("{}", *r.memory_bytes) : "",
+          was_run ? fmt::format("{}", whole) : "", was_run ? fmt::format("{}", measured) : "");
     json o{
         {"study", study.name},      {"kind", study.kind},         {"machine", machine.name},
         {"gpus", r.point.gpus},     {"scheme", r.scheme},         {"batch", r.point.batch},
@@ -597,6 +697,11 @@ int study_main(int argc, char** argv, int rank, int world) {
         {"predicted_bwd_s", r.bwd}, {"throughput", thru},         {"inference_throughput", infer},
         {"efficiency", eff},        {"tflops_per_gpu", tflops}};
     if (!std::isnan(speedup)) o["speedup_2d_1d"] = speedup;
+    if (r.memory_bytes) {
+      o["memory_per_gpu_bytes"] = *r.memory_bytes;
+      o["memory_fits"] = fits;
+    }
+    if (!r.plan_note.empty()) o["plan_note"] = r.plan_note;
     if (r.point.paper_fwd && r.point.paper_bwd) {
       o["paper_fwd_per_sample_s"] = *r.point.paper_fwd;
       o["paper_bwd_per_sample_s"] = *r.point.paper_bwd;
@@ -636,6 +741,20 @@ int study_main(int argc, char** argv, int rank, int world) {
     if (plot_out) plot_out << o.dump() << "\n";
   }
   if (!as_json) std::cout << table.str();
+  std::cout.flush();  // before the notes on stderr
+  for (const Result& r : results)
+    if (!r.plan_note.empty())
+      std::cerr << fmt::format("scaling_study: {} on {} device(s): the scheme refuses it: {}\n",
+                               r.scheme, r.point.gpus, r.plan_note);
+  if (std::any_of(results.begin(), results.end(), [&](const Result& r) {
+        return r.memory_bytes && machine.device.memory_bytes > 0 &&
+               *r.memory_bytes > machine.device.memory_bytes;
+      }))
+    std::cerr << fmt::format(
+        "scaling_study: '!' marks plans beyond the {:.1f} GiB of a {} device (model buffers "
+        "and AdamW state of the busiest rank)\n",
+        static_cast<double>(machine.device.memory_bytes) / static_cast<double>(1ull << 30),
+        machine.name);
   for (const Result& r : results)
     if (!r.run_note.empty())
       std::cerr << fmt::format("scaling_study: {} on {} device(s) not run: {}\n", r.scheme,

@@ -419,6 +419,14 @@ std::unique_ptr<summa::Backend> make_backend(const Cli& cli, summa::GridOptions&
 // --scheme auto: every scheme of the rank count planned and priced on
 // --machine (summa::rank_schemes, docs/scaling.md), the --top best printed,
 // the fastest within the memory budget chosen.
+// Optimizer state per parameter element: the moments (AdamW: 2, SGD with
+// momentum: 1) and, under bf16, the fp32 master weights, in master_t<T>.
+template <class T>
+std::uint64_t state_bytes_per_parameter(const summa::OptimizerOptions& opt) {
+  const std::uint64_t slots = opt.kind == "adamw" ? 2 : (opt.momentum > 0 ? 1 : 0);
+  return sizeof(summa::master_t<T>) * (slots + (std::is_same_v<T, summa::bf16> ? 1 : 0));
+}
+
 template <class T>
 summa::SchemeSpec choose_scheme(const Cli& cli, const summa::TrainerOptions& o,
                                 summa::Backend& backend, bool root) {
@@ -430,6 +438,7 @@ summa::SchemeSpec choose_scheme(const Cli& cli, const summa::TrainerOptions& o,
   const auto all = summa::rank_schemes<T>(
       MPI_COMM_WORLD, backend, o.config, o.batch, o.seq, o.gpt, machine,
       {.budget_bytes = budget,
+       .state_bytes_per_parameter = state_bytes_per_parameter<T>(o.optimizer),
        .time = {.ranks_per_device = summa::ranks_per_device(MPI_COMM_WORLD, cli.backend == "cpu")}},
       o.grid);
   if (all.empty() || !all.front().rejected.empty())
@@ -616,11 +625,9 @@ int train(const Cli& cli) {
   // Memory: the planner's figure for this configuration (parameters,
   // gradients, every step buffer) plus the optimizer state, against what
   // the node has per rank, before anything large is allocated.
-  const std::size_t slots = o.optimizer.kind == "adamw" ? 2 : (o.optimizer.momentum > 0 ? 1 : 0);
   const auto state_bytes = [&](const summa::MemoryReport& r) {
-    const double params = static_cast<double>(r.parameters) / sizeof(T);
-    return params * sizeof(summa::master_t<T>) *
-           static_cast<double>(slots + (std::is_same_v<T, summa::bf16> ? 1 : 0));
+    return static_cast<double>(r.parameters / sizeof(T) *
+                               state_bytes_per_parameter<T>(o.optimizer));
   };
   {
     const summa::MemoryReport plan =

@@ -114,6 +114,34 @@ std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, CommAxis axis,
   return std::make_unique<MpiCommunicator>(comm, true, axis, counter);
 }
 
+// The communicator of a plan-only grid (ProcessGrid::plan): a rank and a
+// size, no peers. The planner only asks for shapes; a collective is a bug.
+class PlanCommunicator final : public Communicator {
+ public:
+  PlanCommunicator(CommAxis axis, TrafficCounter* counter, int rank, int size)
+      : Communicator(axis, counter), rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+ protected:
+  std::uintptr_t start(Kind, const void*, void*, std::size_t, DType, ReduceOp, int) override {
+    refuse();
+  }
+  void finish(std::uintptr_t) override { refuse(); }
+  bool poll(std::uintptr_t) override { refuse(); }
+  void do_barrier() override { refuse(); }
+
+ private:
+  [[noreturn]] void refuse() const {
+    throw Error(fmt::format(
+        "a plan-only grid (ProcessGrid::plan) cannot communicate: a collective on axis {} was "
+        "issued while planning",
+        name_of(axis())));
+  }
+  int rank_;
+  int size_;
+};
+
 }  // namespace
 
 const char* to_string(CommBackend backend) {
@@ -214,6 +242,43 @@ ProcessGrid::ProcessGrid(MPI_Comm comm, GridShape shape, GridOptions options)
     if (impl_->comms[a]) impl_->watchdog->attach(*impl_->comms[a], impl_->natives[a]);
 }
 
+ProcessGrid ProcessGrid::plan(GridShape shape, GridCoords coords) {
+  return ProcessGrid(shape, coords);
+}
+
+ProcessGrid::ProcessGrid(GridShape shape, GridCoords coords)
+    : shape_(shape),
+      coords_(coords),
+      plan_only_(true),
+      traffic_(std::make_unique<TrafficCounters>()),
+      impl_(std::make_unique<Impl>()) {
+  const GridShape& s = shape;
+  const GridCoords& c = coords;
+  require(s.data > 0 && s.depth > 0 && s.rows > 0 && s.cols > 0, [&] {
+    return fmt::format("ProcessGrid::plan: every axis must be positive, got {}", describe(s));
+  });
+  require(c.data >= 0 && c.data < s.data && c.depth >= 0 && c.depth < s.depth && c.row >= 0 &&
+              c.row < s.rows && c.col >= 0 && c.col < s.cols,
+          [&] {
+            return fmt::format(
+                "ProcessGrid::plan: coordinates data={} depth={} row={} col={} lie outside the "
+                "grid {}",
+                c.data, c.depth, c.row, c.col, describe(s));
+          });
+  auto make = [&](CommAxis axis, int rank, int size) {
+    impl_->natives[static_cast<std::size_t>(axis)] = MPI_COMM_NULL;
+    impl_->comms[static_cast<std::size_t>(axis)] =
+        std::make_unique<PlanCommunicator>(axis, &(*traffic_)[axis], rank, size);
+  };
+  make(CommAxis::world, linear_index(s, c), s.size());
+  make(CommAxis::data, c.data, s.data);
+  make(CommAxis::depth, c.depth, s.depth);
+  make(CommAxis::mesh_row, c.col, s.cols);
+  make(CommAxis::mesh_col, c.row, s.rows);
+  make(CommAxis::mesh, c.row * s.cols + c.col, s.rows * s.cols);
+  make(CommAxis::tensor, (c.depth * s.rows + c.row) * s.cols + c.col, s.depth * s.rows * s.cols);
+}
+
 Watchdog* ProcessGrid::watchdog() const {
   return impl_->watchdog && impl_->watchdog->enabled() ? impl_->watchdog.get() : nullptr;
 }
@@ -239,10 +304,18 @@ MPI_Comm ProcessGrid::native(CommAxis axis) const {
   require(c != nullptr, [&] {
     return fmt::format("ProcessGrid has no communicator for axis {}", name_of(axis));
   });
+  require(!plan_only_, [&] {
+    return fmt::format("a plan-only grid (ProcessGrid::plan) has no MPI communicator (axis {})",
+                       name_of(axis));
+  });
   return impl_->natives[static_cast<std::size_t>(axis)];
 }
 
 void ProcessGrid::agree(CommAxis axis, const std::optional<std::string>& local_error) const {
+  if (plan_only_) {
+    if (local_error) throw CollectiveError(*local_error);
+    return;
+  }
   agree_on(native(axis), local_error);
 }
 

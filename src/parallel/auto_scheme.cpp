@@ -23,20 +23,18 @@ int ranks_per_device(MPI_Comm comm, bool cpu_backend) {
 }
 
 template <class T>
-std::vector<SchemeCandidate> rank_schemes(MPI_Comm comm, Backend& backend, const GptConfig& config,
+std::vector<SchemeCandidate> rank_schemes(int ranks, Backend& backend, const GptConfig& config,
                                           index_t batch, index_t seq, const GptOptions& options,
                                           const model::Machine& machine,
-                                          const AutoSchemeOptions& auto_options, GridOptions grid) {
-  int ranks = 1;
-  MPI_Comm_size(comm, &ranks);
+                                          const AutoSchemeOptions& auto_options) {
   std::vector<SchemeCandidate> all;
   for (const SchemeSpec& spec : schemes_for(ranks)) {
-    SchemeCandidate c{.spec = spec, .rejected = {}, .memory_bytes = 0, .time = {}};
-    try {  // the scheme's own checks, alike on every rank
-      unsigned long long total =
-          plan_memory<T>(comm, spec, backend, config, batch, seq, options, grid).total();
-      MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm);
-      c.memory_bytes = total;
+    SchemeCandidate c{.spec = spec, .rejected = {}, .memory_bytes = 0, .busiest = {}, .time = {}};
+    try {  // the scheme's own checks, as a launch would make them
+      const RankMemory plan = plan_memory_busiest<T>(spec, backend, config, batch, seq, options);
+      c.memory_bytes = plan.report.total() +
+                       plan.report.parameters / sizeof(T) * auto_options.state_bytes_per_parameter;
+      c.busiest = plan.coords;
       c.time = model::predict_step_time(spec, config, batch, seq, options, dtype_v<T>, machine,
                                         auto_options.time);
       if (c.memory_bytes > auto_options.budget_bytes)
@@ -55,14 +53,37 @@ std::vector<SchemeCandidate> rank_schemes(MPI_Comm comm, Backend& backend, const
   return all;
 }
 
+template <class T>
+std::vector<SchemeCandidate> rank_schemes(MPI_Comm comm, Backend& backend, const GptConfig& config,
+                                          index_t batch, index_t seq, const GptOptions& options,
+                                          const model::Machine& machine,
+                                          const AutoSchemeOptions& auto_options,
+                                          GridOptions /*grid*/) {
+  int ranks = 1;
+  check_mpi(MPI_Comm_size(comm, &ranks), "MPI_Comm_size");
+  return rank_schemes<T>(ranks, backend, config, batch, seq, options, machine, auto_options);
+}
+
+template std::vector<SchemeCandidate> rank_schemes<float>(int, Backend&, const GptConfig&, index_t,
+                                                          index_t, const GptOptions&,
+                                                          const model::Machine&,
+                                                          const AutoSchemeOptions&);
 template std::vector<SchemeCandidate> rank_schemes<float>(MPI_Comm, Backend&, const GptConfig&,
                                                           index_t, index_t, const GptOptions&,
                                                           const model::Machine&,
                                                           const AutoSchemeOptions&, GridOptions);
+template std::vector<SchemeCandidate> rank_schemes<double>(int, Backend&, const GptConfig&, index_t,
+                                                           index_t, const GptOptions&,
+                                                           const model::Machine&,
+                                                           const AutoSchemeOptions&);
 template std::vector<SchemeCandidate> rank_schemes<double>(MPI_Comm, Backend&, const GptConfig&,
                                                            index_t, index_t, const GptOptions&,
                                                            const model::Machine&,
                                                            const AutoSchemeOptions&, GridOptions);
+template std::vector<SchemeCandidate> rank_schemes<bf16>(int, Backend&, const GptConfig&, index_t,
+                                                         index_t, const GptOptions&,
+                                                         const model::Machine&,
+                                                         const AutoSchemeOptions&);
 template std::vector<SchemeCandidate> rank_schemes<bf16>(MPI_Comm, Backend&, const GptConfig&,
                                                          index_t, index_t, const GptOptions&,
                                                          const model::Machine&,

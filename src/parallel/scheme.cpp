@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "summa/schemes/registry.hpp"
 
@@ -45,6 +46,47 @@ MemoryReport plan_memory(MPI_Comm comm, const SchemeSpec& spec, Backend& backend
 }
 
 template <class T>
+MemoryReport plan_memory(const SchemeSpec& spec, Backend& backend, const GptConfig& config,
+                         index_t batch, index_t seq, const GridCoords& coords, GptOptions options) {
+  options.plan_only = true;
+  ProcessGrid grid = ProcessGrid::plan(scheme_row(spec.scheme).grid_shape(spec), coords);
+  const std::unique_ptr<SchemeContext<T>> context = make_context<T>(spec, grid, backend);
+  const Gpt<T> model(*context, config, batch, seq, options);
+  return model.memory_report();
+}
+
+namespace {
+// The coordinates of one axis of n that plan_memory_busiest visits: all of
+// them, or the first and the last.
+std::vector<int> axis_coordinates(int n, bool every) {
+  if (every) {
+    std::vector<int> all(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) all[static_cast<std::size_t>(i)] = i;
+    return all;
+  }
+  return n > 1 ? std::vector<int>{0, n - 1} : std::vector<int>{0};
+}
+}  // namespace
+
+template <class T>
+RankMemory plan_memory_busiest(const SchemeSpec& spec, Backend& backend, const GptConfig& config,
+                               index_t batch, index_t seq, GptOptions options,
+                               std::int64_t every_rank_up_to) {
+  const GridShape shape = scheme_row(spec.scheme).grid_shape(spec);
+  const bool every =
+      static_cast<std::int64_t>(shape.depth) * shape.rows * shape.cols <= every_rank_up_to;
+  std::optional<RankMemory> busiest;
+  for (int depth : axis_coordinates(shape.depth, every))
+    for (int row : axis_coordinates(shape.rows, every))
+      for (int col : axis_coordinates(shape.cols, every)) {
+        const GridCoords at{.data = 0, .depth = depth, .row = row, .col = col};
+        MemoryReport r = plan_memory<T>(spec, backend, config, batch, seq, at, options);
+        if (!busiest || r.total() > busiest->report.total()) busiest = RankMemory{at, std::move(r)};
+      }
+  return std::move(*busiest);
+}
+
+template <class T>
 index_t largest_batch(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
                       const GptConfig& config, index_t seq, GptOptions options,
                       std::size_t budget_bytes, index_t max_batch, GridOptions grid) {
@@ -75,8 +117,20 @@ index_t largest_batch(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
 }
 
 template class ParallelGpt<float>;
+template MemoryReport plan_memory<float>(const SchemeSpec&, Backend&, const GptConfig&, index_t,
+                                         index_t, const GridCoords&, GptOptions);
+template RankMemory plan_memory_busiest<float>(const SchemeSpec&, Backend&, const GptConfig&,
+                                               index_t, index_t, GptOptions, std::int64_t);
 template class ParallelGpt<double>;
+template MemoryReport plan_memory<double>(const SchemeSpec&, Backend&, const GptConfig&, index_t,
+                                          index_t, const GridCoords&, GptOptions);
+template RankMemory plan_memory_busiest<double>(const SchemeSpec&, Backend&, const GptConfig&,
+                                                index_t, index_t, GptOptions, std::int64_t);
 template class ParallelGpt<bf16>;
+template MemoryReport plan_memory<bf16>(const SchemeSpec&, Backend&, const GptConfig&, index_t,
+                                        index_t, const GridCoords&, GptOptions);
+template RankMemory plan_memory_busiest<bf16>(const SchemeSpec&, Backend&, const GptConfig&,
+                                              index_t, index_t, GptOptions, std::int64_t);
 template MemoryReport plan_memory<float>(MPI_Comm, const SchemeSpec&, Backend&, const GptConfig&,
                                          index_t, index_t, GptOptions, GridOptions);
 template MemoryReport plan_memory<double>(MPI_Comm, const SchemeSpec&, Backend&, const GptConfig&,

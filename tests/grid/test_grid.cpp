@@ -314,6 +314,49 @@ TEST(GridShapes, EveryFactorisationOfTheWorld) {
   }
 }
 
+// A plan-only grid at a rank's coordinates gives every axis the rank and
+// size the real grid gives that rank, without MPI; it refuses to
+// communicate, and agree() throws the local error alone.
+TEST(GridShapes, PlanOnlyGridMatchesTheRealOne) {
+  const int n = world_size();
+  for (const GridShape& s : all_shapes(n)) {
+    ProcessGrid real(MPI_COMM_WORLD, s);
+    ProcessGrid plan = ProcessGrid::plan(s, real.coords());
+    EXPECT_TRUE(plan.plan_only());
+    EXPECT_FALSE(real.plan_only());
+    EXPECT_EQ(plan.shape(), s);
+    EXPECT_EQ(plan.coords(), real.coords());
+    EXPECT_EQ(plan.rank(), real.rank());
+    for (CommAxis axis : {CommAxis::world, CommAxis::data, CommAxis::depth, CommAxis::mesh_row,
+                          CommAxis::mesh_col, CommAxis::mesh, CommAxis::tensor}) {
+      SCOPED_TRACE(std::string(name_of(axis)));
+      EXPECT_EQ(plan.comm(axis).rank(), real.comm(axis).rank());
+      EXPECT_EQ(plan.comm(axis).size(), real.comm(axis).size());
+    }
+    EXPECT_EQ(plan.traffic().total(), summa::TrafficCounter{});
+    float x = 1.0F;
+    EXPECT_THROW(plan.tensor().all_reduce(&x, &x, 1), summa::Error);
+    EXPECT_THROW(plan.world().barrier(), summa::Error);
+    EXPECT_THROW(static_cast<void>(plan.native(CommAxis::world)), summa::Error);
+    EXPECT_NO_THROW(plan.agree(CommAxis::world, std::nullopt));
+    try {
+      plan.agree(CommAxis::tensor, std::string("hidden 100 not divisible by q=3"));
+      ADD_FAILURE() << "agree on a plan-only grid did not throw";
+    } catch (const summa::CollectiveError& e) {
+      EXPECT_STREQ(e.what(), "hidden 100 not divisible by q=3");
+    }
+  }
+  // Bad shapes and coordinates name what was given.
+  try {
+    static_cast<void>(ProcessGrid::plan(GridShape{1, 1, 2, 2}, GridCoords{0, 0, 2, 0}));
+    ADD_FAILURE() << "coordinates outside the grid were accepted";
+  } catch (const summa::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("row=2"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(static_cast<void>(ProcessGrid::plan(GridShape{1, 0, 2, 2}, GridCoords{})),
+               summa::Error);
+}
+
 TEST(GridShapes, Mesh2dExplicitAndInferred) {
   const int n = world_size();
   int tested = 0;

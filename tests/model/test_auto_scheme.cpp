@@ -112,11 +112,42 @@ TEST(AutoScheme, SchemesThatRefuseTheModelAreRejectedWithTheirReason) {
     if (!x.rejected.empty()) {
       ++refused;
       EXPECT_EQ(x.rejected.find("exceeds the budget"), std::string::npos) << x.rejected;
+      // planned without a launch, refused with the launch's own message
+      try {
+        static_cast<void>(plan_memory<float>(test_comm(), x.spec, backend, config(3), 8, 8, {}));
+        ADD_FAILURE() << x.spec.str() << " refused without a launch but accepted in one";
+      } catch (const Error& e) {
+        EXPECT_EQ(x.rejected, e.what()) << x.spec.str();
+      }
     }
   EXPECT_GT(refused, 0);
   ASSERT_FALSE(all.empty());
   EXPECT_TRUE(all.front().rejected.empty()) << "the data axis alone always takes it";
   EXPECT_TRUE(same_on_all_ranks(listing(all)));
+}
+
+// Without a launch (a rank count instead of a communicator): the same
+// ranking, and the optimizer state counted against the budget.
+TEST(AutoScheme, LaunchFreeRankingAndOptimizerState) {
+  int ranks = 1;
+  MPI_Comm_size(test_comm(), &ranks);
+  CpuBackend backend;
+  const GptConfig c = config(4);
+  const auto launched = rank_schemes<float>(test_comm(), backend, c, 8, 8, {}, machine(),
+                                            {.budget_bytes = ~std::uint64_t{0}});
+  const auto alone = rank_schemes<float>(ranks, backend, c, 8, 8, {}, machine(),
+                                         {.budget_bytes = ~std::uint64_t{0}});
+  EXPECT_EQ(listing(alone), listing(launched));
+  const auto with_state =
+      rank_schemes<float>(ranks, backend, c, 8, 8, {}, machine(),
+                          {.budget_bytes = ~std::uint64_t{0}, .state_bytes_per_parameter = 8});
+  ASSERT_EQ(with_state.size(), alone.size());
+  for (const SchemeCandidate& x : with_state) {
+    SCOPED_TRACE(x.spec.str());
+    const RankMemory plan = plan_memory_busiest<float>(x.spec, backend, c, 8, 8);
+    EXPECT_EQ(x.memory_bytes, plan.report.total() + plan.report.parameters / sizeof(float) * 8);
+    EXPECT_EQ(x.busiest, plan.coords);
+  }
 }
 
 TEST(AutoScheme, RanksPerDevice) {

@@ -274,6 +274,22 @@ void memory_planner_matches_real_models(MPI_Comm comm, int ranks) {
       EXPECT_EQ(plan.buffers[k].capacity, got.buffers[k].capacity) << got.buffers[k].name;
     EXPECT_EQ(plan.parameters, got.parameters);
     EXPECT_EQ(plan.total(), got.total());
+    // Without a launch: this rank's plan on a plan-only grid, and the
+    // busiest rank, whose total is the largest over the launch's ranks.
+    const MemoryReport alone =
+        plan_memory<T>(spec, backend, config, batch, seq, real.grid().coords());
+    ASSERT_EQ(alone.buffers.size(), got.buffers.size());
+    for (std::size_t k = 0; k < got.buffers.size(); ++k)
+      EXPECT_EQ(alone.buffers[k].capacity, got.buffers[k].capacity) << got.buffers[k].name;
+    unsigned long long largest = got.total();
+    MPI_Allreduce(MPI_IN_PLACE, &largest, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm);
+    const RankMemory busiest = plan_memory_busiest<T>(spec, backend, config, batch, seq);
+    EXPECT_EQ(busiest.report.total(), largest);
+    EXPECT_EQ(busiest.coords.data, 0);
+    // the first and last coordinate of each axis find it too (what a
+    // tensor group beyond plan_every_rank_up_to gets)
+    EXPECT_EQ(plan_memory_busiest<T>(spec, backend, config, batch, seq, {}, 0).report.total(),
+              largest);
     EXPECT_THROW(ParallelGpt<T>(comm, spec, backend, config, batch, seq, {.plan_only = true}, grid)
                      .model()
                      .forward({}, {}),

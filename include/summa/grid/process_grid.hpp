@@ -76,6 +76,16 @@ class ProcessGrid {
                             GridOptions options = {});
   /// p ranks in a line (Megatron 1D): rows = 1, cols = p.
   static ProcessGrid linear1d(MPI_Comm comm, int p = 0, int data = 1, GridOptions options = {});
+  /// A plan-only grid: the rank at `coords` of a grid of `shape`, built
+  /// without MPI and without any other rank (MPI need not be initialised).
+  /// The memory planner builds a model on it to size that rank's buffers
+  /// without launching the ranks (plan_memory without a communicator). Its
+  /// communicators know their rank and size; any collective on them throws
+  /// summa::Error, and agree() throws the local error alone. Throws
+  /// summa::Error when an axis is non-positive or `coords` lie outside.
+  static ProcessGrid plan(GridShape shape, GridCoords coords);
+  /// True for a grid from plan(): it cannot communicate.
+  bool plan_only() const { return plan_only_; }
 
   const GridShape& shape() const { return shape_; }
   const GridCoords& coords() const { return coords_; }
@@ -100,6 +110,7 @@ class ProcessGrid {
   Communicator& comm(CommAxis axis);
   /// The MPI communicator of an axis (for MPI-level control traffic; under
   /// every CommBackend, the MPI group the axis communicator was built from).
+  /// A plan-only grid has none: it throws summa::Error.
   MPI_Comm native(CommAxis axis) const;
   /// The watchdog guarding the axes' waits, or null when it is off.
   Watchdog* watchdog() const;
@@ -115,16 +126,19 @@ class ProcessGrid {
   /// the message of the lowest-ranked failing member. Uses uncounted MPI
   /// control traffic (a 4-byte all-reduce; a broadcast only on failure), so
   /// that errors found by some ranks never leave the others in a collective.
+  /// On a plan-only grid: throws the local error, if any.
   void agree(CommAxis axis, const std::optional<std::string>& local_error) const;
 
  private:
   struct Impl;
+  ProcessGrid(GridShape shape, GridCoords coords);  // plan()
   GridShape shape_;
   GridCoords coords_;
   int ranks_per_node_ = 1;
   Placement placement_ = Placement::natural;
   std::string placement_note_;
   CommBackend comm_backend_ = CommBackend::mpi;
+  bool plan_only_ = false;
   std::unique_ptr<TrafficCounters> traffic_;
   std::unique_ptr<Impl> impl_;
 };

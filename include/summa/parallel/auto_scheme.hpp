@@ -24,8 +24,11 @@ struct SchemeCandidate {
   /// Empty when the scheme is a choice; otherwise why not: the scheme's
   /// own error for the configuration, or the planned memory over budget.
   std::string rejected;
-  /// Planned total per rank (MemoryReport::total(), the largest over ranks).
+  /// Planned total per rank (MemoryReport::total(), the largest over
+  /// ranks) plus the optimizer state (AutoSchemeOptions).
   std::uint64_t memory_bytes = 0;
+  /// The rank with that total (grid coordinates; data group 0).
+  GridCoords busiest{};
   /// The predicted step (forward, backward, recomputation and, when
   /// asked, the optimizer); 0 when rejected by the scheme.
   model::StepTime time;
@@ -34,14 +37,29 @@ struct SchemeCandidate {
 struct AutoSchemeOptions {
   /// Memory per rank the plan must fit in (bytes).
   std::uint64_t budget_bytes = 0;
+  /// Optimizer state per parameter element of the rank's shards, counted
+  /// with the plan against the budget: AdamW keeps two master_t<T>
+  /// moments (8 bytes), plus an fp32 master copy under bf16 (12 bytes).
+  std::uint64_t state_bytes_per_parameter = 0;
   model::StepTimeOptions time = {};
 };
 
-/// Every scheme of the communicator's size (schemes_for) for a GPT of
-/// `config` with global `batch` sequences of `seq` tokens: planned and
-/// priced, the choices first, fastest first (ties in the order of
-/// schemes_for), then the rejected ones. Collective over `comm`; the same
-/// result on every rank.
+/// Every scheme of `ranks` ranks (schemes_for) for a GPT of `config` with
+/// global `batch` sequences of `seq` tokens: planned without a launch (the
+/// busiest rank, plan_memory_busiest) and priced, the choices first,
+/// fastest first (ties in the order of schemes_for), then the rejected
+/// ones. No MPI: the same result wherever it is called, in milliseconds to
+/// seconds (every rank of one tensor group is planned).
+template <class T>
+std::vector<SchemeCandidate> rank_schemes(int ranks, Backend& backend, const GptConfig& config,
+                                          index_t batch, index_t seq, const GptOptions& options,
+                                          const model::Machine& machine,
+                                          const AutoSchemeOptions& auto_options);
+
+/// The same for the communicator's size, called on every rank of `comm`
+/// (nothing is communicated: every rank computes the same ranking). `grid`
+/// is not used (the plan does not depend on the communicators); it stays
+/// for the callers that pass it.
 template <class T>
 std::vector<SchemeCandidate> rank_schemes(MPI_Comm comm, Backend& backend, const GptConfig& config,
                                           index_t batch, index_t seq, const GptOptions& options,
@@ -54,12 +72,26 @@ std::vector<SchemeCandidate> rank_schemes(MPI_Comm comm, Backend& backend, const
 /// launch); 1 otherwise. Collective; the same on every rank.
 int ranks_per_device(MPI_Comm comm, bool cpu_backend);
 
+extern template std::vector<SchemeCandidate> rank_schemes<float>(int, Backend&, const GptConfig&,
+                                                                 index_t, index_t,
+                                                                 const GptOptions&,
+                                                                 const model::Machine&,
+                                                                 const AutoSchemeOptions&);
 extern template std::vector<SchemeCandidate> rank_schemes<float>(
     MPI_Comm, Backend&, const GptConfig&, index_t, index_t, const GptOptions&,
     const model::Machine&, const AutoSchemeOptions&, GridOptions);
+extern template std::vector<SchemeCandidate> rank_schemes<double>(int, Backend&, const GptConfig&,
+                                                                  index_t, index_t,
+                                                                  const GptOptions&,
+                                                                  const model::Machine&,
+                                                                  const AutoSchemeOptions&);
 extern template std::vector<SchemeCandidate> rank_schemes<double>(
     MPI_Comm, Backend&, const GptConfig&, index_t, index_t, const GptOptions&,
     const model::Machine&, const AutoSchemeOptions&, GridOptions);
+extern template std::vector<SchemeCandidate> rank_schemes<bf16>(int, Backend&, const GptConfig&,
+                                                                index_t, index_t, const GptOptions&,
+                                                                const model::Machine&,
+                                                                const AutoSchemeOptions&);
 extern template std::vector<SchemeCandidate> rank_schemes<bf16>(
     MPI_Comm, Backend&, const GptConfig&, index_t, index_t, const GptOptions&,
     const model::Machine&, const AutoSchemeOptions&, GridOptions);

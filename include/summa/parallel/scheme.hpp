@@ -4,6 +4,7 @@
 /// and its grid as one runtime value, parsed from a short text): the same
 /// GPT configuration and the same training-step code under any scheme.
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -67,6 +68,40 @@ MemoryReport plan_memory(MPI_Comm comm, const SchemeSpec& spec, Backend& backend
                          const GptConfig& config, index_t batch, index_t seq,
                          GptOptions options = {}, GridOptions grid = {});
 
+/// The memory planner without a launch: the report of the rank at `coords`
+/// of the grid `spec` builds, from a model built on a plan-only grid
+/// (ProcessGrid::plan) — no MPI, no other rank, nothing allocated; the same
+/// report plan_memory gives that rank inside a launch. Throws summa::Error
+/// (the scheme's own message) for a configuration the scheme refuses.
+template <class T>
+MemoryReport plan_memory(const SchemeSpec& spec, Backend& backend, const GptConfig& config,
+                         index_t batch, index_t seq, const GridCoords& coords,
+                         GptOptions options = {});
+
+/// The rank with the largest planned total and its report.
+struct RankMemory {
+  GridCoords coords;
+  MemoryReport report;
+};
+
+/// Tensor groups up to this many ranks are planned rank by rank.
+inline constexpr std::int64_t plan_every_rank_up_to = 64;
+
+/// The busiest rank of `spec` (largest MemoryReport::total(); the first in
+/// rank order on ties), planned without a launch, in one data group (data
+/// replicas plan alike): every rank of a tensor group of at most
+/// `every_rank_up_to` ranks; in a larger one, the first and the last
+/// coordinate of each axis (up to 8 ranks). That is exact for the shipped
+/// schemes, whose shards are even (the schemes refuse a model that does
+/// not divide) and whose replicated pieces (biases, LayerNorm) sit on an
+/// axis's first or last rank: tests/schemes/test_schemes.cpp checks it
+/// against a launch of 1 to 9 ranks. Roughly 0.2-0.5 ms a rank for a large
+/// GPT. Throws as plan_memory.
+template <class T>
+RankMemory plan_memory_busiest(const SchemeSpec& spec, Backend& backend, const GptConfig& config,
+                               index_t batch, index_t seq, GptOptions options = {},
+                               std::int64_t every_rank_up_to = plan_every_rank_up_to);
+
 /// Largest global batch, a multiple of batch_granularity(spec) and at most
 /// `max_batch`, whose planned total (MemoryReport::total(), the largest over
 /// ranks) fits in `budget_bytes` per rank; 0 when even the smallest does not.
@@ -78,8 +113,21 @@ index_t largest_batch(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
                       std::size_t budget_bytes, index_t max_batch, GridOptions grid = {});
 
 extern template class ParallelGpt<float>;
+extern template MemoryReport plan_memory<float>(const SchemeSpec&, Backend&, const GptConfig&,
+                                                index_t, index_t, const GridCoords&, GptOptions);
+extern template RankMemory plan_memory_busiest<float>(const SchemeSpec&, Backend&, const GptConfig&,
+                                                      index_t, index_t, GptOptions, std::int64_t);
 extern template class ParallelGpt<double>;
+extern template MemoryReport plan_memory<double>(const SchemeSpec&, Backend&, const GptConfig&,
+                                                 index_t, index_t, const GridCoords&, GptOptions);
+extern template RankMemory plan_memory_busiest<double>(const SchemeSpec&, Backend&,
+                                                       const GptConfig&, index_t, index_t,
+                                                       GptOptions, std::int64_t);
 extern template class ParallelGpt<bf16>;
+extern template MemoryReport plan_memory<bf16>(const SchemeSpec&, Backend&, const GptConfig&,
+                                               index_t, index_t, const GridCoords&, GptOptions);
+extern template RankMemory plan_memory_busiest<bf16>(const SchemeSpec&, Backend&, const GptConfig&,
+                                                     index_t, index_t, GptOptions, std::int64_t);
 extern template MemoryReport plan_memory<float>(MPI_Comm, const SchemeSpec&, Backend&,
                                                 const GptConfig&, index_t, index_t, GptOptions,
                                                 GridOptions);
