@@ -278,10 +278,12 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
         {.optimizer = false, .ranks_per_device = s.ranks_per_device});
     r.predicted_s = t.step_s;
     r.predicted_exposed_s = t.exposed_s;
+    // each block op priced on its own and summed into "blocks"
     for (const summa::model::OpTime& op : t.ops) {
-      const std::string name = op.op.starts_with("block.") ? "blocks" : std::string(op.op);
+      const bool block = op.op.starts_with("block.");
       for (Result::Part& p : r.parts)
-        if (p.op == name && p.phase == summa::model::name_of(op.phase))
+        if ((p.op == op.op || (block && p.op == "blocks")) &&
+            p.phase == summa::model::name_of(op.phase))
           p.predicted_s += op.seconds() * static_cast<double>(op.count);
     }
   }
@@ -501,18 +503,20 @@ int predicted_place(const std::vector<Result>& results, const Result& r) {
 // prediction beside it with --predict).
 void print_breakdown(std::FILE* out, const Settings& s, const std::vector<Result>& results) {
   std::fprintf(out, "\nbreakdown: seconds per step of each part, measured%s (largest over ranks)\n",
-               s.machine ? " / predicted" : "");
+               s.machine ? " and predicted" : "");
   for (const Result& r : results) {
     if (!r.skipped.empty()) continue;
-    std::fprintf(out, "  %s:", r.spec.str().c_str());
+    std::fprintf(out, "  %s\n", r.spec.str().c_str());
     for (const Result::Part& p : r.parts) {
+      // the block ops are nested in the blocks parts: indented
+      const std::string name = (p.op.starts_with("block.") ? "  " : "") + p.op + "." + p.phase;
       if (s.machine)
-        std::fprintf(out, "  %s.%s %.4f/%.4f", p.op.c_str(), p.phase.c_str(), p.measured_s,
-                     p.predicted_s);
+        std::fprintf(out, "    %-32s %9.5f %9.5f %+7.1f%%\n", name.c_str(), p.measured_s,
+                     p.predicted_s,
+                     p.measured_s > 0 ? 100 * (p.predicted_s - p.measured_s) / p.measured_s : 0.0);
       else
-        std::fprintf(out, "  %s.%s %.4f", p.op.c_str(), p.phase.c_str(), p.measured_s);
+        std::fprintf(out, "    %-32s %9.5f\n", name.c_str(), p.measured_s);
     }
-    std::fprintf(out, "\n");
   }
 }
 
@@ -773,8 +777,8 @@ int run(int argc, char** argv, int rank, int ranks) {
   int ranks_per_device = 0;
   app.add_flag("--breakdown", s.breakdown,
                "Time the step's parts (embedding, blocks, ln_f, lm_head forward; lm_head, ln_f, "
-               "blocks recompute and backward, embedding, data-axis wait) and print them, beside "
-               "the prediction with --predict");
+               "blocks recompute and backward, embedding, data-axis wait; then each block op per "
+               "phase, nested in blocks) and print them, beside the prediction with --predict");
   app.add_option("--predict", s.machine_path,
                  "Machine file (machines/*.json): the step-time model's prediction beside each "
                  "measured step (docs/scaling.md)");

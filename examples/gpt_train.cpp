@@ -927,8 +927,8 @@ int main(int argc, char** argv) {
   app.add_flag("!--no-recompute", cli.recompute, "keep every activation (no checkpointing)");
   app.add_flag("--profile", cli.profile,
                "log each step's parts (parts_s: embedding, blocks, ln_f, lm_head forward; "
-               "lm_head, ln_f, blocks recompute and backward, embedding, data-axis wait; "
-               "rank 0, device-synchronised)");
+               "lm_head, ln_f, blocks recompute and backward, embedding, data-axis wait; each "
+               "block op per phase, nested in blocks; rank 0, device-synchronised)");
   app.add_option("--steps", cli.steps, "total training steps")
       ->check(integer_in(0, 1e12))
       ->capture_default_str();

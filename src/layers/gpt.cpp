@@ -201,6 +201,33 @@ void Gpt<T>::timed(Part part, F&& work) {
 }
 
 template <class T>
+void Gpt<T>::Clock::begin(std::string_view /*op*/) {
+  owner_->backend_->synchronize();
+  start_ = std::chrono::steady_clock::now();
+}
+
+template <class T>
+void Gpt<T>::Clock::end(std::string_view op, bool counted) {
+  owner_->backend_->synchronize();
+  const double dt =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  for (std::size_t k = 0; k < block_ops.size(); ++k)
+    if (block_ops[k] == op) {
+      StepPart& p = owner_->parts_[part_count + phase * block_ops.size() + k];
+      p.seconds += dt;
+      if (counted) ++p.calls;
+      return;
+    }
+}
+
+template <class T>
+StepBuffers Gpt<T>::step_buffers() {
+  StepBuffers step = buffers_->step();
+  if (options_.profile) step.clock = &clock_;
+  return step;
+}
+
+template <class T>
 std::span<const StepPart> Gpt<T>::profile() const {
   if (!options_.profile) return {};
   return parts_;
@@ -222,6 +249,12 @@ void Gpt<T>::reset_profile() {
   }};
   for (std::size_t i = 0; i < part_count; ++i)
     parts_[i] = {.op = names[i].first, .phase = names[i].second, .seconds = 0, .calls = 0};
+  constexpr std::array<std::string_view, block_phases> phases = {"forward", "recompute",
+                                                                 "backward"};
+  for (std::size_t ph = 0; ph < block_phases; ++ph)
+    for (std::size_t k = 0; k < block_ops.size(); ++k)
+      parts_[part_count + ph * block_ops.size() + k] = {
+          .op = block_ops[k], .phase = phases[ph], .seconds = 0, .calls = 0};
 }
 
 template <class T>
@@ -260,7 +293,8 @@ double Gpt<T>::forward(std::span<const std::int32_t> tokens,
   B.forward.reset();
   B.backward.reset();
   B.workspace.reset();
-  StepBuffers step = B.step();
+  StepBuffers step = step_buffers();
+  clock_.phase = 0;
   timed(fwd_embedding, [&] { embedding_->forward(tokens_, boundaries_[0], step); });
   timed(fwd_blocks, [&] {
     for (std::size_t i = 0; i < blocks_.size(); ++i) {
@@ -286,7 +320,7 @@ void Gpt<T>::backward(bool accumulate) {
   require(have_forward_, "GPT backward: no forward pass to differentiate");
   have_forward_ = false;
   ModelBuffers& B = *buffers_;
-  StepBuffers step = B.step();
+  StepBuffers step = step_buffers();
   const index_t total = store_->local_elements();
   const auto all_grads = MatrixView<T>::dense(store_->grads_base(), 1, total, Order::row_major);
   if (!accumulate) {
@@ -312,8 +346,10 @@ void Gpt<T>::backward(bool accumulate) {
       // Recompute block i from its checkpointed input; its output goes to the
       // free conjunction slot (backward does not read a block's output).
       B.forward.reset();
+      clock_.phase = 1;
       timed(rec_blocks, [&] { blocks_[i]->forward(boundaries_[i], conj_[1 - cur], step); });
     }
+    clock_.phase = 2;
     timed(bwd_blocks, [&] { blocks_[i]->backward(conj_[cur], conj_[1 - cur], step, true); });
     reduce_bucket(bucket++);  // in flight while the blocks below run
     cur = 1 - cur;

@@ -99,15 +99,15 @@ void Attention<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& b
   const index_t nt = a.tokens(), w = a.width();
   Arena& fwd = buffers.forward;
   qkv_ = take_block<T>(fwd, nt, 3 * w);
-  c_attn_->forward(X, qkv_, buffers);
+  buffers.timed("block.attn.c_attn", [&] { c_attn_->forward(X, qkv_, buffers); });
   probs_ = fwd.take<T>(static_cast<std::size_t>(a.probs_elems()));
   ctx_ = take_block<T>(fwd, nt, w);
-  {
+  buffers.timed("block.attn.core", [&] {
     ArenaScope scope(buffers.workspace);
     a.forward<T>(*backend_, qkv_, probs_, ctx_,
                  Scratch{buffers.workspace.take_bytes(gemm_scratch()), gemm_scratch()});
-  }
-  c_proj_->forward(ctx_, Y, buffers);
+  });
+  buffers.timed("block.attn.c_proj", [&] { c_proj_->forward(ctx_, Y, buffers); });
 }
 
 template <class T>
@@ -120,15 +120,15 @@ void Attention<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers
   Arena& bwd = buffers.backward;
   ArenaScope scope(bwd);
   const auto dctx = take_block<T>(bwd, nt, w);
-  c_proj_->backward(dY, dctx, buffers, accumulate);
+  buffers.timed("block.attn.c_proj", [&] { c_proj_->backward(dY, dctx, buffers, accumulate); });
   const auto dqkv = take_block<T>(bwd, nt, 3 * w);
   T* const dP = bwd.take<T>(static_cast<std::size_t>(a.dprobs_elems()));
-  {
+  buffers.timed("block.attn.core", [&] {
     ArenaScope ws_scope(buffers.workspace);
     a.backward<T>(*backend_, qkv_, probs_, dctx, dqkv, dP,
                   Scratch{buffers.workspace.take_bytes(gemm_scratch()), gemm_scratch()});
-  }
-  c_attn_->backward(dqkv, dX, buffers, accumulate);
+  });
+  buffers.timed("block.attn.c_attn", [&] { c_attn_->backward(dqkv, dX, buffers, accumulate); });
 }
 
 // ---------------------------------------------------------------- MLP
@@ -163,9 +163,9 @@ template <class T>
 void MLP<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
   fc_ = take_block<T>(buffers.forward, rows_, cols_);
   act_ = take_block<T>(buffers.forward, rows_, cols_);
-  c_fc_->forward(X, fc_, buffers);
-  gelu_.forward(fc_, act_, buffers);
-  c_proj_->forward(act_, Y, buffers);
+  buffers.timed("block.mlp.c_fc", [&] { c_fc_->forward(X, fc_, buffers); });
+  buffers.timed("block.mlp.gelu", [&] { gelu_.forward(fc_, act_, buffers); });
+  buffers.timed("block.mlp.c_proj", [&] { c_proj_->forward(act_, Y, buffers); });
 }
 
 template <class T>
@@ -175,9 +175,10 @@ void MLP<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buff
           [&] { return fmt::format("MLP '{}': backward without forward", name_); });
   ArenaScope scope(buffers.backward);
   const auto d4h = take_block<T>(buffers.backward, rows_, cols_);
-  c_proj_->backward(dY, d4h, buffers, accumulate);
-  gelu_.backward(d4h, d4h, buffers);  // in place: dgelu -> dfc
-  c_fc_->backward(d4h, dX, buffers, accumulate);
+  buffers.timed("block.mlp.c_proj", [&] { c_proj_->backward(dY, d4h, buffers, accumulate); });
+  buffers.timed("block.mlp.gelu",
+                [&] { gelu_.backward(d4h, d4h, buffers); });  // in place: dgelu -> dfc
+  buffers.timed("block.mlp.c_fc", [&] { c_fc_->backward(d4h, dX, buffers, accumulate); });
 }
 
 // ---------------------------------------------------------------- block
@@ -224,12 +225,22 @@ void TransformerBlock<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuf
   ln1_ = take_block<T>(buffers.forward, rows_, cols_);
   mid_ = take_block<T>(buffers.forward, rows_, cols_);
   ln2_ = take_block<T>(buffers.forward, rows_, cols_);
-  ln_1_->forward(X, ln1_, buffers);
+  // Profiled, each residual add counts with the op before it, as the
+  // step-time model prices it.
+  buffers.timed("block.ln_1", [&] { ln_1_->forward(X, ln1_, buffers); });
   attn_.forward(ln1_, mid_, buffers);
-  be.axpby(acc_t<T>(1), X, acc_t<T>(1), mid_);  // mid = X + Attn(LN1(X))
-  ln_2_->forward(mid_, ln2_, buffers);
+  buffers.timed(
+      "block.attn.c_proj",
+      [&] { be.axpby(acc_t<T>(1), X, acc_t<T>(1), mid_); },  // mid = X + Attn(LN1(X))
+      false);
+  buffers.timed("block.ln_2", [&] { ln_2_->forward(mid_, ln2_, buffers); });
   mlp_.forward(ln2_, Y, buffers);
-  be.axpby(acc_t<T>(1), ConstMatrixView<T>(mid_), acc_t<T>(1), Y);  // Y = mid + MLP(LN2(mid))
+  buffers.timed(
+      "block.mlp.c_proj",
+      [&] {
+        be.axpby(acc_t<T>(1), ConstMatrixView<T>(mid_), acc_t<T>(1), Y);  // Y = mid + MLP(LN2(mid))
+      },
+      false);
 }
 
 template <class T>
@@ -244,12 +255,16 @@ void TransformerBlock<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, Step
   const auto dtmp = take_block<T>(bwd, rows_, cols_);
   // MLP half: dmid = dY + LN2ᵀ(MLPᵀ(dY))
   mlp_.backward(dY, dtmp, buffers, accumulate);
-  ln_2_->backward(dtmp, dmid, buffers, accumulate);
-  be.axpby(acc_t<T>(1), dY, acc_t<T>(1), dmid);
+  buffers.timed("block.ln_2", [&] {
+    ln_2_->backward(dtmp, dmid, buffers, accumulate);
+    be.axpby(acc_t<T>(1), dY, acc_t<T>(1), dmid);
+  });
   // attention half: dX = dmid + LN1ᵀ(Attnᵀ(dmid))
   attn_.backward(dmid, dtmp, buffers, accumulate);
-  ln_1_->backward(dtmp, dX, buffers, accumulate);
-  be.axpby(acc_t<T>(1), ConstMatrixView<T>(dmid), acc_t<T>(1), dX);
+  buffers.timed("block.ln_1", [&] {
+    ln_1_->backward(dtmp, dX, buffers, accumulate);
+    be.axpby(acc_t<T>(1), ConstMatrixView<T>(dmid), acc_t<T>(1), dX);
+  });
 }
 
 template class Attention<float>;

@@ -33,6 +33,7 @@
 /// before the buckets are all-reduced.
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -139,9 +140,29 @@ class Gpt final : public GptModel<T> {
     bwd_data_axis,
     part_count
   };
-  std::array<StepPart, part_count> parts_{};
+  // ... then each block op (the step-time model's "block.*" names) per
+  // phase, nested in the blocks parts: timed by the layers through
+  // StepBuffers::clock.
+  static constexpr std::array<std::string_view, 8> block_ops = {
+      "block.ln_1", "block.attn.c_attn", "block.attn.core", "block.attn.c_proj",
+      "block.ln_2", "block.mlp.c_fc",    "block.mlp.gelu",  "block.mlp.c_proj"};
+  static constexpr std::size_t block_phases = 3;  // forward, recompute, backward
+  std::array<StepPart, part_count + block_phases * block_ops.size()> parts_{};
   template <class F>
   void timed(Part part, F&& work);
+  class Clock final : public OpClock {
+   public:
+    explicit Clock(Gpt& owner) : owner_(&owner) {}
+    void begin(std::string_view op) override;
+    void end(std::string_view op, bool counted) override;
+    std::size_t phase = 0;  // into block_phases
+
+   private:
+    Gpt* owner_;
+    std::chrono::steady_clock::time_point start_{};
+  };
+  Clock clock_{*this};
+  StepBuffers step_buffers();
 
   index_t rows_ = 0, cols_ = 0;  // local activation block
   ModelBuffers::Sizes sizes_{};  // of every step buffer

@@ -31,9 +31,10 @@ struct GptOptions {
 };
 
 /// One part of a training step as GptModel::profile reports it: its name in
-/// the step-time model's terms (model/step_time.hpp, OpTime::op, the block
-/// ops summed as "blocks"), its phase ("forward", "backward",
-/// "recompute"), and the wall time and calls since the last reset.
+/// the step-time model's terms (model/step_time.hpp, OpTime::op: the block
+/// ops summed as "blocks", and each block op, "block.attn.core", on its
+/// own), its phase ("forward", "backward", "recompute"), and the wall time
+/// and calls since the last reset.
 struct StepPart {
   std::string_view op, phase;
   double seconds = 0;
@@ -67,7 +68,13 @@ class GptModel : public Module<T> {
   /// The step's parts timed on this rank since reset_profile() (empty
   /// unless built with GptOptions::profile): embedding, blocks, ln_f and
   /// lm_head forward; lm_head, ln_f, blocks (recompute and backward),
-  /// embedding and the data axis's wait backward.
+  /// embedding and the data axis's wait backward — these ten cover the
+  /// step; then the eight block ops (block.ln_1, block.attn.c_attn,
+  /// block.attn.core, block.attn.c_proj, block.ln_2, block.mlp.c_fc,
+  /// block.mlp.gelu, block.mlp.c_proj; each residual add counted with the
+  /// op the step-time model prices it with) in forward, recompute and
+  /// backward, nested in the blocks parts (their sum is the blocks part
+  /// less the block's own bookkeeping).
   virtual std::span<const StepPart> profile() const { return {}; }
   virtual void reset_profile() {}
 };

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "summa/core/types.hpp"
@@ -25,12 +26,41 @@
 
 namespace summa {
 
+/// Receives the wall time of a step's named sub-ops while a model is
+/// profiled (GptOptions::profile): a layer runs each sub-op between begin()
+/// and end() through StepBuffers::timed. The op names are the step-time
+/// model's ("block.attn.c_attn", model/step_time.hpp); end()'s `counted` is
+/// false for a second stretch of an op already counted once in this call
+/// (the residual add the model prices with the op before it).
+class OpClock {
+ public:
+  virtual void begin(std::string_view op) = 0;
+  virtual void end(std::string_view op, bool counted) = 0;
+
+ protected:
+  ~OpClock() = default;
+};
+
 /// The arenas of one step (see the file comment): what a layer's forward and
-/// backward take temporaries and saved activations from.
+/// backward take temporaries and saved activations from; and the clock that
+/// times named sub-ops when the model is profiled (null otherwise).
 struct StepBuffers {
   Arena& workspace;
   Arena& forward;
   Arena& backward;
+  OpClock* clock = nullptr;
+
+  /// Runs `work`, timed as `op` when there is a clock.
+  template <class F>
+  void timed(std::string_view op, F&& work, bool counted = true) {
+    if (clock == nullptr) {
+      work();
+      return;
+    }
+    clock->begin(op);
+    work();
+    clock->end(op, counted);
+  }
 };
 
 /// Bytes of each step arena a layer takes at most (each request rounded up
