@@ -88,15 +88,17 @@ done
 
 # ------------------------------------------------------------------ --fetch-deps
 # The build dependencies as Debian 12 packages (Open MPI with the libraries it
-# loads, Eigen, fmt, nlohmann-json, xxHash, GoogleTest, CLI11, and pkg-config,
-# which finds libxxhash.pc under CMAKE_PREFIX_PATH), nothing of a base system
-# (libc, the compiler runtime: the GPU machine has its own, and a second libc
-# on LD_LIBRARY_PATH would break it). About 10 MB.
+# loads, Eigen, fmt, nlohmann-json, xxHash, PCRE2, GoogleTest, CLI11, and
+# pkg-config, which finds libxxhash.pc and libpcre2-8.pc under
+# CMAKE_PREFIX_PATH), nothing of a base system (libc, libpcre2-8-0, the
+# compiler runtime: the GPU machine has its own, and a second libc on
+# LD_LIBRARY_PATH would break it). About 10 MB.
 DEB_PACKAGES="libopenmpi-dev libopenmpi3 openmpi-bin openmpi-common libpmix2 libhwloc15
   libevent-core-2.1-7 libevent-pthreads-2.1-7 libfabric1 libucx0 libibverbs1 ibverbs-providers
   librdmacm1 libpsm2-2 libpsm-infinipath1 libnl-3-200 libnl-route-3-200 libnuma1 libmunge2
   libltdl7 libxnvctrl0 libpciaccess0 libeigen3-dev libfmt-dev libfmt9 libgtest-dev googletest
-  libcli11-dev nlohmann-json3-dev libxxhash-dev libxxhash0 pkgconf pkgconf-bin libpkgconf3"
+  libcli11-dev nlohmann-json3-dev libxxhash-dev libxxhash0 libpcre2-dev libpcre2-16-0
+  libpcre2-32-0 libpcre2-posix3 pkgconf pkgconf-bin libpkgconf3"
 if [ "$FETCH" = 1 ]; then
   command -v apt-get >/dev/null || { echo "--fetch-deps needs apt-get" >&2; exit 2; }
   mkdir -p "$DEPS_DIR"

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 what=${1:-demo}
 
 packages=(build-essential cmake ninja-build pkg-config openmpi-bin libopenmpi-dev libeigen3-dev
-          libfmt-dev nlohmann-json3-dev libxxhash-dev libgtest-dev libcli11-dev libscalapack-openmpi-dev libblis-dev)
+          libfmt-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev libgtest-dev libcli11-dev libscalapack-openmpi-dev libblis-dev)
 # The demo plots its loss curve; the tests plot a scaling study (bench_scaling_study_plot).
 if [ "$what" = demo ] || [ "$what" = test ]; then packages+=(python3-matplotlib); fi
 missing=()

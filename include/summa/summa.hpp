@@ -15,6 +15,7 @@
 #include "summa/grid/placement.hpp"
 #include "summa/grid/process_grid.hpp"
 #include "summa/io/atomic_file.hpp"
+#include "summa/io/bpe.hpp"
 #include "summa/io/checkpoint.hpp"
 #include "summa/io/data.hpp"
 #include "summa/io/hf_gpt2.hpp"
