@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <string>
 
 #include "summa/core/bf16.hpp"
@@ -82,100 +83,114 @@ std::uint64_t fixed_point_exp(double x) {
 }
 
 template <class T>
-std::vector<std::int32_t> choose_tokens(const T* logits, index_t rows, index_t count, index_t ld,
-                                        index_t begin, index_t vocab, Communicator& axis,
-                                        const SamplingOptions& options, std::uint64_t step,
+std::vector<std::int32_t> choose_tokens(std::span<const LogitsRow<T>> slices, index_t vocab,
+                                        Communicator& axis, const SamplingOptions& options,
+                                        std::uint64_t step,
                                         std::span<const std::uint64_t> row_keys) {
   if (const std::string e = check_sampling(options); !e.empty()) throw Error(e);
   const int ranks = axis.size();
   const std::size_t P = static_cast<std::size_t>(ranks);
-  // Every rank's shape, so that every rank finds the same error.
+  const std::size_t R = slices.size();
+  const auto rows = static_cast<index_t>(R);
+  // Every rank's shape, so that every rank finds the same error: (rows,
+  // vocab, keys) then (begin, count) of each row, from every rank.
   {
-    const std::array<double, 5> mine{static_cast<double>(rows), static_cast<double>(begin),
-                                     static_cast<double>(count), static_cast<double>(vocab),
-                                     static_cast<double>(row_keys.size())};
-    std::vector<double> all(5 * P);
-    axis.all_gather(mine.data(), all.data(), mine.size());
+    std::vector<double> header{static_cast<double>(R), static_cast<double>(vocab),
+                               static_cast<double>(row_keys.size())},
+        all_headers(3 * P);
+    axis.all_gather(header.data(), all_headers.data(), 3);
     std::string error;
-    std::vector<std::pair<double, double>> ranges;
     for (std::size_t r = 0; r < P && error.empty(); ++r) {
-      const double* s = &all[5 * r];
-      if (s[0] != all[0] || s[3] != all[3])
+      const double* h = &all_headers[3 * r];
+      if (h[0] != all_headers[0] || h[1] != all_headers[1])
         error = fmt::format(
             "rank {} of the vocabulary axis has rows={} vocab={}, rank 0 rows={} "
             "vocab={}",
-            r, s[0], s[3], all[0], all[3]);
-      else if (s[0] < 0 || s[2] < 0 || s[1] < 0 || s[1] + s[2] > s[3] || s[4] != s[0])
-        error = fmt::format(
-            "rank {} holds columns [{}, {}) of vocab={} for rows={} with {} row "
-            "keys",
-            r, s[1], s[1] + s[2], s[3], s[0], s[4]);
-      if (s[2] > 0) ranges.emplace_back(s[1], s[1] + s[2]);
+            r, h[0], h[1], all_headers[0], all_headers[1]);
+      else if (h[2] != h[0])
+        error = fmt::format("rank {} passes {} row keys for {} rows", r, h[2], h[0]);
     }
-    if (error.empty()) {
+    if (error.empty() && vocab > kMaxVocab)
+      error = fmt::format("vocab={} exceeds 2^23, the most the fixed-point sums hold", vocab);
+    if (error.empty() && vocab < 1) error = fmt::format("vocab={} must be positive", vocab);
+    if (!error.empty()) throw Error("choose_tokens: " + error);
+    std::vector<double> mine(2 * R), all(2 * R * P);
+    for (std::size_t r = 0; r < R; ++r) {
+      mine[2 * r] = static_cast<double>(slices[r].begin);
+      mine[2 * r + 1] = static_cast<double>(slices[r].count);
+    }
+    axis.all_gather(mine.data(), all.data(), 2 * R);
+    std::vector<std::pair<double, double>> ranges;
+    for (std::size_t row = 0; row < R && error.empty(); ++row) {
+      ranges.clear();
+      for (std::size_t k = 0; k < P; ++k) {
+        const double lo = all[2 * (k * R + row)], n = all[2 * (k * R + row) + 1];
+        if (n < 0 || lo < 0 || lo + n > static_cast<double>(vocab)) {
+          error = fmt::format("rank {} holds columns [{}, {}) of row {}, outside [0, vocab={})", k,
+                              lo, lo + n, row, vocab);
+          break;
+        }
+        if (n > 0) ranges.emplace_back(lo, lo + n);
+      }
+      if (!error.empty()) break;
       std::sort(ranges.begin(), ranges.end());
       double covered = 0;
       for (const auto& [lo, hi] : ranges) {
         if (lo != covered) break;
         covered = hi;
       }
-      if (covered != all[3])
-        error = fmt::format("the ranks' column ranges do not tile [0, vocab={}) exactly", all[3]);
-      else if (all[3] > static_cast<double>(kMaxVocab))
-        error = fmt::format("vocab={} exceeds 2^23, the most the fixed-point sums hold", all[3]);
+      if (covered != static_cast<double>(vocab))
+        error = fmt::format("the ranks' column ranges of row {} do not tile [0, vocab={}) exactly",
+                            row, vocab);
     }
-    if (count > 0 && ld < count && error.empty())
-      error = fmt::format("leading dimension {} < columns {}", ld, count);
     if (!error.empty()) throw Error("choose_tokens: " + error);
   }
-  std::vector<std::int32_t> chosen(static_cast<std::size_t>(rows), -1);
-  if (rows == 0) return chosen;
+  std::vector<std::int32_t> chosen(R, -1);
+  if (R == 0) return chosen;
   const bool greedy = options.greedy || options.temperature == 0;
   const double inv_t = greedy ? 1.0 : 1.0 / options.temperature;
-  const auto value = [&](index_t row, index_t j) {
-    return as_double(logits[row * ld + j]) * inv_t;
+  const auto value = [&](std::size_t row, index_t j) {
+    return as_double(slices[row].data[j]) * inv_t;
   };
-  const auto R = static_cast<std::size_t>(rows);
 
   // One (value, id) pair per row and rank, all-gathered; the best wins.
   const auto best_pairs = [&](auto&& score) {
     std::vector<double> mine(2 * R), all(2 * R * P);
-    for (index_t row = 0; row < rows; ++row) {
+    for (std::size_t row = 0; row < R; ++row) {
       Scored best{-std::numeric_limits<double>::infinity(), -1};
-      for (index_t j = 0; j < count; ++j) {
-        const Scored s{score(row, j), static_cast<double>(begin + j)};
+      for (index_t j = 0; j < slices[row].count; ++j) {
+        const Scored s{score(row, j), static_cast<double>(slices[row].begin + j)};
         if (best.id < 0 || before(s, best)) best = s;
       }
-      mine[2 * static_cast<std::size_t>(row)] = best.value;
-      mine[2 * static_cast<std::size_t>(row) + 1] = best.id;
+      mine[2 * row] = best.value;
+      mine[2 * row + 1] = best.id;
     }
     axis.all_gather(mine.data(), all.data(), mine.size());
-    for (index_t row = 0; row < rows; ++row)
-      chosen[static_cast<std::size_t>(row)] =
-          static_cast<std::int32_t>(best_of(all, ranks, rows, row).id);
+    for (std::size_t row = 0; row < R; ++row)
+      chosen[row] =
+          static_cast<std::int32_t>(best_of(all, ranks, rows, static_cast<index_t>(row)).id);
   };
   if (greedy) {
-    best_pairs([&](index_t row, index_t j) { return value(row, j); });
+    best_pairs([&](std::size_t row, index_t j) { return value(row, j); });
     return chosen;
   }
-  const auto noisy = [&](index_t row, index_t j, double v) {
-    return v + gumbel_noise(options.seed, step, row_keys[static_cast<std::size_t>(row)], begin + j);
-  };
   const bool top_k = options.top_k > 0 && options.top_k < vocab;
   const bool top_p = options.top_p < 1;
   if (!top_k && !top_p) {  // Gumbel-max over the whole vocabulary
-    best_pairs([&](index_t row, index_t j) { return noisy(row, j, value(row, j)); });
+    best_pairs([&](std::size_t row, index_t j) {
+      return value(row, j) + gumbel_noise(options.seed, step, row_keys[row], slices[row].begin + j);
+    });
     return chosen;
   }
 
   // The candidates: each rank's tokens sorted canonically, then the k best
   // (top-k) or those that can still be in the nucleus (top-p alone).
   std::vector<std::vector<Scored>> local(R);
-  for (index_t row = 0; row < rows; ++row) {
-    auto& v = local[static_cast<std::size_t>(row)];
-    v.reserve(static_cast<std::size_t>(count));
-    for (index_t j = 0; j < count; ++j)
-      v.push_back({value(row, j), static_cast<double>(begin + j)});
+  for (std::size_t row = 0; row < R; ++row) {
+    auto& v = local[row];
+    v.reserve(static_cast<std::size_t>(slices[row].count));
+    for (index_t j = 0; j < slices[row].count; ++j)
+      v.push_back({value(row, j), static_cast<double>(slices[row].begin + j)});
     std::sort(v.begin(), v.end(), before);
   }
   // The row maxima (what the fixed-point weights are relative to).
@@ -270,14 +285,43 @@ std::vector<std::int32_t> choose_tokens(const T* logits, index_t rows, index_t c
   return chosen;
 }
 
+template <class T>
+std::vector<std::int32_t> choose_tokens(const T* logits, index_t rows, index_t count, index_t ld,
+                                        index_t begin, index_t vocab, Communicator& axis,
+                                        const SamplingOptions& options, std::uint64_t step,
+                                        std::span<const std::uint64_t> row_keys) {
+  if (const std::string e = check_sampling(options); !e.empty()) throw Error(e);
+  std::optional<std::string> error;
+  if (rows < 0 || count < 0 || (count > 0 && ld < count))
+    error = fmt::format("choose_tokens: rows={} count={} ld={}", rows, count, ld);
+  // a local shape error reaches every rank through the shape exchange:
+  // this rank then claims no columns and the tiling check names it
+  std::vector<LogitsRow<T>> slices(static_cast<std::size_t>(std::max<index_t>(rows, 0)));
+  for (index_t r = 0; r < rows; ++r)
+    slices[static_cast<std::size_t>(r)] = {logits + r * ld, begin, error ? 0 : count};
+  return choose_tokens<T>(slices, vocab, axis, options, step, row_keys);
+}
+
+template std::vector<std::int32_t> choose_tokens<float>(std::span<const LogitsRow<float>>, index_t,
+                                                        Communicator&, const SamplingOptions&,
+                                                        std::uint64_t,
+                                                        std::span<const std::uint64_t>);
 template std::vector<std::int32_t> choose_tokens<float>(const float*, index_t, index_t, index_t,
                                                         index_t, index_t, Communicator&,
                                                         const SamplingOptions&, std::uint64_t,
                                                         std::span<const std::uint64_t>);
+template std::vector<std::int32_t> choose_tokens<double>(std::span<const LogitsRow<double>>,
+                                                         index_t, Communicator&,
+                                                         const SamplingOptions&, std::uint64_t,
+                                                         std::span<const std::uint64_t>);
 template std::vector<std::int32_t> choose_tokens<double>(const double*, index_t, index_t, index_t,
                                                          index_t, index_t, Communicator&,
                                                          const SamplingOptions&, std::uint64_t,
                                                          std::span<const std::uint64_t>);
+template std::vector<std::int32_t> choose_tokens<bf16>(std::span<const LogitsRow<bf16>>, index_t,
+                                                       Communicator&, const SamplingOptions&,
+                                                       std::uint64_t,
+                                                       std::span<const std::uint64_t>);
 template std::vector<std::int32_t> choose_tokens<bf16>(const bf16*, index_t, index_t, index_t,
                                                        index_t, index_t, Communicator&,
                                                        const SamplingOptions&, std::uint64_t,

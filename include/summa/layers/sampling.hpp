@@ -70,6 +70,26 @@ std::vector<std::int32_t> choose_tokens(const T* logits, index_t rows, index_t c
                                         const SamplingOptions& options, std::uint64_t step,
                                         std::span<const std::uint64_t> row_keys);
 
+/// One row's part on this rank: logits of columns [begin, begin + count)
+/// of the global vocabulary at `data` (host memory, contiguous); count 0
+/// where the rank holds nothing of the row.
+template <class T>
+struct LogitsRow {
+  const T* data = nullptr;
+  index_t begin = 0;
+  index_t count = 0;
+};
+
+/// The same for rows that sit on different ranks with different column
+/// ranges (a scheme's logits: each row's ranges over the ranks of `axis`
+/// tile [0, vocab), ranks that hold a row twice pass count 0 for one
+/// copy). `rows.size()` is the same on every rank.
+template <class T>
+std::vector<std::int32_t> choose_tokens(std::span<const LogitsRow<T>> rows, index_t vocab,
+                                        Communicator& axis, const SamplingOptions& options,
+                                        std::uint64_t step,
+                                        std::span<const std::uint64_t> row_keys);
+
 /// Gumbel noise of token `id` for (seed, step, key): -log(-log(u)), u
 /// uniform in (0, 1) from a counter-based generator (SplitMix64 of the
 /// four). Exposed for tests and for serial oracles.
@@ -79,12 +99,26 @@ double gumbel_noise(std::uint64_t seed, std::uint64_t step, std::uint64_t key, s
 /// row's largest logit): what top-p sums.
 std::uint64_t fixed_point_exp(double x);
 
+extern template std::vector<std::int32_t> choose_tokens<float>(std::span<const LogitsRow<float>>,
+                                                               index_t, Communicator&,
+                                                               const SamplingOptions&,
+                                                               std::uint64_t,
+                                                               std::span<const std::uint64_t>);
 extern template std::vector<std::int32_t> choose_tokens<float>(
     const float*, index_t, index_t, index_t, index_t, index_t, Communicator&,
     const SamplingOptions&, std::uint64_t, std::span<const std::uint64_t>);
+extern template std::vector<std::int32_t> choose_tokens<double>(std::span<const LogitsRow<double>>,
+                                                                index_t, Communicator&,
+                                                                const SamplingOptions&,
+                                                                std::uint64_t,
+                                                                std::span<const std::uint64_t>);
 extern template std::vector<std::int32_t> choose_tokens<double>(
     const double*, index_t, index_t, index_t, index_t, index_t, Communicator&,
     const SamplingOptions&, std::uint64_t, std::span<const std::uint64_t>);
+extern template std::vector<std::int32_t> choose_tokens<bf16>(std::span<const LogitsRow<bf16>>,
+                                                              index_t, Communicator&,
+                                                              const SamplingOptions&, std::uint64_t,
+                                                              std::span<const std::uint64_t>);
 extern template std::vector<std::int32_t> choose_tokens<bf16>(const bf16*, index_t, index_t,
                                                               index_t, index_t, index_t,
                                                               Communicator&, const SamplingOptions&,
