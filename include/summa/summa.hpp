@@ -22,6 +22,7 @@
 #include "summa/io/machine_file.hpp"
 #include "summa/io/safetensors.hpp"
 #include "summa/layers/gelu.hpp"
+#include "summa/layers/generate.hpp"
 #include "summa/layers/gpt.hpp"
 #include "summa/layers/gpt_model.hpp"
 #include "summa/layers/layer.hpp"

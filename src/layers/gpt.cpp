@@ -1,5 +1,7 @@
 #include "summa/layers/gpt.hpp"
 
+#include "summa/layers/sampling.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -81,21 +83,32 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
   const BufferNeeds needs = buffer_needs();
   ByteCount<T> slot;
   slot.add(rows * cols);
+  // Inference: no conjunction, and the boundaries x_0..x_N alternate
+  // between two slots (nothing reads them after the next block).
+  const bool inference = options_.inference;
   sizes_ = {.workspace = needs.workspace,
             .forward = needs.forward,
             .backward = needs.backward,
-            .conjunction = 2 * slot.bytes(),
-            .checkpoint = static_cast<std::size_t>(config_.n_layer + 1) * slot};
+            .conjunction = inference ? 0 : 2 * slot.bytes(),
+            .checkpoint = static_cast<std::size_t>(inference ? 2 : config_.n_layer + 1) * slot};
   index_t elements = 0;
   for (const Param<T>* p : this->parameters()) elements += p->shard.local_size();
   parameter_bytes_ = ByteCount<T>().add(elements).bytes();
   if (options_.plan_only) return;
-  store_ = std::make_unique<ParameterStore<T>>(*backend_, this->parameters());
+  store_ = std::make_unique<ParameterStore<T>>(*backend_, this->parameters(), !inference);
   buffers_ = std::make_unique<ModelBuffers>(*backend_, sizes_);
   const auto take = [&](Arena& a) {
     return MatrixView<T>::dense(a.take<T>(static_cast<std::size_t>(rows * cols)), rows, cols,
                                 Order::row_major);
   };
+  no_targets_.assign(static_cast<std::size_t>(batch_ * seq_), 0);
+  if (inference) {
+    const MatrixView<T> slot[2] = {take(buffers_->checkpoint), take(buffers_->checkpoint)};
+    for (int i = 0; i <= config_.n_layer; ++i) boundaries_.push_back(slot[i % 2]);
+    tokens_.resize(static_cast<std::size_t>(local_batch_ * seq_));
+    targets_.resize(tokens_.size());
+    return;
+  }
   for (int i = 0; i <= config_.n_layer; ++i) boundaries_.push_back(take(buffers_->checkpoint));
   conj_[0] = take(buffers_->conjunction);
   conj_[1] = take(buffers_->conjunction);
@@ -136,10 +149,10 @@ BufferNeeds Gpt<T>::buffer_needs() const {
   const std::size_t head_backward = slot + head.backward;  // dL/d LN_f output
   BufferNeeds all;
   all.workspace = std::max({embedding_->buffer_needs().workspace, block.workspace, head.workspace});
-  all.forward = options_.checkpoint
+  all.forward = options_.checkpoint || options_.inference
                     ? std::max(block.forward, head.forward)
                     : static_cast<std::size_t>(config_.n_layer) * block.forward + head.forward;
-  all.backward = std::max(block.backward, head_backward);
+  all.backward = options_.inference ? 0 : std::max(block.backward, head_backward);
   return all;
 }
 
@@ -300,7 +313,7 @@ double Gpt<T>::forward(std::span<const std::int32_t> tokens,
     for (std::size_t i = 0; i < blocks_.size(); ++i) {
       const std::size_t mark = B.forward.mark();
       blocks_[i]->forward(boundaries_[i], boundaries_[i + 1], step);
-      if (options_.checkpoint) B.forward.release(mark);
+      if (options_.checkpoint || options_.inference) B.forward.release(mark);
     }
   });
   lnf_ = MatrixView<T>::dense(B.forward.take<T>(static_cast<std::size_t>(rows_ * cols_)), rows_,
@@ -317,6 +330,9 @@ double Gpt<T>::forward(std::span<const std::int32_t> tokens,
 
 template <class T>
 void Gpt<T>::backward(bool accumulate) {
+  require(!options_.inference,
+          "GPT backward: this model was built for inference (GptOptions::inference): it has no "
+          "gradients");
   require(have_forward_, "GPT backward: no forward pass to differentiate");
   have_forward_ = false;
   ModelBuffers& B = *buffers_;
@@ -371,12 +387,78 @@ void Gpt<T>::backward(bool accumulate) {
 }
 
 template <class T>
+void Gpt<T>::forward_logits(std::span<const std::int32_t> tokens) {
+  require_allocated("forward_logits");
+  static_cast<void>(forward(tokens, no_targets_));
+}
+
+template <class T>
+ActivationBlock Gpt<T>::logits_block() const {
+  return scheme_->activation_block(local_batch_ * seq_, config_.vocab_size,
+                                   ActivationLayout::inner);
+}
+
+template <class T>
+std::vector<std::int32_t> Gpt<T>::next_tokens(std::span<const index_t> positions,
+                                              const SamplingOptions& options, std::uint64_t step,
+                                              index_t vocab_limit) {
+  require_allocated("next_tokens");
+  const index_t limit = vocab_limit > 0 ? vocab_limit : config_.vocab_size;
+  {
+    std::optional<std::string> error;
+    if (!have_forward_)
+      error = "GPT next_tokens: no forward pass (forward_logits first)";
+    else if (static_cast<index_t>(positions.size()) != batch_)
+      error =
+          fmt::format("GPT next_tokens: {} positions for a batch of {}", positions.size(), batch_);
+    else if (limit > config_.vocab_size || vocab_limit < 0)
+      error = fmt::format("GPT next_tokens: vocab_limit={} outside [0, vocab={}]", vocab_limit,
+                          config_.vocab_size);
+    else if (const std::string e = check_sampling(options); !e.empty())
+      error = "GPT next_tokens: " + e;
+    for (std::size_t b = 0; !error && b < positions.size(); ++b)
+      if (positions[b] < 0 || positions[b] >= seq_)
+        error = fmt::format("GPT next_tokens: position {} of sequence {} outside [0, seq={})",
+                            positions[b], b, seq_);
+    grid_->agree(CommAxis::world, error);
+  }
+  const ActivationBlock block = logits_block();
+  const ConstMatrixView<T> Z = head_->logits();
+  require(Z.order == Order::row_major && Z.rows == block.rows && Z.cols == block.cols,
+          "GPT next_tokens: the head's logits do not have the scheme's inner layout");
+  const index_t first = grid_->coords().data * local_batch_;
+  host_logits_.resize(static_cast<std::size_t>(local_batch_ * block.cols));
+  std::vector<LogitsRow<T>> rows(static_cast<std::size_t>(local_batch_));
+  std::vector<std::uint64_t> keys(rows.size());
+  for (index_t b = 0; b < local_batch_; ++b) {
+    const auto k = static_cast<std::size_t>(b);
+    keys[k] = static_cast<std::uint64_t>(first + b);
+    const index_t row = b * seq_ + positions[static_cast<std::size_t>(first + b)];
+    if (!block.owner || row < block.row0 || row >= block.row0 + block.rows) continue;
+    const index_t count = std::clamp<index_t>(limit - block.col0, 0, block.cols);
+    if (count == 0) continue;
+    T* host = host_logits_.data() + b * block.cols;
+    backend_->download(host, Z.data + (row - block.row0) * Z.ld,
+                       static_cast<std::size_t>(count) * sizeof(T));
+    rows[k] = {host, block.col0, count};
+  }
+  const std::vector<std::int32_t> mine =
+      choose_tokens<T>(rows, limit, grid_->tensor(), options, step, keys);
+  if (data_ == 1) return mine;
+  std::vector<double> send(mine.begin(), mine.end()), all(static_cast<std::size_t>(batch_));
+  grid_->data().all_gather(send.data(), all.data(), send.size());
+  return {all.begin(), all.end()};
+}
+
+template <class T>
 MemoryReport Gpt<T>::memory_report() const {
   MemoryReport r;
   if (options_.plan_only) {
-    r.parameters = r.gradients = parameter_bytes_;
+    const std::size_t gradient_bytes = options_.inference ? 0 : parameter_bytes_;
+    r.parameters = parameter_bytes_;
+    r.gradients = gradient_bytes;
     r.activations = sizes_.forward + sizes_.checkpoint;
-    r.buffers = {{"parameters", parameter_bytes_, 0}, {"gradients", parameter_bytes_, 0},
+    r.buffers = {{"parameters", parameter_bytes_, 0}, {"gradients", gradient_bytes, 0},
                  {"workspace", sizes_.workspace, 0},  {"forward", sizes_.forward, 0},
                  {"backward", sizes_.backward, 0},    {"conjunction", sizes_.conjunction, 0},
                  {"checkpoint", sizes_.checkpoint, 0}};

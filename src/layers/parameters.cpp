@@ -23,16 +23,17 @@ std::size_t ParameterStore<T>::bytes_for(const std::vector<Param<T>*>& params) {
 }
 
 template <class T>
-ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> params)
+ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> params, bool gradients)
     : params_(std::move(params)),
       backend_(&backend),
+      has_gradients_(gradients),
       values_("parameters", backend, bytes_for(params_)),
-      grads_("gradients", backend, bytes_for(params_)) {
+      grads_("gradients", backend, gradients ? bytes_for(params_) : 0) {
   // Packed: the parameters follow each other without padding, so the
   // gradients of consecutive parameters (a block's) form one contiguous range.
   const auto total = static_cast<std::size_t>(local_elements());
   T* values = values_.take<T>(total);
-  T* grads = grads_.take<T>(total);
+  T* grads = gradients ? grads_.take<T>(total) : nullptr;
   index_t offset = 0;
   for (Param<T>* p : params_) {
     require(p != nullptr, "ParameterStore: null parameter");
@@ -42,13 +43,14 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
       continue;
     }
     p->value = values + offset;
-    p->grad = grads + offset;
+    p->grad = gradients ? grads + offset : nullptr;
     offset += p->shard.local_size();
   }
   const auto all = MatrixView<T>::dense(values, 1, static_cast<index_t>(total), Order::row_major);
   backend.scale(acc_t<T>(0), all);
-  backend.scale(acc_t<T>(0),
-                MatrixView<T>::dense(grads, 1, static_cast<index_t>(total), Order::row_major));
+  if (gradients)
+    backend.scale(acc_t<T>(0),
+                  MatrixView<T>::dense(grads, 1, static_cast<index_t>(total), Order::row_major));
 }
 
 template <class T>
@@ -139,7 +141,7 @@ void ParameterStore<T>::init_uniform(std::uint64_t seed, double scale) {
 template <class T>
 void ParameterStore<T>::zero_grads() {
   const index_t total = local_elements();
-  if (total > 0)
+  if (total > 0 && has_gradients_)
     backend_->scale(acc_t<T>(0), MatrixView<T>::dense(grads_base(), 1, total, Order::row_major));
 }
 

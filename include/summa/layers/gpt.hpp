@@ -41,6 +41,7 @@
 
 #include "summa/comm/communicator.hpp"
 #include "summa/layers/gpt_model.hpp"
+#include "summa/layers/sampling.hpp"
 #include "summa/layers/scheme_context.hpp"
 #include "summa/layers/transformer.hpp"
 
@@ -81,6 +82,24 @@ class Gpt final : public GptModel<T> {
   std::span<const StepPart> profile() const override;
   void reset_profile() override;
   ModelBuffers& buffers();
+
+  /// Forward without targets (inference): the logits of every position,
+  /// vocabulary-parallel in the scheme's layout (logits(), logits_block());
+  /// no loss for the caller. Checks the ids as forward() does.
+  void forward_logits(std::span<const std::int32_t> tokens);
+  /// Where this rank's logits() sit in its data group's [local_batch * seq,
+  /// vocab] logits (rows: sequence-major positions; one owner per copy).
+  ActivationBlock logits_block() const;
+  /// The next token of every sequence b of the global batch from the last
+  /// forward's logits at position positions[b] (summa::choose_tokens over the
+  /// tensor group, row key b: no rank gathers the vocabulary), among ids
+  /// below `vocab_limit` (0: the model's vocabulary, e.g. a tokenizer's
+  /// smaller one); then shared over the data axis. The same ids on every
+  /// rank. Collective; throws summa::Error on every rank for positions
+  /// outside [0, seq), a wrong count, bad options or no forward.
+  std::vector<std::int32_t> next_tokens(std::span<const index_t> positions,
+                                        const SamplingOptions& options, std::uint64_t step,
+                                        index_t vocab_limit = 0);
 
   /// Data-parallel groups and the sequences each one takes.
   int data_groups() const { return data_; }
@@ -174,6 +193,8 @@ class Gpt final : public GptModel<T> {
   MatrixView<T> lnf_{};
   MatrixView<T> input_grad_{};
   std::vector<std::int32_t> tokens_, targets_;  // this data group's ids
+  std::vector<std::int32_t> no_targets_;        // the targets forward_logits passes
+  std::vector<T> host_logits_;                  // next_tokens: the chosen rows on the host
   std::vector<Bucket> buckets_;                 // gradient buckets of the data axis
   bool have_forward_ = false;
 };

@@ -28,6 +28,12 @@ struct GptOptions {
   /// Backend::synchronize() and a clock read, so the figures are the
   /// device's; off, the step runs untouched.
   bool profile = false;
+  /// Forward only (inference, generation): no gradients, no backward or
+  /// conjunction buffer, two block-boundary slots instead of n_layer + 1,
+  /// each block's activations released as it finishes (as with
+  /// checkpointing); backward() throws. The memory report and the planner
+  /// show it.
+  bool inference = false;
 };
 
 /// One part of a training step as GptModel::profile reports it: its name in

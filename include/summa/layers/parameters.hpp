@@ -25,8 +25,12 @@ class ParameterStore {
  public:
   /// Allocates values and gradients for `params` (in that order) from
   /// `backend` and binds each Param's value / grad pointer (null where the
-  /// rank holds nothing). Values and gradients start at zero.
-  ParameterStore(Backend& backend, std::vector<Param<T>*> params);
+  /// rank holds nothing). Values and gradients start at zero. Without
+  /// `gradients` (a model built for inference) the gradient arena is empty
+  /// and every grad pointer null.
+  ParameterStore(Backend& backend, std::vector<Param<T>*> params, bool gradients = true);
+  /// False for a store built without gradients.
+  bool has_gradients() const { return has_gradients_; }
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
 
@@ -42,12 +46,12 @@ class ParameterStore {
   /// global element, whatever the mesh (for bf16: that value rounded to
   /// bf16, through a float host image). Allocates (host staging).
   void init_gpt(std::uint64_t seed, const GptConfig& config);
-  /// Every gradient = 0.
   /// Layout-invariant uniform initialisation for any model: every global
   /// element (index i = row * cols + col of the tensor `name`) gets
   /// uniform_init_value(seed, name, i, scale), whatever the scheme, so a
   /// model starts from the same global weights under every scheme.
   void init_uniform(std::uint64_t seed, double scale);
+  /// Every gradient = 0 (nothing without gradients).
   void zero_grads();
   /// All local values / gradients, packed in the order of params() (each
   /// parameter's local elements follow the previous one's, no padding).
@@ -66,6 +70,7 @@ class ParameterStore {
   static std::size_t bytes_for(const std::vector<Param<T>*>& params);
   std::vector<Param<T>*> params_;
   Backend* backend_;
+  bool has_gradients_;
   Arena values_, grads_;
 };
 
