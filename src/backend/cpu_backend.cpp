@@ -332,15 +332,18 @@ void gelu_backward_impl(ConstMatrixView<T> X, ConstMatrixView<T> dY, MatrixView<
   });
 }
 
-// Row r of a causal softmax uses columns [0, causal_end(r, cols)).
-inline index_t causal_end(index_t r, index_t cols) {
-  return r + 1 < cols ? r + 1 : cols;
+// Row r of a causal softmax uses columns [0, causal_end(r, rows, cols)).
+inline index_t causal_end(index_t r, index_t rows, index_t cols) {
+  // aligned at the bottom right: with fewer rows than columns (the queries
+  // of a decoding step against all cached keys) row r is query cols-rows+r
+  const index_t end = r + 1 + (cols > rows ? cols - rows : 0);
+  return end < cols ? end : cols;
 }
 
 template <class T>
 void softmax_causal_impl(ConstMatrixView<T> S, double scale, MatrixView<T> P) {
   for (index_t r = 0; r < P.rows; ++r) {
-    const index_t end = causal_end(r, P.cols);
+    const index_t end = causal_end(r, P.rows, P.cols);
     // Both reading passes over the row finish before the row is written, so
     // P may be S.
     double m = -std::numeric_limits<double>::infinity();
@@ -360,7 +363,7 @@ void softmax_causal_backward_impl(ConstMatrixView<T> P, ConstMatrixView<T> dP, d
   for (index_t r = 0; r < dS.rows; ++r) {
     // P is zero above the diagonal, so the row dot product and dS only involve
     // the causal window; dS is exactly 0 above it (whatever dP holds there).
-    const index_t end = causal_end(r, dS.cols);
+    const index_t end = causal_end(r, dS.rows, dS.cols);
     double dot = 0;
     for (index_t c = 0; c < end; ++c)
       dot += static_cast<double>(dP(r, c)) * static_cast<double>(P(r, c));

@@ -52,8 +52,11 @@ inline index_t local_index(std::int32_t target, index_t base, index_t count) {
   return c >= 0 && c < count ? c : index_t(-1);
 }
 
-inline index_t causal_end(index_t r, index_t cols) {
-  return r + 1 < cols ? r + 1 : cols;
+inline index_t causal_end(index_t r, index_t rows, index_t cols) {
+  // aligned at the bottom right: with fewer rows than columns (the queries
+  // of a decoding step against all cached keys) row r is query cols-rows+r
+  const index_t end = r + 1 + (cols > rows ? cols - rows : 0);
+  return end < cols ? end : cols;
 }
 
 constexpr double kGeluC = 0.79788456080286535588;  // sqrt(2 / pi)
@@ -241,7 +244,7 @@ void CpuBackend::do_gelu_backward(ConstMatrixView<bf16> X, ConstMatrixView<bf16>
 
 void CpuBackend::do_softmax_causal(ConstMatrixView<bf16> S, double scale, MatrixView<bf16> P) {
   for (index_t r = 0; r < P.rows; ++r) {
-    const index_t end = causal_end(r, P.cols);
+    const index_t end = causal_end(r, P.rows, P.cols);
     double m = -std::numeric_limits<double>::infinity();
     for (index_t c = 0; c < end; ++c) m = std::max(m, scale * static_cast<double>(f32(S(r, c))));
     double sum = 0;
@@ -258,7 +261,7 @@ void CpuBackend::do_softmax_causal(ConstMatrixView<bf16> S, double scale, Matrix
 void CpuBackend::do_softmax_causal_backward(ConstMatrixView<bf16> P, ConstMatrixView<bf16> dP,
                                             double scale, MatrixView<bf16> dS) {
   for (index_t r = 0; r < dS.rows; ++r) {
-    const index_t end = causal_end(r, dS.cols);
+    const index_t end = causal_end(r, dS.rows, dS.cols);
     double dot = 0;
     for (index_t c = 0; c < end; ++c)
       dot += static_cast<double>(f32(dP(r, c))) * static_cast<double>(f32(P(r, c)));

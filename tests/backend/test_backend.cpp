@@ -521,16 +521,24 @@ TEST(CpuBackend, GeluMatchesReferenceDouble) {
   check_gelu<double>();
 }
 
-// P of the causal softmax of scale * S in long double (zeros above the diagonal).
+// The last column row r of a causal softmax sees: r, shifted right by
+// cols - rows when there are fewer rows than columns (bottom-right window).
+index_t causal_last(index_t r, index_t rows, index_t cols) {
+  return r + (cols > rows ? cols - rows : 0);
+}
+
+// P of the causal softmax of scale * S in long double (zeros outside the
+// window).
 template <class T>
 Mat<Real> ref_softmax_causal(const Mat<T>& S, double scale) {
   Mat<Real> P = Mat<Real>::Zero(S.rows(), S.cols());
   for (index_t r = 0; r < S.rows(); ++r) {
+    const index_t last = causal_last(r, S.rows(), S.cols());
     Real m = -std::numeric_limits<Real>::infinity();
-    for (index_t c = 0; c <= r && c < S.cols(); ++c) m = std::max(m, Real(scale) * S(r, c));
+    for (index_t c = 0; c <= last && c < S.cols(); ++c) m = std::max(m, Real(scale) * S(r, c));
     Real sum = 0;
-    for (index_t c = 0; c <= r && c < S.cols(); ++c) sum += std::exp(Real(scale) * S(r, c) - m);
-    for (index_t c = 0; c <= r && c < S.cols(); ++c)
+    for (index_t c = 0; c <= last && c < S.cols(); ++c) sum += std::exp(Real(scale) * S(r, c) - m);
+    for (index_t c = 0; c <= last && c < S.cols(); ++c)
       P(r, c) = std::exp(Real(scale) * S(r, c) - m) / sum;
   }
   return P;
@@ -541,34 +549,36 @@ void check_softmax_causal() {
   CpuBackend backend;
   std::mt19937_64 gen(fresh_seed());
   const double eps = eps_of<T>();
-  for (index_t s : {1, 13})
+  // square, and fewer rows than columns (a decoding step's queries)
+  for (const auto& [s, n] : {std::pair<index_t, index_t>{1, 1}, {13, 13}, {1, 9}, {4, 11}})
     for (double scale : {0.35, -1.75})
       for (double offset : {0.0, 3000.0})
         for (Order os : kOrders)
           for (Order op : kOrders)
             for (bool in_place : {false, true}) {
               if (in_place && os != op) continue;
-              const std::string where =
-                  "s=" + std::to_string(s) + " scale=" + std::to_string(scale) +
-                  " offset=" + std::to_string(offset) + " orders " + std::to_string(int(os)) +
-                  std::to_string(int(op)) + (in_place ? " in place" : "");
+              const std::string where = "s=" + std::to_string(s) + "x" + std::to_string(n) +
+                                        " scale=" + std::to_string(scale) +
+                                        " offset=" + std::to_string(offset) + " orders " +
+                                        std::to_string(int(os)) + std::to_string(int(op)) +
+                                        (in_place ? " in place" : "");
               const Mat<T> S =
-                  (scaled(random_matrix<T>(s, s, gen), 3.0).array() + T(offset)).matrix();
-              Block<T> sb(s, s, os, 2), pb(s, s, op, 3);
+                  (scaled(random_matrix<T>(s, n, gen), 3.0).array() + T(offset)).matrix();
+              Block<T> sb(s, n, os, 2), pb(s, n, op, 3);
               sb.fill(S);  // in place: random values above the diagonal must become 0
               pb.fill_value(std::numeric_limits<T>::quiet_NaN());  // never read
               Block<T>& out = in_place ? sb : pb;
               backend.softmax_causal(sb.view(), scale, out.view());
               const Mat<T> P = out.read();
               const Mat<Real> want = ref_softmax_causal(S, scale);
-              const double tol = double(s + 4) * eps;
+              const double tol = double(n + 4) * eps;
               const double tol_p =
                   tol + 4 * std::abs(scale) * (offset + 3) * std::numeric_limits<double>::epsilon();
               double worst = 0;
               for (index_t r = 0; r < s; ++r) {
                 Real row_sum = 0;
-                for (index_t c = 0; c < s; ++c) {
-                  if (c > r) {
+                for (index_t c = 0; c < n; ++c) {
+                  if (c > causal_last(r, s, n)) {
                     EXPECT_EQ(P(r, c), T(0)) << where << " at " << r << "," << c;
                     continue;
                   }
@@ -581,11 +591,11 @@ void check_softmax_causal() {
               EXPECT_LT(worst, tol_p) << where;
 
               // Backward from the reference P (rounded to T): dS = scale P (dP - <dP, P>_row).
-              Mat<T> Pt(s, s);
+              Mat<T> Pt(s, n);
               for (index_t r = 0; r < s; ++r)
-                for (index_t c = 0; c < s; ++c) Pt(r, c) = static_cast<T>(want(r, c));
-              const Mat<T> dP = random_matrix<T>(s, s, gen);
-              Block<T> pin(s, s, os, 1), dpb(s, s, op, 2), dsb(s, s, os, 3);
+                for (index_t c = 0; c < n; ++c) Pt(r, c) = static_cast<T>(want(r, c));
+              const Mat<T> dP = random_matrix<T>(s, n, gen);
+              Block<T> pin(s, n, os, 1), dpb(s, n, op, 2), dsb(s, n, os, 3);
               pin.fill(Pt);
               dpb.fill(dP);
               dsb.fill_value(std::numeric_limits<T>::quiet_NaN());  // never read
@@ -595,9 +605,9 @@ void check_softmax_causal() {
               double worst_ds = 0;
               for (index_t r = 0; r < s; ++r) {
                 Real dot = 0;
-                for (index_t c = 0; c < s; ++c) dot += Real(dP(r, c)) * Pt(r, c);
-                for (index_t c = 0; c < s; ++c) {
-                  if (c > r) {
+                for (index_t c = 0; c < n; ++c) dot += Real(dP(r, c)) * Pt(r, c);
+                for (index_t c = 0; c < n; ++c) {
+                  if (c > causal_last(r, s, n)) {
                     EXPECT_EQ(dS(r, c), T(0)) << where << " at " << r << "," << c;
                     continue;
                   }

@@ -239,13 +239,17 @@ class Backend {
   /// Row softmax of scale * S over the causal window: for a square S (s x s),
   /// P[r, c] = exp(scale*S[r,c] - m_r) / sum_{c' <= r} exp(scale*S[r,c'] - m_r)
   /// for c <= r (m_r the row max over c <= r), and P[r, c] = 0 for c > r.
-  /// P never read; P may be S itself (in place).
+  /// With fewer rows than columns the window is aligned at the bottom right:
+  /// row r sees c <= r + (cols - rows) (the new queries of a decoding step
+  /// against every cached key; one row sees all). P never read; P may be S
+  /// itself (in place).
   void softmax_causal(ConstMatrixView<float> S, double scale, MatrixView<float> P);
   void softmax_causal(ConstMatrixView<double> S, double scale, MatrixView<double> P);
   void softmax_causal(ConstMatrixView<bf16> S, double scale, MatrixView<bf16> P);
   /// Backward of softmax_causal: with P its output and dP = dL/dP,
   /// dS[r, c] = scale * P[r, c] * (dP[r, c] - sum_c' dP[r, c'] * P[r, c']).
-  /// (Zero above the diagonal since P is.) dS never read; dS may be dP itself.
+  /// (Zero outside the causal window since P is; the same window.) dS never read; dS may be dP
+  /// itself.
   void softmax_causal_backward(ConstMatrixView<float> P, ConstMatrixView<float> dP, double scale,
                                MatrixView<float> dS);
   void softmax_causal_backward(ConstMatrixView<double> P, ConstMatrixView<double> dP, double scale,

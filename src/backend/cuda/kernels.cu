@@ -793,8 +793,10 @@ __global__ void __launch_bounds__(kThreads)
   const index_t gid = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const index_t lane = W == 1 ? 0 : gid % W;
   const index_t groups = static_cast<index_t>(gridDim.x) * blockDim.x / W;
+  // the causal window aligned at the bottom right (Backend::softmax_causal)
+  const index_t shift = p.cols > p.rows ? p.cols - p.rows : 0;
   for (index_t r = gid / W; r < p.rows; r += groups) {  // uniform across a group
-    const index_t end = r + 1 < p.cols ? r + 1 : p.cols;
+    const index_t end = r + 1 + shift < p.cols ? r + 1 + shift : p.cols;
     // Both reading passes finish (the group reductions synchronise the
     // lanes) before any lane writes the row, so P may be S.
     A m = minus_infinity<A>();
@@ -816,8 +818,9 @@ __global__ void __launch_bounds__(kThreads)
   const index_t gid = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const index_t lane = W == 1 ? 0 : gid % W;
   const index_t groups = static_cast<index_t>(gridDim.x) * blockDim.x / W;
+  const index_t shift = ds.cols > ds.rows ? ds.cols - ds.rows : 0;
   for (index_t r = gid / W; r < ds.rows; r += groups) {
-    const index_t end = r + 1 < ds.cols ? r + 1 : ds.cols;
+    const index_t end = r + 1 + shift < ds.cols ? r + 1 + shift : ds.cols;
     A dot = 0;
     for (index_t c = lane; c < end; c += W) dot += widen(dp(r, c)) * widen(p(r, c));
     dot = group_sum<W>(dot);
