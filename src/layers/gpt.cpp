@@ -402,15 +402,25 @@ template <class T>
 std::vector<std::int32_t> Gpt<T>::next_tokens(std::span<const index_t> positions,
                                               const SamplingOptions& options, std::uint64_t step,
                                               index_t vocab_limit) {
+  const std::vector<std::uint64_t> steps(static_cast<std::size_t>(batch_), step);
+  return next_tokens(positions, options, steps, vocab_limit);
+}
+
+template <class T>
+std::vector<std::int32_t> Gpt<T>::next_tokens(std::span<const index_t> positions,
+                                              const SamplingOptions& options,
+                                              std::span<const std::uint64_t> steps,
+                                              index_t vocab_limit) {
   require_allocated("next_tokens");
   const index_t limit = vocab_limit > 0 ? vocab_limit : config_.vocab_size;
   {
     std::optional<std::string> error;
     if (!have_forward_)
       error = "GPT next_tokens: no forward pass (forward_logits first)";
-    else if (static_cast<index_t>(positions.size()) != batch_)
-      error =
-          fmt::format("GPT next_tokens: {} positions for a batch of {}", positions.size(), batch_);
+    else if (static_cast<index_t>(positions.size()) != batch_ ||
+             static_cast<index_t>(steps.size()) != batch_)
+      error = fmt::format("GPT next_tokens: {} positions and {} steps for a batch of {}",
+                          positions.size(), steps.size(), batch_);
     else if (limit > config_.vocab_size || vocab_limit < 0)
       error = fmt::format("GPT next_tokens: vocab_limit={} outside [0, vocab={}]", vocab_limit,
                           config_.vocab_size);
@@ -429,10 +439,11 @@ std::vector<std::int32_t> Gpt<T>::next_tokens(std::span<const index_t> positions
   const index_t first = grid_->coords().data * local_batch_;
   host_logits_.resize(static_cast<std::size_t>(local_batch_ * block.cols));
   std::vector<LogitsRow<T>> rows(static_cast<std::size_t>(local_batch_));
-  std::vector<std::uint64_t> keys(rows.size());
+  std::vector<std::uint64_t> keys(rows.size()), row_steps(rows.size());
   for (index_t b = 0; b < local_batch_; ++b) {
     const auto k = static_cast<std::size_t>(b);
     keys[k] = static_cast<std::uint64_t>(first + b);
+    row_steps[k] = steps[static_cast<std::size_t>(first + b)];
     const index_t row = b * seq_ + positions[static_cast<std::size_t>(first + b)];
     if (!block.owner || row < block.row0 || row >= block.row0 + block.rows) continue;
     const index_t count = std::clamp<index_t>(limit - block.col0, 0, block.cols);
@@ -443,7 +454,7 @@ std::vector<std::int32_t> Gpt<T>::next_tokens(std::span<const index_t> positions
     rows[k] = {host, block.col0, count};
   }
   const std::vector<std::int32_t> mine =
-      choose_tokens<T>(rows, limit, grid_->tensor(), options, step, keys);
+      choose_tokens<T>(rows, limit, grid_->tensor(), options, row_steps, keys);
   if (data_ == 1) return mine;
   std::vector<double> send(mine.begin(), mine.end()), all(static_cast<std::size_t>(batch_));
   grid_->data().all_gather(send.data(), all.data(), send.size());

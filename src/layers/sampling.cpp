@@ -85,7 +85,7 @@ std::uint64_t fixed_point_exp(double x) {
 template <class T>
 std::vector<std::int32_t> choose_tokens(std::span<const LogitsRow<T>> slices, index_t vocab,
                                         Communicator& axis, const SamplingOptions& options,
-                                        std::uint64_t step,
+                                        std::span<const std::uint64_t> row_steps,
                                         std::span<const std::uint64_t> row_keys) {
   if (const std::string e = check_sampling(options); !e.empty()) throw Error(e);
   const int ranks = axis.size();
@@ -96,7 +96,7 @@ std::vector<std::int32_t> choose_tokens(std::span<const LogitsRow<T>> slices, in
   // vocab, keys) then (begin, count) of each row, from every rank.
   {
     std::vector<double> header{static_cast<double>(R), static_cast<double>(vocab),
-                               static_cast<double>(row_keys.size())},
+                               static_cast<double>(std::min(row_keys.size(), row_steps.size()))},
         all_headers(3 * P);
     axis.all_gather(header.data(), all_headers.data(), 3);
     std::string error;
@@ -108,7 +108,7 @@ std::vector<std::int32_t> choose_tokens(std::span<const LogitsRow<T>> slices, in
             "vocab={}",
             r, h[0], h[1], all_headers[0], all_headers[1]);
       else if (h[2] != h[0])
-        error = fmt::format("rank {} passes {} row keys for {} rows", r, h[2], h[0]);
+        error = fmt::format("rank {} passes {} row keys and steps for {} rows", r, h[2], h[0]);
     }
     if (error.empty() && vocab > kMaxVocab)
       error = fmt::format("vocab={} exceeds 2^23, the most the fixed-point sums hold", vocab);
@@ -178,7 +178,8 @@ std::vector<std::int32_t> choose_tokens(std::span<const LogitsRow<T>> slices, in
   const bool top_p = options.top_p < 1;
   if (!top_k && !top_p) {  // Gumbel-max over the whole vocabulary
     best_pairs([&](std::size_t row, index_t j) {
-      return value(row, j) + gumbel_noise(options.seed, step, row_keys[row], slices[row].begin + j);
+      return value(row, j) +
+             gumbel_noise(options.seed, row_steps[row], row_keys[row], slices[row].begin + j);
     });
     return chosen;
   }
@@ -276,7 +277,7 @@ std::vector<std::int32_t> choose_tokens(std::span<const LogitsRow<T>> slices, in
     Scored best{-std::numeric_limits<double>::infinity(), -1};
     for (std::size_t n = 0; n < keep; ++n) {
       const auto id = static_cast<std::int64_t>(merged[n].id);
-      const Scored s{merged[n].value + gumbel_noise(options.seed, step, row_keys[r], id),
+      const Scored s{merged[n].value + gumbel_noise(options.seed, row_steps[r], row_keys[r], id),
                      merged[n].id};
       if (best.id < 0 || before(s, best)) best = s;
     }
@@ -299,12 +300,13 @@ std::vector<std::int32_t> choose_tokens(const T* logits, index_t rows, index_t c
   std::vector<LogitsRow<T>> slices(static_cast<std::size_t>(std::max<index_t>(rows, 0)));
   for (index_t r = 0; r < rows; ++r)
     slices[static_cast<std::size_t>(r)] = {logits + r * ld, begin, error ? 0 : count};
-  return choose_tokens<T>(slices, vocab, axis, options, step, row_keys);
+  const std::vector<std::uint64_t> steps(slices.size(), step);
+  return choose_tokens<T>(slices, vocab, axis, options, steps, row_keys);
 }
 
 template std::vector<std::int32_t> choose_tokens<float>(std::span<const LogitsRow<float>>, index_t,
                                                         Communicator&, const SamplingOptions&,
-                                                        std::uint64_t,
+                                                        std::span<const std::uint64_t>,
                                                         std::span<const std::uint64_t>);
 template std::vector<std::int32_t> choose_tokens<float>(const float*, index_t, index_t, index_t,
                                                         index_t, index_t, Communicator&,
@@ -312,7 +314,8 @@ template std::vector<std::int32_t> choose_tokens<float>(const float*, index_t, i
                                                         std::span<const std::uint64_t>);
 template std::vector<std::int32_t> choose_tokens<double>(std::span<const LogitsRow<double>>,
                                                          index_t, Communicator&,
-                                                         const SamplingOptions&, std::uint64_t,
+                                                         const SamplingOptions&,
+                                                         std::span<const std::uint64_t>,
                                                          std::span<const std::uint64_t>);
 template std::vector<std::int32_t> choose_tokens<double>(const double*, index_t, index_t, index_t,
                                                          index_t, index_t, Communicator&,
@@ -320,7 +323,7 @@ template std::vector<std::int32_t> choose_tokens<double>(const double*, index_t,
                                                          std::span<const std::uint64_t>);
 template std::vector<std::int32_t> choose_tokens<bf16>(std::span<const LogitsRow<bf16>>, index_t,
                                                        Communicator&, const SamplingOptions&,
-                                                       std::uint64_t,
+                                                       std::span<const std::uint64_t>,
                                                        std::span<const std::uint64_t>);
 template std::vector<std::int32_t> choose_tokens<bf16>(const bf16*, index_t, index_t, index_t,
                                                        index_t, index_t, Communicator&,

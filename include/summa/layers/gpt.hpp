@@ -100,6 +100,12 @@ class Gpt final : public GptModel<T> {
   std::vector<std::int32_t> next_tokens(std::span<const index_t> positions,
                                         const SamplingOptions& options, std::uint64_t step,
                                         index_t vocab_limit = 0);
+  /// The same with each sequence's own noise step (steps[b]: e.g. how many
+  /// tokens sequence b has generated so far).
+  std::vector<std::int32_t> next_tokens(std::span<const index_t> positions,
+                                        const SamplingOptions& options,
+                                        std::span<const std::uint64_t> steps,
+                                        index_t vocab_limit = 0);
 
   /// Data-parallel groups and the sequences each one takes.
   int data_groups() const { return data_; }

@@ -84,10 +84,12 @@ struct LogitsRow {
 /// ranges (a scheme's logits: each row's ranges over the ranks of `axis`
 /// tile [0, vocab), ranks that hold a row twice pass count 0 for one
 /// copy). `rows.size()` is the same on every rank.
+/// Each row draws its noise with its own step (row_steps[r]): a row's
+/// k-th generated token is keyed by k wherever the row is in its prompt.
 template <class T>
 std::vector<std::int32_t> choose_tokens(std::span<const LogitsRow<T>> rows, index_t vocab,
                                         Communicator& axis, const SamplingOptions& options,
-                                        std::uint64_t step,
+                                        std::span<const std::uint64_t> row_steps,
                                         std::span<const std::uint64_t> row_keys);
 
 /// Gumbel noise of token `id` for (seed, step, key): -log(-log(u)), u
@@ -102,7 +104,7 @@ std::uint64_t fixed_point_exp(double x);
 extern template std::vector<std::int32_t> choose_tokens<float>(std::span<const LogitsRow<float>>,
                                                                index_t, Communicator&,
                                                                const SamplingOptions&,
-                                                               std::uint64_t,
+                                                               std::span<const std::uint64_t>,
                                                                std::span<const std::uint64_t>);
 extern template std::vector<std::int32_t> choose_tokens<float>(
     const float*, index_t, index_t, index_t, index_t, index_t, Communicator&,
@@ -110,14 +112,15 @@ extern template std::vector<std::int32_t> choose_tokens<float>(
 extern template std::vector<std::int32_t> choose_tokens<double>(std::span<const LogitsRow<double>>,
                                                                 index_t, Communicator&,
                                                                 const SamplingOptions&,
-                                                                std::uint64_t,
+                                                                std::span<const std::uint64_t>,
                                                                 std::span<const std::uint64_t>);
 extern template std::vector<std::int32_t> choose_tokens<double>(
     const double*, index_t, index_t, index_t, index_t, index_t, Communicator&,
     const SamplingOptions&, std::uint64_t, std::span<const std::uint64_t>);
 extern template std::vector<std::int32_t> choose_tokens<bf16>(std::span<const LogitsRow<bf16>>,
                                                               index_t, Communicator&,
-                                                              const SamplingOptions&, std::uint64_t,
+                                                              const SamplingOptions&,
+                                                              std::span<const std::uint64_t>,
                                                               std::span<const std::uint64_t>);
 extern template std::vector<std::int32_t> choose_tokens<bf16>(const bf16*, index_t, index_t,
                                                               index_t, index_t, index_t,
