@@ -30,6 +30,11 @@ ProcessGrid& checked(const std::string& what, ProcessGrid& grid, const Backend& 
   if (!error && seq > c.n_positions)
     error = fmt::format("{}: seq={} is longer than the position table (n_positions={})", what, seq,
                         c.n_positions);
+  if (!error && options.kv_cache != 0 &&
+      (!options.inference || options.kv_cache < seq || options.kv_cache > c.n_positions))
+    error = fmt::format(
+        "{}: kv_cache={} needs inference and a length in [seq={}, n_positions={}]{}", what,
+        options.kv_cache, seq, c.n_positions, options.inference ? "" : " (inference is off)");
   // The layers hand device buffers to the communicators without waiting for
   // the backend: only communicators ordered with its stream may take them.
   if (!error && !options.plan_only && backend.asynchronous() &&
@@ -68,6 +73,8 @@ Gpt<T>::Gpt(SchemeContext<T>& scheme, const GptConfig& config, index_t batch, in
   ln_f_ = scheme.layer_norm("ln_f", tokens, h, eps);
   // The loss is normalised by the global token count (see the file comment).
   head_ = scheme.lm_head(embedding_->wte(), tokens, h, config.vocab_size, batch * seq);
+  if (options.kv_cache > 0)
+    for (auto& block : blocks_) block->attn().use_cache(options.kv_cache);
   scheme.finish_layers(options.plan_only);
   finish_construction(scheme.local_rows(tokens), scheme.local_cols(h, ActivationLayout::outer));
 }
@@ -94,7 +101,24 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
   index_t elements = 0;
   for (const Param<T>* p : this->parameters()) elements += p->shard.local_size();
   parameter_bytes_ = ByteCount<T>().add(elements).bytes();
+  ByteCount<T> kv;  // each block's keys, then its values
+  if (options_.kv_cache > 0)
+    for (const auto& block : blocks_)
+      kv.add(block->attn().cache_elements()).add(block->attn().cache_elements());
+  kv_bytes_ = kv.bytes();
   if (options_.plan_only) return;
+  if (kv_bytes_ > 0) {
+    kv_ = std::make_unique<Arena>("kv_cache", *backend_, kv_bytes_);
+    for (auto& block : blocks_) {
+      const auto n = static_cast<std::size_t>(block->attn().cache_elements());
+      T* keys = kv_->take<T>(n);
+      block->attn().attach_cache(keys, kv_->take<T>(n));
+    }
+    backend_->scale(
+        acc_t<T>(0),
+        MatrixView<T>::dense(static_cast<T*>(kv_->base()), 1,
+                             static_cast<index_t>(kv_->capacity() / sizeof(T)), Order::row_major));
+  }
   store_ = std::make_unique<ParameterStore<T>>(*backend_, this->parameters(), !inference);
   buffers_ = std::make_unique<ModelBuffers>(*backend_, sizes_);
   const auto take = [&](Arena& a) {
@@ -393,6 +417,28 @@ void Gpt<T>::forward_logits(std::span<const std::int32_t> tokens) {
 }
 
 template <class T>
+void Gpt<T>::forward_cached(std::span<const std::int32_t> tokens, index_t start) {
+  require_allocated("forward_cached");
+  {
+    std::optional<std::string> error;
+    if (options_.kv_cache == 0)
+      error = "GPT forward_cached: the model has no key/value cache (GptOptions::kv_cache)";
+    else if (start < 0 || start + seq_ > options_.kv_cache)
+      error = fmt::format(
+          "GPT forward_cached: positions [{}, {}) of every sequence do not fit its key/value cache "
+          "of {} positions (n_positions={})",
+          start, start + seq_, options_.kv_cache, config_.n_positions);
+    grid_->agree(CommAxis::world, error);
+  }
+  cache_positions_.resize(static_cast<std::size_t>(local_batch_ * seq_));
+  for (std::size_t k = 0; k < cache_positions_.size(); ++k)
+    cache_positions_[k] = static_cast<std::int32_t>(start + static_cast<index_t>(k) % seq_);
+  embedding_->set_positions(cache_positions_);
+  for (auto& block : blocks_) block->attn().set_start(start);
+  static_cast<void>(forward(tokens, no_targets_));
+}
+
+template <class T>
 ActivationBlock Gpt<T>::logits_block() const {
   return scheme_->activation_block(local_batch_ * seq_, config_.vocab_size,
                                    ActivationLayout::inner);
@@ -473,6 +519,7 @@ MemoryReport Gpt<T>::memory_report() const {
                  {"workspace", sizes_.workspace, 0},  {"forward", sizes_.forward, 0},
                  {"backward", sizes_.backward, 0},    {"conjunction", sizes_.conjunction, 0},
                  {"checkpoint", sizes_.checkpoint, 0}};
+    if (kv_bytes_ > 0) r.buffers.push_back({"kv_cache", kv_bytes_, 0});
     scheme_->append_buffers(r.buffers);
     return r;
   }
@@ -482,6 +529,7 @@ MemoryReport Gpt<T>::memory_report() const {
   r.buffers.push_back({"parameters", store_->values().capacity(), store_->values().high_water()});
   r.buffers.push_back({"gradients", store_->grads().capacity(), store_->grads().high_water()});
   for (BufferUsage& u : buffers_->usage()) r.buffers.push_back(std::move(u));
+  if (kv_) r.buffers.push_back({"kv_cache", kv_->capacity(), kv_->high_water()});
   scheme_->append_buffers(r.buffers);
   return r;
 }

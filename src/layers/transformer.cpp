@@ -80,9 +80,89 @@ std::size_t Attention<T>::gemm_scratch() const {
 }
 
 template <class T>
+void Attention<T>::use_cache(index_t length) {
+  require(length >= seq_, [&] {
+    return fmt::format("Attention '{}': a cache of {} positions is shorter than seq={}", name_,
+                       length, seq_);
+  });
+  cache_length_ = length;
+}
+
+template <class T>
+index_t Attention<T>::cache_elements() const {
+  const detail::LocalAttention a = local();
+  return a.seqs * a.heads * cache_length_ * a.head_dim;
+}
+
+template <class T>
+void Attention<T>::attach_cache(T* keys, T* values) {
+  require(cache_length_ > 0,
+          [&] { return fmt::format("Attention '{}': attach_cache without use_cache", name_); });
+  cache_k_ = keys;
+  cache_v_ = values;
+}
+
+template <class T>
+void Attention<T>::set_start(index_t start) {
+  require(start >= 0 && start + seq_ <= cache_length_, [&] {
+    return fmt::format(
+        "Attention '{}': positions [{}, {}) do not fit the key/value cache of {} positions", name_,
+        start, start + seq_, cache_length_);
+  });
+  start_ = start;
+}
+
+// The cached path: keys and values of this forward into the cache at
+// [start, start + seq), then per local sequence and head the scores of its
+// seq queries against the cached keys [0, start + seq), the causal softmax
+// aligned at the bottom right (query t sees keys up to start + t), and the
+// context from the cached values.
+template <class T>
+void Attention<T>::cached_forward(StepBuffers& buffers) {
+  using A = acc_t<T>;
+  const detail::LocalAttention a = local();
+  const index_t s = seq_, d = a.head_dim, w = a.width(), L = start_ + s;
+  ArenaScope scope(buffers.workspace);
+  const auto S = MatrixView<T>::dense(buffers.workspace.take<T>(static_cast<std::size_t>(s * L)), s,
+                                      L, Order::row_major);
+  const std::size_t scratch_bytes =
+      std::max(backend_->gemm_scratch_bytes(s, cache_length_, d, dtype_v<T>),
+               backend_->gemm_scratch_bytes(s, d, cache_length_, dtype_v<T>));
+  const Scratch scratch{buffers.workspace.take_bytes(scratch_bytes), scratch_bytes};
+  for (index_t b = 0; b < a.seqs; ++b)
+    for (index_t k = 0; k < a.heads; ++k) {
+      const index_t at = (b * a.heads + k) * cache_length_ * d;
+      const auto K = MatrixView<T>::dense(cache_k_ + at, cache_length_, d, Order::row_major);
+      const auto V = MatrixView<T>::dense(cache_v_ + at, cache_length_, d, Order::row_major);
+      backend_->copy(ConstMatrixView<T>(qkv_.block(b * s, w + k * d, s, d)),
+                     K.block(start_, 0, s, d));
+      backend_->copy(ConstMatrixView<T>(qkv_.block(b * s, 2 * w + k * d, s, d)),
+                     V.block(start_, 0, s, d));
+      backend_->gemm(Op::N, Op::T, A(1), ConstMatrixView<T>(qkv_.block(b * s, k * d, s, d)),
+                     ConstMatrixView<T>(K.block(0, 0, L, d)), A(0), S, scratch);
+      backend_->softmax_causal(ConstMatrixView<T>(S), a.scale(), S);
+      backend_->gemm(Op::N, Op::N, A(1), ConstMatrixView<T>(S),
+                     ConstMatrixView<T>(V.block(0, 0, L, d)), A(0), ctx_.block(b * s, k * d, s, d),
+                     scratch);
+    }
+}
+
+template <class T>
 BufferNeeds Attention<T>::buffer_needs() const {
   const detail::LocalAttention a = local();
   const index_t nt = a.tokens(), w = a.width();
+  if (cache_length_ > 0) {  // inference: qkv and context; scores of one head
+    ByteCount<T> fwd, ws;
+    fwd.add(nt * 3 * w).add(nt * w);
+    ws.add(seq_ * cache_length_);
+    ws.add_bytes(
+        std::max(backend_->gemm_scratch_bytes(seq_, cache_length_, a.head_dim, dtype_v<T>),
+                 backend_->gemm_scratch_bytes(seq_, a.head_dim, cache_length_, dtype_v<T>)));
+    return {.workspace = std::max(
+                {ws.bytes(), c_attn_->buffer_needs().workspace, c_proj_->buffer_needs().workspace}),
+            .forward = fwd,
+            .backward = 0};
+  }
   ByteCount<T> fwd, bwd, ws;
   fwd.add(nt * 3 * w).add(a.probs_elems()).add(nt * w);   // qkv, probs, context
   bwd.add(nt * w).add(nt * 3 * w).add(a.dprobs_elems());  // dcontext, dqkv, dP
@@ -100,6 +180,15 @@ void Attention<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& b
   Arena& fwd = buffers.forward;
   qkv_ = take_block<T>(fwd, nt, 3 * w);
   buffers.timed("block.attn.c_attn", [&] { c_attn_->forward(X, qkv_, buffers); });
+  if (cache_length_ > 0) {
+    require(cache_k_ != nullptr, [&] {
+      return fmt::format("Attention '{}': a cached forward without attach_cache", name_);
+    });
+    ctx_ = take_block<T>(fwd, nt, w);
+    buffers.timed("block.attn.core", [&] { cached_forward(buffers); });
+    buffers.timed("block.attn.c_proj", [&] { c_proj_->forward(ctx_, Y, buffers); });
+    return;
+  }
   probs_ = fwd.take<T>(static_cast<std::size_t>(a.probs_elems()));
   ctx_ = take_block<T>(fwd, nt, w);
   buffers.timed("block.attn.core", [&] {
@@ -113,6 +202,9 @@ void Attention<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& b
 template <class T>
 void Attention<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
                             bool accumulate) {
+  require(cache_length_ == 0, [&] {
+    return fmt::format("Attention '{}': backward with a key/value cache (inference only)", name_);
+  });
   require(probs_ != nullptr,
           [&] { return fmt::format("Attention '{}': backward without forward", name_); });
   const detail::LocalAttention a = local();

@@ -8,11 +8,15 @@
 // one rank with the same (seed, step, prompt) keys. Prompts of different
 // lengths in one batch; greedy and sampled (temperature, top-k, top-p):
 // every generated id must equal the oracle's (double: the logits agree to
-// ~1e-13, far below the gaps the choices depend on). Also: a model built
+// ~1e-13, far below the gaps the choices depend on), both with the whole
+// window recomputed every step and with one position a step through the
+// key/value cache; the cached logits equal the recomputed ones at every
+// position within 1e-10. Also: a model built
 // for inference has no gradients, backward or conjunction buffer and two
-// boundary slots (planned and allocated alike) and refuses backward; the
-// end token stops a sequence; prompts that do not fit are refused naming
-// the prompt, on every rank.
+// boundary slots (planned and allocated alike) and refuses backward; its
+// key/value cache is exactly the keys and values of every layer's local
+// sequences and heads; the end token stops a sequence; prompts that do not
+// fit the window or the cache are refused naming the prompt, on every rank.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -99,18 +103,77 @@ void generation_matches_the_reference(MPI_Comm comm, int ranks) {
     want.push_back(reference_generation(config, seed, prompts, o));
   for (const SchemeSpec& spec : schemes_for(ranks)) {
     SCOPED_TRACE(spec.str());
+    // the whole window recomputed each step, and one position a step
+    // through the key/value cache
     ParallelGpt<double> run(comm, spec, backend, config, batch, seq, {.inference = true});
+    ParallelGpt<double> cached(comm, spec, backend, config, batch, 1,
+                               {.inference = true, .kv_cache = seq});
     run.model().init(seed);
+    cached.model().init(seed);
     for (std::size_t k = 0; k < settings.size(); ++k) {
       SCOPED_TRACE(fmt::format("setting {}", k));
-      const Generation g = generate<double>(run.model(), prompts, settings[k]);
-      ASSERT_EQ(g.tokens.size(), prompts.size());
-      for (std::size_t p = 0; p < prompts.size(); ++p)
-        EXPECT_EQ(g.tokens[p], want[k][p])
-            << "prompt " << p << " " << fmt::format("{}", prompts[p]);
-      EXPECT_TRUE(same_on_all_ranks(fmt::format("{}", g.tokens)));
+      for (Gpt<double>* model : {&run.model(), &cached.model()}) {
+        SCOPED_TRACE(model == &run.model() ? "recomputed" : "kv cache");
+        const Generation g = generate<double>(*model, prompts, settings[k]);
+        ASSERT_EQ(g.tokens.size(), prompts.size());
+        for (std::size_t p = 0; p < prompts.size(); ++p)
+          EXPECT_EQ(g.tokens[p], want[k][p])
+              << "prompt " << p << " " << fmt::format("{}", prompts[p]);
+        EXPECT_TRUE(same_on_all_ranks(fmt::format("{}", g.tokens)));
+      }
     }
   }
+}
+
+// The cached decoder's logits at every position equal the whole
+// sequence's recomputed at that position (each sequence's row, where this
+// rank holds it; double: within 1e-10 of the logits' scale).
+void cached_logits_match_recomputed(MPI_Comm comm, int ranks) {
+  CpuBackend backend;
+  const GptConfig config = small_config();
+  const index_t batch = common_batch(schemes_for(ranks)), seq = 10;
+  std::mt19937_64 rng(fresh_seed());
+  const std::uint64_t seed = rng();
+  std::vector<std::int32_t> window(static_cast<std::size_t>(batch * seq));
+  for (auto& id : window) id = static_cast<std::int32_t>(rng() % 72);
+  for (const SchemeSpec& spec : schemes_for(ranks)) {
+    SCOPED_TRACE(spec.str());
+    ParallelGpt<double> run(comm, spec, backend, config, batch, seq, {.inference = true});
+    ParallelGpt<double> cached(comm, spec, backend, config, batch, 1,
+                               {.inference = true, .kv_cache = seq});
+    run.model().init(seed);
+    cached.model().init(seed);
+    run.model().forward_logits(window);
+    const ActivationBlock full = run.model().logits_block();
+    const ConstMatrixView<double> Z = run.model().logits();
+    double worst = 0, scale = 0;
+    int compared = 0;
+    for (index_t t = 0; t < seq; ++t) {
+      std::vector<std::int32_t> step(static_cast<std::size_t>(batch));
+      for (index_t b = 0; b < batch; ++b)
+        step[static_cast<std::size_t>(b)] = window[static_cast<std::size_t>(b * seq + t)];
+      cached.model().forward_cached(step, t);
+      const ActivationBlock one = cached.model().logits_block();
+      const ConstMatrixView<double> C = cached.model().logits();
+      ASSERT_EQ(one.cols, full.cols);
+      ASSERT_EQ(one.col0, full.col0);
+      for (index_t r = 0; r < one.rows; ++r) {
+        const index_t row = (one.row0 + r) * seq + t - full.row0;  // the data group's sequence
+        ASSERT_TRUE(row >= 0 && row < full.rows) << "sequence " << one.row0 + r;
+        for (index_t c = 0; c < one.cols; ++c) {
+          worst = std::max(worst, std::abs(C(r, c) - Z(row, c)));
+          scale = std::max(scale, std::abs(Z(row, c)));
+          ++compared;
+        }
+      }
+    }
+    EXPECT_GT(compared, 0);
+    EXPECT_LE(worst, 1e-10 * std::max(1.0, scale)) << "largest logit " << scale;
+  }
+}
+
+TEST(Generate, CachedLogitsEqualTheRecomputedOnes) {
+  for_each_group(kRankCounts, cached_logits_match_recomputed);
 }
 
 TEST(Generate, EverySchemeMatchesTheSerialReference) {
@@ -146,6 +209,18 @@ TEST(Generate, InferenceModelsHoldNoTrainingBuffers) {
       EXPECT_EQ(capacity(got, "checkpoint") * 3, capacity(train, "checkpoint") * 2);
       EXPECT_LT(got.total(), train.total());
       EXPECT_FALSE(run.model().parameters_store().has_gradients());
+      // a cache of 12 positions: keys and values of every layer's local
+      // sequences and heads, sized up front, planned alike
+      const GptOptions kv{.inference = true, .kv_cache = 12};
+      const MemoryReport kv_plan = plan_memory<float>(comm, spec, backend, config, batch, 1, kv);
+      ParallelGpt<float> decoder(comm, spec, backend, config, batch, 1, kv);
+      const MemoryReport kv_got = decoder.model().memory_report();
+      const index_t seqs = batch / batch_granularity(spec),  // per rank, as the scheme splits
+          heads = config.n_head / decoder.scheme().head_split(), d = config.n_embd / config.n_head;
+      EXPECT_EQ(
+          capacity(kv_got, "kv_cache"),
+          static_cast<std::size_t>(2 * config.n_layer * seqs * heads * 12 * d) * sizeof(float));
+      EXPECT_EQ(capacity(kv_plan, "kv_cache"), capacity(kv_got, "kv_cache"));
       run.model().init(3);
       std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * seq), 1);
       run.model().forward_logits(tokens);
@@ -183,6 +258,29 @@ TEST(Generate, EndTokenAndErrors) {
     EXPECT_NE(m.find("prompt 1 has 6 tokens"), std::string::npos) << m;
     EXPECT_NE(m.find("model's 8"), std::string::npos) << m;
     EXPECT_TRUE(same_on_all_ranks(m));
+    // with a cache of 6 positions
+    ParallelGpt<float> cached(comm, spec, backend, config, batch, 1,
+                              {.inference = true, .kv_cache = 6});
+    cached.model().init(5);
+    m = message([&] {
+      generate<float>(cached.model(), Prompts{{1, 2, 3, 4}}, {.max_new_tokens = 3});
+    });
+    EXPECT_NE(m.find("prompt 0 has 4 tokens"), std::string::npos) << m;
+    EXPECT_NE(m.find("kv_cache"), std::string::npos) << m;
+    EXPECT_TRUE(same_on_all_ranks(m));
+    m = message([&] {
+      cached.model().forward_cached(std::vector<std::int32_t>(static_cast<std::size_t>(batch), 1),
+                                    6);
+    });
+    EXPECT_NE(m.find("do not fit its key/value cache of 6"), std::string::npos) << m;
+    m = message(
+        [&] { ParallelGpt<float>(comm, spec, backend, config, batch, 1, {.kv_cache = 6}); });
+    EXPECT_NE(m.find("kv_cache=6 needs inference"), std::string::npos) << m;
+    EXPECT_TRUE(same_on_all_ranks(m));
+    // the cached model stops at the end token as the recomputing one does
+    const Generation cached_stop = generate<float>(
+        cached.model(), prompts, {.max_new_tokens = 3, .eos = free_run.tokens[0][0]});
+    EXPECT_EQ(cached_stop.tokens[0], stopped.tokens[0]);
     m = message([&] { generate<float>(run.model(), Prompts{{1}, {}}, {.max_new_tokens = 2}); });
     EXPECT_NE(m.find("prompt 1 is empty"), std::string::npos) << m;
     m = message([&] { generate<float>(run.model(), Prompts{{1, 99}}, {.max_new_tokens = 2}); });

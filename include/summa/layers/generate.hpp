@@ -7,11 +7,21 @@
 /// from the seed, the same under every scheme), stopping a sequence at the
 /// end token or after max_new_tokens.
 ///
-/// Each step runs the model's forward over the whole [batch, seq] window
-/// (prompt and generated ids, the rest padded with id 0): the causal mask
-/// makes the logits at a sequence's last real position independent of the
-/// padding after it. That recomputes every position each step (no key /
-/// value cache yet); it is the reference the cached decoder must equal.
+/// Two ways, by the model:
+///  - with a key / value cache (GptOptions::kv_cache, model seq = 1): one
+///    position per step for every sequence in lockstep (Gpt::forward_cached
+///    at position t): a sequence takes its prompt's token t while it has
+///    one, its own last token after; from its prompt's last position on,
+///    each step's logits give its next token. Every token's keys and values
+///    are computed once.
+///  - without: each step runs the forward over the whole [batch, seq]
+///    window (prompt and generated ids, the rest padded with id 0; the
+///    causal mask makes the logits at a sequence's last real position
+///    independent of the padding after it), recomputing every position:
+///    the reference the cached decoder must equal (tests/layers/
+///    test_generate.cpp).
+/// A sequence's k-th new token draws its sampling noise with step k and key
+/// = its prompt's index, so both give the same tokens.
 
 #include <cstdint>
 #include <functional>
@@ -40,15 +50,18 @@ struct GenerateOptions {
 struct Generation {
   /// The generated ids of each prompt (the end token included when hit).
   std::vector<std::vector<std::int32_t>> tokens;
-  /// Steps run, and the wall time of the first (the prompts' forward) and
-  /// of the rest.
+  /// Forwards run; the wall time of those that took prompt tokens (without
+  /// a cache: the first) and of the rest, and the tokens each handled (the
+  /// prompts' tokens; the generated ones).
   index_t steps = 0;
-  double first_step_s = 0, rest_s = 0;
+  double prefill_s = 0, decode_s = 0;
+  index_t prompt_tokens = 0, new_tokens = 0;
 };
 
 /// Generates from `prompts` (token ids; at most model.batch() prompts, each
 /// non-empty, ids in the model's vocabulary, its length plus
-/// max_new_tokens at most model.seq(), which is at most n_positions).
+/// max_new_tokens at most the cache length with a cache, model.seq()
+/// without; both at most n_positions).
 /// Rows beyond the prompts run a one-token dummy prompt. Collective over
 /// the model's grid; every rank passes the same prompts and options and
 /// gets the same result. Throws summa::Error on every rank, naming the

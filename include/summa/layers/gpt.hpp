@@ -87,6 +87,13 @@ class Gpt final : public GptModel<T> {
   /// vocabulary-parallel in the scheme's layout (logits(), logits_block());
   /// no loss for the caller. Checks the ids as forward() does.
   void forward_logits(std::span<const std::int32_t> tokens);
+  /// With a key / value cache (GptOptions::kv_cache): the window's tokens
+  /// (global [batch, seq]) sit at positions [start, start + seq) of every
+  /// sequence; their keys and values go to the cache there and attention
+  /// reads the cache up to each token's position (the earlier positions
+  /// from the forwards before). Then the logits, as forward_logits. Throws
+  /// summa::Error on every rank when the window passes the cache.
+  void forward_cached(std::span<const std::int32_t> tokens, index_t start);
   /// Where this rank's logits() sit in its data group's [local_batch * seq,
   /// vocab] logits (rows: sequence-major positions; one owner per copy).
   ActivationBlock logits_block() const;
@@ -201,7 +208,10 @@ class Gpt final : public GptModel<T> {
   std::vector<std::int32_t> tokens_, targets_;  // this data group's ids
   std::vector<std::int32_t> no_targets_;        // the targets forward_logits passes
   std::vector<T> host_logits_;                  // next_tokens: the chosen rows on the host
-  std::vector<Bucket> buckets_;                 // gradient buckets of the data axis
+  std::vector<std::int32_t> cache_positions_;   // forward_cached: the window's positions
+  std::size_t kv_bytes_ = 0;                    // the key / value cache (GptOptions::kv_cache)
+  std::unique_ptr<Arena> kv_;
+  std::vector<Bucket> buckets_;  // gradient buckets of the data axis
   bool have_forward_ = false;
 };
 

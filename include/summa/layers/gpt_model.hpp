@@ -34,6 +34,11 @@ struct GptOptions {
   /// checkpointing); backward() throws. The memory report and the planner
   /// show it.
   bool inference = false;
+  /// With `inference`: a key / value cache of this many positions per
+  /// sequence (at most n_positions, at least seq), sized up front and never
+  /// reallocated; Gpt::forward_cached then runs a window of seq new tokens
+  /// at any position of it (seq = 1: one decoding step). 0: none.
+  index_t kv_cache = 0;
 };
 
 /// One part of a training step as GptModel::profile reports it: its name in

@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -188,7 +189,32 @@ class EmbeddingModule : public Module<T> {
   virtual void backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate = false) = 0;
   /// The token embedding [vocab, hidden] (the tied LM head multiplies with it).
   virtual Param<T>& wte() = 0;
+  /// The position of each of the layer's batch*seq tokens (its data
+  /// group's, sequence after sequence) for the following forwards, instead
+  /// of each token's index in its sequence: a decoding step with a key /
+  /// value cache embeds a token at position p. The same on every rank;
+  /// throws summa::Error on every rank of the tensor group unless there are
+  /// batch*seq positions, each in [0, n_positions). The scheme's embeddings
+  /// implement it; this default throws.
+  virtual void set_positions(std::span<const std::int32_t> /*positions*/) {
+    throw Error("this embedding does not take explicit positions (set_positions)");
+  }
 };
+
+/// set_positions' check: `who`'s error for `positions` (expected count and
+/// n_positions), or nothing.
+inline std::optional<std::string> positions_error(const char* who,
+                                                  std::span<const std::int32_t> positions,
+                                                  index_t expected, index_t n_positions) {
+  if (static_cast<index_t>(positions.size()) != expected)
+    return std::string(who) + ": " + std::to_string(positions.size()) +
+           " positions, expected batch*seq = " + std::to_string(expected);
+  for (std::size_t k = 0; k < positions.size(); ++k)
+    if (positions[k] < 0 || positions[k] >= n_positions)
+      return std::string(who) + ": position " + std::to_string(positions[k]) + " of token " +
+             std::to_string(k) + " is outside [0, n_positions=" + std::to_string(n_positions) + ")";
+  return std::nullopt;
+}
 
 /// Activations and targets in, loss out (LMHead2D, LMHead1D, ...).
 template <class T>

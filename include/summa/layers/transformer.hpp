@@ -58,7 +58,25 @@ class Attention final : public Layer<T> {
   ConstMatrixView<T> qkv() const { return qkv_; }
   ConstMatrixView<T> context() const { return ctx_; }
 
+  /// Decoding with a key / value cache (GptOptions::kv_cache), set before
+  /// buffer_needs() is taken: room for `length` positions of this rank's
+  /// sequences and heads. Each forward then writes its keys and values at
+  /// positions [start, start + seq) of every local sequence (set_start) and
+  /// attends from each query over the cache up to its own position.
+  /// Inference only: backward throws.
+  void use_cache(index_t length);
+  index_t cache_length() const { return cache_length_; }
+  /// Elements of the keys (and of the values) this rank caches: local
+  /// sequences x local heads x length x head_dim, laid out in that order.
+  index_t cache_elements() const;
+  /// The cache memory (cache_elements() each), before the first forward.
+  void attach_cache(T* keys, T* values);
+  /// The position of this forward's first token in every sequence; start +
+  /// seq must not pass the cache length.
+  void set_start(index_t start);
+
  private:
+  void cached_forward(StepBuffers& buffers);
   detail::LocalAttention local() const;  // this rank's sequences and heads
   std::size_t gemm_scratch() const;
 
@@ -69,6 +87,9 @@ class Attention final : public Layer<T> {
   std::unique_ptr<Layer<T>> c_attn_, c_proj_;
   MatrixView<T> qkv_{}, ctx_{};
   T* probs_ = nullptr;
+  index_t cache_length_ = 0, start_ = 0;
+  T* cache_k_ = nullptr;
+  T* cache_v_ = nullptr;
 };
 
 template <class T>

@@ -141,6 +141,13 @@ void Embedding3D<T>::check_ids(std::span<const std::int32_t> ids, const char* wh
 }
 
 template <class T>
+void Embedding3D<T>::set_positions(std::span<const std::int32_t> positions) {
+  detail3d::agree(*grid_, positions_error("Embedding3D", positions, batch_ * seq_, positions_));
+  // this rank's tokens: its Z slice
+  position_ids_.assign(local_rows(positions, batch_ * seq_, gz_, detail3d::z_of(*grid_)));
+}
+
+template <class T>
 void Embedding3D<T>::forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
                              StepBuffers& buffers) {
   check_ids(tokens, "token");

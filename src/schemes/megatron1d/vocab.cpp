@@ -93,6 +93,12 @@ void Embedding1D<T>::check_ids(std::span<const std::int32_t> ids, const char* wh
 }
 
 template <class T>
+void Embedding1D<T>::set_positions(std::span<const std::int32_t> positions) {
+  detail1d::agree(*grid_, positions_error("Embedding1D", positions, batch_ * seq_, positions_));
+  position_ids_.assign(positions);
+}
+
+template <class T>
 void Embedding1D<T>::forward(std::span<const std::int32_t> tokens, MatrixView<T> Y, StepBuffers&) {
   check_ids(tokens, "token");
   const index_t n = batch_ * seq_;

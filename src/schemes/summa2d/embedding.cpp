@@ -111,6 +111,13 @@ void Embedding2D<T>::check_ids(std::span<const std::int32_t> ids, const char* wh
 }
 
 template <class T>
+void Embedding2D<T>::set_positions(std::span<const std::int32_t> positions) {
+  engine_->grid().agree(CommAxis::mesh,
+                        positions_error("Embedding2D", positions, batch_ * seq_, positions_));
+  position_ids_.assign(positions);
+}
+
+template <class T>
 void Embedding2D<T>::forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
                              StepBuffers& buffers) {
   check_ids(tokens, "token");

@@ -324,6 +324,7 @@ class Embedding3D final : public EmbeddingModule<T> {
   /// Throws summa::Error on every rank unless `ids` holds batch*seq ids in
   /// [0, vocab) (what = "token" or "target", for the message).
   void check_ids(std::span<const std::int32_t> ids, const char* what) const override;
+  void set_positions(std::span<const std::int32_t> positions) override;
   /// Y [T/Gz, h/Gy] (contiguous). `tokens` are host memory; the rank's Z
   /// block of them is copied to backend memory the layer owns (kept for
   /// backward).

@@ -221,6 +221,7 @@ class Embedding1D final : public EmbeddingModule<T> {
   /// Throws summa::Error on every rank unless `ids` holds batch*seq ids in
   /// [0, vocab) (what = "token" or "target", for the message).
   void check_ids(std::span<const std::int32_t> ids, const char* what) const override;
+  void set_positions(std::span<const std::int32_t> positions) override;
 
   /// Y [batch*seq, h] (contiguous) = wte[tokens] + wpe[positions].
   /// `tokens` are host memory; they are copied to backend memory the layer
