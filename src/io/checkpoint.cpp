@@ -811,6 +811,9 @@ bool is_step_name(std::string_view name) {
   return std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// slot_stream's mark of a saved stream nobody asked for (load_parameters).
+constexpr std::size_t kSkipStream = static_cast<std::size_t>(-1);
+
 // Loads every local element of every held parameter from the checkpoint.
 template <class T>
 void load_pieces(const fs::path& dir, const Manifest& m, ParameterStore<T>& store,
@@ -866,6 +869,7 @@ void load_pieces(const fs::path& dir, const Manifest& m, ParameterStore<T>& stor
           if (stream == 0) {
             dst = reinterpret_cast<unsigned char*>(values);
           } else {
+            if (slot_stream[stream] == kSkipStream) continue;  // load_parameters: not wanted
             const StateSlot& slot = slots[slot_stream[stream]];
             dst = static_cast<unsigned char*>(slot.data);
             dst_type = slot.dtype;
@@ -900,7 +904,8 @@ void load_pieces(const fs::path& dir, const Manifest& m, ParameterStore<T>& stor
 // fills slot_stream[stream] = index of the caller's slot.
 template <class T>
 void match_manifest(const fs::path& dir, const Manifest& m, const ParameterStore<T>& store,
-                    std::span<const StateSlot> slots, std::vector<std::size_t>& slot_stream) {
+                    std::span<const StateSlot> slots, std::vector<std::size_t>& slot_stream,
+                    bool parameters_only) {
   const std::string where = quoted(dir);
   for (const Param<T>* p : store.params()) {
     const auto it = m.param_index.find(p->shard.name);
@@ -941,6 +946,10 @@ void match_manifest(const fs::path& dir, const Manifest& m, const ParameterStore
         "(names must match; element types convert)",
         where, saved_slots, slot_list(slots)));
   };
+  if (parameters_only) {  // the saved slots, whatever they are, are not read
+    slot_stream.assign(m.streams.size(), kSkipStream);
+    return;
+  }
   if (m.streams.size() != slots.size() + 1) throw mismatch();
   slot_stream.assign(m.streams.size(), 0);
   for (std::size_t k = 1; k < m.streams.size(); ++k) {
@@ -1189,7 +1198,8 @@ void save_impl(const fs::path& root, ParameterStore<T>& store, std::span<const S
 
 template <class T>
 CheckpointInfo load_impl(const fs::path& path_or_root, ParameterStore<T>& store,
-                         std::span<const StateSlot> slots, ProcessGrid& grid, saved_t<T>* master) {
+                         std::span<const StateSlot> slots, ProcessGrid& grid, saved_t<T>* master,
+                         bool parameters_only = false) {
   const MPI_Comm comm = grid.native(CommAxis::world);
   int rank = 0, size = 1;
   check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
@@ -1210,7 +1220,7 @@ CheckpointInfo load_impl(const fs::path& path_or_root, ParameterStore<T>& store,
   std::vector<std::size_t> slot_stream;
   grid.agree(CommAxis::world, capture([&] {
                m = parse_manifest(text, dir / kManifestName);
-               match_manifest(dir, m, store, slots, slot_stream);
+               match_manifest(dir, m, store, slots, slot_stream, parameters_only);
              }));
   // 2. every shard file is checked (exists, size, header) by one rank, and
   // every rank reads the saved pieces its local pieces need
@@ -1254,6 +1264,12 @@ CheckpointInfo load_checkpoint(const fs::path& path_or_root, ParameterStore<T>& 
 }
 
 template <class T>
+CheckpointInfo load_parameters(const fs::path& path_or_root, ParameterStore<T>& store,
+                               ProcessGrid& grid) {
+  return load_impl(path_or_root, store, std::span<const StateSlot>(), grid, nullptr, true);
+}
+
+template <class T>
 void save_checkpoint(const fs::path& root, Optimizer<T>& optimizer, const CheckpointInfo& info,
                      ProcessGrid& grid) {
   const std::vector<StateSlot> slots = optimizer_slots(optimizer);
@@ -1293,5 +1309,10 @@ template void save_checkpoint<bf16>(const fs::path&, Optimizer<bf16>&, const Che
 template CheckpointInfo load_checkpoint<float>(const fs::path&, Optimizer<float>&, ProcessGrid&);
 template CheckpointInfo load_checkpoint<double>(const fs::path&, Optimizer<double>&, ProcessGrid&);
 template CheckpointInfo load_checkpoint<bf16>(const fs::path&, Optimizer<bf16>&, ProcessGrid&);
+template CheckpointInfo load_parameters<float>(const fs::path&, ParameterStore<float>&,
+                                               ProcessGrid&);
+template CheckpointInfo load_parameters<double>(const fs::path&, ParameterStore<double>&,
+                                                ProcessGrid&);
+template CheckpointInfo load_parameters<bf16>(const fs::path&, ParameterStore<bf16>&, ProcessGrid&);
 
 }  // namespace summa

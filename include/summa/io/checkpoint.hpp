@@ -128,6 +128,15 @@ template <class T>
 CheckpointInfo load_checkpoint(const std::filesystem::path& path_or_root, Optimizer<T>& optimizer,
                                ProcessGrid& grid);
 
+/// The parameter values alone of a checkpoint (a directory or a root, as
+/// for load_checkpoint), whatever optimizer slots it also holds (they are
+/// not read): a model for inference, or one that starts a fresh optimizer.
+/// Loads into any scheme and element type as load_checkpoint; collective
+/// and throwing as it does (a parameter list that differs is named).
+template <class T>
+CheckpointInfo load_parameters(const std::filesystem::path& path_or_root, ParameterStore<T>& store,
+                               ProcessGrid& grid);
+
 /// The checkpoint directory root/latest points to, or nullopt when there is no
 /// root/latest (nothing was ever completely saved). Not collective; throws
 /// summa::Error when `latest` is unreadable or malformed.
@@ -222,5 +231,12 @@ extern template CheckpointInfo load_checkpoint<double>(const std::filesystem::pa
                                                        Optimizer<double>&, ProcessGrid&);
 extern template CheckpointInfo load_checkpoint<bf16>(const std::filesystem::path&, Optimizer<bf16>&,
                                                      ProcessGrid&);
+
+extern template CheckpointInfo load_parameters<float>(const std::filesystem::path&,
+                                                      ParameterStore<float>&, ProcessGrid&);
+extern template CheckpointInfo load_parameters<double>(const std::filesystem::path&,
+                                                       ParameterStore<double>&, ProcessGrid&);
+extern template CheckpointInfo load_parameters<bf16>(const std::filesystem::path&,
+                                                     ParameterStore<bf16>&, ProcessGrid&);
 
 }  // namespace summa

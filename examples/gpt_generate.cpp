@@ -1,0 +1,298 @@
+// gpt_generate: text from a GPT-2 trained with summa (a checkpoint of
+// gpt_train, saved under any scheme) or from a Hugging Face GPT-2 directory,
+// under any tensor-parallel scheme (docs/inference.md).
+//
+//   mpirun -np 4 gpt_generate --checkpoint gpt_train_out/checkpoints --prompt "The weather"
+//   mpirun -np 4 gpt_generate --hf gpt2_dir --scheme 1d:p=4 --prompt-file prompts.txt --json
+//
+// The prompts run as one batch (rounded up to the scheme's granularity with
+// dummy rows) on a model built for inference with a key/value cache
+// (GptOptions::kv_cache) of the longest prompt plus --max-new-tokens
+// positions; summa::generate decodes one position a step. Tokens: GPT-2's
+// BPE where the --hf directory (or --tokenizer) has vocab.json + merges.txt
+// or encoder.json + vocab.bpe, bytes otherwise (gpt_train's tokenizer). A
+// single prompt streams its continuation; at the end the prefill and decode
+// rates. --json prints one object per prompt: prompt, tokens, text.
+#include <mpi.h>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "summa/summa.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Cli {
+  std::string checkpoint, hf, tokenizer, prompt_file, scheme, dtype = "float", backend = "cpu",
+                                                              comm;
+  std::vector<std::string> prompts;
+  summa::index_t max_new_tokens = 32;
+  bool greedy = false, json = false, no_cache = false;
+  double temperature = 1.0, top_p = 1.0;
+  std::int64_t top_k = 0;
+  std::uint64_t seed = 0;
+  std::int64_t eos = -2;  // -2: the tokenizer's; -1: none
+};
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int s = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+// 2D on a square rank count, 1D otherwise (as gpt_train).
+std::string default_scheme(int ranks) {
+  const int q = static_cast<int>(std::lround(std::sqrt(static_cast<double>(ranks))));
+  return q * q == ranks ? "2d:q=" + std::to_string(q) : "1d:p=" + std::to_string(ranks);
+}
+
+// GPT-2's BPE or gpt_train's bytes.
+struct Tokenizer {
+  std::optional<summa::io::Gpt2Tokenizer> bpe;
+  std::vector<std::int32_t> encode(const std::string& text) const {
+    if (bpe) return bpe->encode(text);
+    const auto ids = summa::io::ByteTokenizer().encode(text);
+    return {ids.begin(), ids.end()};
+  }
+  std::string decode(std::span<const std::int32_t> ids) const {
+    if (bpe) return bpe->decode(ids);
+    std::vector<std::uint16_t> bytes(ids.begin(), ids.end());
+    return summa::io::ByteTokenizer().decode(bytes);
+  }
+  int vocab() const { return bpe ? bpe->vocab_size() : summa::io::ByteTokenizer::base_vocab; }
+  std::int32_t eos() const { return bpe ? bpe->eos_id() : -1; }
+  const char* name() const { return bpe ? "GPT-2 BPE" : "bytes"; }
+};
+
+// Where the GPT-2 tokenizer files are, if anywhere.
+std::optional<fs::path> tokenizer_dir(const Cli& cli) {
+  if (!cli.tokenizer.empty()) return fs::path(cli.tokenizer);
+  if (!cli.hf.empty()) {
+    const fs::path d(cli.hf);
+    if ((fs::exists(d / "vocab.json") && fs::exists(d / "merges.txt")) ||
+        (fs::exists(d / "encoder.json") && fs::exists(d / "vocab.bpe")))
+      return d;
+  }
+  return std::nullopt;
+}
+
+std::string rate(summa::index_t tokens, double seconds) {
+  return seconds > 0 ? fmt::format("{:.1f} tokens/s", static_cast<double>(tokens) / seconds)
+                     : std::string("-");
+}
+
+template <class T>
+int run(const Cli& cli) {
+  const MPI_Comm world = MPI_COMM_WORLD;
+  const bool root = world_rank() == 0;
+  // Every rank reads the same files and agrees on every error.
+  Tokenizer tok;
+  std::vector<std::string> texts = cli.prompts;
+  summa::GptConfig config;
+  {
+    std::optional<std::string> error;
+    try {
+      if (cli.checkpoint.empty() == cli.hf.empty())
+        throw summa::Error("give exactly one of --checkpoint DIR and --hf DIR");
+      if (const auto dir = tokenizer_dir(cli)) tok.bpe = summa::io::Gpt2Tokenizer::load(*dir);
+      if (!cli.prompt_file.empty()) {
+        std::ifstream in(cli.prompt_file);
+        if (!in) throw summa::Error("--prompt-file " + cli.prompt_file + ": cannot be read");
+        for (std::string line; std::getline(in, line);)
+          if (!line.empty()) texts.push_back(line);
+      }
+      if (texts.empty()) throw summa::Error("no prompt: give --prompt TEXT or --prompt-file F");
+      config = cli.hf.empty()
+                   ? summa::config_from_meta(summa::read_checkpoint_info(cli.checkpoint).meta)
+                   : summa::io::read_hf_gpt2_config(cli.hf);
+      if (tok.vocab() > config.vocab_size)
+        throw summa::Error(
+            fmt::format("the tokenizer ({}) has {} ids, the model's vocabulary only {}", tok.name(),
+                        tok.vocab(), config.vocab_size));
+    } catch (const summa::Error& e) {
+      error = e.what();
+    }
+    summa::agree_on(world, error);
+  }
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::size_t longest = 0;
+  for (const std::string& t : texts) {
+    prompts.push_back(tok.encode(t));
+    longest = std::max(longest, prompts.back().size());
+  }
+  summa::SchemeSpec spec;
+  try {  // the same text on every rank: the same outcome
+    spec = summa::SchemeSpec::parse(cli.scheme.empty() ? default_scheme(world_size()) : cli.scheme);
+  } catch (const summa::Error& e) {
+    throw summa::CollectiveError(std::string("--scheme: ") + e.what());
+  }
+  if (spec.ranks() != world_size())
+    throw summa::CollectiveError(fmt::format("--scheme {} needs {} ranks, running on {}",
+                                             spec.str(), spec.ranks(), world_size()));
+  const summa::index_t unit = summa::batch_granularity(spec);
+  const auto count = static_cast<summa::index_t>(prompts.size());
+  const summa::index_t batch = (count + unit - 1) / unit * unit;
+  // the cache: the longest prompt and its new tokens, within the positions
+  // (generate names a prompt that does not fit)
+  const summa::index_t want = static_cast<summa::index_t>(longest) + cli.max_new_tokens;
+  const summa::index_t window = std::min<summa::index_t>(want, config.n_positions);
+  summa::Device device = summa::make_device(world, {.backend = cli.backend, .comm = cli.comm});
+  summa::GptOptions options{.inference = true};
+  if (!cli.no_cache) options.kv_cache = window;
+  summa::ParallelGpt<T> run(world, spec, *device.backend, config, batch, cli.no_cache ? window : 1,
+                            options, device.grid);
+  summa::Gpt<T>& model = run.model();
+  if (!cli.hf.empty()) {
+    summa::io::import_hf_gpt2(model, cli.hf);
+  } else {
+    summa::load_parameters(cli.checkpoint, model.parameters_store(), run.grid());
+  }
+  if (root && !cli.json)
+    std::fprintf(stdout,
+                 "gpt_generate: GPT-2 n_layer=%d n_head=%d n_embd=%d vocab=%d | %s on %d ranks, "
+                 "%s | %zu prompt(s), batch %lld | %s tokens | %s\n",
+                 config.n_layer, config.n_head, config.n_embd, config.vocab_size,
+                 spec.str().c_str(), world_size(), cli.no_cache ? "recomputed" : "kv cache",
+                 prompts.size(), static_cast<long long>(batch), tok.name(),
+                 cli.greedy ? "greedy"
+                            : fmt::format("T={} top_k={} top_p={} seed={}", cli.temperature,
+                                          cli.top_k, cli.top_p, cli.seed)
+                                  .c_str());
+  summa::GenerateOptions g{.max_new_tokens = cli.max_new_tokens,
+                           .eos = static_cast<std::int32_t>(cli.eos == -2 ? tok.eos() : cli.eos),
+                           .sampling = {.greedy = cli.greedy,
+                                        .temperature = cli.temperature,
+                                        .top_k = cli.top_k,
+                                        .top_p = cli.top_p,
+                                        .seed = cli.seed},
+                           .vocab_limit = tok.vocab()};
+  const bool stream = root && !cli.json && prompts.size() == 1;
+  if (stream) {
+    std::printf("%s", texts[0].c_str());
+    std::fflush(stdout);
+    g.on_step = [&](std::span<const std::int32_t> ids) {
+      if (ids[0] < 0) return;
+      const std::string piece = tok.decode(ids.subspan(0, 1));
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    };
+  }
+  const summa::Generation out = summa::generate<T>(model, prompts, g);
+  if (!root) return 0;
+  if (stream) std::printf("\n");
+  for (std::size_t p = 0; p < prompts.size(); ++p) {
+    const std::string text = tok.decode(out.tokens[p]);
+    if (cli.json) {
+      const nlohmann::json o{{"prompt", texts[p]}, {"tokens", out.tokens[p]}, {"text", text}};
+      std::printf("%s\n", o.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    } else if (!stream) {
+      std::printf("--- %s\n%s%s\n", texts[p].c_str(), texts[p].c_str(), text.c_str());
+    }
+  }
+  std::fprintf(cli.json ? stderr : stdout,
+               "gpt_generate: prefill %lld tokens in %.3f s (%s), decode %lld tokens in %.3f s "
+               "(%s), %lld steps\n",
+               static_cast<long long>(out.prompt_tokens), out.prefill_s,
+               rate(out.prompt_tokens, out.prefill_s).c_str(),
+               static_cast<long long>(out.new_tokens), out.decode_s,
+               rate(out.new_tokens, out.decode_s).c_str(), static_cast<long long>(out.steps));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  Cli cli;
+  CLI::App app{"gpt_generate: text from a summa checkpoint or a Hugging Face GPT-2, any scheme"};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--checkpoint", cli.checkpoint,
+                 "a summa checkpoint: a root (its latest step) or one step directory");
+  app.add_option("--hf", cli.hf,
+                 "a Hugging Face GPT-2 directory (model.safetensors + config.json)");
+  app.add_option("--tokenizer", cli.tokenizer,
+                 "GPT-2 BPE files (vocab.json + merges.txt, or encoder.json + vocab.bpe); default: "
+                 "the --hf directory's, else bytes");
+  app.add_option("--prompt", cli.prompts, "a prompt (repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--prompt-file", cli.prompt_file, "prompts, one per line");
+  app.add_option("--scheme", cli.scheme,
+                 "scheme and grid (2d:q=Q, 1d:p=P, 3d:XxYxZ, with optional data=D); default: 2d "
+                 "on a square rank count, else 1d");
+  app.add_option("--max-new-tokens", cli.max_new_tokens, "new tokens per prompt at most")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_flag("--greedy", cli.greedy, "the most likely token every step (else sample)");
+  app.add_option("--temperature", cli.temperature, "sampling temperature (0: greedy)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  app.add_option("--top-k", cli.top_k, "sample among the k most likely (0: all)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--top-p", cli.top_p, "sample within the nucleus of this mass (1: all)")
+      ->check(CLI::Range(1e-9, 1.0))
+      ->capture_default_str();
+  app.add_option("--seed", cli.seed, "sampling seed")->capture_default_str();
+  app.add_option("--eos", cli.eos,
+                 "stop a prompt at this id (-1: never; default: the tokenizer's end token, "
+                 "GPT-2's 50256, none for bytes)")
+      ->check(CLI::Range(std::int64_t{-1}, std::int64_t{1} << 30));
+  app.add_option("--dtype", cli.dtype, "float, double or bf16")
+      ->check(CLI::IsMember({"float", "double", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--backend", cli.backend, "cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--comm", cli.comm, "mpi, nccl or mpi_staged (default: the backend's)");
+  app.add_flag("--no-cache", cli.no_cache,
+               "recompute the whole window every step instead of the key/value cache");
+  app.add_flag("--json", cli.json, "one JSON object per prompt: prompt, tokens, text");
+  int code = 0;
+  try {
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      if (e.get_exit_code() == 0) {
+        code = world_rank() == 0 ? app.exit(e) : 0;
+      } else {
+        if (world_rank() == 0)
+          std::fprintf(stderr, "gpt_generate: error: %s (see --help)\n", e.what());
+        code = 2;
+      }
+      MPI_Finalize();
+      return code;
+    }
+    code = cli.dtype == "double" ? run<double>(cli)
+           : cli.dtype == "bf16" ? run<summa::bf16>(cli)
+                                 : run<float>(cli);
+  } catch (const summa::CollectiveError& e) {
+    if (world_rank() == 0) std::fprintf(stderr, "gpt_generate: error: %s\n", e.what());
+    code = 1;
+  } catch (const std::exception& e) {
+    // Seen by this rank alone: the others may wait for it in a collective.
+    std::fprintf(stderr, "gpt_generate (rank %d): error: %s; aborting the job\n", world_rank(),
+                 e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  return code;
+}

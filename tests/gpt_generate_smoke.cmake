@@ -1,0 +1,65 @@
+# gpt_generate end to end on 4 ranks: a tiny model trained by gpt_train
+# (checkpoint and Hugging Face export), then the same prompts under
+# 2d:q=2, 1d:p=4 and 3d:1x2x2, from the checkpoint and from the export, with
+# the key/value cache and recomputing (--no-cache): every run must print the
+# same JSON (greedy and sampled). A prompt past the model's positions and a
+# missing checkpoint fail cleanly, naming the problem.
+# Arguments: -DMPIEXEC= -DMPIEXEC_FLAGS= -DTRAIN= -DGENERATE= -DWORK_DIR=
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+set(flags ${MPIEXEC_FLAGS})  # a CMake list
+execute_process(COMMAND ${MPIEXEC} -np 4 ${flags} ${TRAIN} --layers 2 --hidden 32 --heads 4
+                        --seq 24 --batch 8 --steps 6 --eval-every 0 --checkpoint-every 6
+                        --out ${WORK_DIR}/model --overwrite
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "gpt_train failed (${rc}): ${out}${err}")
+endif()
+
+function(generate expect_fail)
+  execute_process(COMMAND ${MPIEXEC} -np 4 ${flags} ${GENERATE} ${ARGN}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(expect_fail AND rc EQUAL 0)
+    message(FATAL_ERROR "gpt_generate ${ARGN} succeeded, expected a failure:\n${out}")
+  elseif(NOT expect_fail AND NOT rc EQUAL 0)
+    message(FATAL_ERROR "gpt_generate ${ARGN} failed (${rc}): ${out}${err}")
+  endif()
+  set(last_output "${out}" PARENT_SCOPE)
+  set(last_error "${err}" PARENT_SCOPE)
+endfunction()
+
+set(prompts --prompt "The cat" --prompt "A" --prompt "Once upon a time" --max-new-tokens 7 --json)
+foreach(mode "--greedy" "--temperature;0.9;--top-k;20;--seed;5" "--top-p;0.8;--seed;9")
+  set(first "")
+  foreach(source "--checkpoint;${WORK_DIR}/model/checkpoints" "--hf;${WORK_DIR}/model/export")
+    foreach(scheme 2d:q=2 1d:p=4 3d:1x2x2)
+      foreach(cache "" "--no-cache")
+        generate(FALSE ${source} --scheme ${scheme} ${prompts} ${mode} ${cache})
+        string(REGEX MATCHALL "{[^\n]*}" objects "${last_output}")
+        list(LENGTH objects n)
+        if(NOT n EQUAL 3)
+          message(FATAL_ERROR "expected 3 JSON lines, got ${n}:\n${last_output}")
+        endif()
+        if(first STREQUAL "")
+          set(first "${objects}")
+          message("${mode}: ${objects}")
+        elseif(NOT objects STREQUAL first)
+          message(FATAL_ERROR "${source} ${scheme} ${mode} ${cache} differs:\n${objects}\nvs\n${first}")
+        endif()
+      endforeach()
+    endforeach()
+  endforeach()
+endforeach()
+if(NOT first MATCHES "\"tokens\":\\[[0-9]+(,[0-9]+)*\\]")
+  message(FATAL_ERROR "no tokens in ${first}")
+endif()
+# 24 positions: a 20-byte prompt and 7 new tokens do not fit
+generate(TRUE --checkpoint ${WORK_DIR}/model/checkpoints --prompt "twenty bytes, really"
+         --max-new-tokens 7)
+if(NOT last_error MATCHES "prompt 0 has 20 tokens.*24")
+  message(FATAL_ERROR "the long prompt's error does not name it: ${last_error}")
+endif()
+generate(TRUE --checkpoint ${WORK_DIR}/missing --prompt "a")
+if(NOT last_error MATCHES "missing")
+  message(FATAL_ERROR "the missing checkpoint is not named: ${last_error}")
+endif()
