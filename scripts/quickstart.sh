@@ -2,7 +2,8 @@
 # One-stop set-up for a fresh Debian machine: installs what is missing from
 # Debian packages, configures, builds, then runs what you ask for.
 #
-#   scripts/quickstart.sh demo    the main demo: gpt_train on a 2x2 mesh, loss plot
+#   scripts/quickstart.sh demo    the main demo: gpt_train on a 2x2 mesh, loss plot, then
+#                                 gpt_generate: a few lines from the trained model
 #   scripts/quickstart.sh test    the whole test suite (ctest) in the checked build:
 #                                 AddressSanitizer + UndefinedBehaviorSanitizer, -O1
 #   scripts/quickstart.sh build   set-up and the Release build only
@@ -52,6 +53,10 @@ case "$what" in
     if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
       echo "loss plot: $(/usr/bin/python3 scripts/plot_loss.py gpt_train_out/log.jsonl)"
     fi
+    # A few lines from the model it trained (key/value cache, 2x2 mesh).
+    mpirun -np 4 "$dir/examples/gpt_generate" --checkpoint gpt_train_out/checkpoints \
+      --temperature 0.8 --top-k 40 --seed 1 --max-new-tokens 40 \
+      --prompt "The weather in the mountains" --prompt "Computers were" --prompt "To make bread, "
     ;;
   test)
     # One build, every test once: the suite under ASan + UBSan (leaks
