@@ -130,6 +130,7 @@ struct Settings {
   int top = 3;
   std::string format = "both";
   std::uint64_t seed = 1234;
+  std::string pass = "train";  // --pass: train (the step) or inference
 };
 
 // The same tokens on every rank: ids uniform in [0, vocab), targets the next
@@ -692,6 +693,106 @@ int run_all(const Settings& given, summa::Backend& backend, int rank, int ranks)
   return failed || ran == 0 ? 1 : 0;
 }
 
+// --pass inference (docs/inference.md): per scheme, the forward-only
+// throughput of the whole [batch, seq] window (Optimus's inference: batch /
+// forward time), then decoding with the key/value cache: the first seq/2
+// positions of every sequence as the prompt (prefill, one position a step),
+// the rest one greedy token a step (decode); medians of --reps after
+// --warmup; memory per rank planned for training, for the forward-only
+// model and for the decoder (the largest over ranks).
+template <class T>
+int run_inference(const Settings& s, summa::Backend& backend, int rank, int ranks) {
+  std::FILE* text = s.format == "json" ? stderr : stdout;
+  const Batch data = make_batch(s, s.batch);
+  const index_t prompt = std::max<index_t>(1, s.seq / 2);
+  const auto mib = [](double bytes) { return bytes / (1024.0 * 1024.0); };
+  const auto planned = [&](const summa::SchemeSpec& spec, index_t seq, summa::GptOptions o) {
+    u64 t = summa::plan_memory<T>(MPI_COMM_WORLD, spec, backend, s.config, s.batch, seq, o, s.grid)
+                .total();
+    return static_cast<double>(max_over_ranks(t));
+  };
+  if (rank == 0 && s.format != "json")
+    std::fprintf(text,
+                 "# inference: batch %lld, seq %lld (prompt %lld, then %lld decoded), %d ranks, "
+                 "%s\n%-22s %10s %12s %12s %12s %10s %10s %10s\n",
+                 static_cast<long long>(s.batch), static_cast<long long>(s.seq),
+                 static_cast<long long>(prompt), static_cast<long long>(s.seq - prompt), ranks,
+                 s.dtype.c_str(), "scheme", "fwd_s", "infer_seq/s", "prefill_t/s", "decode_t/s",
+                 "train_MiB", "fwd_MiB", "dec_MiB");
+  for (const summa::SchemeSpec& spec : s.schemes) {
+    Json j{{"pass", "inference"}, {"scheme", spec.str()}, {"ranks", ranks}, {"dtype", s.dtype}};
+    j.update(summa::bench::model_shape_fields(s.config, s.seq, s.batch));
+    try {
+      const double train_bytes = planned(spec, s.seq, {.checkpoint = s.checkpoint});
+      summa::ParallelGpt<T> fwd(MPI_COMM_WORLD, spec, backend, s.config, s.batch, s.seq,
+                                {.inference = true}, s.grid);
+      fwd.model().init(s.seed);
+      std::vector<double> forward;
+      for (int k = 0; k < s.warmup + s.reps; ++k) {
+        const double t = time_collective([&] {
+          fwd.model().forward_logits(data.tokens);
+          backend.synchronize();
+        });
+        if (k >= s.warmup) forward.push_back(t);
+      }
+      const double fwd_bytes =
+          static_cast<double>(max_over_ranks(fwd.model().memory_report().total()));
+      summa::ParallelGpt<T> dec(MPI_COMM_WORLD, spec, backend, s.config, s.batch, 1,
+                                {.inference = true, .kv_cache = s.seq}, s.grid);
+      dec.model().init(s.seed);
+      const double dec_bytes =
+          static_cast<double>(max_over_ranks(dec.model().memory_report().total()));
+      std::vector<std::int32_t> step(static_cast<std::size_t>(s.batch));
+      const std::vector<index_t> positions(static_cast<std::size_t>(s.batch), 0);
+      std::vector<double> prefill, decode;
+      for (int k = 0; k < s.warmup + s.reps; ++k) {
+        double p = 0, d = 0;
+        for (index_t t = 0; t < s.seq; ++t) {
+          const double dt = time_collective([&] {
+            for (index_t b = 0; b < s.batch; ++b)
+              if (t < prompt)
+                step[static_cast<std::size_t>(b)] =
+                    data.tokens[static_cast<std::size_t>(b * s.seq + t)];
+            dec.model().forward_cached(step, t);
+            if (t >= prompt - 1) {
+              const auto ids = dec.model().next_tokens(positions, {.greedy = true}, 0);
+              std::copy(ids.begin(), ids.end(), step.begin());
+            }
+            backend.synchronize();
+          });
+          (t < prompt - 1 ? p : d) += dt;
+        }
+        if (k >= s.warmup) {
+          prefill.push_back(p);
+          decode.push_back(d);
+        }
+      }
+      const double f = median(forward), p = median(prefill), d = median(decode);
+      const double prefill_tokens = static_cast<double>(s.batch * std::max<index_t>(prompt - 1, 1)),
+                   decode_tokens = static_cast<double>(s.batch * (s.seq - prompt + 1));
+      j["forward_s"] = f;
+      j["inference_sequences_per_s"] = static_cast<double>(s.batch) / f;
+      j["prefill_tokens_per_s"] = prefill_tokens / p;
+      j["decode_tokens_per_s"] = decode_tokens / d;
+      j["memory_train_mib"] = mib(train_bytes);
+      j["memory_forward_mib"] = mib(fwd_bytes);
+      j["memory_decoder_mib"] = mib(dec_bytes);
+      if (rank == 0 && s.format != "json")
+        std::fprintf(text, "%-22s %10.4f %12.1f %12.1f %12.1f %10.2f %10.2f %10.2f\n",
+                     spec.str().c_str(), f, static_cast<double>(s.batch) / f, prefill_tokens / p,
+                     decode_tokens / d, mib(train_bytes), mib(fwd_bytes), mib(dec_bytes));
+    } catch (const summa::CollectiveError& e) {  // the scheme refuses the model, on every rank
+      j["skipped"] = e.what();
+      if (rank == 0 && s.format != "json")
+        std::fprintf(text, "%-22s skipped: %s\n", spec.str().c_str(), e.what());
+    }
+    if (rank == 0 && s.format != "table")
+      std::fprintf(stdout, "%s%s\n", s.format == "both" ? "json: " : "", j.dump().c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 std::vector<summa::SchemeSpec> parse_schemes(const std::string& list, int ranks) {
   if (list.empty() || list == "auto") return summa::schemes_for(ranks);
   std::vector<summa::SchemeSpec> out;
@@ -774,6 +875,11 @@ int run(int argc, char** argv, int rank, int ranks) {
       ->check(CLI::IsMember({"both", "json", "table"}))
       ->capture_default_str();
   app.add_option("--seed", s.seed, "Seed of weights and tokens")->capture_default_str();
+  app.add_option("--pass", s.pass,
+                 "train: the training step (default); inference: forward-only throughput, "
+                 "prefill and decode with the key/value cache, memory against training")
+      ->check(CLI::IsMember({"train", "inference"}))
+      ->capture_default_str();
   int ranks_per_device = 0;
   app.add_flag("--breakdown", s.breakdown,
                "Time the step's parts (embedding, blocks, ln_f, lm_head forward; lm_head, ln_f, "
@@ -825,6 +931,11 @@ int run(int argc, char** argv, int rank, int ranks) {
   s.grid = chosen.grid;
   s.device = chosen.device;
   summa::Backend& backend = *chosen.backend;
+  if (s.pass == "inference") {
+    if (s.dtype == "bf16") return run_inference<summa::bf16>(s, backend, rank, ranks);
+    return s.dtype == "f32" ? run_inference<float>(s, backend, rank, ranks)
+                            : run_inference<double>(s, backend, rank, ranks);
+  }
   if (s.dtype == "bf16") return run_all<summa::bf16>(s, backend, rank, ranks);
   return s.dtype == "f32" ? run_all<float>(s, backend, rank, ranks)
                           : run_all<double>(s, backend, rank, ranks);
