@@ -284,6 +284,7 @@ struct Result {
   // The busiest rank's planned memory (model buffers and AdamW state;
   // launch-free), or why the scheme refuses the point.
   std::optional<std::uint64_t> memory_bytes = {};
+  std::uint64_t inference_memory_bytes = 0;  // built for inference (no gradients, optimizer)
   std::string plan_note = {};
 };
 
@@ -331,6 +332,7 @@ std::uint64_t adamw_state_bytes(const summa::MemoryReport& plan) {
 // whose plan exceeds the machine's device memory rejected.
 struct Planned {
   std::uint64_t memory_bytes = 0;
+  std::uint64_t inference_bytes = 0;  // the same model built for inference (forward only)
   std::vector<summa::SchemeCandidate> ranking = {};  // auto only
 };
 
@@ -345,6 +347,10 @@ Planned plan_point(const Point& p, const Study& s, const summa::model::Machine& 
     const summa::RankMemory r = summa::plan_memory_busiest<T>(summa::SchemeSpec::parse(p.scheme),
                                                               backend, c, p.batch, p.seq, options);
     out.memory_bytes = r.report.total() + adamw_state_bytes<T>(r.report);
+    out.inference_bytes =
+        summa::plan_memory_busiest<T>(summa::SchemeSpec::parse(p.scheme), backend, c, p.batch,
+                                      p.seq, {.checkpoint = s.checkpoint, .inference = true})
+            .report.total();
     return out;
   }
   const std::uint64_t budget = m.device.memory_bytes > 0 ? m.device.memory_bytes : ~0ull;
@@ -389,7 +395,9 @@ Result predict(const Point& p, const Study& s, const summa::model::Machine& m, i
   if (p.scheme != "auto") {
     price(summa::SchemeSpec::parse(p.scheme), r);
     try {  // the scheme's own checks of the model, as a launch makes them
-      r.memory_bytes = plan_point(p, s, m, options).memory_bytes;
+      const Planned planned = plan_point(p, s, m, options);
+      r.memory_bytes = planned.memory_bytes;
+      r.inference_memory_bytes = planned.inference_bytes;
     } catch (const summa::Error& e) {
       r.plan_note = e.what();
     }
@@ -419,7 +427,9 @@ Result predict(const Point& p, const Study& s, const summa::model::Machine& m, i
   price(summa::SchemeSpec::parse(r.scheme), r);
   Point chosen = p;
   chosen.scheme = r.scheme;
-  r.memory_bytes = plan_point(chosen, s, m, options).memory_bytes;
+  const Planned chosen_plan = plan_point(chosen, s, m, options);
+  r.memory_bytes = chosen_plan.memory_bytes;
+  r.inference_memory_bytes = chosen_plan.inference_bytes;
   for (std::size_t k = 0; k < std::min<std::size_t>(3, all.size()); ++k)
     r.ranked.emplace_back(std::get<1>(all[k]), std::get<0>(all[k]));
   return r;
@@ -700,6 +710,7 @@ int study_main(int argc, char** argv, int rank, int world) {
     if (r.memory_bytes) {
       o["memory_per_gpu_bytes"] = *r.memory_bytes;
       o["memory_fits"] = fits;
+      o["inference_memory_per_gpu_bytes"] = r.inference_memory_bytes;
     }
     if (!r.plan_note.empty()) o["plan_note"] = r.plan_note;
     if (r.point.paper_fwd && r.point.paper_bwd) {
