@@ -6,13 +6,16 @@ safetensors package), rebuilds GPT-2 in plain PyTorch from the Hugging Face
 names (pre-LN blocks, tanh GeLU, causal softmax attention, head tied to wte,
 mean cross-entropy), all in float64, and prints the loss on a batch:
 
-    hf_check.py DIR BATCH_FILE BATCH SEQ
+    hf_check.py DIR BATCH_FILE BATCH SEQ [--logits OUT]
 
 BATCH_FILE holds BATCH*SEQ little-endian int32 token ids, then BATCH*SEQ
 int32 targets (targets[b, t] is the token to predict at position t: already
 shifted, every position counts, as summa's GptModel::forward takes them).
 
-Prints `loss=<value>` (17 significant digits) and exits 0. When the
+Prints `loss=<value>` (17 significant digits) and exits 0. With `--logits
+OUT` it also writes the logits of every position to OUT: BATCH*SEQ*vocab
+little-endian float64, row-major [batch, seq, vocab] (what summa's
+Gpt::forward_logits computes, for the inference check). When the
 `transformers` package imports, it also loads DIR with
 GPT2LMHeadModel.from_pretrained (float64) and prints
 `loss_transformers=<value>` for the same batch. Exits 2 with a message on bad
@@ -112,7 +115,8 @@ def gpt2_loss(w, config, tokens, targets):
         h = h + m @ p(pre + "mlp.c_proj.weight") + p(pre + "mlp.c_proj.bias")
     h = layer_norm(h, p("ln_f.weight"), p("ln_f.bias"), eps)
     logits = h @ wte.T  # tied head
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
+    return loss, logits
 
 
 def transformers_loss(directory, tokens, targets):
@@ -131,8 +135,11 @@ def transformers_loss(directory, tokens, targets):
 
 
 def main(argv):
-    if len(argv) != 5:
-        fail("usage: hf_check.py DIR BATCH_FILE BATCH SEQ")
+    logits_out = None
+    if len(argv) == 7 and argv[5] == "--logits":
+        logits_out = argv[6]
+    elif len(argv) != 5:
+        fail("usage: hf_check.py DIR BATCH_FILE BATCH SEQ [--logits OUT]")
     directory, batch_file = argv[1], argv[2]
     batch, seq = int(argv[3]), int(argv[4])
     with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
@@ -147,8 +154,12 @@ def main(argv):
           f"n_embd={config['n_embd']} vocab_size={config['vocab_size']} batch={batch} seq={seq} "
           f"dtypes={','.join(sorted(file_dtypes))} torch={torch.__version__} (computing in float64)")
     with torch.no_grad():
-        loss = gpt2_loss(weights, config, tokens, targets).item()
+        loss, logits = gpt2_loss(weights, config, tokens, targets)
+        loss = loss.item()
     print(f"loss={loss:.17g}")
+    if logits_out is not None:
+        logits.numpy().astype("<f8").tofile(logits_out)
+        print(f"logits={logits_out} ({logits.numel()} values)")
     other = transformers_loss(directory, tokens, targets)
     if other is not None:
         print(f"loss_transformers={other:.17g}")

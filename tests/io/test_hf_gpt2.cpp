@@ -12,7 +12,9 @@
 //    accepted;
 //  - HfTorch (CTest hf_torch): scripts/hf_check.py rebuilds GPT-2 in plain
 //    PyTorch (float64) from the exported directory and prints its loss, which
-//    must equal summa's to 1e-9 relative; skipped without torch.
+//    must equal summa's to 1e-9 relative, and writes every position's logits,
+//    which must equal summa's (assembled from the vocabulary-parallel
+//    blocks) within 1e-9 of their scale; skipped without torch.
 //
 // Backend: test_backend() with test_grid_options() (SUMMA_TEST_BACKEND=cpu|
 // cuda): the parameters live in its memory, so the test writes and reads
@@ -553,17 +555,50 @@ TEST(HfTorch, LossMatchesPyTorch) {
     io::export_hf_gpt2(run.model(), dir, dtype);
     io::import_hf_gpt2(run.model(), dir);  // no-op for f64; bf16-rounds the weights
     const double summa_loss = run.model().forward(data.tokens, data.targets);
-    double torch_loss = 0, transformers_loss = 0;
+    // every position's logits, assembled from the owners' blocks (each data
+    // group's rows after the previous groups')
+    const index_t V = config.vocab_size;
+    std::vector<double> logits(static_cast<std::size_t>(b * s * V), 0.0);
+    {
+      const ActivationBlock block = run.model().logits_block();
+      const ConstMatrixView<double> Z = run.model().logits();
+      std::vector<double> local(static_cast<std::size_t>(Z.rows * Z.cols));
+      backend.download(local.data(), Z.data, local.size() * sizeof(double));
+      const index_t first = run.grid().coords().data * run.model().local_batch() * s;
+      if (block.owner)
+        for (index_t r = 0; r < block.rows; ++r)
+          for (index_t c = 0; c < block.cols; ++c)
+            logits[static_cast<std::size_t>((first + block.row0 + r) * V + block.col0 + c)] =
+                local[static_cast<std::size_t>(r * Z.cols + c)];
+      MPI_Allreduce(MPI_IN_PLACE, logits.data(), static_cast<int>(logits.size()), MPI_DOUBLE,
+                    MPI_SUM, MPI_COMM_WORLD);
+    }
+    const fs::path logits_file = tmp / (std::string(label) + "_logits.bin");
+    double torch_loss = 0, transformers_loss = 0, worst_logit = -1;
     std::string output;
     if (world_rank() == 0) {
       const std::string command =
           shell_quote(python) + " " + shell_quote(script) + " " + shell_quote(dir.string()) + " " +
-          shell_quote(batch_file.string()) + " " + std::to_string(b) + " " + std::to_string(s);
+          shell_quote(batch_file.string()) + " " + std::to_string(b) + " " + std::to_string(s) +
+          " --logits " + shell_quote(logits_file.string());
       const PythonRun r = run_command(command);
       output = r.output;
       torch_loss = r.status == 0 ? parse_printed(r.output, "loss") : std::nan("");
       transformers_loss = parse_printed(r.output, "loss_transformers");
       std::printf("%s", r.output.c_str());
+      std::ifstream in(logits_file, std::ios::binary);
+      std::vector<double> torch_logits(logits.size(), std::nan(""));
+      in.read(reinterpret_cast<char*>(torch_logits.data()),
+              static_cast<std::streamsize>(torch_logits.size() * sizeof(double)));
+      double scale = 0;
+      worst_logit = in ? 0.0 : std::nan("");
+      for (std::size_t k = 0; k < logits.size(); ++k) {
+        worst_logit = std::max(worst_logit, std::abs(logits[k] - torch_logits[k]));
+        scale = std::max(scale, std::abs(torch_logits[k]));
+      }
+      worst_logit /= std::max(1.0, scale);
+      std::printf("[%s] logits: largest difference %.3g of their scale %.3g\n", label, worst_logit,
+                  scale);
       std::printf("[%s] summa loss=%.17g  PyTorch loss=%.17g  relative difference %.3g%s\n", label,
                   summa_loss, torch_loss, std::abs(summa_loss - torch_loss) / std::abs(torch_loss),
                   std::isnan(transformers_loss)
@@ -572,6 +607,9 @@ TEST(HfTorch, LossMatchesPyTorch) {
     }
     MPI_Bcast(&torch_loss, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     MPI_Bcast(&transformers_loss, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    MPI_Bcast(&worst_logit, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    // every logit (what generation picks from), within 1e-9 of their scale
+    EXPECT_TRUE(worst_logit >= 0 && worst_logit <= 1e-9) << worst_logit << "\n" << output;
     EXPECT_TRUE(std::isfinite(torch_loss)) << output;
     EXPECT_NEAR(torch_loss, summa_loss, 1e-9 * std::abs(summa_loss)) << output;
     if (!std::isnan(transformers_loss)) {
