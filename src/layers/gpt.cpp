@@ -298,7 +298,7 @@ template <class T>
 double Gpt<T>::forward(std::span<const std::int32_t> tokens,
                        std::span<const std::int32_t> targets) {
   require_allocated("forward");
-  have_forward_ = false;
+  have_forward_ = have_logits_ = false;
   {
     std::optional<std::string> error;
     const auto expected = static_cast<std::size_t>(batch_ * seq_);
@@ -345,10 +345,15 @@ double Gpt<T>::forward(std::span<const std::int32_t> tokens,
   timed(fwd_ln_f, [&] { ln_f_->forward(boundaries_.back(), lnf_, step); });
   double loss = 0;
   timed(fwd_lm_head, [&] {
+    if (logits_only_) {  // forward_logits: the head's logits, no loss
+      static_cast<void>(head_->forward(lnf_, {}, step));
+      return;
+    }
     loss = head_->forward(lnf_, targets_, step);
     if (data_ > 1) grid_->data().all_reduce(&loss, &loss, 1, DType::f64, ReduceOp::sum);
   });
-  have_forward_ = true;
+  have_forward_ = !logits_only_;  // backward needs the loss's statistics
+  have_logits_ = true;
   return loss;
 }
 
@@ -413,7 +418,14 @@ void Gpt<T>::backward(bool accumulate) {
 template <class T>
 void Gpt<T>::forward_logits(std::span<const std::int32_t> tokens) {
   require_allocated("forward_logits");
-  static_cast<void>(forward(tokens, no_targets_));
+  logits_only_ = true;
+  try {
+    static_cast<void>(forward(tokens, no_targets_));  // the ids checked, the targets not used
+  } catch (...) {
+    logits_only_ = false;
+    throw;
+  }
+  logits_only_ = false;
 }
 
 template <class T>
@@ -435,7 +447,7 @@ void Gpt<T>::forward_cached(std::span<const std::int32_t> tokens, index_t start)
     cache_positions_[k] = static_cast<std::int32_t>(start + static_cast<index_t>(k) % seq_);
   embedding_->set_positions(cache_positions_);
   for (auto& block : blocks_) block->attn().set_start(start);
-  static_cast<void>(forward(tokens, no_targets_));
+  forward_logits(tokens);
 }
 
 template <class T>
@@ -461,7 +473,7 @@ std::vector<std::int32_t> Gpt<T>::next_tokens(std::span<const index_t> positions
   const index_t limit = vocab_limit > 0 ? vocab_limit : config_.vocab_size;
   {
     std::optional<std::string> error;
-    if (!have_forward_)
+    if (!have_logits_)
       error = "GPT next_tokens: no forward pass (forward_logits first)";
     else if (static_cast<index_t>(positions.size()) != batch_ ||
              static_cast<index_t>(steps.size()) != batch_)

@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -276,6 +277,21 @@ TEST(Generate, EndTokenAndErrors) {
     EXPECT_NE(m.find("prompt 1 has 6 tokens"), std::string::npos) << m;
     EXPECT_NE(m.find("model's 8"), std::string::npos) << m;
     EXPECT_TRUE(same_on_all_ranks(m));
+    // a training build: forward_logits gives forward's logits bit for bit,
+    // without a loss, so backward cannot follow it
+    {
+      ParallelGpt<float> train(comm, spec, backend, config, batch, seq, {});
+      train.model().init(5);
+      std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * seq));
+      for (std::size_t k = 0; k < tokens.size(); ++k) tokens[k] = static_cast<std::int32_t>(k % 61);
+      static_cast<void>(train.model().forward(tokens, tokens));
+      const ConstMatrixView<float> Z = train.model().logits();
+      const std::vector<float> with_loss(Z.data, Z.data + Z.rows * Z.cols);
+      train.model().forward_logits(tokens);
+      const ConstMatrixView<float> L = train.model().logits();
+      EXPECT_TRUE(std::equal(with_loss.begin(), with_loss.end(), L.data));
+      EXPECT_THROW(train.model().backward(), Error);
+    }
     // with a cache of 6 positions
     ParallelGpt<float> cached(comm, spec, backend, config, batch, 1,
                               {.inference = true, .kv_cache = 6});

@@ -84,8 +84,9 @@ class Gpt final : public GptModel<T> {
   ModelBuffers& buffers();
 
   /// Forward without targets (inference): the logits of every position,
-  /// vocabulary-parallel in the scheme's layout (logits(), logits_block());
-  /// no loss for the caller. Checks the ids as forward() does.
+  /// vocabulary-parallel in the scheme's layout (logits(), logits_block()),
+  /// and no loss (the head is called with no targets). Checks the ids as
+  /// forward() does; backward() cannot follow it.
   void forward_logits(std::span<const std::int32_t> tokens);
   /// With a key / value cache (GptOptions::kv_cache): the window's tokens
   /// (global [batch, seq]) sit at positions [start, start + seq) of every
@@ -212,7 +213,9 @@ class Gpt final : public GptModel<T> {
   std::size_t kv_bytes_ = 0;                    // the key / value cache (GptOptions::kv_cache)
   std::unique_ptr<Arena> kv_;
   std::vector<Bucket> buckets_;  // gradient buckets of the data axis
-  bool have_forward_ = false;
+  bool have_forward_ = false;    // a forward with its loss: backward may follow
+  bool have_logits_ = false;     // a forward's logits (with or without the loss)
+  bool logits_only_ = false;     // set by forward_logits while it runs
 };
 
 extern template class Gpt<float>;

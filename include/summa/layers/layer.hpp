@@ -220,6 +220,9 @@ inline std::optional<std::string> positions_error(const char* who,
 template <class T>
 class LossHead : public Module<T> {
  public:
+  /// The logits, then the loss on `targets`; with no targets (empty: a
+  /// forward for inference) the logits alone, returning 0 (backward must
+  /// not follow).
   virtual double forward(ConstMatrixView<T> X, std::span<const std::int32_t> targets,
                          StepBuffers& buffers) = 0;
   virtual void backward(MatrixView<T> dX, StepBuffers& buffers, bool accumulate = false) = 0;

@@ -362,6 +362,7 @@ double LMHead3D<T>::forward(ConstMatrixView<T> X, std::span<const std::int32_t> 
     detail3d::all_reduce(detail3d::y_comm(*grid_), logits_.data, m * nv);
   }
   x_ = X;
+  if (targets.empty()) return 0;  // logits only (LossHead::forward)
   return loss_.forward(logits_, targets, buffers);
 }
 

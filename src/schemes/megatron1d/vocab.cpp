@@ -265,6 +265,7 @@ double LMHead1D<T>::forward(ConstMatrixView<T> X, std::span<const std::int32_t> 
                    acc_t<T>(0), logits_, scratch);
   }
   x_ = X;
+  if (targets.empty()) return 0;  // logits only (LossHead::forward)
   return loss_.forward(logits_, targets, buffers);
 }
 

@@ -122,6 +122,7 @@ double LMHead2D<T>::forward(ConstMatrixView<T> X, std::span<const std::int32_t> 
   engine_->abt(tokens_, vocab_, hidden_, acc_t<T>(1), X, ConstMatrixView<T>(wte_->value_view()),
                acc_t<T>(0), logits_, buffers.workspace);
   x_ = X;
+  if (targets.empty()) return 0;  // logits only (LossHead::forward)
   return loss_.forward(logits_, targets, buffers);
 }
 
