@@ -1,7 +1,5 @@
 #include "summa/layers/gpt.hpp"
 
-#include "summa/layers/sampling.hpp"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -512,7 +510,8 @@ std::vector<std::int32_t> Gpt<T>::next_tokens(std::span<const index_t> positions
     rows[k] = {host, block.col0, count};
   }
   const std::vector<std::int32_t> mine =
-      choose_tokens<T>(rows, limit, grid_->tensor(), options, row_steps, keys);
+      choose_tokens<T>(rows, limit, grid_->tensor(), options, row_steps, keys,
+                       /*exchange_shapes=*/false);  // logits_block() tiles by construction
   if (data_ == 1) return mine;
   std::vector<double> send(mine.begin(), mine.end()), all(static_cast<std::size_t>(batch_));
   grid_->data().all_gather(send.data(), all.data(), send.size());

@@ -86,15 +86,22 @@ template <class T>
 std::vector<std::int32_t> choose_tokens(std::span<const LogitsRow<T>> slices, index_t vocab,
                                         Communicator& axis, const SamplingOptions& options,
                                         std::span<const std::uint64_t> row_steps,
-                                        std::span<const std::uint64_t> row_keys) {
+                                        std::span<const std::uint64_t> row_keys,
+                                        bool exchange_shapes) {
   if (const std::string e = check_sampling(options); !e.empty()) throw Error(e);
   const int ranks = axis.size();
   const std::size_t P = static_cast<std::size_t>(ranks);
   const std::size_t R = slices.size();
   const auto rows = static_cast<index_t>(R);
+  require(vocab >= 1 && vocab <= kMaxVocab && row_keys.size() >= R && row_steps.size() >= R, [&] {
+    return fmt::format(
+        "choose_tokens: vocab={} (1 to 2^23) and {} keys, {} steps for {} "
+        "rows",
+        vocab, row_keys.size(), row_steps.size(), R);
+  });
   // Every rank's shape, so that every rank finds the same error: (rows,
   // vocab, keys) then (begin, count) of each row, from every rank.
-  {
+  if (exchange_shapes) {
     std::vector<double> header{static_cast<double>(R), static_cast<double>(vocab),
                                static_cast<double>(std::min(row_keys.size(), row_steps.size()))},
         all_headers(3 * P);
@@ -307,7 +314,7 @@ std::vector<std::int32_t> choose_tokens(const T* logits, index_t rows, index_t c
 template std::vector<std::int32_t> choose_tokens<float>(std::span<const LogitsRow<float>>, index_t,
                                                         Communicator&, const SamplingOptions&,
                                                         std::span<const std::uint64_t>,
-                                                        std::span<const std::uint64_t>);
+                                                        std::span<const std::uint64_t>, bool);
 template std::vector<std::int32_t> choose_tokens<float>(const float*, index_t, index_t, index_t,
                                                         index_t, index_t, Communicator&,
                                                         const SamplingOptions&, std::uint64_t,
@@ -316,7 +323,7 @@ template std::vector<std::int32_t> choose_tokens<double>(std::span<const LogitsR
                                                          index_t, Communicator&,
                                                          const SamplingOptions&,
                                                          std::span<const std::uint64_t>,
-                                                         std::span<const std::uint64_t>);
+                                                         std::span<const std::uint64_t>, bool);
 template std::vector<std::int32_t> choose_tokens<double>(const double*, index_t, index_t, index_t,
                                                          index_t, index_t, Communicator&,
                                                          const SamplingOptions&, std::uint64_t,
@@ -324,7 +331,7 @@ template std::vector<std::int32_t> choose_tokens<double>(const double*, index_t,
 template std::vector<std::int32_t> choose_tokens<bf16>(std::span<const LogitsRow<bf16>>, index_t,
                                                        Communicator&, const SamplingOptions&,
                                                        std::span<const std::uint64_t>,
-                                                       std::span<const std::uint64_t>);
+                                                       std::span<const std::uint64_t>, bool);
 template std::vector<std::int32_t> choose_tokens<bf16>(const bf16*, index_t, index_t, index_t,
                                                        index_t, index_t, Communicator&,
                                                        const SamplingOptions&, std::uint64_t,

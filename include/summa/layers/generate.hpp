@@ -42,8 +42,9 @@ struct GenerateOptions {
   /// Only ids below this (0: the model's vocabulary), e.g. a tokenizer's
   /// vocabulary below a padded model's.
   index_t vocab_limit = 0;
-  /// Called on every rank after each step with each prompt's new id (-1
-  /// where the prompt had finished): streaming output.
+  /// Called on every rank after each step that produced tokens, with each
+  /// prompt's new id (-1 where the prompt had finished or, with a cache, is
+  /// still taking its prompt): streaming output.
   std::function<void(std::span<const std::int32_t>)> on_step = {};
 };
 

@@ -86,11 +86,15 @@ struct LogitsRow {
 /// copy). `rows.size()` is the same on every rank.
 /// Each row draws its noise with its own step (row_steps[r]): a row's
 /// k-th generated token is keyed by k wherever the row is in its prompt.
+/// `exchange_shapes` false skips the two all-gathers that let every rank
+/// name another rank's bad shape, for callers that build the slices from a
+/// layout they know tiles (Gpt::next_tokens, once per decoding step).
 template <class T>
 std::vector<std::int32_t> choose_tokens(std::span<const LogitsRow<T>> rows, index_t vocab,
                                         Communicator& axis, const SamplingOptions& options,
                                         std::span<const std::uint64_t> row_steps,
-                                        std::span<const std::uint64_t> row_keys);
+                                        std::span<const std::uint64_t> row_keys,
+                                        bool exchange_shapes = true);
 
 /// Gumbel noise of token `id` for (seed, step, key): -log(-log(u)), u
 /// uniform in (0, 1) from a counter-based generator (SplitMix64 of the
@@ -101,19 +105,15 @@ double gumbel_noise(std::uint64_t seed, std::uint64_t step, std::uint64_t key, s
 /// row's largest logit): what top-p sums.
 std::uint64_t fixed_point_exp(double x);
 
-extern template std::vector<std::int32_t> choose_tokens<float>(std::span<const LogitsRow<float>>,
-                                                               index_t, Communicator&,
-                                                               const SamplingOptions&,
-                                                               std::span<const std::uint64_t>,
-                                                               std::span<const std::uint64_t>);
+extern template std::vector<std::int32_t> choose_tokens<float>(
+    std::span<const LogitsRow<float>>, index_t, Communicator&, const SamplingOptions&,
+    std::span<const std::uint64_t>, std::span<const std::uint64_t>, bool);
 extern template std::vector<std::int32_t> choose_tokens<float>(
     const float*, index_t, index_t, index_t, index_t, index_t, Communicator&,
     const SamplingOptions&, std::uint64_t, std::span<const std::uint64_t>);
-extern template std::vector<std::int32_t> choose_tokens<double>(std::span<const LogitsRow<double>>,
-                                                                index_t, Communicator&,
-                                                                const SamplingOptions&,
-                                                                std::span<const std::uint64_t>,
-                                                                std::span<const std::uint64_t>);
+extern template std::vector<std::int32_t> choose_tokens<double>(
+    std::span<const LogitsRow<double>>, index_t, Communicator&, const SamplingOptions&,
+    std::span<const std::uint64_t>, std::span<const std::uint64_t>, bool);
 extern template std::vector<std::int32_t> choose_tokens<double>(
     const double*, index_t, index_t, index_t, index_t, index_t, Communicator&,
     const SamplingOptions&, std::uint64_t, std::span<const std::uint64_t>);
@@ -121,7 +121,7 @@ extern template std::vector<std::int32_t> choose_tokens<bf16>(std::span<const Lo
                                                               index_t, Communicator&,
                                                               const SamplingOptions&,
                                                               std::span<const std::uint64_t>,
-                                                              std::span<const std::uint64_t>);
+                                                              std::span<const std::uint64_t>, bool);
 extern template std::vector<std::int32_t> choose_tokens<bf16>(const bf16*, index_t, index_t,
                                                               index_t, index_t, index_t,
                                                               Communicator&, const SamplingOptions&,
