@@ -556,7 +556,7 @@ int study_main(int argc, char** argv, int rank, int world) {
   app.add_option("--csv", csv, "Also write the table as CSV to this file");
   app.add_option("--plot", plot,
                  "Write PREFIX.jsonl and the plots PREFIX-throughput.png, PREFIX-efficiency.png "
-                 "(python3-matplotlib)");
+                 "(python3-matplotlib, with the Python this build found: SUMMA_PYTHON)");
   summa::bench::add_device_options(app, backend_name, comm, tf32, "", "cuda: TF32 in f32 GEMMs");
   try {
     app.parse(argc, argv);
@@ -796,10 +796,20 @@ int study_main(int argc, char** argv, int rank, int world) {
   }
   if (plot_out) {
     plot_out.close();
+    // the interpreter chosen at configure time (cmake/SummaPython.cmake)
+    const std::string python = SUMMA_PYTHON_EXECUTABLE;
+    if (python.empty())
+      throw UsageError(
+          fmt::format("--plot: this build found no Python 3 (wrote {}.jsonl; "
+                      "reconfigure with -DSUMMA_PYTHON=/path/to/python3)",
+                      plot));
     const std::string command =
-        fmt::format("python3 '{}' '{}.jsonl' --out '{}'", SUMMA_PLOT_SCALING, plot, plot);
+        fmt::format("'{}' '{}' '{}.jsonl' --out '{}'", python, SUMMA_PLOT_SCALING, plot, plot);
     if (std::system(command.c_str()) != 0)
-      throw UsageError(fmt::format("--plot: '{}' failed (python3-matplotlib installed?)", command));
+      throw UsageError(
+          fmt::format("--plot: '{}' failed (can {} import matplotlib? Debian: "
+                      "python3-matplotlib)",
+                      command, python));
   }
   return 0;
 }

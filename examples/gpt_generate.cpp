@@ -8,7 +8,9 @@
 // The prompts run as one batch (rounded up to the scheme's granularity with
 // dummy rows) on a model built for inference with a key/value cache
 // (GptOptions::kv_cache) of the longest prompt plus --max-new-tokens
-// positions; summa::generate decodes one position a step. Tokens: GPT-2's
+// positions; summa::generate decodes one position a step. Prompt plus new
+// tokens must fit n_positions: checked before the model is built (the default
+// --max-new-tokens shrinks to fit; an explicit one too large is refused). Tokens: GPT-2's
 // BPE where the --hf directory (or --tokenizer) has vocab.json + merges.txt
 // or encoder.json + vocab.bpe, bytes otherwise (gpt_train's tokenizer). A
 // single prompt streams its continuation; at the end the prefill and decode
@@ -39,7 +41,7 @@ struct Cli {
   std::string checkpoint, hf, tokenizer, prompt_file, scheme, dtype = "float", backend = "cpu",
                                                               comm;
   std::vector<std::string> prompts;
-  summa::index_t max_new_tokens = 32;
+  summa::index_t max_new_tokens = 0;  // 0: up to 32, as many as fit the positions
   bool greedy = false, json = false, no_cache = false;
   double temperature = 1.0, top_p = 1.0;
   std::int64_t top_k = 0;
@@ -147,13 +149,38 @@ int run(const Cli& cli) {
   if (spec.ranks() != world_size())
     throw summa::CollectiveError(fmt::format("--scheme {} needs {} ranks, running on {}",
                                              spec.str(), spec.ranks(), world_size()));
+  // Prompt + new tokens within n_positions, settled before any model is built:
+  // a prompt that leaves no room is refused; --max-new-tokens beyond the room
+  // of the longest prompt is refused naming the largest that fits; without it,
+  // up to 32 new tokens, as many as fit (docs/inference.md, "Lengths").
+  summa::index_t max_new_tokens = cli.max_new_tokens;
+  {
+    const auto positions = static_cast<summa::index_t>(config.n_positions);
+    const auto longest_at = static_cast<std::size_t>(
+        std::max_element(prompts.begin(), prompts.end(),
+                         [](const auto& a, const auto& b) { return a.size() < b.size(); }) -
+        prompts.begin());
+    const summa::index_t room = positions - static_cast<summa::index_t>(longest);
+    std::optional<std::string> error;
+    if (room < 1)
+      error = fmt::format(
+          "prompt {} has {} tokens ({}); the model has n_positions={}, so a prompt may have at "
+          "most {} tokens to leave room for one new token",
+          longest_at, longest, tok.name(), positions, positions - 1);
+    else if (max_new_tokens > room)
+      error = fmt::format(
+          "--max-new-tokens {}: prompt {} has {} tokens ({}) and the model has n_positions={}, so "
+          "at "
+          "most {} new tokens fit (--max-new-tokens {}, or a shorter prompt)",
+          max_new_tokens, longest_at, longest, tok.name(), positions, room, room);
+    summa::agree_on(world, error);
+    if (max_new_tokens == 0) max_new_tokens = std::min<summa::index_t>(32, room);
+  }
   const summa::index_t unit = summa::batch_granularity(spec);
   const auto count = static_cast<summa::index_t>(prompts.size());
   const summa::index_t batch = (count + unit - 1) / unit * unit;
-  // the cache: the longest prompt and its new tokens, within the positions
-  // (generate names a prompt that does not fit)
-  const summa::index_t want = static_cast<summa::index_t>(longest) + cli.max_new_tokens;
-  const summa::index_t window = std::min<summa::index_t>(want, config.n_positions);
+  // the cache: the longest prompt and its new tokens (within the positions)
+  const summa::index_t window = static_cast<summa::index_t>(longest) + max_new_tokens;
   summa::Device device = summa::make_device(world, {.backend = cli.backend, .comm = cli.comm});
   summa::GptOptions options{.inference = true};
   if (!cli.no_cache) options.kv_cache = window;
@@ -176,7 +203,7 @@ int run(const Cli& cli) {
                             : fmt::format("T={} top_k={} top_p={} seed={}", cli.temperature,
                                           cli.top_k, cli.top_p, cli.seed)
                                   .c_str());
-  summa::GenerateOptions g{.max_new_tokens = cli.max_new_tokens,
+  summa::GenerateOptions g{.max_new_tokens = max_new_tokens,
                            .eos = static_cast<std::int32_t>(cli.eos == -2 ? tok.eos() : cli.eos),
                            .sampling = {.greedy = cli.greedy,
                                         .temperature = cli.temperature,
@@ -237,9 +264,11 @@ int main(int argc, char** argv) {
   app.add_option("--scheme", cli.scheme,
                  "scheme and grid (2d:q=Q, 1d:p=P, 3d:XxYxZ, with optional data=D); default: 2d "
                  "on a square rank count, else 1d");
-  app.add_option("--max-new-tokens", cli.max_new_tokens, "new tokens per prompt at most")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
+  app.add_option("--max-new-tokens", cli.max_new_tokens,
+                 "new tokens per prompt at most; prompt + new tokens must fit the model's "
+                 "n_positions (refused otherwise, naming the largest that fits); default: 32, "
+                 "or as many as fit")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_flag("--greedy", cli.greedy, "the most likely token every step (else sample)");
   app.add_option("--temperature", cli.temperature, "sampling temperature (0: greedy)")
       ->check(CLI::Range(0.0, 1e6))

@@ -52,6 +52,14 @@
 
 #include "summa/summa.hpp"
 
+// The Python of the plot and check hints (cmake/SummaPython.cmake) and the
+// scripts' directory.
+#ifndef SUMMA_PYTHON_EXECUTABLE
+#define SUMMA_PYTHON_EXECUTABLE "python3"
+#endif
+#ifndef SUMMA_SCRIPTS_DIR
+#define SUMMA_SCRIPTS_DIR "scripts"
+#endif
 #ifndef SUMMA_DEFAULT_CORPUS
 #define SUMMA_DEFAULT_CORPUS "examples/data/corpus.txt"
 #endif
@@ -818,10 +826,10 @@ int train(const Cli& cli) {
     if (root)
       std::printf(
           "check batch: %s (%lld x %lld ids, then targets; int32 LE), summa loss=%.17g\n"
-          "  compare: /usr/bin/python3 scripts/hf_check.py %s %s %lld %lld\n",
+          "  compare: %s %s %s %s %lld %lld\n",
           cli.check_batch.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq),
-          loss, export_dir.c_str(), cli.check_batch.c_str(), static_cast<long long>(o.batch),
-          static_cast<long long>(o.seq));
+          loss, SUMMA_PYTHON_EXECUTABLE, SUMMA_SCRIPTS_DIR "/hf_check.py", export_dir.c_str(),
+          cli.check_batch.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq));
   }
   if (root) {
     const std::size_t k = std::min<std::size_t>(10, losses.size());
@@ -863,8 +871,8 @@ int train(const Cli& cli) {
     if (!export_dir.empty())
       std::printf("export:     %s/model.safetensors + config.json (Hugging Face GPT-2)\n",
                   export_dir.c_str());
-    std::printf("log:        %s (plot: python3 scripts/plot_loss.py %s)\n", log_path.c_str(),
-                log_path.c_str());
+    std::printf("log:        %s (plot: %s %s %s)\n", log_path.c_str(), SUMMA_PYTHON_EXECUTABLE,
+                SUMMA_SCRIPTS_DIR "/plot_loss.py", log_path.c_str());
   }
   return 0;
 }

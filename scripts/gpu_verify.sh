@@ -65,6 +65,9 @@ DEPS_DIR="$ROOT/.gpu_deps"
 FETCH=0
 SKIP_BUILD=0
 STEPS="test,gemm,block,torch"
+# One Python for the whole run: $SUMMA_PYTHON, else python3 on PATH (on a GPU
+# machine, the one whose torch has CUDA); the build records it (SUMMA_PYTHON).
+PY="${SUMMA_PYTHON:-$(command -v python3 || echo python3)}"
 
 usage() { sed -n '2,/^set -u/p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//;/^set -u/d'; }
 
@@ -162,7 +165,7 @@ json_lines() { grep -E '^\{' "$1" >>"$OUTDIR/results.jsonl" 2>/dev/null || true;
   echo "--- cmake"; cmake --version 2>&1 | head -1; echo "ninja $(ninja --version 2>&1)"
   echo "--- mpi"; (command -v mpicxx mpirun; mpirun --version) 2>&1 | head -4
   echo "--- headers"; for f in /usr/include/eigen3/Eigen/Core /usr/include/fmt/core.h /usr/include/gtest/gtest.h /usr/include/CLI/CLI.hpp /usr/local/cuda/include/nccl.h /usr/include/nccl.h; do [ -e "$f" ] && echo "have $f" || echo "MISSING $f"; done
-  echo "--- python"; command -v python3; python3 -c 'import torch,sys; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>&1 | tail -1
+  echo "--- python"; echo "$PY"; "$PY" -c 'import torch,sys; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>&1 | tail -1
   echo "--- os"; head -2 /etc/os-release 2>/dev/null; echo "cores $(nproc)"
 } >"$OUTDIR/env.txt" 2>&1
 if nvidia-smi -L >/dev/null 2>&1; then record env "ok: $(nvidia-smi -L 2>/dev/null | head -1)"
@@ -215,7 +218,7 @@ else
 fi
 # NCCL: the toolkit's, the system's, else the one pip installed with PyTorch.
 if [ ! -e /usr/local/cuda/include/nccl.h ] && [ ! -e /usr/include/nccl.h ]; then
-  nccl=$(python3 -c 'import nvidia.nccl as m, os; print(list(m.__path__)[0])' 2>/dev/null)
+  nccl=$("$PY" -c 'import nvidia.nccl as m, os; print(list(m.__path__)[0])' 2>/dev/null)
   if [ -n "$nccl" ] && [ -e "$nccl/include/nccl.h" ]; then
     lib=$(ls "$nccl"/lib/libnccl.so* 2>/dev/null | head -1)
     CMAKE_EXTRA+=("-DSUMMA_NCCL_INCLUDE_DIR=$nccl/include" "-DSUMMA_NCCL_LIBRARY=$lib")
@@ -233,10 +236,10 @@ configure() {  # configure [launcher]
   local extra=()
   [ -n "${1:-}" ] && extra=("-DCMAKE_CXX_COMPILER_LAUNCHER=$1" "-DCMAKE_CUDA_COMPILER_LAUNCHER=$1")
   run_logged "$LOG/build.log" "$(left)" cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DSUMMA_CUDA=ON -DSUMMA_CUDA_ARCHITECTURES="$ARCH" -DSUMMA_NATIVE_ARCH=ON "${CMAKE_EXTRA[@]}" "${extra[@]}"
+    -DSUMMA_CUDA=ON -DSUMMA_CUDA_ARCHITECTURES="$ARCH" -DSUMMA_NATIVE_ARCH=ON -DSUMMA_PYTHON="$PY" "${CMAKE_EXTRA[@]}" "${extra[@]}"
 }
 cuda_test_targets() {  # the executables of the cuda-labelled tests
-  (cd "$BUILD" && ctest -L cuda -N --show-only=json-v1 2>/dev/null) | python3 -c '
+  (cd "$BUILD" && ctest -L cuda -N --show-only=json-v1 2>/dev/null) | "$PY" -c '
 import json, os, sys
 try:
     data = json.load(sys.stdin)
@@ -375,7 +378,7 @@ elif [ "$build_ok" = 1 ] && [ -x "$GEMM" ]; then
   bench gemm_check_q2 60 "${MPIRUN[@]}" -np 4 "$GEMM" --backend cuda --m 768 --n 512 --k 1280 --panel 0,96 --overlap both --dtype f32,f64,bf16 --reps 2 --warmup 1 --check; rcs+=($?)
   step_result gemm 8 "${rcs[@]}"
   # The 85 % criterion, from the q = 1 lines.
-  if python3 "$ROOT/bench/gpu_ratio.py" "$OUTDIR/results.jsonl" >"$LOG/ratio_gemm.txt" 2>&1; then
+  if "$PY" "$ROOT/bench/gpu_ratio.py" "$OUTDIR/results.jsonl" >"$LOG/ratio_gemm.txt" 2>&1; then
     record gemm85 "ok: every q = 1 GEMM >= 0.85 of cuBLAS"
   else
     grep -q FAIL "$LOG/ratio_gemm.txt" && record gemm85 "FAILED: a q = 1 GEMM below 0.85 of cuBLAS" 16 ||
@@ -404,22 +407,22 @@ else
 fi
 
 if ! want torch; then :
-elif python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+elif "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
   rcs=()
   for cfg in "${BLOCKS[@]}"; do
     set -- $cfg
-    common=(python3 "$ROOT/bench/torch_block.py" --device cuda --hidden "$1" --heads "$2" --seq "$3" --batch "$4" --reps 10 --warmup 2)
+    common=("$PY" "$ROOT/bench/torch_block.py" --device cuda --hidden "$1" --heads "$2" --seq "$3" --batch "$4" --reps 10 --warmup 2)
     bench "torch_h$1" 30 "${common[@]}" --dtype f32,bf16; rcs+=($?)
     bench "torch_h$1_tf32" 30 "${common[@]}" --dtype f32 --tf32; rcs+=($?)
     bench "torch_h$1_sdpa" 30 "${common[@]}" --dtype f32,bf16 --sdpa; rcs+=($?)
   done
   step_result torch 64 "${rcs[@]}"
 else
-  record torch "not run: python3 has no torch with CUDA ($(python3 -c 'import torch; print(torch.__version__)' 2>&1 | tail -1))"
+  record torch "not run: python3 has no torch with CUDA ($("$PY" -c 'import torch; print(torch.__version__)' 2>&1 | tail -1))"
 fi
 
 # ------------------------------------------------------------------ summary
-python3 "$ROOT/bench/gpu_ratio.py" "$OUTDIR/results.jsonl" >"$LOG/ratio.txt" 2>&1
+"$PY" "$ROOT/bench/gpu_ratio.py" "$OUTDIR/results.jsonl" >"$LOG/ratio.txt" 2>&1
 {
   echo "gpu_verify.sh $( [ "$QUICK" = 1 ] && echo --quick ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), $(date -u), $(elapsed)s of $BUDGET"
   echo "repo $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)"

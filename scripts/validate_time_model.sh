@@ -35,6 +35,9 @@ done
 for tool in compare_schemes calibrate; do
   [ -x "$build/bench/$tool" ] || { echo "validate_time_model: no $build/bench/$tool (build first)" >&2; exit 2; }
 done
+# shellcheck source=scripts/python.sh
+. scripts/python.sh
+python=$(summa_python "$build")
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 mkdir -p "$out"
 # name, then compare_schemes' model flags and calibrate's --gpt text
@@ -64,7 +67,7 @@ for ((run = 1; run <= repeat; ++run)); do
     done
   done
 done
-python3 - "$out" "$machine" <<'PY'
+"$python" - "$out" "$machine" <<'PY'
 import glob, json, os, sys
 out, machine = sys.argv[1], sys.argv[2]
 lines = ["| model | ranks | schemes | mean abs error | worst | bias | measured fastest | its predicted place |",

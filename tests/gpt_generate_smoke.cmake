@@ -2,7 +2,8 @@
 # (checkpoint and Hugging Face export), then the same prompts under
 # 2d:q=2, 1d:p=4 and 3d:1x2x2, from the checkpoint and from the export, with
 # the key/value cache and recomputing (--no-cache): every run must print the
-# same JSON (greedy and sampled). A prompt past the model's positions and a
+# same JSON (greedy and sampled). A prompt plus --max-new-tokens past the
+# model's positions (refused naming the largest that fits; the default fits) and a
 # missing checkpoint fail cleanly, naming the problem.
 # Arguments: -DMPIEXEC= -DMPIEXEC_FLAGS= -DTRAIN= -DGENERATE= -DWORK_DIR=
 file(REMOVE_RECURSE ${WORK_DIR})
@@ -53,11 +54,35 @@ endforeach()
 if(NOT first MATCHES "\"tokens\":\\[[0-9]+(,[0-9]+)*\\]")
   message(FATAL_ERROR "no tokens in ${first}")
 endif()
-# 24 positions: a 20-byte prompt and 7 new tokens do not fit
-generate(TRUE --checkpoint ${WORK_DIR}/model/checkpoints --prompt "twenty bytes, really"
+# 24 positions: a 20-byte prompt and 7 new tokens do not fit: refused before
+# the model is built, naming the prompt and the largest --max-new-tokens (4)
+generate(TRUE --checkpoint ${WORK_DIR}/model/checkpoints --prompt "A" --prompt "twenty bytes, really"
          --max-new-tokens 7)
-if(NOT last_error MATCHES "prompt 0 has 20 tokens.*24")
+if(NOT last_error MATCHES "--max-new-tokens 7: prompt 1 has 20 tokens.*n_positions=24, so at most 4 new tokens fit")
   message(FATAL_ERROR "the long prompt's error does not name it: ${last_error}")
+endif()
+string(REGEX MATCHALL "error:" errors "${last_error}")
+list(LENGTH errors n)
+if(NOT n EQUAL 1)
+  message(FATAL_ERROR "the error is not printed once: ${last_error}")
+endif()
+# without --max-new-tokens the same prompts generate as many as fit (4), and
+# --max-new-tokens 4 gives the same ids
+generate(FALSE --checkpoint ${WORK_DIR}/model/checkpoints --prompt "twenty bytes, really"
+         --greedy --json)
+if(NOT last_output MATCHES "\"tokens\":\[[0-9]+,[0-9]+,[0-9]+,[0-9]+\]")
+  message(FATAL_ERROR "the default --max-new-tokens does not fill the 4 positions left: ${last_output}")
+endif()
+set(fitted "${last_output}")
+generate(FALSE --checkpoint ${WORK_DIR}/model/checkpoints --prompt "twenty bytes, really"
+         --greedy --json --max-new-tokens 4)
+if(NOT last_output STREQUAL fitted)
+  message(FATAL_ERROR "--max-new-tokens 4 differs from the default:\n${last_output}\nvs\n${fitted}")
+endif()
+# a prompt of all 24 positions leaves no room for one new token
+generate(TRUE --checkpoint ${WORK_DIR}/model/checkpoints --prompt "twenty-four bytes, right")
+if(NOT last_error MATCHES "prompt 0 has 24 tokens.*at most 23 tokens")
+  message(FATAL_ERROR "the prompt without room is not named: ${last_error}")
 endif()
 generate(TRUE --checkpoint ${WORK_DIR}/missing --prompt "a")
 if(NOT last_error MATCHES "missing")

@@ -94,9 +94,11 @@ Generation generate(Gpt<T>& model, std::span<const std::vector<std::int32_t>> pr
       } else if (n + options.max_new_tokens > room) {
         error = fmt::format(
             "generate: prompt {} has {} tokens; with max_new_tokens={} it would reach {} "
-            "positions, more than the model's {} ({}; n_positions={})",
+            "positions, more than the model's {} ({}; n_positions={}): {}",
             p, n, options.max_new_tokens, n + options.max_new_tokens, room,
-            cache > 0 ? "kv_cache" : "seq", config.n_positions);
+            cache > 0 ? "kv_cache" : "seq", config.n_positions,
+            n < room ? fmt::format("max_new_tokens={} fits", room - n)
+                     : std::string("the prompt leaves no room"));
       } else {
         const auto bad = std::find_if(prompts[p].begin(), prompts[p].end(), [&](std::int32_t id) {
           return id < 0 || id >= config.vocab_size;

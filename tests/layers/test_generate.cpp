@@ -276,6 +276,7 @@ TEST(Generate, EndTokenAndErrors) {
     });
     EXPECT_NE(m.find("prompt 1 has 6 tokens"), std::string::npos) << m;
     EXPECT_NE(m.find("model's 8"), std::string::npos) << m;
+    EXPECT_NE(m.find("max_new_tokens=2 fits"), std::string::npos) << m;
     EXPECT_TRUE(same_on_all_ranks(m));
     // a training build: forward_logits gives forward's logits bit for bit,
     // without a loss, so backward cannot follow it
