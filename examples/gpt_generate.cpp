@@ -170,8 +170,7 @@ int run(const Cli& cli) {
     else if (max_new_tokens > room)
       error = fmt::format(
           "--max-new-tokens {}: prompt {} has {} tokens ({}) and the model has n_positions={}, so "
-          "at "
-          "most {} new tokens fit (--max-new-tokens {}, or a shorter prompt)",
+          "at most {} new tokens fit (--max-new-tokens {}, or a shorter prompt)",
           max_new_tokens, longest_at, longest, tok.name(), positions, room, room);
     summa::agree_on(world, error);
     if (max_new_tokens == 0) max_new_tokens = std::min<summa::index_t>(32, room);
