@@ -693,6 +693,22 @@ int run_all(const Settings& given, summa::Backend& backend, int rank, int ranks)
   return failed || ran == 0 ? 1 : 0;
 }
 
+// --pass plan's Markdown: the header, one row per scheme, then the schemes
+// the configuration does not fit. The exit status (every rank): 1 when no
+// scheme accepted it.
+int print_plan_table(int rank, const char* head, const std::vector<std::string>& rows,
+                     const std::vector<std::string>& skipped, std::size_t schemes) {
+  if (rank == 0) {
+    std::printf("%s", head);
+    for (const std::string& l : rows) std::printf("%s\n", l.c_str());
+    if (!skipped.empty()) {
+      std::printf("\nSkipped:\n\n");
+      for (const std::string& l : skipped) std::printf("* %s\n", l.c_str());
+    }
+  }
+  return skipped.size() == schemes ? 1 : 0;
+}
+
 // --pass plan: per scheme, only what is deterministic, planned without
 // building a model or running a step: the bytes each rank sends per axis in
 // one step (predict_step_traffic, which every measured step equals: the
@@ -726,17 +742,10 @@ int run_plan_inference(const Settings& s, summa::Backend& backend, int rank) {
     }
     lines.push_back(row);
   }
-  if (rank == 0) {
-    std::printf(
-        "| scheme | train MiB | forward MiB | decoder MiB |\n"
-        "|---|--:|--:|--:|\n");
-    for (const std::string& l : lines) std::printf("%s\n", l.c_str());
-    if (!skipped.empty()) {
-      std::printf("\nSkipped:\n\n");
-      for (const std::string& l : skipped) std::printf("* %s\n", l.c_str());
-    }
-  }
-  return lines.empty() && rank == 0 ? 1 : 0;
+  return print_plan_table(rank,
+                          "| scheme | train MiB | forward MiB | decoder MiB |\n"
+                          "|---|--:|--:|--:|\n",
+                          lines, skipped, s.schemes.size());
 }
 
 template <class T>
@@ -788,18 +797,13 @@ int run_plan(const Settings& s, summa::Backend& backend, int rank, int ranks) {
            (r.largest + summa::batch_granularity(spec) > s.max_batch ? "* |" : " |");
     lines.push_back(row);
   }
-  if (rank == 0 && s.format != "json") {
-    std::printf(
-        "| scheme | data | depth (Z) | mesh_row (row, Y) | mesh_col (col, X) | tensor (1D) | "
-        "params | grads | activations | total | largest batch |\n"
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
-    for (const std::string& l : lines) std::printf("%s\n", l.c_str());
-    if (!skipped.empty()) {
-      std::printf("\nSkipped:\n\n");
-      for (const std::string& l : skipped) std::printf("* %s\n", l.c_str());
-    }
-  }
-  return lines.empty() && rank == 0 ? 1 : 0;
+  if (s.format == "json") return skipped.size() == s.schemes.size() ? 1 : 0;
+  return print_plan_table(
+      rank,
+      "| scheme | data | depth (Z) | mesh_row (row, Y) | mesh_col (col, X) | tensor (1D) | "
+      "params | grads | activations | total | largest batch |\n"
+      "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+      lines, skipped, s.schemes.size());
 }
 
 // --pass inference (docs/inference.md): per scheme, the forward-only
