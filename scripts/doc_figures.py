@@ -7,6 +7,8 @@ them with the docs; --update writes them in).
     scripts/doc_figures.py training LOG          gpt_train's validation losses and summary
     scripts/doc_figures.py memory-scaling        docs/memory.md's activations at q = 1, 2, 3
     scripts/doc_figures.py memory-report         docs/memory.md's report of rank 0 at q = 2
+    scripts/doc_figures.py optimus weak|strong   docs/scaling.md's Optimus Table 2 / 3 prediction
+    scripts/doc_figures.py axonn                 docs/scaling.md's AxoNN Table III prediction
 
 LOG is the output of scripts/quickstart.sh demo. Timings are left out: they
 are measurements of one machine at one moment, not figures a doc can keep.
@@ -120,6 +122,62 @@ def memory_report():
     print("```")
 
 
+def scaling_study(*args):
+    """build/bench/scaling_study's JSON lines."""
+    import json
+    out = subprocess.run(["build/bench/scaling_study", *args, "--json"], check=True,
+                         capture_output=True, text=True).stdout
+    return [json.loads(l) for l in out.split("\n") if l.startswith("{")]
+
+
+def percent(pred, paper):
+    e = round(100 * (pred - paper) / paper)
+    return ("+" if e >= 0 else "\u2212") + f"{abs(e)} %"
+
+
+def optimus(kind):
+    points = scaling_study("--preset", f"optimus-{kind}", "--predict", "machines/frontera-rtx.json")
+    print("| GPUs | scheme | batch | fwd/sample | paper | err | bwd/sample | paper | err | step err "
+          "| 2D/1D predicted | 2D/1D paper | GiB/gpu |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    paper_time = {(p["gpus"], p["scheme"][:2]): p["paper_fwd_per_sample_s"] +
+                  p["paper_bwd_per_sample_s"] for p in points}
+    for p in points:
+        fwd, bwd = p["predicted_fwd_s"] / p["batch"], p["predicted_bwd_s"] / p["batch"]
+        pf, pb = p["paper_fwd_per_sample_s"], p["paper_bwd_per_sample_s"]
+        step = percent(fwd + bwd, pf + pb)
+        if kind == "weak" and p["gpus"] == 4 and p["scheme"].startswith("1d"):
+            step += " (fitted)"
+        ratio = paper = ""
+        if p["scheme"].startswith("1d"):
+            ratio = f"{p['speedup_2d_1d']:.2f}"
+            paper = f"{paper_time[(p['gpus'], '1d')] / paper_time[(p['gpus'], '2d')]:.2f}"
+        gib = p["memory_per_gpu_bytes"] / 2**30
+        print(f"| {p['gpus']} | {p['scheme']} | {p['batch']} | {fwd:.4f} | {pf:.4f} | "
+              f"{percent(fwd, pf)} | {bwd:.4f} | {pb:.4f} | {percent(bwd, pb)} | {step} | {ratio} | "
+              f"{paper} | {gib:.1f}{'' if p['memory_fits'] else ' !'} |")
+
+
+# AxoNN (Singh et al., SC'24) Table III: % of peak on Perlmutter, and the
+# models of its Table II by GPU count (the paper's figures, cited).
+AXONN_PAPER = {512: ("GPT-5B", "50.6 %"), 1024: ("GPT-10B", "61.9 %"),
+               2048: ("GPT-20B", "55.2 %"), 4096: ("GPT-40B", "48.5 %")}
+
+
+def axonn():
+    points = scaling_study("--preset", "axonn-weak", "--predict", "machines/perlmutter.json")
+    print("| GPUs | model | predicted best | next two | memory | predicted % of 312 TFLOP/s "
+          "| paper (Table III) |")
+    print("|---|---|---|---|---|---|---|")
+    for p in points:
+        model, paper = AXONN_PAPER.get(p["gpus"], ("?", "?"))
+        top = p.get("top", [])
+        nxt = ", ".join(f"{t['scheme']} ({t['predicted_step_s']:.3f})" for t in top[1:3])
+        gib = p["memory_per_gpu_bytes"] / 2**30
+        print(f"| {p['gpus']} | {model} | {p['scheme']} ({p['predicted_step_s']:.3f} s) | {nxt} | "
+              f"{gib:.1f} GiB | {100 * p['tflops_per_gpu'] / 312:.1f} % | {paper} |")
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -134,6 +192,10 @@ def main():
         memory_scaling()
     elif what == "memory-report":
         memory_report()
+    elif what == "optimus":
+        optimus(args[0])
+    elif what == "axonn":
+        axonn()
     else:
         sys.exit(f"doc_figures: unknown figure '{what}'\n{__doc__}")
 
