@@ -251,8 +251,11 @@ def main():
         return 1 if errors else 0
     for e in errors:
         print(f"doc-check: FAIL {e}")
+    # The blocks and commands run with this Python (the build's SUMMA_PYTHON,
+    # as .ci/run starts it): first on PATH, and SUMMA_PYTHON for the scripts.
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
+               OMPI_MCA_rmaps_base_oversubscribe="1", SUMMA_PYTHON=sys.executable,
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     build = os.path.join(ROOT, "build")  # the Release build the blocks name
     needs = set()
     for b in all_blocks:
