@@ -93,8 +93,15 @@ configure() {  # <build dir> <extra cmake args...>
 build_targets() {  # <build dir> <per-step seconds> [targets...]
   local dir=$1 per_step=$2
   shift 2
-  local steps
-  steps=$(ninja -C "$dir" -n "$@" 2>/dev/null | grep -c '^\[' || true)
+  local steps dry
+  dry=$(ninja -C "$dir" -n "$@" 2>/dev/null || true)
+  if grep -q "Re-running CMake" <<<"$dry"; then
+    # a dry run stops where CMake would re-run (a fresh tree): count every
+    # command of the targets instead
+    steps=$(ninja -C "$dir" -t commands "$@" 2>/dev/null | wc -l)
+  else
+    steps=$(grep -c '^\[' <<<"$dry" || true)
+  fi
   if ((steps > 0)); then
     local minutes=$(((steps * per_step + jobs * 60 - 1) / (jobs * 60)))
     echo "quickstart: building ${*:-everything}: $steps steps on $jobs core(s), about $minutes min"
