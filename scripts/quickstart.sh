@@ -98,7 +98,7 @@ build_targets() {  # <build dir> <per-step seconds> [targets...]
   if grep -q "Re-running CMake" <<<"$dry"; then
     # a dry run stops where CMake would re-run (a fresh tree): count every
     # command of the targets instead
-    steps=$(ninja -C "$dir" -t commands "$@" 2>/dev/null | wc -l)
+    steps=$(ninja -C "$dir" -t commands "$@" 2>/dev/null | wc -l || true)
   else
     steps=$(grep -c '^\[' <<<"$dry" || true)
   fi
