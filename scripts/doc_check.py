@@ -30,6 +30,10 @@ without it the demo is run here first). Comparison options:
                     --list prints as "this CPU"); elsewhere only the lines
                     matching the regular expression RE are compared, with the
                     tolerance (floating-point sums differ between CPUs)
+  cpu=SIG cpu-tolerance=T
+                    elsewhere than on SIG, numbers within a relative T: sizes
+                    that follow the CPU's caches (Eigen's GEMM packing
+                    blocks, so the workspace, the totals and the largest batch)
 
 Every ```sh / ```bash / ```console block, and every untagged block whose first
 line is a command, must carry a run, skip or output marker: an unmarked one
@@ -181,10 +185,16 @@ def compare(block, got, signature):
     tolerance = float(block.options.get("tolerance", 0))
     note = ""
     if "cpu" in block.options and block.options["cpu"] != signature:
-        keep = re.compile(block.options.get("keep", r"^$"))
-        want = "\n".join(l for l in want.split("\n") if keep.search(l))
-        got = "\n".join(l for l in got.split("\n") if keep.search(l))
-        note = f" (recorded on {block.options['cpu']}, this is {signature}: lines /{keep.pattern}/ only)"
+        note = f" (recorded on {block.options['cpu']}, this is {signature}"
+        if "keep" in block.options:
+            keep = re.compile(block.options["keep"])
+            want = "\n".join(l for l in want.split("\n") if keep.search(l))
+            got = "\n".join(l for l in got.split("\n") if keep.search(l))
+            note += f": lines /{keep.pattern}/ only"
+        if "cpu-tolerance" in block.options:
+            tolerance = max(tolerance, float(block.options["cpu-tolerance"]))
+            note += f": numbers within {tolerance:g}"
+        note += ")"
     if want == got:
         return True, note
     if tolerance > 0 and same_with_tolerance(want, got, tolerance):

@@ -39,6 +39,10 @@ check tolerance_text 1 "$(printf '<!-- doc-check: begin tolerance=0.5: echo gain
 # a sample recorded on another CPU: only the kept lines count
 check other_cpu 0 "$(printf '<!-- doc-check: begin cpu=some-other-cpu keep=^loss: printf "loss 1\\\\nsampled xyz\\\\n" -->\nloss 1\nsampled abc\n<!-- doc-check: end -->')"
 check other_cpu_kept_differs 1 "$(printf '<!-- doc-check: begin cpu=some-other-cpu keep=^loss: printf "loss 2\\\\nsampled xyz\\\\n" -->\nloss 1\nsampled abc\n<!-- doc-check: end -->')"
+# sizes that follow the CPU's caches: exact on the recorded CPU, within
+# cpu-tolerance elsewhere
+check other_cpu_sizes 0 "$(printf '<!-- doc-check: begin cpu=some-other-cpu cpu-tolerance=0.1: echo total 1.05 -->\ntotal 1.00\n<!-- doc-check: end -->')"
+check other_cpu_sizes_beyond 1 "$(printf '<!-- doc-check: begin cpu=some-other-cpu cpu-tolerance=0.01: echo total 1.05 -->\ntotal 1.00\n<!-- doc-check: end -->')"
 # --update writes the command's output in, and the doc then passes
 check update 0 "$(printf '<!-- doc-check: begin: echo fresh -->\nstale\n<!-- doc-check: end -->')" --update
 if ! grep -qx fresh "$work/update.md"; then
