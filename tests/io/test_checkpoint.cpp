@@ -845,7 +845,7 @@ long long snapshot_mismatches(const Snapshot<S>& got, const Snapshot<S>& want) {
 TEST(CheckpointBf16, ResumeIsBitIdentical) {
   TempRoot tmp;
   const auto config = small_config();
-  const std::vector<SchemeSpec> schemes = schemes_for(world_size());
+  const std::vector<SchemeSpec> schemes = representative_schemes(world_size());
   const OptimizerOptions options{.kind = "adamw", .weight_decay = 0.1};
   // every scheme saves; loaded under itself and under the next one (all
   // pairs are ReshardsBetweenEveryPairOfSchemes' business)

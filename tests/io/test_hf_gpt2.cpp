@@ -1,5 +1,6 @@
 // Hugging Face GPT-2 export / import (CTest hf_gpt2_np1/np4/np8 and hf_torch):
-//  - export from every scheme that fits the rank count and import into the
+//  - export from every scheme of test_util.hpp's representative_schemes
+//    (every family and data factor of the rank count) and import into the
 //    next one: every local element (owners and replicas) equals the exported
 //    global tensor bit for bit, and the loss on a random batch equals the
 //    loss of the same scheme given the same weights directly (bit for bit)
@@ -178,7 +179,7 @@ RandomBatch random_batch(std::uint64_t seed, int vocab, index_t b, index_t s) {
 template <class T>
 void export_import_across_schemes(io::DTypeOut dtype) {
   const reference::GptConfig config = test_config();
-  const std::vector<SchemeSpec> schemes = schemes_for(world_size());
+  const std::vector<SchemeSpec> schemes = representative_schemes(world_size());
   ASSERT_FALSE(schemes.empty());
   Backend& backend = test_backend();
   SharedTempDir tmp;
@@ -373,7 +374,7 @@ TEST(HfGpt2, ToleratedNamesAndBadTensors) {
   SharedTempDir tmp;
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed_note(seed));
-  const std::vector<SchemeSpec> schemes = schemes_for(world_size());
+  const std::vector<SchemeSpec> schemes = representative_schemes(world_size());
   const SchemeSpec spec = schemes[schemes.size() / 2];
   SCOPED_TRACE(spec.str());
   ParallelGpt<double> src(MPI_COMM_WORLD, spec, backend, config, batch, seq, GptOptions{},
@@ -539,7 +540,7 @@ TEST(HfTorch, LossMatchesPyTorch) {
         out.write(bytes, 4);
       }
   }
-  const std::vector<SchemeSpec> schemes = schemes_for(world_size());
+  const std::vector<SchemeSpec> schemes = representative_schemes(world_size());
   const SchemeSpec spec = schemes[schemes.size() / 2];
 
   // (export dtype, directory): F64 is exact; BF16 weights are re-imported

@@ -1,10 +1,10 @@
 // A user's own model (not a GPT) through the layer API (layers/sequential.hpp):
 // an MLP classifier X -> fc1 (expand) -> GeLU -> fc2 (contract) -> GeLU ->
 // head (expand) -> the scheme's cross-entropy, built with a SchemeContext
-// from make_context, under every scheme and data factor of the rank count
-// (schemes_for), against a serial double computation of the same model with
-// the same global weights: the loss, every parameter gradient (gathered) and
-// the input gradient (gather_activation).
+// from make_context, under every family and data factor of the rank count
+// (test_util.hpp's representative_schemes), against a serial double computation of the same model
+// with the same global weights: the loss, every parameter gradient (gathered) and the input
+// gradient (gather_activation).
 //
 // Sizes are multiples of 72 so that every factorisation of 1, 2, 4, 8 and 9
 // ranks divides them. Tolerance: model_tolerance<T>() (1e-9 double, 2e-3
@@ -139,8 +139,8 @@ void custom_mlp_matches_serial() {
   const Vec xd(x.begin(), x.end());
   Backend& backend = test_backend();
   int tested = 0;
-  std::vector<SchemeSpec> specs = schemes_for(world_size());
-  for (const SchemeSpec& s : schemes_for(world_size()))
+  std::vector<SchemeSpec> specs = representative_schemes(world_size());
+  for (const SchemeSpec& s : representative_schemes(world_size()))
     if (s.scheme == "3d" && s.gz > 1) {  // the 3D overlaps: hooks run by Sequential
       SchemeSpec all = s;
       all.ors = all.oag = true;

@@ -1,6 +1,7 @@
-// Generation under every scheme (summa/layers/generate.hpp), at 1, 2, 4, 8
-// and 9 ranks in one launch (sub-communicators), every scheme of each rank
-// count with its data factors.
+// Generation (summa/layers/generate.hpp) at 1, 2, 4, 8 and 9 ranks in one
+// launch (sub-communicators), under every family and data factor of each
+// rank count (test_util.hpp's representative_schemes: 1D, 2D at q = 1, 2, 3,
+// 3D, with and without a data axis).
 //
 // Oracle: the serial reference GPT (reference::Gpt, same weights from the
 // same seed), each prompt alone and unpadded, its whole sequence recomputed
@@ -82,7 +83,7 @@ Prompts reference_generation(const GptConfig& config, std::uint64_t seed, const 
 void generation_matches_the_reference(MPI_Comm comm, int ranks) {
   CpuBackend backend;
   const GptConfig config = small_config();
-  const index_t batch = common_batch(schemes_for(ranks)), seq = 9;
+  const index_t batch = common_batch(representative_schemes(ranks)), seq = 9;
   std::mt19937_64 rng(fresh_seed());
   const std::uint64_t seed = rng();
   // prompts of 1 to 5 tokens, one fewer than the batch (a dummy row runs)
@@ -103,7 +104,7 @@ void generation_matches_the_reference(MPI_Comm comm, int ranks) {
   std::vector<Prompts> want;
   for (const GenerateOptions& o : settings)
     want.push_back(reference_generation(config, seed, prompts, o));
-  const std::vector<SchemeSpec> specs = schemes_for(ranks);
+  const std::vector<SchemeSpec> specs = representative_schemes(ranks);
   for (const SchemeSpec& spec : specs) {
     SCOPED_TRACE(spec.str());
     // every scheme greedy and sampled; top-k and top-p (the same gathered
@@ -142,12 +143,12 @@ void cached_logits_match_recomputed(MPI_Comm comm, int ranks) {
   const double tolerance = std::is_same_v<T, bf16> ? 0.02 : 1e-10;
   CpuBackend backend;
   const GptConfig config = small_config();
-  const index_t batch = common_batch(schemes_for(ranks)), seq = 10;
+  const index_t batch = common_batch(representative_schemes(ranks)), seq = 10;
   std::mt19937_64 rng(fresh_seed());
   const std::uint64_t seed = rng();
   std::vector<std::int32_t> window(static_cast<std::size_t>(batch * seq));
   for (auto& id : window) id = static_cast<std::int32_t>(rng() % 72);
-  for (const SchemeSpec& spec : schemes_for(ranks)) {
+  for (const SchemeSpec& spec : representative_schemes(ranks)) {
     SCOPED_TRACE(spec.str());
     ParallelGpt<T> run(comm, spec, backend, config, batch, seq, {.inference = true});
     ParallelGpt<T> cached(comm, spec, backend, config, batch, 1,
@@ -203,8 +204,8 @@ TEST(Generate, InferenceModelsHoldNoTrainingBuffers) {
   for_each_group(kRankCounts, [](MPI_Comm comm, int ranks) {
     CpuBackend backend;
     const GptConfig config = small_config();
-    const index_t batch = common_batch(schemes_for(ranks)), seq = 12;
-    for (const SchemeSpec& spec : schemes_for(ranks)) {
+    const index_t batch = common_batch(representative_schemes(ranks)), seq = 12;
+    for (const SchemeSpec& spec : representative_schemes(ranks)) {
       SCOPED_TRACE(spec.str());
       const MemoryReport train = plan_memory<float>(comm, spec, backend, config, batch, seq, {});
       const MemoryReport plan =
@@ -252,8 +253,8 @@ TEST(Generate, EndTokenAndErrors) {
   for_each_group(kRankCounts, [](MPI_Comm comm, int ranks) {
     CpuBackend backend;
     const GptConfig config = small_config();
-    const index_t batch = common_batch(schemes_for(ranks)), seq = 8;
-    const SchemeSpec spec = schemes_for(ranks).back();
+    const index_t batch = common_batch(representative_schemes(ranks)), seq = 8;
+    const SchemeSpec spec = representative_schemes(ranks).back();
     ParallelGpt<float> run(comm, spec, backend, config, batch, seq, {.inference = true});
     run.model().init(5);
     const Prompts prompts = {{1, 2, 3}, {4}};

@@ -1,6 +1,7 @@
 // Optimizers, learning-rate schedule and global-norm clipping on local shards
-// (CTest: 1, 2, 4 and 8 ranks; every scheme summa::schemes_for gives at that
-// rank count: 1D, 2D, 3D, each with and without a data axis).
+// (CTest: 1, 2, 4 and 8 ranks; the schemes of test_util.hpp's
+// representative_schemes at that rank count: 1D, 2D, 3D, each with and
+// without a data axis).
 //
 // Oracles:
 //  - the gradient norm against sqrt(Σ g²) of the serial reference GPT's
@@ -333,7 +334,7 @@ TEST(Optimizer, BadOptionsThrow) {
 TEST(ClipGradNorm, CountsEveryElementOnceAndScales) {
   const reference::GptConfig config = test_config();
   int tested = 0;
-  for (const SchemeSpec& spec : schemes_for(world_size())) {
+  for (const SchemeSpec& spec : representative_schemes(world_size())) {
     SCOPED_TRACE(spec.str());
     const std::uint64_t seed = fresh_seed();
     SCOPED_TRACE(seed_note(seed));
@@ -401,7 +402,7 @@ void steps_match_serial(const OptimizerOptions& options, double tolerance) {
   const reference::GptConfig config = test_config();
   const LrSchedule schedule{.lr = 5e-3, .warmup = 2, .total = 3, .min_lr = 1e-3};
   double worst = 0;
-  for (const SchemeSpec& spec : schemes_for(world_size())) {
+  for (const SchemeSpec& spec : representative_schemes(world_size())) {
     SCOPED_TRACE(spec.str());
     const std::uint64_t seed = fresh_seed();
     SCOPED_TRACE(seed_note(seed));
@@ -455,7 +456,7 @@ TEST(Optimizer, SgdNesterovDecayVectorsStepsMatchSerial) {
 // set_steps) continues bit for bit.
 TEST(Optimizer, ArithmeticStateLayoutAndResume) {
   const reference::GptConfig config = test_config();
-  for (const SchemeSpec& spec : schemes_for(world_size())) {
+  for (const SchemeSpec& spec : representative_schemes(world_size())) {
     SCOPED_TRACE(spec.str());
     const std::uint64_t seed = fresh_seed();
     SCOPED_TRACE(seed_note(seed));
@@ -670,7 +671,7 @@ void bf16_matches_float(const OptimizerOptions& options) {
   const double tol = exact ? 0.0 : 8 * std::numeric_limits<float>::epsilon();
   double worst = 0;
   int tested = 0;
-  for (const SchemeSpec& spec : schemes_for(world_size())) {
+  for (const SchemeSpec& spec : representative_schemes(world_size())) {
     SCOPED_TRACE(spec.str());
     const std::uint64_t seed = fresh_seed();
     SCOPED_TRACE(seed_note(seed));
@@ -767,7 +768,7 @@ TEST(OptimizerBf16, RefreshMasterAfterExternalWrite) {
 TEST(OptimizerBf16, ClipGradNormMatchesDoubleReference) {
   const reference::GptConfig config = test_config();
   int tested = 0;
-  for (const SchemeSpec& spec : schemes_for(world_size())) {
+  for (const SchemeSpec& spec : representative_schemes(world_size())) {
     SCOPED_TRACE(spec.str());
     const std::uint64_t seed = fresh_seed();
     SCOPED_TRACE(seed_note(seed));
@@ -935,7 +936,7 @@ TEST(Optimizer, StepAndClipAllocateNothing) {
     GTEST_SKIP() << "the CUDA runtime allocates host memory internally: allocation counting "
                     "runs on the CPU backend";
   const reference::GptConfig config = test_config();
-  for (const SchemeSpec& spec : schemes_for(world_size())) {
+  for (const SchemeSpec& spec : representative_schemes(world_size())) {
     SCOPED_TRACE(spec.str());
     std::mt19937_64 gen(fresh_seed());
     const index_t batch = batch_for(spec);

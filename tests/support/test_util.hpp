@@ -316,6 +316,52 @@ inline index_t common_batch(const std::vector<SchemeSpec>& specs) {
   return 2 * b;
 }
 
+/// A covering subset of schemes_for(ranks), for the tests whose subject is
+/// not the schemes' algebra (generation, the optimizer, checkpoints, the
+/// Hugging Face bridge, a user's own model): without a data axis, every
+/// family the rank count has (1D; 2D where it is a square; the 3D grid with
+/// the most axes above 1, the first such in schemes_for's order); with a
+/// data axis, one scheme per data factor D > 1 (3D, 2D and 1D taken in turn,
+/// the next one the tensor group allows; a 3D grid again with the most axes
+/// above 1), and the first data × 2D with q > 1 where there is one. So
+/// q = 1, 2 and 3, every family and every data factor are kept: 26 schemes
+/// of 8 ranks become 6, 15 of 9 become 5. Every scheme of every rank count
+/// is checked against the serial reference by schemes_np9 and
+/// scheme_layers_np* (schemes_for itself), and its bytes by traffic_np9.
+inline std::vector<SchemeSpec> representative_schemes(int ranks) {
+  const std::vector<SchemeSpec> all = schemes_for(ranks);
+  const auto axes = [](const SchemeSpec& s) { return (s.gx > 1) + (s.gy > 1) + (s.gz > 1); };
+  // the first scheme of `family` and `data` (3D: the most axes above 1)
+  const auto pick = [&](std::string_view family, int data) -> const SchemeSpec* {
+    const SchemeSpec* best = nullptr;
+    for (const SchemeSpec& s : all)
+      if (s.scheme == family && s.data == data && (!best || axes(s) > axes(*best))) best = &s;
+    return best;
+  };
+  std::vector<SchemeSpec> out;
+  const auto add = [&](const SchemeSpec* s) {
+    if (s && std::find(out.begin(), out.end(), *s) == out.end()) out.push_back(*s);
+  };
+  for (const std::string_view family : {"1d", "2d", "3d"}) add(pick(family, 1));
+  static constexpr std::string_view turn[] = {"3d", "2d", "1d"};
+  int k = 0;
+  for (int data = 2; data <= ranks; ++data) {
+    if (ranks % data != 0) continue;
+    for (int t = 0; t < 3; ++t)
+      if (const SchemeSpec* s = pick(turn[(k + t) % 3], data)) {
+        add(s);
+        break;
+      }
+    ++k;
+  }
+  for (const SchemeSpec& s : all)
+    if (s.scheme == "2d" && s.data > 1 && s.q > 1) {
+      add(&s);
+      break;
+    }
+  return out;
+}
+
 /// Several rank counts in one MPI launch: runs `body(comm, size)` on
 /// disjoint sub-communicators of MPI_COMM_WORLD of every size in `sizes`
 /// (those larger than the world are left out). The sizes are packed into
