@@ -404,7 +404,7 @@ std::unique_ptr<summa::Backend> make_backend(const Cli& cli, summa::GridOptions&
           " carries device memory and needs --backend cuda (the cpu backend "
           "uses --comm mpi)");
     if (cli.tf32) throw summa::CollectiveError("gpt_train: --tf32 applies to --backend cuda only");
-    summa::Device d = summa::make_device(MPI_COMM_WORLD, {.backend = "cpu"});
+    summa::Device d = summa::make_device(MPI_COMM_WORLD, {.backend = "cpu", .grid = grid});
     grid = d.grid;
     return std::move(d.backend);
   }
@@ -418,8 +418,8 @@ std::unique_ptr<summa::Backend> make_backend(const Cli& cli, summa::GridOptions&
         "gpt_train: --backend cuda: this summa was built without CUDA (summa/build_info.hpp "
         "SUMMA_HAVE_CUDA=0; configure with -DSUMMA_CUDA=ON where the CUDA toolkit, cuBLAS and "
         "NCCL are installed)");
-  summa::Device d =
-      summa::make_device(MPI_COMM_WORLD, {.backend = "cuda", .comm = comm, .tf32 = cli.tf32});
+  summa::Device d = summa::make_device(
+      MPI_COMM_WORLD, {.backend = "cuda", .comm = comm, .tf32 = cli.tf32, .grid = grid});
   grid = d.grid;
   return std::move(d.backend);
 }

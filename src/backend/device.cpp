@@ -32,6 +32,7 @@ Device make_device(MPI_Comm comm, const DeviceOptions& o) {
     return fmt::format("device: communicators '{}' are not one of mpi, nccl, mpi_staged", c);
   });
   Device d;
+  d.grid = o.grid;  // what the program chose; the communicators are set below
   if (!cuda) {
     require(c == "mpi", [&] {
       return fmt::format(

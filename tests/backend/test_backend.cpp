@@ -66,6 +66,23 @@ TEST(Device, FactoryMakesCpuBackendsAndRefusesBadCombinations) {
   EXPECT_EQ(cpu.name, "cpu");
   Device emulated = make_device(MPI_COMM_WORLD, {.backend = "cpu_device"});
   EXPECT_FALSE(emulated.backend->host_accessible());
+  // the program's own grid options come back with the device's communicators
+  // (gpt_train's --watchdog was once replaced by the device's defaults here)
+  GridOptions mine;
+  mine.placement = Placement::bunched;
+  mine.ranks_per_node = 3;
+  mine.staging_bytes = 12345;
+  mine.watchdog.timeout_s = 7.5;
+  mine.watchdog.report_s = 0.25;
+  for (const char* name : {"cpu", "cpu_device"}) {
+    const Device d = make_device(MPI_COMM_WORLD, {.backend = name, .grid = mine});
+    EXPECT_EQ(d.grid.placement, Placement::bunched) << name;
+    EXPECT_EQ(d.grid.ranks_per_node, 3) << name;
+    EXPECT_EQ(d.grid.staging_bytes, 12345u) << name;
+    EXPECT_EQ(d.grid.watchdog.timeout_s, 7.5) << name;
+    EXPECT_EQ(d.grid.watchdog.report_s, 0.25) << name;
+    EXPECT_EQ(d.grid.comm, CommBackend::mpi) << name;
+  }
   const auto message = [](DeviceOptions o) {
     try {
       make_device(MPI_COMM_WORLD, o);

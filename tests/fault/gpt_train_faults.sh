@@ -236,6 +236,38 @@ saved=$(sed 's/step_0*//' "$W/$case/checkpoints/latest")
 expect_ok 2 --steps $((saved + 3)) --checkpoint-every 3 --resume --out "$W/$case"
 check_log "$W/$case/log.jsonl" $((saved + 3))
 
+# ---- --watchdog reaches the communicators: one rank stopped (kill -STOP)
+# mid-run; the other's wait expires after the limit and the job ends with
+# the report naming the stopped rank (was: the flag was replaced by the
+# device's grid options, and the job hung)
+case=watchdog_stopped_rank
+rm -rf "$W/$case"
+timeout -s KILL 120 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$EXE" "${SMALL[@]}" --steps 100000 \
+  --watchdog 5 --out "$W/$case" >"$W/job_w.txt" 2>&1 &
+w=$!
+for _ in $(seq 150); do grep -q "^step " "$W/job_w.txt" 2>/dev/null && break; sleep 0.2; done
+stopped=""
+for pid in $(pgrep -f -- "--out $W/$case"); do
+  if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then
+    stopped=$pid
+  fi
+done
+if [ -z "$stopped" ]; then
+  fail "no rank 1 process found to stop"
+else
+  kill -STOP "$stopped"
+  stop_time=$SECONDS
+  wait $w 2>/dev/null
+  waited=$((SECONDS - stop_time))
+  kill -CONT "$stopped" 2>/dev/null
+  grep -q "summa watchdog: rank 0 has waited" "$W/job_w.txt" ||
+    fail "no watchdog report after rank 1 stopped ($waited s):"$'\n'"$(tail -5 "$W/job_w.txt")"
+  grep -q "lagging ranks: 1" "$W/job_w.txt" || fail "the report does not name rank 1"
+  [ "$waited" -le 60 ] || fail "the job ended $waited s after rank 1 stopped (limit 5 s)"
+fi
+pkill -KILL -f -- "--out $W/$case" 2>/dev/null
+wait $w 2>/dev/null
+
 # ---- flags: no crash, no silent clamping or wrap-around, the flag named
 case=print_every_0  # was: SIGFPE with stdout not a terminal
 expect_ok 2 --steps 2 --print-every 0 --out "$W/$case"

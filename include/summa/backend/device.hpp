@@ -30,12 +30,18 @@ struct DeviceOptions {
   bool tf32 = false;
   /// cuda: check that every op's pointers are device memory (tests).
   bool check_pointers = false;
+  /// The program's own grid options (placement, ranks per node, the
+  /// watchdog, staging bytes): Device::grid is these with the device's
+  /// communicators (comm, compute_stream) set, so nothing a program chose is
+  /// lost on the way to its communicators.
+  GridOptions grid{};
 };
 
 struct Device {
   std::unique_ptr<Backend> backend;
-  /// Communicators for the backend (and its stream on cuda); pass to the
-  /// grid (make_grid, ParallelGpt, TrainerOptions::grid).
+  /// DeviceOptions::grid with the backend's communicators (and its stream on
+  /// cuda) set; pass to the grid (make_grid, ParallelGpt,
+  /// TrainerOptions::grid).
   GridOptions grid;
   /// "cpu", or the GPU's name.
   std::string name = "cpu";
