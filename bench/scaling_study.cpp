@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "bench_device.hpp"
+#include "summa/io/files.hpp"
 #include "summa/io/machine_file.hpp"
 #include "summa/model/step_time.hpp"
 #include "summa/optim/optimizer.hpp"
@@ -227,6 +228,7 @@ summa::DType parse_dtype(const std::string& t) {
 }
 
 Study read_study(const std::string& path) {
+  summa::io::require_regular_file(path, "study file");
   std::ifstream in(path);
   if (!in) throw summa::Error(fmt::format("study file {}: cannot be opened", path));
   json j;

@@ -116,6 +116,7 @@ int run(const Cli& cli) {
         throw summa::Error("give exactly one of --checkpoint DIR and --hf DIR");
       if (const auto dir = tokenizer_dir(cli)) tok.bpe = summa::io::Gpt2Tokenizer::load(*dir);
       if (!cli.prompt_file.empty()) {
+        summa::io::require_regular_file(cli.prompt_file, "--prompt-file");
         std::ifstream in(cli.prompt_file);
         if (!in) throw summa::Error("--prompt-file " + cli.prompt_file + ": cannot be read");
         for (std::string line; std::getline(in, line);)

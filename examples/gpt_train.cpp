@@ -318,6 +318,7 @@ class LogFile {
   // partial or repeated line remains.
   void open(const fs::path& path, bool resume, std::int64_t step) {
     path_ = path;
+    summa::io::require_regular_file(path, "--log");  // a FIFO would block open()
     if (resume) truncate_to(step);
     fd_ =
         ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (resume ? O_APPEND : O_TRUNC), 0644);
@@ -561,6 +562,7 @@ int train(const Cli& cli) {
     if (!cli.check_batch.empty()) {
       if (const fs::path parent = fs::path(cli.check_batch).parent_path(); !parent.empty())
         ensure_writable_dir(parent, "--check-batch", "0");
+      summa::io::require_regular_file(cli.check_batch, "--check-batch");
       std::ofstream probe(cli.check_batch, std::ios::binary | std::ios::app);
       if (!probe) throw summa::Error("--check-batch: cannot write " + cli.check_batch);
     }

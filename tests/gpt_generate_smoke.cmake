@@ -4,8 +4,8 @@
 # the key/value cache and recomputing (--no-cache), 4 runs per sampling mode
 # that cover each: every run must print the same JSON (greedy and sampled).
 # A prompt plus --max-new-tokens past the model's positions (refused naming
-# the largest that fits; the default fits) and a missing checkpoint fail
-# cleanly, naming the problem.
+# the largest that fits; the default fits), a missing checkpoint and a FIFO
+# as --prompt-file or as a shard fail cleanly, naming the problem.
 # Arguments: -DMPIEXEC= -DMPIEXEC_FLAGS= -DTRAIN= -DGENERATE= -DWORK_DIR=
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
@@ -99,4 +99,22 @@ endif()
 generate(TRUE --checkpoint ${WORK_DIR}/missing --prompt "a")
 if(NOT last_error MATCHES "missing")
   message(FATAL_ERROR "the missing checkpoint is not named: ${last_error}")
+endif()
+# A FIFO as --prompt-file, or in place of a checkpoint shard: refused on
+# every rank, named, before a read can block (was: no output until killed).
+execute_process(COMMAND mkfifo ${WORK_DIR}/prompts.fifo RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "mkfifo failed")
+endif()
+generate(TRUE --checkpoint ${WORK_DIR}/model/checkpoints --prompt-file ${WORK_DIR}/prompts.fifo)
+if(NOT last_error MATCHES "--prompt-file: '[^']*prompts.fifo' is a FIFO \\(named pipe\\)")
+  message(FATAL_ERROR "the FIFO prompt file is not named: ${last_error}")
+endif()
+file(GLOB shards ${WORK_DIR}/model/checkpoints/step_*/shard_*.bin)
+list(GET shards 0 shard)
+file(REMOVE ${shard})
+execute_process(COMMAND mkfifo ${shard})
+generate(TRUE --checkpoint ${WORK_DIR}/model/checkpoints --prompt "a")
+if(NOT last_error MATCHES "is a FIFO \\(named pipe\\), not a regular file")
+  message(FATAL_ERROR "the FIFO shard is not named: ${last_error}")
 endif()

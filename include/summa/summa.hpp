@@ -18,6 +18,7 @@
 #include "summa/io/bpe.hpp"
 #include "summa/io/checkpoint.hpp"
 #include "summa/io/data.hpp"
+#include "summa/io/files.hpp"
 #include "summa/io/hf_gpt2.hpp"
 #include "summa/io/machine_file.hpp"
 #include "summa/io/safetensors.hpp"

@@ -14,6 +14,7 @@
 
 #include "json.hpp"
 #include "summa/core/error.hpp"
+#include "summa/io/files.hpp"
 
 namespace summa::io {
 
@@ -32,6 +33,7 @@ constexpr const char* kPattern =
 #undef SUMMA_WS
 
 std::string read_all(const fs::path& file, const char* what) {
+  require_regular_file(file, fmt::format("GPT-2 tokenizer: the {}", what));
   std::ifstream in(file, std::ios::binary);
   if (!in) throw Error(fmt::format("GPT-2 tokenizer: cannot open the {} {}", what, file.string()));
   std::ostringstream s;

@@ -24,6 +24,7 @@
 #include "summa/comm/mpi_communicator.hpp"
 #include "summa/core/error.hpp"
 #include "summa/io/atomic_file.hpp"
+#include "summa/io/files.hpp"
 
 namespace summa {
 
@@ -133,7 +134,7 @@ class OutFile {
 class InFile {
  public:
   InFile(fs::path path, std::string_view what) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    fd_ = io::open_regular_for_read(path_, "checkpoint");  // a FIFO cannot block
     if (fd_ < 0) {
       const int code = errno;
       throw Error(code == ENOENT ? fmt::format("checkpoint: {} {} is missing", what, quoted(path_))
@@ -967,7 +968,8 @@ void match_manifest(const fs::path& dir, const Manifest& m, const ParameterStore
 std::optional<fs::path> latest_checkpoint(const fs::path& root) {
   std::error_code ec;
   const fs::path file = root / kLatestName;
-  if (!fs::exists(file, ec)) return std::nullopt;
+  // a dangling or looping link is there: InFile names it
+  if (!fs::exists(file, ec) && !fs::is_symlink(file, ec)) return std::nullopt;
   std::string text = InFile(file, "latest file").read_all();
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
   if (!is_step_name(text))

@@ -10,6 +10,7 @@
 #include "json.hpp"
 #include "summa/core/error.hpp"
 #include "summa/io/atomic_file.hpp"
+#include "summa/io/files.hpp"
 
 namespace summa::io {
 
@@ -197,6 +198,7 @@ model::Machine parse_machine(std::string_view text, std::string_view what) {
 }
 
 model::Machine load_machine(const std::string& path) {
+  require_regular_file(path, "machine file");
   std::ifstream in(path, std::ios::binary);
   require(in.good(), [&] { return fmt::format("machine file {}: cannot be opened", path); });
   std::ostringstream text;

@@ -82,7 +82,7 @@ fresh() {  # a copy of the reference run's output for a case to damage
 }
 
 # ---- agreement: damaged `latest` (was: rank 0 threw, the others hung)
-for kind in garbage empty dotdot directory; do
+for kind in garbage empty dotdot directory fifo dangling loop; do
   case=latest_$kind
   fresh "$case"
   c="$W/$case/checkpoints"
@@ -92,6 +92,9 @@ for kind in garbage empty dotdot directory; do
     empty) : >"$c/latest" ;;
     dotdot) echo "../../etc" >"$c/latest" ;;
     directory) mkdir "$c/latest" ;;
+    fifo) mkfifo "$c/latest" ;;  # was: a hang in open()
+    dangling) ln -s step_99999999 "$c/latest" ;;  # was: SIGSEGV in find_resume_point
+    loop) ln -s latest "$c/latest" ;;  # was: SIGSEGV
   esac
   before=$(snapshot "$c")
   run 2 --steps 6 --resume --out "$W/$case"
@@ -99,6 +102,12 @@ for kind in garbage empty dotdot directory; do
   grep -q "resuming from the newest checkpoint with a valid manifest" <<<"$out" ||
     fail "no note on the damaged latest: $out"
   grep -q "step_00000006" <<<"$out" || fail "did not resume from the newest step: $out"
+  case $kind in
+    fifo) grep -q "is a FIFO (named pipe), not a regular file" <<<"$out" || fail "the FIFO is not named" ;;
+    dangling) grep -q "is a dangling symbolic link (to 'step_99999999')" <<<"$out" ||
+      fail "the dangling link is not named" ;;
+    loop) grep -q "is a symbolic link loop" <<<"$out" || fail "the loop is not named" ;;
+  esac
   [ "$(snapshot "$c" | grep -v ' ./latest')" = "$(grep -v ' ./latest' <<<"$before")" ] ||
     fail "saved checkpoints changed"
 done
@@ -110,6 +119,32 @@ before=$(snapshot "$W/$case")
 expect_error "no step directory has a valid manifest" 2 --steps 8 --resume --out "$W/$case"
 grep -q "pass --resume-from <dir>" <<<"$out" || fail "no hint to --resume-from"
 [ "$(snapshot "$W/$case")" = "$before" ] || fail "files changed"
+
+# ---- a FIFO where a checkpoint file or an input belongs: refused on every
+# rank, named, before any read can block (was: no output until killed, one
+# rank blocked in open(), the others in MPI)
+for kind in manifest shard; do
+  case=${kind}_fifo
+  fresh "$case"
+  d="$W/$case/checkpoints/step_00000006"
+  f=$(ls "$d"/$kind* | head -1)
+  rm -f "$f"
+  mkfifo "$f"
+  expect_error "'$f' is a FIFO \(named pipe\), not a regular file" 2 --steps 8 \
+    --resume-from "$d" --out "$W/$case"
+done
+case=log_fifo
+rm -rf "$W/o_logfifo" && mkdir -p "$W/o_logfifo" && mkfifo "$W/o_logfifo/log.fifo"
+expect_error "--log: '.*log.fifo' is a FIFO" 2 --steps 1 --out "$W/o_logfifo" \
+  --log "$W/o_logfifo/log.fifo"
+case=log_fifo_on_resume  # the log the run appends to, replaced by a FIFO
+fresh "$case"
+rm -f "$W/$case/log.jsonl" && mkfifo "$W/$case/log.jsonl"
+expect_error "--log: '.*log.jsonl' is a FIFO" 2 --steps 8 --resume --out "$W/$case"
+case=check_batch_fifo
+mkfifo "$W/cb.fifo"
+expect_error "--check-batch: '.*cb.fifo' is a FIFO" 2 --steps 1 --out "$W/o_cbfifo" \
+  --check-batch "$W/cb.fifo"
 
 # ---- agreement: outputs that cannot be created (was: rank 0 threw, the others hung)
 case=out_is_file
@@ -123,7 +158,8 @@ case=out_empty
 expect_error "--out must name a directory" 2 --steps 1 --out ''
 case=log_is_directory
 mkdir -p "$W/logdir"
-expect_error "--log: cannot open" 2 --steps 1 --out "$W/o_logdir" --log "$W/logdir"
+expect_error "--log: '.*logdir' is a directory, not a regular file" 2 --steps 1 \
+  --out "$W/o_logdir" --log "$W/logdir"
 case=log_under_file
 expect_error "--log .*a_file exists and is not a directory" 2 --steps 1 --out "$W/o_logfile" \
   --log "$W/a_file/log.jsonl"
