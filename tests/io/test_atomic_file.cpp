@@ -2,8 +2,11 @@
 // file has exactly the bytes written (appends and positioned writes, a gap
 // reading as zeros) and replaces the old one; an uncommitted one leaves the
 // old file and no temporary behind; errors name the path and the system's
-// reason.
+// reason. Also io/files.hpp: what is not a regular file is named.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -12,6 +15,7 @@
 
 #include "summa/core/error.hpp"
 #include "summa/io/atomic_file.hpp"
+#include "summa/io/files.hpp"
 #include "test_util.hpp"
 
 namespace summa::test {
@@ -74,6 +78,54 @@ TEST(AtomicFile, ErrorsNameThePathAndTheReason) {
   msg = error_of([&] { io::sync_directory(missing.parent_path()); });
   EXPECT_NE(msg.find(missing.parent_path().string()), std::string::npos) << msg;
   EXPECT_NE(msg.find("No such file or directory"), std::string::npos) << msg;
+}
+
+// io/files.hpp: what is not a regular file is named before any open can
+// block; a regular file opens for blocking reads; a missing one is -1/ENOENT.
+TEST(Files, NonRegularFilesAreNamedBeforeTheyBlock) {
+  TempDir dir("summa_files_");
+  const fs::path regular = dir.path() / "regular", fifo = dir.path() / "fifo",
+                 dangling = dir.path() / "dangling", loop = dir.path() / "loop",
+                 missing = dir.path() / "missing";
+  std::ofstream(regular) << "text";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  fs::create_symlink("nowhere", dangling);
+  fs::create_symlink("loop", loop);
+  EXPECT_EQ(io::non_regular_kind(regular), "");
+  EXPECT_EQ(io::non_regular_kind(missing), "");
+  EXPECT_EQ(io::non_regular_kind(fifo), "a FIFO (named pipe)");
+  EXPECT_EQ(io::non_regular_kind(dir.path()), "a directory");
+  EXPECT_EQ(io::non_regular_kind("/dev/null"), "a character device");
+  EXPECT_EQ(io::non_regular_kind(dangling), "a dangling symbolic link (to 'nowhere')");
+  EXPECT_EQ(io::non_regular_kind(loop), "a symbolic link loop");
+  EXPECT_NO_THROW(io::require_regular_file(regular, "x"));
+  EXPECT_NO_THROW(io::require_regular_file(missing, "x"));
+  const auto message = [](auto&& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message([&] { io::require_regular_file(fifo, "--log"); }),
+            "--log: '" + fifo.string() + "' is a FIFO (named pipe), not a regular file");
+  // no reader or writer on the FIFO: a blocking open would never return
+  EXPECT_EQ(message([&] { io::open_regular_for_read(fifo, "checkpoint"); }),
+            "checkpoint: '" + fifo.string() + "' is a FIFO (named pipe), not a regular file");
+  EXPECT_NE(message([&] { io::open_regular_for_read(loop); }).find("a symbolic link loop"),
+            std::string::npos);
+  EXPECT_NE(message([&] { io::open_regular_for_read(dir.path()); }).find("is a directory"),
+            std::string::npos);
+  const int fd = io::open_regular_for_read(regular);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(::fcntl(fd, F_GETFL) & O_NONBLOCK, 0);
+  char buf[4];
+  EXPECT_EQ(::read(fd, buf, 4), 4);
+  ::close(fd);
+  errno = 0;
+  EXPECT_EQ(io::open_regular_for_read(missing), -1);
+  EXPECT_EQ(errno, ENOENT);
 }
 
 }  // namespace
