@@ -210,6 +210,12 @@ TEST(Schemes, BadTextThrows) {
       << message("1d:p=2,panel=8");
   EXPECT_NE(message("2d:q=2,overlap=yes").find("'on' or 'off'"), std::string::npos)
       << message("2d:q=2,overlap=yes");
+  // a grid whose product wraps a 64-bit integer (to 4 here) is refused,
+  // not taken for 4 ranks (was: SIGSEGV in predict_step_time)
+  for (const char* text : {"3d:111620x429509837x384773", "3d:2147483647x2147483647x2147483647",
+                           "data=2147483647,3d:2147483647x2147483647x3"})
+    EXPECT_NE(message(text).find("more than an MPI communicator holds"), std::string::npos)
+        << text << ": " << message(text);
 }
 
 TEST(Schemes, SchemesForRankCount) {

@@ -2,6 +2,8 @@
 // (overlap=oar+ors+oag or none).
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "detail.hpp"
 #include "summa/schemes/axonn3d/context.hpp"
 #include "summa/schemes/registry.hpp"
@@ -90,7 +92,13 @@ constinit const SchemeRow axonn3d_row{
     .text = &text,
     .tensor_ranks =
         [](const SchemeSpec& s) {
-          return static_cast<std::int64_t>(s.gx) * s.gy * static_cast<std::int64_t>(s.gz);
+          // saturated: 3d:111620x429509837x384773 wrapped to 4 ranks and
+          // passed parse's "fits a communicator" check
+          std::int64_t xy = 0, xyz = 0;
+          if (__builtin_mul_overflow(static_cast<std::int64_t>(s.gx), s.gy, &xy) ||
+              __builtin_mul_overflow(xy, static_cast<std::int64_t>(s.gz), &xyz))
+            return std::numeric_limits<std::int64_t>::max();
+          return xyz;
         },
     .sequence_split = [](const SchemeSpec& s) { return s.gz; },
     .enumerate =
