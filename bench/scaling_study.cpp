@@ -41,6 +41,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -227,6 +228,8 @@ summa::DType parse_dtype(const std::string& t) {
   throw summa::Error(fmt::format("study: dtype '{}' is not f32, f64 or bf16", t));
 }
 
+summa::GptConfig config_of(const Point& p);
+
 Study read_study(const std::string& path) {
   summa::io::require_regular_file(path, "study file");
   std::ifstream in(path);
@@ -268,6 +271,24 @@ Study read_study(const std::string& path) {
     throw summa::Error(fmt::format("study file {}: {}", path, e.what()));
   }
   if (s.points.empty()) throw summa::Error(fmt::format("study file {}: no points", path));
+  // every size a positive int and the model well formed, before anything
+  // divides by it or sizes memory from it (was: SIGFPE in compose_step for
+  // heads 0, hidden 0 or vocab 0; hidden 2^40 wrapped)
+  for (std::size_t k = 0; k < s.points.size(); ++k) {
+    const Point& p = s.points[k];
+    const std::pair<const char*, long> sizes[] = {
+        {"gpus", p.gpus},     {"batch", p.batch}, {"seq", p.seq},    {"layers", p.layers},
+        {"hidden", p.hidden}, {"heads", p.heads}, {"vocab", p.vocab}};
+    for (const auto& [name, value] : sizes)
+      if (value < 1 || value > std::numeric_limits<int>::max())
+        throw summa::Error(fmt::format("study file {}: point {}: {}={} is not between 1 and {}",
+                                       path, k, name, value, std::numeric_limits<int>::max()));
+    try {
+      config_of(p).validate();
+    } catch (const summa::Error& e) {
+      throw summa::Error(fmt::format("study file {}: point {}: {}", path, k, e.what()));
+    }
+  }
   return s;
 }
 
