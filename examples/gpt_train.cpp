@@ -33,6 +33,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -309,7 +310,11 @@ void ensure_writable_dir(const fs::path& dir, const std::string& flag, const std
 // Rank 0's log: each record is one complete line written with one write()
 // and flushed to the kernel at once (a kill leaves whole lines only);
 // sync() (fsync) at checkpoints. A failed write is remembered and turned
-// into an error on every rank by the caller.
+// into an error on every rank by the caller; a line written in part (a disk
+// that fills mid-line) is cut off again, so the log ends with a whole line.
+// Fault injection (tests/fault): SUMMA_FAULT_LOG_LIMIT=<bytes> makes the
+// file full at that size (a write past it is written in part, then fails
+// with ENOSPC).
 class LogFile {
  public:
   LogFile() = default;
@@ -324,6 +329,9 @@ class LogFile {
         ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (resume ? O_APPEND : O_TRUNC), 0644);
     if (fd_ < 0)
       throw summa::Error("--log: cannot open " + path.string() + ": " + std::strerror(errno));
+    const off_t end = ::lseek(fd_, 0, SEEK_END);
+    whole_ = end > 0 ? end : 0;
+    if (const char* limit = std::getenv("SUMMA_FAULT_LOG_LIMIT")) limit_ = std::atoll(limit);
   }
   ~LogFile() {
     if (fd_ >= 0) ::close(fd_);
@@ -333,14 +341,23 @@ class LogFile {
     const std::string l = text + "\n";
     std::size_t done = 0;
     while (done < l.size()) {
-      const ssize_t n = ::write(fd_, l.data() + done, l.size() - done);
+      std::size_t want = l.size() - done;
+      const long long room = limit_ - static_cast<long long>(whole_ + static_cast<off_t>(done));
+      if (limit_ > 0)
+        want =
+            static_cast<std::size_t>(std::clamp<long long>(room, 0, static_cast<long long>(want)));
+      const ssize_t n = want > 0 ? ::write(fd_, l.data() + done, want) : (errno = ENOSPC, -1);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
         error_ = "writing the log " + path_.string() + " failed: " + std::strerror(errno);
+        if (done > 0 && ::ftruncate(fd_, whole_) != 0)  // no partial line left behind
+          error_ +=
+              "; cutting its partial last line failed too: " + std::string(std::strerror(errno));
         return;
       }
       done += static_cast<std::size_t>(n);
     }
+    whole_ += static_cast<off_t>(l.size());
   }
   void sync() {
     if (fd_ >= 0 && error_.empty() && ::fsync(fd_) != 0)
@@ -366,6 +383,8 @@ class LogFile {
 
   fs::path path_;
   int fd_ = -1;
+  off_t whole_ = 0;      // the file's size after its last whole line
+  long long limit_ = 0;  // SUMMA_FAULT_LOG_LIMIT (0: none)
   std::string error_;
 };
 
@@ -466,6 +485,30 @@ summa::SchemeSpec choose_scheme(const Cli& cli, const summa::TrainerOptions& o,
                   k == 0 ? "  <- chosen" : "");
   }
   return all.front().spec;
+}
+
+// SIGTERM and SIGINT during training (a scheduler's time limit, Ctrl-C):
+// the handler only records the signal; the ranks agree on it at the end of
+// each step (and after each save), save a checkpoint by the normal atomic
+// path, log why and exit with 128 + the signal (143, 130). The handler is
+// installed with SA_RESETHAND, so a second signal ends the process at once.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void record_stop_signal(int sig) {
+  g_stop_signal = sig;
+}
+void install_stop_handlers() {
+  struct sigaction action {};
+  action.sa_handler = record_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESETHAND | SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+}
+// The signal any rank received (0: none). Collective.
+int agreed_stop_signal(MPI_Comm world) {
+  int sig = g_stop_signal;
+  MPI_Allreduce(MPI_IN_PLACE, &sig, 1, MPI_INT, MPI_MAX, world);
+  return sig;
 }
 
 template <class T>
@@ -721,6 +764,9 @@ int train(const Cli& cli) {
 
   const double val_before = eval("before training,");
   const std::int64_t first = trainer.step();
+  install_stop_handlers();
+  int stop_signal = 0;
+  bool saved_now = false;  // the last step's checkpoint is written
   std::vector<double> times, losses;
   int skipped = 0;
   const auto t_start = std::chrono::steady_clock::now();
@@ -730,15 +776,18 @@ int train(const Cli& cli) {
     const auto t0 = std::chrono::steady_clock::now();
     const summa::StepStats st = trainer.train_step();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    // The slowest rank sets the pace; rank 0's log state travels along.
-    double shared[2] = {dt, log.error().empty() ? 0.0 : 1.0};
+    // The slowest rank sets the pace; rank 0's log state and any rank's
+    // stop signal travel along.
+    double shared[3] = {dt, log.error().empty() ? 0.0 : 1.0, static_cast<double>(g_stop_signal)};
     MPI_Request request;
-    MPI_Iallreduce(MPI_IN_PLACE, shared, 2, MPI_DOUBLE, MPI_MAX, world, &request);
+    MPI_Iallreduce(MPI_IN_PLACE, shared, 3, MPI_DOUBLE, MPI_MAX, world, &request);
     if (watchdog != nullptr)
       watchdog->wait(request, world, "gpt_train's step-time all-reduce", sizeof shared);
     else
       MPI_Wait(&request, MPI_STATUS_IGNORE);
     if (shared[1] > 0) check_log();
+    stop_signal = static_cast<int>(shared[2]);
+    saved_now = false;
     const double dt_max = shared[0];
     times.push_back(dt_max);
     losses.push_back(st.loss);
@@ -797,7 +846,31 @@ int train(const Cli& cli) {
       log.line(record.dump());
     }
     if (cli.eval_every > 0 && (s + 1) % cli.eval_every == 0 && s + 1 < steps) eval("at");
-    if (cli.checkpoint_every > 0 && (s + 1) % cli.checkpoint_every == 0 && s + 1 < steps) save();
+    if (stop_signal != 0) break;
+    if (cli.checkpoint_every > 0 && (s + 1) % cli.checkpoint_every == 0 && s + 1 < steps) {
+      save();
+      saved_now = true;
+      stop_signal = agreed_stop_signal(world);  // one that came during the save
+      if (stop_signal != 0) break;
+    }
+  }
+  if (stop_signal != 0) {  // save (unless just saved), log why, exit 128 + signal
+    const char* name = stop_signal == SIGINT ? "SIGINT" : "SIGTERM";
+    if (root) {
+      std::printf("%sgpt_train: %s received: stopping after step %lld%s\n", bar ? "\n" : "", name,
+                  static_cast<long long>(trainer.step()),
+                  saved_now ? " (its checkpoint is saved)" : "; saving a checkpoint");
+      std::fflush(stdout);
+      log.line(nlohmann::ordered_json{{"step", trainer.step()}, {"stopped", name}}.dump());
+    }
+    if (!saved_now) save();
+    check_log();
+    if (root) {
+      std::printf("checkpoint: %s (resume with --resume)\n",
+                  summa::latest_checkpoint(ckpt_root).value_or(ckpt_root).string().c_str());
+      std::fflush(stdout);
+    }
+    return 128 + stop_signal;
   }
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();

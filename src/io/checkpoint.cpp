@@ -1109,17 +1109,18 @@ CheckpointInfo verify_checkpoint(const fs::path& path_or_root) {
 namespace {
 
 // Fault injection for the fault suite (tests/fault): with
-// SUMMA_FAULT_KILL_IN_SAVE=<step>:<world rank> in the environment, that rank
-// kills itself (SIGKILL) in the save of that step, after writing its shard
-// and before the manifest: a crash in the middle of a checkpoint.
+// SUMMA_FAULT_KILL_IN_SAVE=<step>:<world rank>[:<signal number>] in the
+// environment, that rank sends itself the signal (default SIGKILL) in the
+// save of that step, after writing its shard and before the manifest: a
+// crash, or a SIGTERM, in the middle of a checkpoint.
 void kill_if_injected(std::int64_t step, int rank) {
   const char* spec = std::getenv("SUMMA_FAULT_KILL_IN_SAVE");
   if (spec == nullptr) return;
   long long s = -1;
-  int r = -1;
-  if (std::sscanf(spec, "%lld:%d", &s, &r) == 2 && s == step && r == rank) {
+  int r = -1, signal = SIGKILL;
+  if (std::sscanf(spec, "%lld:%d:%d", &s, &r, &signal) >= 2 && s == step && r == rank) {
     std::fflush(nullptr);
-    ::kill(::getpid(), SIGKILL);
+    ::kill(::getpid(), signal);
   }
 }
 

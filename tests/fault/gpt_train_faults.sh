@@ -225,8 +225,16 @@ EOF
 expect_error "not finite" 2 --steps 4 --checkpoint-every 1 --import "$W/exp/export" \
   --out "$W/$case"
 [ -z "$(ls "$W/$case/checkpoints" 2>/dev/null)" ] || fail "a checkpoint was written"
-case=log_disk_full  # a failed log write is an error on every rank
-expect_error "writing the log /dev/full failed: No space left on device" 2 --steps 3 \
+case=log_disk_full  # a failed log write is an error on every rank, and the
+# log keeps whole lines: the disk fills mid-line (SUMMA_FAULT_LOG_LIMIT, as
+# the log must be a regular file), the partial line is cut off again
+SUMMA_FAULT_LOG_LIMIT=3000 expect_error "writing the log .*log.jsonl failed: No space left on device" \
+  2 --steps 40 --out "$W/$case"
+python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]' "$W/$case/log.jsonl" ||
+  fail "the full log ends with a partial line"
+[ "$(stat -c %s "$W/$case/log.jsonl")" -le 3000 ] || fail "the log grew past the full disk"
+case=log_device  # a device as --log: refused at start
+expect_error "--log: '/dev/full' is a character device, not a regular file" 2 --steps 3 \
   --out "$W/$case" --log /dev/full
 case=two_jobs_one_out
 rm -rf "$W/$case"
@@ -303,6 +311,63 @@ else
 fi
 pkill -KILL -f -- "--out $W/$case" 2>/dev/null
 wait $w 2>/dev/null
+
+# ---- SIGTERM / SIGINT (a scheduler's time limit, Ctrl-C), sent to one rank
+# as Slurm sends it to each: the ranks finish the step, save a checkpoint,
+# log why and exit 128 + signal; --resume goes on from that step
+rank_pid() {  # the process of world rank $2 of the job writing to --out $1
+  local pid
+  for pid in $(pgrep -f -- "--out $1"); do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+      echo "$pid"
+      return
+    fi
+  done
+}
+for sig in TERM INT; do
+  case=sig${sig}_mid_run
+  rm -rf "$W/$case"
+  timeout -s KILL 120 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$EXE" "${SMALL[@]}" --steps 100000 \
+    --checkpoint-every 1000 --out "$W/$case" >"$W/job_s.txt" 2>&1 &
+  j=$!
+  for _ in $(seq 150); do [ "$(grep -c '^step ' "$W/job_s.txt")" -ge 3 ] && break; sleep 0.2; done
+  pid=$(rank_pid "$W/$case" 1)
+  if [ -z "$pid" ]; then fail "no rank 1 process found"; kill -KILL $j; continue; fi
+  kill -$sig "$pid"
+  wait $j
+  rc=$?
+  want=$([ $sig = TERM ] && echo 143 || echo 130)
+  [ "$rc" = "$want" ] || fail "exit code $rc, expected $want: $(tail -3 "$W/job_s.txt")"
+  grep -q "SIG$sig received: stopping after step [0-9]*; saving a checkpoint" "$W/job_s.txt" ||
+    fail "no stop message: $(tail -3 "$W/job_s.txt")"
+  stopped=$(sed -n "s/.*SIG$sig received: stopping after step \([0-9]*\).*/\1/p" "$W/job_s.txt")
+  [ "$(cat "$W/$case/checkpoints/latest" 2>/dev/null)" = "$(printf 'step_%08d' "$stopped")" ] ||
+    fail "latest is not step $stopped"
+  grep -q "\"stopped\":\"SIG$sig\"" "$W/$case/log.jsonl" || fail "the log does not say why it stopped"
+  expect_ok 2 --steps $((stopped + 2)) --resume --out "$W/$case"
+  grep -q "resuming from .*step $stopped" <<<"$out" || fail "did not resume from step $stopped"
+  check_log "$W/$case/log.jsonl" $((stopped + 2))
+done
+case=sigterm_in_save  # during a save: the save completes, no second one
+rm -rf "$W/$case"
+SUMMA_FAULT_KILL_IN_SAVE=4:1:15 run 2 --steps 8 --checkpoint-every 2 --out "$W/$case"
+[ "$rc" = 143 ] || fail "exit code $rc, expected 143: $out"
+grep -q "SIGTERM received: stopping after step 4 (its checkpoint is saved)" <<<"$out" ||
+  fail "no stop message after the save: $out"
+[ "$(cat "$W/$case/checkpoints/latest")" = step_00000004 ] || fail "latest is not step 4"
+case=sigterm_twice  # a second signal ends the rank at once
+rm -rf "$W/$case"
+timeout -s KILL 120 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$EXE" "${SMALL[@]}" --steps 100000 \
+  --checkpoint-every 1000 --out "$W/$case" >"$W/job_t.txt" 2>&1 &
+j=$!
+for _ in $(seq 150); do grep -q '^step ' "$W/job_t.txt" && break; sleep 0.2; done
+pid=$(rank_pid "$W/$case" 0)
+start=$SECONDS
+kill -TERM "$pid"; sleep 0.05; kill -TERM "$pid"
+wait $j
+rc=$?
+[ "$rc" != 0 ] && [ "$rc" != 137 ] || fail "exit code $rc after two signals"
+[ $((SECONDS - start)) -le 30 ] || fail "the job took $((SECONDS - start)) s to end"
 
 # ---- flags: no crash, no silent clamping or wrap-around, the flag named
 case=print_every_0  # was: SIGFPE with stdout not a terminal
