@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "summa/comm/mpi_communicator.hpp"
+#include "summa/comm/watchdog.hpp"
 #include "summa/core/error.hpp"
 
 namespace summa {
@@ -37,16 +38,27 @@ void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error,
                          ? std::numeric_limits<std::int64_t>::max()
                          : -values[i];
   }
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(1 + 2 * n), MPI_INT64_T,
-                          MPI_MAX, comm),
-            "MPI_Allreduce");
+  // under the process's watchdog when there is one (a stopped rank is then
+  // reported instead of leaving the others here for ever)
+  const auto wait = [&](MPI_Request& request, std::uint64_t bytes) {
+    Watchdog* w = Watchdog::active();
+    if (w == nullptr || !w->wait_if_covered(request, comm, what, bytes))
+      check_mpi(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
+  };
+  MPI_Request request;
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(1 + 2 * n), MPI_INT64_T,
+                           MPI_MAX, comm, &request),
+            "MPI_Iallreduce");
+  wait(request, (1 + 2 * n) * sizeof(std::int64_t));
   if (buf[0] != std::numeric_limits<std::int64_t>::min()) {
     const int first = static_cast<int>(-buf[0]);
     std::string message = rank == first ? *local_error : std::string();
     int length = static_cast<int>(message.size());
-    check_mpi(MPI_Bcast(&length, 1, MPI_INT, first, comm), "MPI_Bcast");
+    check_mpi(MPI_Ibcast(&length, 1, MPI_INT, first, comm, &request), "MPI_Ibcast");
+    wait(request, sizeof length);
     message.resize(static_cast<std::size_t>(length));
-    check_mpi(MPI_Bcast(message.data(), length, MPI_CHAR, first, comm), "MPI_Bcast");
+    check_mpi(MPI_Ibcast(message.data(), length, MPI_CHAR, first, comm, &request), "MPI_Ibcast");
+    wait(request, static_cast<std::uint64_t>(length));
     throw CollectiveError(message);
   }
   for (std::size_t i = 0; i < n; ++i) {

@@ -40,6 +40,51 @@ thread_local Clock::time_point wait_began{};
 
 }  // namespace
 
+namespace {
+// The live enabled watchdogs, oldest first (Watchdog::active: the last).
+std::vector<Watchdog*>& live_watchdogs() {
+  static std::vector<Watchdog*> live;
+  return live;
+}
+}  // namespace
+
+Watchdog* Watchdog::active() {
+  const std::vector<Watchdog*>& live = live_watchdogs();
+  return live.empty() ? nullptr : live.back();
+}
+
+bool Watchdog::wait_if_covered(MPI_Request& request, MPI_Comm group, const char* what,
+                               std::uint64_t bytes) {
+  if (!enabled()) return false;
+  Known* k = nullptr;
+  int size = 0;
+  check_mpi(MPI_Comm_size(group, &size), "MPI_Comm_size");
+  for (Known& e : known_)  // (a freed handle may come back for another group)
+    if (e.comm == group && (!e.covered || std::ssize(e.members) == size)) k = &e;
+  if (k == nullptr) {  // first meeting: translate the group once
+    k = &known_[next_known_];
+    next_known_ = (next_known_ + 1) % known_.size();
+    k->comm = group;
+    try {
+      k->members = members_of(group);
+      k->covered = true;
+    } catch (const Error&) {
+      k->covered = false;  // a rank outside the watchdog's communicator
+    }
+  }
+  if (!k->covered) return false;
+  Pending p;
+  p.what = what;
+  p.bytes = bytes;
+  p.leader = k->members.empty() ? 0 : k->members.front();
+  guard(p, k->members, [&] {
+    int done = 0;
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    return done != 0;
+  });
+  return true;
+}
+
 Watchdog::Watchdog(MPI_Comm comm, WatchdogOptions options) : options_(std::move(options)) {
   std::optional<std::string> error;
   const double t = options_.timeout_s, r = options_.report_s;
@@ -53,9 +98,11 @@ Watchdog::Watchdog(MPI_Comm comm, WatchdogOptions options) : options_(std::move(
   check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup (watchdog)");
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+  if (enabled()) live_watchdogs().push_back(this);
 }
 
 Watchdog::~Watchdog() {
+  std::erase(live_watchdogs(), this);
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);

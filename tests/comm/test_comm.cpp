@@ -1285,6 +1285,39 @@ TEST(Watchdog, ReportNamesTheRankThatHasNotArrived) {
   }
 }
 
+// agree_on (the layers' and programs' shape and error agreements, on a raw
+// MPI communicator) waits under the live watchdog too: a late rank is
+// reported there (before, such a wait hung with the flag on).
+TEST(Watchdog, AgreeOnIsGuarded) {
+  const int n = world_size(), me = world_rank();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  std::string report;
+  summa::GridOptions options;
+  options.watchdog.timeout_s = 0.3;
+  options.watchdog.report_s = 1.5;
+  options.watchdog.on_expiry = [&](const std::string& r) { report = r; };
+  ProcessGrid grid = ProcessGrid::linear1d(MPI_COMM_WORLD, 0, 1, options);
+  ASSERT_NE(summa::Watchdog::active(), nullptr);
+  const int late = n - 1;
+  if (me == late) std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  grid.agree(summa::CommAxis::world, std::nullopt);
+  if (me == late) {
+    EXPECT_EQ(report, "") << "the late rank waited for nobody";
+  } else {
+    EXPECT_NE(report.find("in agree_on"), std::string::npos) << report;
+    EXPECT_NE(report.find(fmt::format("rank {}: NOT ARRIVED", late)), std::string::npos) << report;
+  }
+  // an error still reaches every rank through the guarded waits
+  std::string message;
+  try {
+    grid.agree(summa::CommAxis::world,
+               me == 0 ? std::optional<std::string>("rank 0 says no") : std::nullopt);
+  } catch (const summa::CollectiveError& e) {
+    message = e.what();
+  }
+  EXPECT_EQ(message, "rank 0 says no");
+}
+
 TEST(Watchdog, BadOptionsAreRefusedEverywhere) {
   for (const double t : {-1.0, std::numeric_limits<double>::infinity()}) {
     summa::GridOptions options;

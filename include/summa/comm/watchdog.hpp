@@ -30,6 +30,7 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -75,6 +76,16 @@ class Watchdog {
   /// `what` names it in the report, `group` is the communicator it runs on.
   void wait(MPI_Request& request, MPI_Comm group, const char* what, std::uint64_t bytes);
 
+  /// The enabled watchdog constructed last and still alive in this process
+  /// (null: none). agree_on (comm/consensus.hpp) waits under it, so the
+  /// shape and error agreements of the layers and programs are guarded like
+  /// the communicators' own collectives.
+  static Watchdog* active();
+  /// wait() when every rank of `group` is in the watchdog's communicator
+  /// (true), else nothing (false: the caller waits). Allocates only the
+  /// first time it meets a communicator (a few are remembered).
+  bool wait_if_covered(MPI_Request& request, MPI_Comm group, const char* what, std::uint64_t bytes);
+
  private:
   friend class Communicator;
   struct Pending {
@@ -101,6 +112,14 @@ class Watchdog {
   Pending pending_;
   MPI_Comm raw_group_ = MPI_COMM_NULL;  ///< wait(MPI_Request&): the last group, and
   std::vector<int> raw_members_;        ///< its members (kept: no allocation per wait)
+  /// wait_if_covered: communicators met, and whether the watchdog covers them
+  struct Known {
+    MPI_Comm comm = MPI_COMM_NULL;
+    bool covered = false;
+    std::vector<int> members;
+  };
+  std::array<Known, 8> known_{};
+  std::size_t next_known_ = 0;
 };
 
 }  // namespace summa
