@@ -507,7 +507,9 @@ void install_stop_handlers() {
 // The signal any rank received (0: none). Collective.
 int agreed_stop_signal(MPI_Comm world) {
   int sig = g_stop_signal;
-  MPI_Allreduce(MPI_IN_PLACE, &sig, 1, MPI_INT, MPI_MAX, world);
+  MPI_Request request;
+  MPI_Iallreduce(MPI_IN_PLACE, &sig, 1, MPI_INT, MPI_MAX, world, &request);
+  summa::wait_guarded(request, world, "gpt_train's stop-signal all-reduce", sizeof sig);
   return sig;
 }
 

@@ -11,6 +11,12 @@
 
 namespace summa {
 
+void wait_guarded(MPI_Request& request, MPI_Comm comm, const char* what, std::uint64_t bytes) {
+  Watchdog* w = Watchdog::active();
+  if (w == nullptr || !w->wait_if_covered(request, comm, what, bytes))
+    check_mpi(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
+}
+
 void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error) {
   agree_on(comm, local_error, {}, {}, "agree_on");
 }
@@ -41,9 +47,7 @@ void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error,
   // under the process's watchdog when there is one (a stopped rank is then
   // reported instead of leaving the others here for ever)
   const auto wait = [&](MPI_Request& request, std::uint64_t bytes) {
-    Watchdog* w = Watchdog::active();
-    if (w == nullptr || !w->wait_if_covered(request, comm, what, bytes))
-      check_mpi(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
+    wait_guarded(request, comm, what, bytes);
   };
   MPI_Request request;
   check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(1 + 2 * n), MPI_INT64_T,

@@ -548,7 +548,10 @@ std::string slot_list(std::span<const StateSlot> slots) {
 void require_same_everywhere(MPI_Comm comm, const std::string& text, const std::string& what) {
   std::uint64_t h[2] = {checksum64(text.data(), text.size()), 0};
   h[1] = ~h[0];
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, h, 2, MPI_UINT64_T, MPI_MAX, comm), "MPI_Allreduce");
+  MPI_Request request;
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, h, 2, MPI_UINT64_T, MPI_MAX, comm, &request),
+            "MPI_Iallreduce");
+  wait_guarded(request, comm, "checkpoint: the ranks' save arguments compared", sizeof h);
   int rank = 0;
   check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   const bool same = h[0] == checksum64(text.data(), text.size()) && ~h[1] == h[0];
@@ -564,7 +567,10 @@ std::string gather_on_root(MPI_Comm comm, const std::string& text) {
   check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
   int length = static_cast<int>(text.size());
   std::vector<int> lengths(rank == 0 ? static_cast<std::size_t>(size) : 0), displs;
-  check_mpi(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm), "MPI_Gather");
+  MPI_Request request;
+  check_mpi(MPI_Igather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm, &request),
+            "MPI_Igather");
+  wait_guarded(request, comm, "checkpoint: the manifest lines' lengths gathered", sizeof length);
   std::string all;
   if (rank == 0) {
     displs.resize(lengths.size());
@@ -575,22 +581,28 @@ std::string gather_on_root(MPI_Comm comm, const std::string& text) {
     }
     all.resize(static_cast<std::size_t>(total));
   }
-  check_mpi(MPI_Gatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(),
-                        MPI_CHAR, 0, comm),
-            "MPI_Gatherv");
+  check_mpi(MPI_Igatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(),
+                         MPI_CHAR, 0, comm, &request),
+            "MPI_Igatherv");
+  wait_guarded(request, comm, "checkpoint: the manifest lines gathered",
+               static_cast<std::uint64_t>(length));
   return all;
 }
 
 void broadcast_text(MPI_Comm comm, std::string& text) {
   unsigned long long length = text.size();
-  check_mpi(MPI_Bcast(&length, 1, MPI_UNSIGNED_LONG_LONG, 0, comm), "MPI_Bcast");
+  MPI_Request request;
+  check_mpi(MPI_Ibcast(&length, 1, MPI_UNSIGNED_LONG_LONG, 0, comm, &request), "MPI_Ibcast");
+  wait_guarded(request, comm, "checkpoint: a text broadcast", sizeof length);
   text.resize(static_cast<std::size_t>(length));
   // in chunks: MPI counts are int
   constexpr std::size_t chunk = std::size_t{1} << 30;
-  for (std::size_t k = 0; k < text.size(); k += chunk)
-    check_mpi(MPI_Bcast(text.data() + k, static_cast<int>(std::min(chunk, text.size() - k)),
-                        MPI_CHAR, 0, comm),
-              "MPI_Bcast");
+  for (std::size_t k = 0; k < text.size(); k += chunk) {
+    const std::size_t n = std::min(chunk, text.size() - k);
+    check_mpi(MPI_Ibcast(text.data() + k, static_cast<int>(n), MPI_CHAR, 0, comm, &request),
+              "MPI_Ibcast");
+    wait_guarded(request, comm, "checkpoint: a text broadcast", n);
+  }
 }
 
 // The element type parameter values are saved in: master_t<T> (T itself for

@@ -21,6 +21,12 @@ namespace summa {
 /// rank. For checks made before a grid exists.
 void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error);
 
+/// MPI_Wait of a program's or the library's own MPI request on `comm`,
+/// under the process's live watchdog when there is one that covers `comm`
+/// (comm/watchdog.hpp: a rank that never arrives is reported, `what` naming
+/// the wait); agree_on waits this way.
+void wait_guarded(MPI_Request& request, MPI_Comm comm, const char* what, std::uint64_t bytes);
+
 /// agree_on that also checks that every rank passed the same `values`
 /// (at most 8, e.g. the global sizes of a call): one MPI_Allreduce of
 /// 1 + 2 * values.size() 64-bit integers. A rank's local error wins; else, when
