@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
@@ -32,6 +33,7 @@
 
 #include <unistd.h>
 
+#include "../examples/flag_checks.hpp"
 #include "bench_device.hpp"
 #include "summa/io/machine_file.hpp"
 #include "summa/model/step_time.hpp"
@@ -189,10 +191,12 @@ GptPoint parse_gpt(const std::string& text) {
       std::size_t used = 0;
       v = std::stoll(item.substr(eq + 1), &used);
       if (used != item.size() - eq - 1 || v <= 0) throw std::invalid_argument("not positive");
+      if (v > std::numeric_limits<int>::max()) throw std::invalid_argument("too large");
     } catch (const std::exception&) {
-      throw UsageError("--gpt '" + text + "': '" + item +
-                       "' is not key=positive integer (keys layers, hidden, heads, seq, batch, "
-                       "vocab)");
+      throw UsageError(
+          "--gpt '" + text + "': '" + item +
+          "' is not key=positive integer below 2^31 (keys layers, hidden, heads, seq, batch, "
+          "vocab)");
     }
     const std::string key = item.substr(0, eq);
     if (key == "layers")
@@ -213,6 +217,24 @@ GptPoint parse_gpt(const std::string& text) {
   }
   p.config.n_positions = static_cast<int>(p.seq);
   return p;
+}
+
+// Refuses (the same UsageError on every rank) a --gpt shape whose three
+// operands would not fit `available` bytes per rank (0: not checked).
+void require_gemms_fit(const std::vector<summa::model::GemmShape>& shapes, std::size_t element,
+                       double available, const std::string& dtype) {
+  if (available <= 0) return;
+  for (const summa::model::GemmShape& g : shapes) {
+    const double m = static_cast<double>(g.m), n = static_cast<double>(g.n),
+                 k = static_cast<double>(g.k);
+    const double bytes =
+        (m * k + k * n + m * n) * static_cast<double>(g.batch) * static_cast<double>(element);
+    if (bytes > available)
+      throw UsageError(fmt::format(
+          "--gpt: its {} GEMM {}x{}x{} (batch {}) needs {} per rank for its operands, more than "
+          "the {} per rank available on this node; use smaller --gpt sizes",
+          dtype, g.m, g.n, g.k, g.batch, summa::human_bytes(bytes), summa::human_bytes(available)));
+  }
 }
 
 // Every local GEMM shape the step-time model prices for these GPTs under
@@ -423,11 +445,28 @@ int main(int argc, char** argv) {
     summa::index_t max_size = 768;
     app.add_option("--out", out, "Machine file to write (JSON)")->required();
     app.add_option("--name", name, "The machine's name in the file")->capture_default_str();
-    app.add_option("--dtype", dtypes, "Element types whose GEMM rates to measure")
+    app.add_option("--dtype", dtypes,
+                   "Element types whose GEMM rates to measure (a comma list of f32, f64, bf16)")
+        ->check(CLI::Validator(
+            [](std::string& text) -> std::string {
+              std::size_t at = 0;
+              while (at <= text.size()) {
+                const std::size_t comma = std::min(text.find(',', at), text.size());
+                const std::string item = text.substr(at, comma - at);
+                if (item != "f32" && item != "f64" && item != "bf16")
+                  return "'" + item + "' in '" + text + "' is not f32, f64 or bf16";
+                at = comma + 1;
+              }
+              return {};
+            },
+            "LIST", "dtype list"))
         ->capture_default_str();
-    app.add_option("--max-size", max_size, "Largest GEMM dimension of the sweep")
+    app.add_option("--max-size", max_size,
+                   "Largest GEMM dimension of the sweep (at least 32, its smallest size)")
+        ->check(summa::flags::integer_in(32, 1 << 15))
         ->capture_default_str();
     app.add_option("--min-seconds", min_s, "Shortest timed batch per measurement")
+        ->check(summa::flags::real_in(1e-4, 60))
         ->capture_default_str();
     std::vector<std::string> gpt_texts;
     std::vector<int> gpt_ranks;
@@ -465,6 +504,9 @@ int main(int argc, char** argv) {
       m.device.memory_bytes = 0;
       std::vector<GptPoint> gpts;
       for (const std::string& t : gpt_texts) gpts.push_back(parse_gpt(t));
+      // host memory per rank for the --gpt shapes' operands (0: a GPU's, not checked)
+      const double available =
+          backend == "cpu" ? summa::available_memory_per_rank(MPI_COMM_WORLD) : 0;
       if (gpt_ranks.empty()) gpt_ranks.push_back(ranks);
       std::size_t gpt_shape_count = 0;
       for (const std::string& t : {std::string("f32"), std::string("f64"), std::string("bf16")}) {
@@ -472,6 +514,7 @@ int main(int argc, char** argv) {
         const DType dt = t == "f32" ? DType::f32 : t == "f64" ? DType::f64 : DType::bf16;
         const auto extra = gpt_shapes(gpts, gpt_ranks, dt);
         gpt_shape_count = std::max(gpt_shape_count, extra.size());
+        require_gemms_fit(extra, summa::size_of(dt), available, t);
         auto& pw = m.device.pointwise[static_cast<std::size_t>(dt)];
         if (dt == DType::f32) {
           m.device.gemm_of(dt) = measure_gemm<float>(be, min_s, max_size, extra);

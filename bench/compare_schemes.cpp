@@ -29,8 +29,10 @@
 #include <string_view>
 #include <vector>
 
+#include "../examples/flag_checks.hpp"
 #include "bench_device.hpp"
 #include "bench_json.hpp"
+#include "summa/comm/consensus.hpp"
 #include "summa/io/machine_file.hpp"
 #include "summa/model/step_time.hpp"
 #include "summa/schemes/registry.hpp"
@@ -54,27 +56,36 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
+// The benchmark's own collectives on the world wait under the grid's
+// watchdog while one lives (--watchdog; summa::wait_guarded), so a rank that
+// stops is reported instead of leaving the others blocked here.
+template <class V>
+V reduce_world(V v, MPI_Datatype type, MPI_Op op) {
+  MPI_Request request;
+  MPI_Iallreduce(MPI_IN_PLACE, &v, 1, type, op, MPI_COMM_WORLD, &request);
+  summa::wait_guarded(request, MPI_COMM_WORLD, "compare_schemes' all-reduce", sizeof v);
+  return v;
+}
+
 // One run of `call` on every rank, started after a barrier: its time, the
 // maximum over ranks.
 template <class F>
 double time_collective(F&& call) {
-  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Request request;
+  MPI_Ibarrier(MPI_COMM_WORLD, &request);
+  summa::wait_guarded(request, MPI_COMM_WORLD, "compare_schemes' timing barrier", 0);
   const auto t0 = std::chrono::steady_clock::now();
   call();
-  double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return dt;
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return reduce_world(dt, MPI_DOUBLE, MPI_MAX);
 }
 
 u64 max_over_ranks(u64 v) {
-  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-  return v;
+  return reduce_world(v, MPI_UINT64_T, MPI_MAX);
 }
 
 bool all_ranks(bool v) {
-  int x = v ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return x != 0;
+  return reduce_world(v ? 1 : 0, MPI_INT, MPI_MIN) != 0;
 }
 
 // ---------------------------------------------------------------- FLOPs
@@ -119,6 +130,7 @@ struct Settings {
   std::string device = "cpu";       // the GPU's name on cuda
   summa::GridOptions grid;          // communicators for the backend
   double budget_mib = 64;
+  double available_bytes = 0;  // host memory per rank (0: not checked)
   index_t max_batch = 4096;
   std::vector<summa::SchemeSpec> schemes;
   // --predict: the step-time model's prediction beside each measurement
@@ -131,6 +143,7 @@ struct Settings {
   std::string format = "both";
   std::uint64_t seed = 1234;
   std::string pass = "train";  // --pass: train (the step) or inference
+  double watchdog = 0;         // --watchdog: seconds a collective may wait (0: off)
 };
 
 // The same tokens on every rank: ids uniform in [0, vocab), targets the next
@@ -232,6 +245,10 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
   const summa::GptOptions options{.checkpoint = s.checkpoint, .profile = s.breakdown};
   std::optional<summa::ParallelGpt<T>> run;
   try {
+    // sizes checked before anything is built (summa/parallel/memory_check.hpp)
+    summa::require_memory_fits<T>(
+        MPI_COMM_WORLD, spec, backend, s.config, s.batch, s.seq, options, s.grid,
+        {.bytes = s.available_bytes, .source = "available on this node"}, "");
     run.emplace(MPI_COMM_WORLD, spec, backend, s.config, s.batch, s.seq, options, s.grid);
   } catch (const summa::Error& e) {  // identical on every rank
     r.skipped = e.what();
@@ -256,8 +273,7 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
   model.reset_profile();
   for (int k = 0; k < s.reps; ++k) times.push_back(time_collective(step));
   for (const summa::StepPart& p : model.profile()) {
-    double per_step = p.seconds / s.reps;
-    MPI_Allreduce(MPI_IN_PLACE, &per_step, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    const double per_step = reduce_world(p.seconds / s.reps, MPI_DOUBLE, MPI_MAX);
     r.parts.push_back({std::string(p.op), std::string(p.phase), per_step, 0});
   }
   r.step_s = median(times);
@@ -271,8 +287,7 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
   double wait = 0;
   for (std::size_t a = 0; a < summa::comm_axis_count; ++a)
     wait += measured[static_cast<CommAxis>(a)].wait_seconds;
-  MPI_Allreduce(MPI_IN_PLACE, &wait, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  r.wait_s = wait;
+  r.wait_s = reduce_world(wait, MPI_DOUBLE, MPI_MAX);
   if (s.machine) {  // forward + backward, as timed: no optimizer
     const summa::model::StepTime t = summa::model::predict_step_time(
         spec, s.config, s.batch, s.seq, options, summa::dtype_v<T>, *s.machine,
@@ -656,6 +671,15 @@ std::vector<summa::SchemeSpec> auto_schemes(const Settings& s, summa::Backend& b
 template <class T>
 int run_all(const Settings& given, summa::Backend& backend, int rank, int ranks) {
   Settings s = given;
+  if (dynamic_cast<summa::CpuBackend*>(&backend) != nullptr)
+    s.available_bytes = summa::available_memory_per_rank(MPI_COMM_WORLD);
+  // the token and target ids of the batch (and the stream they come from)
+  const double id_bytes = 3.0 * sizeof(std::int32_t) * static_cast<double>(s.batch * s.seq);
+  if (s.available_bytes > 0 && id_bytes > s.available_bytes)  // the same on every rank
+    throw summa::CollectiveError(
+        "--batch " + std::to_string(s.batch) + " --seq " + std::to_string(s.seq) + " needs " +
+        summa::human_bytes(id_bytes) + " per rank for its token ids alone, more than the " +
+        summa::human_bytes(s.available_bytes) + " per rank available on this node");
   const Batch data = make_batch(s, s.batch);
   // In "json" mode stdout carries only JSON lines; the rest goes to stderr.
   std::FILE* text = s.format == "json" ? stderr : stdout;
@@ -970,7 +994,7 @@ int run(int argc, char** argv, int rank, int ranks) {
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   app.add_option("--budget-mib", s.budget_mib, "Memory budget per rank for the largest batch")
-      ->check(CLI::PositiveNumber)
+      ->check(summa::flags::real_in(1e-3, 1e9))
       ->capture_default_str();
   app.add_option("--max-batch", max_batch, "Largest global batch the search considers")
       ->check(CLI::Range(1LL, 1LL << 24))
@@ -1012,6 +1036,11 @@ int run(int argc, char** argv, int rank, int ranks) {
   summa::bench::add_device_options(app, s.backend, s.comm, s.tf32,
                                    "; --budget-mib is then device memory per rank",
                                    "cuda: TF32 tensor cores in f32 GEMMs");
+  app.add_option("--watchdog", s.watchdog,
+                 "seconds a collective may wait before the job is ended with a report naming "
+                 "the ranks that did not arrive (0: off)")
+      ->check(summa::flags::real_in(0.0, 1e7))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -1045,6 +1074,7 @@ int run(int argc, char** argv, int rank, int ranks) {
   summa::bench::BenchBackend chosen = summa::bench::make_backend<UsageError>(
       s.backend, s.comm, s.tf32, app.count("--comm") > 0, "compare_schemes");
   s.grid = chosen.grid;
+  s.grid.watchdog.timeout_s = s.watchdog;
   s.device = chosen.device;
   summa::Backend& backend = *chosen.backend;
   if (s.pass == "plan" || s.pass == "plan-inference") {

@@ -52,7 +52,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "../examples/flag_checks.hpp"
 #include "bench_device.hpp"
+#include "summa/comm/consensus.hpp"
 #include "summa/io/files.hpp"
 #include "summa/io/machine_file.hpp"
 #include "summa/model/step_time.hpp"
@@ -468,6 +470,8 @@ double median(std::vector<double> v) {
 // --run: one point on the first `gpus` ranks of the launch (the others only
 // take part in the split). Forward and backward of whole steps, each timed
 // from a barrier to the slowest rank; the median of `reps` after a warm-up.
+// The barrier and the all-reduce of the times wait under the grid's watchdog
+// (--watchdog; summa::wait_guarded), like the grid's own collectives.
 template <class T>
 void measure(Result& r, const Study& s, const summa::model::Machine& machine,
              summa::Backend& backend, const summa::GridOptions& grid, int reps) {
@@ -492,12 +496,15 @@ void measure(Result& r, const Study& s, const summa::model::Machine& machine,
             static_cast<std::int32_t>((i * 104729 + 1) % static_cast<std::size_t>(c.vocab_size));
       }
       const auto timed = [&](auto&& call) {
-        MPI_Barrier(sub);
+        MPI_Request request;
+        MPI_Ibarrier(sub, &request);
+        summa::wait_guarded(request, sub, "scaling_study's timing barrier", 0);
         const auto t0 = std::chrono::steady_clock::now();
         call();
         backend.synchronize();
         double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, sub);
+        MPI_Iallreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, sub, &request);
+        summa::wait_guarded(request, sub, "scaling_study's step-time all-reduce", sizeof dt);
         return dt;
       };
       std::vector<double> fwd, bwd;
@@ -563,6 +570,7 @@ int study_main(int argc, char** argv, int rank, int world) {
   std::string preset, study_file, machine_file, csv, plot, backend_name = "cpu", comm = "nccl";
   bool as_json = false, run = false, tf32 = false;
   int only_gpus = 0, reps = 3;
+  double watchdog = 0;  // --run: seconds a collective may wait (0: off)
   app.add_option("--preset", preset,
                  "optimus-weak | optimus-strong | axonn-weak | local-weak | local-strong");
   app.add_option("--study", study_file, "A study file (JSON; see the source's header)");
@@ -574,6 +582,11 @@ int study_main(int argc, char** argv, int rank, int world) {
       ->check(CLI::Range(1, 1 << 24));
   app.add_option("--reps", reps, "--run: timed steps per point (median)")
       ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_option("--watchdog", watchdog,
+                 "--run: seconds a collective may wait before the job is ended with a report "
+                 "naming the ranks that did not arrive (0: off)")
+      ->check(summa::flags::real_in(0.0, 1e7))
       ->capture_default_str();
   app.add_flag("--json", as_json, "One JSON object per point and scheme on stdout");
   app.add_option("--csv", csv, "Also write the table as CSV to this file");
@@ -619,6 +632,7 @@ int study_main(int argc, char** argv, int rank, int world) {
   if (run) {
     summa::bench::BenchBackend dev = summa::bench::make_backend<UsageError>(
         backend_name, comm, tf32, app.count("--comm") > 0, "scaling_study");
+    dev.grid.watchdog.timeout_s = watchdog;
     for (Result& r : results) {
       if (r.point.gpus > world) {
         if (std::find(cluster.begin(), cluster.end(), r.point.gpus) == cluster.end())

@@ -32,6 +32,7 @@ struct Options {
   int steps = 150;
   long batch = 144, in = 48, hidden = 96, classes = 8;
   double lr = 3e-3;
+  double watchdog = 600;  // seconds a collective may wait (0: off)
   unsigned long long seed = 1;
 };
 
@@ -64,8 +65,26 @@ int run(const Options& o, int rank, int ranks) {
   using summa::LinearRole;
   const summa::SchemeSpec spec =
       summa::SchemeSpec::parse(o.scheme.empty() ? "1d:p=" + std::to_string(ranks) : o.scheme);
+  // Sizes checked before memory, in floating point (no overflow): the
+  // weights with their gradients and AdamW state and the hidden layer's
+  // activations, split over the tensor group, plus the whole batch each rank
+  // draws. Past what the node has: one clear error on every rank.
+  const double need =
+      sizeof(T) *
+          (4.0 * static_cast<double>((o.in + o.classes) * o.hidden) +
+           3.0 * static_cast<double>(o.batch / spec.data) * static_cast<double>(o.hidden)) /
+          static_cast<double>(spec.tensor_ranks()) +
+      sizeof(float) * static_cast<double>(o.batch) * static_cast<double>(o.in);
+  const double available = summa::available_memory_per_rank(MPI_COMM_WORLD);
+  if (available > 0 && need > available)
+    throw summa::CollectiveError(
+        "--hidden " + std::to_string(o.hidden) + " --batch " + std::to_string(o.batch) + " under " +
+        spec.str() + " needs about " + summa::human_bytes(need) + " per rank, more than the " +
+        summa::human_bytes(available) + " per rank available on this node");
   summa::CpuBackend backend;
-  summa::ProcessGrid grid = summa::make_grid(MPI_COMM_WORLD, spec);
+  summa::GridOptions grid_options;
+  grid_options.watchdog.timeout_s = o.watchdog;
+  summa::ProcessGrid grid = summa::make_grid(MPI_COMM_WORLD, spec, grid_options);
   const std::unique_ptr<summa::SchemeContext<T>> scheme =
       summa::make_context<T>(spec, grid, backend);
   summa::require(o.batch % spec.data == 0, "custom_model: --batch must be divisible by data");
@@ -135,6 +154,11 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", o.hidden, "hidden width")->check(CLI::Range(1L, 1L << 20));
   app.add_option("--lr", o.lr, "AdamW learning rate")->check(CLI::Range(1e-8, 1.0));
   app.add_option("--seed", o.seed, "data and initialisation seed");
+  app.add_option("--watchdog", o.watchdog,
+                 "seconds a collective may wait before the job is ended with a report naming "
+                 "the ranks that did not arrive (0: off)")
+      ->check(CLI::Range(0.0, 1e7))
+      ->capture_default_str();
   int status = 0;
   try {
     app.parse(argc, argv);
@@ -144,6 +168,10 @@ int main(int argc, char** argv) {
   } catch (const summa::Error& e) {  // summa's errors are raised on every rank alike
     if (rank == 0) std::fprintf(stderr, "custom_model: %s\n", e.what());
     status = 2;
+  } catch (const std::exception& e) {  // this rank's alone (e.g. bad_alloc): end the job
+    std::fprintf(stderr, "custom_model (rank %d): %s; aborting the job\n", rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 3);
   }
   MPI_Finalize();
   return status;

@@ -29,8 +29,10 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "flag_checks.hpp"
 #include "summa/summa.hpp"
 
 namespace {
@@ -44,6 +46,7 @@ struct Cli {
   summa::index_t max_new_tokens = 0;  // 0: up to 32, as many as fit the positions
   bool greedy = false, json = false, no_cache = false;
   double temperature = 1.0, top_p = 1.0;
+  double watchdog = 600;  // seconds a collective may wait (0: off)
   std::int64_t top_k = 0;
   std::uint64_t seed = 0;
   std::int64_t eos = -2;  // -2: the tokenizer's; -1: none
@@ -181,9 +184,21 @@ int run(const Cli& cli) {
   const summa::index_t batch = (count + unit - 1) / unit * unit;
   // the cache: the longest prompt and its new tokens (within the positions)
   const summa::index_t window = static_cast<summa::index_t>(longest) + max_new_tokens;
-  summa::Device device = summa::make_device(world, {.backend = cli.backend, .comm = cli.comm});
+  summa::GridOptions grid;
+  grid.watchdog.timeout_s = cli.watchdog;  // device.grid carries it to the model's grid
+  summa::Device device =
+      summa::make_device(world, {.backend = cli.backend, .comm = cli.comm, .grid = grid});
   summa::GptOptions options{.inference = true};
   if (!cli.no_cache) options.kv_cache = window;
+  // Sizes from the checkpoint or config.json, checked before anything is
+  // built (summa/parallel/memory_check.hpp): the planner's message, not
+  // bad_alloc.
+  summa::require_memory_fits<T>(
+      world, spec, *device.backend, config, batch, cli.no_cache ? window : 1, options, device.grid,
+      {.bytes = cli.backend == "cpu" ? summa::available_memory_per_rank(world) : 0,
+       .source = "available on this node",
+       .batch_option = "prompts (batch)"},
+      "gpt_generate");
   summa::ParallelGpt<T> run(world, spec, *device.backend, config, batch, cli.no_cache ? window : 1,
                             options, device.grid);
   summa::Gpt<T>& model = run.model();
@@ -192,6 +207,10 @@ int run(const Cli& cli) {
   } else {
     summa::load_parameters(cli.checkpoint, model.parameters_store(), run.grid());
   }
+  // NaN weights would "generate" token 0 forever (NUL bytes) and exit 0
+  summa::require_finite_values(
+      model.parameters_store(), run.grid(),
+      cli.hf.empty() ? "--checkpoint " + cli.checkpoint : "--hf " + cli.hf);
   if (root && !cli.json)
     std::fprintf(stdout,
                  "gpt_generate: GPT-2 n_layer=%d n_head=%d n_embd=%d vocab=%d | %s on %d ranks, "
@@ -268,32 +287,40 @@ int main(int argc, char** argv) {
                  "new tokens per prompt at most; prompt + new tokens must fit the model's "
                  "n_positions (refused otherwise, naming the largest that fits); default: 32, "
                  "or as many as fit")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(summa::flags::integer_in(1, 1 << 20));
   app.add_flag("--greedy", cli.greedy, "the most likely token every step (else sample)");
   app.add_option("--temperature", cli.temperature, "sampling temperature (0: greedy)")
-      ->check(CLI::Range(0.0, 1e6))
+      ->check(summa::flags::real_in(0.0, 1e6))
       ->capture_default_str();
   app.add_option("--top-k", cli.top_k, "sample among the k most likely (0: all)")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30))
+      ->check(summa::flags::integer_in(0, 1 << 30))
       ->capture_default_str();
   app.add_option("--top-p", cli.top_p, "sample within the nucleus of this mass (1: all)")
-      ->check(CLI::Range(1e-9, 1.0))
+      ->check(summa::flags::real_in(1e-9, 1.0))
       ->capture_default_str();
-  app.add_option("--seed", cli.seed, "sampling seed")->capture_default_str();
+  app.add_option("--seed", cli.seed, "sampling seed")
+      ->check(summa::flags::integer_in(0, 18446744073709551615.0L))
+      ->capture_default_str();
   app.add_option("--eos", cli.eos,
                  "stop a prompt at this id (-1: never; default: the tokenizer's end token, "
                  "GPT-2's 50256, none for bytes)")
-      ->check(CLI::Range(std::int64_t{-1}, std::int64_t{1} << 30));
+      ->check(summa::flags::integer_in(-1, 1 << 30));
   app.add_option("--dtype", cli.dtype, "float, double or bf16")
       ->check(CLI::IsMember({"float", "double", "bf16"}))
       ->capture_default_str();
   app.add_option("--backend", cli.backend, "cpu or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  app.add_option("--comm", cli.comm, "mpi, nccl or mpi_staged (default: the backend's)");
+  app.add_option("--comm", cli.comm, "mpi, nccl or mpi_staged (default: the backend's)")
+      ->check(CLI::IsMember({"mpi", "nccl", "mpi_staged"}));
   app.add_flag("--no-cache", cli.no_cache,
                "recompute the whole window every step instead of the key/value cache");
   app.add_flag("--json", cli.json, "one JSON object per prompt: prompt, tokens, text");
+  app.add_option("--watchdog", cli.watchdog,
+                 "seconds a collective may wait before the job is ended with a report naming "
+                 "the ranks that did not arrive (0: off)")
+      ->check(summa::flags::real_in(0.0, 1e7))
+      ->capture_default_str();
   int code = 0;
   try {
     try {
@@ -313,7 +340,10 @@ int main(int argc, char** argv) {
            : cli.dtype == "bf16" ? run<summa::bf16>(cli)
                                  : run<float>(cli);
   } catch (const summa::CollectiveError& e) {
-    if (world_rank() == 0) std::fprintf(stderr, "gpt_generate: error: %s\n", e.what());
+    std::string_view m = e.what();
+    if (m.starts_with("gpt_generate: ")) m.remove_prefix(14);
+    if (world_rank() == 0)
+      std::fprintf(stderr, "gpt_generate: error: %.*s\n", static_cast<int>(m.size()), m.data());
     code = 1;
   } catch (const std::exception& e) {
     // Seen by this rank alone: the others may wait for it in a collective.

@@ -24,6 +24,7 @@
 // job with a report naming the ranks that did not arrive.
 #include <fcntl.h>
 #include <mpi.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -51,6 +52,7 @@
 #include <string_view>
 #include <vector>
 
+#include "flag_checks.hpp"
 #include "summa/summa.hpp"
 
 // The Python of the plot and check hints (cmake/SummaPython.cmake) and the
@@ -69,6 +71,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using summa::index_t;
+using summa::flags::integer_in;
+using summa::flags::real_in;
 
 struct Cli {
   int layers = 4, hidden = 128, heads = 4, seq = 64, vocab = 0, positions = 0;
@@ -150,48 +154,6 @@ std::string replace_out(std::string path, const std::string& out) {
 
 // ---- flag validation: each error names the flag and the value given ------
 
-// A validator for an integer flag: a plain decimal integer in [lo, hi]
-// (no exponent, no fraction, no wrap-around into an unsigned type).
-CLI::Validator integer_in(long double lo, long double hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& text) -> std::string {
-        const char* b = text.data();
-        const char* e = b + text.size();
-        bool ok = b != e;
-        for (const char* c = b; ok && c != e; ++c)
-          ok = (*c >= '0' && *c <= '9') || (c == b && *c == '-' && e - b > 1);
-        long double v = 0;
-        if (ok) {
-          errno = 0;
-          v = std::strtold(text.c_str(), nullptr);
-          ok = errno == 0;
-        }
-        if (!ok || v < lo || v > hi) {
-          std::ostringstream m;
-          m.precision(20);
-          m << "'" << text << "' is not an integer in [" << lo << ", " << hi << "]";
-          return m.str();
-        }
-        return {};
-      },
-      "INT", "integer_in");
-}
-
-// A validator for a real flag: finite, in [lo, hi].
-CLI::Validator real_in(double lo, double hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& text) -> std::string {
-        double v = 0;
-        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-        if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v) || v < lo ||
-            v > hi)
-          return "'" + text + "' is not a finite number in [" + std::to_string(lo) + ", " +
-                 std::to_string(hi) + "]";
-        return {};
-      },
-      "NUMBER", "real_in");
-}
-
 // Checks that need several flags at once; throws on every rank alike (the
 // same argv), printed once.
 void check_flags(const Cli& cli) {
@@ -238,16 +200,23 @@ Progress progress_mode(const Cli& cli) {
 
 // ---- the output directory --------------------------------------------------
 
-// An exclusive lock on <out>/.gpt_train.lock (fcntl: released by the kernel
-// when the process ends, so a crashed job never leaves a stale lock; the
-// file's text names the holder for the message).
-class OutLock {
+// A job's claim on what it writes (--out, and --log wherever it is): an
+// fcntl lock on a lock file, held for the run and naming its holder. A
+// second job is refused; a lock file removed or replaced while the run goes
+// on (by hand, or by a cleanup script) is noticed before the next save, which
+// then refuses to write over what another job may now be writing. fcntl
+// locks are released by the kernel when the process ends, so a crashed job
+// never leaves a stale lock; the file's text names the holder.
+class JobLock {
  public:
-  explicit OutLock(const fs::path& out) : path_(out / ".gpt_train.lock") {
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // `lock_file`: the lock file; `what`: the claim as the user gave it
+  // ("--out DIR", "--log FILE").
+  JobLock(fs::path lock_file, std::string what)
+      : path_(std::move(lock_file)), what_(std::move(what)) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd_ < 0)
       throw summa::Error("cannot create the lock file " + path_.string() + ": " +
-                         std::strerror(errno) + " (is --out writable?)");
+                         std::strerror(errno) + " (is " + what_ + " writable?)");
     struct flock l {};
     l.l_type = F_WRLCK;
     l.l_whence = SEEK_SET;
@@ -258,10 +227,10 @@ class OutLock {
       while (!holder.empty() && holder.back() == '\n') holder.pop_back();
       ::close(fd_);
       fd_ = -1;
-      throw summa::Error("--out " + path_.parent_path().string() +
-                         " is in use by another gpt_train job (" +
+      throw summa::Error(what_ + " is in use by another gpt_train job (" +
                          (holder.empty() ? std::string("holder unknown") : holder) +
-                         "); wait for it to end, or choose another --out");
+                         "); wait for it to end, or choose another " +
+                         what_.substr(0, what_.find(' ')));
     }
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
@@ -272,17 +241,40 @@ class OutLock {
       throw summa::Error("cannot write the lock file " + path_.string() + ": " +
                          std::strerror(errno));
   }
-  ~OutLock() {
-    if (fd_ < 0) return;
+  ~JobLock() {
+    if (fd_ < 0 || !lost().empty()) {  // another job's lock file now: leave it
+      if (fd_ >= 0) ::close(fd_);
+      return;
+    }
     std::error_code ignored;
     fs::remove(path_, ignored);  // then unlock: a waiting job never sees a half-removed lock
     ::close(fd_);
   }
-  OutLock(const OutLock&) = delete;
-  OutLock& operator=(const OutLock&) = delete;
+  JobLock(const JobLock&) = delete;
+  JobLock& operator=(const JobLock&) = delete;
+
+  // Throws summa::Error when the lock file is no longer the one this job
+  // holds (removed or replaced): another job may have taken `what`.
+  void require_held() const {
+    if (const std::string why = lost(); !why.empty())
+      throw summa::Error(what_ + ": the lock file " + path_.string() + " " + why +
+                         " while this job ran, so another job may be writing there now; this job "
+                         "does not save over it (its last checkpoint stays as it was). Check "
+                         "for another job, then --resume");
+  }
 
  private:
+  std::string lost() const {
+    struct stat now {
+    }, held{};
+    if (::lstat(path_.c_str(), &now) != 0) return "was removed";
+    if (::fstat(fd_, &held) != 0 || now.st_ino != held.st_ino || now.st_dev != held.st_dev)
+      return "was replaced";
+    return {};
+  }
+
   fs::path path_;
+  std::string what_;
   int fd_ = -1;
 };
 
@@ -388,29 +380,6 @@ class LogFile {
   std::string error_;
 };
 
-// Bytes of memory available to each rank on this node: MemAvailable over the
-// node's ranks (0 when unknown).
-double available_per_rank() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  while (meminfo >> key) {
-    if (key == "MemAvailable:") {
-      meminfo >> kib;
-      break;
-    }
-    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
-  }
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int local = 1;
-  MPI_Comm_size(node, &local);
-  MPI_Comm_free(&node);
-  double per_rank = kib * 1024.0 / local;
-  MPI_Allreduce(MPI_IN_PLACE, &per_rank, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-  return per_rank;
-}
-
 // The backend of --backend, and the grid's communicators (--comm) to go with
 // it. Throws summa::Error on every rank for a combination that cannot work
 // (checked from the options alone, or collectively in make_device: select_device_for_rank
@@ -458,7 +427,16 @@ std::uint64_t state_bytes_per_parameter(const summa::OptimizerOptions& opt) {
 template <class T>
 summa::SchemeSpec choose_scheme(const Cli& cli, const summa::TrainerOptions& o,
                                 summa::Backend& backend, bool root) {
-  const summa::model::Machine machine = summa::io::load_machine(cli.machine);
+  summa::model::Machine machine;
+  {  // every rank reads the file: one verdict, printed once
+    std::optional<std::string> error;
+    try {
+      machine = summa::io::load_machine(cli.machine);
+    } catch (const std::exception& e) {
+      error = std::string("--scheme auto: ") + e.what();
+    }
+    summa::agree_on(MPI_COMM_WORLD, error);
+  }
   // --memory-budget when given, else the machine file's device memory
   const std::uint64_t budget = cli.memory_budget_gib > 0
                                    ? static_cast<std::uint64_t>(cli.memory_budget_gib * (1 << 30))
@@ -469,8 +447,8 @@ summa::SchemeSpec choose_scheme(const Cli& cli, const summa::TrainerOptions& o,
        .state_bytes_per_parameter = state_bytes_per_parameter<T>(o.optimizer),
        .time = {.ranks_per_device = summa::ranks_per_device(MPI_COMM_WORLD, cli.backend == "cpu")}},
       o.grid);
-  if (all.empty() || !all.front().rejected.empty())
-    throw summa::Error(
+  if (all.empty() || !all.front().rejected.empty())  // ranked alike on every rank
+    throw summa::CollectiveError(
         "--scheme auto: no scheme of " + std::to_string(world_size()) +
         " ranks fits the model within " + std::to_string(budget / (1024 * 1024)) + " MiB per rank" +
         (all.empty() ? "" : " (" + all.front().spec.str() + ": " + all.front().rejected + ")"));
@@ -568,10 +546,17 @@ int train(const Cli& cli) {
   // The output directory: created, locked against a second job, and checked
   // writable (every rank writes checkpoint shards) before anything is
   // trained. Each step rank 0 takes for all reports its outcome to all.
-  std::unique_ptr<OutLock> lock;
+  std::unique_ptr<JobLock> lock, log_lock;
   summa::on_root_agreed(world, [&] {
     ensure_writable_dir(out, "--out", "0");
-    lock = std::make_unique<OutLock>(out);
+    lock = std::make_unique<JobLock>(out / ".gpt_train.lock", "--out " + out.string());
+    // --log too: a second job with another --out must not cut this log
+    const fs::path log_file(log_path);
+    if (const fs::path parent = log_file.parent_path(); !parent.empty())
+      ensure_writable_dir(parent, "--log", "0");
+    log_lock = std::make_unique<JobLock>(
+        log_file.parent_path() / ("." + log_file.filename().string() + ".gpt_train.lock"),
+        "--log " + log_path);
   });
   // Resuming: the checkpoint fixes the model shape and the data stream.
   std::optional<fs::path> resume;
@@ -601,8 +586,6 @@ int train(const Cli& cli) {
       fs::remove_all(ckpt_root);
     }
     ensure_writable_dir(ckpt_root, "--out (checkpoints)", "0");
-    if (const fs::path parent = fs::path(log_path).parent_path(); !parent.empty())
-      ensure_writable_dir(parent, "--log", "0");
     if (!export_dir.empty()) ensure_writable_dir(export_dir, "--export", "0");
     if (!cli.check_batch.empty()) {
       if (const fs::path parent = fs::path(cli.check_batch).parent_path(); !parent.empty())
@@ -632,17 +615,34 @@ int train(const Cli& cli) {
       meta_error = "--resume: " + resume->string() + ": " + e.what();
     }
     summa::agree_on(world, meta_error);
-    if (const auto it = info.meta.find("data_seed"); it != info.meta.end())
-      o.data_seed = std::stoull(it->second);
-    // The run's settings continue unless given again on the command line.
+    // The run's settings continue unless given again on the command line;
+    // each field parsed whole (no "1e20" read as 1, no wrap-around), the
+    // same verdict on every rank (the same manifest).
+    std::optional<std::string> keep_error;
     const auto keep = [&](const char* flag, const char* key, auto& field) {
       const auto it = info.meta.find(key);
-      if (cli.given.count(flag) || it == info.meta.end()) return;
-      if constexpr (std::is_same_v<std::decay_t<decltype(field)>, double>)
-        field = std::stod(it->second);
+      if (keep_error || (flag != nullptr && cli.given.count(flag)) || it == info.meta.end()) return;
+      using F = std::decay_t<decltype(field)>;
+      const std::string& v = it->second;
+      F x{};
+      bool ok = false;
+      if constexpr (std::is_floating_point_v<F>) {
+        char* end = nullptr;
+        x = std::strtod(v.c_str(), &end);
+        ok = !v.empty() && end == v.c_str() + v.size() && std::isfinite(x);
+      } else {
+        const auto r = std::from_chars(v.data(), v.data() + v.size(), x);
+        ok = r.ec == std::errc() && r.ptr == v.data() + v.size() && x >= 0;
+      }
+      if (ok)
+        field = x;
       else
-        field = static_cast<std::decay_t<decltype(field)>>(std::stoll(it->second));
+        keep_error = "--resume: " + resume->string() + ": the manifest's " + key + " '" + v +
+                     "' is not " +
+                     (std::is_floating_point_v<F> ? "a finite number" : "a non-negative integer") +
+                     (flag != nullptr ? std::string(" (give ") + flag + " to set it)" : "");
     };
+    keep(nullptr, "data_seed", o.data_seed);
     keep("--batch", "batch", o.batch);
     keep("--seq", "seq", o.seq);
     keep("--lr", "lr", o.schedule.lr);
@@ -652,6 +652,7 @@ int train(const Cli& cli) {
     steps = o.schedule.total;
     keep("--weight-decay", "weight_decay", o.optimizer.weight_decay);
     keep("--clip", "clip", o.clip);
+    summa::agree_on(world, keep_error);
     if (root) {
       if (!resume_note.empty()) std::printf("gpt_train: %s\n", resume_note.c_str());
       std::printf("gpt_train: resuming from %s (step %lld, saved under %s)\n",
@@ -671,43 +672,26 @@ int train(const Cli& cli) {
     summa::agree_on(world, error);
   }
   const std::size_t n_tokens = tokens.size();
+  // Memory: sizes checked before anything large is built or allocated
+  // (summa/parallel/memory_check.hpp): the parameters, gradients and
+  // optimizer state from the sizes alone, then the planner's figure for this
+  // configuration (every step buffer), against what the node has per rank.
+  const bool budget_given = cli.memory_budget_gib > 0;
+  const summa::MemoryBudget budget{
+      .bytes = budget_given           ? cli.memory_budget_gib * double(1 << 30)
+               : cli.backend == "cpu" ? summa::available_memory_per_rank(world)
+                                      : 0,  // device memory: not measured here
+      .source = budget_given ? "of --memory-budget" : "available on this node",
+      .state_bytes_per_parameter = static_cast<double>(state_bytes_per_parameter<T>(o.optimizer))};
+  summa::require_lower_bound_fits(world, auto_scheme ? ranks : spec.tensor_ranks(), o.config,
+                                  sizeof(T), true, budget, "gpt_train");
   const std::unique_ptr<summa::Backend> backend = make_backend(cli, o.grid);
   if (auto_scheme) {
     spec = choose_scheme<T>(cli, o, *backend, root);
     o.scheme = spec.str();
   }
-
-  // Memory: the planner's figure for this configuration (parameters,
-  // gradients, every step buffer) plus the optimizer state, against what
-  // the node has per rank, before anything large is allocated.
-  const auto state_bytes = [&](const summa::MemoryReport& r) {
-    return static_cast<double>(r.parameters / sizeof(T) *
-                               state_bytes_per_parameter<T>(o.optimizer));
-  };
-  {
-    const summa::MemoryReport plan =
-        summa::plan_memory<T>(world, spec, *backend, o.config, o.batch, o.seq, o.gpt, o.grid);
-    double need = static_cast<double>(plan.total()) + state_bytes(plan);
-    MPI_Allreduce(MPI_IN_PLACE, &need, 1, MPI_DOUBLE, MPI_MAX, world);
-    const bool given = cli.memory_budget_gib > 0;
-    const double budget = given                  ? cli.memory_budget_gib * double(1 << 30)
-                          : cli.backend == "cpu" ? available_per_rank()
-                                                 : 0;  // device memory: not measured here
-    if (budget > 0 && need > budget) {
-      const auto fits = summa::largest_batch<T>(
-          world, spec, *backend, o.config, o.seq, o.gpt,
-          static_cast<std::size_t>(std::max(0.0, budget - state_bytes(plan))), o.batch, o.grid);
-      throw summa::CollectiveError(
-          "gpt_train: this configuration needs about " + human(need, "B") +
-          " per rank (parameters, gradients, activations for --batch " + std::to_string(o.batch) +
-          " --seq " + std::to_string(o.seq) + ", optimizer state), more than the " +
-          human(budget, "B") + " per rank " +
-          (given ? std::string("of --memory-budget") : "available on this node") + "; " +
-          (fits > 0 ? "the largest --batch that fits is " + std::to_string(fits)
-                    : std::string("even the smallest batch does not fit: use fewer --layers, a "
-                                  "smaller --hidden, or more ranks")));
-    }
-  }
+  summa::require_memory_fits<T>(world, spec, *backend, o.config, o.batch, o.seq, o.gpt, o.grid,
+                                budget, "gpt_train");
 
   summa::Trainer<T> trainer(world, o, *backend, std::move(tokens));
   if (!cli.import_dir.empty()) trainer.import_hf(cli.import_dir);
@@ -736,6 +720,10 @@ int train(const Cli& cli) {
   const auto save = [&] {
     if (root) log.sync();
     check_log();
+    summa::on_root_agreed(world, [&] {  // still this job's --out and --log?
+      lock->require_held();
+      log_lock->require_held();
+    });
     trainer.save(ckpt_root);
   };
   if (root) {

@@ -40,6 +40,7 @@
 #include "summa/model/traffic.hpp"
 #include "summa/optim/optimizer.hpp"
 #include "summa/parallel/auto_scheme.hpp"
+#include "summa/parallel/memory_check.hpp"
 #include "summa/parallel/scheme.hpp"
 #include "summa/reference/gpt.hpp"
 #include "summa/schemes/axonn3d/context.hpp"

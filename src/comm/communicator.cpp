@@ -2,11 +2,57 @@
 
 #include <fmt/format.h>
 
+#include <mpi.h>
+
+#include <atomic>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 
 #include "summa/core/error.hpp"
 
 namespace summa {
+
+namespace {
+
+// Fault injection for the fault suite (tests/fault/watchdog_programs.sh): with
+// SUMMA_FAULT_STOP=<world rank>:<n> in the environment, that rank stops
+// itself (SIGSTOP) just before its n-th collective, counted from 1 over every
+// Communicator of the process (blocking and non-blocking calls and barriers
+// alike): the others then wait for a rank that never arrives, which only the
+// watchdog (--watchdog) ends. The variable is read once, when the library is
+// loaded; without it a collective pays one predictable branch.
+struct FaultStop {
+  int rank = -1;
+  std::uint64_t at = 0;  // 0: off
+};
+FaultStop parse_fault_stop() {
+  FaultStop f;
+  const char* spec = std::getenv("SUMMA_FAULT_STOP");
+  unsigned long long n = 0;
+  if (spec != nullptr && std::sscanf(spec, "%d:%llu", &f.rank, &n) == 2) f.at = n;
+  return f;
+}
+const FaultStop fault_stop = parse_fault_stop();
+std::atomic<std::uint64_t> collectives_started{0};
+
+[[gnu::noinline, gnu::cold]] void stop_if_injected() {
+  if (collectives_started.fetch_add(1, std::memory_order_relaxed) + 1 != fault_stop.at) return;
+  int rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);  // MPI is initialised: a communicator exists
+  if (rank != fault_stop.rank) return;
+  std::fflush(nullptr);
+  std::raise(SIGSTOP);
+}
+
+// Before every collective a Communicator starts.
+inline void count_collective() {
+  if (fault_stop.at != 0) [[unlikely]]
+    stop_if_injected();
+}
+
+}  // namespace
 
 std::string_view name_of(CommAxis axis) {
   switch (axis) {
@@ -102,6 +148,7 @@ Request Communicator::issue(Kind kind, const void* send, void* recv, std::size_t
                             ReduceOp op, int root) {
   validate(kind, send, recv, count, root);
   account(kind, count, t, root);
+  count_collective();
   ++sequence_;
   return make_request(start(kind, send, recv, count, t, op, root), static_cast<std::uint8_t>(kind),
                       count * size_of(t));
@@ -131,6 +178,7 @@ void Communicator::execute(Kind kind, const void* send, void* recv, std::size_t 
                            ReduceOp op, int root) {
   validate(kind, send, recv, count, root);
   account(kind, count, t, root);
+  count_collective();
   ++sequence_;
   const WaitTimer timer(*counter_);
   if (watchdog_ != nullptr) {  // started, then polled under the time limit
@@ -143,6 +191,7 @@ void Communicator::execute(Kind kind, const void* send, void* recv, std::size_t 
 }
 
 void Communicator::barrier() {
+  count_collective();
   ++sequence_;
   const WaitTimer timer(*counter_);
   std::uintptr_t token = 0;

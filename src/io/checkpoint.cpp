@@ -1324,6 +1324,38 @@ template void save_checkpoint<bf16>(const fs::path&, Optimizer<bf16>&, const Che
 template CheckpointInfo load_checkpoint<float>(const fs::path&, Optimizer<float>&, ProcessGrid&);
 template CheckpointInfo load_checkpoint<double>(const fs::path&, Optimizer<double>&, ProcessGrid&);
 template CheckpointInfo load_checkpoint<bf16>(const fs::path&, Optimizer<bf16>&, ProcessGrid&);
+template <class T>
+void require_finite_values(const ParameterStore<T>& store, ProcessGrid& grid,
+                           const std::string& what) {
+  std::optional<std::string> error;
+  constexpr index_t piece = 16384;  // elements per host copy
+  std::vector<T> host;
+  for (const Param<T>* p : store.params()) {
+    if (error) break;
+    if (!p->held()) continue;
+    const index_t n = p->shard.local_size();
+    for (index_t at = 0; at < n && !error; at += piece) {
+      const index_t k = std::min(piece, n - at);
+      host.resize(static_cast<std::size_t>(k));
+      store.backend().download(host.data(), p->value + at, static_cast<std::size_t>(k) * sizeof(T));
+      const std::ptrdiff_t bad =
+          first_non_finite(reinterpret_cast<const unsigned char*>(host.data()), k, dtype_v<T>);
+      if (bad >= 0)
+        error = fmt::format(
+            "{}: '{}' holds a non-finite value (NaN or infinity; local element {}): the model "
+            "cannot be run from these weights",
+            what, p->shard.name, at + bad);
+    }
+  }
+  grid.agree(CommAxis::world, error);
+}
+
+template void require_finite_values<float>(const ParameterStore<float>&, ProcessGrid&,
+                                           const std::string&);
+template void require_finite_values<double>(const ParameterStore<double>&, ProcessGrid&,
+                                            const std::string&);
+template void require_finite_values<bf16>(const ParameterStore<bf16>&, ProcessGrid&,
+                                          const std::string&);
 template CheckpointInfo load_parameters<float>(const fs::path&, ParameterStore<float>&,
                                                ProcessGrid&);
 template CheckpointInfo load_parameters<double>(const fs::path&, ParameterStore<double>&,

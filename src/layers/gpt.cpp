@@ -62,6 +62,7 @@ Gpt<T>::Gpt(SchemeContext<T>& scheme, const GptConfig& config, index_t batch, in
       data_(grid_->shape().data),
       local_batch_(batch / data_) {
   grid_->agree(CommAxis::world, scheme.check_gpt(config, batch));
+  const BackendIds::PlanScope planning(options.plan_only);  // a plan allocates no ids
   const index_t h = config.n_embd, b = local_batch_, tokens = b * seq;
   const double eps = config.layer_norm_epsilon;
   embedding_ = scheme.embedding(b, seq, config.vocab_size, h, config.n_positions);

@@ -4,12 +4,14 @@
 # ends (never hangs), with the expected outcome, an error printed once, and
 # every checkpoint, export and log line saved before it left byte-identical.
 #
-#   tests/fault/gpt_train_faults.sh <mpiexec> "<mpiexec flags>" <gpt_train> <work dir>
+#   tests/fault/gpt_train_faults.sh <mpiexec> "<mpiexec flags>" <gpt_train> <work dir> \
+#       [<manifest_edit>]
 set -uo pipefail
 MPIEXEC=$1
 read -r -a FLAGS <<<"${2//;/ }"  # a CMake list or words
 EXE=$3
 W=$4
+EDIT=${5:-}  # tests/fault/manifest_edit.cpp: the manifest cases run with it
 rm -rf "$W"
 mkdir -p "$W"
 SMALL=(--layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 --eval-every 0 --eval-batches 1
@@ -46,7 +48,7 @@ expect_ok() {
   if [ "$rc" != 0 ]; then fail "failed ($rc):"$'\n'"$out"; fi
 }
 # A checksum of every file a run saved (checkpoints, export, log).
-snapshot() { (cd "$1" && find . -type f ! -name '.gpt_train.lock' -print0 | sort -z |
+snapshot() { (cd "$1" && find . -type f ! -name '.*gpt_train.lock' -print0 | sort -z |
                xargs -0 sha256sum) 2>/dev/null; }
 loss_lines() {  # "<step> <loss>" of every step line (lines that are not JSON are skipped)
   python3 -c '
@@ -225,6 +227,27 @@ EOF
 expect_error "not finite" 2 --steps 4 --checkpoint-every 1 --import "$W/exp/export" \
   --out "$W/$case"
 [ -z "$(ls "$W/$case/checkpoints" 2>/dev/null)" ] || fail "a checkpoint was written"
+# ---- a manifest edited by hand and signed again: fields in good text with
+# bad values are refused whole, naming the field (were: `seq 1e20` read as 1,
+# `batch abc` ended in `stoll` on every rank and MPI_ABORT, n_layer 2e9 grew
+# memory for minutes)
+if [ -n "$EDIT" ]; then
+  # (--seq, --batch and --warmup are on the command line here: their
+  # fields are not read; --lr, --clip and --weight-decay are not)
+  for edit in "meta lr |meta lr nan|the manifest's lr 'nan' is not a finite number" \
+    "meta clip |meta clip 1e999|the manifest's clip '1e999' is not a finite number" \
+    "meta weight_decay |meta weight_decay abc|the manifest's weight_decay 'abc' is not a finite" \
+    "meta data_seed |meta data_seed -1|the manifest's data_seed '-1' is not a non-negative" \
+    "meta n_layer |meta n_layer 2000000000|this model \(n_layer=2000000000.* needs at least .* per rank"; do
+    IFS='|' read -r prefix line pattern <<<"$edit"
+    case=manifest_$(cut -d' ' -f2 <<<"$prefix")
+    fresh "$case"
+    "$EDIT" "$W/$case/checkpoints/step_00000006/manifest" "$prefix" "$line" || fail "edit failed"
+    before=$(snapshot "$W/$case")
+    expect_error "$pattern" 2 --steps 8 --resume --out "$W/$case"
+    [ "$(snapshot "$W/$case")" = "$before" ] || fail "the saved run changed"
+  done
+fi
 case=log_disk_full  # a failed log write is an error on every rank, and the
 # log keeps whole lines: the disk fills mid-line (SUMMA_FAULT_LOG_LIMIT, as
 # the log must be a regular file), the partial line is cut off again
@@ -249,6 +272,47 @@ kill -KILL $a 2>/dev/null
 wait $a 2>/dev/null
 case=stale_lock  # the killed job's lock is not held any more
 expect_ok 2 --steps 2 --out "$W/two_jobs_one_out" --overwrite
+
+# ---- --log is locked like --out: a second job with another --out but the
+# same --log is refused and the first job's log keeps every line (was: the
+# second job truncated it)
+case=two_jobs_one_log
+rm -rf "$W/$case" && mkdir -p "$W/$case"
+timeout -s KILL 120 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$EXE" "${SMALL[@]}" --steps 100000 \
+  --out "$W/$case/a" --log "$W/$case/shared.jsonl" >"$W/job_l.txt" 2>&1 &
+a=$!
+for _ in $(seq 150); do
+  [ "$(cat "$W/$case/shared.jsonl" 2>/dev/null | grep -c '"loss"')" -ge 3 ] && break
+  sleep 0.2
+done
+before=$(grep -c '"loss"' "$W/$case/shared.jsonl")
+expect_error "--log .*shared.jsonl is in use by another gpt_train job \(host .*pid [0-9]+" 2 --steps 2 \
+  --out "$W/$case/b" --log "$W/$case/shared.jsonl"
+after=$(grep -c '"loss"' "$W/$case/shared.jsonl")
+[ "$after" -ge "$before" ] || fail "the first job's log lost lines ($before -> $after)"
+pkill -KILL -f -- "--out $W/$case/a" 2>/dev/null
+wait $a 2>/dev/null
+
+# ---- the --out lock removed by hand mid-run: the next save is refused with
+# the reason, and the last checkpoint stays as it was (was: a second job got
+# in and the first died in a save with invalid log lines)
+case=lock_removed
+rm -rf "$W/$case"
+timeout -s KILL 120 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$EXE" "${SMALL[@]}" --steps 100000 \
+  --checkpoint-every 4 --out "$W/$case" >"$W/job_r.txt" 2>&1 &
+r=$!
+for _ in $(seq 150); do [ -e "$W/$case/checkpoints/latest" ] && break; sleep 0.2; done
+rm -f "$W/$case/.gpt_train.lock"
+kept=$(cat "$W/$case/checkpoints/latest" 2>/dev/null)
+wait $r
+rc=$?
+[ "$rc" != 0 ] && [ "$rc" != 137 ] || fail "exit $rc, expected a clean failure: $(tail -3 "$W/job_r.txt")"
+n=$(grep -c "the lock file .*.gpt_train.lock was removed while this job ran" "$W/job_r.txt")
+[ "$n" = 1 ] || fail "the reason was printed $n times: $(tail -5 "$W/job_r.txt")"
+latest=$(cat "$W/$case/checkpoints/latest" 2>/dev/null)
+# at most the save under way when the file went, none after it
+[ -n "$kept" ] && [ $((10#${latest#step_})) -le $((10#${kept#step_} + 4)) ] ||
+  fail "saves went on after the lock was removed ($kept -> $latest)"
 
 # ---- kill -9 of one rank in the middle of a save, then --resume: the
 # losses equal the uninterrupted run's, the log has each step once

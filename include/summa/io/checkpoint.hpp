@@ -137,6 +137,15 @@ template <class T>
 CheckpointInfo load_parameters(const std::filesystem::path& path_or_root, ParameterStore<T>& store,
                                ProcessGrid& grid);
 
+/// Throws summa::CollectiveError on every rank of `grid` when any value of
+/// `store` on any rank is NaN or infinite (a diverged run's export, a
+/// damaged import), naming `what` (e.g. "--checkpoint DIR") and the first
+/// such tensor. One pass over this rank's values, copied to the host in
+/// pieces of 16384 elements; allocates (for loading, not for steps).
+template <class T>
+void require_finite_values(const ParameterStore<T>& store, ProcessGrid& grid,
+                           const std::string& what);
+
 /// The checkpoint directory root/latest points to, or nullopt when there is no
 /// root/latest (nothing was ever completely saved). Not collective; throws
 /// summa::Error when `latest` is unreadable or malformed.
@@ -232,6 +241,12 @@ extern template CheckpointInfo load_checkpoint<double>(const std::filesystem::pa
 extern template CheckpointInfo load_checkpoint<bf16>(const std::filesystem::path&, Optimizer<bf16>&,
                                                      ProcessGrid&);
 
+extern template void require_finite_values<float>(const ParameterStore<float>&, ProcessGrid&,
+                                                  const std::string&);
+extern template void require_finite_values<double>(const ParameterStore<double>&, ProcessGrid&,
+                                                   const std::string&);
+extern template void require_finite_values<bf16>(const ParameterStore<bf16>&, ProcessGrid&,
+                                                 const std::string&);
 extern template CheckpointInfo load_parameters<float>(const std::filesystem::path&,
                                                       ParameterStore<float>&, ProcessGrid&);
 extern template CheckpointInfo load_parameters<double>(const std::filesystem::path&,

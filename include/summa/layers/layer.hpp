@@ -20,6 +20,7 @@
 /// caller sizes the arenas before the first step; running out throws, naming
 /// the arena, the request and the capacity.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -98,11 +99,45 @@ struct Param {
 /// copy on a GPU; never an allocation).
 class BackendIds {
  public:
+  /// While one is alive on this thread with `on` set (a model built
+  /// GptOptions::plan_only, i.e. the memory planner), BackendIds record their
+  /// capacity and allocate nothing: planning a batch of 10^9 sequences must
+  /// not need the memory it is asked about.
+  class PlanScope {
+   public:
+    explicit PlanScope(bool on) : previous_(planning_) { planning_ = previous_ || on; }
+    ~PlanScope() { planning_ = previous_; }
+    PlanScope(const PlanScope&) = delete;
+    PlanScope& operator=(const PlanScope&) = delete;
+
+   private:
+    bool previous_;
+  };
+  /// True inside a PlanScope that is on.
+  static bool planning() { return planning_; }
+
   BackendIds() = default;
-  /// Room for `capacity` ids in `backend`'s memory.
+  /// Room for `capacity` ids in `backend`'s memory (none while planning).
   BackendIds(Backend& backend, std::size_t capacity) : backend_(&backend), capacity_(capacity) {
-    if (capacity_ > 0)
+    if (capacity_ > 0 && !planning_)
       data_ = static_cast<std::int32_t*>(backend.allocate(capacity_ * sizeof(std::int32_t)));
+  }
+  /// `count` ids r % `period` for r = 0..count-1 (the position of every
+  /// token row of a batch), written in small pieces: no host copy of the
+  /// whole.
+  static BackendIds cyclic(Backend& backend, std::size_t count, std::int64_t period) {
+    BackendIds ids(backend, count);
+    if (ids.data_ == nullptr) return ids;
+    constexpr std::size_t piece = 4096;
+    std::int32_t host[piece];
+    for (std::size_t at = 0; at < count; at += piece) {
+      const std::size_t n = std::min(piece, count - at);
+      for (std::size_t k = 0; k < n; ++k)
+        host[k] = static_cast<std::int32_t>(static_cast<std::int64_t>(at + k) % period);
+      backend.upload(ids.data_ + at, host, n * sizeof(std::int32_t));
+    }
+    ids.size_ = count;
+    return ids;
   }
   ~BackendIds() {
     if (data_ != nullptr) backend_->deallocate(data_, capacity_ * sizeof(std::int32_t));
@@ -119,7 +154,7 @@ class BackendIds {
   /// to the start of the backend memory.
   void assign(std::span<const std::int32_t> ids) {
     require(ids.size() <= capacity_, "BackendIds: more ids than the buffer holds");
-    if (!ids.empty()) backend_->upload(data_, ids.data(), ids.size_bytes());
+    if (!ids.empty() && data_ != nullptr) backend_->upload(data_, ids.data(), ids.size_bytes());
     size_ = ids.size();
   }
   /// The ids in backend memory (null before construction with a capacity).
@@ -138,6 +173,7 @@ class BackendIds {
   Backend* backend_ = nullptr;
   std::int32_t* data_ = nullptr;
   std::size_t capacity_ = 0, size_ = 0;
+  static inline thread_local bool planning_ = false;
 };
 
 /// Parameter side of the interface, shared by every layer and model.

@@ -97,12 +97,9 @@ Embedding3D<T>::Embedding3D(ProcessGrid& grid, Backend& backend, index_t batch, 
   const int x = detail3d::x_of(grid), y = detail3d::y_of(grid), z = detail3d::z_of(grid);
   wte_.shard = sharded3d("wte.weight", vocab, hidden, gx_, x, gz_, z, gy_, y);
   wpe_.shard = column_split3d("wpe.weight", {n_positions, hidden}, gy_, y, x == 0 && z == 0);
-  std::vector<std::int32_t> positions(static_cast<std::size_t>(batch * seq / gz_));
-  for (std::size_t k = 0; k < positions.size(); ++k)
-    positions[k] = static_cast<std::int32_t>(static_cast<index_t>(k) % seq);
-  position_ids_ = BackendIds(backend, positions.size());
-  position_ids_.assign(positions);
-  tokens_ = BackendIds(backend, positions.size());
+  const auto token_rows = static_cast<std::size_t>(batch * seq / gz_);
+  position_ids_ = BackendIds::cyclic(backend, token_rows, seq);
+  tokens_ = BackendIds(backend, token_rows);
 }
 
 template <class T>

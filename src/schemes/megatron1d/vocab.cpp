@@ -51,12 +51,9 @@ Embedding1D<T>::Embedding1D(ProcessGrid& grid, Backend& backend, index_t batch, 
   const int r = detail1d::group_rank(grid);
   wte_.shard = row_parallel_shard("wte.weight", vocab, hidden, p_, r);
   wpe_.shard = replicated_shard("wpe.weight", {n_positions, hidden}, r);
-  std::vector<std::int32_t> positions(static_cast<std::size_t>(batch * seq));
-  for (std::size_t k = 0; k < positions.size(); ++k)
-    positions[k] = static_cast<std::int32_t>(static_cast<index_t>(k) % seq);
-  position_ids_ = BackendIds(backend, positions.size());
-  position_ids_.assign(positions);
-  tokens_ = BackendIds(backend, positions.size());
+  const auto token_rows = static_cast<std::size_t>(batch * seq);
+  position_ids_ = BackendIds::cyclic(backend, token_rows, seq);
+  tokens_ = BackendIds(backend, token_rows);
 }
 
 template <class T>

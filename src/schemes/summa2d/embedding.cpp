@@ -70,12 +70,9 @@ Embedding2D<T>::Embedding2D(SummaEngine& engine, index_t batch, index_t seq, ind
                                  .rows = rows,
                                  .cols = hq});
   }
-  std::vector<std::int32_t> positions(static_cast<std::size_t>(batch * seq));
-  for (std::size_t r = 0; r < positions.size(); ++r)
-    positions[r] = static_cast<std::int32_t>(static_cast<index_t>(r) % seq);
-  position_ids_ = BackendIds(engine.backend(), positions.size());
-  position_ids_.assign(positions);
-  tokens_ = BackendIds(engine.backend(), positions.size());
+  const auto token_rows = static_cast<std::size_t>(batch * seq);
+  position_ids_ = BackendIds::cyclic(engine.backend(), token_rows, seq);
+  tokens_ = BackendIds(engine.backend(), token_rows);
 }
 
 template <class T>

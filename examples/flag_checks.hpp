@@ -1,0 +1,59 @@
+#pragma once
+// Flag validators the programs share (CLI11): each error names the value the
+// user gave and the range, and no value wraps around or is read in part
+// ("1e20" is not 1, "-1" is not 2^64-1).
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <system_error>
+
+namespace summa::flags {
+
+// A validator for an integer flag: a plain decimal integer in [lo, hi]
+// (no exponent, no fraction, no wrap-around into an unsigned type).
+inline CLI::Validator integer_in(long double lo, long double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        const char* b = text.data();
+        const char* e = b + text.size();
+        bool ok = b != e;
+        for (const char* c = b; ok && c != e; ++c)
+          ok = (*c >= '0' && *c <= '9') || (c == b && *c == '-' && e - b > 1);
+        long double v = 0;
+        if (ok) {
+          errno = 0;
+          v = std::strtold(text.c_str(), nullptr);
+          ok = errno == 0;
+        }
+        if (!ok || v < lo || v > hi) {
+          std::ostringstream m;
+          m.precision(20);
+          m << "'" << text << "' is not an integer in [" << lo << ", " << hi << "]";
+          return m.str();
+        }
+        return {};
+      },
+      "INT", "integer_in");
+}
+
+// A validator for a real flag: finite, in [lo, hi].
+inline CLI::Validator real_in(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        double v = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v) || v < lo ||
+            v > hi)
+          return "'" + text + "' is not a finite number in [" + std::to_string(lo) + ", " +
+                 std::to_string(hi) + "]";
+        return {};
+      },
+      "NUMBER", "real_in");
+}
+
+}  // namespace summa::flags

@@ -1,0 +1,147 @@
+#include "summa/parallel/memory_check.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <optional>
+
+#include "summa/comm/consensus.hpp"
+
+namespace summa {
+
+namespace {
+// The largest (op MPI_MAX) or smallest (MPI_MIN) `value` over `comm`, waited under the live
+// watchdog.
+double reduce_over(MPI_Comm comm, double value, MPI_Op op, const char* what) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Iallreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, op, comm, &request);
+  wait_guarded(request, comm, what, sizeof value);
+  return value;
+}
+// "<program>: ", or nothing for an empty name.
+std::string prefix(const std::string& program) {
+  return program.empty() ? std::string() : program + ": ";
+}
+}  // namespace
+
+double memory_lower_bound(std::int64_t tensor_ranks, const GptConfig& config,
+                          std::size_t element_bytes, bool training,
+                          double state_bytes_per_parameter) {
+  config.validate();
+  const double h = config.n_embd;
+  // per block: c_attn 3h^2+3h, c_proj h^2+h, c_fc 4h^2+4h, c_proj 4h^2+h,
+  // two LayerNorms 4h; then wte, wpe and ln_f
+  const double per_block = 12 * h * h + 13 * h;
+  const double parameters = config.n_layer * per_block +
+                            (static_cast<double>(config.vocab_size) + config.n_positions) * h +
+                            2 * h;
+  const double per_element = static_cast<double>(element_bytes) * (training ? 2 : 1) +
+                             (training ? state_bytes_per_parameter : 0);
+  return parameters * per_element / static_cast<double>(std::max<std::int64_t>(1, tensor_ranks)) +
+         config.n_layer * host_bytes_per_block;
+}
+
+double available_memory_per_rank(MPI_Comm comm) {
+  double kib = 0;
+  {
+    std::ifstream meminfo("/proc/meminfo");
+    std::string key;
+    while (meminfo >> key) {
+      if (key == "MemAvailable:") {
+        meminfo >> kib;
+        break;
+      }
+      meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+    }
+  }
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local = 1;
+  MPI_Comm_size(node, &local);
+  MPI_Comm_free(&node);
+  return reduce_over(comm, kib * 1024.0 / local, MPI_MIN, "available_memory_per_rank");
+}
+
+std::string human_bytes(double bytes) {
+  const char* prefix[] = {"", "k", "M", "G", "T", "P", "E", "Z", "Y"};
+  int k = 0;
+  while (std::abs(bytes) >= 1000 && k < 8) {
+    bytes /= 1000;
+    ++k;
+  }
+  return fmt::format("{:.3g} {}B", bytes, prefix[k]);
+}
+
+double require_lower_bound_fits(MPI_Comm comm, std::int64_t tensor_ranks, const GptConfig& config,
+                                std::size_t element_bytes, bool training,
+                                const MemoryBudget& budget, const std::string& program) {
+  std::optional<std::string> error;
+  double bound = 0;
+  try {
+    bound = memory_lower_bound(tensor_ranks, config, element_bytes, training,
+                               budget.state_bytes_per_parameter);
+  } catch (const Error& e) {
+    error = prefix(program) + e.what();
+  }
+  if (!error && budget.bytes > 0 && bound > budget.bytes)
+    error = fmt::format(
+        "{}this model (n_layer={}, n_embd={}, vocab={}, n_positions={}) needs at least {} per "
+        "rank for its parameters{} over {} tensor rank(s), more than the {} per rank {}; use "
+        "fewer layers, a smaller hidden size or vocabulary, or more ranks",
+        prefix(program), config.n_layer, config.n_embd, config.vocab_size, config.n_positions,
+        human_bytes(bound),
+        training ? (budget.state_bytes_per_parameter > 0 ? ", gradients and optimizer state"
+                                                         : " and gradients")
+                 : "",
+        tensor_ranks, human_bytes(budget.bytes), budget.source);
+  agree_on(comm, error);
+  return bound;
+}
+
+template <class T>
+double require_memory_fits(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
+                           const GptConfig& config, index_t batch, index_t seq,
+                           const GptOptions& options, const GridOptions& grid,
+                           const MemoryBudget& budget, const std::string& program) {
+  const bool training = !options.inference;
+  const double state = training ? budget.state_bytes_per_parameter : 0;
+  const double bound = require_lower_bound_fits(comm, spec.tensor_ranks(), config, sizeof(T),
+                                                training, budget, program);
+  if (budget.bytes <= 0) return bound;
+
+  const auto state_of = [&](const MemoryReport& r) {
+    return static_cast<double>(r.parameters / sizeof(T)) * state;
+  };
+  const MemoryReport plan = plan_memory<T>(comm, spec, backend, config, batch, seq, options, grid);
+  const double need = reduce_over(comm, static_cast<double>(plan.total()) + state_of(plan), MPI_MAX,
+                                  "require_memory_fits");
+  if (need > budget.bytes) {
+    const double room = std::max(0.0, budget.bytes - state_of(plan));
+    const index_t fits = largest_batch<T>(comm, spec, backend, config, seq, options,
+                                          static_cast<std::size_t>(room), batch, grid);
+    throw CollectiveError(fmt::format(
+        "{}this configuration needs about {} per rank (parameters, {}activations for {} {}, "
+        "seq {}{}), more than the {} per rank {}; {}",
+        prefix(program), human_bytes(need), training ? "gradients, " : "", budget.batch_option,
+        batch, seq, state > 0 ? ", optimizer state" : "", human_bytes(budget.bytes), budget.source,
+        fits > 0 ? fmt::format("the largest {} that fits is {}", budget.batch_option, fits)
+                 : std::string("even the smallest batch does not fit: use fewer layers, a "
+                               "smaller hidden size, or more ranks")));
+  }
+  return need;
+}
+
+template double require_memory_fits<float>(MPI_Comm, const SchemeSpec&, Backend&, const GptConfig&,
+                                           index_t, index_t, const GptOptions&, const GridOptions&,
+                                           const MemoryBudget&, const std::string&);
+template double require_memory_fits<double>(MPI_Comm, const SchemeSpec&, Backend&, const GptConfig&,
+                                            index_t, index_t, const GptOptions&, const GridOptions&,
+                                            const MemoryBudget&, const std::string&);
+template double require_memory_fits<bf16>(MPI_Comm, const SchemeSpec&, Backend&, const GptConfig&,
+                                          index_t, index_t, const GptOptions&, const GridOptions&,
+                                          const MemoryBudget&, const std::string&);
+
+}  // namespace summa

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Sizes are checked before memory (docs/reliability.md, section 3): every
+# program given sizes no node holds (flags, an HF config.json) ends at once
+# with one message naming the bytes it needs per rank and what the node has
+# (summa/parallel/memory_check.hpp), never with bad_alloc, an abort or minutes
+# of growing memory. Each case runs on 2 ranks under a 60 s hard limit and
+# must end within 30 s, non-zero, the message printed once.
+#
+#   tests/fault/sizes_programs.sh <mpiexec> "<mpiexec flags>" <gpt_train> <gpt_generate> \
+#       <custom_model> <compare_schemes> <calibrate> <work dir>
+set -uo pipefail
+MPIEXEC=$1
+read -r -a FLAGS <<<"${2//;/ }"  # a CMake list or words
+TRAIN=$3
+GENERATE=$4
+CUSTOM=$5
+COMPARE=$6
+CALIBRATE=$7
+W=$8
+rm -rf "$W"
+mkdir -p "$W"
+failures=0
+fail() {
+  echo "FAIL [$case]: $*"
+  failures=$((failures + 1))
+}
+
+# refused <pattern> <exe> <args...>
+refused() {
+  local pattern=$1
+  shift
+  local t0=$SECONDS
+  out=$(timeout -s KILL 60 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$@" 2>&1)
+  rc=$?
+  local took=$((SECONDS - t0))
+  printf '%s\n' "$out" >"$W/$case.txt"
+  echo "[$case] exit $rc after $took s: $(grep -m1 -E -- "$pattern" <<<"$out" | cut -c1-160)"
+  if [ "$rc" = 137 ]; then fail "killed after 60 s"; return; fi
+  [ "$rc" != 0 ] || fail "succeeded"
+  [ "$took" -le 30 ] || fail "took $took s"
+  local n
+  n=$(grep -cE -- "$pattern" <<<"$out")
+  [ "$n" = 1 ] || fail "'$pattern' printed $n times (once expected):"$'\n'"$out"
+  if grep -qE "bad_alloc|MPI_ABORT|Killed|signal" <<<"$out"; then
+    fail "ended in bad_alloc, an abort or a signal:"$'\n'"$out"
+  fi
+}
+
+case=gpt_train_batch  # was: bad_alloc in the planner (batch-sized position ids)
+refused "gpt_train: error: this configuration needs about .* per rank .*the largest --batch that fits is [0-9]+" \
+  "$TRAIN" --layers 1 --hidden 32 --heads 4 --seq 16 --batch 1073741824 --steps 1 --export '' \
+  --out "$W/train"
+
+hf() {  # an HF directory whose config.json has these fields
+  mkdir -p "$W/$case"
+  printf '{"model_type": "gpt2", %s}\n' "$1" >"$W/$case/config.json"
+}
+for v in layers embd vocab positions; do
+  case=gpt_generate_hf_$v  # was: minutes of growing memory, or bad_alloc
+  case $v in
+    layers) hf '"n_layer": 1000000, "n_head": 4, "n_embd": 1024, "n_positions": 16, "vocab_size": 256' ;;
+    embd) hf '"n_layer": 1, "n_head": 4, "n_embd": 1048576, "n_positions": 16, "vocab_size": 256' ;;
+    vocab) hf '"n_layer": 1, "n_head": 4, "n_embd": 1024, "n_positions": 16, "vocab_size": 2147483646' ;;
+    positions) hf '"n_layer": 1, "n_head": 4, "n_embd": 1024, "n_positions": 2147483646, "vocab_size": 256' ;;
+  esac
+  refused "gpt_generate: error: this model .* needs at least .* per rank .* available on this node" \
+    "$GENERATE" --hf "$W/$case" --prompt hi
+done
+
+case=compare_schemes_vocab  # was: bad_alloc on every rank
+refused "skipped: this model .*vocab=67108864.* needs at least .* per rank" \
+  "$COMPARE" --schemes 1d:p=2 --vocab 67108864 --hidden 1024 --heads 4 --reps 1 --warmup 0
+case=compare_schemes_tokens
+refused "needs .* per rank for its token ids alone" \
+  "$COMPARE" --schemes 1d:p=2 --batch 16777216 --seq 16777216
+case=calibrate_gpt  # was: killed by the kernel after growing to the node's memory
+refused "calibrate: --gpt: its f32 GEMM .* needs .* per rank for its operands" \
+  "$CALIBRATE" --gpt hidden=1048576 --dtype f32 --out "$W/machine.json"
+case=custom_model  # was: uncaught bad_alloc (terminate, SIGABRT)
+refused "custom_model: --hidden 1048576 --batch 16777216 under 1d:p=2 needs about .* per rank" \
+  "$CUSTOM" --hidden 1048576 --batch 16777216
+
+# ---- inputs every rank refuses alike, printed once (were: one copy per
+# rank and MPI_ABORT, a silent wrap-around, or NaN weights run to exit 0)
+case=generate_nan_weights  # was: token 0 (NUL bytes) generated, exit 0
+out=$(timeout -s KILL 60 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$TRAIN" --layers 1 --hidden 32 --heads 4 \
+  --seq 16 --batch 8 --steps 1 --out "$W/nan" --export "$W/nan/export" 2>&1) ||
+  fail "the export to damage was not written: $out"
+python3 - "$W/nan/export/model.safetensors" <<'EOF'
+import struct, sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+b[8 + n:8 + n + 4] = struct.pack("<f", float("nan"))
+open(p, "wb").write(b)
+EOF
+refused "gpt_generate: error: --hf .* holds a non-finite value" "$GENERATE" --hf "$W/nan/export" \
+  --prompt hi
+case=generate_seed_negative  # was: run as 18446744073709551615
+refused "--seed: '-1' is not an integer in \[0, " "$GENERATE" --hf "$W/nan/export" --prompt hi --seed -1
+case=generate_seed_23_digits
+refused "--seed: '12345678901234567890123' is not an integer" "$GENERATE" --hf "$W/nan/export" \
+  --prompt hi --seed 12345678901234567890123
+case=generate_comm  # was: one error per rank, then MPI_ABORT
+refused "--comm: carrier-pigeon not in" "$GENERATE" --hf "$W/nan/export" --prompt hi \
+  --comm carrier-pigeon
+case=train_auto_machine_missing  # was: one error per rank, then MPI_ABORT
+refused "gpt_train: error: --scheme auto: machine file .*no-such.json" "$TRAIN" --layers 1 \
+  --hidden 32 --heads 4 --seq 16 --batch 8 --steps 1 --export '' --out "$W/auto" \
+  --scheme auto --machine "$W/no-such.json"
+
+if [ "$failures" != 0 ]; then
+  echo "$failures case(s) failed"
+  exit 1
+fi
+echo "every program refused sizes no node holds and bad inputs, once, naming them"

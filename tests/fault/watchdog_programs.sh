@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# --watchdog reaches every communicator of every program that takes it
+# (docs/reliability.md, section 2). Each program runs on 2 ranks with
+# --watchdog 3 and SUMMA_FAULT_STOP=1:<n>: rank 1 stops itself (SIGSTOP) just
+# before its n-th collective (src/comm/communicator.cpp), inside the main
+# work, so rank 0 waits for a rank that never arrives. A case passes when the
+# job ends within 40 s of its start (a hard limit of 90 s: killed = the flag
+# did not reach the communicator, or a raw MPI call of the program waited
+# unguarded), non-zero, with rank 0's report naming rank 1.
+#
+#   tests/fault/watchdog_programs.sh <mpiexec> "<mpiexec flags>" <gpt_train> <gpt_generate> \
+#       <custom_model> <compare_schemes> <scaling_study> <work dir>
+set -uo pipefail
+MPIEXEC=$1
+read -r -a FLAGS <<<"${2//;/ }"  # a CMake list or words
+TRAIN=$3
+GENERATE=$4
+CUSTOM=$5
+COMPARE=$6
+STUDY=$7
+W=$8
+MACHINE="$(cd "$(dirname "$0")/../../machines" && pwd)/dev-2core.json"
+rm -rf "$W"
+mkdir -p "$W"
+# Every process of these jobs carries the marker, so that a stopped rank left
+# behind can be found and killed (by its environment: not every program
+# takes a path argument to match).
+export SUMMA_WATCHDOG_PROGRAMS_TEST="$W"
+failures=0
+fail() {
+  echo "FAIL [$case]: $*"
+  failures=$((failures + 1))
+}
+# Kills what a case left: a rank still stopped, or a job the timeout missed.
+kill_leftovers() {
+  local pid
+  for pid in $(pgrep -f -- "$1"); do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null |
+      grep -qxF "SUMMA_WATCHDOG_PROGRAMS_TEST=$W"; then
+      kill -KILL "$pid" 2>/dev/null
+    fi
+  done
+}
+
+# stopped <n> <exe> <args...>: rank 1 stops before its n-th collective.
+stopped() {
+  local n=$1 exe=$2
+  shift 2
+  local t0=$SECONDS
+  out=$(SUMMA_FAULT_STOP=1:$n timeout -s KILL 90 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$exe" \
+    --watchdog 3 "$@" 2>&1)
+  rc=$?
+  local took=$((SECONDS - t0))
+  printf '%s\n' "$out" >"$W/$case.txt"
+  kill_leftovers "$exe"
+  echo "[$case] SUMMA_FAULT_STOP=1:$n: exit $rc after $took s"
+  grep -E "summa watchdog:|lagging ranks:" <<<"$out" | sed 's/^/    /'
+  if [ "$rc" = 137 ]; then
+    fail "hung: killed after 90 s (--watchdog did not reach the collective rank 0 waited in):"$'\n'"$(tail -5 <<<"$out")"
+    return
+  fi
+  [ "$rc" != 0 ] || fail "exited 0: the stop did not land in the work (n=$n too large?)"
+  grep -q "summa watchdog: rank 0 has waited" <<<"$out" ||
+    fail "no watchdog report from rank 0:"$'\n'"$(tail -5 <<<"$out")"
+  grep -q "lagging ranks: 1" <<<"$out" || fail "the report does not name rank 1"
+  [ "$took" -le 40 ] || fail "the job ended $took s after it started (limit 3 s + report)"
+}
+
+# A checkpoint for gpt_generate (2 steps of a tiny model).
+case=checkpoint
+out=$(timeout -s KILL 90 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$TRAIN" --steps 2 --layers 1 \
+  --hidden 32 --heads 4 --seq 32 --batch 8 --eval-every 0 --progress none --export '' \
+  --out "$W/model" 2>&1) || fail "gpt_train could not make the checkpoint:"$'\n'"$out"
+
+case=gpt_train
+stopped 60 "$TRAIN" --steps 50 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 \
+  --eval-every 0 --progress none --export '' --out "$W/train"
+case=gpt_generate
+stopped 40 "$GENERATE" --checkpoint "$W/model/checkpoints" --prompt "The cat" --greedy \
+  --max-new-tokens 24
+case=custom_model
+stopped 40 "$CUSTOM" --steps 20 --batch 16 --hidden 32
+case=compare_schemes
+stopped 40 "$COMPARE" --schemes "1d:p=2" --layers 1 --hidden 32 --heads 4 --seq 8 --batch 8 \
+  --vocab 64 --reps 2 --warmup 1 --max-batch 8 --format table
+case=scaling_study_run
+stopped 40 "$STUDY" --preset local-strong --gpus 2 --run --reps 1 --json --predict "$MACHINE"
+
+if [ "$failures" -gt 0 ]; then
+  echo "$failures case(s) failed (outputs in $W)"
+  exit 1
+fi
+echo "every program's --watchdog ended its stopped job"
