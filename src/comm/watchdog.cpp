@@ -275,23 +275,8 @@ void Watchdog::guard(const Pending& pending, const std::vector<int>& members, Po
 }
 
 void Watchdog::wait(MPI_Request& request, MPI_Comm group, const char* what, std::uint64_t bytes) {
-  if (!enabled()) {
+  if (!wait_if_covered(request, group, what, bytes))  // off, or a group it does not cover
     check_mpi(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
-    return;
-  }
-  if (group != raw_group_) {
-    raw_members_ = members_of(group);
-    raw_group_ = group;
-  }
-  Pending p;
-  p.what = what;
-  p.bytes = bytes;
-  p.leader = raw_members_.empty() ? 0 : raw_members_.front();
-  guard(p, raw_members_, [&] {
-    int done = 0;
-    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-    return done != 0;
-  });
 }
 
 void Communicator::guarded_wait(Request& r) {

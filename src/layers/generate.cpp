@@ -91,11 +91,12 @@ Generation generate(Gpt<T>& model, std::span<const std::vector<std::int32_t>> pr
       const auto n = static_cast<index_t>(prompts[p].size());
       if (n == 0) {
         error = fmt::format("generate: prompt {} is empty", p);
-      } else if (n + options.max_new_tokens > room) {
+      } else if (options.max_new_tokens > room - n) {  // no overflow for any max_new_tokens
         error = fmt::format(
             "generate: prompt {} has {} tokens; with max_new_tokens={} it would reach {} "
             "positions, more than the model's {} ({}; n_positions={}): {}",
-            p, n, options.max_new_tokens, n + options.max_new_tokens, room,
+            p, n, options.max_new_tokens,
+            static_cast<long double>(n) + static_cast<long double>(options.max_new_tokens), room,
             cache > 0 ? "kv_cache" : "seq", config.n_positions,
             n < room ? fmt::format("max_new_tokens={} fits", room - n)
                      : std::string("the prompt leaves no room"));

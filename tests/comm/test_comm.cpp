@@ -1252,21 +1252,36 @@ TEST(Watchdog, GuardedCollectivesAreUnchanged) {
 // The last rank is late (computing) while the others wait in an all-reduce:
 // their watchdogs report it as not arrived and the other waiting ranks as
 // arrived. Report-only handler, so the collective then completes normally.
-TEST(Watchdog, ReportNamesTheRankThatHasNotArrived) {
-  const int n = world_size(), me = world_rank();
-  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
-  std::string report;
+// On a 1D grid whose watchdog (0.3 s) reports into `report`, the last rank
+// arrives 3 s late at `wait(grid)`; then `after(grid)`.
+template <class Wait, class After>
+void with_late_rank(std::string& report, Wait&& wait, After&& after) {
   summa::GridOptions options;
   options.watchdog.timeout_s = 0.3;
   options.watchdog.report_s = 1.5;
   options.watchdog.on_expiry = [&](const std::string& r) { report = r; };
   ProcessGrid grid = ProcessGrid::linear1d(MPI_COMM_WORLD, 0, 1, options);
-  Communicator& c = grid.world();
+  if (world_rank() == world_size() - 1)
+    std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  wait(grid);
+  after(grid);
+}
+
+TEST(Watchdog, ReportNamesTheRankThatHasNotArrived) {
+  const int n = world_size(), me = world_rank();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  std::string report;
   const int late = n - 1;
-  const std::uint64_t seq = c.sequence() + 1;
-  if (me == late) std::this_thread::sleep_for(std::chrono::milliseconds(3000));
-  double x = 1, sum = 0;
-  c.all_reduce(&x, &sum, 1);
+  std::uint64_t seq = 0;
+  double sum = 0;
+  with_late_rank(
+      report,
+      [&](ProcessGrid& grid) {
+        seq = grid.world().sequence() + 1;
+        const double x = 1;
+        grid.world().all_reduce(&x, &sum, 1);
+      },
+      [](ProcessGrid&) {});
   EXPECT_EQ(sum, static_cast<double>(n));
   if (me == late) {
     EXPECT_EQ(report, "") << "the late rank waited for nobody";
@@ -1291,29 +1306,27 @@ TEST(Watchdog, ReportNamesTheRankThatHasNotArrived) {
 TEST(Watchdog, AgreeOnIsGuarded) {
   const int n = world_size(), me = world_rank();
   if (n < 2) GTEST_SKIP() << "needs 2 ranks";
-  std::string report;
-  summa::GridOptions options;
-  options.watchdog.timeout_s = 0.3;
-  options.watchdog.report_s = 1.5;
-  options.watchdog.on_expiry = [&](const std::string& r) { report = r; };
-  ProcessGrid grid = ProcessGrid::linear1d(MPI_COMM_WORLD, 0, 1, options);
-  ASSERT_NE(summa::Watchdog::active(), nullptr);
+  std::string report, message;
   const int late = n - 1;
-  if (me == late) std::this_thread::sleep_for(std::chrono::milliseconds(3000));
-  grid.agree(summa::CommAxis::world, std::nullopt);
+  with_late_rank(
+      report,
+      [](ProcessGrid& grid) {
+        ASSERT_NE(summa::Watchdog::active(), nullptr);
+        grid.agree(summa::CommAxis::world, std::nullopt);
+      },
+      [&](ProcessGrid& grid) {  // an error still reaches every rank through the guarded waits
+        try {
+          grid.agree(summa::CommAxis::world,
+                     me == 0 ? std::optional<std::string>("rank 0 says no") : std::nullopt);
+        } catch (const summa::CollectiveError& e) {
+          message = e.what();
+        }
+      });
   if (me == late) {
     EXPECT_EQ(report, "") << "the late rank waited for nobody";
   } else {
     EXPECT_NE(report.find("in agree_on"), std::string::npos) << report;
     EXPECT_NE(report.find(fmt::format("rank {}: NOT ARRIVED", late)), std::string::npos) << report;
-  }
-  // an error still reaches every rank through the guarded waits
-  std::string message;
-  try {
-    grid.agree(summa::CommAxis::world,
-               me == 0 ? std::optional<std::string>("rank 0 says no") : std::nullopt);
-  } catch (const summa::CollectiveError& e) {
-    message = e.what();
   }
   EXPECT_EQ(message, "rank 0 says no");
 }

@@ -73,7 +73,9 @@ class Watchdog {
 
   /// Waits for a raw MPI request (a program's own collective, e.g. on
   /// MPI_COMM_WORLD, a subset of the watchdog's group) under the same limit;
-  /// `what` names it in the report, `group` is the communicator it runs on.
+  /// `what` names it in the report, `group` is the communicator it runs on
+  /// (wait_if_covered; a plain MPI_Wait when the watchdog is off or `group`
+  /// holds a rank outside its communicator).
   void wait(MPI_Request& request, MPI_Comm group, const char* what, std::uint64_t bytes);
 
   /// The enabled watchdog constructed last and still alive in this process
@@ -110,8 +112,6 @@ class Watchdog {
   int rank_ = 0;
   WatchdogOptions options_;
   Pending pending_;
-  MPI_Comm raw_group_ = MPI_COMM_NULL;  ///< wait(MPI_Request&): the last group, and
-  std::vector<int> raw_members_;        ///< its members (kept: no allocation per wait)
   /// wait_if_covered: communicators met, and whether the watchdog covers them
   struct Known {
     MPI_Comm comm = MPI_COMM_NULL;
