@@ -243,9 +243,29 @@ Study read_study(const std::string& path) {
     throw summa::Error(fmt::format("study file {}: {}", path, e.what()));
   }
   Study s;
+  // a whole number in a JSON integer (not 4.7, not 1e18 read as a double)
+  std::size_t k = 0;  // the point being read
+  const auto integer = [&](const json& p, const char* key, long fallback, bool required) {
+    if (!p.contains(key)) {
+      if (required)
+        throw summa::Error(fmt::format("study file {}: point {} has no {}", path, k, key));
+      return fallback;
+    }
+    const json& v = p.at(key);
+    if (!v.is_number_integer() || v.get<long long>() < 1 ||
+        v.get<long long>() > std::numeric_limits<int>::max())
+      throw summa::Error(
+          fmt::format("study file {}: point {}: {}={} is not an integer between 1 "
+                      "and {}",
+                      path, k, key, v.dump(), std::numeric_limits<int>::max()));
+    return static_cast<long>(v.get<long long>());
+  };
   try {
     s.name = j.value("name", path);
     s.kind = j.value("kind", "weak");
+    if (s.kind != "weak" && s.kind != "strong")
+      throw summa::Error(
+          fmt::format("study file {}: kind '{}' is not weak or strong", path, s.kind));
     s.stem_only = j.value("stem_only", true);
     s.checkpoint = j.value("checkpoint", true);
     s.dtype = parse_dtype(j.value("dtype", "f32"));
@@ -255,19 +275,20 @@ Study read_study(const std::string& path) {
     s.placement = placement == "bunched" ? summa::Placement::bunched : summa::Placement::natural;
     for (const json& p : j.at("points")) {
       Point pt;
-      pt.gpus = p.at("gpus").get<int>();
+      pt.gpus = static_cast<int>(integer(p, "gpus", 0, true));
       pt.scheme = p.at("scheme").get<std::string>();
-      pt.batch = p.at("batch").get<long>();
-      pt.seq = p.value("seq", pt.seq);
-      pt.layers = p.value("layers", pt.layers);
-      pt.hidden = p.at("hidden").get<long>();
-      pt.heads = p.at("heads").get<long>();
-      pt.vocab = p.value("vocab", pt.vocab);
+      pt.batch = integer(p, "batch", 0, true);
+      pt.seq = integer(p, "seq", pt.seq, false);
+      pt.layers = integer(p, "layers", pt.layers, false);
+      pt.hidden = integer(p, "hidden", 0, true);
+      pt.heads = integer(p, "heads", 0, true);
+      pt.vocab = integer(p, "vocab", pt.vocab, false);
       if (p.contains("paper_fwd_per_sample_s"))
         pt.paper_fwd = p["paper_fwd_per_sample_s"].get<double>();
       if (p.contains("paper_bwd_per_sample_s"))
         pt.paper_bwd = p["paper_bwd_per_sample_s"].get<double>();
       s.points.push_back(pt);
+      ++k;
     }
   } catch (const json::exception& e) {
     throw summa::Error(fmt::format("study file {}: {}", path, e.what()));
@@ -283,8 +304,9 @@ Study read_study(const std::string& path) {
         {"hidden", p.hidden}, {"heads", p.heads}, {"vocab", p.vocab}};
     for (const auto& [name, value] : sizes)
       if (value < 1 || value > std::numeric_limits<int>::max())
-        throw summa::Error(fmt::format("study file {}: point {}: {}={} is not between 1 and {}",
-                                       path, k, name, value, std::numeric_limits<int>::max()));
+        throw summa::Error(
+            fmt::format("study file {}: point {}: {}={} is not an integer between 1 and {}", path,
+                        k, name, value, std::numeric_limits<int>::max()));
     try {
       config_of(p).validate();
     } catch (const summa::Error& e) {
