@@ -8,7 +8,8 @@
 #       [<manifest_edit>]
 set -uo pipefail
 MPIEXEC=$1
-read -r -a FLAGS <<<"${2//;/ }"  # a CMake list or words
+# shellcheck source=tests/fault/common.sh
+. "$(dirname "$0")/common.sh"  # FLAGS, fail, finish
 EXE=$3
 W=$4
 EDIT=${5:-}  # tests/fault/manifest_edit.cpp: the manifest cases run with it
@@ -16,11 +17,6 @@ rm -rf "$W"
 mkdir -p "$W"
 SMALL=(--layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 --eval-every 0 --eval-batches 1
        --warmup 2 --progress lines --print-every 1 --export '')
-failures=0
-fail() {
-  echo "FAIL [$case]: $*"
-  failures=$((failures + 1))
-}
 
 # run <np> <args...>: sets $rc and $out (stdout + stderr); 60 s hard limit.
 run() {
@@ -463,5 +459,4 @@ case=text_named_bin
 head -c 5000 "$(dirname "$0")/../../examples/data/corpus.txt" >"$W/text.bin"
 expect_error "holds text; rename it" 2 --steps 1 --data "$W/text.bin" --out "$W/$case"
 
-echo "gpt_train fault suite: $failures failure(s)"
-[ "$failures" = 0 ]
+finish "gpt_train fault suite: every case held"

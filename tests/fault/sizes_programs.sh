@@ -10,7 +10,8 @@
 #       <custom_model> <compare_schemes> <calibrate> <work dir>
 set -uo pipefail
 MPIEXEC=$1
-read -r -a FLAGS <<<"${2//;/ }"  # a CMake list or words
+# shellcheck source=tests/fault/common.sh
+. "$(dirname "$0")/common.sh"  # FLAGS, fail, finish
 TRAIN=$3
 GENERATE=$4
 CUSTOM=$5
@@ -19,11 +20,6 @@ CALIBRATE=$7
 W=$8
 rm -rf "$W"
 mkdir -p "$W"
-failures=0
-fail() {
-  echo "FAIL [$case]: $*"
-  failures=$((failures + 1))
-}
 
 # refused <pattern> <exe> <args...>
 refused() {
@@ -108,9 +104,18 @@ case=train_auto_machine_missing  # was: one error per rank, then MPI_ABORT
 refused "gpt_train: error: --scheme auto: machine file .*no-such.json" "$TRAIN" --layers 1 \
   --hidden 32 --heads 4 --seq 16 --batch 8 --steps 1 --export '' --out "$W/auto" \
   --scheme auto --machine "$W/no-such.json"
+for flag in "--max-size|0|--max-size: '0' is not an integer in \\[32, " \
+  "--dtype|f8|--dtype: 'f8' in 'f8' is not f32, f64 or bf16" \
+  "--min-seconds|nan|--min-seconds: 'nan' is not a finite number"; do
+  IFS='|' read -r name value pattern <<<"$flag"
+  case=calibrate_$value  # was: a machine file written, and refused when read
+  refused "$pattern" "$CALIBRATE" "$name" "$value" --out "$W/machine_$value.json"
+  [ ! -e "$W/machine_$value.json" ] || fail "a machine file was written"
+done
+for value in nan 1e300; do
+  case=compare_schemes_budget_$value  # was: accepted (a largest batch of 4096* or 0)
+  refused "--budget-mib: '$value' is not a finite number in" "$COMPARE" --schemes 1d:p=2 \
+    --pass plan --budget-mib "$value"
+done
 
-if [ "$failures" != 0 ]; then
-  echo "$failures case(s) failed"
-  exit 1
-fi
-echo "every program refused sizes no node holds and bad inputs, once, naming them"
+finish "every program refused sizes no node holds and bad inputs, once, naming them"

@@ -12,7 +12,8 @@
 #       <custom_model> <compare_schemes> <scaling_study> <work dir>
 set -uo pipefail
 MPIEXEC=$1
-read -r -a FLAGS <<<"${2//;/ }"  # a CMake list or words
+# shellcheck source=tests/fault/common.sh
+. "$(dirname "$0")/common.sh"  # FLAGS, fail, finish
 TRAIN=$3
 GENERATE=$4
 CUSTOM=$5
@@ -26,11 +27,6 @@ mkdir -p "$W"
 # behind can be found and killed (by its environment: not every program
 # takes a path argument to match).
 export SUMMA_WATCHDOG_PROGRAMS_TEST="$W"
-failures=0
-fail() {
-  echo "FAIL [$case]: $*"
-  failures=$((failures + 1))
-}
 # Kills what a case left: a rank still stopped, or a job the timeout missed.
 kill_leftovers() {
   local pid
@@ -86,8 +82,5 @@ stopped 40 "$COMPARE" --schemes "1d:p=2" --layers 1 --hidden 32 --heads 4 --seq 
 case=scaling_study_run
 stopped 40 "$STUDY" --preset local-strong --gpus 2 --run --reps 1 --json --predict "$MACHINE"
 
-if [ "$failures" -gt 0 ]; then
-  echo "$failures case(s) failed (outputs in $W)"
-  exit 1
-fi
-echo "every program's --watchdog ended its stopped job"
+[ "$failures" = 0 ] || echo "outputs in $W"
+finish "every program's --watchdog ended its stopped job"

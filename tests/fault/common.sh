@@ -1,0 +1,20 @@
+# Sourced by the fault scripts: the mpiexec flags (the script's second
+# argument, a CMake list or words) as FLAGS, the failure count and fail(),
+# and finish().
+# shellcheck shell=bash
+# shellcheck disable=SC2034  # used by the scripts that source this
+read -r -a FLAGS <<<"${2//;/ }"
+failures=0
+case=setup
+fail() {
+  echo "FAIL [$case]: $*"
+  failures=$((failures + 1))
+}
+# finish <message>: exit 1 naming how many cases failed, else print <message>.
+finish() {
+  if [ "$failures" != 0 ]; then
+    echo "$failures case(s) failed"
+    exit 1
+  fi
+  echo "$1"
+}
