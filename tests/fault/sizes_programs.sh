@@ -7,7 +7,7 @@
 # must end within 30 s, non-zero, the message printed once.
 #
 #   tests/fault/sizes_programs.sh <mpiexec> "<mpiexec flags>" <gpt_train> <gpt_generate> \
-#       <custom_model> <compare_schemes> <calibrate> <work dir>
+#       <custom_model> <compare_schemes> <calibrate> <scaling_study> <work dir>
 set -uo pipefail
 MPIEXEC=$1
 # shellcheck source=tests/fault/common.sh
@@ -17,7 +17,8 @@ GENERATE=$4
 CUSTOM=$5
 COMPARE=$6
 CALIBRATE=$7
-W=$8
+STUDY=$8
+W=$9
 rm -rf "$W"
 mkdir -p "$W"
 
@@ -104,6 +105,16 @@ case=train_auto_machine_missing  # was: one error per rank, then MPI_ABORT
 refused "gpt_train: error: --scheme auto: machine file .*no-such.json" "$TRAIN" --layers 1 \
   --hidden 32 --heads 4 --seq 16 --batch 8 --steps 1 --export '' --out "$W/auto" \
   --scheme auto --machine "$W/no-such.json"
+case=scaling_study_run  # was: bad_alloc building the point's model
+printf '{"kind": "weak", "points": [{"gpus": 2, "scheme": "1d:p=2", "batch": 8, "seq": 64, "layers": 2, "hidden": 65536, "heads": 16, "vocab": 1000}]}\n' >"$W/big_study.json"
+out=$(timeout -s KILL 60 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$STUDY" --study "$W/big_study.json" --run \
+  --predict "$(dirname "$0")/../../machines/dev-2core.json" 2>&1)
+rc=$?
+echo "[$case] exit $rc: $(grep -m1 "not run" <<<"$out" | cut -c1-160)"
+[ "$rc" != 137 ] || fail "killed after 60 s"
+[ "$(grep -c "1d:p=2 on 2 device(s) not run: this model .* needs at least .* per rank" <<<"$out")" = 1 ] ||
+  fail "the point was not refused once with its bytes:"$'\n'"$out"
+! grep -qE "bad_alloc|MPI_ABORT" <<<"$out" || fail "ended in bad_alloc or an abort:"$'\n'"$out"
 for flag in "--max-size|0|--max-size: '0' is not an integer in \\[32, " \
   "--dtype|f8|--dtype: 'f8' in 'f8' is not f32, f64 or bf16" \
   "--min-seconds|nan|--min-seconds: 'nan' is not a finite number"; do
