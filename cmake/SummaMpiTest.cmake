@@ -49,7 +49,7 @@ function(summa_apply_sanitizer_env)
     return()
   endif()
   set(_sanitizer_env
-    "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_odr_violation=0:protect_shadow_gap=0"
+    "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_odr_violation=0:protect_shadow_gap=0:allocator_may_return_null=1"
     "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/lsan.supp:print_suppressions=0:use_tls=0"
     "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
   get_property(_tests DIRECTORY PROPERTY TESTS)

@@ -1120,11 +1120,11 @@ int main(int argc, char** argv) {
     if (world_rank() == 0)
       std::fprintf(stderr, "gpt_train: error: %.*s\n", static_cast<int>(m.size()), m.data());
     code = 1;
-  } catch (const std::bad_alloc&) {
+  } catch (const std::bad_alloc& e) {  // past the planner's check (summa::OutOfMemory: the bytes)
     std::fprintf(stderr,
-                 "gpt_train (rank %d): out of memory (std::bad_alloc); lower --batch or the model "
-                 "size, or give --memory-budget; aborting the job\n",
-                 world_rank());
+                 "gpt_train (rank %d): out of memory (%s); lower --batch or the model size, or "
+                 "give --memory-budget; aborting the job\n",
+                 world_rank(), e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);
   } catch (const std::exception& e) {
     // Seen by this rank alone: its peers may wait in a collective for it, so

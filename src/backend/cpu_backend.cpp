@@ -462,7 +462,9 @@ void scatter_add_rows_impl(const std::int32_t* ids, index_t row0, ConstMatrixVie
 void* CpuBackend::allocate(std::size_t bytes) {
   const std::size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
   void* p = std::aligned_alloc(kAlign, size == 0 ? kAlign : size);
-  if (p == nullptr) throw std::bad_alloc();
+  if (p == nullptr)
+    throw OutOfMemory("CpuBackend::allocate: " + std::to_string(bytes) +
+                      " bytes of host memory: out of memory");
   return p;
 }
 void CpuBackend::deallocate(void* p, std::size_t) noexcept {

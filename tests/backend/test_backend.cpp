@@ -130,6 +130,24 @@ TEST(CpuBackend, GemmBlasSemanticsForZeros) {
   EXPECT_EQ(C2, Mat<double>(-C0));
 }
 
+// Memory that runs out is a summa::OutOfMemory (a std::bad_alloc) naming the
+// bytes asked for, not a bare std::bad_alloc (under ASan too:
+// allocator_may_return_null=1, cmake/SummaMpiTest.cmake).
+TEST(CpuBackend, OutOfMemoryNamesTheBytes) {
+  summa::CpuBackend backend;
+  const std::size_t huge = std::size_t{1} << 60;
+  std::string message;
+  try {
+    void* p = backend.allocate(huge);
+    backend.deallocate(p, huge);
+  } catch (const summa::OutOfMemory& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find(std::to_string(huge) + " bytes of host memory"), std::string::npos)
+      << message;
+  EXPECT_THROW((void)backend.allocate(huge), std::bad_alloc);
+}
+
 TEST(CpuBackend, GemmWithScratchAllocatesNothing) {
   if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting is off under ASan";
   CpuBackend backend;

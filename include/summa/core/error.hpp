@@ -1,7 +1,8 @@
 #pragma once
 /// \file error.hpp
-/// The one exception type of the library and the check helper that raises it.
+/// The library's exception types and the check helper that raises them.
 
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -25,6 +26,19 @@ class Error : public std::runtime_error {
 class CollectiveError : public Error {
  public:
   using Error::Error;
+};
+
+/// What a backend's allocate() throws when memory runs out: a std::bad_alloc
+/// (code that catches that still does) whose what() names the bytes asked
+/// for and the memory, e.g. "CpuBackend::allocate: 68719476736 bytes of host
+/// memory: out of memory".
+class OutOfMemory : public std::bad_alloc {
+ public:
+  explicit OutOfMemory(std::string what) : what_(std::move(what)) {}
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  std::string what_;
 };
 
 /// Throws summa::Error(message) when `condition` is false.
