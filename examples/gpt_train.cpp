@@ -683,8 +683,8 @@ int train(const Cli& cli) {
                                       : 0,  // device memory: not measured here
       .source = budget_given ? "of --memory-budget" : "available on this node",
       .state_bytes_per_parameter = static_cast<double>(state_bytes_per_parameter<T>(o.optimizer))};
-  summa::require_lower_bound_fits(world, auto_scheme ? ranks : spec.tensor_ranks(), o.config,
-                                  sizeof(T), true, budget, "gpt_train");
+  if (auto_scheme)  // before ranking schemes; the most optimistic group: all ranks
+    summa::require_lower_bound_fits(world, ranks, o.config, sizeof(T), true, budget, "gpt_train");
   const std::unique_ptr<summa::Backend> backend = make_backend(cli, o.grid);
   if (auto_scheme) {
     spec = choose_scheme<T>(cli, o, *backend, root);

@@ -212,14 +212,7 @@ expect_error "after 2 skipped steps in a row \(the limit\)" 2 --steps 12 --lr 1e
   --on-nonfinite skip --max-skipped 2 --out "$W/$case"
 case=nan_import  # an imported checkpoint holding NaN
 expect_ok 2 --steps 1 --out "$W/exp" --export "$W/exp/export"
-python3 - "$W/exp/export/model.safetensors" <<'EOF'
-import struct, sys
-p = sys.argv[1]
-b = bytearray(open(p, "rb").read())
-n = struct.unpack("<Q", b[:8])[0]
-b[8 + n:8 + n + 4] = struct.pack("<f", float("nan"))
-open(p, "wb").write(b)
-EOF
+poison_safetensors "$W/exp/export/model.safetensors"
 expect_error "not finite" 2 --steps 4 --checkpoint-every 1 --import "$W/exp/export" \
   --out "$W/$case"
 [ -z "$(ls "$W/$case/checkpoints" 2>/dev/null)" ] || fail "a checkpoint was written"

@@ -83,14 +83,7 @@ case=generate_nan_weights  # was: token 0 (NUL bytes) generated, exit 0
 out=$(timeout -s KILL 60 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$TRAIN" --layers 1 --hidden 32 --heads 4 \
   --seq 16 --batch 8 --steps 1 --out "$W/nan" --export "$W/nan/export" 2>&1) ||
   fail "the export to damage was not written: $out"
-python3 - "$W/nan/export/model.safetensors" <<'EOF'
-import struct, sys
-p = sys.argv[1]
-b = bytearray(open(p, "rb").read())
-n = struct.unpack("<Q", b[:8])[0]
-b[8 + n:8 + n + 4] = struct.pack("<f", float("nan"))
-open(p, "wb").write(b)
-EOF
+poison_safetensors "$W/nan/export/model.safetensors"
 refused "gpt_generate: error: --hf .* holds a non-finite value" "$GENERATE" --hf "$W/nan/export" \
   --prompt hi
 case=generate_seed_negative  # was: run as 18446744073709551615
