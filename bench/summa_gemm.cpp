@@ -985,6 +985,30 @@ int run(int argc, char** argv, int rank, int ranks) {
     if (mm % q || nn % q || kk % q)
       throw UsageError("m=" + std::to_string(mm) + " n=" + std::to_string(nn) +
                        " k=" + std::to_string(kk) + " must be multiples of q=" + std::to_string(q));
+  // The host-staged (GPU) communicators hold every collective in flight in
+  // one pinned buffer: room for the A and B blocks twice (a whole block is
+  // the panel at --panel 0; the next panel is posted while one is used) and
+  // a C block, at the widest dtype asked for. A larger need rebuilds the grids.
+  {
+    std::size_t elem = 2;
+    for (const auto& dt : s.dtypes) elem = std::max(elem, dt == "f64" ? std::size_t{8} : 4);
+    std::size_t need = 0;
+    for (const auto& [mm, nn, kk] : s.sizes) {
+      const auto a = static_cast<std::size_t>(mm / q) * static_cast<std::size_t>(kk / q);
+      const auto b = static_cast<std::size_t>(kk / q) * static_cast<std::size_t>(nn / q);
+      const auto c = static_cast<std::size_t>(mm / q) * static_cast<std::size_t>(nn / q);
+      need = std::max(need, (2 * (a + b) + c) * elem + (std::size_t{1} << 20));
+    }
+    if (q > 1 && need > chosen.grid.staging_bytes) {
+      chosen.grid.staging_bytes = need;
+      grid = summa::ProcessGrid::mesh2d(MPI_COMM_WORLD, 0, 1, chosen.grid);
+      if (watched_grid) {
+        summa::GridOptions wo = chosen.grid;
+        wo.watchdog.timeout_s = 600;
+        watched_grid.emplace(summa::ProcessGrid::mesh2d(MPI_COMM_WORLD, 0, 1, wo));
+      }
+    }
+  }
 
   Context ctx{&grid,
               watched_grid ? &*watched_grid : nullptr,

@@ -626,50 +626,45 @@ struct GatherRowsOp {
   }
 };
 
-__device__ __forceinline__ void atomic_add(float* p, float v) {
-  atomicAdd(p, v);
-}
-__device__ __forceinline__ void atomic_add(double* p, double v) {
-  atomicAdd(p, v);
-}
-// bf16: the sum of the two bf16 values rounded once (to nearest even) per
-// addition, native on sm_80+, a compare-and-swap loop on the enclosing
-// aligned 32-bit word before.
-__device__ __forceinline__ void atomic_add(__nv_bfloat16* p, __nv_bfloat16 v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  atomicAdd(p, v);
-#else
-  const auto address = reinterpret_cast<std::uintptr_t>(p);
-  auto* word = reinterpret_cast<unsigned int*>(address & ~std::uintptr_t(3));
-  const unsigned shift = (address & 2) != 0 ? 16u : 0u;
-  unsigned int old = *word, assumed;
-  do {
-    assumed = old;
-    const auto bits = static_cast<unsigned short>((assumed >> shift) & 0xffffu);
-    const float sum = __bfloat162float(__ushort_as_bfloat16(bits)) + __bfloat162float(v);
-    const unsigned int rounded = __bfloat16_as_ushort(__float2bfloat16_rn(sum));
-    const unsigned int updated = (assumed & ~(0xffffu << shift)) | (rounded << shift);
-    old = atomicCAS(word, assumed, updated);
-  } while (old != assumed);
-#endif
-}
+// Deterministic scatter-add (the CPU's order): table(t, c) += src(r, c) for
+// r = 0, 1, ... in row order, each addition widened to acc_of<T> and rounded
+// back to T, exactly like CpuBackend. No atomics: the (t, c) element has one
+// owner thread, the one for column c and bucket t % buckets, which walks every
+// row of src in order and adds the rows whose id falls in its bucket. So the
+// result is the same bits on every run and every replica (replicated
+// embedding gradients stay identical across ranks), and for float and double
+// the same bits as the CPU. The ids travel through shared memory in chunks
+// (one broadcast read per warp and row); buckets multiply the parallelism
+// past the column count (a block is 32 columns x kScatterBucketsPerBlock
+// buckets).
+constexpr int kScatterChunk = 2048;
+constexpr int kScatterBucketsPerBlock = 8;
 
 template <class T>
-struct ScatterAddRowsOp {
-  const std::int32_t* ids;
-  index_t row0;
-  DView<const T> src;
-  DView<T> table;
-  template <int N>  // launched with N == 1 only
-  __device__ void apply(index_t r, index_t c, int dr, int dc) const {
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      const index_t rr = r + k * dr, cc = c + k * dc;
-      const index_t t = local_index(ids[rr], row0, table.rows);
-      if (t >= 0) atomic_add(&table(t, cc), src(rr, cc));
+__global__ void scatter_add_rows_kernel(const std::int32_t* ids, index_t row0, DView<const T> src,
+                                        DView<T> table, int buckets) {
+  using A = acc_of<T>;
+  __shared__ index_t local[kScatterChunk];
+  const index_t c = static_cast<index_t>(blockIdx.x) * 32 + threadIdx.x;
+  const int bucket = static_cast<int>(blockIdx.y) * kScatterBucketsPerBlock + threadIdx.y;
+  const int tid = threadIdx.y * 32 + threadIdx.x;
+  const int threads = 32 * kScatterBucketsPerBlock;
+  const bool active = c < src.cols && bucket < buckets;
+  for (index_t base = 0; base < src.rows; base += kScatterChunk) {
+    const index_t count = src.rows - base < kScatterChunk ? src.rows - base : kScatterChunk;
+    __syncthreads();  // the previous chunk is read by everyone
+    for (index_t i = tid; i < count; i += threads)
+      local[i] = local_index(ids[base + i], row0, table.rows);
+    __syncthreads();
+    if (!active) continue;
+    for (index_t i = 0; i < count; ++i) {
+      const index_t t = local[i];
+      if (t < 0 || t % buckets != bucket) continue;
+      T& out = table(t, c);
+      out = narrow<T>(widen(out) + widen(src(base + i, c)));
     }
   }
-};
+}
 
 // ---- Reduction functors -------------------------------------------------------------
 // Sums accumulate in acc_of<T>; bf16 outputs (column sums, dgamma, dbeta)
@@ -1049,8 +1044,21 @@ void gather_rows(const Launch& launch, const std::int32_t* ids, index_t row0, DV
 template <class T>
 void scatter_add_rows(const Launch& launch, const std::int32_t* ids, index_t row0,
                       DView<const T> src, DView<T> table) {
-  launch_elementwise<T>(launch, ScatterAddRowsOp<T>{ids, row0, src, table}, src.rows, src.cols,
-                        src.row_major, false, "scatter_add_rows");
+  if (src.rows == 0 || src.cols == 0) return;
+  // Enough threads to fill the GPU (about 16 per SM-lane group), never more
+  // buckets than table rows: each scans every id, so more costs more scanning.
+  const index_t col_blocks = (src.cols + 31) / 32;
+  const index_t want =
+      (static_cast<index_t>(launch.sm_count) * 2048 + 32 * col_blocks - 1) / (32 * col_blocks);
+  index_t buckets = want < 1 ? 1 : (want > 64 ? 64 : want);
+  if (buckets > table.rows) buckets = table.rows < 1 ? 1 : table.rows;
+  const dim3 grid(
+      static_cast<unsigned>(col_blocks),
+      static_cast<unsigned>((buckets + kScatterBucketsPerBlock - 1) / kScatterBucketsPerBlock));
+  const dim3 block(32, kScatterBucketsPerBlock);
+  scatter_add_rows_kernel<T>
+      <<<grid, block, 0, launch.stream>>>(ids, row0, src, table, static_cast<int>(buckets));
+  check_launch("scatter_add_rows");
 }
 
 template <class T>

@@ -171,9 +171,9 @@ void cross_entropy_grad(const Launch& launch, DView<T> Z, const acc_of<T>* max,
 template <class T>
 void gather_rows(const Launch& launch, const std::int32_t* ids, index_t row0, DView<const T> table,
                  bool accumulate, DView<T> out);
-/// bf16: atomicAdd on __nv_bfloat16 (sm_80+; a compare-and-swap loop on
-/// the enclosing 32-bit word before): each addition is done in fp32 and
-/// rounded once, so a row hit k times is rounded k times, in any order.
+/// Deterministic, in row order like CpuBackend (no atomics): each addition
+/// is done in acc_of<T> and rounded once, so a bf16 row hit k times is
+/// rounded k times; float and double give the CPU's bits.
 template <class T>
 void scatter_add_rows(const Launch& launch, const std::int32_t* ids, index_t row0,
                       DView<const T> src, DView<T> table);
