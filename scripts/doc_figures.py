@@ -9,9 +9,16 @@ them with the docs; --update writes them in).
     scripts/doc_figures.py memory-report         docs/memory.md's report of rank 0 at q = 2
     scripts/doc_figures.py optimus weak|strong   docs/scaling.md's Optimus Table 2 / 3 prediction
     scripts/doc_figures.py axonn                 docs/scaling.md's AxoNN Table III prediction
+    scripts/doc_figures.py gpu RECORD WHAT       a GPU record's tables (bench/records/*.jsonl,
+                                                 scripts/gpu_verify.sh's results.jsonl with a
+                                                 provenance line first); WHAT: source, gemm,
+                                                 check, q2, block
 
-LOG is the output of scripts/quickstart.sh demo. Timings are left out: they
-are measurements of one machine at one moment, not figures a doc can keep.
+LOG is the output of scripts/quickstart.sh demo. Timings of this machine
+are left out: they are measurements of one machine at one moment, not
+figures a doc can keep. Measurements a doc does quote come from a record
+file committed beside the benchmarks (bench/records/), rendered here, so
+every such figure traces to one run with its machine, date and command.
 """
 import re
 import subprocess
@@ -178,6 +185,65 @@ def axonn():
               f"{gib:.1f} GiB | {100 * p['tflops_per_gpu'] / 312:.1f} % | {paper} |")
 
 
+def gpu_record(path, what):
+    import importlib.util
+    import json
+    import os
+    spec = importlib.util.spec_from_file_location(
+        "gpu_ratio", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench",
+                                  "gpu_ratio.py"))
+    ratio = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ratio)
+    rows = [json.loads(l) for l in read(path) if l.strip().startswith("{")]
+    head = next((r for r in rows if r.get("record") == "gpu_verify"), None)
+    if head is None:
+        sys.exit(f"doc_figures: {path} has no provenance line (\"record\": \"gpu_verify\")")
+    gemm = [r for r in rows if "op" in r and r.get("backend") == "cuda"]
+    num = ratio.num
+    tflops = lambda r, key: 2.0 * r["m"] * r["n"] * r["k"] / r[key] * 1e-12
+    if what == "source":
+        print(f"Record `{path}`: {head['date']}, commit `{head['commit']}`, {head['device']}, "
+              f"driver {head['driver']}, CUDA {head['cuda']}, {head['compiler']}, {head['mpi']}, "
+              f"PyTorch {head['torch']}, {head['os']}; `{head['command']}`.")
+    elif what == "gemm":
+        print("| op | dtype | m × n × k | TF32 | summa TFLOP/s | cuBLAS TFLOP/s | `vs_cublas` "
+              "| by events | ≥ 0.85 |")
+        print("|---|---|---|---|---:|---:|---:|---:|---|")
+        for r in gemm:
+            if r.get("q") != 1 or "check_ok" in r:
+                continue
+            v = num(r.get("vs_cublas"))
+            print(f"| {r['op']} | {r['dtype']} | {r['m']}³ | {'on' if r.get('tf32') else 'off'} "
+                  f"| {tflops(r, 'seconds'):.1f} | {tflops(r, 'cublas_seconds'):.1f} "
+                  f"| {v:.3f} | {num(r.get('vs_cublas_events')):.3f} "
+                  f"| {'PASS' if v >= 0.85 else 'FAIL'} |")
+    elif what == "check":
+        print("| q | ranks | dtype | runs | all within tolerance | largest error | tolerance |")
+        print("|---|---|---|---:|---|---:|---:|")
+        groups = {}
+        for r in gemm:
+            if "check_ok" in r:
+                groups.setdefault((r["q"], r["ranks"], r["dtype"]), []).append(r)
+        for (q, ranks, dtype), g in sorted(groups.items()):
+            print(f"| {q} | {ranks} | {dtype} | {len(g)} "
+                  f"| {'yes' if all(x['check_ok'] for x in g) else 'NO'} "
+                  f"| {max(x['max_rel_error'] for x in g):.1e} | {g[0]['tolerance']:.1e} |")
+    elif what == "q2":
+        print("| m × n × k | dtype | panel | overlap | summa TFLOP/s (4 ranks) "
+              "| one cuBLAS call TFLOP/s | ratio |")
+        print("|---|---|---:|---|---:|---:|---:|")
+        for r in gemm:
+            if r.get("q") == 2 and "check_ok" not in r:
+                print(f"| {r['m']}³ | {r['dtype']} | {r['panel']} "
+                      f"| {'on' if r.get('overlap') else 'off'} | {tflops(r, 'seconds'):.1f} "
+                      f"| {tflops(r, 'cublas_seconds'):.1f} | {num(r.get('vs_cublas')):.2f} |")
+    elif what == "block":
+        text, _, _, _ = ratio.block_table(rows, True)
+        print(text)
+    else:
+        sys.exit(f"doc_figures: gpu: unknown table '{what}' (source, gemm, check, q2, block)")
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -196,6 +262,8 @@ def main():
         optimus(args[0])
     elif what == "axonn":
         axonn()
+    elif what == "gpu":
+        gpu_record(args[0], args[1])
     else:
         sys.exit(f"doc_figures: unknown figure '{what}'\n{__doc__}")
 

@@ -10,7 +10,8 @@
 # it, so a build cut short by the budget continues), --arch 90, --jobs N,
 # --budget SECONDS, --skip-build, --deps DIR (default .gpu_deps), --steps LIST
 # (of test,gemm,block,torch; default all: e.g. a second call after a first one
-# ran out of time: --skip-build --steps gemm,block,torch).
+# ran out of time: --skip-build --steps gemm,block,torch). CTEST_JOBS (default
+# 8) sets ctest's parallelism.
 #
 # Steps (each logged; a failing step does not stop the others):
 #   env    GPU, driver, nvcc, compilers, MPI, CMake, PyTorch: what the machine has
