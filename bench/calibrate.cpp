@@ -222,7 +222,7 @@ GptPoint parse_gpt(const std::string& text) {
 // Refuses (the same UsageError on every rank) a --gpt shape whose three
 // operands would not fit `available` bytes per rank (0: not checked).
 void require_gemms_fit(const std::vector<summa::model::GemmShape>& shapes, std::size_t element,
-                       double available, const std::string& dtype) {
+                       double available, const char* source, const std::string& dtype) {
   if (available <= 0) return;
   for (const summa::model::GemmShape& g : shapes) {
     const double m = static_cast<double>(g.m), n = static_cast<double>(g.n),
@@ -232,8 +232,9 @@ void require_gemms_fit(const std::vector<summa::model::GemmShape>& shapes, std::
     if (bytes > available)
       throw UsageError(fmt::format(
           "--gpt: its {} GEMM {}x{}x{} (batch {}) needs {} per rank for its operands, more than "
-          "the {} per rank available on this node; use smaller --gpt sizes",
-          dtype, g.m, g.n, g.k, g.batch, summa::human_bytes(bytes), summa::human_bytes(available)));
+          "the {} per rank {}; use smaller --gpt sizes",
+          dtype, g.m, g.n, g.k, g.batch, summa::human_bytes(bytes), summa::human_bytes(available),
+          source));
   }
 }
 
@@ -504,9 +505,9 @@ int main(int argc, char** argv) {
       m.device.memory_bytes = 0;
       std::vector<GptPoint> gpts;
       for (const std::string& t : gpt_texts) gpts.push_back(parse_gpt(t));
-      // host memory per rank for the --gpt shapes' operands (0: a GPU's, not checked)
-      const double available =
-          backend == "cpu" ? summa::available_memory_per_rank(MPI_COMM_WORLD) : 0;
+      // the backend's memory per rank for the --gpt shapes' operands (the
+      // node's on the CPU, the device's free memory on a GPU)
+      const double available = summa::available_memory_per_rank(MPI_COMM_WORLD, be);
       if (gpt_ranks.empty()) gpt_ranks.push_back(ranks);
       std::size_t gpt_shape_count = 0;
       for (const std::string& t : {std::string("f32"), std::string("f64"), std::string("bf16")}) {
@@ -514,7 +515,8 @@ int main(int argc, char** argv) {
         const DType dt = t == "f32" ? DType::f32 : t == "f64" ? DType::f64 : DType::bf16;
         const auto extra = gpt_shapes(gpts, gpt_ranks, dt);
         gpt_shape_count = std::max(gpt_shape_count, extra.size());
-        require_gemms_fit(extra, summa::size_of(dt), available, t);
+        require_gemms_fit(extra, summa::size_of(dt), available, summa::available_memory_source(be),
+                          t);
         auto& pw = m.device.pointwise[static_cast<std::size_t>(dt)];
         if (dt == DType::f32) {
           m.device.gemm_of(dt) = measure_gemm<float>(be, min_s, max_size, extra);

@@ -130,7 +130,8 @@ struct Settings {
   std::string device = "cpu";       // the GPU's name on cuda
   summa::GridOptions grid;          // communicators for the backend
   double budget_mib = 64;
-  double available_bytes = 0;  // host memory per rank (0: not checked)
+  double available_bytes = 0;  // the backend's memory per rank (0: not checked)
+  const char* available_source = "available on this node";
   index_t max_batch = 4096;
   std::vector<summa::SchemeSpec> schemes;
   // --predict: the step-time model's prediction beside each measurement
@@ -246,9 +247,9 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
   std::optional<summa::ParallelGpt<T>> run;
   try {
     // sizes checked before anything is built (summa/parallel/memory_check.hpp)
-    summa::require_memory_fits<T>(
-        MPI_COMM_WORLD, spec, backend, s.config, s.batch, s.seq, options, s.grid,
-        {.bytes = s.available_bytes, .source = "available on this node"}, "");
+    summa::require_memory_fits<T>(MPI_COMM_WORLD, spec, backend, s.config, s.batch, s.seq, options,
+                                  s.grid,
+                                  {.bytes = s.available_bytes, .source = s.available_source}, "");
     run.emplace(MPI_COMM_WORLD, spec, backend, s.config, s.batch, s.seq, options, s.grid);
   } catch (const summa::Error& e) {  // identical on every rank
     r.skipped = e.what();
@@ -671,15 +672,15 @@ std::vector<summa::SchemeSpec> auto_schemes(const Settings& s, summa::Backend& b
 template <class T>
 int run_all(const Settings& given, summa::Backend& backend, int rank, int ranks) {
   Settings s = given;
-  if (dynamic_cast<summa::CpuBackend*>(&backend) != nullptr)
-    s.available_bytes = summa::available_memory_per_rank(MPI_COMM_WORLD);
+  s.available_bytes = summa::available_memory_per_rank(MPI_COMM_WORLD, backend);
+  s.available_source = summa::available_memory_source(backend);
   // the token and target ids of the batch (and the stream they come from)
   const double id_bytes = 3.0 * sizeof(std::int32_t) * static_cast<double>(s.batch * s.seq);
   if (s.available_bytes > 0 && id_bytes > s.available_bytes)  // the same on every rank
     throw summa::CollectiveError(
         "--batch " + std::to_string(s.batch) + " --seq " + std::to_string(s.seq) + " needs " +
         summa::human_bytes(id_bytes) + " per rank for its token ids alone, more than the " +
-        summa::human_bytes(s.available_bytes) + " per rank available on this node");
+        summa::human_bytes(s.available_bytes) + " per rank " + s.available_source);
   const Batch data = make_batch(s, s.batch);
   // In "json" mode stdout carries only JSON lines; the rest goes to stderr.
   std::FILE* text = s.format == "json" ? stderr : stdout;

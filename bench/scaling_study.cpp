@@ -509,11 +509,11 @@ void measure(Result& r, const Study& s, const summa::model::Machine& machine,
     try {
       // sizes checked before memory (summa/parallel/memory_check.hpp): a
       // point this node cannot hold is noted with the bytes, not bad_alloc
-      summa::require_memory_fits<T>(
-          sub, spec, backend, c, r.point.batch, r.point.seq, options, grid,
-          {.bytes = backend.host_accessible() ? summa::available_memory_per_rank(sub) : 0,
-           .source = "available on this node"},
-          "");
+      summa::require_memory_fits<T>(sub, spec, backend, c, r.point.batch, r.point.seq, options,
+                                    grid,
+                                    {.bytes = summa::available_memory_per_rank(sub, backend),
+                                     .source = summa::available_memory_source(backend)},
+                                    "");
       summa::ParallelGpt<T> run(sub, spec, backend, c, r.point.batch, r.point.seq, options, grid);
       summa::GptModel<T>& model = run.model();
       model.init(1234);

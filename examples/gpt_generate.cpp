@@ -193,12 +193,12 @@ int run(const Cli& cli) {
   // Sizes from the checkpoint or config.json, checked before anything is
   // built (summa/parallel/memory_check.hpp): the planner's message, not
   // bad_alloc.
-  summa::require_memory_fits<T>(
-      world, spec, *device.backend, config, batch, cli.no_cache ? window : 1, options, device.grid,
-      {.bytes = cli.backend == "cpu" ? summa::available_memory_per_rank(world) : 0,
-       .source = "available on this node",
-       .batch_option = "prompts (batch)"},
-      "gpt_generate");
+  summa::require_memory_fits<T>(world, spec, *device.backend, config, batch,
+                                cli.no_cache ? window : 1, options, device.grid,
+                                {.bytes = summa::available_memory_per_rank(world, *device.backend),
+                                 .source = summa::available_memory_source(*device.backend),
+                                 .batch_option = "prompts (batch)"},
+                                "gpt_generate");
   summa::ParallelGpt<T> run(world, spec, *device.backend, config, batch, cli.no_cache ? window : 1,
                             options, device.grid);
   summa::Gpt<T>& model = run.model();

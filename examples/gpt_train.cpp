@@ -675,17 +675,18 @@ int train(const Cli& cli) {
   // Memory: sizes checked before anything large is built or allocated
   // (summa/parallel/memory_check.hpp): the parameters, gradients and
   // optimizer state from the sizes alone, then the planner's figure for this
-  // configuration (every step buffer), against what the node has per rank.
+  // configuration (every step buffer), against what each rank has: the
+  // node's memory on the CPU, the device's free memory on a GPU (shared by
+  // the ranks on it), or --memory-budget.
+  const std::unique_ptr<summa::Backend> backend = make_backend(cli, o.grid);
   const bool budget_given = cli.memory_budget_gib > 0;
   const summa::MemoryBudget budget{
-      .bytes = budget_given           ? cli.memory_budget_gib * double(1 << 30)
-               : cli.backend == "cpu" ? summa::available_memory_per_rank(world)
-                                      : 0,  // device memory: not measured here
-      .source = budget_given ? "of --memory-budget" : "available on this node",
+      .bytes = budget_given ? cli.memory_budget_gib * double(1 << 30)
+                            : summa::available_memory_per_rank(world, *backend),
+      .source = budget_given ? "of --memory-budget" : summa::available_memory_source(*backend),
       .state_bytes_per_parameter = static_cast<double>(state_bytes_per_parameter<T>(o.optimizer))};
   if (auto_scheme)  // before ranking schemes; the most optimistic group: all ranks
     summa::require_lower_bound_fits(world, ranks, o.config, sizeof(T), true, budget, "gpt_train");
-  const std::unique_ptr<summa::Backend> backend = make_backend(cli, o.grid);
   if (auto_scheme) {
     spec = choose_scheme<T>(cli, o, *backend, root);
     o.scheme = spec.str();

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <new>
 #include <string>
@@ -475,6 +476,20 @@ namespace cpu_detail {
 std::size_t bf16_gemm_scratch_bytes(const CpuBackend& backend, index_t m, index_t n,
                                     index_t k);  // cpu_backend_bf16.cpp
 }  // namespace cpu_detail
+
+double CpuBackend::host_available_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  while (meminfo >> key) {
+    if (key == "MemAvailable:") {
+      double kib = -1;
+      meminfo >> kib;
+      return meminfo && kib >= 0 ? kib * 1024.0 : -1.0;
+    }
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return -1;
+}
 
 std::size_t CpuBackend::gemm_scratch_bytes(index_t m, index_t n, index_t k, DType t) const {
   switch (t) {

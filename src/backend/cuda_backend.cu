@@ -490,10 +490,24 @@ void* CudaBackend::allocate(std::size_t bytes) {
   const cudaError_t e = cudaMalloc(&p, bytes == 0 ? kDeviceAlign : bytes);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    throw Error("CudaBackend::allocate: cudaMalloc(" + std::to_string(bytes) +
-                " bytes) failed: " + cudaGetErrorString(e));
+    const std::string what = "CudaBackend::allocate: cudaMalloc(" + std::to_string(bytes) +
+                             " bytes) failed: " + cudaGetErrorString(e);
+    // like CpuBackend: out of memory is a std::bad_alloc naming the bytes
+    if (e == cudaErrorMemoryAllocation)
+      throw OutOfMemory(what + " (" + std::to_string(static_cast<long long>(memory_free_bytes())) +
+                        " bytes free on the device)");
+    throw Error(what);
   }
   return p;
+}
+
+double CudaBackend::memory_free_bytes() const {
+  std::size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return static_cast<double>(free);
 }
 
 void CudaBackend::deallocate(void* p, std::size_t) noexcept {

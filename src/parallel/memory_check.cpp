@@ -8,6 +8,7 @@
 #include <limits>
 #include <optional>
 
+#include "summa/backend/cpu_backend.hpp"
 #include "summa/comm/consensus.hpp"
 
 namespace summa {
@@ -44,25 +45,36 @@ double memory_lower_bound(std::int64_t tensor_ranks, const GptConfig& config,
          config.n_layer * host_bytes_per_block;
 }
 
-double available_memory_per_rank(MPI_Comm comm) {
-  double kib = 0;
-  {
-    std::ifstream meminfo("/proc/meminfo");
-    std::string key;
-    while (meminfo >> key) {
-      if (key == "MemAvailable:") {
-        meminfo >> kib;
-        break;
-      }
-      meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
-    }
-  }
-  MPI_Comm node = MPI_COMM_NULL;
+namespace {
+
+// `free` bytes of memory domain `domain` shared by the ranks of `comm` on
+// this node with the same domain; the smallest over `comm`, 0 when any rank
+// passes a negative `free` (not known).
+double shared_per_rank(MPI_Comm comm, double free, int domain) {
+  MPI_Comm node = MPI_COMM_NULL, sharers = MPI_COMM_NULL;
   MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int local = 1;
-  MPI_Comm_size(node, &local);
+  MPI_Comm_split(node, domain < 0 ? 0 : domain, 0, &sharers);
+  int count = 1;
+  MPI_Comm_size(sharers, &count);
+  MPI_Comm_free(&sharers);
   MPI_Comm_free(&node);
-  return reduce_over(comm, kib * 1024.0 / local, MPI_MIN, "available_memory_per_rank");
+  const double unknown = reduce_over(comm, free < 0 ? 1.0 : 0.0, MPI_MAX, "available memory");
+  const double least = reduce_over(comm, free / count, MPI_MIN, "available memory");
+  return unknown > 0 ? 0.0 : least;
+}
+
+}  // namespace
+
+double available_memory_per_rank(MPI_Comm comm) {
+  return shared_per_rank(comm, CpuBackend::host_available_bytes(), 0);
+}
+
+double available_memory_per_rank(MPI_Comm comm, const Backend& backend) {
+  return shared_per_rank(comm, backend.memory_free_bytes(), backend.memory_domain());
+}
+
+const char* available_memory_source(const Backend& backend) {
+  return backend.host_accessible() ? "available on this node" : "free on this device";
 }
 
 std::string human_bytes(double bytes) {

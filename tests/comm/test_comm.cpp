@@ -30,6 +30,7 @@
 
 #include <fmt/format.h>
 
+#include "summa/backend/cpu_backend.hpp"
 #include "summa/comm/communicator.hpp"
 #include "summa/comm/counters.hpp"
 #include "summa/comm/mpi_communicator.hpp"
@@ -37,6 +38,7 @@
 #include "summa/core/error.hpp"
 #include "summa/core/types.hpp"
 #include "summa/grid/process_grid.hpp"
+#include "summa/parallel/memory_check.hpp"
 #include "test_util.hpp"
 
 namespace summa {
@@ -1358,5 +1360,32 @@ TEST(Watchdog, BadOptionsAreRefusedEverywhere) {
               std::string::npos)
         << message;
     EXPECT_TRUE(same_on_all_ranks(message));
+  }
+}
+
+// The memory budget the programs check sizes against
+// (summa/parallel/memory_check.hpp): the backend's free memory, shared by the
+// ranks of a node on the same memory domain, the same figure on every rank.
+TEST(MemoryBudget, BackendMemoryIsSharedByTheRanksOfANode) {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local = 1;
+  MPI_Comm_size(node, &local);
+  MPI_Comm_free(&node);
+  for (const bool emulate : {false, true}) {
+    SCOPED_TRACE(emulate ? "emulated device" : "host");
+    const summa::CpuBackend backend(emulate);
+    EXPECT_EQ(backend.memory_domain(), 0);
+    const double host = summa::CpuBackend::host_available_bytes();
+    ASSERT_GT(host, 0) << "/proc/meminfo has no MemAvailable";
+    const double per_rank = summa::available_memory_per_rank(MPI_COMM_WORLD, backend);
+    // MemAvailable moves while the ranks read it: within 10 %
+    EXPECT_NEAR(per_rank, host / local, 0.1 * host / local);
+    double low = per_rank, high = per_rank;
+    MPI_Allreduce(MPI_IN_PLACE, &low, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &high, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(low, high) << "every rank checks against the same budget";
+    EXPECT_STREQ(summa::available_memory_source(backend),
+                 emulate ? "free on this device" : "available on this node");
   }
 }

@@ -324,6 +324,13 @@ class Backend {
   /// synchronize(), so models on such a backend need stream-ordered
   /// communicators (Communicator::stream_ordered()). CpuBackend: false.
   virtual bool asynchronous() const = 0;
+  /// Bytes free in the memory this backend allocates from (the node's
+  /// MemAvailable for CpuBackend, cudaMemGetInfo's free bytes of the device
+  /// for CudaBackend), before any sharing between ranks; negative when not
+  /// known. memory_domain() names that memory within a node: ranks of one
+  /// node with the same domain share it (a device ordinal; 0 for the host).
+  virtual double memory_free_bytes() const { return -1; }
+  virtual int memory_domain() const { return 0; }
   /// Copies `bytes` from host memory to backend memory `dst`, ordered after
   /// the work issued before it; `host_src` may be reused on return.
   void upload(void* dst, const void* host_src, std::size_t bytes);

@@ -26,6 +26,11 @@ class CpuBackend final : public Backend {
   void deallocate(void* p, std::size_t bytes) noexcept override;
   std::size_t gemm_scratch_bytes(index_t m, index_t n, index_t k, DType t) const override;
   bool host_accessible() const override { return !emulate_device_; }
+  /// The node's MemAvailable (/proc/meminfo), emulated device or not.
+  double memory_free_bytes() const override { return host_available_bytes(); }
+  /// The node's MemAvailable in bytes (/proc/meminfo); negative where it
+  /// cannot be read.
+  static double host_available_bytes();
   bool asynchronous() const override { return false; }
 
  private:

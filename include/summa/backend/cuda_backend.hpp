@@ -177,6 +177,10 @@ class CudaBackend final : public Backend {
 
   /// Device memory: false.
   bool host_accessible() const override { return false; }
+  /// cudaMemGetInfo's free bytes of this backend's device; its ordinal as
+  /// the domain (ranks of a node on one device share it).
+  double memory_free_bytes() const override;
+  int memory_domain() const override { return device(); }
   /// Ops are queued on stream(): true.
   bool asynchronous() const override { return true; }
 

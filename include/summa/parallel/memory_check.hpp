@@ -42,6 +42,18 @@ double memory_lower_bound(std::int64_t tensor_ranks, const GptConfig& config,
 /// Collective. 0 where /proc/meminfo cannot be read.
 double available_memory_per_rank(MPI_Comm comm);
 
+/// The memory `backend` allocates from that this rank may use: its free
+/// bytes (Backend::memory_free_bytes: the node's MemAvailable for the CPU,
+/// the device's free memory for a GPU) shared by the ranks of `comm` on the
+/// same node and memory domain (several ranks on one GPU share it), the
+/// smallest over `comm`. Collective. 0 (nothing checked) when any rank
+/// cannot tell.
+double available_memory_per_rank(MPI_Comm comm, const Backend& backend);
+
+/// How a budget from available_memory_per_rank(comm, backend) is named in
+/// errors: "available on this node" or "free on this device".
+const char* available_memory_source(const Backend& backend);
+
 /// The budget a program checks against and how it names it.
 struct MemoryBudget {
   double bytes = 0;                      ///< per rank; 0: no budget (nothing is checked)
