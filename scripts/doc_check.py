@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The doc-check: every shell block of README.md and docs/*.md is run (or
+"""The doc-check: every shell block of README.md, bench/README.md and docs/*.md is run (or
 marked skipped with a reason) and every generated figure is regenerated and
 compared with the doc.
 
@@ -244,8 +244,9 @@ def main():
                     help="regenerate and compare the figures only, run no block")
     args = ap.parse_args()
     os.chdir(ROOT)
-    docs = args.only or (["README.md"] + sorted(os.path.join("docs", d)
-                                                for d in os.listdir("docs") if d.endswith(".md")))
+    docs = args.only or (["README.md", "bench/README.md"] +
+                         sorted(os.path.join("docs", d)
+                                for d in os.listdir("docs") if d.endswith(".md")))
     signature = cpu_signature()
     all_blocks, errors = [], []
     for doc in docs:

@@ -13,6 +13,10 @@ them with the docs; --update writes them in).
                                                  scripts/gpu_verify.sh's results.jsonl with a
                                                  provenance line first); WHAT: source, gemm,
                                                  check, q2, block
+    scripts/doc_figures.py bench RECORD source   a CPU record's provenance (scripts/bench_record.py)
+    scripts/doc_figures.py bench RECORD gemm N   the GEMM table of its N-th run (summa_gemm lines)
+    scripts/doc_figures.py bench RECORD guard    summa_gemm --guard-overhead lines of every run
+    scripts/doc_figures.py bench RECORD layer    gpt_layer lines of every run
 
 LOG is the output of scripts/quickstart.sh demo. Timings of this machine
 are left out: they are measurements of one machine at one moment, not
@@ -244,6 +248,108 @@ def gpu_record(path, what):
         sys.exit(f"doc_figures: gpu: unknown table '{what}' (source, gemm, check, q2, block)")
 
 
+def bench_runs(path):
+    """A bench record: (provenance, [(command, [lines])])."""
+    import json
+    head, runs = None, []
+    for raw in read(path):
+        raw = raw.strip()
+        if not raw.startswith("{"):
+            continue
+        r = json.loads(raw)
+        if r.get("record") == "bench":
+            head = r
+        elif "record_run" in r:
+            runs.append((r["record_run"], []))
+        elif runs:
+            runs[-1][1].append(r)
+    if head is None or not runs:
+        sys.exit(f"doc_figures: {path} is not a bench record (scripts/bench_record.py)")
+    return head, runs
+
+
+def bench_record(path, what, *args):
+    head, runs = bench_runs(path)
+    if what == "source":
+        blas = next((l.get("blas") for _, lines in runs for l in lines if l.get("blas")), None)
+        arch = next((l.get("blas_arch") for _, lines in runs for l in lines if l.get("blas_arch")),
+                    None)
+        print(f"Record `{path}`: {head['date']}, commit `{head['commit']}`, {head['cpu']} "
+              f"(signature `{head['signature']}`); "
+              f"{head['compiler']}; {head['mpi']}"
+              + (f"; BLAS for the baselines `{blas}` ({arch})" if blas else "") + ".")
+        return
+    if what == "guard":
+        print("| ranks | form | m = n = k | time with checks | consensus overhead "
+              "| watchdog overhead |")
+        print("|---|---|---|---:|---:|---:|")
+        pct = lambda x: f"{x * 100:+.1f} %".replace("-", "−")
+        for _, lines in runs:
+            for l in lines:
+                if "consensus_overhead" not in l:
+                    continue
+                ms = l["seconds"] * 1e3
+                print(f"| {l['ranks']} | {l['op']} | {l['m']} "
+                      f"| {ms:.3g} ms | {pct(l['consensus_overhead'])} "
+                      f"| {pct(l['watchdog_overhead'])} |")
+        return
+    if what == "layer":
+        vs_serial = lambda l: f"{l['vs_serial']:.2f}" if "vs_serial" in l else "–"
+        mib = lambda b: f"{b / 2**20:.2f} MiB" if b else "0"
+        print("| q | ranks | what | pass | ckpt | median | tokens/s | model GFLOP/s "
+              "| hw GFLOP/s | bytes sent/rank | peak buffers/rank | activations/rank "
+              "| serial | `vs_serial` |")
+        print("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for _, lines in runs:
+            for l in lines:
+                if l.get("bench") != "gpt_layer":
+                    continue
+                ck = "–" if l.get("checkpoint") is None else ("on" if l["checkpoint"] else "off")
+                serial = l.get("serial_median_s")
+                print(f"| {l['q']} | {l['ranks']} | {l['what']} | {l['pass']} | {ck} "
+                      f"| {l['median_s'] * 1e3:.1f} ms | {l['tokens_per_s']:.0f} "
+                      f"| {l['model_flops_per_s'] / 1e9:.1f} "
+                      f"| {l['hardware_flops_per_s'] / 1e9:.1f} "
+                      f"| {mib(l['bytes_sent_per_rank'])} "
+                      f"| {mib(l['peak_buffer_bytes_per_rank'])} "
+                      f"| {mib(l['activation_bytes_per_rank']) if 'activation_bytes_per_rank' in l else '–'} "
+                      f"| {f'{serial * 1e3:.1f} ms' if serial else '–'} "
+                      f"| {vs_serial(l)} |")
+        return
+    if what != "gemm" or not args:
+        sys.exit(f"doc_figures: bench: unknown table '{what}' (source, gemm N, guard, layer)")
+    n = int(args[0])
+    if not 1 <= n <= len(runs):
+        sys.exit(f"doc_figures: {path} has {len(runs)} runs, not {n}")
+    command, lines = runs[n - 1]
+    lines = [l for l in lines if "op" in l]
+    varies = lambda key: len({str(l.get(key)) for l in lines}) > 1
+    cols = [("dtype", lambda l: l["dtype"]),
+            ("m × n × k", lambda l: f"{l['m']}³" if l["m"] == l["n"] == l["k"]
+             else f"{l['m']}×{l['n']}×{l['k']}"),
+            ("form", lambda l: l["op"])]
+    if varies("panel"):
+        cols.append(("panel", lambda l: str(l["panel"])))
+    if varies("overlap") or varies("progress_slices"):
+        cols.append(("overlap (slices)", lambda l: f"on ({l['progress_slices']})"
+                     if l.get("overlap") else "off"))
+    cols.append(("SUMMA GFLOP/s", lambda l: f"{l['gflops']:.1f}"))
+    if any("eigen_gflops" in l for l in lines):
+        cols += [("Eigen GFLOP/s (1 rank)", lambda l: f"{l['eigen_gflops']:.1f}"),
+                 ("`vs_eigen`", lambda l: f"{l['vs_eigen']:.2f}")]
+    if any("pdgemm_gflops" in l for l in lines):
+        cols += [("PDGEMM GFLOP/s", lambda l: f"{l['pdgemm_gflops']:.1f}"),
+                 ("`vs_pdgemm`", lambda l: f"{l['vs_pdgemm']:.2f}")]
+    ranks = sorted({l["ranks"] for l in lines})
+    nb = sorted({l.get("pdgemm_nb") for l in lines if "pdgemm_nb" in l})
+    print(f"`{command}`: {', '.join(map(str, ranks))} rank(s)"
+          + (f", PDGEMM panel {', '.join(map(str, nb))}" if nb else "") + "\n")
+    print("| " + " | ".join(c for c, _ in cols) + " |")
+    print("|" + "|".join("---:" if "GFLOP" in c or "vs_" in c else "---" for c, _ in cols) + "|")
+    for l in lines:
+        print("| " + " | ".join(f(l) for _, f in cols) + " |")
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -264,6 +370,8 @@ def main():
         axonn()
     elif what == "gpu":
         gpu_record(args[0], args[1])
+    elif what == "bench":
+        bench_record(args[0], *args[1:])
     else:
         sys.exit(f"doc_figures: unknown figure '{what}'\n{__doc__}")
 
