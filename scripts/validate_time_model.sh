@@ -8,6 +8,11 @@
 #
 #   scripts/validate_time_model.sh [--build DIR] [--machine FILE | --calibrate FILE]
 #                                  [--ranks "1 2 4"] [--reps 7] [--repeat 3] [--out DIR]
+#                                  [--record FILE]
+#
+# --record FILE keeps the run's lines as a record (bench/records/: a
+# provenance line, then each model and rank count's compare_schemes lines),
+# which docs/scaling.md renders (scripts/validate_summary.py --record FILE).
 #
 # Needs a Release build (scripts/quickstart.sh build); timings from the
 # checked build (sanitizers, -O0 tests) mean nothing. With 4 ranks on 2
@@ -18,7 +23,7 @@
 # of its runs' medians.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=build machine=machines/dev-2core.json calibrate="" ranks="1 2 4" reps=7 repeat=3
+build=build machine=machines/dev-2core.json calibrate="" ranks="1 2 4" reps=7 repeat=3 record=""
 out=/tmp/summa-validate
 while (($#)); do
   case "$1" in
@@ -29,6 +34,7 @@ while (($#)); do
     --reps) reps=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --record) record=$2; shift 2 ;;
     *) echo "validate_time_model: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -67,55 +73,9 @@ for ((run = 1; run <= repeat; ++run)); do
     done
   done
 done
-"$python" - "$out" "$machine" <<'PY'
-import glob, json, os, sys
-out, machine = sys.argv[1], sys.argv[2]
-lines = ["| model | ranks | schemes | mean abs error | worst | bias | measured fastest | its predicted place |",
-         "|---|---|---|---|---|---|---|---|"]
-errors = []
-order = {"small": 0, "medium": 1, "large": 2}
-files = sorted(glob.glob(os.path.join(out, "*.jsonl")),
-               key=lambda f: (order.get(os.path.basename(f).split("-")[0], 9), f))
-def place(rows, r):
-    below = []
-    for o in rows:
-        t = o["predicted_step_s"]
-        if t < r["predicted_step_s"] and all(abs(t - b) > 1e-9 * r["predicted_step_s"] for b in below):
-            below.append(t)
-    return 1 + len(below)
-worst_place = 0
-for f in files:
-    runs = {}
-    for l in open(f):
-        if l.strip():
-            r = json.loads(l)
-            if r.get("skipped") is None:
-                runs.setdefault(r["scheme"], []).append(r)
-    rows = []
-    for scheme, rs in runs.items():  # the median run of each scheme
-        rs.sort(key=lambda r: r["median_s"])
-        r = dict(rs[len(rs) // 2])
-        r["prediction_error"] = (r["predicted_step_s"] - r["median_s"]) / r["median_s"]
-        rows.append(r)
-    if not rows:
-        continue
-    e = [r["prediction_error"] for r in rows]
-    errors += e
-    fast = min(rows, key=lambda r: r["median_s"])
-    p = place(rows, fast)
-    worst_place = max(worst_place, p)
-    name, np = os.path.basename(f)[:-6].split("-np")
-    lines.append(f"| {name} | {np} | {len(rows)} | {100 * sum(map(abs, e)) / len(e):.1f} % | "
-                 f"{100 * max(map(abs, e)):.1f} % | {100 * sum(e) / len(e):+.1f} % | {fast['scheme']} | {p} |")
-mean = 100 * sum(map(abs, errors)) / len(errors)
-worst = 100 * max(map(abs, errors))
-lines.append(f"| **all** | | {len(errors)} | **{mean:.1f} %** | **{worst:.1f} %** | "
-             f"{100 * sum(errors) / len(errors):+.1f} % | | worst place {worst_place} |")
-text = "\n".join(lines)
-print(text)
-open(os.path.join(out, "summary.md"), "w").write(f"machine file: {machine}\n\n{text}\n")
-ok = mean <= 10 and worst <= 25 and worst_place <= 3
-print(f"\nvalidate_time_model: mean {mean:.1f} % (<= 10), worst {worst:.1f} % (<= 25), "
-      f"measured fastest at predicted place <= {worst_place} (<= 3): {'PASS' if ok else 'FAIL'}")
-sys.exit(0 if ok else 1)
-PY
+status=0
+"$python" scripts/validate_summary.py "$out" "$machine" || status=$?
+if [ -n "$record" ]; then
+  "$python" scripts/validate_summary.py --write-record "$record" "$out" "$machine"
+fi
+exit $status
