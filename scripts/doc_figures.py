@@ -17,6 +17,8 @@ them with the docs; --update writes them in).
     scripts/doc_figures.py bench RECORD gemm N   the GEMM table of its N-th run (summa_gemm lines)
     scripts/doc_figures.py bench RECORD guard    summa_gemm --guard-overhead lines of every run
     scripts/doc_figures.py bench RECORD layer    gpt_layer lines of every run
+    scripts/doc_figures.py bench RECORD steps N  compare_schemes step times of its N-th run
+    scripts/doc_figures.py bench RECORD inference N  compare_schemes --pass inference times
 
 LOG is the output of scripts/quickstart.sh demo. Timings of this machine
 are left out: they are measurements of one machine at one moment, not
@@ -316,8 +318,29 @@ def bench_record(path, what, *args):
                       f"| {f'{serial * 1e3:.1f} ms' if serial else '–'} "
                       f"| {vs_serial(l)} |")
         return
+    if what in ("steps", "inference") and args:
+        n = int(args[0])
+        if not 1 <= n <= len(runs):
+            sys.exit(f"doc_figures: {path} has {len(runs)} runs, not {n}")
+        command, lines = runs[n - 1]
+        lines = [l for l in lines if "scheme" in l and not l.get("skipped")]
+        print(f"`{command}`:\n")
+        if what == "steps":
+            print("| scheme | step (s) | tokens/s |")
+            print("|---|--:|--:|")
+            for l in lines:
+                print(f"| `{l['scheme']}` | {l['median_s']:.3f} | {l['tokens_per_s']:.0f} |")
+        else:
+            print("| scheme | forward s | inference seq/s | prefill tokens/s | decode tokens/s |")
+            print("|---|--:|--:|--:|--:|")
+            for l in lines:
+                print(f"| `{l['scheme']}` | {l['forward_s']:.4f} "
+                      f"| {l['inference_sequences_per_s']:.1f} "
+                      f"| {l['prefill_tokens_per_s']:.0f} | {l['decode_tokens_per_s']:.0f} |")
+        return
     if what != "gemm" or not args:
-        sys.exit(f"doc_figures: bench: unknown table '{what}' (source, gemm N, guard, layer)")
+        sys.exit(f"doc_figures: bench: unknown table '{what}' "
+                 "(source, gemm N, guard, layer, steps N, inference N)")
     n = int(args[0])
     if not 1 <= n <= len(runs):
         sys.exit(f"doc_figures: {path} has {len(runs)} runs, not {n}")
