@@ -986,20 +986,25 @@ int run(int argc, char** argv, int rank, int ranks) {
       throw UsageError("m=" + std::to_string(mm) + " n=" + std::to_string(nn) +
                        " k=" + std::to_string(kk) + " must be multiples of q=" + std::to_string(q));
   // The host-staged (GPU) communicators hold every collective in flight in
-  // one pinned buffer: room for the A and B blocks twice (a whole block is
-  // the panel at --panel 0; the next panel is posted while one is used) and
-  // a C block, at the widest dtype asked for. A larger need rebuilds the grids.
-  {
+  // one pinned buffer per axis. A panel is at most max(m, n, k)/q wide and
+  // --panel deep (the whole block at --panel 0), and the broadcasts of the
+  // current and the next panel and the reductions of C panels may be in
+  // flight together: room for five such panels at the widest dtype asked
+  // for (at --panel 0 the sum the H200 run needed). A need above the default
+  // rebuilds the grids; mpi_staged only (nothing else stages).
+  if (q > 1 && chosen.grid.comm == summa::CommBackend::mpi_staged) {
     std::size_t elem = 2;
     for (const auto& dt : s.dtypes) elem = std::max(elem, dt == "f64" ? std::size_t{8} : 4);
     std::size_t need = 0;
     for (const auto& [mm, nn, kk] : s.sizes) {
-      const auto a = static_cast<std::size_t>(mm / q) * static_cast<std::size_t>(kk / q);
-      const auto b = static_cast<std::size_t>(kk / q) * static_cast<std::size_t>(nn / q);
-      const auto c = static_cast<std::size_t>(mm / q) * static_cast<std::size_t>(nn / q);
-      need = std::max(need, (2 * (a + b) + c) * elem + (std::size_t{1} << 20));
+      const auto wide = static_cast<std::size_t>(std::max({mm, nn, kk}) / q);
+      for (index_t panel : s.panels) {
+        const std::size_t depth =
+            panel == 0 ? wide : std::min(wide, static_cast<std::size_t>(panel));
+        need = std::max(need, 5 * wide * depth * elem + (std::size_t{1} << 20));
+      }
     }
-    if (q > 1 && need > chosen.grid.staging_bytes) {
+    if (need > chosen.grid.staging_bytes) {
       chosen.grid.staging_bytes = need;
       grid = summa::ProcessGrid::mesh2d(MPI_COMM_WORLD, 0, 1, chosen.grid);
       if (watched_grid) {

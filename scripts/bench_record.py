@@ -93,7 +93,9 @@ def main():
     with open(path, mode, encoding="utf-8") as f:
         if mode == "w":
             f.write(json.dumps(provenance()) + "\n")
-        f.write(json.dumps({"record_run": shown}) + "\n")
+        head = provenance()  # each run's own date and commit (--append may come later)
+        f.write(json.dumps({"record_run": shown, "date": head["date"],
+                            "commit": head["commit"]}) + "\n")
         for r in lines:
             f.write(json.dumps(r) + "\n")
     print(f"bench_record: {len(lines)} line(s) of `{shown}` into {path}", file=sys.stderr)

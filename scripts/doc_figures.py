@@ -206,7 +206,17 @@ def gpu_record(path, what):
         sys.exit(f"doc_figures: {path} has no provenance line (\"record\": \"gpu_verify\")")
     gemm = [r for r in rows if "op" in r and r.get("backend") == "cuda"]
     num = ratio.num
-    tflops = lambda r, key: 2.0 * r["m"] * r["n"] * r["k"] / r[key] * 1e-12
+
+    def tflops(r, key):
+        t = num(r.get(key))
+        return f"{2.0 * r['m'] * r['n'] * r['k'] / t * 1e-12:.1f}" if t else "-"
+
+    def three(x):
+        x = num(x)
+        return "-" if x is None else f"{x:.3f}"
+
+    def size(r):
+        return f"{r['m']}³" if r["m"] == r["n"] == r["k"] else f"{r['m']}×{r['n']}×{r['k']}"
     if what == "source":
         print(f"Record `{path}`: {head['date']}, commit `{head['commit']}`, {head['device']}, "
               f"driver {head['driver']}, CUDA {head['cuda']}, {head['compiler']}, {head['mpi']}, "
@@ -219,10 +229,10 @@ def gpu_record(path, what):
             if r.get("q") != 1 or "check_ok" in r:
                 continue
             v = num(r.get("vs_cublas"))
-            print(f"| {r['op']} | {r['dtype']} | {r['m']}³ | {'on' if r.get('tf32') else 'off'} "
-                  f"| {tflops(r, 'seconds'):.1f} | {tflops(r, 'cublas_seconds'):.1f} "
-                  f"| {v:.3f} | {num(r.get('vs_cublas_events')):.3f} "
-                  f"| {'PASS' if v >= 0.85 else 'FAIL'} |")
+            verdict = "-" if v is None else ("PASS" if v >= 0.85 else "FAIL")
+            print(f"| {r['op']} | {r['dtype']} | {size(r)} | {'on' if r.get('tf32') else 'off'} "
+                  f"| {tflops(r, 'seconds')} | {tflops(r, 'cublas_seconds')} "
+                  f"| {three(v)} | {three(r.get('vs_cublas_events'))} | {verdict} |")
     elif what == "check":
         print("| q | ranks | dtype | runs | all within tolerance | largest error | tolerance |")
         print("|---|---|---|---:|---|---:|---:|")
@@ -240,12 +250,13 @@ def gpu_record(path, what):
         print("|---|---|---:|---|---:|---:|---:|")
         for r in gemm:
             if r.get("q") == 2 and "check_ok" not in r:
-                print(f"| {r['m']}³ | {r['dtype']} | {r['panel']} "
-                      f"| {'on' if r.get('overlap') else 'off'} | {tflops(r, 'seconds'):.1f} "
-                      f"| {tflops(r, 'cublas_seconds'):.1f} | {num(r.get('vs_cublas')):.2f} |")
+                v = num(r.get("vs_cublas"))
+                print(f"| {size(r)} | {r['dtype']} | {r['panel']} "
+                      f"| {'on' if r.get('overlap') else 'off'} | {tflops(r, 'seconds')} "
+                      f"| {tflops(r, 'cublas_seconds')} | {'-' if v is None else f'{v:.2f}'} |")
     elif what == "block":
         text, _, _, _ = ratio.block_table(rows, True)
-        print(text)
+        print(text or "(no block lines in the record)")
     else:
         sys.exit(f"doc_figures: gpu: unknown table '{what}' (source, gemm, check, q2, block)")
 

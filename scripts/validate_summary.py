@@ -89,7 +89,7 @@ def from_record(path):
             if r.get("record") == "bench":
                 head = r
             elif "record_run" in r:
-                name, np = r["record_run"].split("-np")
+                name, np = r["record_run"].rsplit("-np", 1)
                 groups.append((name, np, []))
             elif groups:
                 groups[-1][2].append(r)

@@ -501,9 +501,31 @@ void* CudaBackend::allocate(std::size_t bytes) {
   return p;
 }
 
+std::string CudaBackend::memory_domain() const {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, impl_->device) != cudaSuccess) {
+    cudaGetLastError();
+    return "cuda:" + std::to_string(impl_->device);
+  }
+  std::string key = "cuda:";
+  static const char* hex = "0123456789abcdef";
+  for (char byte : prop.uuid.bytes) {
+    const auto b = static_cast<unsigned char>(byte);
+    key += hex[b >> 4];
+    key += hex[b & 15];
+  }
+  return key;
+}
+
 double CudaBackend::memory_free_bytes() const {
+  // cudaMemGetInfo reads the calling thread's current device: this backend's
+  int current = -1;
+  const bool switched = cudaGetDevice(&current) == cudaSuccess && current != impl_->device &&
+                        cudaSetDevice(impl_->device) == cudaSuccess;
   std::size_t free = 0, total = 0;
-  if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+  const bool ok = cudaMemGetInfo(&free, &total) == cudaSuccess;
+  if (switched) cudaSetDevice(current);
+  if (!ok) {
     cudaGetLastError();
     return -1;
   }

@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
-#include <fstream>
-#include <limits>
+#include <cstddef>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "summa/backend/cpu_backend.hpp"
 #include "summa/comm/consensus.hpp"
@@ -48,16 +50,28 @@ double memory_lower_bound(std::int64_t tensor_ranks, const GptConfig& config,
 namespace {
 
 // `free` bytes of memory domain `domain` shared by the ranks of `comm` on
-// this node with the same domain; the smallest over `comm`, 0 when any rank
-// passes a negative `free` (not known).
-double shared_per_rank(MPI_Comm comm, double free, int domain) {
-  MPI_Comm node = MPI_COMM_NULL, sharers = MPI_COMM_NULL;
+// this node with the same domain (compared as text: a GPU's UUID, "host");
+// the smallest over `comm`, 0 when any rank passes a negative `free` (not
+// known).
+double shared_per_rank(MPI_Comm comm, double free, const std::string& domain) {
+  MPI_Comm node = MPI_COMM_NULL;
   MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  MPI_Comm_split(node, domain < 0 ? 0 : domain, 0, &sharers);
-  int count = 1;
-  MPI_Comm_size(sharers, &count);
-  MPI_Comm_free(&sharers);
+  int local = 1;
+  MPI_Comm_size(node, &local);
+  constexpr std::size_t kKey = 64;  // longer keys compare by their first 64 bytes
+  std::array<char, kKey> mine{};
+  std::copy_n(domain.data(), std::min(domain.size(), kKey), mine.data());
+  std::vector<char> all(kKey * static_cast<std::size_t>(local));
+  MPI_Allgather(mine.data(), static_cast<int>(kKey), MPI_CHAR, all.data(), static_cast<int>(kKey),
+                MPI_CHAR, node);
   MPI_Comm_free(&node);
+  int count = 0;
+  for (int r = 0; r < local; ++r)
+    count +=
+        std::equal(mine.begin(), mine.end(),
+                   all.begin() + static_cast<std::ptrdiff_t>(r) * static_cast<std::ptrdiff_t>(kKey))
+            ? 1
+            : 0;
   const double unknown = reduce_over(comm, free < 0 ? 1.0 : 0.0, MPI_MAX, "available memory");
   const double least = reduce_over(comm, free / count, MPI_MIN, "available memory");
   return unknown > 0 ? 0.0 : least;
@@ -66,7 +80,7 @@ double shared_per_rank(MPI_Comm comm, double free, int domain) {
 }  // namespace
 
 double available_memory_per_rank(MPI_Comm comm) {
-  return shared_per_rank(comm, CpuBackend::host_available_bytes(), 0);
+  return shared_per_rank(comm, CpuBackend::host_available_bytes(), "host");
 }
 
 double available_memory_per_rank(MPI_Comm comm, const Backend& backend) {
@@ -74,7 +88,7 @@ double available_memory_per_rank(MPI_Comm comm, const Backend& backend) {
 }
 
 const char* available_memory_source(const Backend& backend) {
-  return backend.host_accessible() ? "available on this node" : "free on this device";
+  return backend.memory_domain() == "host" ? "available on this node" : "free on this device";
 }
 
 std::string human_bytes(double bytes) {

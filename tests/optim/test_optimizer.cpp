@@ -497,19 +497,21 @@ TEST(Optimizer, ArithmeticStateLayoutAndResume) {
       flat_offset.push_back(offset);
       offset += info.size();
     }
-    // Relative to each moment's largest value: a gradient element that cancels
-    // to about zero is summed in another order on the GPU (cuBLAS), so its
-    // moments may differ from the serial ones by that rounding alone.
-    double scale[2] = {0, 0};
-    for (std::size_t slot = 0; slot < 2; ++slot)
-      for (double v : slot == 0 ? serial.first : serial.second)
-        scale[slot] = std::max(scale[slot], std::abs(v));
+    // exp_avg_sq (a sum of squares) cannot cancel: relative per element.
+    // exp_avg can (β1·m + (1−β1)·g of opposite signs), and a device rounds it
+    // in another order (FMA) than the serial code: relative to the largest
+    // exp_avg of the same tensor.
     for (Param<double>* p : store.params()) {
       if (!p->held()) continue;
       const auto at = static_cast<std::size_t>(p->value - store.values_base());
       std::size_t index = 0;
       while (mirror.parameter_info()[index].name != p->shard.name) ++index;
       const ParamShard& s = p->shard;
+      double tensor_scale = 0;
+      for (std::size_t i = 0; i < static_cast<std::size_t>(mirror.parameter_info()[index].size());
+           ++i)
+        tensor_scale = std::max(
+            tensor_scale, std::abs(serial.first[static_cast<std::size_t>(flat_offset[index]) + i]));
       for (const ShardPiece& piece : s.pieces)
         for (index_t r = 0; r < piece.rows; ++r)
           for (index_t c = 0; c < piece.cols; ++c) {
@@ -521,7 +523,7 @@ TEST(Optimizer, ArithmeticStateLayoutAndResume) {
             for (std::size_t slot = 0; slot < 2; ++slot) {
               const double want = slot == 0 ? serial.first[global] : serial.second[global];
               const double got = state[slot][at + local];
-              const double size = std::abs(want) + scale[slot];
+              const double size = std::abs(want) + (slot == 0 ? tensor_scale : 0.0);
               worst = std::max(worst, std::abs(got - want) / std::max(size, 1e-300));
               if (!(std::abs(got - want) <= 1e-12 * size)) ++bad;
             }

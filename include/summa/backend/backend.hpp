@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "summa/core/bf16.hpp"
@@ -328,9 +329,10 @@ class Backend {
   /// MemAvailable for CpuBackend, cudaMemGetInfo's free bytes of the device
   /// for CudaBackend), before any sharing between ranks; negative when not
   /// known. memory_domain() names that memory within a node: ranks of one
-  /// node with the same domain share it (a device ordinal; 0 for the host).
+  /// node with the same domain share it ("host" for the host's memory; a
+  /// GPU's UUID, the same whichever ordinal CUDA_VISIBLE_DEVICES gives it).
   virtual double memory_free_bytes() const { return -1; }
-  virtual int memory_domain() const { return 0; }
+  virtual std::string memory_domain() const { return "host"; }
   /// Copies `bytes` from host memory to backend memory `dst`, ordered after
   /// the work issued before it; `host_src` may be reused on return.
   void upload(void* dst, const void* host_src, std::size_t bytes);

@@ -177,10 +177,11 @@ class CudaBackend final : public Backend {
 
   /// Device memory: false.
   bool host_accessible() const override { return false; }
-  /// cudaMemGetInfo's free bytes of this backend's device; its ordinal as
-  /// the domain (ranks of a node on one device share it).
+  /// cudaMemGetInfo's free bytes of this backend's device; its UUID as the
+  /// domain (ranks of a node on one device share it, whatever ordinal each
+  /// sees: CUDA_VISIBLE_DEVICES, one GPU per task, MIG instances).
   double memory_free_bytes() const override;
-  int memory_domain() const override { return device(); }
+  std::string memory_domain() const override;
   /// Ops are queued on stream(): true.
   bool asynchronous() const override { return true; }
 
