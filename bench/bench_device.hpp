@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "../examples/flag_checks.hpp"
 #include "summa/summa.hpp"
 #if SUMMA_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -18,6 +19,11 @@
 #endif
 
 namespace summa::bench {
+
+/// --cpu-gemm and --threads (registered by add_device_options, read by
+/// make_backend: a benchmark has one device).
+inline std::string cpu_gemm_flag;
+inline int cpu_threads_flag = 1;
 
 /// Registers --backend, --comm and --tf32 on `app`, bound to the three
 /// settings; `backend_note` is appended to --backend's help, `tf32_help` is
@@ -36,6 +42,7 @@ inline void add_device_options(CLI::App& app, std::string& backend, std::string&
       ->check(CLI::IsMember({"mpi_staged", "nccl"}))
       ->capture_default_str();
   app.add_flag("--tf32", tf32, tf32_help);
+  summa::flags::add_cpu_options(app, cpu_gemm_flag, cpu_threads_flag);
 }
 
 /// What make_backend selected.
@@ -59,8 +66,13 @@ BenchBackend make_backend(const std::string& backend, const std::string& comm, b
                      "-DSUMMA_CUDA=ON)");
   if (!cuda && (tf32 || comm_given)) throw UsageError("--tf32 and --comm need --backend cuda");
   BenchBackend out;
-  summa::Device d = summa::make_device(
-      MPI_COMM_WORLD, {.backend = backend, .comm = cuda ? comm : std::string(), .tf32 = tf32});
+  if (cuda && (!cpu_gemm_flag.empty() || cpu_threads_flag != 1))
+    throw UsageError("--cpu-gemm and --threads apply to --backend cpu only");
+  summa::Device d = summa::make_device(MPI_COMM_WORLD, {.backend = backend,
+                                                        .comm = cuda ? comm : std::string(),
+                                                        .cpu_gemm = cpu_gemm_flag,
+                                                        .threads = cpu_threads_flag,
+                                                        .tf32 = tf32});
   out.backend = std::move(d.backend);
   out.grid = d.grid;
   out.device = d.name;

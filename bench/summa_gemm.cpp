@@ -25,6 +25,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -242,6 +243,7 @@ struct Settings {
   bool check = false;
   double tol = 0;  // 0: per-dtype default
   bool eigen = true;
+  std::vector<std::string> libraries;  // --compare-libraries
   bool pdgemm = true;
   int pdgemm_nb = 0;                // PILAENV override; 0: ScaLAPACK's
   std::string backend = "cpu";      // "cpu" or "cuda"
@@ -397,6 +399,53 @@ class EigenGemm {
   Form form_;
   bool active_;
   Mat A_, B_, C_;
+};
+
+// ---------------------------------------------------------------- library baselines
+// --compare-libraries: one plain GEMM of the global size on rank 0 through a
+// CpuBackend on each CPU GEMM library this machine loads (eigen, openblas,
+// blis, mkl), with no SUMMA around it: the fastest of them is what summa at
+// q = 1 is held to (vs_fastest), and which one is fastest is the answer to
+// "which library should this machine use" (docs/design.md, "CPU GEMM").
+template <class T>
+class LibraryGemm {
+ public:
+  LibraryGemm(const std::string& library, Form f, index_t m, index_t n, index_t k, bool active)
+      : form_(f), active_(active), m_(m), n_(n), k_(k) {
+    if (!active) return;
+    backend_.emplace(summa::CpuOptions{.gemm = library, .threads = summa::bench::cpu_threads_flag});
+    const Dims ad = a_dims(f, m, k), bd = b_dims(f, n, k);
+    a_ = fill_block<T>(1, 0, 0, ad.rows, ad.cols);
+    b_ = fill_block<T>(2, 0, 0, bd.rows, bd.cols);
+    c_.assign(static_cast<std::size_t>(m * n), T(0));
+    scratch_.resize(backend_->gemm_scratch_bytes(m, n, k, summa::dtype_v<T>));
+  }
+  /// Collective: rank 0 returns the seconds of one product, the others 0.
+  double run_once() {
+    double dt = 0;
+    if (active_) {
+      const Dims ad = a_dims(form_, m_, k_), bd = b_dims(form_, n_, k_);
+      auto A = summa::MatrixView<const T>::dense(a_.data(), ad.rows, ad.cols);
+      auto B = summa::MatrixView<const T>::dense(b_.data(), bd.rows, bd.cols);
+      auto C = summa::MatrixView<T>::dense(c_.data(), m_, n_);
+      const auto t0 = std::chrono::steady_clock::now();
+      backend_->gemm(form_ == Form::AtB ? summa::Op::T : summa::Op::N,
+                     form_ == Form::ABt ? summa::Op::T : summa::Op::N, T(1), A, B, T(0), C,
+                     {scratch_.data(), scratch_.size()});
+      dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    sleepy_barrier();
+    return dt;
+  }
+  std::string detail() const { return backend_ ? backend_->gemm_detail() : std::string(); }
+
+ private:
+  Form form_;
+  bool active_;
+  index_t m_, n_, k_;
+  std::optional<summa::CpuBackend> backend_;
+  std::vector<T> a_, b_, c_;
+  std::vector<std::byte> scratch_;
 };
 
 // ---------------------------------------------------------------- backend memory
@@ -595,6 +644,9 @@ struct Context {
   int pdgemm_nb = 0;        ///< PBLAS's panel width in effect
   void* stream = nullptr;   ///< cuda: the CudaBackend's cudaStream_t
   std::string device_name;  ///< cuda: the GPU of rank 0
+  /// --compare-libraries: per library, its GFLOP/s over the fastest's, per case
+  std::map<std::string, std::vector<double>> library_ratios;
+  std::vector<double> summa_vs_fastest;
 };
 
 // One (size, form, dtype). For every panel and overlap setting, each timed
@@ -634,6 +686,15 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
     eigen.emplace(form, m, n, k, ctx.rank == 0);
     for (int w = 0; w < s.warmup; ++w) eigen->run_once();
   }
+
+  std::vector<std::pair<std::string, LibraryGemm<std::conditional_t<host_baselines, T, float>>>>
+      libraries;
+  if (host_baselines && !cuda)
+    for (const std::string& lib : s.libraries) {
+      libraries.emplace_back(std::piecewise_construct, std::forward_as_tuple(lib),
+                             std::forward_as_tuple(lib, form, m, n, k, ctx.rank == 0));
+      for (int w = 0; w < std::max(s.warmup, 1); ++w) libraries.back().second.run_once();
+    }
 
   // PDGEMM on the same grid and distribution: pdgemm_call is empty when not run.
   std::function<void()> pdgemm_call;
@@ -739,9 +800,12 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
           if (!(*err <= tol)) ok = false;
         }
         std::vector<double> t_summa, t_eigen, t_pdgemm, t_cublas, t_unguarded, t_watched;
+        std::vector<std::vector<double>> t_libraries(libraries.size());
         timing_events = cuda;
         for (int r = 0; r < s.reps; ++r) {
           if (eigen) t_eigen.push_back(eigen->run_once());
+          for (std::size_t l = 0; l < libraries.size(); ++l)
+            t_libraries[l].push_back(libraries[l].second.run_once());
           if (pdgemm_call) t_pdgemm.push_back(time_collective(pdgemm_call));
 #if SUMMA_HAVE_CUDA
           if (cublas) t_cublas.push_back(cublas->run_once());
@@ -814,6 +878,32 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
           j["eigen_gflops"] = eg;
           j["vs_eigen"] = gf / eg;
         }
+        if (!libraries.empty()) {
+          Json per = Json::object(), details = Json::object();
+          std::string fastest;
+          double best = 0;
+          std::vector<double> median_rank0(libraries.size());
+          for (std::size_t l = 0; l < libraries.size(); ++l) {
+            double ls = median(t_libraries[l]);  // meaningful on rank 0
+            MPI_Bcast(&ls, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+            median_rank0[l] = ls;
+            const double lg = gflops(m, n, k, ls);
+            per[libraries[l].first] = lg;
+            details[libraries[l].first] = libraries[l].second.detail();
+            if (lg > best) {
+              best = lg;
+              fastest = libraries[l].first;
+            }
+          }
+          for (std::size_t l = 0; l < libraries.size(); ++l)
+            ctx.library_ratios[libraries[l].first].push_back(gflops(m, n, k, median_rank0[l]) /
+                                                             best);
+          ctx.summa_vs_fastest.push_back(gf / best);
+          j["libraries_gflops"] = per;
+          if (ctx.rank == 0) j["libraries"] = details;
+          j["fastest_library"] = fastest;
+          j["vs_fastest"] = gf / best;
+        }
         if (pdgemm_call) {
           const double ps = median(t_pdgemm), pg = gflops(m, n, k, ps);
           j["pdgemm_seconds"] = ps;
@@ -841,6 +931,8 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
           }
         } else {
           j["backend"] = "cpu";
+          j["cpu_gemm"] = std::string(ctx.backend->name()).substr(4);  // "cpu-<library>"
+          j["threads"] = summa::bench::cpu_threads_flag;
           j["blas"] = dtype == summa::DType::f64 ? ctx.blas.dgemm : ctx.blas.sgemm;
           if (!ctx.blas.arch.empty()) j["blas_arch"] = ctx.blas.arch;
         }
@@ -930,6 +1022,11 @@ int run(int argc, char** argv, int rank, int ranks) {
                "Also time each call without the consensus all-reduce and with a watchdog "
                "(600 s) on the mesh, in the same repetitions");
   app.add_flag("--no-eigen", no_eigen, "Skip the single-process Eigen baseline");
+  bool compare_libraries = false;
+  app.add_flag("--compare-libraries", compare_libraries,
+               "Also time one plain GEMM of the global size on rank 0 through each CPU GEMM "
+               "library this machine loads (eigen, openblas, blis, mkl): libraries_gflops, "
+               "fastest_library and summa's vs_fastest in every line, and a verdict at the end");
   app.add_flag("--no-pdgemm", no_pdgemm, "Skip the ScaLAPACK PDGEMM comparison");
   summa::bench::add_device_options(app, s.backend, s.comm, s.tf32, "",
                                    "cuda: TF32 tensor cores in f32 GEMMs (summa and cuBLAS)");
@@ -949,6 +1046,7 @@ int run(int argc, char** argv, int rank, int ranks) {
   // compare a GPU with the host's cores, not summa with its local library.
   s.eigen = !no_eigen && !cuda;
   s.pdgemm = !no_pdgemm && !cuda;
+  if (compare_libraries && !cuda) s.libraries = summa::CpuBackend::gemm_libraries();
   s.cublas = !no_cublas;
   for (const auto& f : forms) s.forms.push_back(parse_form(f));
   s.panels = panels;
@@ -1026,7 +1124,9 @@ int run(int argc, char** argv, int rank, int ranks) {
               &s,
               0,
               nullptr,
-              device_name};
+              device_name,
+              {},
+              {}};
 #if SUMMA_HAVE_CUDA
   if (cuda) ctx.stream = static_cast<summa::CudaBackend&>(*backend).stream();
 #endif
@@ -1056,6 +1156,40 @@ int run(int argc, char** argv, int rank, int ranks) {
                             : run_case<summa::bf16>(ctx, f, mm, nn, kk)) &&
              ok;
 
+  if (!ctx.library_ratios.empty() && rank == 0) {
+    // The verdict: each library's geometric mean of (its rate / the fastest
+    // rate) over the cases; the best mean is the library to use here.
+    Json j = {{"summary", "libraries"}, {"cases", ctx.summa_vs_fastest.size()}};
+    std::string best;
+    double best_mean = 0;
+    const auto geomean = [](const std::vector<double>& v) {
+      double logs = 0;
+      for (double x : v) logs += std::log(x);
+      return std::exp(logs / static_cast<double>(v.size()));
+    };
+    for (const auto& [lib, ratios] : ctx.library_ratios) {
+      const double g = geomean(ratios);
+      j["geomean_vs_fastest"][lib] = g;
+      j["worst_vs_fastest"][lib] = *std::min_element(ratios.begin(), ratios.end());
+      if (g > best_mean) {
+        best_mean = g;
+        best = lib;
+      }
+    }
+    j["fastest_library"] = best;
+    j["summa_cpu_gemm"] = std::string(ctx.backend->name()).substr(4);
+    j["summa_geomean_vs_fastest"] = geomean(ctx.summa_vs_fastest);
+    j["summa_worst_vs_fastest"] =
+        *std::min_element(ctx.summa_vs_fastest.begin(), ctx.summa_vs_fastest.end());
+    std::printf("%s\n", j.dump().c_str());
+    std::fprintf(stderr,
+                 "summa_gemm: fastest CPU GEMM library here: %s (geometric mean %.2f of the "
+                 "fastest per case); summa on %s: %.2f of the fastest (worst %.2f) over %zu "
+                 "case(s)\n",
+                 best.c_str(), best_mean, j["summa_cpu_gemm"].get<std::string>().c_str(),
+                 j["summa_geomean_vs_fastest"].get<double>(),
+                 j["summa_worst_vs_fastest"].get<double>(), ctx.summa_vs_fastest.size());
+  }
 #ifdef SUMMA_BENCH_HAVE_SCALAPACK
   if (ctx.blacs.active) Cblacs_gridexit(ctx.blacs.context);
 #endif

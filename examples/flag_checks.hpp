@@ -12,6 +12,8 @@
 #include <string>
 #include <system_error>
 
+#include "summa/build_info.hpp"
+
 namespace summa::flags {
 
 // A validator for an integer flag: a plain decimal integer in [lo, hi]
@@ -54,6 +56,20 @@ inline CLI::Validator real_in(double lo, double hi) {
         return {};
       },
       "NUMBER", "real_in");
+}
+
+// --cpu-gemm and --threads (the cpu backend's GEMM library and threads per
+// rank; DeviceOptions::cpu_gemm / threads, docs/design.md "CPU GEMM").
+inline void add_cpu_options(CLI::App& app, std::string& cpu_gemm, int& threads) {
+  app.add_option("--cpu-gemm", cpu_gemm,
+                 "cpu: the GEMM library: eigen, openblas, blis or mkl (default: $SUMMA_CPU_GEMM, "
+                 "else the configured " SUMMA_CPU_GEMM_DEFAULT
+                 "; summa_gemm --compare-libraries says which is fastest here)")
+      ->check(CLI::IsMember({"eigen", "openblas", "blis", "mkl"}));
+  app.add_option("--threads", threads,
+                 "cpu: threads of each rank's GEMMs (the BLAS's thread count; eigen: 1)")
+      ->check(integer_in(1, 4096))
+      ->capture_default_str();
 }
 
 }  // namespace summa::flags

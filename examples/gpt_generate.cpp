@@ -41,7 +41,8 @@ namespace fs = std::filesystem;
 
 struct Cli {
   std::string checkpoint, hf, tokenizer, prompt_file, scheme, dtype = "float", backend = "cpu",
-                                                              comm;
+                                                              comm, cpu_gemm;
+  int threads = 1;
   std::vector<std::string> prompts;
   summa::index_t max_new_tokens = 0;  // 0: up to 32, as many as fit the positions
   bool greedy = false, json = false, no_cache = false;
@@ -186,8 +187,11 @@ int run(const Cli& cli) {
   const summa::index_t window = static_cast<summa::index_t>(longest) + max_new_tokens;
   summa::GridOptions grid;
   grid.watchdog.timeout_s = cli.watchdog;  // device.grid carries it to the model's grid
-  summa::Device device =
-      summa::make_device(world, {.backend = cli.backend, .comm = cli.comm, .grid = grid});
+  summa::Device device = summa::make_device(world, {.backend = cli.backend,
+                                                    .comm = cli.comm,
+                                                    .cpu_gemm = cli.cpu_gemm,
+                                                    .threads = cli.threads,
+                                                    .grid = grid});
   summa::GptOptions options{.inference = true};
   if (!cli.no_cache) options.kv_cache = window;
   // Sizes from the checkpoint or config.json, checked before anything is
@@ -311,6 +315,7 @@ int main(int argc, char** argv) {
   app.add_option("--backend", cli.backend, "cpu or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
+  summa::flags::add_cpu_options(app, cli.cpu_gemm, cli.threads);
   app.add_option("--comm", cli.comm, "mpi, nccl or mpi_staged (default: the backend's)")
       ->check(CLI::IsMember({"mpi", "nccl", "mpi_staged"}));
   app.add_flag("--no-cache", cli.no_cache,

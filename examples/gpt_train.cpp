@@ -81,7 +81,9 @@ struct Cli {
   int top = 3;
   std::string dtype = "float";
   std::string backend = "cpu";
-  std::string comm;  // default: mpi on cpu, nccl on cuda
+  std::string comm;      // default: mpi on cpu, nccl on cuda
+  std::string cpu_gemm;  // default: CpuBackend::default_gemm()
+  int threads = 1;
   bool tf32 = false;
   bool recompute = true;
   bool profile = false;  // time the step's parts into the log
@@ -393,10 +395,14 @@ std::unique_ptr<summa::Backend> make_backend(const Cli& cli, summa::GridOptions&
           " carries device memory and needs --backend cuda (the cpu backend "
           "uses --comm mpi)");
     if (cli.tf32) throw summa::CollectiveError("gpt_train: --tf32 applies to --backend cuda only");
-    summa::Device d = summa::make_device(MPI_COMM_WORLD, {.backend = "cpu", .grid = grid});
+    summa::Device d = summa::make_device(
+        MPI_COMM_WORLD,
+        {.backend = "cpu", .cpu_gemm = cli.cpu_gemm, .threads = cli.threads, .grid = grid});
     grid = d.grid;
     return std::move(d.backend);
   }
+  if (!cli.cpu_gemm.empty() || cli.threads != 1)
+    throw summa::CollectiveError("gpt_train: --cpu-gemm and --threads apply to --backend cpu only");
   if (comm == "mpi")
     throw summa::CollectiveError(
         "gpt_train: --backend cuda with --comm mpi: MPI communicators cannot take device "
@@ -988,10 +994,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"float", "double", "bf16"}))
       ->capture_default_str();
   app.add_option("--backend", cli.backend,
-                 "cpu (Eigen) or cuda (one GPU per rank, chosen from the node-local rank; needs "
-                 "summa built with CUDA)")
+                 "cpu (GEMMs on --cpu-gemm) or cuda (one GPU per rank, chosen from the node-local "
+                 "rank; needs summa built with CUDA)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
+  summa::flags::add_cpu_options(app, cli.cpu_gemm, cli.threads);
   app.add_option("--comm", cli.comm,
                  "communicators: mpi (cpu only), nccl (cuda, one GPU per rank) or mpi_staged "
                  "(cuda, through pinned host buffers; several ranks may share a GPU). Default: "

@@ -25,14 +25,19 @@ case "$what" in
     ;;
 esac
 
-# What each mode needs. The demo: the library, gpt_train (CLI11) and its loss
-# plot (python3-matplotlib); the tests and benchmarks add GoogleTest,
-# ScaLAPACK and BLIS (the PDGEMM comparison), and the tests python3-torch
+# What each mode needs. The demo: the library with OpenBLAS (the CPU GEMM,
+# docs/design.md "CPU GEMM"), gpt_train (CLI11) and its loss plot
+# (python3-matplotlib); the tests and benchmarks add GoogleTest, ScaLAPACK and
+# BLIS (the PDGEMM comparison; the pthread build, whose GEMM allocates nothing
+# per call, for summa's own: every backend test runs on each library), and
+# the tests python3-torch
 # (hf_torch and torch_block check summa's export and block in PyTorch; the
 # doc-check runs hf_check.py).
 packages=(build-essential cmake ninja-build pkg-config openmpi-bin libopenmpi-dev libeigen3-dev
-          libfmt-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev libcli11-dev python3-matplotlib)
-if [ "$what" != demo ]; then packages+=(libgtest-dev libscalapack-openmpi-dev libblis-dev); fi
+          libfmt-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev libcli11-dev python3-matplotlib libopenblas-dev)
+if [ "$what" != demo ]; then
+  packages+=(libgtest-dev libscalapack-openmpi-dev libblis-dev libblis-pthread-dev)
+fi
 if [ "$what" = test ]; then packages+=(python3-torch); fi
 missing=()
 for p in "${packages[@]}"; do

@@ -1,6 +1,8 @@
 #include "summa/backend/cpu_backend.hpp"
 
+#include "cpu_blas.hpp"
 #include "summa/backend/optimizer_math.hpp"
+#include "summa/build_info.hpp"
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -129,6 +131,40 @@ void gemm_impl(Op ta, Op tb, T alpha, ConstMatrixView<T> A, ConstMatrixView<T> B
     else
       go(RowT{}, RowT{});
   }
+}
+
+bool fits_int(index_t x) {
+  return x >= 0 && x <= std::numeric_limits<int>::max();
+}
+
+// A view's leading dimension as CBLAS requires it: at least its inner extent
+// (rows when column-major) and at least 1.
+template <class T>
+bool cblas_ld_ok(const T& v) {
+  const index_t inner = v.order == Order::col_major ? v.rows : v.cols;
+  return fits_int(v.ld) && v.ld >= std::max<index_t>(1, inner);
+}
+
+// C = alpha op(A) op(B) + beta C on the BLAS, in C's storage order (an
+// operand stored in the other order is its own transpose there). False when
+// CBLAS cannot take the call (a size past int, a leading dimension CBLAS
+// rejects, nothing to multiply): the caller runs Eigen's.
+template <class T, class Fn>
+bool blas_gemm(Fn gemm, Op ta, Op tb, T alpha, ConstMatrixView<T> A, ConstMatrixView<T> B, T beta,
+               MatrixView<T> C) {
+  const index_t m = C.rows, n = C.cols, k = ta == Op::N ? A.cols : A.rows;
+  if (gemm == nullptr || k == 0 || alpha == T(0) || !fits_int(m) || !fits_int(n) || !fits_int(k) ||
+      !cblas_ld_ok(A) || !cblas_ld_ok(B) || !cblas_ld_ok(C))
+    return false;
+  const Order layout = C.order;
+  const auto trans = [layout](Order o, Op t) {
+    return (t == Op::T) != (o != layout) ? cpu_detail::kCblasTrans : cpu_detail::kCblasNoTrans;
+  };
+  gemm(layout == Order::col_major ? cpu_detail::kCblasColMajor : cpu_detail::kCblasRowMajor,
+       trans(A.order, ta), trans(B.order, tb), static_cast<int>(m), static_cast<int>(n),
+       static_cast<int>(k), alpha, A.data, static_cast<int>(A.ld), B.data, static_cast<int>(B.ld),
+       beta, C.data, static_cast<int>(C.ld));
+  return true;
 }
 
 template <class T>
@@ -460,6 +496,39 @@ void scatter_add_rows_impl(const std::int32_t* ids, index_t row0, ConstMatrixVie
 
 }  // namespace
 
+CpuBackend::CpuBackend(const CpuOptions& o) : emulate_device_(o.emulate_device) {
+  gemm_ = o.gemm.empty() ? default_gemm() : o.gemm;
+  if (o.threads < 1)
+    throw Error("CpuBackend: threads " + std::to_string(o.threads) + " (at least 1)");
+  threads_ = o.threads;
+  if (gemm_ == "eigen") {
+    if (threads_ != 1)
+      throw Error("CpuBackend: threads " + std::to_string(threads_) +
+                  " with the eigen GEMM, which runs one thread in this build; choose a BLAS "
+                  "(openblas, blis, mkl) for more");
+    detail_ = "Eigen " + std::to_string(EIGEN_WORLD_VERSION) + "." +
+              std::to_string(EIGEN_MAJOR_VERSION) + "." + std::to_string(EIGEN_MINOR_VERSION);
+  } else {
+    blas_ = &cpu_detail::load_blas(gemm_, threads_);
+    blas_->set_threads(threads_);
+    detail_ = blas_->path + (blas_->detail.empty() ? "" : ": " + blas_->detail);
+  }
+  name_ = "cpu-" + gemm_;
+}
+
+std::string CpuBackend::default_gemm() {
+  const char* env = std::getenv("SUMMA_CPU_GEMM");
+  if (env != nullptr && *env != '\0') return env;
+  return SUMMA_CPU_GEMM_DEFAULT;
+}
+
+std::vector<std::string> CpuBackend::gemm_libraries() {
+  std::vector<std::string> out = {"eigen"};
+  for (const std::string& name : cpu_detail::blas_names())
+    if (cpu_detail::blas_loads(name)) out.push_back(name);
+  return out;
+}
+
 void* CpuBackend::allocate(std::size_t bytes) {
   const std::size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
   void* p = std::aligned_alloc(kAlign, size == 0 ? kAlign : size);
@@ -492,6 +561,8 @@ double CpuBackend::host_available_bytes() {
 }
 
 std::size_t CpuBackend::gemm_scratch_bytes(index_t m, index_t n, index_t k, DType t) const {
+  // A BLAS packs into its own buffers; past CBLAS's int sizes Eigen runs.
+  if (blas_ != nullptr && t != DType::bf16 && fits_int(m) && fits_int(n) && fits_int(k)) return 0;
   switch (t) {
     case DType::f32:
       return scratch_bytes<float>(m, n, k);
@@ -506,12 +577,17 @@ std::size_t CpuBackend::gemm_scratch_bytes(index_t m, index_t n, index_t k, DTyp
 
 void CpuBackend::do_gemm(Op ta, Op tb, float alpha, ConstMatrixView<float> A,
                          ConstMatrixView<float> B, float beta, MatrixView<float> C, Scratch s) {
+  if (C.rows == 0 || C.cols == 0) return;
+  if (blas_ != nullptr && blas_gemm(blas_->sgemm, ta, tb, alpha, A, B, beta, C)) return;
   gemm_impl(ta, tb, alpha, A, B, beta, C, s);
 }
 void CpuBackend::do_gemm(Op ta, Op tb, double alpha, ConstMatrixView<double> A,
                          ConstMatrixView<double> B, double beta, MatrixView<double> C, Scratch s) {
+  if (C.rows == 0 || C.cols == 0) return;
+  if (blas_ != nullptr && blas_gemm(blas_->dgemm, ta, tb, alpha, A, B, beta, C)) return;
   gemm_impl(ta, tb, alpha, A, B, beta, C, s);
 }
+
 namespace {
 // The products of a strided batch, in order: gemm(Ab, Bb, Cb) for b = 0, 1, ...
 // (Backend::gemm_strided_batched checked the batch, so each product fits).

@@ -2,8 +2,15 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "cuda_component.hpp"
 #include "summa/backend/cpu_backend.hpp"
+#include "summa/comm/consensus.hpp"
 
 namespace summa {
 
@@ -41,10 +48,30 @@ Device make_device(MPI_Comm comm, const DeviceOptions& o) {
           c, o.backend);
     });
     require(!o.tf32, "device: TF32 applies to the cuda backend only");
-    d.backend = std::make_unique<CpuBackend>(o.backend == "cpu_device");
+    require(o.threads >= 1,
+            [&] { return fmt::format("device: threads {} (at least 1)", o.threads); });
+    // Collective: a library that loads on some ranks only, or a different
+    // one per rank (rounding would differ, replicas drift), is the same
+    // error everywhere.
+    std::optional<std::string> error;
+    std::int64_t which = -1;
+    try {
+      auto cpu = std::make_unique<CpuBackend>(CpuOptions{
+          .gemm = o.cpu_gemm, .threads = o.threads, .emulate_device = o.backend == "cpu_device"});
+      const std::vector<std::string> names = {"eigen", "openblas", "blis", "mkl"};
+      which = std::find(names.begin(), names.end(), cpu->gemm_library()) - names.begin();
+      d.backend = std::move(cpu);
+    } catch (const Error& e) {
+      error = std::string("device: ") + e.what();
+    }
+    const std::int64_t values[] = {which};
+    const char* const names[] = {"the CPU GEMM library (SUMMA_CPU_GEMM)"};
+    agree_on(comm, error, values, names, "device");
     d.grid.comm = CommBackend::mpi;
     return d;
   }
+  require(o.cpu_gemm.empty() && o.threads == 1,
+          "device: a CPU GEMM library and threads apply to the cpu backend only");
   require(c != "mpi",
           "device: the cuda backend with mpi communicators: MPI communicators cannot take device "
           "memory; use nccl (one GPU per rank) or mpi_staged (ranks may share a GPU)");

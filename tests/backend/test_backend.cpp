@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -24,10 +25,10 @@ Mat<T> apply(Op op, const Mat<T>& x) {
 }
 
 template <class T>
-void gemm_sweep() {
-  CpuBackend backend;
+void gemm_sweep(const std::string& library = "", index_t m = 13, index_t n = 9, index_t k = 17) {
+  SCOPED_TRACE("CPU GEMM library " + (library.empty() ? CpuBackend::default_gemm() : library));
+  CpuBackend backend(CpuOptions{.gemm = library});
   std::mt19937_64 gen(fresh_seed());
-  const index_t m = 13, n = 9, k = 17;
   const double eps = std::numeric_limits<T>::epsilon();
   for (Op ta : {Op::N, Op::T})
     for (Op tb : {Op::N, Op::T})
@@ -110,24 +111,99 @@ TEST(CpuBackend, GemmAllTransposesAndOrdersDouble) {
   gemm_sweep<double>();
 }
 
-TEST(CpuBackend, GemmBlasSemanticsForZeros) {
-  CpuBackend backend;
+// Every CPU GEMM library this machine loads (docs/design.md, "CPU GEMM"),
+// every transpose and storage order, padded leading dimensions, sizes past
+// the libraries' blocking (BLAS kernels switch code paths at their block
+// sizes) and odd shapes, against Eigen in the working precision.
+TEST(CpuBackend, GemmEveryLibraryAllTransposesAndOrders) {
+  const std::vector<std::string> libraries = CpuBackend::gemm_libraries();
+  ASSERT_EQ(libraries.front(), "eigen");
+  for (const std::string& lib : libraries) {
+    gemm_sweep<float>(lib);
+    gemm_sweep<double>(lib);
+    gemm_sweep<float>(lib, 301, 77, 530);
+    gemm_sweep<double>(lib, 1, 257, 3);
+  }
+}
+
+// The library comes from CpuOptions::gemm, else $SUMMA_CPU_GEMM (CTest runs
+// this binary once per library with it set: backend_<library>), else the
+// configured default; each reports itself, and bad choices are errors.
+TEST(CpuBackend, GemmLibraryFollowsOptionsAndEnvironment) {
+  const char* env = std::getenv("SUMMA_CPU_GEMM");
+  const std::string expected = env != nullptr && *env != '\0' ? env : SUMMA_CPU_GEMM_DEFAULT;
+  EXPECT_EQ(CpuBackend::default_gemm(), expected);
+  const CpuBackend dflt;
+  EXPECT_EQ(dflt.gemm_library(), expected);
+  EXPECT_EQ(dflt.name(), "cpu-" + expected);
+  EXPECT_FALSE(dflt.gemm_detail().empty());
+  const std::string found = SUMMA_CPU_GEMM_FOUND;  // what the configure found loads here
+  for (const std::string& lib : CpuBackend::gemm_libraries()) {
+    const CpuBackend b(CpuOptions{.gemm = lib});
+    EXPECT_EQ(b.gemm_library(), lib);
+    EXPECT_EQ(b.name(), "cpu-" + lib);
+    EXPECT_NE(found.find(lib), std::string::npos) << lib << " loads but was not configured";
+  }
+  for (std::size_t at = 0; at < found.size();) {
+    const std::size_t end = std::min(found.find(';', at), found.size());
+    const std::string lib = found.substr(at, end - at);
+    const auto libs = CpuBackend::gemm_libraries();
+    EXPECT_NE(std::find(libs.begin(), libs.end(), lib), libs.end())
+        << lib << " was found at configure time but does not load";
+    at = end + 1;
+  }
+  const auto error = [](CpuOptions o) {
+    try {
+      CpuBackend b(o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error({.gemm = "atlas"}).find("'atlas' is not one of"), std::string::npos);
+  EXPECT_NE(error({.gemm = "eigen", .threads = 2}).find("one thread"), std::string::npos);
+  EXPECT_NE(error({.gemm = "eigen", .threads = 0}).find("threads 0"), std::string::npos);
+}
+
+// Threads change how a BLAS splits the product, not what it computes.
+TEST(CpuBackend, GemmWithSeveralThreadsMatches) {
   std::mt19937_64 gen(fresh_seed());
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  Mat<double> A = random_matrix<double>(6, 4, gen), B = random_matrix<double>(4, 5, gen);
-  Mat<double> C = Mat<double>::Constant(6, 5, nan);
-  auto V = [](Mat<double>& x) { return MatrixView<double>::dense(x.data(), x.rows(), x.cols()); };
-  backend.gemm(Op::N, Op::N, 1.0, V(A), V(B), 0.0, V(C));  // beta = 0: C never read
-  EXPECT_LT((C - A * B).cwiseAbs().maxCoeff(), 1e-14);
+  const index_t m = 200, n = 300, k = 250;
+  const Mat<double> A = random_matrix<double>(m, k, gen), B = random_matrix<double>(k, n, gen);
+  const Mat<double> want = A * B;
+  for (const std::string& lib : CpuBackend::gemm_libraries()) {
+    if (lib == "eigen") continue;
+    CpuBackend backend(CpuOptions{.gemm = lib, .threads = 2});
+    Mat<double> C(m, n);
+    backend.gemm(Op::N, Op::N, 1.0, MatrixView<const double>::dense(A.data(), m, k),
+                 MatrixView<const double>::dense(B.data(), k, n), 0.0,
+                 MatrixView<double>::dense(C.data(), m, n));
+    EXPECT_LT((C - want).cwiseAbs().maxCoeff(), 1e-12 * k) << lib;
+    CpuBackend one(CpuOptions{.gemm = lib, .threads = 1});  // back to one for the rest
+  }
+}
 
-  Mat<double> An = Mat<double>::Constant(6, 4, nan), Bn = Mat<double>::Constant(4, 5, nan);
-  Mat<double> C0 = random_matrix<double>(6, 5, gen), C1 = C0;
-  backend.gemm(Op::N, Op::N, 0.0, V(An), V(Bn), 2.0, V(C1));  // alpha = 0: A, B never read
-  EXPECT_EQ(C1, Mat<double>(2.0 * C0));
+TEST(CpuBackend, GemmBlasSemanticsForZeros) {
+  for (const std::string& lib : CpuBackend::gemm_libraries()) {
+    SCOPED_TRACE(lib);
+    CpuBackend backend(CpuOptions{.gemm = lib});
+    std::mt19937_64 gen(fresh_seed());
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    Mat<double> A = random_matrix<double>(6, 4, gen), B = random_matrix<double>(4, 5, gen);
+    Mat<double> C = Mat<double>::Constant(6, 5, nan);
+    auto V = [](Mat<double>& x) { return MatrixView<double>::dense(x.data(), x.rows(), x.cols()); };
+    backend.gemm(Op::N, Op::N, 1.0, V(A), V(B), 0.0, V(C));  // beta = 0: C never read
+    EXPECT_LT((C - A * B).cwiseAbs().maxCoeff(), 1e-14);
 
-  Mat<double> Ak(6, 0), Bk(0, 5), C2 = C0;
-  backend.gemm(Op::N, Op::N, 1.0, V(Ak), V(Bk), -1.0, V(C2));  // k = 0
-  EXPECT_EQ(C2, Mat<double>(-C0));
+    Mat<double> An = Mat<double>::Constant(6, 4, nan), Bn = Mat<double>::Constant(4, 5, nan);
+    Mat<double> C0 = random_matrix<double>(6, 5, gen), C1 = C0;
+    backend.gemm(Op::N, Op::N, 0.0, V(An), V(Bn), 2.0, V(C1));  // alpha = 0: A, B never read
+    EXPECT_EQ(C1, Mat<double>(2.0 * C0));
+
+    Mat<double> Ak(6, 0), Bk(0, 5), C2 = C0;
+    backend.gemm(Op::N, Op::N, 1.0, V(Ak), V(Bk), -1.0, V(C2));  // k = 0
+    EXPECT_EQ(C2, Mat<double>(-C0));
+  }
 }
 
 // Memory that runs out is a summa::OutOfMemory (a std::bad_alloc) naming the
@@ -148,33 +224,42 @@ TEST(CpuBackend, OutOfMemoryNamesTheBytes) {
   EXPECT_THROW((void)backend.allocate(huge), std::bad_alloc);
 }
 
+// A BLAS packs into buffers of its own, allocated on its first call and
+// reused after (docs/design.md, "CPU GEMM"): after one call of a shape, no
+// call allocates, whichever library runs it.
 TEST(CpuBackend, GemmWithScratchAllocatesNothing) {
   if (!allocation_counting_available()) GTEST_SKIP() << "allocation counting is off under ASan";
-  CpuBackend backend;
-  std::mt19937_64 gen(fresh_seed());
-  for (auto [m, n, k] : {std::tuple<index_t, index_t, index_t>{300, 280, 260},
-                         {1, 500, 700},
-                         {512, 3, 64},
-                         {640, 640, 640}}) {
-    Mat<float> A = random_matrix<float>(m, k, gen), B = random_matrix<float>(n, k, gen);
-    Mat<float> C(m, n), D(m, n);
-    std::vector<char> scratch(backend.gemm_scratch_bytes(m, n, k, DType::f32));
-    std::uint64_t count = 0;
-    std::string first;
-    {
-      CountAllocations counter;
+  for (const std::string& lib : CpuBackend::gemm_libraries()) {
+    SCOPED_TRACE(lib);
+    CpuBackend backend(CpuOptions{.gemm = lib});
+    std::mt19937_64 gen(fresh_seed());
+    for (auto [m, n, k] : {std::tuple<index_t, index_t, index_t>{300, 280, 260},
+                           {1, 500, 700},
+                           {512, 3, 64},
+                           {640, 640, 640}}) {
+      Mat<float> A = random_matrix<float>(m, k, gen), B = random_matrix<float>(n, k, gen);
+      Mat<float> C(m, n), D(m, n);
+      std::vector<char> scratch(backend.gemm_scratch_bytes(m, n, k, DType::f32));
+      std::uint64_t count = 0;
+      std::string first;
       backend.gemm(Op::N, Op::T, 1.0f, MatrixView<float>::dense(A.data(), m, k),
                    MatrixView<float>::dense(B.data(), n, k), 0.0f,
                    MatrixView<float>::dense(C.data(), m, n), {scratch.data(), scratch.size()});
-      count = counter.count();
-      first = counter.first_caller();
+      {
+        CountAllocations counter;
+        backend.gemm(Op::N, Op::T, 1.0f, MatrixView<float>::dense(A.data(), m, k),
+                     MatrixView<float>::dense(B.data(), n, k), 0.0f,
+                     MatrixView<float>::dense(C.data(), m, n), {scratch.data(), scratch.size()});
+        count = counter.count();
+        first = counter.first_caller();
+      }
+      EXPECT_EQ(count, 0u) << m << "x" << n << "x" << k << ", first from " << first;
+      // Same result as without scratch (Eigen then allocates its own buffers).
+      backend.gemm(Op::N, Op::T, 1.0f, MatrixView<float>::dense(A.data(), m, k),
+                   MatrixView<float>::dense(B.data(), n, k), 0.0f,
+                   MatrixView<float>::dense(D.data(), m, n));
+      EXPECT_EQ(C, D);
     }
-    EXPECT_EQ(count, 0u) << m << "x" << n << "x" << k << ", first from " << first;
-    // Same result as without scratch (Eigen then allocates its own buffers).
-    backend.gemm(Op::N, Op::T, 1.0f, MatrixView<float>::dense(A.data(), m, k),
-                 MatrixView<float>::dense(B.data(), n, k), 0.0f,
-                 MatrixView<float>::dense(D.data(), m, n));
-    EXPECT_EQ(C, D);
   }
 }
 

@@ -1366,6 +1366,36 @@ TEST(Watchdog, BadOptionsAreRefusedEverywhere) {
 // The memory budget the programs check sizes against
 // (summa/parallel/memory_check.hpp): the backend's free memory, shared by the
 // ranks of a node on the same memory domain.
+// make_device is collective on the CPU GEMM library: ranks that would run
+// different libraries (different rounding: replicas would drift) or a library
+// that loads on some ranks only get the same error on every rank.
+TEST(Device, CpuGemmLibraryIsAgreedByEveryRank) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const auto message = [](const summa::DeviceOptions& o) {
+    try {
+      summa::make_device(MPI_COMM_WORLD, o);
+    } catch (const summa::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::vector<std::string> libs = summa::CpuBackend::gemm_libraries();
+  EXPECT_EQ(message({.backend = "cpu", .cpu_gemm = "eigen"}), "");
+  if (size > 1 && libs.size() > 1) {
+    // rank 0 on eigen, the others on a BLAS
+    const std::string m = message({.backend = "cpu", .cpu_gemm = rank == 0 ? "eigen" : libs[1]});
+    EXPECT_NE(m.find("ranks disagree on the CPU GEMM library"), std::string::npos) << m;
+  }
+  if (size > 1) {
+    // the last rank asks for a library that is not there: every rank fails, naming it
+    const std::string m =
+        message({.backend = "cpu", .cpu_gemm = rank == size - 1 ? "atlas" : "eigen"});
+    EXPECT_NE(m.find("'atlas'"), std::string::npos) << m;
+  }
+}
+
 TEST(MemoryBudget, BackendMemoryIsSharedByTheRanksOfANode) {
   MPI_Comm node = MPI_COMM_NULL;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);

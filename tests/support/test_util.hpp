@@ -433,8 +433,9 @@ inline bool same_on_all_ranks(const std::string& text, MPI_Comm comm = test_comm
 
 /// Counts heap allocations (malloc family and operator new) made by this
 /// process while a CountAllocations object is alive: count() those made by
-/// anything but the MPI library (summa, Eigen, the C++ runtime), mpi_count()
-/// those whose caller is inside MPI. Not available under AddressSanitizer,
+/// anything but the MPI library and BLIS (summa, Eigen, OpenBLAS, the C++
+/// runtime), mpi_count() those whose caller is inside MPI, blas_count() those
+/// inside BLIS. Not available under AddressSanitizer,
 /// which owns malloc.
 bool allocation_counting_available();
 class CountAllocations {
@@ -443,6 +444,8 @@ class CountAllocations {
   ~CountAllocations();
   std::uint64_t count() const;
   std::uint64_t mpi_count() const;
+  /// Allocations inside BLIS (its per-call control tree), not in count().
+  std::uint64_t blas_count() const;
   /// Library and symbol of the first counted allocation's caller.
   std::string first_caller() const;
 };

@@ -1,27 +1,64 @@
 #pragma once
 /// \file cpu_backend.hpp
-/// Backend on the host: Eigen's GEMM (its packing buffers come from the
-/// caller's scratch, so a warmed-up step allocates nothing) and Eigen maps
-/// for the elementwise kernels. One thread unless Eigen was built with OpenMP.
-/// bf16 ops widen to fp32 per element (GEMM: the operands are converted to
-/// fp32 panels in the caller's scratch and multiplied by the float GEMM).
+/// Backend on the host. GEMMs run on a CBLAS library (OpenBLAS, BLIS or MKL,
+/// loaded at run time: CpuOptions::gemm) or on Eigen's GEMM, whose packing
+/// buffers come from the caller's scratch; a BLAS packs into its own buffers,
+/// allocated on its first call and reused after, so a warmed-up step
+/// allocates nothing either way. The elementwise kernels are Eigen maps, one
+/// thread. bf16 ops widen to fp32 per element (GEMM: the operands are
+/// converted to fp32 panels in the caller's scratch and multiplied by the
+/// float GEMM). docs/design.md, "CPU GEMM".
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "summa/backend/backend.hpp"
 
 namespace summa {
 
+namespace cpu_detail {
+struct BlasLibrary;
+}
+
+struct CpuOptions {
+  /// The GEMM library: "eigen", "openblas", "blis", "mkl", or "" for the
+  /// default: $SUMMA_CPU_GEMM when set, else the one chosen at configure
+  /// time (SUMMA_CPU_GEMM_DEFAULT, summa/build_info.hpp). A library that
+  /// cannot be loaded is an error naming the files tried.
+  std::string gemm{};
+  /// Threads of this rank's GEMMs (the BLAS's thread count; process-wide,
+  /// so the last backend constructed sets it). Eigen's GEMM runs one thread
+  /// in this build: more is an error. The elementwise kernels run one.
+  int threads = 1;
+  /// For tests on machines without a GPU: the backend runs on the host as
+  /// usual but reports host_accessible() == false, so callers take the
+  /// staging paths a device backend needs (upload and download through the
+  /// seam instead of touching memory directly); it stays synchronous, so
+  /// plain MPI communicators remain valid.
+  bool emulate_device = false;
+};
+
 class CpuBackend final : public Backend {
  public:
-  CpuBackend() = default;
-  /// `emulate_device`: for tests on machines without a GPU. The backend
-  /// runs on the host as usual but reports host_accessible() == false, so
-  /// callers take the staging paths a device backend needs (upload and
-  /// download through the seam instead of touching memory directly); it
-  /// stays synchronous, so plain MPI communicators remain valid.
-  explicit CpuBackend(bool emulate_device) : emulate_device_(emulate_device) {}
-  std::string_view name() const override { return "cpu-eigen"; }
+  CpuBackend() : CpuBackend(CpuOptions{}) {}
+  explicit CpuBackend(bool emulate_device)
+      : CpuBackend(CpuOptions{.emulate_device = emulate_device}) {}
+  /// Throws summa::Error for an unknown or unloadable library, or threads < 1
+  /// (or > 1 on Eigen).
+  explicit CpuBackend(const CpuOptions& options);
+  /// "cpu-eigen", "cpu-openblas", "cpu-blis" or "cpu-mkl".
+  std::string_view name() const override { return name_; }
+  /// "eigen", "openblas", "blis" or "mkl".
+  const std::string& gemm_library() const { return gemm_; }
+  /// The library's file, version and the kernels it chose for this CPU
+  /// ("Eigen <version>" for Eigen).
+  const std::string& gemm_detail() const { return detail_; }
+  int threads() const { return threads_; }
+  /// The default of CpuOptions::gemm: $SUMMA_CPU_GEMM, else SUMMA_CPU_GEMM_DEFAULT.
+  static std::string default_gemm();
+  /// "eigen" and every BLAS that loads on this machine (loading them).
+  static std::vector<std::string> gemm_libraries();
   void* allocate(std::size_t bytes) override;
   void deallocate(void* p, std::size_t bytes) noexcept override;
   std::size_t gemm_scratch_bytes(index_t m, index_t n, index_t k, DType t) const override;
@@ -199,6 +236,9 @@ class CpuBackend final : public Backend {
   void do_scale_in_place(bf16* x, index_t n, double factor) override;
 
   bool emulate_device_ = false;
+  std::string gemm_ = "eigen", name_ = "cpu-eigen", detail_;
+  int threads_ = 1;
+  const cpu_detail::BlasLibrary* blas_ = nullptr;  // null: Eigen
 };
 
 }  // namespace summa

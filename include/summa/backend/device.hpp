@@ -26,6 +26,11 @@ struct DeviceOptions {
   /// backends), or on cuda "nccl" (one GPU per rank; the default) or
   /// "mpi_staged" (MPI through pinned host buffers; ranks may share a GPU).
   std::string comm{};
+  /// cpu: the GEMM library (CpuOptions::gemm: "eigen", "openblas", "blis",
+  /// "mkl"; "" for the default, $SUMMA_CPU_GEMM or the configured one).
+  std::string cpu_gemm{};
+  /// cpu: the threads of a rank's GEMMs (CpuOptions::threads).
+  int threads = 1;
   /// cuda: TF32 tensor cores in float GEMMs.
   bool tf32 = false;
   /// cuda: check that every op's pointers are device memory (tests).
@@ -52,7 +57,8 @@ struct Device {
 /// rank's GPU). Throws summa::Error, the same on every rank, for an unknown
 /// backend or communicator, a combination that cannot work (MPI
 /// communicators with device memory, a device communicator or TF32 on the
-/// cpu), or cuda in a build without CUDA or in a program that does not link
+/// cpu), a CPU GEMM library that does not load on some rank or differs between
+/// ranks, or cuda in a build without CUDA or in a program that does not link
 /// the CUDA component (summa::cuda, libsumma_cuda).
 Device make_device(MPI_Comm comm, const DeviceOptions& options);
 
