@@ -502,6 +502,9 @@ int main(int argc, char** argv) {
       MPI_Comm_size(MPI_COMM_WORLD, &ranks);
       m.devices_per_node = per_node;
       m.device.name = dev.device;
+      m.device.gemm_library = std::string(be.name());
+      if (const auto* cpu = dynamic_cast<const summa::CpuBackend*>(&be))
+        m.device.gemm_library += " (" + cpu->gemm_detail() + ")";
       m.device.memory_bytes = 0;
       std::vector<GptPoint> gpts;
       for (const std::string& t : gpt_texts) gpts.push_back(parse_gpt(t));

@@ -1,6 +1,7 @@
 #include "cpu_blas.hpp"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -26,6 +27,12 @@
 namespace summa::cpu_detail {
 
 namespace {
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int kDeepBind = 0;
+#else
+constexpr int kDeepBind = RTLD_DEEPBIND;
+#endif
 
 struct Candidate {
   std::string_view name;
@@ -75,8 +82,8 @@ void describe(void* h, BlasLibrary& lib) {
       lib.generic_kernels = a == "generic";
       if (lib.generic_kernels)
         lib.detail +=
-            " (BLIS does not know this CPU: set BLIS_ARCH_TYPE to the number of a "
-            "kernel set it has, docs/design.md \"CPU GEMM\")";
+            " (BLIS's reference code: it has no kernels for this CPU, or BLIS_ARCH_TYPE "
+            "chose these; docs/design.md \"CPU GEMM\")";
     }
   } else if (lib.name == "mkl") {
     if (auto version = symbol<void (*)(char*, int)>(h, "MKL_Get_Version_String")) {
@@ -116,6 +123,84 @@ const std::vector<std::string>& blas_names() {
   return names;
 }
 
+namespace {
+
+// dlopen `file` and read its CBLAS and helper symbols; nullptr (and why, in
+// `tried`) when it cannot be loaded or is not a CBLAS.
+std::unique_ptr<BlasLibrary> open_library(std::string_view name, const std::string& file,
+                                          std::string& tried) {
+  // RTLD_LOCAL: its symbols stay out of the global namespace, so a second
+  // BLAS (or the program's own) never binds to them; RTLD_DEEPBIND: its own
+  // calls bind to its own functions, not to a BLAS of the same names the
+  // program linked (summa_gemm's ScaLAPACK BLIS would otherwise run this
+  // copy's internals with that copy's kernels). Not under AddressSanitizer,
+  // which refuses RTLD_DEEPBIND. Kept open for the process's lifetime.
+  void* h = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL | kDeepBind);
+  if (h == nullptr) {
+    const char* why = dlerror();
+    tried += "\n  " + file + ": " + (why != nullptr ? why : "cannot be loaded");
+    return nullptr;
+  }
+  auto lib = std::make_unique<BlasLibrary>();
+  lib->name = std::string(name);
+  lib->path = file;
+  lib->handle = h;
+  lib->sgemm = symbol<BlasLibrary::Sgemm>(h, "cblas_sgemm");
+  lib->dgemm = symbol<BlasLibrary::Dgemm>(h, "cblas_dgemm");
+  if (lib->sgemm == nullptr || lib->dgemm == nullptr) {
+    tried += "\n  " + file + ": has no cblas_sgemm / cblas_dgemm";
+    return nullptr;  // kept open: harmless
+  }
+  if (name == "openblas") {
+    lib->set_int_threads = dlsym(h, "openblas_set_num_threads");
+  } else if (name == "mkl") {
+    lib->set_int_threads = dlsym(h, "MKL_Set_Num_Threads");
+  } else {
+    lib->set_long_threads = dlsym(h, "bli_thread_set_num_threads");
+    // BLIS chooses its kernels when it initialises (its first call would):
+    // initialise now, so that the query below reports that choice.
+    if (auto init = symbol<void (*)()>(h, "bli_init")) init();
+  }
+  if (Dl_info info{}; dladdr(dlsym(h, "cblas_sgemm"), &info) != 0 && info.dli_fname != nullptr)
+    lib->path = info.dli_fname;
+  describe(h, *lib);
+  return lib;
+}
+
+// When the BLIS in `file` would run its reference code on this CPU: the
+// number of its kernel set for this CPU's instructions (skx with AVX-512,
+// zen3 on AMD and haswell elsewhere with AVX2 and FMA); else -1.
+int blis_kernels_if_unknown(const std::string& file) {
+  void* h = dlmopen(LM_ID_NEWLM, file.c_str(), RTLD_NOW | RTLD_LOCAL);  // a namespace of its own
+  if (h == nullptr) return -1;
+  struct Close {
+    void* h;
+    ~Close() { dlclose(h); }
+  } close{h};
+  auto init = symbol<void (*)()>(h, "bli_init");
+  auto query = symbol<int (*)()>(h, "bli_arch_query_id");
+  auto arch = symbol<const char* (*)(int)>(h, "bli_arch_string");
+  if (init == nullptr || query == nullptr || arch == nullptr) return -1;
+  init();
+  if (std::string_view(arch(query())) != "generic") return -1;
+  __builtin_cpu_init();
+  std::vector<std::string_view> wanted;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+    wanted.push_back("skx");
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    wanted.push_back(__builtin_cpu_is("amd") ? "zen3" : "haswell");
+  for (std::string_view w : wanted)
+    for (int id = 0; id < 64; ++id) {
+      const char* n = arch(id);
+      if (n == nullptr || std::string_view(n) == "generic") break;
+      if (w == n) return id;
+    }
+  return -1;
+}
+
+}  // namespace
+
 const BlasLibrary& load_blas(std::string_view name, int threads) {
   Registry& r = registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
@@ -136,32 +221,24 @@ const BlasLibrary& load_blas(std::string_view name, int threads) {
   for (const char* s : c->sonames) files.emplace_back(s);
   std::string tried;
   for (const std::string& file : files) {
-    // RTLD_LOCAL: its symbols stay out of the global namespace, so a second
-    // BLAS (or the program's own) never binds to them. Never dlclose'd.
-    void* h = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) {
-      const char* why = dlerror();
-      tried += "\n  " + file + ": " + (why != nullptr ? why : "cannot be loaded");
-      continue;
-    }
-    auto lib = std::make_unique<BlasLibrary>();
-    lib->name = std::string(name);
-    lib->path = file;
-    lib->sgemm = symbol<BlasLibrary::Sgemm>(h, "cblas_sgemm");
-    lib->dgemm = symbol<BlasLibrary::Dgemm>(h, "cblas_dgemm");
-    if (lib->sgemm == nullptr || lib->dgemm == nullptr) {
-      tried += "\n  " + file + ": has no cblas_sgemm / cblas_dgemm";
-      continue;  // kept open: harmless, and dlclose of a BLAS is not always safe
-    }
-    if (name == "openblas")
-      lib->set_int_threads = dlsym(h, "openblas_set_num_threads");
-    else if (name == "mkl")
-      lib->set_int_threads = dlsym(h, "MKL_Set_Num_Threads");
-    else
-      lib->set_long_threads = dlsym(h, "bli_thread_set_num_threads");
-    if (Dl_info info{}; dladdr(dlsym(h, "cblas_sgemm"), &info) != 0 && info.dli_fname != nullptr)
-      lib->path = info.dli_fname;
-    describe(h, *lib);
+    // BLIS picks its kernels once, when it initialises, from the CPU's family
+    // and model; on a CPU newer than the BLIS it runs its reference code,
+    // several times slower than its x86 kernels. A copy loaded in a namespace
+    // of its own (dlmopen) says which it would pick; when that is the
+    // reference code, BLIS_ARCH_TYPE names the kernel set this CPU's
+    // instructions run before the copy summa uses is loaded.
+    bool chose_kernels = false;
+    if (name == "blis" && std::getenv("BLIS_ARCH_TYPE") == nullptr)
+      if (const int id = blis_kernels_if_unknown(file); id >= 0) {
+        setenv("BLIS_ARCH_TYPE", std::to_string(id).c_str(), 1);
+        chose_kernels = true;
+      }
+    std::unique_ptr<BlasLibrary> lib = open_library(name, file, tried);
+    if (lib == nullptr) continue;
+    if (chose_kernels)
+      lib->detail +=
+          " (chosen by summa: BLIS does not know this CPU and would run its reference code; "
+          "BLIS_ARCH_TYPE overrides, docs/design.md \"CPU GEMM\")";
     return *r.loaded.emplace(std::string(name), std::move(lib)).first->second;
   }
   throw Error("CPU GEMM library '" + std::string(name) + "' could not be loaded; tried:" + tried +

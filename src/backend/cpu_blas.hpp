@@ -23,7 +23,8 @@ struct BlasLibrary {
   std::string name;              ///< "openblas", "blis" or "mkl"
   std::string path;              ///< the file dlopen loaded
   std::string detail;            ///< the library's version and the kernels it chose for this CPU
-  bool generic_kernels = false;  ///< BLIS found no kernels for this CPU (its reference code)
+  bool generic_kernels = false;  ///< BLIS runs its reference code (no kernels for this CPU)
+  void* handle = nullptr;        ///< dlopen's
   Sgemm sgemm = nullptr;
   Dgemm dgemm = nullptr;
   /// Sets the library's thread count (process-wide; no-op where it has no setter).

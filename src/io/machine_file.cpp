@@ -161,6 +161,7 @@ model::Machine parse_machine(std::string_view text, std::string_view what) {
   {
     Reader d = r.object("device");
     m.device.name = d.string("name");
+    m.device.gemm_library = d.string("gemm_library", false);
     m.device.memory_bytes = d.count("memory_bytes");
     m.device.memory_bandwidth = d.positive("memory_bandwidth");
     Reader g = d.object("gemm");
@@ -214,6 +215,7 @@ std::string machine_json(const model::Machine& m) {
   root["devices_per_node"] = m.devices_per_node;
   OrderedJson device;
   device["name"] = m.device.name;
+  if (!m.device.gemm_library.empty()) device["gemm_library"] = m.device.gemm_library;
   device["memory_bytes"] = m.device.memory_bytes;
   device["memory_bandwidth"] = m.device.memory_bandwidth;
   OrderedJson gemm = OrderedJson::object();

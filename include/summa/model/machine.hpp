@@ -113,6 +113,9 @@ struct GemmModel {
 
 struct DeviceModel {
   std::string name;
+  /// The library the GEMM figures were measured with ("cpu-openblas",
+  /// "cpu-eigen", ...: the backend's name; empty where not recorded).
+  std::string gemm_library;
   std::uint64_t memory_bytes = 0;
   /// Bytes per second read plus written by element-wise work.
   double memory_bandwidth = 0;
