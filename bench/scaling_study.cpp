@@ -307,8 +307,21 @@ Study read_study(const std::string& path) {
         throw summa::Error(
             fmt::format("study file {}: point {}: {}={} is not an integer between 1 and {}", path,
                         k, name, value, std::numeric_limits<int>::max()));
+    // the model is priced layer by layer: a count past this would take
+    // hours, not a refusal (no study of the papers comes near it)
+    constexpr long kMaxLayers = 100000;
+    if (p.layers > kMaxLayers)
+      throw summa::Error(
+          fmt::format("study file {}: point {}: layers={} is more than this study tool prices ({})",
+                      path, k, p.layers, kMaxLayers));
     try {
       config_of(p).validate();
+      if (p.scheme != "auto") {
+        const summa::SchemeSpec spec = summa::SchemeSpec::parse(p.scheme);
+        if (spec.ranks() != p.gpus)
+          throw summa::Error(fmt::format("scheme '{}' runs on {} ranks, the point has gpus={}",
+                                         p.scheme, spec.ranks(), p.gpus));
+      }
     } catch (const summa::Error& e) {
       throw summa::Error(fmt::format("study file {}: point {}: {}", path, k, e.what()));
     }
@@ -710,6 +723,7 @@ int study_main(int argc, char** argv, int rank, int world) {
   table << "\n";
   std::ofstream csv_out;
   if (!csv.empty()) {
+    summa::io::require_regular_file(csv, "--csv");  // a FIFO would block here forever
     csv_out.open(csv);
     if (!csv_out) throw UsageError(fmt::format("--csv {}: cannot be written", csv));
     csv_out
@@ -720,6 +734,7 @@ int study_main(int argc, char** argv, int rank, int world) {
   }
   std::ofstream plot_out;
   if (!plot.empty()) {
+    summa::io::require_regular_file(plot + ".jsonl", "--plot");
     plot_out.open(plot + ".jsonl");
     if (!plot_out) throw UsageError(fmt::format("--plot {}.jsonl: cannot be written", plot));
   }

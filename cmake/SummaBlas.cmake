@@ -5,10 +5,12 @@
 # and picks the default of CpuOptions::gemm (SUMMA_CPU_GEMM_DEFAULT in
 # summa/build_info.hpp; $SUMMA_CPU_GEMM overrides it at run time).
 #
-#   -DSUMMA_CPU_GEMM=auto      the first found of openblas, blis, mkl; else eigen
+#   -DSUMMA_CPU_GEMM=auto      the first found of blis, openblas, mkl; else eigen
+#                              (BLIS first: the fastest on the CPUs measured,
+#                              bench/README.md "CPU GEMM libraries")
 #   -DSUMMA_CPU_GEMM=openblas  (or blis, mkl: required; eigen: no BLAS)
 set(SUMMA_CPU_GEMM "auto" CACHE STRING
-    "CPU GEMM default: auto (first found of openblas, blis, mkl), openblas, blis, mkl or eigen")
+    "CPU GEMM default: auto (first found of blis, openblas, mkl), blis, openblas, mkl or eigen")
 set_property(CACHE SUMMA_CPU_GEMM PROPERTY STRINGS auto openblas blis mkl eigen)
 
 # Debian: libopenblas-dev (libopenblas.so.0 through the alternatives), MKL's libmkl_rt.
@@ -26,7 +28,7 @@ set(_summa_blas_blis ${SUMMA_BLIS_CPU_LIBRARY})
 set(_summa_blas_mkl ${SUMMA_MKL_LIBRARY})
 
 set(SUMMA_CPU_GEMM_LIBRARIES eigen)
-foreach(lib openblas blis mkl)
+foreach(lib blis openblas mkl)
   if(_summa_blas_${lib})
     list(APPEND SUMMA_CPU_GEMM_LIBRARIES ${lib})
   endif()

@@ -858,9 +858,12 @@ int train(const Cli& cli) {
                   static_cast<long long>(trainer.step()),
                   saved_now ? " (its checkpoint is saved)" : "; saving a checkpoint");
       std::fflush(stdout);
-      log.line(nlohmann::ordered_json{{"step", trainer.step()}, {"stopped", name}}.dump());
     }
     if (!saved_now) save();
+    // logged once the checkpoint is saved: a job killed during the save (mpirun
+    // forwards a signal, then kills the ranks) leaves no "stopped" line for a
+    // checkpoint that does not exist
+    if (root) log.line(nlohmann::ordered_json{{"step", trainer.step()}, {"stopped", name}}.dump());
     check_log();
     if (root) {
       std::printf("checkpoint: %s (resume with --resume)\n",

@@ -15,6 +15,8 @@ them with the docs; --update writes them in).
                                                  check, q2, block
     scripts/doc_figures.py bench RECORD source   a CPU record's provenance (scripts/bench_record.py)
     scripts/doc_figures.py bench RECORD gemm N   the GEMM table of its N-th run (summa_gemm lines)
+    scripts/doc_figures.py bench RECORD libraries N   its N-th run's CPU GEMM libraries side by side (summa_gemm --compare-libraries)
+    scripts/doc_figures.py bench RECORD breakdown N   its N-th run's compare_schemes --breakdown
     scripts/doc_figures.py bench RECORD guard    summa_gemm --guard-overhead lines of every run
     scripts/doc_figures.py bench RECORD layer    gpt_layer lines of every run
     scripts/doc_figures.py bench RECORD steps N  compare_schemes step times of its N-th run
@@ -349,9 +351,67 @@ def bench_record(path, what, *args):
                       f"| {l['inference_sequences_per_s']:.1f} "
                       f"| {l['prefill_tokens_per_s']:.0f} | {l['decode_tokens_per_s']:.0f} |")
         return
+    if what == "breakdown" and args:
+        n = int(args[0])
+        if not 1 <= n <= len(runs):
+            sys.exit(f"doc_figures: {path} has {len(runs)} runs, not {n}")
+        command, lines = runs[n - 1]
+        lines = [l for l in lines if l.get("breakdown") and not l.get("skipped")]
+        if not lines:
+            sys.exit(f"doc_figures: run {n} of {path} has no --breakdown lines")
+        predicted = "predicted_step_s" in lines[0]
+        print(f"`{command}` printed (as compare_schemes prints it; measured seconds per step, "
+              "mean over the timed steps, largest over ranks"
+              + (", beside the prediction" if predicted else "") + "):\n")
+        print("```text")
+        print("breakdown: seconds per step of each part, measured"
+              + (" and predicted" if predicted else "") + " (largest over ranks)")
+        for l in lines:
+            print(f"  {l['scheme']}")
+            for p in l["breakdown"]:
+                name = ("  " if p["op"].startswith("block.") else "") + p["op"] + "." + p["phase"]
+                if predicted:
+                    m, q = p["measured_s"], p["predicted_s"]
+                    err = 100 * (q - m) / m if m > 0 else 0.0
+                    print(f"    {name:<32} {m:9.5f} {q:9.5f} {err:+7.1f}%")
+                else:
+                    print(f"    {name:<32} {p['measured_s']:9.5f}")
+        print("```")
+        return
+    if what == "libraries" and args:
+        n = int(args[0])
+        if not 1 <= n <= len(runs):
+            sys.exit(f"doc_figures: {path} has {len(runs)} runs, not {n}")
+        command, lines = runs[n - 1]
+        cases = [l for l in lines if "libraries_gflops" in l]
+        summary = next((l for l in lines if l.get("summary") == "libraries"), None)
+        if not cases or summary is None:
+            sys.exit(f"doc_figures: run {n} of {path} has no --compare-libraries lines")
+        libs = list(cases[0]["libraries_gflops"])
+        details = next((l["libraries"] for l in cases if "libraries" in l), {})
+        print(f"`{command}`:\n")
+        for lib in libs:
+            if details.get(lib):
+                print(f"- `{lib}`: {details[lib]}")
+        print()
+        print("| dtype | m × n × k | form | " + " | ".join(f"{x} GFLOP/s" for x in libs)
+              + f" | fastest | summa q = 1 on `{summary['summa_cpu_gemm']}` GFLOP/s | `vs_fastest` |")
+        print("|---|---|---|" + "---:|" * len(libs) + "---|---:|---:|")
+        for l in cases:
+            size = (f"{l['m']}³" if l["m"] == l["n"] == l["k"] else f"{l['m']}×{l['n']}×{l['k']}")
+            print(f"| {l['dtype']} | {size} | {l['op']} | "
+                  + " | ".join(f"{l['libraries_gflops'][x]:.1f}" for x in libs)
+                  + f" | {l['fastest_library']} | {l['gflops']:.1f} | {l['vs_fastest']:.2f} |")
+        g = summary["geomean_vs_fastest"]
+        print(f"\nGeometric mean over the {summary['cases']} cases of each library's rate over "
+              "the fastest's: " + ", ".join(f"{x} {g[x]:.2f}" for x in libs)
+              + f"; fastest here: **{summary['fastest_library']}**. summa at q = 1 on "
+              f"`{summary['summa_cpu_gemm']}`: {summary['summa_geomean_vs_fastest']:.2f} of the "
+              f"fastest (worst case {summary['summa_worst_vs_fastest']:.2f}).")
+        return
     if what != "gemm" or not args:
         sys.exit(f"doc_figures: bench: unknown table '{what}' "
-                 "(source, gemm N, guard, layer, steps N, inference N)")
+                 "(source, gemm N, libraries N, breakdown N, guard, layer, steps N, inference N)")
     n = int(args[0])
     if not 1 <= n <= len(runs):
         sys.exit(f"doc_figures: {path} has {len(runs)} runs, not {n}")

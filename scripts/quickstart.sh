@@ -25,18 +25,18 @@ case "$what" in
     ;;
 esac
 
-# What each mode needs. The demo: the library with OpenBLAS (the CPU GEMM,
-# docs/design.md "CPU GEMM"), gpt_train (CLI11) and its loss plot
-# (python3-matplotlib); the tests and benchmarks add GoogleTest, ScaLAPACK and
-# BLIS (the PDGEMM comparison; the pthread build, whose GEMM allocates nothing
-# per call, for summa's own: every backend test runs on each library), and
-# the tests python3-torch
+# What each mode needs. The demo: the library with BLIS (the CPU GEMM, its
+# pthread build; docs/design.md "CPU GEMM"), gpt_train (CLI11) and its loss
+# plot (python3-matplotlib); the tests and benchmarks add GoogleTest,
+# ScaLAPACK and Debian's default BLIS (the PDGEMM comparison) and OpenBLAS
+# (every backend test runs on each CPU GEMM library), and the tests
+# python3-torch
 # (hf_torch and torch_block check summa's export and block in PyTorch; the
 # doc-check runs hf_check.py).
 packages=(build-essential cmake ninja-build pkg-config openmpi-bin libopenmpi-dev libeigen3-dev
-          libfmt-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev libcli11-dev python3-matplotlib libopenblas-dev)
+          libfmt-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev libcli11-dev python3-matplotlib libblis-pthread-dev)
 if [ "$what" != demo ]; then
-  packages+=(libgtest-dev libscalapack-openmpi-dev libblis-dev libblis-pthread-dev)
+  packages+=(libgtest-dev libscalapack-openmpi-dev libblis-dev libopenblas-dev)
 fi
 if [ "$what" = test ]; then packages+=(python3-torch); fi
 missing=()

@@ -119,7 +119,7 @@ void BlasLibrary::set_threads(int threads) const {
 }
 
 const std::vector<std::string>& blas_names() {
-  static const std::vector<std::string> names = {"openblas", "blis", "mkl"};
+  static const std::vector<std::string> names = {"blis", "openblas", "mkl"};
   return names;
 }
 

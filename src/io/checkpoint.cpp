@@ -345,6 +345,8 @@ Manifest parse_manifest(const std::string& text, const fs::path& file) {
     if (key == "step") {
       arity(2);
       integer(t[1], m.info.step);
+      if (m.info.step < 0)
+        throw fail(fmt::format("line {}: step {} is negative", line_no, m.info.step));
       have_step = true;
     } else if (key == "meta") {
       arity(3);

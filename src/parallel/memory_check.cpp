@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -134,6 +135,19 @@ double require_memory_fits(MPI_Comm comm, const SchemeSpec& spec, Backend& backe
                            const MemoryBudget& budget, const std::string& program) {
   const bool training = !options.inference;
   const double state = training ? budget.state_bytes_per_parameter : 0;
+  {
+    // the planner sizes [batch·seq, width] arrays in 64 bits: a product past
+    // that would wrap (a manifest's batch 2^62 planned as 0 tokens)
+    std::optional<std::string> error;
+    const long double elements = static_cast<long double>(batch) * static_cast<long double>(seq) *
+                                 std::max<long double>(config.n_embd, config.vocab_size) * 4;
+    if (batch < 1 || seq < 1 || elements > static_cast<long double>(INT64_MAX))
+      error = fmt::format(
+          "{}batch {} x seq {} is not a size this library can hold (batch and seq at least 1, "
+          "batch x seq x max(n_embd, vocab) x 4 within 64 bits)",
+          prefix(program), batch, seq);
+    agree_on(comm, error);
+  }
   const double bound = require_lower_bound_fits(comm, spec.tensor_ranks(), config, sizeof(T),
                                                 training, budget, program);
   if (budget.bytes <= 0) return bound;

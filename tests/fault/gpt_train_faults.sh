@@ -227,9 +227,11 @@ if [ -n "$EDIT" ]; then
     "meta clip |meta clip 1e999|the manifest's clip '1e999' is not a finite number" \
     "meta weight_decay |meta weight_decay abc|the manifest's weight_decay 'abc' is not a finite" \
     "meta data_seed |meta data_seed -1|the manifest's data_seed '-1' is not a non-negative" \
-    "meta n_layer |meta n_layer 2000000000|this model \(n_layer=2000000000.* needs at least .* per rank"; do
+    "meta n_layer |meta n_layer 2000000000|this model \(n_layer=2000000000.* needs at least .* per rank" \
+    "step |step -7|step -7 is negative"; do
     IFS='|' read -r prefix line pattern <<<"$edit"
     case=manifest_$(cut -d' ' -f2 <<<"$prefix")
+    [ "$case" = manifest_ ] && case=manifest_step
     fresh "$case"
     "$EDIT" "$W/$case/checkpoints/step_00000006/manifest" "$prefix" "$line" || fail "edit failed"
     before=$(snapshot "$W/$case")
