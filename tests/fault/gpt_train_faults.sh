@@ -227,17 +227,25 @@ if [ -n "$EDIT" ]; then
     "meta clip |meta clip 1e999|the manifest's clip '1e999' is not a finite number" \
     "meta weight_decay |meta weight_decay abc|the manifest's weight_decay 'abc' is not a finite" \
     "meta data_seed |meta data_seed -1|the manifest's data_seed '-1' is not a non-negative" \
-    "meta n_layer |meta n_layer 2000000000|this model \(n_layer=2000000000.* needs at least .* per rank" \
-    "step |step -7|step -7 is negative"; do
+    "meta n_layer |meta n_layer 2000000000|this model \(n_layer=2000000000.* needs at least .* per rank"; do
     IFS='|' read -r prefix line pattern <<<"$edit"
     case=manifest_$(cut -d' ' -f2 <<<"$prefix")
-    [ "$case" = manifest_ ] && case=manifest_step
     fresh "$case"
     "$EDIT" "$W/$case/checkpoints/step_00000006/manifest" "$prefix" "$line" || fail "edit failed"
     before=$(snapshot "$W/$case")
     expect_error "$pattern" 2 --steps 8 --resume --out "$W/$case"
     [ "$(snapshot "$W/$case")" = "$before" ] || fail "the saved run changed"
   done
+fi
+if [ -n "$EDIT" ]; then
+  # a negative step (was: accepted, then every rank threw apart and MPI_ABORT):
+  # that checkpoint is invalid, named, and the run resumes from the one before
+  case=manifest_step_negative
+  fresh "$case"
+  "$EDIT" "$W/$case/checkpoints/step_00000006/manifest" "step " "step -7" || fail "edit failed"
+  expect_ok 2 --steps 8 --resume --out "$W/$case"
+  grep -q "step -7 is negative" <<<"$out" || fail "the bad step is not named: $out"
+  grep -q "resuming from .*step 4" <<<"$out" || fail "did not resume from step 4: $out"
 fi
 case=log_disk_full  # a failed log write is an error on every rank, and the
 # log keeps whole lines: the disk fills mid-line (SUMMA_FAULT_LOG_LIMIT, as
