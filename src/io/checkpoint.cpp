@@ -441,8 +441,15 @@ Manifest parse_manifest(const std::string& text, const fs::path& file) {
 // A directory or a root (then its `latest`) -> the checkpoint directory.
 fs::path resolve_checkpoint(const fs::path& path_or_root) {
   std::error_code ec;
-  if (fs::exists(path_or_root / kManifestName, ec)) return path_or_root;
-  if (fs::exists(path_or_root / kLatestName, ec)) {
+  // present as an entry (a dangling or looping link included: named as such
+  // below, not reported as missing)
+  const auto present = [&](const fs::path& p) { return fs::exists(fs::symlink_status(p, ec)); };
+  if (present(path_or_root / kManifestName)) {
+    io::require_regular_file(path_or_root / kManifestName, "checkpoint manifest");
+    return path_or_root;
+  }
+  if (present(path_or_root / kLatestName)) {
+    io::require_regular_file(path_or_root / kLatestName, "checkpoint 'latest'");
     const auto dir = latest_checkpoint(path_or_root);
     if (!fs::exists(*dir / kManifestName, ec))
       throw Error(fmt::format("checkpoint: {} points to {}, which has no manifest (missing)",

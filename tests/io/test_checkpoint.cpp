@@ -696,6 +696,22 @@ TEST(Checkpoint, ErrorsThrowOnEveryRank) {
   expect_error_everywhere([&] { load(tmp.path() / "nothing"); }, {"nothing", "no checkpoint"},
                           "no checkpoint at all");
 
+  // a dangling or looping link as the manifest or as `latest` is named as
+  // such (was: "no checkpoint ... neither a manifest nor a 'latest' file")
+  const fs::path links = tmp.path() / "links";
+  on_rank0([&] {
+    fs::create_directories(links / "a");
+    fs::create_directories(links / "b");
+    fs::create_symlink("nowhere", links / "a" / "manifest");
+    fs::create_symlink("latest", links / "b" / "latest");
+  });
+  MPI_Barrier(MPI_COMM_WORLD);
+  expect_error_everywhere([&] { load(links / "a"); },
+                          {"checkpoint manifest", "a dangling symbolic link (to 'nowhere')"},
+                          "dangling manifest link");
+  expect_error_everywhere([&] { load(links / "b"); },
+                          {"checkpoint 'latest'", "a symbolic link loop"}, "looping latest link");
+
   // another model: the differing tensor and both shapes are named
   fresh_step2();
   {
