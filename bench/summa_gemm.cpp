@@ -932,7 +932,8 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
         } else {
           j["backend"] = "cpu";
           j["cpu_gemm"] = std::string(ctx.backend->name()).substr(4);  // "cpu-<library>"
-          j["threads"] = summa::bench::cpu_threads_flag;
+          if (const auto* cpu = dynamic_cast<const summa::CpuBackend*>(ctx.backend))
+            j["threads"] = cpu->threads();  // what reached the backend
           j["blas"] = dtype == summa::DType::f64 ? ctx.blas.dgemm : ctx.blas.sgemm;
           if (!ctx.blas.arch.empty()) j["blas_arch"] = ctx.blas.arch;
         }

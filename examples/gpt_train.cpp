@@ -733,6 +733,11 @@ int train(const Cli& cli) {
     });
     trainer.save(ckpt_root);
   };
+  // the backend as it runs: "cpu-blis", "cpu-openblas x 2 threads", "cuda"
+  std::string backend_text(backend->name());
+  if (const auto* cpu = dynamic_cast<const summa::CpuBackend*>(backend.get());
+      cpu != nullptr && cpu->threads() > 1)
+    backend_text += " x " + std::to_string(cpu->threads()) + " threads";
   if (root) {
     std::printf(
         "gpt_train: GPT-2 n_layer=%d n_head=%d n_embd=%d seq=%lld vocab=%d (%lld parameters) | "
@@ -740,11 +745,10 @@ int train(const Cli& cli) {
         "%lld, cosine to %.3g) | %zu tokens from %s\n",
         o.config.n_layer, o.config.n_head, o.config.n_embd, static_cast<long long>(o.seq),
         o.config.vocab_size, static_cast<long long>(summa::reference::parameter_count(o.config)),
-        trainer.parallel().spec().str().c_str(), ranks, cli.dtype.c_str(),
-        std::string(backend->name()).c_str(), summa::to_string(o.grid.comm),
-        cli.tf32 ? ", tf32" : "", static_cast<long long>(o.batch), static_cast<long long>(o.seq),
-        o.optimizer.kind.c_str(), o.schedule.lr, static_cast<long long>(o.schedule.warmup),
-        o.schedule.min_lr, n_tokens, cli.data.c_str());
+        trainer.parallel().spec().str().c_str(), ranks, cli.dtype.c_str(), backend_text.c_str(),
+        summa::to_string(o.grid.comm), cli.tf32 ? ", tf32" : "", static_cast<long long>(o.batch),
+        static_cast<long long>(o.seq), o.optimizer.kind.c_str(), o.schedule.lr,
+        static_cast<long long>(o.schedule.warmup), o.schedule.min_lr, n_tokens, cli.data.c_str());
     std::fflush(stdout);
   }
   const bool bar = root && progress == Progress::bar;

@@ -283,6 +283,14 @@ def bench_runs(path):
     return head, runs
 
 
+def nth_run(path, runs, n):
+    """The N-th (1-based) run of a bench record: (command, lines)."""
+    n = int(n)
+    if not 1 <= n <= len(runs):
+        sys.exit(f"doc_figures: {path} has {len(runs)} runs, not {n}")
+    return runs[n - 1]
+
+
 def bench_record(path, what, *args):
     head, runs = bench_runs(path)
     if what == "source":
@@ -332,10 +340,7 @@ def bench_record(path, what, *args):
                       f"| {vs_serial(l)} |")
         return
     if what in ("steps", "inference") and args:
-        n = int(args[0])
-        if not 1 <= n <= len(runs):
-            sys.exit(f"doc_figures: {path} has {len(runs)} runs, not {n}")
-        command, lines = runs[n - 1]
+        command, lines = nth_run(path, runs, args[0])
         lines = [l for l in lines if "scheme" in l and not l.get("skipped")]
         print(f"`{command}`:\n")
         if what == "steps":
@@ -352,13 +357,10 @@ def bench_record(path, what, *args):
                       f"| {l['prefill_tokens_per_s']:.0f} | {l['decode_tokens_per_s']:.0f} |")
         return
     if what == "breakdown" and args:
-        n = int(args[0])
-        if not 1 <= n <= len(runs):
-            sys.exit(f"doc_figures: {path} has {len(runs)} runs, not {n}")
-        command, lines = runs[n - 1]
+        command, lines = nth_run(path, runs, args[0])
         lines = [l for l in lines if l.get("breakdown") and not l.get("skipped")]
         if not lines:
-            sys.exit(f"doc_figures: run {n} of {path} has no --breakdown lines")
+            sys.exit(f"doc_figures: run {args[0]} of {path} has no --breakdown lines")
         predicted = "predicted_step_s" in lines[0]
         print(f"`{command}` printed (as compare_schemes prints it; measured seconds per step, "
               "mean over the timed steps, largest over ranks"
@@ -379,14 +381,11 @@ def bench_record(path, what, *args):
         print("```")
         return
     if what == "libraries" and args:
-        n = int(args[0])
-        if not 1 <= n <= len(runs):
-            sys.exit(f"doc_figures: {path} has {len(runs)} runs, not {n}")
-        command, lines = runs[n - 1]
+        command, lines = nth_run(path, runs, args[0])
         cases = [l for l in lines if "libraries_gflops" in l]
         summary = next((l for l in lines if l.get("summary") == "libraries"), None)
         if not cases or summary is None:
-            sys.exit(f"doc_figures: run {n} of {path} has no --compare-libraries lines")
+            sys.exit(f"doc_figures: run {args[0]} of {path} has no --compare-libraries lines")
         libs = list(cases[0]["libraries_gflops"])
         details = next((l["libraries"] for l in cases if "libraries" in l), {})
         print(f"`{command}`:\n")
@@ -412,10 +411,7 @@ def bench_record(path, what, *args):
     if what != "gemm" or not args:
         sys.exit(f"doc_figures: bench: unknown table '{what}' "
                  "(source, gemm N, libraries N, breakdown N, guard, layer, steps N, inference N)")
-    n = int(args[0])
-    if not 1 <= n <= len(runs):
-        sys.exit(f"doc_figures: {path} has {len(runs)} runs, not {n}")
-    command, lines = runs[n - 1]
+    command, lines = nth_run(path, runs, args[0])
     lines = [l for l in lines if "op" in l]
     varies = lambda key: len({str(l.get(key)) for l in lines}) > 1
     cols = [("dtype", lambda l: l["dtype"]),
