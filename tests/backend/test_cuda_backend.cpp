@@ -1117,6 +1117,23 @@ TEST_F(Cuda, GemmStridedBatchedBadInputThrows) {
             std::string::npos);
 }
 
+// The memory budget's device query (memory_check.hpp): the free bytes of this
+// backend's GPU, and its UUID as the memory domain, so that ranks on one GPU
+// share its budget whichever ordinal they see.
+TEST_F(Cuda, MemoryQueryNamesTheDeviceByUuid) {
+  const double free_bytes = gpu().memory_free_bytes();
+  EXPECT_GT(free_bytes, 64.0 * 1024 * 1024) << "free bytes of an idle GPU";
+  EXPECT_LT(free_bytes, 1e13) << "more than 10 TB free";
+  const std::string domain = gpu().memory_domain();
+  ASSERT_EQ(domain.size(), 5u + 32u) << domain;  // "cuda:" + 16 UUID bytes in hex
+  EXPECT_EQ(domain.rfind("cuda:", 0), 0u) << domain;
+  EXPECT_EQ(domain.find_first_not_of("0123456789abcdef", 5), std::string::npos) << domain;
+  // A second backend on the same device names the same memory.
+  CudaBackend same({.device = gpu().device()});
+  EXPECT_EQ(same.memory_domain(), domain);
+  EXPECT_GT(same.memory_free_bytes(), 0.0);
+}
+
 TEST(CudaBackendErrors, NoDeviceIsAClearError) {
   if (have_device()) GTEST_SKIP() << "a device is present";
   const std::string what = error_of([] { CudaBackend backend; });
