@@ -167,6 +167,17 @@ struct StagedCommunicator::Impl {
            "cudaMemcpyAsync (from staging)");
   }
 
+  // A group of one rank: the result is the input, so no staging and no MPI
+  // (the host staging would cost a device -> host -> device round trip and a
+  // stream synchronisation for nothing). A device-to-device copy on the
+  // compute stream when the call is not in place.
+  void local(Kind kind, const void* send, void* recv, std::size_t count, DType t) const {
+    const std::size_t bytes = count * size_of(t);
+    if (kind == Kind::broadcast || bytes == 0 || send == recv) return;
+    cuda(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDefault, compute),
+         "cudaMemcpyAsync (one-rank group)");
+  }
+
   // The MPI collective in place on the staging buffer; blocking when
   // `request` is null.
   void collective(Kind kind, char* buf, std::size_t count, DType t, ReduceOp op, int root,
@@ -305,14 +316,21 @@ std::uintptr_t StagedCommunicator::start(Kind kind, const void* send, void* recv
         where_of(m.axis), m.slots.size());
   });
   const Impl::Plan p = m.plan(kind, send, recv, count, t, root);
+  // The staging is reserved even for a group of one, which does not use it,
+  // so that a buffer too small for the model fails at one rank as it would at many.
   const std::size_t begin = m.reserve_stage(p, kind);
-  m.stage_in(p, begin);
   Impl::Slot& s = m.slots[index];
-  m.collective(kind, m.host + begin, count, t, op, root, &s.request);
+  if (m.size == 1) {  // done at once: MPI_Wait/MPI_Test on a null request return
+    m.local(kind, send, recv, count, t);
+    s.request = MPI_REQUEST_NULL;
+  } else {
+    m.stage_in(p, begin);
+    m.collective(kind, m.host + begin, count, t, op, root, &s.request);
+  }
   s.begin = begin;
   s.end = begin + p.stage_bytes;
-  s.out = p.out;
-  s.out_bytes = p.out_bytes;
+  s.out = m.size == 1 ? nullptr : p.out;
+  s.out_bytes = m.size == 1 ? 0 : p.out_bytes;
   s.busy = true;
   m.top = s.end > m.top ? s.end : m.top;
   ++m.in_flight;
@@ -324,6 +342,10 @@ void StagedCommunicator::run(Kind kind, const void* send, void* recv, std::size_
   Impl& m = *impl_;
   const Impl::Plan p = m.plan(kind, send, recv, count, t, root);
   const std::size_t begin = m.reserve_stage(p, kind);
+  if (m.size == 1) {
+    m.local(kind, send, recv, count, t);
+    return;
+  }
   m.stage_in(p, begin);
   m.collective(kind, m.host + begin, count, t, op, root, nullptr);
   m.stage_out(p.out, p.out_bytes, begin);
