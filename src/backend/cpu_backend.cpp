@@ -1,6 +1,7 @@
 #include "summa/backend/cpu_backend.hpp"
 
 #include "cpu_blas.hpp"
+#include "cpu_elementwise.hpp"
 #include "summa/backend/optimizer_math.hpp"
 #include "summa/build_info.hpp"
 
@@ -212,6 +213,15 @@ void column_sums_impl(ConstMatrixView<T> X, T beta, T* out) {
       o *= beta;
     return;
   }
+  if (X.order == Order::row_major) {  // row by row: contiguous, vectorised passes
+    if (beta == T(0))
+      o.setZero();
+    else
+      o *= beta;
+    for (index_t i = 0; i < X.rows; ++i)
+      o += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(&X(i, 0), X.cols);
+    return;
+  }
   with_map(X, [&](auto x) {
     if (beta == T(0))
       o = x.colwise().sum();
@@ -277,8 +287,16 @@ void ln_backward_partials_impl(ConstMatrixView<T> X, ConstMatrixView<T> dY, cons
     bo.setZero();
     return;
   }
-  const ColVec<T> m(mean, X.rows), r(rstd, X.rows);
   const RowVec<T> gm(gamma, X.cols);
+  if (X.order == Order::row_major && dY.order == Order::row_major) {
+    for (index_t i = 0; i < X.rows; ++i) {  // contiguous, vectorised row sums
+      const RowVec<T> x(&X(i, 0), X.cols), dy(&dY(i, 0), X.cols);
+      a[i] = (dy * gm).sum();
+      b[i] = (dy * gm * ((x - mean[i]) * rstd[i])).sum();
+    }
+    return;
+  }
+  const ColVec<T> m(mean, X.rows), r(rstd, X.rows);
   with_map(dY, [&](auto dy) {
     with_map(X, [&](auto x) {
       const auto g = dy.array().rowwise() * gm;
@@ -294,9 +312,18 @@ void ln_backward_apply_impl(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T
                             const T* rstd, const T* gamma, const T* a, const T* b, index_t h,
                             MatrixView<T> dX) {
   if (X.empty()) return;
-  const ColVec<T> m(mean, X.rows), r(rstd, X.rows), av(a, X.rows), bv(b, X.rows);
   const RowVec<T> gm(gamma, X.cols);
   const T hh = static_cast<T>(h), inv_h = T(1) / hh;
+  if (X.order == Order::row_major && dY.order == Order::row_major && dX.order == Order::row_major) {
+    for (index_t i = 0; i < X.rows; ++i) {  // dX may be dY: each element read before written
+      const RowVec<T> x(&X(i, 0), X.cols), dy(&dY(i, 0), X.cols);
+      Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> dx(&dX(i, 0), X.cols);
+      const T ri = rstd[i];
+      dx = ((dy * gm * hh - a[i]) - ((x - mean[i]) * ri) * b[i]) * (ri * inv_h);
+    }
+    return;
+  }
+  const ColVec<T> m(mean, X.rows), r(rstd, X.rows), av(a, X.rows), bv(b, X.rows);
   with_map(dX, [&](auto dx) {
     with_map(dY, [&](auto dy) {
       with_map(X, [&](auto x) {
@@ -318,6 +345,18 @@ void ln_param_partials_impl(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T
   if (X.rows == 0) {
     go.setZero();
     bo.setZero();
+    return;
+  }
+  if (X.order == Order::row_major && dY.order == Order::row_major) {
+    // Row by row, each a contiguous vectorised pass (Eigen's column sums of a
+    // row-major expression would walk memory with the row stride).
+    go.setZero();
+    bo.setZero();
+    for (index_t i = 0; i < X.rows; ++i) {
+      const RowVec<T> x(&X(i, 0), X.cols), dy(&dY(i, 0), X.cols);
+      go += dy * ((x - mean[i]) * rstd[i]);
+      bo += dy;
+    }
     return;
   }
   const ColVec<T> m(mean, X.rows), r(rstd, X.rows);
@@ -346,27 +385,15 @@ void for_each_element(index_t rows, index_t cols, Order o, Fn&& fn) {
   }
 }
 
-constexpr double kGeluC = 0.79788456080286535588;  // sqrt(2 / pi)
-constexpr double kGeluA = 0.044715;
-
+// GeLU: vectorised on segments (cpu_elementwise.hpp).
 template <class T>
 void gelu_forward_impl(ConstMatrixView<T> X, MatrixView<T> Y) {
-  for_each_element(Y.rows, Y.cols, Y.order, [&](index_t r, index_t c) {
-    const double x = X(r, c);
-    const double t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
-    Y(r, c) = static_cast<T>(0.5 * x * (1.0 + t));
-  });
+  cpu_detail::gelu_forward_view<T, T>(X, Y);
 }
 
 template <class T>
 void gelu_backward_impl(ConstMatrixView<T> X, ConstMatrixView<T> dY, MatrixView<T> dX) {
-  for_each_element(dX.rows, dX.cols, dX.order, [&](index_t r, index_t c) {
-    const double x = X(r, c), dy = dY(r, c);  // read before dX (may be dY) is written
-    const double t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
-    const double d =
-        0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * kGeluC * (1.0 + 3.0 * kGeluA * x * x);
-    dX(r, c) = static_cast<T>(dy * d);
-  });
+  cpu_detail::gelu_backward_view<T, T>(X, dY, dX);
 }
 
 // Row r of a causal softmax uses columns [0, causal_end(r, rows, cols)).

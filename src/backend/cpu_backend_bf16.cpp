@@ -2,13 +2,15 @@
 // fp32 arithmetic, one rounding to bf16 per stored element. GEMM converts
 // k-panels of op(A) and op(B) to fp32 in the caller's scratch and runs the
 // float GEMM into an fp32 copy of C; the elementwise kernels are plain loops
-// that widen each element (the double-per-element CPU formulas of GeLU,
-// softmax and cross-entropy are kept, so those outputs are the float op's
-// outputs rounded to bf16).
+// that widen each element (GeLU widens segments to float and runs the float
+// kernel; softmax and cross-entropy keep the float op's per-element formulas),
+// so those outputs are the float op's outputs rounded to bf16.
 
 #include "summa/backend/cpu_backend.hpp"
 
 #include "summa/backend/optimizer_math.hpp"
+
+#include "cpu_elementwise.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -58,9 +60,6 @@ inline index_t causal_end(index_t r, index_t rows, index_t cols) {
   const index_t end = r + 1 + (cols > rows ? cols - rows : 0);
   return end < cols ? end : cols;
 }
-
-constexpr double kGeluC = 0.79788456080286535588;  // sqrt(2 / pi)
-constexpr double kGeluA = 0.044715;
 
 }  // namespace
 
@@ -224,22 +223,14 @@ void CpuBackend::do_layernorm_param_partials(ConstMatrixView<bf16> X, ConstMatri
   }
 }
 
+// GeLU: each segment widened to float on the stack, the float kernel, one
+// rounding per element (the float op's output rounded to bf16).
 void CpuBackend::do_gelu_forward(ConstMatrixView<bf16> X, MatrixView<bf16> Y) {
-  for_each_element(Y.rows, Y.cols, Y.order, [&](index_t r, index_t c) {
-    const double x = f32(X(r, c));
-    const double t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
-    Y(r, c) = bf16(0.5 * x * (1.0 + t));
-  });
+  cpu_detail::gelu_forward_view<bf16, float>(X, Y);
 }
 void CpuBackend::do_gelu_backward(ConstMatrixView<bf16> X, ConstMatrixView<bf16> dY,
                                   MatrixView<bf16> dX) {
-  for_each_element(dX.rows, dX.cols, dX.order, [&](index_t r, index_t c) {
-    const double x = f32(X(r, c)), dy = f32(dY(r, c));  // read before dX (may be dY) is written
-    const double t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
-    const double d =
-        0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * kGeluC * (1.0 + 3.0 * kGeluA * x * x);
-    dX(r, c) = bf16(dy * d);
-  });
+  cpu_detail::gelu_backward_view<bf16, float>(X, dY, dX);
 }
 
 void CpuBackend::do_softmax_causal(ConstMatrixView<bf16> S, double scale, MatrixView<bf16> P) {
