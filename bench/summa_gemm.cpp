@@ -1207,6 +1207,15 @@ int main(int argc, char** argv) {
   setenv("OMP_NUM_THREADS", "1", 1);
   setenv("OPENBLAS_NUM_THREADS", "1", 1);
 #ifdef SUMMA_BENCH_HAVE_BLIS
+  // ScaLAPACK's BLIS (linked) must run the kernels summa's BLIS (loaded)
+  // runs: loading summa's first sets BLIS_ARCH_TYPE where BLIS does not know
+  // this CPU (docs/design.md, "CPU GEMM"), before the linked copy
+  // initialises (its first call, just below), which would otherwise pick its
+  // reference code there and make PDGEMM several times slower than it is.
+  try {
+    summa::CpuBackend blis_first({.gemm = "blis"});
+  } catch (const std::exception&) {  // no BLIS to load: nothing to align
+  }
   bli_thread_set_num_threads(1);
 #endif
   MPI_Init(&argc, &argv);

@@ -33,6 +33,11 @@ import statistics
 import sys
 import time
 
+from blas_threads import pin_blas_threads  # noqa: E402  (bench/blas_threads.py)
+
+if "cuda" not in " ".join(sys.argv):
+    pin_blas_threads(sys.argv)
+
 try:
     import torch
     import torch.nn.functional as F

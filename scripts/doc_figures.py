@@ -263,6 +263,31 @@ def gpu_record(path, what):
         sys.exit(f"doc_figures: gpu: unknown table '{what}' (source, gemm, check, q2, block)")
 
 
+def study_run(path, machine):
+    """A measured scaling_study --run --plot PREFIX.jsonl: each point measured against
+    its prediction, with the machine file it was priced on."""
+    import json
+    rows = [json.loads(l) for l in read(path) if l.strip().startswith("{")]
+    rows = [r for r in rows if "measured_step_s" in r]
+    if not rows:
+        sys.exit(f"doc_figures: {path} has no measured points (scaling_study --run)")
+    with open(machine, encoding="utf-8") as f:
+        m = json.load(f)
+    lib = m.get("device", {}).get("gemm_library", "unrecorded")
+    print(f"`{path}`, priced on `{machine}` ({m.get('name', '')}, its GEMM figures from "
+          f"`{lib}`):\n")
+    print("| devices | scheme | batch | measured step (s) | predicted (s) | error |")
+    print("|---:|---|---:|---:|---:|---:|")
+    errors = []
+    for r in rows:
+        err = 100 * r["prediction_error"]
+        errors.append(abs(err))
+        print(f"| {r['gpus']} | `{r['scheme']}` | {r['batch']} | {r['measured_step_s']:.4f} "
+              f"| {r['predicted_whole_step_s']:.4f} | {err:+.1f} % |")
+    print(f"\nMean absolute error {sum(errors) / len(errors):.1f} %, worst {max(errors):.1f} % "
+          f"over {len(errors)} points.")
+
+
 def bench_runs(path):
     """A bench record: (provenance, [(command, [lines])])."""
     import json
@@ -408,9 +433,65 @@ def bench_record(path, what, *args):
               f"`{summary['summa_cpu_gemm']}`: {summary['summa_geomean_vs_fastest']:.2f} of the "
               f"fastest (worst case {summary['summa_worst_vs_fastest']:.2f}).")
         return
+    if what == "torch" and args:
+        command, lines = nth_run(path, runs, args[0])
+        lines = [l for l in lines if l.get("bench") == "block_vs_torch"]
+        if not lines:
+            sys.exit(f"doc_figures: run {args[0]} of {path} has no block_vs_torch lines")
+        print(f"`{command}` (summa on `{lines[0]['summa_backend']}`, PyTorch "
+              f"{lines[0]['torch_version']}; medians over {lines[0]['rounds']} rounds of "
+              f"{lines[0]['reps']} steps, {lines[0]['threads']} thread each):\n")
+        print("| hidden | heads | seq | batch | pass | summa ms | PyTorch ms | PyTorch / summa |")
+        print("|---:|---:|---:|---:|---|---:|---:|---:|")
+        for l in lines:
+            print(f"| {l['hidden']} | {l['heads']} | {l['seq']} | {l['batch']} | {l['pass']} "
+                  f"| {l['summa_s'] * 1e3:.1f} | {l['torch_s'] * 1e3:.1f} "
+                  f"| {l['torch_over_summa']:.2f} |")
+        return
+    if what == "threads":
+        import re
+        print("| ranks | threads per rank | scheme | step (s) | tokens/s | vs 1 rank × 1 thread |")
+        print("|---:|---:|---|---:|---:|---:|")
+        base = None
+        for command, lines in runs:
+            np_ = re.search(r"-np (\d+)", command)
+            th = re.search(r"--threads (\d+)", command)
+            for l in lines:
+                if "scheme" not in l or l.get("skipped") or "median_s" not in l:
+                    continue
+                base = base or l["median_s"]
+                print(f"| {np_.group(1) if np_ else 1} | {th.group(1) if th else 1} "
+                      f"| `{l['scheme']}` | {l['median_s']:.3f} | {l['tokens_per_s']:.0f} "
+                      f"| {base / l['median_s']:.2f} |")
+        return
+    if what == "decode" and args:
+        command, lines = nth_run(path, runs, args[0])
+        lines = [l for l in lines if l.get("bench") == "decode_vs_torch"]
+        if not lines:
+            sys.exit(f"doc_figures: run {args[0]} of {path} has no decode_vs_torch lines")
+        l0 = lines[0]
+        print(f"`{command}` (the model: {l0['n_layer']} layers, hidden {l0['n_embd']}, "
+              f"{l0['n_head']} heads, vocabulary {l0['vocab']}; prompt {l0['prompt']} tokens, "
+              f"{l0['new']} new; medians over {l0['rounds']} rounds; PyTorch "
+              f"{l0['torch_version']}, {l0['threads']} thread):\n")
+        print("| ranks | scheme | batch | summa decode tokens/s | PyTorch decode tokens/s "
+              "| PyTorch / summa | greedy tokens agreeing |")
+        print("|---:|---|---:|---:|---:|---:|---:|")
+        for l in lines:
+            if l["ranks"] == 1:
+                agree = f"{l['greedy_agree']} of {l['new']}" if "greedy_agree" in l else "–"
+                print(f"| 1 | – | {l['batch']} | {l['summa_decode_tokens_per_s']:.0f} "
+                      f"| {l['torch_decode_tokens_per_s']:.0f} "
+                      f"| {l['torch_over_summa']:.2f} | {agree} |")
+            else:
+                print(f"| {l['ranks']} | `{l['scheme']}` | {l['batch']} "
+                      f"| {l['summa_decode_tokens_per_s']:.0f} | (1 rank: "
+                      f"{l['torch_decode_tokens_per_s_1rank']:.0f}) | – | – |")
+        return
     if what != "gemm" or not args:
         sys.exit(f"doc_figures: bench: unknown table '{what}' "
-                 "(source, gemm N, libraries N, breakdown N, guard, layer, steps N, inference N)")
+                 "(source, gemm N, libraries N, breakdown N, guard, layer, steps N, inference N, "
+                 "torch N, decode N, threads)")
     command, lines = nth_run(path, runs, args[0])
     lines = [l for l in lines if "op" in l]
     varies = lambda key: len({str(l.get(key)) for l in lines}) > 1
@@ -460,6 +541,8 @@ def main():
         axonn()
     elif what == "gpu":
         gpu_record(args[0], args[1])
+    elif what == "study-run":
+        study_run(args[0], args[1])
     elif what == "bench":
         bench_record(args[0], *args[1:])
     else:

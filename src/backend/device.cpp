@@ -2,8 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,6 +30,31 @@ CudaDeviceFactory cuda_device() noexcept {
   return registered_cuda_device;
 }
 }  // namespace detail
+
+namespace {
+
+// More GEMM threads than the cores a rank may run on (its CPU affinity, as
+// mpirun binds ranks to one core each by default) makes the threads share
+// those cores and spin at BLIS's barriers: several times slower than one
+// thread. Said once, by rank 0, with the fix.
+void warn_if_threads_share_cores(MPI_Comm comm, int threads) {
+  if (threads <= 1) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : threads;
+  int fewest = cores;
+  MPI_Allreduce(&cores, &fewest, 1, MPI_INT, MPI_MIN, comm);
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  if (fewest < threads && rank == 0)
+    std::fprintf(stderr,
+                 "summa: warning: %d GEMM threads per rank, but a rank may run on only %d "
+                 "core(s) (its CPU affinity): the threads share them. Launch with mpirun "
+                 "--map-by slot:PE=%d (or --bind-to none).\n",
+                 threads, fewest, threads);
+}
+
+}  // namespace
 
 Device make_device(MPI_Comm comm, const DeviceOptions& o) {
   // Checked from the options alone: the same outcome on every rank.
@@ -67,6 +95,7 @@ Device make_device(MPI_Comm comm, const DeviceOptions& o) {
     const std::int64_t values[] = {which};
     const char* const names[] = {"the CPU GEMM library (SUMMA_CPU_GEMM)"};
     agree_on(comm, error, values, names, "device");
+    warn_if_threads_share_cores(comm, o.threads);
     d.grid.comm = CommBackend::mpi;
     return d;
   }
