@@ -316,6 +316,15 @@ def nth_run(path, runs, n):
     return runs[n - 1]
 
 
+def bench_lines(path, runs, n, bench):
+    """The N-th run's command and its lines of one bench (exits when it has none)."""
+    command, lines = nth_run(path, runs, n)
+    lines = [l for l in lines if l.get("bench") == bench]
+    if not lines:
+        sys.exit(f"doc_figures: run {n} of {path} has no {bench} lines")
+    return command, lines
+
+
 def bench_record(path, what, *args):
     head, runs = bench_runs(path)
     if what == "source":
@@ -434,10 +443,7 @@ def bench_record(path, what, *args):
               f"fastest (worst case {summary['summa_worst_vs_fastest']:.2f}).")
         return
     if what == "torch" and args:
-        command, lines = nth_run(path, runs, args[0])
-        lines = [l for l in lines if l.get("bench") == "block_vs_torch"]
-        if not lines:
-            sys.exit(f"doc_figures: run {args[0]} of {path} has no block_vs_torch lines")
+        command, lines = bench_lines(path, runs, args[0], "block_vs_torch")
         print(f"`{command}` (summa on `{lines[0]['summa_backend']}`, PyTorch "
               f"{lines[0]['torch_version']}; medians over {lines[0]['rounds']} rounds of "
               f"{lines[0]['reps']} steps, {lines[0]['threads']} thread each):\n")
@@ -465,10 +471,7 @@ def bench_record(path, what, *args):
                       f"| {base / l['median_s']:.2f} |")
         return
     if what == "decode" and args:
-        command, lines = nth_run(path, runs, args[0])
-        lines = [l for l in lines if l.get("bench") == "decode_vs_torch"]
-        if not lines:
-            sys.exit(f"doc_figures: run {args[0]} of {path} has no decode_vs_torch lines")
+        command, lines = bench_lines(path, runs, args[0], "decode_vs_torch")
         l0 = lines[0]
         print(f"`{command}` (the model: {l0['n_layer']} layers, hidden {l0['n_embd']}, "
               f"{l0['n_head']} heads, vocabulary {l0['vocab']}; prompt {l0['prompt']} tokens, "
