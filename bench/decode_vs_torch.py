@@ -126,7 +126,8 @@ def torch_decode(model, prompts, new):
         for t in range(length + new - 1):
             t0 = time.perf_counter()
             logits = model.step(step, t)
-            nxt = torch.argmax(logits, dim=1) if t >= length - 1 else None
+            # bytes: gpt_generate picks among the tokenizer's 256 ids (its vocab_limit)
+            nxt = torch.argmax(logits[:, :256], dim=1) if t >= length - 1 else None
             dt = time.perf_counter() - t0
             if t >= length - 1:
                 decode_s += dt
@@ -138,7 +139,7 @@ def torch_decode(model, prompts, new):
     return decode_s, out
 
 
-def summa_decode(cmd):
+def summa_decode(cmd, expected_prompt_tokens):
     """(decode seconds, decode tokens, greedy tokens of prompt 0) from one gpt_generate run."""
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
@@ -147,17 +148,24 @@ def summa_decode(cmd):
     m = re.search(r"decode (\d+) tokens in ([0-9.]+) s", run.stderr)
     if not m:
         sys.exit(f"decode_vs_torch: no decode summary from {shlex.join(cmd)}:\n{run.stderr}")
+    pre = re.search(r"prefill (\d+) tokens", run.stderr)
+    if pre is None or int(pre.group(1)) != expected_prompt_tokens:
+        sys.exit(f"decode_vs_torch: gpt_generate read {pre.group(1) if pre else '?'} prompt "
+                 f"tokens, expected {expected_prompt_tokens} (bytes): does the --hf directory "
+                 "hold a BPE tokenizer? This comparison feeds bytes")
     first = next((json.loads(l) for l in run.stdout.splitlines() if l.startswith("{")), {})
     # The summary prints seconds with 3 decimals: time the decode from its rate
     # instead when that is printed with more digits.
     rate = re.search(r"decode \d+ tokens in [0-9.]+ s \(([0-9.]+) tokens/s\)", run.stderr)
     tokens = int(m.group(1))
     seconds = tokens / float(rate.group(1)) if rate else float(m.group(2))
+    if seconds <= 0:
+        sys.exit(f"decode_vs_torch: a decode time of 0 s from {shlex.join(cmd)}: decode more tokens")
     return seconds, tokens, first.get("tokens", [])
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpt-generate", required=True, help="path of examples/gpt_generate")
     ap.add_argument("--hf", required=True, help="exported GPT-2 directory")
@@ -193,7 +201,7 @@ def main():
             gen += ["--prompt", t]
         summa_s, torch_s, agree = [], [], None
         for _ in range(args.rounds):
-            s, tokens, summa_tokens = summa_decode(gen)
+            s, tokens, summa_tokens = summa_decode(gen, batch * length)
             if tokens != batch * new:
                 sys.exit(f"decode_vs_torch: gpt_generate decoded {tokens} tokens, "
                          f"expected {batch} x {new}")
@@ -202,6 +210,9 @@ def main():
             d, torch_tokens = torch_decode(model, prompts, new)
             torch_s.append(d)
             if batch == 1:
+                if len(summa_tokens) != new:
+                    sys.exit(f"decode_vs_torch: gpt_generate --json gave {len(summa_tokens)} "
+                             f"tokens for prompt 0, expected {new}")
                 agree = next((i for i, (a, b) in enumerate(zip(summa_tokens, torch_tokens))
                               if a != b), new)
         s, q = statistics.median(summa_s), statistics.median(torch_s)
@@ -220,7 +231,7 @@ def main():
             for scheme in args.schemes:
                 cmd = shlex.split(args.mpirun) + ["-np", str(args.ranks)] + gen + [
                     "--scheme", scheme]
-                times = [summa_decode(cmd)[0] for _ in range(args.rounds)]
+                times = [summa_decode(cmd, batch * length)[0] for _ in range(args.rounds)]
                 print(json.dumps({
                     "bench": "decode_vs_torch", "ranks": args.ranks, "scheme": scheme,
                     "batch": batch, "prompt": length, "new": new, "threads": args.threads,

@@ -1212,6 +1212,8 @@ int main(int argc, char** argv) {
   // this CPU (docs/design.md, "CPU GEMM"), before the linked copy
   // initialises (its first call, just below), which would otherwise pick its
   // reference code there and make PDGEMM several times slower than it is.
+  // (BLIS_ARCH_TYPE is BLIS's arch_t number: both copies must be the same
+  // BLIS version, as Debian's two builds of one package are.)
   try {
     summa::CpuBackend blis_first({.gemm = "blis"});
   } catch (const std::exception&) {  // no BLIS to load: nothing to align

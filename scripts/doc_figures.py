@@ -458,17 +458,20 @@ def bench_record(path, what, *args):
         import re
         print("| ranks | threads per rank | scheme | step (s) | tokens/s | vs 1 rank × 1 thread |")
         print("|---:|---:|---|---:|---:|---:|")
-        base = None
+        rows = []
         for command, lines in runs:
-            np_ = re.search(r"-np (\d+)", command)
-            th = re.search(r"--threads (\d+)", command)
+            th = re.search(r"--threads[ =](\d+)", command)
             for l in lines:
                 if "scheme" not in l or l.get("skipped") or "median_s" not in l:
                     continue
-                base = base or l["median_s"]
-                print(f"| {np_.group(1) if np_ else 1} | {th.group(1) if th else 1} "
-                      f"| `{l['scheme']}` | {l['median_s']:.3f} | {l['tokens_per_s']:.0f} "
-                      f"| {base / l['median_s']:.2f} |")
+                rows.append((l["ranks"], int(th.group(1)) if th else 1, l))
+        base = next((l["median_s"] for r, t, l in rows if r == 1 and t == 1), None)
+        if base is None:
+            sys.exit(f"doc_figures: {path} has no run of 1 rank x 1 thread (the baseline)")
+        for ranks, threads, l in rows:
+            print(f"| {ranks} | {threads} "
+                  f"| `{l['scheme']}` | {l['median_s']:.3f} | {l['tokens_per_s']:.0f} "
+                  f"| {base / l['median_s']:.2f} |")
         return
     if what == "decode" and args:
         command, lines = bench_lines(path, runs, args[0], "decode_vs_torch")

@@ -9,7 +9,22 @@
 // double precision; bf16 widens a segment to float in a stack buffer. No heap:
 // every buffer is on the stack.
 
+// GCC 12's AVX-512 intrinsics (avx512fintrin.h's _mm512_undefined_ps, used by
+// _mm512_min_ps/_mm512_max_ps in Eigen's vectorised tanh) draw false
+// "(maybe-)uninitialized" warnings under -march=native on an AVX-512 CPU,
+// located in that header (GCC bug 105593, fixed in GCC 13). The warnings are
+// silenced for the locations of the intrinsics headers only: they must be
+// first included here, through Eigen, in this header's includers (it comes
+// before any other Eigen or intrinsics include in cpu_backend*.cpp).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <Eigen/Core>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 #include <algorithm>
 #include <cstddef>
@@ -39,14 +54,6 @@ void for_each_segment(index_t rows, index_t cols, Order o, Fn&& fn) {
     }
 }
 
-// GCC 12 reports Eigen's AVX-512 tanh (its _mm512_undefined_ps operands) as
-// maybe-uninitialized once inlined here (-march=native on an AVX-512 CPU): a
-// false positive, silenced for these two kernels only.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
 // y = 0.5 x (1 + tanh(c (x + a x^3))) on n contiguous elements (y may be x).
 template <class S>
 void gelu_segment(const S* x, S* y, index_t n) {
@@ -64,13 +71,13 @@ void gelu_grad_segment(const S* x, const S* dy, S* dx, index_t n) {
   const Eigen::Map<const A> xa(x, n), dya(dy, n);
   Eigen::Map<A> t(tb, n), dxa(dx, n);
   t = (S(kGeluC) * (xa + S(kGeluA) * xa.cube())).tanh();
+  // The second term vanishes where tanh has saturated (|x| > 10 in float);
+  // x clamped there keeps x * (1 + 3a x^2) finite for any finite x (a huge
+  // x would make it inf, and inf * 0 NaN).
+  const auto xc = xa.max(S(-16)).min(S(16));
   dxa = dya * (S(0.5) * (S(1) + t) +
-               S(0.5 * kGeluC) * xa * (S(1) - t.square()) * (S(1) + S(3 * kGeluA) * xa.square()));
+               S(0.5 * kGeluC) * xc * (S(1) - t.square()) * (S(1) + S(3 * kGeluA) * xc.square()));
 }
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 // The GeLU of a view of T (float, double or bf16), computed in S (float for
 // float and bf16, double for double): every segment is gathered into an

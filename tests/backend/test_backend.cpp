@@ -1373,6 +1373,39 @@ TEST(CpuBackend, Bf16LayerNormKernelsMatchFloat) {
   }
 }
 
+// GeLU where tanh saturates, up to the largest finite values: the output is x
+// or 0 and the derivative 1 or 0, never NaN (x * (1 + 3a x^2) overflows past
+// |x| ~ 1.8e19 in float); NaN stays NaN.
+template <class T>
+void check_gelu_extremes() {
+  CpuBackend backend;
+  const T big = std::numeric_limits<T>::max();
+  std::vector<T> x = {T(12), T(-12), T(1e20), T(-1e20), big, -big, T(50), T(-50)};
+  const auto n = static_cast<index_t>(x.size());
+  std::vector<T> y(x.size()), dy(x.size(), T(2)), dx(x.size());
+  const auto X = ConstMatrixView<T>::dense(x.data(), 1, n, Order::row_major);
+  backend.gelu_forward(X, MatrixView<T>::dense(y.data(), 1, n, Order::row_major));
+  backend.gelu_backward(X, ConstMatrixView<T>::dense(dy.data(), 1, n, Order::row_major),
+                        MatrixView<T>::dense(dx.data(), 1, n, Order::row_major));
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const bool positive = x[i] > 0;
+    EXPECT_EQ(y[i], positive ? x[i] : T(0)) << "gelu(" << x[i] << ")";
+    EXPECT_EQ(dx[i], positive ? T(2) : T(0)) << "gelu'(" << x[i] << ") * 2";
+  }
+  std::vector<T> nan = {std::numeric_limits<T>::quiet_NaN()}, out(1), d(1, T(1));
+  const auto N = ConstMatrixView<T>::dense(nan.data(), 1, 1, Order::row_major);
+  backend.gelu_forward(N, MatrixView<T>::dense(out.data(), 1, 1, Order::row_major));
+  EXPECT_TRUE(std::isnan(out[0]));
+  backend.gelu_backward(N, ConstMatrixView<T>::dense(d.data(), 1, 1, Order::row_major),
+                        MatrixView<T>::dense(out.data(), 1, 1, Order::row_major));
+  EXPECT_TRUE(std::isnan(out[0]));
+}
+
+TEST(CpuBackend, GeluSaturatesWithoutNaN) {
+  check_gelu_extremes<float>();
+  check_gelu_extremes<double>();
+}
+
 TEST(CpuBackend, Bf16GeluSoftmaxMatchFloat) {
   CpuBackend backend;
   std::mt19937_64 gen(fresh_seed());
