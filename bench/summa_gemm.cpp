@@ -1214,10 +1214,15 @@ int main(int argc, char** argv) {
   // reference code there and make PDGEMM several times slower than it is.
   // (BLIS_ARCH_TYPE is BLIS's arch_t number: both copies must be the same
   // BLIS version, as Debian's two builds of one package are.)
+  // Not under AddressSanitizer: there summa loads BLIS without RTLD_DEEPBIND
+  // (cpu_blas.cpp), so its copy's internal calls would bind to the linked
+  // copy's and corrupt it (BLIS aborts: "Accessed uninitialized context").
+#if !defined(__SANITIZE_ADDRESS__)
   try {
     summa::CpuBackend blis_first({.gemm = "blis"});
   } catch (const std::exception&) {  // no BLIS to load: nothing to align
   }
+#endif
   bli_thread_set_num_threads(1);
 #endif
   MPI_Init(&argc, &argv);
