@@ -2,7 +2,8 @@
 // The device options the benchmarks share (--backend, --comm, --tf32) and
 // the backend and grid options they select: CpuBackend with MPI, or
 // CudaBackend on the node-local rank's GPU with mpi_staged / nccl
-// communicators ordered with its stream.
+// communicators ordered with its stream (make_device: libsumma loads its CUDA
+// component on first use, so the benchmarks link no CUDA library for it).
 
 #include <CLI/CLI.hpp>
 #include <memory>
@@ -11,12 +12,6 @@
 
 #include "../examples/flag_checks.hpp"
 #include "summa/summa.hpp"
-#if SUMMA_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "summa/backend/cuda_backend.hpp"
-#include "summa/comm/nccl_communicator.hpp"
-#endif
 
 namespace summa::bench {
 

@@ -1071,7 +1071,11 @@ int run(int argc, char** argv, int rank, int ranks) {
                              ? ranks_per_device
                              : summa::ranks_per_device(MPI_COMM_WORLD, s.backend == "cpu");
   }
-  // The backend before any grid: the communicators order their work with its stream.
+  // The backend before any grid: the communicators order their work with its
+  // stream. Its agreement (the CPU GEMM library) waits under --watchdog too.
+  summa::WatchdogOptions setup_limit;
+  setup_limit.timeout_s = s.watchdog;
+  const summa::Watchdog setup_watchdog(MPI_COMM_WORLD, setup_limit);
   summa::bench::BenchBackend chosen = summa::bench::make_backend<UsageError>(
       s.backend, s.comm, s.tf32, app.count("--comm") > 0, "compare_schemes");
   s.grid = chosen.grid;

@@ -672,6 +672,10 @@ int study_main(int argc, char** argv, int rank, int world) {
 
   std::vector<int> cluster;  // device counts beyond this launch
   if (run) {
+    // the device's agreement, before any grid, waits under --watchdog too
+    summa::WatchdogOptions setup_limit;
+    setup_limit.timeout_s = watchdog;
+    const summa::Watchdog setup_watchdog(MPI_COMM_WORLD, setup_limit);
     summa::bench::BenchBackend dev = summa::bench::make_backend<UsageError>(
         backend_name, comm, tf32, app.count("--comm") > 0, "scaling_study");
     dev.grid.watchdog.timeout_s = watchdog;

@@ -109,6 +109,13 @@ template <class T>
 int run(const Cli& cli) {
   const MPI_Comm world = MPI_COMM_WORLD;
   const bool root = world_rank() == 0;
+  // The set-up's agreements (files, prompts, lengths) wait under a watchdog
+  // on the whole job: a rank stopped before the model's grid exists ends the
+  // job with the report, not a hang (the grid's own watchdog guards the
+  // generation).
+  summa::WatchdogOptions setup_limit;
+  setup_limit.timeout_s = cli.watchdog;
+  const summa::Watchdog setup_watchdog(world, setup_limit);
   // Every rank reads the same files and agrees on every error.
   Tokenizer tok;
   std::vector<std::string> texts = cli.prompts;

@@ -319,10 +319,29 @@ class LogFile {
     path_ = path;
     summa::io::require_regular_file(path, "--log");  // a FIFO would block open()
     if (resume) truncate_to(step);
-    fd_ =
-        ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (resume ? O_APPEND : O_TRUNC), 0644);
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_APPEND, 0644);
     if (fd_ < 0)
       throw summa::Error("--log: cannot open " + path.string() + ": " + std::strerror(errno));
+    // The file itself is locked too (an open-file-description lock, kept
+    // while fd_ is open; other descriptors of it do not release it), before
+    // a fresh run cuts it: a second job that reaches this log under another
+    // name (a symbolic or hard link) is refused instead of cutting it.
+    struct flock l {};
+    l.l_type = F_WRLCK;
+    l.l_whence = SEEK_SET;
+    if (::fcntl(fd_, F_OFD_SETLK, &l) != 0) {
+      const int e = errno;
+      ::close(fd_);
+      fd_ = -1;
+      throw summa::Error("--log " + path.string() +
+                         (e == EAGAIN || e == EACCES
+                              ? std::string(" is in use by another gpt_train job (the same file, "
+                                            "perhaps under another name or link); choose "
+                                            "another --log")
+                              : ": cannot lock it: " + std::string(std::strerror(e))));
+    }
+    if (!resume && ::ftruncate(fd_, 0) != 0)
+      throw summa::Error("--log: cannot truncate " + path.string() + ": " + std::strerror(errno));
     const off_t end = ::lseek(fd_, 0, SEEK_END);
     whole_ = end > 0 ? end : 0;
     if (const char* limit = std::getenv("SUMMA_FAULT_LOG_LIMIT")) limit_ = std::atoll(limit);
@@ -504,6 +523,13 @@ int train(const Cli& cli) {
   const MPI_Comm world = MPI_COMM_WORLD;
   const fs::path out = cli.out;
   const fs::path ckpt_root = out / "checkpoints";
+  // The set-up's agreements (files, locks, the checkpoint to resume) wait
+  // under a watchdog on the whole job: a rank stopped before the grid exists
+  // ends the job with the report naming it, not a hang. The grid's own
+  // watchdog (o.grid.watchdog) guards the training; this one the rest.
+  summa::WatchdogOptions setup_limit;
+  setup_limit.timeout_s = cli.watchdog;
+  const summa::Watchdog setup_watchdog(world, setup_limit);
   const std::string log_path = replace_out(cli.log, cli.out);
   const std::string export_dir = replace_out(cli.export_dir, cli.out);
   const Progress progress = progress_mode(cli);
@@ -556,12 +582,19 @@ int train(const Cli& cli) {
   summa::on_root_agreed(world, [&] {
     ensure_writable_dir(out, "--out", "0");
     lock = std::make_unique<JobLock>(out / ".gpt_train.lock", "--out " + out.string());
-    // --log too: a second job with another --out must not cut this log
+    // --log too: a second job with another --out must not cut this log.
+    // The lock file sits beside the file a link leads to, so a job that
+    // names the same log through a symbolic link finds the same lock (and
+    // the log itself is locked once opened: LogFile::open).
     const fs::path log_file(log_path);
     if (const fs::path parent = log_file.parent_path(); !parent.empty())
       ensure_writable_dir(parent, "--log", "0");
+    summa::io::require_regular_file(log_file, "--log");  // a FIFO or a device: refused now
+    std::error_code ec;
+    fs::path real = fs::weakly_canonical(fs::absolute(log_file), ec);
+    if (ec) real = fs::absolute(log_file);
     log_lock = std::make_unique<JobLock>(
-        log_file.parent_path() / ("." + log_file.filename().string() + ".gpt_train.lock"),
+        real.parent_path() / ("." + real.filename().string() + ".gpt_train.lock"),
         "--log " + log_path);
   });
   // Resuming: the checkpoint fixes the model shape and the data stream.
@@ -591,7 +624,22 @@ int train(const Cli& cli) {
                            "choose another --out");
       fs::remove_all(ckpt_root);
     }
+    // Nor does it cut a log with lines in it (a run that saved nothing, or
+    // one with another --out), unless told (--overwrite) or resuming
+    // (--resume or --resume-from; --resume with nothing saved starts afresh).
+    if (!cli.resume && cli.resume_from.empty() && !cli.overwrite &&
+        fs::is_regular_file(log_path, ec) && fs::file_size(log_path, ec) > 0 && !ec)
+      throw summa::Error("--log " + log_path +
+                         " already holds the log of a run; pass --overwrite to replace it, "
+                         "--resume to continue that run, or choose another --log");
     ensure_writable_dir(ckpt_root, "--out (checkpoints)", "0");
+    // Every save replaces `latest` by a rename, which a directory there
+    // would refuse: said now, not after the first interval of training.
+    if (const fs::path latest = ckpt_root / "latest";
+        fs::is_directory(fs::symlink_status(latest, ec)))
+      throw summa::Error("--out: " + latest.string() +
+                         " is a directory, where the run's 'latest' file goes (every save "
+                         "would fail there); remove or rename it");
     if (!export_dir.empty()) ensure_writable_dir(export_dir, "--export", "0");
     if (!cli.check_batch.empty()) {
       if (const fs::path parent = fs::path(cli.check_batch).parent_path(); !parent.empty())

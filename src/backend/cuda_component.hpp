@@ -1,7 +1,8 @@
 #pragma once
 // The CUDA device (make_device with backend "cuda") comes from summa's CUDA
 // component (libsumma_cuda, summa::cuda), which registers its factory here
-// when the dynamic loader loads it, next to the device communicators
+// when the dynamic loader loads it (linked, or loaded on first use:
+// load_cuda_component in ../grid/device_communicators.hpp), next to the device communicators
 // (src/grid/device_communicators.hpp). libsumma links no CUDA library.
 // Internal to the build: not installed.
 
@@ -17,9 +18,11 @@ namespace summa::detail {
 /// already checked; `comm_kind` is CommBackend::nccl or mpi_staged.
 using CudaDeviceFactory = void (*)(MPI_Comm comm, const DeviceOptions& options,
                                    CommBackend comm_kind, Device& out);
+/// The GPUs the process sees (0 without a driver or device; never throws).
+using CudaDeviceCount = int (*)() noexcept;
 
 /// Called once by libsumma_cuda's static initialiser.
-void register_cuda_device(CudaDeviceFactory factory) noexcept;
+void register_cuda_device(CudaDeviceFactory factory, CudaDeviceCount count) noexcept;
 
 /// The registered factory, or null when the program does not load the component.
 CudaDeviceFactory cuda_device() noexcept;

@@ -20,10 +20,12 @@ namespace summa {
 namespace detail {
 namespace {
 constinit CudaDeviceFactory registered_cuda_device = nullptr;
+constinit CudaDeviceCount registered_cuda_device_count = nullptr;
 }  // namespace
 
-void register_cuda_device(CudaDeviceFactory factory) noexcept {
+void register_cuda_device(CudaDeviceFactory factory, CudaDeviceCount count) noexcept {
   registered_cuda_device = factory;
+  registered_cuda_device_count = count;
 }
 
 CudaDeviceFactory cuda_device() noexcept {
@@ -104,10 +106,25 @@ Device make_device(MPI_Comm comm, const DeviceOptions& o) {
   require(c != "mpi",
           "device: the cuda backend with mpi communicators: MPI communicators cannot take device "
           "memory; use nccl (one GPU per rank) or mpi_staged (ranks may share a GPU)");
+  // libsumma_cuda: linked by the program or loaded now (dlopen); agreed, so
+  // that a rank that cannot load it fails with the others.
+  std::optional<std::string> error = detail::load_cuda_component("device: the cuda backend");
+  if (!error && detail::cuda_device() == nullptr)
+    error = "device: the cuda backend: summa's CUDA component registered no device";
+  agree_on(comm, error);
   const detail::CudaDeviceFactory make_cuda = detail::cuda_device();
-  if (make_cuda == nullptr) throw Error(detail::cuda_component_missing("device: the cuda backend"));
   make_cuda(comm, o, c == "nccl" ? CommBackend::nccl : CommBackend::mpi_staged, d);
   return d;
+}
+
+int cuda_device_count() noexcept {
+  try {
+    if (detail::load_cuda_component("cuda_device_count")) return 0;
+  } catch (...) {  // formatting the reason ran out of memory: no device to report
+    return 0;
+  }
+  return detail::registered_cuda_device_count != nullptr ? detail::registered_cuda_device_count()
+                                                         : 0;
 }
 
 }  // namespace summa

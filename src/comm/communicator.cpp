@@ -10,49 +10,41 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "fault_stop.hpp"
 #include "summa/core/error.hpp"
 
 namespace summa {
 
 namespace {
 
-// Fault injection for the fault suite (tests/fault/watchdog_programs.sh): with
-// SUMMA_FAULT_STOP=<world rank>:<n> in the environment, that rank stops
-// itself (SIGSTOP) just before its n-th collective, counted from 1 over every
-// Communicator of the process (blocking and non-blocking calls and barriers
-// alike): the others then wait for a rank that never arrives, which only the
-// watchdog (--watchdog) ends. The variable is read once, when the library is
-// loaded; without it a collective pays one predictable branch.
-struct FaultStop {
-  int rank = -1;
-  std::uint64_t at = 0;  // 0: off
-};
-FaultStop parse_fault_stop() {
-  FaultStop f;
-  const char* spec = std::getenv("SUMMA_FAULT_STOP");
-  unsigned long long n = 0;
-  if (spec != nullptr && std::sscanf(spec, "%d:%llu", &f.rank, &n) == 2) f.at = n;
-  return f;
-}
-const FaultStop fault_stop = parse_fault_stop();
-std::atomic<std::uint64_t> collectives_started{0};
+// SUMMA_FAULT_STOP (fault_stop.hpp): before every collective a Communicator
+// starts (blocking and non-blocking calls and barriers alike).
+detail::FaultStop fault_stop("SUMMA_FAULT_STOP");
 
-[[gnu::noinline, gnu::cold]] void stop_if_injected() {
-  if (collectives_started.fetch_add(1, std::memory_order_relaxed) + 1 != fault_stop.at) return;
+inline void count_collective() {
+  fault_stop.reached();
+}
+
+}  // namespace
+
+namespace detail {
+
+FaultStop::FaultStop(const char* variable) noexcept {
+  const char* spec = std::getenv(variable);
+  unsigned long long n = 0;
+  if (spec != nullptr && std::sscanf(spec, "%d:%llu", &rank_, &n) == 2) at_ = n;
+}
+
+[[gnu::noinline, gnu::cold]] void FaultStop::count() noexcept {
+  if (calls_.fetch_add(1, std::memory_order_relaxed) + 1 != at_) return;
   int rank = -1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);  // MPI is initialised: a communicator exists
-  if (rank != fault_stop.rank) return;
+  if (rank != rank_) return;
   std::fflush(nullptr);
   std::raise(SIGSTOP);
 }
 
-// Before every collective a Communicator starts.
-inline void count_collective() {
-  if (fault_stop.at != 0) [[unlikely]]
-    stop_if_injected();
-}
-
-}  // namespace
+}  // namespace detail
 
 std::string_view name_of(CommAxis axis) {
   switch (axis) {

@@ -5,11 +5,17 @@
 #include <array>
 #include <limits>
 
+#include "fault_stop.hpp"
 #include "summa/comm/mpi_communicator.hpp"
 #include "summa/comm/watchdog.hpp"
 #include "summa/core/error.hpp"
 
 namespace summa {
+
+namespace {
+// SUMMA_FAULT_STOP_AGREE (fault_stop.hpp): before every agree_on.
+detail::FaultStop agree_stop("SUMMA_FAULT_STOP_AGREE");
+}  // namespace
 
 void wait_guarded(MPI_Request& request, MPI_Comm comm, const char* what, std::uint64_t bytes) {
   Watchdog* w = Watchdog::active();
@@ -25,6 +31,7 @@ void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error,
               std::span<const std::int64_t> values, std::span<const char* const> names,
               const char* what) {
   constexpr std::size_t kMax = 8;
+  agree_stop.reached();
   if (values.size() > kMax || names.size() != values.size())
     throw Error(fmt::format("agree_on: {} values and {} names (at most {}, one name each)",
                             values.size(), names.size(), kMax));

@@ -166,9 +166,15 @@ std::string Watchdog::describe(const Pending& p) const {
 
 void Watchdog::expire(const std::vector<int>& members, double waited_s) {
   const Pending mine = pending_;
+  // Every rank of the job is probed, not only the group's: a member that
+  // waits in another call is waiting on someone, and on a multi-axis grid
+  // that someone is often outside this group (rank 0 waits on its row,
+  // whose other member waits on its column for the stopped rank).
+  int size = 0;
+  check_mpi(MPI_Comm_size(comm_, &size), "MPI_Comm_size");
   std::vector<MPI_Request> sends;
   int token = 0;
-  for (int m : members)
+  for (int m = 0; m < size; ++m)
     if (m != rank_) {
       sends.emplace_back();
       check_mpi(MPI_Isend(&token, 1, MPI_INT, m, kProbeTag, comm_, &sends.back()),
@@ -231,10 +237,32 @@ void Watchdog::expire(const std::vector<int>& members, double waited_s) {
       lagging.push_back(m);
     }
   }
-  std::string list;
-  for (int m : lagging) list += fmt::format("{}{}", list.empty() ? "" : ", ", m);
+  const auto listed = [](const std::vector<int>& ranks) {
+    std::string list;
+    const std::size_t shown = std::min<std::size_t>(ranks.size(), 16);
+    for (std::size_t i = 0; i < shown; ++i) list += fmt::format("{}{}", i ? ", " : "", ranks[i]);
+    if (ranks.size() > shown) list += fmt::format(" and {} more", ranks.size() - shown);
+    return list;
+  };
   report += lagging.empty() ? "every rank of the group has arrived: the transport is stuck\n"
-                            : fmt::format("lagging ranks: {}\n", list);
+                            : fmt::format("lagging ranks: {}\n", listed(lagging));
+  // The ranks that answer nothing, in the group or not: the likely cause
+  // (a member waiting in another call waits on one of them).
+  std::vector<int> silent, silent_elsewhere;
+  for (int m = 0; m < size; ++m) {
+    if (m == rank_ || answers.count(m) != 0) continue;
+    silent.push_back(m);
+    if (std::find(members.begin(), members.end(), m) == members.end())
+      silent_elsewhere.push_back(m);
+  }
+  if (!silent_elsewhere.empty())
+    report +=
+        fmt::format("outside the group, no answer from rank(s) {}\n", listed(silent_elsewhere));
+  if (!silent.empty())
+    report += fmt::format(
+        "likely cause: rank(s) {}: they answer no probe (stopped, dead, or busy outside any "
+        "guarded collective) while the others wait\n",
+        listed(silent));
   for (MPI_Request& r : sends) MPI_Request_free(&r);
   if (options_.on_expiry) {
     options_.on_expiry(report);  // report-only: the wait goes on

@@ -1,5 +1,6 @@
 #include "summa/grid/process_grid.hpp"
 
+#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -7,6 +8,9 @@
 #include <climits>
 #include <cmath>
 #include <limits>
+#include <mutex>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "device_communicators.hpp"
@@ -29,15 +33,53 @@ DeviceCommunicatorFactory device_communicators() noexcept {
 }
 
 std::string cuda_component_missing(std::string_view what) {
-  if (!SUMMA_HAVE_CUDA)
-    return fmt::format(
-        "{}: this summa was built without CUDA (summa/build_info.hpp SUMMA_HAVE_CUDA=0; "
-        "configure with -DSUMMA_CUDA=ON where the CUDA toolkit, cuBLAS and NCCL are installed)",
-        what);
   return fmt::format(
-      "{}: this program does not link summa's CUDA component (libsumma_cuda; in CMake "
-      "find_package(summa COMPONENTS cuda) and target_link_libraries(<program> summa::cuda))",
+      "{}: this summa was built without CUDA (summa/build_info.hpp SUMMA_HAVE_CUDA=0; "
+      "configure with -DSUMMA_CUDA=ON where the CUDA toolkit, cuBLAS and NCCL are installed)",
       what);
+}
+
+std::optional<std::string> load_cuda_component(std::string_view what) {
+  if (!SUMMA_HAVE_CUDA) return cuda_component_missing(what);
+  // One attempt per process (dlopen is not repeated after a failure; the
+  // reason is kept for every later caller).
+  static std::mutex mutex;
+  static std::string failure;
+  static bool tried = false;
+  const std::lock_guard lock(mutex);
+  if (registered_device_communicators != nullptr) return std::nullopt;  // linked or loaded
+  if (!tried) {
+    tried = true;
+    // Beside libsumma first (the build tree, an install's libdir), then the
+    // loader's search path (LD_LIBRARY_PATH, the program's RUNPATH).
+    std::vector<std::string> candidates;
+    static const int anchor = 0;
+    Dl_info self{};
+    if (dladdr(&anchor, &self) != 0 && self.dli_fname != nullptr) {
+      const std::string path = self.dli_fname;
+      const std::size_t slash = path.rfind('/');
+      if (slash != std::string::npos)
+        candidates.push_back(path.substr(0, slash + 1) + SUMMA_CUDA_COMPONENT_FILE);
+    }
+    candidates.emplace_back(SUMMA_CUDA_COMPONENT_FILE);
+    for (const std::string& file : candidates) {
+      // RTLD_GLOBAL: its CUDA libraries serve later loads too; its static
+      // initialiser registers the device and the communicators.
+      if (dlopen(file.c_str(), RTLD_NOW | RTLD_GLOBAL) != nullptr &&
+          registered_device_communicators != nullptr) {
+        failure.clear();
+        break;
+      }
+      const char* why = dlerror();  // names the file
+      failure += fmt::format("{}{}", failure.empty() ? "" : "; ",
+                             why != nullptr ? std::string(why) : file + ": registered nothing");
+    }
+  }
+  if (registered_device_communicators != nullptr) return std::nullopt;
+  return fmt::format(
+      "{}: summa's CUDA component ({}) could not be loaded: {} (it is built and installed "
+      "beside libsumma; its CUDA runtime, cuBLAS and NCCL must be on the loader's path)",
+      what, SUMMA_CUDA_COMPONENT_FILE, failure);
 }
 }  // namespace detail
 
@@ -98,10 +140,8 @@ std::optional<std::string> check_comm_backend(const GridOptions& o) {
       return std::nullopt;
     case CommBackend::nccl:
     case CommBackend::mpi_staged:
-      if (detail::device_communicators() == nullptr)
-        return detail::cuda_component_missing(
-            fmt::format("ProcessGrid: GridOptions::comm = {}", to_string(o.comm)));
-      return std::nullopt;
+      return detail::load_cuda_component(
+          fmt::format("ProcessGrid: GridOptions::comm = {}", to_string(o.comm)));
   }
   return fmt::format("ProcessGrid: unknown GridOptions::comm value {}", static_cast<int>(o.comm));
 }

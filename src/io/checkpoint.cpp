@@ -176,7 +176,13 @@ class InFile {
       offset += static_cast<std::uint64_t>(r);
     }
   }
-  std::string read_all() const {
+  // The whole file, when it has at most `limit` bytes (a text file of known
+  // purpose: a huge one is damage, refused before it is read into memory).
+  std::string read_all(std::uint64_t limit) const {
+    if (size_ > limit)
+      throw Error(fmt::format(
+          "checkpoint: {} is corrupted: it has {} bytes, more than such a file ever holds ({})",
+          quoted(path_), size_, limit));
     std::string text(static_cast<std::size_t>(size_), '\0');
     read(0, text.data(), text.size());
     return text;
@@ -422,6 +428,18 @@ Manifest parse_manifest(const std::string& text, const fs::path& file) {
     }
   }
   if (!have_step) throw fail("no step");
+  // In a step directory, the step its name says: a directory renamed or
+  // copied over another step's name would resume from the wrong step, and
+  // the saves after it would replace newer checkpoints.
+  if (const std::string d = file.parent_path().filename().string();
+      d.starts_with("step_") && d.size() > 5 &&
+      std::all_of(d.begin() + 5, d.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+      d != step_dir_name(m.info.step))
+    throw fail(
+        fmt::format("step {}, but its directory is named {} (renamed or copied from "
+                    "another step?); name it {} or resume from it with --resume-from "
+                    "under another name",
+                    m.info.step, d, step_dir_name(m.info.step)));
   if (m.streams.empty()) throw fail("no 'values' entry");
   for (std::size_t a = 1; a < m.streams.size(); ++a)
     for (std::size_t b = 1; b < a; ++b)
@@ -465,7 +483,9 @@ fs::path resolve_checkpoint(const fs::path& path_or_root) {
 std::pair<fs::path, std::string> read_manifest_text(const fs::path& path_or_root) {
   fs::path dir = resolve_checkpoint(path_or_root);
   InFile file(dir / kManifestName, "manifest");
-  return {std::move(dir), file.read_all()};
+  // a manifest lists each parameter's shard of each rank: 64 MiB is far more
+  // than a run of thousands of ranks writes
+  return {std::move(dir), file.read_all(std::uint64_t{64} << 20)};
 }
 
 // Opens a shard file and checks its size against the manifest and its header.
@@ -991,7 +1011,7 @@ std::optional<fs::path> latest_checkpoint(const fs::path& root) {
   const fs::path file = root / kLatestName;
   // a dangling or looping link is there: InFile names it
   if (!fs::exists(file, ec) && !fs::is_symlink(file, ec)) return std::nullopt;
-  std::string text = InFile(file, "latest file").read_all();
+  std::string text = InFile(file, "latest file").read_all(4096);  // a step directory's name
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
   if (!is_step_name(text))
     throw Error(

@@ -1302,6 +1302,48 @@ TEST(Watchdog, ReportNamesTheRankThatHasNotArrived) {
   }
 }
 
+// On a mesh the rank that waits is often not the one waited on: rank 0 waits
+// on its row for rank q - 1, which waits on its column for the late rank
+// (the last). The report names rank q - 1 as lagging in the group and the
+// late rank, outside the group, as the likely cause (every rank of the job is
+// probed; before, only the group's members were, and the report blamed
+// rank q - 1 alone).
+TEST(Watchdog, ReportNamesTheSilentRankOutsideTheGroup) {
+  const int n = world_size(), me = world_rank();
+  int q = 0;
+  for (int k = 2; k * k <= n; ++k)
+    if (k * k == n) q = k;
+  if (q == 0) GTEST_SKIP() << "needs a q x q mesh with q > 1";
+  summa::GridOptions options;
+  options.watchdog.timeout_s = 0.3;
+  options.watchdog.report_s = 1.5;
+  std::string report;
+  options.watchdog.on_expiry = [&](const std::string& r) {
+    if (report.empty()) report = r;
+  };
+  ProcessGrid grid = ProcessGrid::mesh2d(MPI_COMM_WORLD, q, 1, options);
+  const int late = n - 1;
+  if (me == late) std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  const double x = 1;
+  double col = 0, row = 0;
+  grid.mesh_col().all_reduce(&x, &col, 1);
+  grid.mesh_row().all_reduce(&x, &row, 1);
+  EXPECT_EQ(col, static_cast<double>(q));
+  EXPECT_EQ(row, static_cast<double>(q));
+  if (me == 0) {
+    EXPECT_NE(report.find(fmt::format("rank {}: NOT ARRIVED, waiting in another call", q - 1)),
+              std::string::npos)
+        << report;
+    EXPECT_NE(report.find(fmt::format("lagging ranks: {}\n", q - 1)), std::string::npos) << report;
+    EXPECT_NE(report.find(fmt::format("outside the group, no answer from rank(s) {}\n", late)),
+              std::string::npos)
+        << report;
+    EXPECT_NE(report.find(fmt::format("likely cause: rank(s) {}: they answer no probe", late)),
+              std::string::npos)
+        << report;
+  }
+}
+
 // agree_on (the layers' and programs' shape and error agreements, on a raw
 // MPI communicator) waits under the live watchdog too: a late rank is
 // reported there (before, such a wait hung with the flag on).

@@ -80,7 +80,7 @@ fresh() {  # a copy of the reference run's output for a case to damage
 }
 
 # ---- agreement: damaged `latest` (was: rank 0 threw, the others hung)
-for kind in garbage empty dotdot directory fifo dangling loop; do
+for kind in garbage empty dotdot huge fifo dangling loop; do
   case=latest_$kind
   fresh "$case"
   c="$W/$case/checkpoints"
@@ -88,6 +88,7 @@ for kind in garbage empty dotdot directory fifo dangling loop; do
   case $kind in
     garbage) head -c 100 /dev/urandom >"$c/latest" ;;
     empty) : >"$c/latest" ;;
+    huge) truncate -s 200M "$c/latest" ;;  # refused by its size, not read into memory
     dotdot) echo "../../etc" >"$c/latest" ;;
     directory) mkdir "$c/latest" ;;
     fifo) mkfifo "$c/latest" ;;  # was: a hang in open()
@@ -105,10 +106,22 @@ for kind in garbage empty dotdot directory fifo dangling loop; do
     dangling) grep -q "is a dangling symbolic link (to 'step_99999999')" <<<"$out" ||
       fail "the dangling link is not named" ;;
     loop) grep -q "is a symbolic link loop" <<<"$out" || fail "the loop is not named" ;;
+    huge) grep -q "it has 209715200 bytes, more than such a file ever holds" <<<"$out" ||
+      fail "the size is not named" ;;
   esac
   [ "$(snapshot "$c" | grep -v ' ./latest')" = "$(grep -v ' ./latest' <<<"$before")" ] ||
     fail "saved checkpoints changed"
 done
+# a directory as `latest`: every save would fail (a rename cannot replace
+# it), so the run is refused at the start, nothing changed (was: resumed,
+# then failed at its first save)
+case=latest_directory
+fresh "$case"
+rm -f "$W/$case/checkpoints/latest" && mkdir "$W/$case/checkpoints/latest"
+before=$(snapshot "$W/$case")
+expect_error "checkpoints/latest is a directory, where the run's 'latest' file goes" 2 --steps 8 \
+  --resume --out "$W/$case"
+[ "$(snapshot "$W/$case")" = "$before" ] || fail "the saved run changed"
 case=latest_and_manifests_damaged
 fresh "$case"
 echo garbage >"$W/$case/checkpoints/latest"
@@ -246,6 +259,15 @@ if [ -n "$EDIT" ]; then
   expect_ok 2 --steps 8 --resume --out "$W/$case"
   grep -q "step -7 is negative" <<<"$out" || fail "the bad step is not named: $out"
   grep -q "resuming from .*step 4" <<<"$out" || fail "did not resume from step 4: $out"
+  # a step that is not its directory's (a copied or renamed step; was:
+  # resumed from step 4 under the name step_00000006)
+  case=manifest_step_mismatch
+  fresh "$case"
+  "$EDIT" "$W/$case/checkpoints/step_00000006/manifest" "step " "step 4" || fail "edit failed"
+  expect_ok 2 --steps 8 --resume --out "$W/$case"
+  grep -q "step 4, but its directory is named step_00000006" <<<"$out" ||
+    fail "the mismatch is not named: $out"
+  grep -q "resuming from .*step_00000004" <<<"$out" || fail "did not resume from step_00000004: $out"
 fi
 case=log_disk_full  # a failed log write is an error on every rank, and the
 # log keeps whole lines: the disk fills mid-line (SUMMA_FAULT_LOG_LIMIT, as
@@ -287,10 +309,34 @@ done
 before=$(grep -c '"loss"' "$W/$case/shared.jsonl")
 expect_error "--log .*shared.jsonl is in use by another gpt_train job \(host .*pid [0-9]+" 2 --steps 2 \
   --out "$W/$case/b" --log "$W/$case/shared.jsonl"
-after=$(grep -c '"loss"' "$W/$case/shared.jsonl")
+# the same log through a symbolic link (its lock file is found through the
+# link) and through a hard link in another directory, --overwrite given (the
+# log itself is locked while a job writes it): refused, no line lost
+d=$W/$case
+ln -sf "$d/shared.jsonl" "$d/link.jsonl"
+mkdir -p "$d/other" && ln -f "$d/shared.jsonl" "$d/other/hard.jsonl"
+case=two_jobs_one_log_symlink
+expect_error "--log .*link.jsonl is in use by another gpt_train job \(host .*pid [0-9]+" 2 \
+  --steps 2 --out "$d/c" --log "$d/link.jsonl"
+case=two_jobs_one_log_hardlink
+expect_error "--log .*hard.jsonl is in use by another gpt_train job \(the same file" 2 \
+  --steps 2 --out "$d/e" --log "$d/other/hard.jsonl" --overwrite
+after=$(grep -c '"loss"' "$d/shared.jsonl")
 [ "$after" -ge "$before" ] || fail "the first job's log lost lines ($before -> $after)"
-pkill -KILL -f -- "--out $W/$case/a" 2>/dev/null
+pkill -KILL -f -- "--out $d/a" 2>/dev/null
 wait $a 2>/dev/null
+
+# ---- a fresh run does not cut a log with lines in it (a run that saved no
+# checkpoint, or another --out's log) unless told: refused, the log kept;
+# --overwrite replaces it
+case=fresh_over_log
+rm -rf "$W/$case" && mkdir -p "$W/$case"
+printf '{"step":1,"loss":5.5}\n' >"$W/$case/log.jsonl"
+expect_error "--log .*log.jsonl already holds the log of a run; pass --overwrite" 2 --steps 2 \
+  --out "$W/$case"
+[ "$(cat "$W/$case/log.jsonl")" = '{"step":1,"loss":5.5}' ] || fail "the refused run changed the log"
+expect_ok 2 --steps 2 --out "$W/$case" --overwrite
+check_log "$W/$case/log.jsonl" 2
 
 # ---- the --out lock removed by hand mid-run: the next save is refused with
 # the reason, and the last checkpoint stays as it was (was: a second job got
@@ -332,7 +378,8 @@ timeout -s KILL 120 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$EXE" "${SMALL[@]}" --steps 
   --checkpoint-every 3 --out "$W/$case" >"$W/job_k.txt" 2>&1 &
 k=$!
 for _ in $(seq 150); do
-  [ "$(grep -c '"loss"' "$W/$case/log.jsonl" 2>/dev/null)" -ge 8 ] && break
+  n=$(grep -c '"loss"' "$W/$case/log.jsonl" 2>/dev/null)
+  [ "${n:-0}" -ge 8 ] && break
   sleep 0.2
 done
 pkill -KILL -f -- "--out $W/$case" 2>/dev/null

@@ -38,18 +38,20 @@ kill_leftovers() {
   done
 }
 
-# stopped <n> <exe> <args...>: rank 1 stops before its n-th collective.
+# stopped <n> <exe> <args...>: rank 1 stops before its n-th collective
+# (STOP_AT=agree: before its n-th agreement, agree_on: during the set-up).
 stopped() {
-  local n=$1 exe=$2
+  local n=$1 exe=$2 var=SUMMA_FAULT_STOP
+  [ "${STOP_AT:-}" = agree ] && var=SUMMA_FAULT_STOP_AGREE
   shift 2
   local t0=$SECONDS
-  out=$(SUMMA_FAULT_STOP=1:$n timeout -s KILL 90 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$exe" \
+  out=$(env "$var=1:$n" timeout -s KILL 90 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$exe" \
     --watchdog 3 "$@" 2>&1)
   rc=$?
   local took=$((SECONDS - t0))
   printf '%s\n' "$out" >"$W/$case.txt"
   kill_leftovers "$exe"
-  echo "[$case] SUMMA_FAULT_STOP=1:$n: exit $rc after $took s"
+  echo "[$case] $var=1:$n: exit $rc after $took s"
   grep -E "summa watchdog:|lagging ranks:" <<<"$out" | sed 's/^/    /'
   if [ "$rc" = 137 ]; then
     fail "hung: killed after 90 s (--watchdog did not reach the collective rank 0 waited in):"$'\n'"$(tail -5 <<<"$out")"
@@ -81,6 +83,16 @@ stopped 40 "$COMPARE" --schemes "1d:p=2" --layers 1 --hidden 32 --heads 4 --seq 
   --vocab 64 --reps 2 --warmup 1 --max-batch 8 --format table
 case=scaling_study_run
 stopped 40 "$STUDY" --preset local-strong --gpus 2 --run --reps 1 --json --predict "$MACHINE"
+# Stopped during the set-up, before any grid exists (agreement 1 builds the
+# set-up watchdog itself; 2 is the first on files: --out and its locks, the
+# checkpoint and prompts): the programs' set-up watchdog on MPI_COMM_WORLD
+# ends the job the same way.
+case=gpt_train_setup
+STOP_AT=agree stopped 2 "$TRAIN" --steps 50 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 \
+  --eval-every 0 --progress none --export '' --out "$W/train_setup"
+case=gpt_generate_setup
+STOP_AT=agree stopped 2 "$GENERATE" --checkpoint "$W/model/checkpoints" --prompt "The cat" \
+  --greedy --max-new-tokens 24
 
 [ "$failures" = 0 ] || echo "outputs in $W"
 finish "every program's --watchdog ended its stopped job"

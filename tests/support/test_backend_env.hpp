@@ -31,10 +31,6 @@
 #include <vector>
 
 #include "summa/summa.hpp"
-#if SUMMA_HAVE_CUDA
-#include "summa/backend/cuda_backend.hpp"
-#include "summa/comm/nccl_communicator.hpp"
-#endif
 
 namespace summa::test {
 
@@ -50,10 +46,7 @@ inline std::string test_backend_name() {
 /// 0, finalises MPI and exits 0. Collective.
 inline void skip_unless_backend_available() {
   if (test_backend_name() != "cuda") return;
-  int devices = 0;
-#if SUMMA_HAVE_CUDA
-  devices = CudaBackend::device_count();
-#endif
+  int devices = cuda_device_count();  // loads the CUDA component (none on the CPU tests)
   MPI_Allreduce(MPI_IN_PLACE, &devices, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (devices > 0) return;
   int rank = 0;

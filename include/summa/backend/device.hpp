@@ -58,8 +58,16 @@ struct Device {
 /// backend or communicator, a combination that cannot work (MPI
 /// communicators with device memory, a device communicator or TF32 on the
 /// cpu), a CPU GEMM library that does not load on some rank or differs between
-/// ranks, or cuda in a build without CUDA or in a program that does not link
-/// the CUDA component (summa::cuda, libsumma_cuda).
+/// ranks, or cuda in a build without CUDA or where the CUDA component
+/// (libsumma_cuda) cannot be loaded: a program need not link summa::cuda,
+/// libsumma loads the component beside it on first use, so a CPU run loads
+/// no CUDA library.
 Device make_device(MPI_Comm comm, const DeviceOptions& options);
+
+/// The GPUs this process sees (cudaGetDeviceCount), through the CUDA
+/// component (loaded on first use as make_device does); 0 in a build without
+/// CUDA, where the component or its CUDA libraries cannot be loaded, or
+/// without a driver or device. Local, never throws.
+int cuda_device_count() noexcept;
 
 }  // namespace summa

@@ -2,7 +2,7 @@
 // ../../grid/device_communicators.hpp): the CUDA device and the
 // device-memory communicators, reachable from make_device and the
 // ProcessGrid once the dynamic loader has loaded this library (a program
-// links summa::cuda).
+// links summa::cuda, or libsumma loads it on first use).
 #include <cuda_runtime_api.h>
 
 #include <memory>
@@ -39,7 +39,7 @@ std::unique_ptr<Communicator> make_device_communicator(MPI_Comm comm, CommAxis a
 }
 
 [[maybe_unused]] const bool registered =
-    (register_cuda_device(&make_cuda_device),
+    (register_cuda_device(&make_cuda_device, &CudaBackend::device_count),
      register_device_communicators(&make_device_communicator), true);
 
 }  // namespace
