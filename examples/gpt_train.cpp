@@ -1127,7 +1127,8 @@ int main(int argc, char** argv) {
                "resume from <out>/checkpoints: the step `latest` names, or the newest valid "
                "one when `latest` is damaged; from scratch only when nothing was saved");
   app.add_flag("--overwrite", cli.overwrite,
-               "start afresh even though --out holds a run's checkpoints (they are deleted)");
+               "start afresh even though --out holds a run's checkpoints (they are deleted) or "
+               "--log a run's lines (it is cut)");
   app.add_option("--watchdog", cli.watchdog,
                  "seconds a collective may wait before the job is ended with a report naming "
                  "the ranks that did not arrive (0: off)")
