@@ -128,6 +128,16 @@ int run(const Cli& cli) {
       if (const auto dir = tokenizer_dir(cli)) tok.bpe = summa::io::Gpt2Tokenizer::load(*dir);
       if (!cli.prompt_file.empty()) {
         summa::io::require_regular_file(cli.prompt_file, "--prompt-file");
+        // Each prompt fits the model's positions (a few KB of text): a file of
+        // more than 64 MiB is a mistake (a corpus, a disk image), refused by
+        // its size before it is read into memory.
+        std::error_code size_error;
+        const std::uintmax_t bytes = fs::file_size(cli.prompt_file, size_error);
+        if (!size_error && bytes > (std::uintmax_t{64} << 20))
+          throw summa::Error(fmt::format(
+              "--prompt-file {}: {} bytes, more than 64 MiB of prompts (one per line, each "
+              "within the model's positions); is it the right file?",
+              cli.prompt_file, bytes));
         std::ifstream in(cli.prompt_file);
         if (!in) throw summa::Error("--prompt-file " + cli.prompt_file + ": cannot be read");
         for (std::string line; std::getline(in, line);)

@@ -110,6 +110,17 @@ generate(TRUE --checkpoint ${WORK_DIR}/model/checkpoints --prompt-file ${WORK_DI
 if(NOT last_error MATCHES "--prompt-file: '[^']*prompts.fifo' is a FIFO \\(named pipe\\)")
   message(FATAL_ERROR "the FIFO prompt file is not named: ${last_error}")
 endif()
+# A huge prompt file (a corpus or an image by mistake): refused by its size
+# before it is read into memory, named.
+execute_process(COMMAND truncate -s 200M ${WORK_DIR}/prompts_huge.txt RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "truncate failed")
+endif()
+generate(TRUE --checkpoint ${WORK_DIR}/model/checkpoints --prompt-file ${WORK_DIR}/prompts_huge.txt)
+if(NOT last_error MATCHES "--prompt-file [^ ]*prompts_huge.txt: 209715200 bytes, more than 64 MiB")
+  message(FATAL_ERROR "the huge prompt file is not refused by its size: ${last_error}")
+endif()
+file(REMOVE ${WORK_DIR}/prompts_huge.txt)
 file(GLOB shards ${WORK_DIR}/model/checkpoints/step_*/shard_*.bin)
 list(GET shards 0 shard)
 file(REMOVE ${shard})
