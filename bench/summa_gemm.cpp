@@ -744,8 +744,9 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
   auto B = summa::MatrixView<const T>::dense(b_mem.data(), bs.b_rows, bs.b_cols);
   auto C = summa::MatrixView<T>::dense(c_mem.data(), bs.c_rows, bs.c_cols);
   summa::SummaEngine engine(*ctx.grid, *ctx.backend);
-  // --guard-overhead: the same call without the consensus all-reduce, and with
-  // the default checks on a mesh whose communicators have a watchdog.
+  // --guard-overhead: the call with the consensus all-reduce (consensus_checks,
+  // the debug mode), the same call without it (the default), and with the
+  // consensus on a mesh whose communicators have a watchdog.
   std::optional<summa::SummaEngine> unguarded, watched;
   if (s.guard_overhead) {
     unguarded.emplace(*ctx.grid, *ctx.backend);
@@ -754,8 +755,10 @@ bool run_case(Context& ctx, Form form, index_t m, index_t n, index_t k) {
   for (index_t panel : s.panels)
     for (bool overlap : s.overlaps)
       for (int slices : overlap ? s.slices : std::vector<int>{1}) {
-        const summa::SummaOptions opts{
-            .panel = panel, .overlap = overlap, .progress_slices = slices};
+        const summa::SummaOptions opts{.panel = panel,
+                                       .overlap = overlap,
+                                       .progress_slices = slices,
+                                       .consensus_checks = s.guard_overhead};
         engine.set_options(opts);
         if (unguarded) {
           summa::SummaOptions u = opts;
@@ -1020,8 +1023,9 @@ int run(int argc, char** argv, int rank, int ranks) {
   app.add_option("--tol", s.tol, "Tolerance on max_rel_error (default 64 eps of the dtype)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--guard-overhead", s.guard_overhead,
-               "Also time each call without the consensus all-reduce and with a watchdog "
-               "(600 s) on the mesh, in the same repetitions");
+               "Time each call with the consensus all-reduce (consensus_checks, the debug "
+               "mode), also without it (the default) and with a watchdog (600 s) on the mesh, "
+               "in the same repetitions");
   app.add_flag("--no-eigen", no_eigen, "Skip the single-process Eigen baseline");
   bool compare_libraries = false;
   app.add_flag("--compare-libraries", compare_libraries,

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <atomic>
 #include <limits>
 
 #include "fault_stop.hpp"
@@ -15,7 +16,12 @@ namespace summa {
 namespace {
 // SUMMA_FAULT_STOP_AGREE (fault_stop.hpp): before every agree_on.
 detail::FaultStop agree_stop("SUMMA_FAULT_STOP_AGREE");
+std::atomic<std::uint64_t> agreements{0};
 }  // namespace
+
+std::uint64_t agreements_made() {
+  return agreements.load(std::memory_order_relaxed);
+}
 
 void wait_guarded(MPI_Request& request, MPI_Comm comm, const char* what, std::uint64_t bytes) {
   Watchdog* w = Watchdog::active();
@@ -31,6 +37,7 @@ void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error,
               std::span<const std::int64_t> values, std::span<const char* const> names,
               const char* what) {
   constexpr std::size_t kMax = 8;
+  agreements.fetch_add(1, std::memory_order_relaxed);
   agree_stop.reached();
   if (values.size() > kMax || names.size() != values.size())
     throw Error(fmt::format("agree_on: {} values and {} names (at most {}, one name each)",

@@ -7,6 +7,7 @@
 #include <array>
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -217,8 +218,13 @@ ProcessGrid::ProcessGrid(MPI_Comm comm, GridShape shape, GridOptions options)
     error = fmt::format("ProcessGrid: ranks_per_node must be >= 0, got {}", options.ranks_per_node);
   else
     error = check_comm_backend(options);
-  agree_on(comm, error);
+  {
+    static constexpr const char* names[] = {"GridOptions::check_calls"};
+    const std::array<std::int64_t, 1> values{options.check_calls ? 1 : 0};
+    agree_on(comm, error, values, names, "ProcessGrid");
+  }
   comm_backend_ = options.comm;
+  check_calls_ = options.check_calls;
 
   const NodeInfo node = detect_nodes(comm, options.ranks_per_node);
   ranks_per_node_ = node.per_node;
@@ -357,6 +363,13 @@ void ProcessGrid::agree(CommAxis axis, const std::optional<std::string>& local_e
     return;
   }
   agree_on(native(axis), local_error);
+}
+
+void ProcessGrid::agree_call(CommAxis axis, const std::optional<std::string>& local_error) const {
+  if (check_calls_)
+    agree(axis, local_error);
+  else if (local_error)
+    throw Error(*local_error);
 }
 
 ProcessGrid ProcessGrid::mesh2d(MPI_Comm comm, int q, int data, GridOptions options) {

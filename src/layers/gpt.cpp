@@ -316,7 +316,7 @@ double Gpt<T>::forward(std::span<const std::int32_t> tokens,
         break;
       }
     }
-    grid_->agree(CommAxis::world, error);
+    grid_->agree_call(CommAxis::world, error);
   }
   // This data group's sequences.
   const auto first = static_cast<std::ptrdiff_t>(grid_->coords().data) *
@@ -439,7 +439,7 @@ void Gpt<T>::forward_cached(std::span<const std::int32_t> tokens, index_t start)
           "GPT forward_cached: positions [{}, {}) of every sequence do not fit its key/value cache "
           "of {} positions (n_positions={})",
           start, start + seq_, options_.kv_cache, config_.n_positions);
-    grid_->agree(CommAxis::world, error);
+    grid_->agree_call(CommAxis::world, error);
   }
   cache_positions_.resize(static_cast<std::size_t>(local_batch_ * seq_));
   for (std::size_t k = 0; k < cache_positions_.size(); ++k)
@@ -487,7 +487,7 @@ std::vector<std::int32_t> Gpt<T>::next_tokens(std::span<const index_t> positions
       if (positions[b] < 0 || positions[b] >= seq_)
         error = fmt::format("GPT next_tokens: position {} of sequence {} outside [0, seq={})",
                             positions[b], b, seq_);
-    grid_->agree(CommAxis::world, error);
+    grid_->agree_call(CommAxis::world, error);
   }
   const ActivationBlock block = logits_block();
   const ConstMatrixView<T> Z = head_->logits();

@@ -430,6 +430,7 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
       if (op->defers_gradients()) std::fill(ready.begin(), ready.end(), backward_clock);
       OpTime d{.op = "data_axis", .phase = Phase::backward, .count = 1};
       const auto all_reduce = [&](u64 elements, u64 bytes_per) {
+        if (elements == 0) return 0.0;  // an empty bucket is not all-reduced
         std::vector<Work> w;
         cost::Tally data_tally;
         data_tally.log = &w;

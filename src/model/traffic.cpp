@@ -17,14 +17,19 @@ TrafficCounters predict_step_traffic(const SchemeSpec& spec, const GptConfig& co
   const detail::StepDims dims =
       detail::step_dims(config, batch, seq, spec.data, dtype, options.checkpoint);
   cost::Tally t;
+  t.panel = static_cast<cost::u64>(spec.summa.panel);
   const detail::Buckets b = detail::compose_step(*op, t, dims, nullptr);
   // The data axis: the loss and each gradient bucket (ln_f, every block,
-  // the embedding) all-reduced over the data groups.
+  // the embedding) all-reduced over the data groups; a bucket this rank
+  // holds no element of (2D: ln_f off mesh row 0) is not all-reduced.
   if (data > 1) {
+    const auto bucket = [&](cost::u64 count) {
+      if (count > 0) t.all_reduce(CommAxis::data, count, data, d, e);
+    };
     t.all_reduce(CommAxis::data, 1, data, d, sizeof(double));
-    t.all_reduce(CommAxis::data, b.ln_f, data, d, e);
-    for (cost::u64 l = 0; l < dims.layers; ++l) t.all_reduce(CommAxis::data, b.block, data, d, e);
-    t.all_reduce(CommAxis::data, b.embedding, data, d, e);
+    bucket(b.ln_f);
+    for (cost::u64 l = 0; l < dims.layers; ++l) bucket(b.block);
+    bucket(b.embedding);
   }
   return t.t;
 }

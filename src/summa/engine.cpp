@@ -160,8 +160,12 @@ std::size_t SummaEngine::workspace_bytes(Form form, index_t m, index_t n, index_
   return buffers * panels + Arena::rounded(scratch);
 }
 
+bool SummaEngine::agrees_calls() const {
+  return options_.consensus_checks || grid_->check_calls();
+}
+
 void SummaEngine::settle(const std::optional<std::string>& error) const {
-  if (options_.consensus_checks)
+  if (agrees_calls())
     grid_->agree(CommAxis::mesh, error);
   else if (error)
     throw Error(*error);
@@ -202,7 +206,7 @@ void SummaEngine::multiply(Form form, index_t m, index_t n, index_t k, Scalar<T>
   } catch (const Error& e) {
     error = e.what();
   }
-  if (options_.consensus_checks) {
+  if (agrees_calls()) {
     // The same all-reduce also compares the global sizes: a rank passing
     // another k (or form) gets an error on every rank instead of a hang.
     static constexpr const char* names[] = {"the form (0 AB, 1 ABt, 2 AtB)", "m", "n", "k"};

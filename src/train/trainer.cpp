@@ -12,12 +12,6 @@ namespace summa {
 
 namespace {
 
-int world_size(MPI_Comm comm) {
-  int size = 0;
-  MPI_Comm_size(comm, &size);
-  return size;
-}
-
 std::string config_text(const GptConfig& c) {
   return fmt::format("n_layer={} n_head={} n_embd={} n_positions={} vocab_size={} eps={}",
                      c.n_layer, c.n_head, c.n_embd, c.n_positions, c.vocab_size,
@@ -99,12 +93,8 @@ Trainer<T>::Trainer(MPI_Comm comm, const TrainerOptions& options, Backend& backe
     error = e.what();
   }
   agree_on(comm, error);
+  // (validate() parsed the scheme; make_grid agrees on its rank count)
   const SchemeSpec spec = SchemeSpec::parse(options_.scheme);
-  agree_on(comm, spec.ranks() == world_size(comm)
-                     ? std::nullopt
-                     : std::optional<std::string>(
-                           fmt::format("trainer: scheme '{}' needs {} ranks, running on {}",
-                                       options_.scheme, spec.ranks(), world_size(comm))));
   {
     std::optional<std::string> data_error;
     try {
@@ -140,8 +130,11 @@ StepStats Trainer<T>::train_step() {
   m.backward();
   s.grad_norm = clip_grad_norm(m.parameters_store(), run_->grid(), options_.clip);
   s.lr = options_.schedule.at(step_);
-  // Every rank decides alike (the loss and norm are global; agreeing costs a
-  // 4-byte all-reduce and rules out a split decision).
+  // Every rank decides alike: the loss and the norm are global (all-reduced
+  // over every rank), and a NaN or an infinity survives any summation order,
+  // so the decision needs no agreement of its own: the error is a
+  // CollectiveError on every rank at once (agreed all the same in the debug
+  // mode, GridOptions::check_calls).
   const bool finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
   const bool skip = options_.on_non_finite == TrainerOptions::NonFinite::skip;
   std::optional<std::string> error;
@@ -154,7 +147,10 @@ StepStats Trainer<T>::train_step() {
         skip ? fmt::format(", after {} skipped steps in a row (the limit)", skipped_in_a_row_)
              : std::string(),
         skip ? "" : "; or skip such steps: TrainerOptions::on_non_finite = skip");
-  run_->grid().agree(CommAxis::world, error);
+  if (run_->grid().check_calls())
+    run_->grid().agree(CommAxis::world, error);
+  else if (error)
+    throw CollectiveError(*error);
   if (finite) {
     optimizer_->step(s.lr);
     skipped_in_a_row_ = 0;

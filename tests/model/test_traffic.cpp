@@ -1,17 +1,25 @@
 // Communication accounting: for every implemented scheme of 1, 2, 4, 8 and
-// 9 ranks, the bytes each rank sends and receives on every axis in one
-// training step, read from the counters, equal the closed form of
+// 9 ranks, the bytes each rank sends and receives and the collectives it
+// makes on every axis in one training step, read from the counters, equal
+// the closed form of
 // summa::model::predict_step_traffic exactly — float and double,
 // checkpointing on and off, with and without a data axis. One launch of 9
 // ranks covers every rank count on sub-communicators (for_each_group:
 // [9], then [8, 1], then [4, 2] at once); a smaller launch covers the
 // counts that fit.
+//
+// Agreements: a steady-state training step (forward, backward) and a
+// decoding step (forward_cached, next_tokens) of every scheme make no
+// agreement (summa::agreements_made(): the control all-reduces that are not
+// on the traffic counters); with GridOptions::check_calls (the debug mode)
+// every such step makes some.
 #include <gtest/gtest.h>
 
 #include <random>
 #include <string>
 #include <vector>
 
+#include "summa/comm/consensus.hpp"
 #include "summa/model/traffic.hpp"
 #include "test_util.hpp"
 
@@ -21,20 +29,34 @@ namespace {
 // The rank counts the suite covers.
 const std::vector<int> kRankCounts = {1, 2, 4, 8, 9};
 
+// A small GPT (n_head divisible by every p and q the suite covers), a batch
+// every scheme of `ranks` can split, and fresh random token and target ids.
+struct Step {
+  reference::GptConfig config;
+  index_t batch = 0, seq = 3;
+  std::vector<std::int32_t> tokens, targets;
+};
+Step small_step(int ranks, index_t positions) {
+  Step s;
+  s.config.n_layer = 2;
+  s.config.n_head = 72;
+  s.config.n_embd = 144;
+  s.config.n_positions = positions;
+  s.config.vocab_size = 72;
+  s.batch = common_batch(schemes_for(ranks));
+  std::mt19937_64 gen(fresh_seed());
+  std::uniform_int_distribution<int> dist(0, s.config.vocab_size - 1);
+  s.tokens.resize(static_cast<std::size_t>(s.batch * s.seq));
+  s.targets.resize(s.tokens.size());
+  for (auto& t : s.tokens) t = dist(gen);
+  for (auto& t : s.targets) t = dist(gen);
+  return s;
+}
+
 template <class T>
 void step_bytes_match(MPI_Comm comm, int ranks, bool checkpoint) {
-  reference::GptConfig config;
-  config.n_layer = 2;
-  config.n_head = 72;
-  config.n_embd = 144;
-  config.n_positions = 7;  // uneven position chunks at q = 2, 3
-  config.vocab_size = 72;
-  const index_t batch = common_batch(schemes_for(ranks)), seq = 3;
-  std::mt19937_64 gen(fresh_seed());
-  std::uniform_int_distribution<int> dist(0, config.vocab_size - 1);
-  std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * seq)), targets(tokens.size());
-  for (auto& t : tokens) t = dist(gen);
-  for (auto& t : targets) t = dist(gen);
+  const Step step = small_step(ranks, 7);  // uneven position chunks at q = 2, 3
+  const auto& [config, batch, seq, tokens, targets] = step;
   CpuBackend backend;
   int tested = 0;
   for (const SchemeSpec& spec : schemes_for(ranks)) {
@@ -52,6 +74,7 @@ void step_bytes_match(MPI_Comm comm, int ranks, bool checkpoint) {
       EXPECT_EQ(run.grid().traffic()[axis].bytes_sent, want[axis].bytes_sent) << name_of(axis);
       EXPECT_EQ(run.grid().traffic()[axis].bytes_received, want[axis].bytes_received)
           << name_of(axis);
+      EXPECT_EQ(run.grid().traffic()[axis].calls, want[axis].calls) << name_of(axis) << " calls";
     }
     ++tested;
   }
@@ -67,6 +90,56 @@ TEST(Traffic, StepBytesMatchClosedFormDoubleNoCheckpoint) {
 // bf16: 2-byte activations and parameters, 4-byte (fp32) row statistics.
 TEST(Traffic, StepBytesMatchClosedFormBf16) {
   for_each_group(kRankCounts, [](MPI_Comm c, int n) { step_bytes_match<bf16>(c, n, true); });
+}
+
+// The agreements one call of `step` makes on this process.
+template <class F>
+std::uint64_t agreements_in(F&& step) {
+  const std::uint64_t before = agreements_made();
+  step();
+  return agreements_made() - before;
+}
+
+void steady_steps_agree_nothing(MPI_Comm comm, int ranks) {
+  const Step step = small_step(ranks, 8);
+  const auto& [config, batch, seq, tokens, targets] = step;
+  const std::vector<std::int32_t> window(tokens.begin(), tokens.begin() + batch);
+  const std::vector<index_t> positions(static_cast<std::size_t>(batch), 0);
+  CpuBackend backend;
+  for (const SchemeSpec& spec : representative_schemes(ranks))
+    for (bool debug : {false, true}) {
+      SCOPED_TRACE(spec.str() + (debug ? " check_calls" : ""));
+      GridOptions grid;
+      grid.check_calls = debug;
+      ParallelGpt<double> run(comm, spec, backend, config, batch, seq, {}, grid);
+      run.model().init(1);
+      const auto train = [&] {
+        run.model().forward(tokens, targets);
+        run.model().backward();
+      };
+      train();  // the first step may size what it needs
+      const std::uint64_t trained = agreements_in(train);
+      ParallelGpt<double> decoder(comm, spec, backend, config, batch, 1,
+                                  {.inference = true, .kv_cache = config.n_positions}, grid);
+      decoder.model().init(1);
+      index_t start = 0;
+      const auto decode = [&] {
+        decoder.model().forward_cached(window, start++);
+        (void)decoder.model().next_tokens(positions, SamplingOptions{}, 0);
+      };
+      decode();
+      const std::uint64_t decoded = agreements_in(decode);
+      if (debug) {
+        EXPECT_GT(trained, 0u);
+        EXPECT_GT(decoded, 0u);
+      } else {
+        EXPECT_EQ(trained, 0u) << "agreements in a training step";
+        EXPECT_EQ(decoded, 0u) << "agreements in a decoding step";
+      }
+    }
+}
+TEST(Traffic, SteadyStepsMakeNoAgreement) {
+  for_each_group(kRankCounts, steady_steps_agree_nothing);
 }
 
 // AxoNN §V-A: with X only, 3D is Megatron (the same bytes as 1D, on the X

@@ -387,14 +387,18 @@ TEST(Summa, BackwardIdentities) {
 }
 
 // Bad input: the same summa::Error on every rank, before any collective (no
-// hang), and the engine keeps working afterwards.
+// hang), and the engine keeps working afterwards. consensus_checks (the
+// debug mode) agrees what one rank alone gets wrong; without it a mistake
+// every rank makes is still the same error everywhere.
 TEST(Summa, BadInputThrowsSameErrorEverywhere) {
   Env& e = env();
   const int q = e.q();
   int world_rank = 0, world_size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  SummaEngine engine(e.grid, e.backend, {.panel = 2, .overlap = true});
+  SummaEngine engine(e.grid, e.backend, {.panel = 2, .overlap = true, .consensus_checks = true});
+  SummaEngine unchecked(e.grid, e.backend, {.panel = 2, .overlap = true});
+  ASSERT_FALSE(unchecked.agrees_calls());  // the default
   const index_t m = 4 * q, n = 2 * q, k = 3 * q;
   const DeviceMat<double> a(Mat<double>(Mat<double>::Ones(4, 3))),
       b(Mat<double>(Mat<double>::Ones(3, 2))), c(4, 2);
@@ -430,6 +434,8 @@ TEST(Summa, BadInputThrowsSameErrorEverywhere) {
   const DeviceMat<double> wrong_b(2, 3);
   expect_error([&] { engine.ab(m, n, k, 1.0, V(a), V(wrong_b), 0.0, V(c), ws); },
                "local B block is 2x3, expected 3x2", "mismatched B block");
+  expect_error([&] { unchecked.ab(m, n, k, 1.0, V(a), V(wrong_b), 0.0, V(c), ws); },
+               "local B block is 2x3, expected 3x2", "mismatched B block, no agreement");
   if (q > 1)
     expect_error([&] { engine.ab(m, n, k, 1.0, V(a), V(b), 0.0, V(c), tiny); },
                  "workspace 'tiny' has 64 bytes free, needs", "workspace too small");

@@ -38,6 +38,13 @@ void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error,
               std::span<const std::int64_t> values, std::span<const char* const> names,
               const char* what);
 
+/// How many agreements (agree_on calls, ProcessGrid::agree included) this
+/// process has made since it started: the control all-reduces that are not
+/// on the traffic counters. A built model's steady-state training or
+/// decoding step makes none unless GridOptions::check_calls is on (tests
+/// check it). Thread-safe.
+std::uint64_t agreements_made();
+
 /// Rank 0 runs `f`; every rank returns normally when it succeeded, or throws
 /// the same CollectiveError carrying the message of the summa::Error (or
 /// std::exception) it threw. For a file-system step one rank performs for all

@@ -51,6 +51,18 @@ struct GridOptions {
   /// a report naming the ranks that have not arrived (comm/watchdog.hpp).
   /// Off (timeout_s = 0) by default; gpt_train sets 600 s.
   WatchdogOptions watchdog;
+  /// Debug mode: every call of a layer, of the model and of the SUMMA engine
+  /// agrees its argument checks (shapes, token ids, positions, the global
+  /// sizes of a product) over its group before it communicates: one small
+  /// all-reduce per call, so that an argument one rank alone gets wrong is
+  /// the same summa::Error on every rank instead of a hang. Off (the
+  /// default), those checks still run on every rank and throw there (the
+  /// same error on every rank when every rank passes the same arguments, as
+  /// gpt_train and the Trainer do), and what is static for a built model
+  /// (its shapes, layouts and options) is agreed once, when the model, layer
+  /// or engine is built: a steady-state step makes only the collectives its
+  /// scheme needs. Must be the same on every rank (the constructor agrees).
+  bool check_calls = false;
 };
 
 /// "mpi", "nccl" or "mpi_staged".
@@ -116,6 +128,8 @@ class ProcessGrid {
   Watchdog* watchdog() const;
   /// The communicator backend the axes use (GridOptions::comm).
   CommBackend comm_backend() const { return comm_backend_; }
+  /// GridOptions::check_calls: per-call agreement (debug mode) on.
+  bool check_calls() const { return check_calls_; }
 
   /// Bytes and calls per axis since construction or the last reset.
   const TrafficCounters& traffic() const { return *traffic_; }
@@ -128,6 +142,12 @@ class ProcessGrid {
   /// that errors found by some ranks never leave the others in a collective.
   /// On a plan-only grid: throws the local error, if any.
   void agree(CommAxis axis, const std::optional<std::string>& local_error) const;
+  /// The end of a per-call argument check (a layer's or the model's forward,
+  /// backward or decode step): agree() over `axis` in debug mode
+  /// (GridOptions::check_calls); otherwise no collective, and a local error
+  /// throws summa::Error on this rank. Counted by agreements_made() only
+  /// when it agrees.
+  void agree_call(CommAxis axis, const std::optional<std::string>& local_error) const;
 
  private:
   struct Impl;
@@ -139,6 +159,7 @@ class ProcessGrid {
   std::string placement_note_;
   CommBackend comm_backend_ = CommBackend::mpi;
   bool plan_only_ = false;
+  bool check_calls_ = false;
   std::unique_ptr<TrafficCounters> traffic_;
   std::unique_ptr<Impl> impl_;
 };

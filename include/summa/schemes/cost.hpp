@@ -56,11 +56,17 @@ struct Work {
 // a | b partials, cross-entropy row max, sum exp and target logit) travel in
 // acc_t (fp32 for bf16 models), everything else in the element type. With
 // `log` set, every collective and the ops' compute (gemm, memory) are also
-// recorded as Work for the step-time model.
+// recorded as Work for the step-time model. Every collective also counts
+// one call on its axis (a group of one included, as the counters count it);
+// a SUMMA call counts its panel collectives on the mesh row and column,
+// cut by `panel` (SummaOptions::panel of the engine the model runs).
 class Tally {
  public:
   TrafficCounters t;
   std::vector<Work>* log = nullptr;
+  /// SummaOptions::panel of the model's engine (2D): the panel collectives
+  /// a SUMMA call makes.
+  u64 panel = SummaOptions{}.panel;
   /// Marks the collectives recorded while set as overlapped (Work::overlapped).
   bool overlapped = false;
 
@@ -105,8 +111,13 @@ class Tally {
         col = (q - 1) * mb * nb * e;
         break;
     }
-    add(CommAxis::mesh_row, row, row);
-    add(CommAxis::mesh_col, col, col);
+    // q steps of ceil(block / panel) panels, each one collective on the row
+    // and one on the column (none at q = 1: a local product)
+    const u64 block = f == Form::AB ? kb : f == Form::ABt ? nb : mb;
+    const u64 width = panel == 0 || panel > block ? block : panel;
+    const u64 calls = q > 1 && width > 0 ? q * ((block + width - 1) / width) : 0;
+    add(CommAxis::mesh_row, row, row, calls);
+    add(CommAxis::mesh_col, col, col, calls);
     if (log != nullptr)
       log->push_back({.kind = Work::Kind::summa,
                       .form = f,
@@ -143,9 +154,10 @@ class Tally {
   }
 
  private:
-  void add(CommAxis a, u64 sent, u64 received) {
+  void add(CommAxis a, u64 sent, u64 received, u64 calls = 1) {
     t[a].bytes_sent += sent;
     t[a].bytes_received += received;
+    t[a].calls += calls;
   }
   void gather_or_scatter(model::Collective c, CommAxis a, u64 per_rank, u64 g, u64 e) {
     const u64 bytes = (g - 1) * per_rank * e;

@@ -16,14 +16,18 @@
 /// come from the caller's workspace, whose size workspace_bytes() tells in
 /// advance; no memory is allocated during a call.
 ///
-/// Shapes are checked before any collective. With `consensus_checks` (the
-/// default) the ranks of the mesh agree on the outcome first, so an error
-/// found on one rank (say a wrongly sized local block) is thrown with the same
-/// message on every rank instead of leaving the others in a collective.
-/// The same all-reduce compares the form and the global sizes m, n, k across
-/// the mesh, so a rank that passes another k is told so on every rank
-/// instead of hanging in a broadcast (the cost is that of the check itself:
-/// one latency-bound all-reduce of 72 bytes per call, docs/reliability.md).
+/// Shapes are checked before any collective, on every rank: each rank
+/// throws summa::Error when its own arguments are wrong (every rank, with the
+/// same message, when every rank passes the same sizes). With
+/// `consensus_checks`, or on a grid in debug mode (GridOptions::check_calls),
+/// the ranks of the mesh also agree on the outcome first, so an error found
+/// on one rank only (say a wrongly sized local block) is thrown with the same
+/// message on every rank instead of leaving the others in a collective; the
+/// same all-reduce compares the form and the global sizes m, n, k across the
+/// mesh, so a rank that passes another k is told so on every rank instead of
+/// hanging in a broadcast (one latency-bound all-reduce of 72 bytes per call,
+/// docs/reliability.md). Off by default: the layers agree their shapes once,
+/// when they are built, and a training step makes no such all-reduce.
 /// alpha, beta and the options must be the same on every rank.
 
 #include <cstddef>
@@ -53,10 +57,10 @@ struct SummaOptions {
   /// polls a broadcast would make no progress during the GEMM. 1 = no polls.
   int progress_slices = 4;
   /// Agree on shape errors and on the global sizes across the mesh before
-  /// communicating (see above). Also honoured by the layers' per-call checks
-  /// (SummaEngine::settle); one small all-reduce per check. Constructors
-  /// always agree.
-  bool consensus_checks = true;
+  /// communicating (see above), on every call; also honoured by the 2D
+  /// layers' per-call checks (SummaEngine::settle). GridOptions::check_calls
+  /// turns it on for every engine of the grid. Constructors always agree.
+  bool consensus_checks = false;
 
   friend bool operator==(const SummaOptions&, const SummaOptions&) = default;
 };
@@ -78,14 +82,17 @@ class SummaEngine {
   SummaEngine(ProcessGrid& grid, Backend& backend, SummaOptions options = {});
 
   const SummaOptions& options() const { return options_; }
+  /// True when a call agrees its checks over the mesh: consensus_checks or
+  /// the grid's GridOptions::check_calls.
+  bool agrees_calls() const;
   void set_options(const SummaOptions& o);
   int q() const { return q_; }
   ProcessGrid& grid() const { return *grid_; }
   Backend& backend() const { return *backend_; }
 
-  /// Ends a call's local checks: with consensus_checks the mesh agrees on
-  /// `error` (every rank throws the lowest failing rank's message), otherwise
-  /// this rank throws its own error, if any.
+  /// Ends a call's local checks: with consensus_checks (or the grid's
+  /// check_calls) the mesh agrees on `error` (every rank throws the lowest
+  /// failing rank's message), otherwise this rank throws its own error, if any.
   void settle(const std::optional<std::string>& error) const;
 
   /// Global m x n x k -> local block shapes; throws when q does not divide them.

@@ -106,17 +106,21 @@ class Cost3D final : public cost::OpCost {
   Axis X() const { return {CommAxis::mesh_col, gx_, x_}; }
   Axis Y() const { return {CommAxis::mesh_row, gy_, y_}; }
   Axis Z() const { return {CommAxis::depth, gz_, z_}; }
+  // The 3D ops make no collective over an axis of one rank (nothing to
+  // move), so neither does their cost: no bytes and no call.
   static void all_reduce(cost::Tally& t, Axis a, u64 count, u64 e) {
-    t.all_reduce(a.axis, count, a.g, a.r, e);
+    if (a.g > 1) t.all_reduce(a.axis, count, a.g, a.r, e);
   }
   /// An all-gather or reduce-scatter over Z of `per_rank` elements each,
   /// overlapped or not.
   void z_all_gather(cost::Tally& t, u64 per_rank, bool overlapped = false) const {
+    if (gz_ == 1) return;
     t.overlapped = overlapped;
     t.all_gather(CommAxis::depth, per_rank, gz_, el_.e);
     t.overlapped = false;
   }
   void z_reduce_scatter(cost::Tally& t, u64 per_rank, bool overlapped = false) const {
+    if (gz_ == 1) return;
     t.overlapped = overlapped;
     t.reduce_scatter(CommAxis::depth, per_rank, gz_, el_.e);
     t.overlapped = false;

@@ -134,12 +134,13 @@ void Embedding3D<T>::check_ids(std::span<const std::int32_t> ids, const char* wh
       error = fmt::format("Embedding3D: {} id {} at position {} is outside [0, vocab={})", what,
                           *bad, bad - ids.begin(), vocab_);
   }
-  detail3d::agree(*grid_, error);
+  grid_->agree_call(CommAxis::tensor, error);
 }
 
 template <class T>
 void Embedding3D<T>::set_positions(std::span<const std::int32_t> positions) {
-  detail3d::agree(*grid_, positions_error("Embedding3D", positions, batch_ * seq_, positions_));
+  grid_->agree_call(CommAxis::tensor,
+                    positions_error("Embedding3D", positions, batch_ * seq_, positions_));
   // this rank's tokens: its Z slice
   position_ids_.assign(local_rows(positions, batch_ * seq_, gz_, detail3d::z_of(*grid_)));
 }
@@ -260,7 +261,7 @@ double CrossEntropy3D<T>::forward(ConstMatrixView<T> Z, std::span<const std::int
              bad != targets.end())
       error = fmt::format("CrossEntropy3D: target id {} at position {} is outside [0, vocab={})",
                           *bad, bad - targets.begin(), vocab_);
-    detail3d::agree(*grid_, error);
+    grid_->agree_call(CommAxis::tensor, error);
   }
   Backend& be = *backend_;
   Communicator& xc = detail3d::x_comm(*grid_);

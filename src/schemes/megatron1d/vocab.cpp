@@ -86,12 +86,13 @@ void Embedding1D<T>::check_ids(std::span<const std::int32_t> ids, const char* wh
       error = fmt::format("Embedding1D: {} id {} at position {} is outside [0, vocab={})", what,
                           *bad, bad - ids.begin(), vocab_);
   }
-  detail1d::agree(*grid_, error);
+  grid_->agree_call(CommAxis::tensor, error);
 }
 
 template <class T>
 void Embedding1D<T>::set_positions(std::span<const std::int32_t> positions) {
-  detail1d::agree(*grid_, positions_error("Embedding1D", positions, batch_ * seq_, positions_));
+  grid_->agree_call(CommAxis::tensor,
+                    positions_error("Embedding1D", positions, batch_ * seq_, positions_));
   position_ids_.assign(positions);
 }
 
@@ -179,7 +180,7 @@ double CrossEntropy1D<T>::forward(ConstMatrixView<T> Z, std::span<const std::int
              bad != targets.end())
       error = fmt::format("CrossEntropy1D: target id {} at position {} is outside [0, vocab={})",
                           *bad, bad - targets.begin(), vocab_);
-    detail1d::agree(*grid_, error);
+    grid_->agree_call(CommAxis::tensor, error);
   }
   Backend& be = *backend_;
   Communicator& group = grid_->tensor();

@@ -109,8 +109,7 @@ void Embedding2D<T>::check_ids(std::span<const std::int32_t> ids, const char* wh
 
 template <class T>
 void Embedding2D<T>::set_positions(std::span<const std::int32_t> positions) {
-  engine_->grid().agree(CommAxis::mesh,
-                        positions_error("Embedding2D", positions, batch_ * seq_, positions_));
+  engine_->settle(positions_error("Embedding2D", positions, batch_ * seq_, positions_));
   position_ids_.assign(positions);
 }
 
