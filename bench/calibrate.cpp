@@ -1,7 +1,7 @@
 // calibrate: measures the machine it runs on and writes a machine file for
 // the step-time model (summa/model/machine.hpp, docs/scaling.md):
 //
-//   mpirun -np N calibrate --out machines/this-machine.json [--backend cpu|cuda]
+//   mpirun -np N calibrate --out my-machine.json [--backend cpu|cuda]
 //
 // - GEMM: every rank multiplies at once (as in training), per element type,
 //   on a sweep of shapes (square, and the skinny ones of panels and small

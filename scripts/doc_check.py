@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """The doc-check: every shell block of README.md, bench/README.md and docs/*.md is run (or
 marked skipped with a reason) and every generated figure is regenerated and
-compared with the doc.
+compared with the doc. First, and always (it takes a second): every path a
+doc names (every tracked .md: a `path/with.ext` or `folder/` in backticks, a
+link target) and every path a source file's comment names exists in the tree,
+and every \\file names its own file (check_paths: how a path resolves, and
+what is not in the tree by design).
 
     scripts/doc_check.py [--demo-log LOG] [--only README.md] [--update] [--no-run] [--list]
 
@@ -42,6 +46,7 @@ the commands (on a machine whose CPU signature is the marker's, or it
 changes the marker's cpu= too). Exit status 1 when anything fails.
 """
 import argparse
+import glob
 import os
 import re
 import shlex
@@ -234,6 +239,72 @@ def ensure_targets(build, targets, env):
                    stdout=subprocess.DEVNULL)
 
 
+# Paths the docs and the sources' comments name: every one must exist.
+PATH_IN_DOC = re.compile(r"`([A-Za-z0-9_.*/-]*[A-Za-z0-9_*-]/[A-Za-z0-9_.*/-]*)`")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+PATH_IN_COMMENT = re.compile(
+    r"(?<![\w./$-])((?:[A-Za-z0-9_.-]+/)+[A-Za-z0-9_-]+\.(?:hpp|cpp|cu|md|py|sh|cmake|json|jsonl))\b")
+PATH_LIKE = re.compile(r"\.(hpp|cpp|h|cu|md|py|sh|cmake|txt|json|jsonl|png|svg|csv)$|/$")
+# Not in the tree by design: build folders, absolute and home paths,
+# placeholders (<dir>, $OUT), install destinations (share/...), and what a run
+# writes (gpt_train's --out folder and its checkpoints/ and export/,
+# gpu_verify's .gpu_deps/).
+NOT_IN_TREE = ("build", "/", "~", "$", "<", "gpt_train_out", "http", "mailto:", "OUT/", "out/",
+               "share/", "checkpoints/", "export/", ".gpu_deps/")
+
+
+def resolves(path, base):
+    """True when `path` names a file or folder of the tree: from the root, from
+    the naming file's folder, from src/ or include/summa/ (how the docs and
+    comments abbreviate), or a header CMake writes from a .in template."""
+    path = path.split("#")[0]
+    if not path:
+        return True
+    for cand in (path, os.path.join(base, path), os.path.join("src", path),
+                 os.path.join("include", "summa", path), os.path.join("include", path)):
+        if glob.glob(cand) or os.path.exists(cand + ".in"):
+            return True
+    return False
+
+
+def check_paths():
+    """Every path a doc (every tracked .md) or a source comment names exists,
+    and every \\file names its own file. Returns the failures."""
+    tracked = subprocess.run(["git", "ls-files"], capture_output=True, text=True,
+                             check=True).stdout.split()
+    errors = []
+    for f in tracked:
+        if not os.path.isfile(f):
+            continue
+        base = os.path.dirname(f)
+        if f.endswith(".md"):
+            text = open(f, encoding="utf-8", errors="replace").read()
+            lines = text.split("\n")
+            for i, line in enumerate(lines, 1):
+                names = [m.group(1) for m in PATH_IN_DOC.finditer(line)
+                         if PATH_LIKE.search(m.group(1))]
+                names += [m.group(1) for m in LINK.finditer(line)]
+                for p in names:
+                    if p.startswith(NOT_IN_TREE) or "{" in p or "://" in p:
+                        continue
+                    if not resolves(p, base):
+                        errors.append(f"{f}:{i}: names '{p}', which is not in the tree")
+        elif f.endswith((".hpp", ".cpp", ".h", ".cu", ".cuh", ".cmake", ".sh", ".py")) or \
+                os.path.basename(f) == "CMakeLists.txt":
+            for i, line in enumerate(open(f, encoding="utf-8", errors="replace"), 1):
+                s = line.strip()
+                if not s.startswith(("//", "#", "*", "/*")) or s.startswith("#include"):
+                    continue
+                m = re.match(r"(?:///|//!|\*)\s*\\file\s+(\S+)", s)
+                if m and m.group(1) != os.path.basename(f):
+                    errors.append(f"{f}:{i}: \\file {m.group(1)} in {os.path.basename(f)}")
+                for m in PATH_IN_COMMENT.finditer(line):
+                    p = m.group(1)
+                    if not p.startswith(NOT_IN_TREE) and not resolves(p, base):
+                        errors.append(f"{f}:{i}: names '{p}', which is not in the tree")
+    return errors
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--demo-log", help="the output of scripts/quickstart.sh demo ({demo_log})")
@@ -248,7 +319,7 @@ def main():
                          sorted(os.path.join("docs", d)
                                 for d in os.listdir("docs") if d.endswith(".md")))
     signature = cpu_signature()
-    all_blocks, errors = [], []
+    all_blocks, errors = [], check_paths()
     for doc in docs:
         b, e = scan(os.path.join(ROOT, doc))
         all_blocks += b

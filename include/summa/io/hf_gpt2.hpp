@@ -45,8 +45,8 @@ std::string hf_gpt2_config_json(const GptConfig& config, DTypeOut dtype = DTypeO
 /// layer_norm_epsilon defaults to 1e-5 as in GPT2Config.
 GptConfig read_hf_gpt2_config(const std::filesystem::path& path);
 
-/// Writes dir/model.safetensors (metadata {"format": "pt"}) and
-/// dir/config.json, creating `dir` if needed; existing files are replaced
+/// Writes <dir>/model.safetensors (metadata {"format": "pt"}) and
+/// <dir>/config.json, creating `dir` if needed; existing files are replaced
 /// atomically. Collective over the model's whole grid (every rank of every
 /// data group calls it): each parameter is assembled with gather_global
 /// over the tensor group and streamed to the file by the world's rank 0, so
@@ -60,7 +60,7 @@ template <class T>
 void export_hf_gpt2(GptModel<T>& model, const std::filesystem::path& dir,
                     DTypeOut dtype = DTypeOut::f32);
 
-/// Loads dir/config.json and dir/model.safetensors into `model`, whatever
+/// Loads <dir>/config.json and <dir>/model.safetensors into `model`, whatever
 /// its scheme. The config must match model.config() exactly in n_layer,
 /// n_head, n_embd, vocab_size and n_positions (n_positions too, although a
 /// longer position table could be cut: the model's wpe must equal the

@@ -1,5 +1,5 @@
 #pragma once
-/// \file gelu2d.hpp
+/// \file gelu.hpp
 /// GeLU (tanh form, as GPT-2) on local blocks: elementwise, so any
 /// distribution works and nothing is communicated. forward() keeps a view of
 /// X (the caller keeps X alive); backward() computes dX = dY * gelu'(X).

@@ -1,6 +1,6 @@
 #pragma once
 /// \file context.hpp
-/// The 3D (AxoNN) scheme context: the layers of layers/axonn3d.hpp behind
+/// The 3D (AxoNN) scheme context: the layers of schemes/axonn3d/layers.hpp behind
 /// SchemeContext, on a Gx x Gy x Gz grid (ProcessGrid::grid3d). Outer
 /// activations are Y-layout [T/Gz, w/Gy], inner ones X-layout [T/Gz, w/Gx];
 /// an expanding linear has the normal orientation, a contracting one the

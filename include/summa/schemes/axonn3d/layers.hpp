@@ -1,5 +1,5 @@
 #pragma once
-/// \file axonn3d.hpp
+/// \file layers.hpp
 /// The 3D parallel-matrix-multiply GPT-2 layers of AxoNN (Singh et al.,
 /// "A 4D hybrid algorithm to scale parallel training to thousands of GPUs",
 /// §V-A, Algorithm 1) on a Gx x Gy x Gz grid (ProcessGrid::grid3d), behind

@@ -1,8 +1,8 @@
 #pragma once
 /// \file context.hpp
-/// The 1D (Megatron-LM) scheme context: the layers of layers/megatron1d.hpp
-/// behind SchemeContext, on the p ranks of the grid's tensor group
-/// (ProcessGrid::linear1d). Outer activations are replicated [T, w]; inner
+/// The 1D (Megatron-LM) scheme context: the layers of
+/// schemes/megatron1d/layers.hpp behind SchemeContext, on the p ranks of the
+/// grid's tensor group (ProcessGrid::linear1d). Outer activations are replicated [T, w]; inner
 /// ones [T, w/p] (columns split); an expanding linear is column-parallel, a
 /// contracting one row-parallel; heads are split over p, sequences not.
 

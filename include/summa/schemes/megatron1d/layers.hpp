@@ -1,5 +1,5 @@
 #pragma once
-/// \file megatron1d.hpp
+/// \file layers.hpp
 /// The 1D tensor-parallel GPT-2 layers of Megatron-LM (Shoeybi et al. 2019)
 /// on the p ranks of a tensor group (ProcessGrid::linear1d: grid.tensor(),
 /// rank r = grid.tensor().rank()), behind the same Layer / Module interface

@@ -1,11 +1,12 @@
 #pragma once
 /// \file context.hpp
-/// The 2D (Optimus, SUMMA) scheme context: the layers of layers/linear2d.hpp,
-/// layernorm2d.hpp, embedding2d.hpp and lm_head2d.hpp behind SchemeContext,
-/// on a q x q mesh through one SummaEngine. Activations (outer and inner
-/// alike) are [T/q, w/q] blocks: mesh row i holds the sequences [i*b/q,
-/// (i+1)*b/q), mesh column j the columns (and heads) of slice j; every
-/// linear is one SUMMA call in forward and two in backward.
+/// The 2D (Optimus, SUMMA) scheme context: the layers of
+/// schemes/summa2d/linear.hpp, layernorm.hpp, embedding.hpp and lm_head.hpp
+/// behind SchemeContext, on a q x q mesh through one SummaEngine.
+/// Activations (outer and inner alike) are [T/q, w/q] blocks: mesh row i
+/// holds the sequences [i*b/q, (i+1)*b/q), mesh column j the columns (and
+/// heads) of slice j; every linear is one SUMMA call in forward and two in
+/// backward.
 
 #include <memory>
 

@@ -1,5 +1,5 @@
 #pragma once
-/// \file embedding2d.hpp
+/// \file embedding.hpp
 /// Token and position embeddings on a q x q mesh, vocabulary partitioned.
 ///
 /// wte [vocab, h] is split into q x q blocks: rank (i, j) holds vocabulary

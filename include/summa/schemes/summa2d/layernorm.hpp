@@ -1,5 +1,5 @@
 #pragma once
-/// \file layernorm2d.hpp
+/// \file layernorm.hpp
 /// Layer normalisation over the hidden dimension on a q x q mesh (Optimus
 /// §3.2.1): y = (x - mean) * rstd * gamma + beta per token.
 ///

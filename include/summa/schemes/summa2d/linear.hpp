@@ -1,5 +1,5 @@
 #pragma once
-/// \file linear2d.hpp
+/// \file linear.hpp
 /// Y = X W + b on a q x q mesh (Optimus §3.2.1), the building block of every
 /// projection of the 2D transformer.
 ///

@@ -1,5 +1,5 @@
 #pragma once
-/// \file lm_head2d.hpp
+/// \file lm_head.hpp
 /// Tied LM head and vocabulary-parallel cross-entropy on a q x q mesh.
 ///
 /// LMHead2D: logits [b*s, V] = X wteᵀ with the embedding's wte blocks (SUMMA
