@@ -267,13 +267,13 @@ def resolves(path, base):
     return False
 
 
-def check_paths():
-    """Every path a doc (every tracked .md) or a source comment names exists,
-    and every \\file names its own file. Returns the failures."""
+def check_paths(docs=()):
+    """Every path a doc (every tracked .md, and `docs`) or a source comment
+    names exists, and every \\file names its own file. Returns the failures."""
     tracked = subprocess.run(["git", "ls-files"], capture_output=True, text=True,
                              check=True).stdout.split()
     errors = []
-    for f in tracked:
+    for f in tracked + [d for d in docs if d not in tracked]:
         if not os.path.isfile(f):
             continue
         base = os.path.dirname(f)
@@ -319,7 +319,7 @@ def main():
                          sorted(os.path.join("docs", d)
                                 for d in os.listdir("docs") if d.endswith(".md")))
     signature = cpu_signature()
-    all_blocks, errors = [], check_paths()
+    all_blocks, errors = [], check_paths(docs)
     for doc in docs:
         b, e = scan(os.path.join(ROOT, doc))
         all_blocks += b

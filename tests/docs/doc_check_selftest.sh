@@ -2,7 +2,8 @@
 # The doc-check can fail: scripts/doc_check.py on small docs of its own, each
 # expected to pass or to fail for one reason (an unmarked shell block, a run
 # block that fails, a region that differs from its command, a tolerance, a
-# CPU-keyed sample), and --update rewriting a region.
+# CPU-keyed sample, a path or link that is not in the tree), and --update
+# rewriting a region.
 # Usage: doc_check_selftest.sh PYTHON SOURCE_DIR WORK_DIR
 set -uo pipefail
 python=$1 root=$2 work=$3
@@ -43,6 +44,11 @@ check other_cpu_kept_differs 1 "$(printf '<!-- doc-check: begin cpu=some-other-c
 # cpu-tolerance elsewhere
 check other_cpu_sizes 0 "$(printf '<!-- doc-check: begin cpu=some-other-cpu cpu-tolerance=0.1: echo total 1.05 -->\ntotal 1.00\n<!-- doc-check: end -->')"
 check other_cpu_sizes_beyond 1 "$(printf '<!-- doc-check: begin cpu=some-other-cpu cpu-tolerance=0.01: echo total 1.05 -->\ntotal 1.00\n<!-- doc-check: end -->')"
+# every path a doc names must exist in the tree (from the root, the doc's
+# folder, src/ or include/summa/), link targets included
+check path_exists 0 "See \`src/summa/engine.cpp\`, \`summa/engine.hpp\` and [the design](docs/design.md)."
+check path_missing 1 "See \`src/summa/no_such_file.cpp\`."
+check link_missing 1 "See [the design](docs/no_such_page.md)."
 # --update writes the command's output in, and the doc then passes
 check update 0 "$(printf '<!-- doc-check: begin: echo fresh -->\nstale\n<!-- doc-check: end -->')" --update
 if ! grep -qx fresh "$work/update.md"; then
