@@ -101,6 +101,7 @@ struct Cli {
   int checkpoint_every = 100;
   bool resume = false, overwrite = false;
   double watchdog = 600;
+  bool check_calls = false;  // GridOptions::check_calls: the per-call agreement (debug mode)
   std::string on_nonfinite = "stop";
   int max_skipped = 10;
   double memory_budget_gib = 0;
@@ -574,6 +575,7 @@ int train(const Cli& cli) {
                                                : summa::TrainerOptions::NonFinite::stop;
   o.max_skipped_steps = cli.max_skipped;
   o.grid.watchdog.timeout_s = cli.watchdog;
+  o.grid.check_calls = cli.check_calls;
 
   // The output directory: created, locked against a second job, and checked
   // writable (every rank writes checkpoint shards) before anything is
@@ -789,14 +791,17 @@ int train(const Cli& cli) {
   if (root) {
     std::printf(
         "gpt_train: GPT-2 n_layer=%d n_head=%d n_embd=%d seq=%lld vocab=%d (%lld parameters) | "
-        "%s on %d ranks | %s on %s (comm %s%s) | batch %lld x %lld tokens | %s lr %.3g (warm-up "
+        "%s on %d ranks | %s on %s (comm %s%s%s) | batch %lld x %lld tokens | %s lr %.3g (warm-up "
         "%lld, cosine to %.3g) | %zu tokens from %s\n",
         o.config.n_layer, o.config.n_head, o.config.n_embd, static_cast<long long>(o.seq),
         o.config.vocab_size, static_cast<long long>(summa::reference::parameter_count(o.config)),
         trainer.parallel().spec().str().c_str(), ranks, cli.dtype.c_str(), backend_text.c_str(),
-        summa::to_string(o.grid.comm), cli.tf32 ? ", tf32" : "", static_cast<long long>(o.batch),
-        static_cast<long long>(o.seq), o.optimizer.kind.c_str(), o.schedule.lr,
-        static_cast<long long>(o.schedule.warmup), o.schedule.min_lr, n_tokens, cli.data.c_str());
+        summa::to_string(o.grid.comm), cli.tf32 ? ", tf32" : "",
+        // read from the grid the model runs on: the flag reached it
+        trainer.parallel().grid().check_calls() ? ", check-calls" : "",
+        static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.optimizer.kind.c_str(),
+        o.schedule.lr, static_cast<long long>(o.schedule.warmup), o.schedule.min_lr, n_tokens,
+        cli.data.c_str());
     std::fflush(stdout);
   }
   const bool bar = root && progress == Progress::bar;
@@ -1134,6 +1139,11 @@ int main(int argc, char** argv) {
                  "the ranks that did not arrive (0: off)")
       ->check(real_in(0, 1e7))
       ->capture_default_str();
+  app.add_flag("--check-calls", cli.check_calls,
+               "debug mode: every layer, model and SUMMA call agrees its argument checks over "
+               "its group before it communicates (one small all-reduce per call), so an "
+               "argument one rank alone gets wrong is the same error on every rank instead of a "
+               "hang; off, a step makes only its scheme's collectives (docs/reliability.md)");
   app.add_option("--on-nonfinite", cli.on_nonfinite,
                  "a step with a NaN or infinite loss or gradient norm: stop (before any update "
                  "or save) or skip it (no update)")

@@ -2,7 +2,8 @@
 # 2D 2x2 with a checkpoint, resume under 1D p=4, check the outputs (export,
 # config.json, log lines, checkpoint), and check a bad scheme, a missing data
 # file and the backend flags (--backend cuda without a device or CUDA build,
-# --comm nccl on the cpu backend) fail cleanly.
+# --comm nccl on the cpu backend) fail cleanly, and that --check-calls
+# reaches the model's grid.
 # Arguments: -DMPIEXEC= -DMPIEXEC_FLAGS= -DEXE= -DWORK_DIR=
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
@@ -25,6 +26,14 @@ endfunction()
 run_train(FALSE --steps 4 --out ${WORK_DIR}/out)
 if(NOT last_output MATCHES "validation loss")
   message(FATAL_ERROR "no validation line")
+endif()
+if(last_output MATCHES "check-calls")
+  message(FATAL_ERROR "the per-call agreement (debug mode) is on by default")
+endif()
+# --check-calls reaches the grid the model runs on (its header reads it there)
+run_train(FALSE --steps 1 --check-calls --out ${WORK_DIR}/checked)
+if(NOT last_output MATCHES "\\(comm mpi, check-calls\\)")
+  message(FATAL_ERROR "--check-calls did not reach the model's grid")
 endif()
 run_train(FALSE --steps 6 --scheme 1d:p=4 --resume --out ${WORK_DIR}/out)
 if(NOT last_output MATCHES "resuming from .*step 4, saved under 2d:q=2")
