@@ -5,14 +5,18 @@
 //   mpirun -np 4 build/examples/custom_model --scheme 2d:q=2
 //   mpirun -np 4 build/examples/custom_model --scheme 1d:p=4
 //   mpirun -np 8 build/examples/custom_model --scheme data=2,3d:2x1x2
+//   mpirun -np 4 build/examples/custom_model --scheme 2d:q=2 --block
 //
 // The data: x ~ U(-1, 1)^in, its class the argmax of x·W* for a fixed random
 // "teacher" W* [in, classes]; every step draws a fresh batch from the seed
 // and the step, the same on every rank. Each data group takes its rows of
 // the batch. The model: fc1 (expand, in -> hidden), GeLU, fc2 (contract,
 // hidden -> in), GeLU, head (expand, in -> classes), the scheme's
-// cross-entropy; AdamW on the local shards. Prints the loss; exits 1 unless
-// the last loss is below the first.
+// cross-entropy; AdamW on the local shards. With --block the model is a
+// pre-LN transformer block written from the public parts instead (rows as
+// sequences of --seq: x + Attn(LN1(x)), then x + MLP(LN2(x)), two residual
+// connections), then the head. Prints the loss; exits 1 unless the last
+// loss is below the first.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -31,6 +35,8 @@ struct Options {
   std::string scheme;
   int steps = 150;
   long batch = 144, in = 48, hidden = 96, classes = 8;
+  bool block = false;        // a pre-LN transformer block instead of the MLP
+  long seq = 4, heads = 24;  // --block: rows per sequence, attention heads
   double lr = 3e-3;
   double watchdog = 600;  // seconds a collective may wait (0: off)
   unsigned long long seed = 1;
@@ -91,10 +97,23 @@ int run(const Options& o, int rank, int ranks) {
   const long rows = o.batch / spec.data, first = grid.coords().data * rows;
 
   summa::Sequential<T> mlp(*scheme, rows, o.in);
-  mlp.linear("fc1", o.hidden, LinearRole::expand);
-  mlp.gelu();
-  mlp.linear("fc2", o.in, LinearRole::contract);
-  mlp.gelu();
+  if (o.block) {  // residual connections around a Chain of the public parts
+    mlp.residual([&](summa::Chain<T>& f) {  // x + Attn(LN1(x))
+      f.layer_norm("h.0.ln_1");
+      f.attention("h.0.attn", o.seq, o.heads);
+    });
+    mlp.residual([&](summa::Chain<T>& f) {  // x + MLP(LN2(x))
+      f.layer_norm("h.0.ln_2");
+      f.linear("h.0.mlp.c_fc", o.hidden, LinearRole::expand);
+      f.gelu();
+      f.linear("h.0.mlp.c_proj", o.in, LinearRole::contract);
+    });
+  } else {
+    mlp.linear("fc1", o.hidden, LinearRole::expand);
+    mlp.gelu();
+    mlp.linear("fc2", o.in, LinearRole::contract);
+    mlp.gelu();
+  }
   mlp.linear("head", o.classes, LinearRole::expand);
   // the loss of this group's rows, divided by the global batch: the groups add up
   const std::unique_ptr<summa::Loss<T>> loss = scheme->cross_entropy(rows, o.classes, o.batch);
@@ -153,6 +172,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1L, 1L << 24));
   app.add_option("--hidden", o.hidden, "hidden width")->check(CLI::Range(1L, 1L << 20));
   app.add_option("--lr", o.lr, "AdamW learning rate")->check(CLI::Range(1e-8, 1.0));
+  app.add_flag("--block", o.block,
+               "a pre-LN transformer block (attention and MLP in residual connections) "
+               "instead of the MLP");
+  app.add_option("--seq", o.seq, "--block: rows per sequence")->check(CLI::Range(1L, 1L << 20));
+  app.add_option("--heads", o.heads, "--block: attention heads")->check(CLI::Range(1L, 1L << 16));
   app.add_option("--seed", o.seed, "data and initialisation seed");
   app.add_option("--watchdog", o.watchdog,
                  "seconds a collective may wait before the job is ended with a report naming "

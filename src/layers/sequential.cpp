@@ -4,45 +4,62 @@
 
 #include <algorithm>
 
+#include "summa/layers/transformer.hpp"
+
 namespace summa {
 
+namespace {
+
+const char* layout_name(ActivationLayout l) {
+  return l == ActivationLayout::outer ? "outer" : "inner";
+}
+
 template <class T>
-Sequential<T>::Sequential(SchemeContext<T>& scheme, index_t tokens, index_t in_width,
-                          ActivationLayout in_layout)
-    : scheme_(&scheme), tokens_(tokens), in_width_(in_width), in_layout_(in_layout) {
+MatrixView<T> take_block(Arena& arena, index_t rows, index_t cols) {
+  return MatrixView<T>::dense(arena.take<T>(static_cast<std::size_t>(rows * cols)), rows, cols,
+                              Order::row_major);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- LayerStack
+
+template <class T>
+LayerStack<T>::LayerStack(SchemeContext<T>& scheme, index_t tokens, index_t in_width,
+                          ActivationLayout in_layout, const char* who)
+    : scheme_(&scheme), tokens_(tokens), in_width_(in_width), in_layout_(in_layout), who_(who) {
   std::optional<std::string> error;
   if (tokens <= 0 || in_width <= 0)
-    error = fmt::format("Sequential: tokens={} and in_width={} must be positive", tokens, in_width);
+    error = fmt::format("{}: tokens={} and in_width={} must be positive", who, tokens, in_width);
   else if (tokens % scheme.sequence_split() != 0)
-    error = fmt::format("Sequential ({}): tokens={} must be divisible by {}={}", scheme.label(),
+    error = fmt::format("{} ({}): tokens={} must be divisible by {}={}", who, scheme.label(),
                         tokens, scheme.sequence_split_name(), scheme.sequence_split());
   scheme.agree(error);
 }
 
 template <class T>
-Sequential<T>::~Sequential() = default;
+LayerStack<T>::~LayerStack() = default;
 
 template <class T>
-Layer<T>& Sequential<T>::add(std::unique_ptr<Layer<T>> layer, index_t out_width,
+Layer<T>& LayerStack<T>::add(std::unique_ptr<Layer<T>> layer, index_t out_width,
                              ActivationLayout out_layout) {
-  require(store_ == nullptr, "Sequential: add() after finish()");
-  require(layer != nullptr, "Sequential: add() of a null layer");
+  require(!sealed_, [&] { return fmt::format("{}: add() after finish()", who_); });
+  require(layer != nullptr, [&] { return fmt::format("{}: add() of a null layer", who_); });
   stages_.push_back({std::move(layer), out_width, out_layout});
   return *stages_.back().layer;
 }
 
 template <class T>
-Layer<T>& Sequential<T>::linear(std::string name, index_t width, LinearRole role, bool has_bias) {
+Layer<T>& LayerStack<T>::linear(std::string name, index_t width, LinearRole role, bool has_bias) {
   const ActivationLayout in = out_layout();
   const ActivationLayout want =
       role == LinearRole::expand ? ActivationLayout::outer : ActivationLayout::inner;
   require(in == want, [&] {
     return fmt::format(
-        "Sequential: linear '{}' ({}) reads the {} layout, but the activation before it is {}: "
+        "{}: linear '{}' ({}) reads the {} layout, but the activation before it is {}: "
         "pair an expanding linear with a contracting one",
-        name, role == LinearRole::expand ? "expand" : "contract",
-        want == ActivationLayout::outer ? "outer" : "inner",
-        in == ActivationLayout::outer ? "outer" : "inner");
+        who_, name, role == LinearRole::expand ? "expand" : "contract", layout_name(want),
+        layout_name(in));
   });
   const index_t in_width = out_width();
   return add(scheme_->linear(std::move(name), tokens_, in_width, width, role, has_bias), width,
@@ -50,37 +67,237 @@ Layer<T>& Sequential<T>::linear(std::string name, index_t width, LinearRole role
 }
 
 template <class T>
-Layer<T>& Sequential<T>::layer_norm(std::string name, double eps) {
+Layer<T>& LayerStack<T>::layer_norm(std::string name, double eps) {
   require(out_layout() == ActivationLayout::outer,
-          [&] { return fmt::format("Sequential: layer_norm '{}' needs the outer layout", name); });
+          [&] { return fmt::format("{}: layer_norm '{}' needs the outer layout", who_, name); });
   return add(scheme_->layer_norm(std::move(name), tokens_, out_width(), eps), out_width(),
              ActivationLayout::outer);
 }
 
 template <class T>
-Layer<T>& Sequential<T>::gelu() {
+Layer<T>& LayerStack<T>::gelu() {
   return add(std::make_unique<GeLU<T>>(scheme_->backend()), out_width(), out_layout());
 }
 
 template <class T>
-index_t Sequential<T>::out_width() const {
+Layer<T>& LayerStack<T>::attention(std::string name, index_t seq, index_t heads) {
+  require(out_layout() == ActivationLayout::outer,
+          [&] { return fmt::format("{}: attention '{}' needs the outer layout", who_, name); });
+  require(seq > 0 && tokens_ % seq == 0, [&] {
+    return fmt::format("{}: attention '{}': tokens={} is not a whole number of sequences of {}",
+                       who_, name, tokens_, seq);
+  });
+  const index_t width = out_width();
+  return add(
+      std::make_unique<Attention<T>>(*scheme_, std::move(name), tokens_ / seq, seq, width, heads),
+      width, ActivationLayout::outer);
+}
+
+template <class T>
+Parallel<T>& LayerStack<T>::residual(const std::function<void(Chain<T>&)>& body) {
+  return add_branches({body}, true);
+}
+
+template <class T>
+Parallel<T>& LayerStack<T>::parallel(const std::vector<std::function<void(Chain<T>&)>>& branches) {
+  return add_branches(branches, false);
+}
+
+template <class T>
+Parallel<T>& LayerStack<T>::add_branches(
+    const std::vector<std::function<void(Chain<T>&)>>& branches, bool adds_input) {
+  require(!branches.empty(), [&] { return fmt::format("{}: parallel() of no branch", who_); });
+  const char* what = adds_input ? "residual body" : "parallel branch";
+  std::vector<std::unique_ptr<Chain<T>>> chains;
+  for (const auto& build : branches) {
+    chains.push_back(
+        std::make_unique<Chain<T>>(*scheme_, tokens_, out_width(), out_layout(), what));
+    build(*chains.back());
+    chains.back()->finish_building();
+    const Chain<T>& c = *chains.back();
+    // a residual body ends as it starts; summed branches end as branch 0
+    const Chain<T>& first = *chains.front();
+    const index_t width = adds_input ? c.in_width() : first.out_width();
+    const ActivationLayout layout = adds_input ? c.in_layout() : first.out_layout();
+    require(c.out_width() == width && c.out_layout() == layout, [&] {
+      return adds_input
+                 ? fmt::format(
+                       "{}: a residual body must end as it starts ([tokens, {}] {}), it "
+                       "ends [tokens, {}] {}",
+                       who_, width, layout_name(layout), c.out_width(), layout_name(c.out_layout()))
+                 : fmt::format(
+                       "{}: parallel branch {} ends [tokens, {}] {}, branch 0 [tokens, "
+                       "{}] {}: summed branches end alike",
+                       who_, chains.size() - 1, c.out_width(), layout_name(c.out_layout()), width,
+                       layout_name(layout));
+    });
+  }
+  const index_t width = chains.front()->out_width();
+  const ActivationLayout layout = chains.front()->out_layout();
+  return static_cast<Parallel<T>&>(
+      add(std::make_unique<Parallel<T>>(std::move(chains), adds_input), width, layout));
+}
+
+template <class T>
+index_t LayerStack<T>::out_width() const {
   return stages_.empty() ? in_width_ : stages_.back().width;
 }
 
 template <class T>
-ActivationLayout Sequential<T>::out_layout() const {
+ActivationLayout LayerStack<T>::out_layout() const {
   return stages_.empty() ? in_layout_ : stages_.back().layout;
 }
 
 template <class T>
+index_t LayerStack<T>::input_cols(std::size_t i) const {
+  return i == 0 ? local_cols(in_width_, in_layout_)
+                : local_cols(stages_[i - 1].width, stages_[i - 1].layout);
+}
+
+template <class T>
+index_t LayerStack<T>::widest_cols() const {
+  index_t widest = local_cols(in_width_, in_layout_);
+  for (const Stage& s : stages_) widest = std::max(widest, local_cols(s.width, s.layout));
+  return widest;
+}
+
+// ---------------------------------------------------------------- Chain
+
+template <class T>
+Chain<T>::Chain(SchemeContext<T>& scheme, index_t tokens, index_t in_width,
+                ActivationLayout in_layout, const char* who)
+    : LayerStack<T>(scheme, tokens, in_width, in_layout, who) {}
+
+template <class T>
+void Chain<T>::collect_parameters(std::vector<Param<T>*>& out) {
+  for (auto& s : this->stages_) s.layer->collect_parameters(out);
+}
+
+template <class T>
+BufferNeeds Chain<T>::buffer_needs() const {
+  BufferNeeds needs;
+  for (const auto& s : this->stages_) needs.then(s.layer->buffer_needs());
+  const index_t rows = this->local_rows();
+  ByteCount<T> kept;  // every output but the last, kept for backward
+  for (std::size_t i = 0; i + 1 < this->stages_.size(); ++i)
+    kept.add(rows * this->local_cols(this->stages_[i].width, this->stages_[i].layout));
+  needs.forward += kept;
+  ByteCount<T> slots;  // two gradient blocks held while the layers run backward
+  slots.add(rows * this->widest_cols()).add(rows * this->widest_cols());
+  needs.backward += slots;
+  return needs;
+}
+
+template <class T>
+void Chain<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
+  const index_t rows = this->local_rows();
+  ConstMatrixView<T> x = X;
+  const std::size_t n = this->stages_.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    auto& s = this->stages_[i];
+    s.out =
+        i + 1 == n ? Y : take_block<T>(buffers.forward, rows, this->local_cols(s.width, s.layout));
+    s.layer->forward(x, s.out, buffers);
+    x = s.out;
+  }
+}
+
+template <class T>
+void Chain<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                        bool accumulate) {
+  const index_t rows = this->local_rows(), widest = this->widest_cols();
+  ArenaScope scope(buffers.backward);
+  T* slot[2] = {buffers.backward.take<T>(static_cast<std::size_t>(rows * widest)),
+                buffers.backward.take<T>(static_cast<std::size_t>(rows * widest))};
+  ConstMatrixView<T> dy = dY;
+  int k = 0;
+  for (std::size_t i = this->stages_.size(); i-- > 0;) {
+    // dense (contiguous) in a slot: collectives take it whole; the first
+    // layer writes the chain's dX
+    const MatrixView<T> dx =
+        i == 0 ? dX : MatrixView<T>::dense(slot[k], rows, this->input_cols(i), Order::row_major);
+    this->stages_[i].layer->backward(dy, dx, buffers, accumulate);
+    dy = dx;
+    k = 1 - k;
+  }
+}
+
+// ---------------------------------------------------------------- Parallel
+
+template <class T>
+Parallel<T>::Parallel(std::vector<std::unique_ptr<Chain<T>>> branches, bool adds_input)
+    : branches_(std::move(branches)), adds_input_(adds_input) {
+  require(!branches_.empty(), "Parallel: no branch");
+}
+
+template <class T>
+void Parallel<T>::collect_parameters(std::vector<Param<T>*>& out) {
+  for (auto& b : branches_) b->collect_parameters(out);
+}
+
+template <class T>
+BufferNeeds Parallel<T>::buffer_needs() const {
+  BufferNeeds needs;
+  for (const auto& b : branches_) needs.then(b->buffer_needs());
+  if (branches_.size() > 1) {  // one output block (forward: workspace; backward: an input gradient)
+    const Chain<T>& c = *branches_.front();
+    const index_t rows = c.scheme().local_rows(c.tokens());
+    ByteCount<T> out, in;
+    out.add(rows * c.scheme().local_cols(c.out_width(), c.out_layout()));
+    in.add(rows * c.scheme().local_cols(c.in_width(), c.in_layout()));
+    needs.workspace += out;
+    needs.backward += in;
+  }
+  return needs;
+}
+
+template <class T>
+void Parallel<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
+  Backend& be = branches_.front()->scheme().backend();
+  branches_.front()->forward(X, Y, buffers);
+  for (std::size_t k = 1; k < branches_.size(); ++k) {
+    ArenaScope scope(buffers.workspace);
+    const MatrixView<T> y = take_block<T>(buffers.workspace, Y.rows, Y.cols);
+    branches_[k]->forward(X, y, buffers);
+    be.axpby(acc_t<T>(1), ConstMatrixView<T>(y), acc_t<T>(1), Y);
+  }
+  if (adds_input_) be.axpby(acc_t<T>(1), X, acc_t<T>(1), Y);  // Y = X + body(X)
+}
+
+template <class T>
+void Parallel<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                           bool accumulate) {
+  Backend& be = branches_.front()->scheme().backend();
+  const bool input_grad = dX.rows > 0 && dX.cols > 0;
+  branches_.front()->backward(dY, dX, buffers, accumulate);
+  for (std::size_t k = 1; k < branches_.size(); ++k) {
+    ArenaScope scope(buffers.backward);
+    const MatrixView<T> dx = input_grad ? take_block<T>(buffers.backward, dX.rows, dX.cols) : dX;
+    branches_[k]->backward(dY, dx, buffers, accumulate);
+    if (input_grad) be.axpby(acc_t<T>(1), ConstMatrixView<T>(dx), acc_t<T>(1), dX);
+  }
+  if (adds_input_ && input_grad) be.axpby(acc_t<T>(1), dY, acc_t<T>(1), dX);  // dX += dY
+}
+
+// ---------------------------------------------------------------- Sequential
+
+template <class T>
+Sequential<T>::Sequential(SchemeContext<T>& scheme, index_t tokens, index_t in_width,
+                          ActivationLayout in_layout)
+    : LayerStack<T>(scheme, tokens, in_width, in_layout, "Sequential") {}
+
+template <class T>
+Sequential<T>::~Sequential() = default;
+
+template <class T>
 void Sequential<T>::collect_parameters(std::vector<Param<T>*>& out) {
-  for (Stage& s : stages_) s.layer->collect_parameters(out);
+  for (auto& s : this->stages_) s.layer->collect_parameters(out);
 }
 
 template <class T>
 BufferNeeds Sequential<T>::buffer_needs() const {
   BufferNeeds needs;
-  for (const Stage& s : stages_) needs.then(s.layer->buffer_needs());
+  for (const auto& s : this->stages_) needs.then(s.layer->buffer_needs());
   return needs;
 }
 
@@ -88,6 +305,7 @@ template <class T>
 void Sequential<T>::finish(BufferNeeds extra) {
   require(store_ == nullptr, "Sequential: finish() twice");
   require(!stages_.empty(), "Sequential: finish() without layers");
+  this->seal();
   Backend& be = scheme_->backend();
   scheme_->finish_layers(false);  // state the layers share (3D: ORS / OAG buffers)
   BufferNeeds needs = buffer_needs();
@@ -220,9 +438,15 @@ std::vector<T> gather_activation(const SchemeContext<T>& scheme, std::span<const
   return global;
 }
 
-template class Sequential<float>;
-template class Sequential<double>;
-template class Sequential<bf16>;
+#define SUMMA_SEQUENTIAL_INSTANTIATE(T) \
+  template class LayerStack<T>;         \
+  template class Chain<T>;              \
+  template class Parallel<T>;           \
+  template class Sequential<T>;
+SUMMA_SEQUENTIAL_INSTANTIATE(float)
+SUMMA_SEQUENTIAL_INSTANTIATE(double)
+SUMMA_SEQUENTIAL_INSTANTIATE(bf16)
+#undef SUMMA_SEQUENTIAL_INSTANTIATE
 #define SUMMA_INSTANTIATE(T)                                                                       \
   template std::vector<T> scatter_activation(const SchemeContext<T>&, std::span<const T>, index_t, \
                                              index_t, ActivationLayout);                           \

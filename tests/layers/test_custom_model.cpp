@@ -6,12 +6,23 @@
 // with the same global weights: the loss, every parameter gradient (gathered) and the input
 // gradient (gather_activation).
 //
+// Residual connections and parallel branches (LayerStack::residual,
+// ::parallel): a pre-LN transformer block written from the public parts
+// (layer_norm, attention, linear, gelu in two residuals) against block 0 of
+// the serial reference GPT (reference::Gpt, the same global weights from the
+// same seed, fed random embeddings): the output, every parameter gradient
+// and the input gradient; and two summed branches against each branch run
+// alone as its own model (the output and input gradient are the sums, each
+// parameter's gradient its branch's), under every scheme.
+//
 // Sizes are multiples of 72 so that every factorisation of 1, 2, 4, 8 and 9
 // ranks divides them. Tolerance: model_tolerance<T>() (1e-9 double, 2e-3
-// float), the same as the GPT tests.
+// float), the same as the GPT tests; the branches' sums 1e-12 (the same
+// arithmetic but for the order of one addition).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -20,6 +31,7 @@
 #include <vector>
 
 #include "summa/layers/sequential.hpp"
+#include "summa/reference/gpt.hpp"
 #include "summa/schemes/registry.hpp"
 #include "test_backend_env.hpp"
 #include "test_util.hpp"
@@ -207,6 +219,215 @@ TEST(CustomModel, MlpClassifierMatchesSerialUnderEveryScheme) {
 }
 TEST(CustomModel, MlpClassifierMatchesSerialUnderEverySchemeFloat) {
   custom_mlp_matches_serial<float>();
+}
+
+// ---- residual connections and parallel branches
+
+// This data group's rows of a global [tokens, width] activation, as this
+// rank's local block in backend memory (kept alive by `arena`).
+template <class T>
+MatrixView<T> local_block(const SchemeContext<T>& scheme, Backend& backend, Arena& arena,
+                          std::span<const double> global, index_t first, index_t tokens,
+                          index_t width) {
+  const std::vector<T> rows(global.begin() + first * width,
+                            global.begin() + (first + tokens) * width);
+  const std::vector<T> local =
+      scatter_activation<T>(scheme, rows, tokens, width, ActivationLayout::outer);
+  T* data = arena.take<T>(local.size());
+  backend.upload(data, local.data(), local.size() * sizeof(T));
+  return MatrixView<T>::dense(data, scheme.local_rows(tokens),
+                              scheme.local_cols(width, ActivationLayout::outer), Order::row_major);
+}
+
+template <class T>
+void pre_ln_block_matches_serial() {
+  const int ranks = world_size();
+  GptConfig config;
+  config.n_layer = 1;
+  config.n_head = 72;  // divisible by every p, q and X of the rank counts
+  config.n_embd = 144;
+  config.n_positions = 4;
+  config.vocab_size = 72;
+  const index_t h = config.n_embd, seq = 4, batch = common_batch(schemes_for(ranks));
+  const index_t tokens = batch * seq;
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::uniform_int_distribution<int> id(0, config.vocab_size - 1);
+  Vec embeddings(static_cast<std::size_t>(tokens * h));
+  for (double& v : embeddings) v = u(gen);
+  std::vector<std::int32_t> targets(static_cast<std::size_t>(tokens));
+  for (auto& t : targets) t = id(gen);
+  // The oracle: block 0 of the serial GPT, its output's gradient from the
+  // rest of the model (ln_f, the head, the loss).
+  reference::Gpt<double> ref(config, seed);
+  ref.forward_embeddings(embeddings, targets, batch, seq);
+  ref.backward();
+  const std::span<const double> want_y = ref.activation("h.0.output"),
+                                dy = ref.activation_grad("h.0.output"), want_dx = ref.input_grad();
+  Backend& backend = test_backend();
+  int tested = 0;
+  for (const SchemeSpec& spec : representative_schemes(ranks)) {
+    SCOPED_TRACE(spec.str());
+    ProcessGrid grid = make_grid(MPI_COMM_WORLD, spec, test_grid_options());
+    const std::unique_ptr<SchemeContext<T>> scheme = make_context<T>(spec, grid, backend);
+    const index_t tg = tokens / spec.data, first = grid.coords().data * tg;
+    Sequential<T> block(*scheme, tg, h);
+    block.residual([&](Chain<T>& f) {  // x + Attn(LN1(x))
+      f.layer_norm("h.0.ln_1", config.layer_norm_epsilon);
+      f.attention("h.0.attn", seq, config.n_head);
+    });
+    block.residual([&](Chain<T>& f) {  // x + MLP(LN2(x))
+      f.layer_norm("h.0.ln_2", config.layer_norm_epsilon);
+      f.linear("h.0.mlp.c_fc", 4 * h, LinearRole::expand);
+      f.gelu();
+      f.linear("h.0.mlp.c_proj", h, LinearRole::contract);
+    });
+    block.finish();
+    block.parameters_store().init_gpt(seed, config);
+    Arena io("block io", backend, 4 * (Arena::rounded(static_cast<std::size_t>(tg * h) * 8)));
+    const MatrixView<T> x = local_block<T>(*scheme, backend, io, embeddings, first, tg, h);
+    const MatrixView<T> g = local_block<T>(*scheme, backend, io, dy, first, tg, h);
+    const MatrixView<T> y = block.forward(x);
+    const auto rows = [&](std::span<const double> v) {
+      return Vec(v.begin() + first * h, v.begin() + (first + tg) * h);
+    };
+    EXPECT_LE(max_over_ranks(rel_error(gather_activation<T>(*scheme, download<T>(backend, y), tg, h,
+                                                            ActivationLayout::outer),
+                                       rows(want_y))),
+              model_tolerance<T>())
+        << "output";
+    const ConstMatrixView<T> dx = block.backward(g);
+    block.sync_data_gradients();
+    for (Param<T>* p : block.parameters_store().params()) {
+      const std::span<const double> want = ref.grad(p->shard.name);
+      EXPECT_LE(
+          max_over_ranks(rel_error(gather_global(*p, grid, true), Vec(want.begin(), want.end()))),
+          model_tolerance<T>())
+          << p->shard.name;
+    }
+    EXPECT_EQ(block.parameters_store().params().size(), 12u);  // every parameter of block 0
+    EXPECT_LE(max_over_ranks(rel_error(gather_activation<T>(*scheme, download<T>(backend, dx), tg,
+                                                            h, ActivationLayout::outer),
+                                       rows(want_dx))),
+              model_tolerance<T>())
+        << "input gradient";
+    ++tested;
+  }
+  EXPECT_GE(tested, 1);
+}
+
+TEST(CustomModel, PreLnBlockFromPublicPartsMatchesSerialUnderEveryScheme) {
+  pre_ln_block_matches_serial<double>();
+}
+TEST(CustomModel, PreLnBlockFromPublicPartsMatchesSerialUnderEverySchemeFloat) {
+  pre_ln_block_matches_serial<float>();
+}
+
+// The two branches of parallel(): a(x) = a.proj(gelu(a.fc(x))), b(x) =
+// b.proj(b.fc(LN(x))); on a Chain (a branch) or a Sequential (alone).
+template <class Stack>
+void branch_a(Stack& f) {
+  f.linear("a.fc", kHidden, LinearRole::expand);
+  f.gelu();
+  f.linear("a.proj", kIn, LinearRole::contract);
+}
+template <class Stack>
+void branch_b(Stack& f) {
+  f.layer_norm("b.ln");
+  f.linear("b.fc", kHidden, LinearRole::expand);
+  f.linear("b.proj", kIn, LinearRole::contract);
+}
+
+TEST(CustomModel, ParallelBranchesAreTheSumOfEachBranchAlone) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> u(-1, 1);
+  Vec x(static_cast<std::size_t>(kTokens * kIn)), dy(x.size());
+  for (double& v : x) v = u(gen);
+  for (double& v : dy) v = u(gen);
+  Backend& backend = test_backend();
+  int tested = 0;
+  for (const SchemeSpec& spec : representative_schemes(world_size())) {
+    SCOPED_TRACE(spec.str());
+    ProcessGrid grid = make_grid(MPI_COMM_WORLD, spec, test_grid_options());
+    const auto scheme = make_context<double>(spec, grid, backend);
+    const index_t tg = kTokens / spec.data, first = grid.coords().data * tg;
+    struct Run {
+      Vec y, dx;
+      std::map<std::string, Vec> grads;
+    };
+    // `build` on a fresh model, one step on (x, dy): its output, input
+    // gradient and parameter gradients, gathered.
+    const auto run = [&](const std::function<void(Sequential<double>&)>& build) {
+      Sequential<double> m(*scheme, tg, kIn);
+      build(m);
+      m.finish();
+      m.parameters_store().init_uniform(seed, 0.2);
+      Arena io("io", backend, 2 * Arena::rounded(static_cast<std::size_t>(tg * kIn) * 8));
+      const MatrixView<double> xl = local_block<double>(*scheme, backend, io, x, first, tg, kIn);
+      const MatrixView<double> gl = local_block<double>(*scheme, backend, io, dy, first, tg, kIn);
+      Run r;
+      r.y = gather_activation<double>(*scheme, download<double>(backend, m.forward(xl)), tg, kIn,
+                                      ActivationLayout::outer);
+      r.dx = gather_activation<double>(*scheme, download<double>(backend, m.backward(gl)), tg, kIn,
+                                       ActivationLayout::outer);
+      for (Param<double>* p : m.parameters_store().params())
+        r.grads[p->shard.name] = gather_global(*p, grid, true);
+      return r;
+    };
+    const Run both = run([](Sequential<double>& m) {
+      m.parallel({branch_a<Chain<double>>, branch_b<Chain<double>>});
+    });
+    const Run a = run([](Sequential<double>& m) { branch_a(m); });
+    const Run b = run([](Sequential<double>& m) { branch_b(m); });
+    ASSERT_EQ(both.grads.size(), a.grads.size() + b.grads.size());
+    Vec y = a.y, dx = a.dx;
+    for (std::size_t k = 0; k < y.size(); ++k) {
+      y[k] += b.y[k];
+      dx[k] += b.dx[k];
+    }
+    constexpr double tol = 1e-12;
+    EXPECT_LE(max_over_ranks(rel_error(both.y, y)), tol) << "output";
+    EXPECT_LE(max_over_ranks(rel_error(both.dx, dx)), tol) << "input gradient";
+    for (const auto& [name, g] : both.grads) {
+      const Run& alone = a.grads.count(name) != 0 ? a : b;
+      EXPECT_LE(max_over_ranks(rel_error(g, alone.grads.at(name))), tol) << name;
+    }
+    ++tested;
+  }
+  EXPECT_GE(tested, 1);
+}
+
+// A residual body must end as it starts, and summed branches alike: refused
+// with the same message on every rank.
+TEST(CustomModel, ResidualAndBranchShapesAreChecked) {
+  const SchemeSpec spec = schemes_for(world_size()).front();
+  ProcessGrid grid = make_grid(MPI_COMM_WORLD, spec, test_grid_options());
+  const auto scheme = make_context<double>(spec, grid, test_backend());
+  Sequential<double> m(*scheme, kTokens / spec.data, kIn);
+  const auto message = [](auto&& f) {
+    std::string msg;
+    try {
+      f();
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    return msg;
+  };
+  const std::string residual = message(
+      [&] { m.residual([](Chain<double>& f) { f.linear("r.fc", kHidden, LinearRole::expand); }); });
+  EXPECT_NE(residual.find("a residual body must end as it starts"), std::string::npos) << residual;
+  EXPECT_TRUE(same_on_all_ranks(residual)) << residual;
+  const std::string branches = message([&] {
+    m.parallel({branch_a<Chain<double>>,
+                [](Chain<double>& f) { f.linear("c.fc", kHidden, LinearRole::expand); }});
+  });
+  EXPECT_NE(branches.find("summed branches end alike"), std::string::npos) << branches;
+  EXPECT_TRUE(same_on_all_ranks(branches)) << branches;
+  EXPECT_EQ(m.size(), 0u);  // nothing refused was added
 }
 
 // A contracting linear on an outer activation (or any layout mismatch) is

@@ -13,6 +13,21 @@
 ///   mlp.linear("fc2", 64, LinearRole::contract);       // -> outer [tokens, 64]
 ///   mlp.finish();                                      // allocates everything
 ///
+/// Residual connections and parallel branches nest a Chain of layers:
+///
+///   Sequential<float> block(scheme, tokens, 64);       // a pre-LN transformer block
+///   block.residual([&](Chain<float>& f) {              // x + Attn(LN1(x))
+///     f.layer_norm("h.0.ln_1");
+///     f.attention("h.0.attn", seq, heads);
+///   });
+///   block.residual([&](Chain<float>& f) {              // x + MLP(LN2(x))
+///     f.layer_norm("h.0.ln_2");
+///     f.linear("h.0.mlp.c_fc", 256, LinearRole::expand);
+///     f.gelu();
+///     f.linear("h.0.mlp.c_proj", 64, LinearRole::contract);
+///   });
+///   block.parallel({a, b});                            // a(x) + b(x), a and b built alike
+///
 /// The container runs the scheme's hooks for state its layers share
 /// (SchemeContext::finish_layers in finish(), begin_forward in forward(),
 /// complete_deferred at the end of backward(): the 3D ORS / OAG overlaps),
@@ -23,6 +38,7 @@
 /// calls sync_data_gradients() after backward.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -36,23 +52,140 @@
 namespace summa {
 
 template <class T>
-class Sequential final : public Module<T> {
+class Chain;
+template <class T>
+class Parallel;
+
+/// What Sequential, a residual's body and a parallel branch share: a list of
+/// layers appended in order, each reading the previous one's output (the
+/// first reads the stack's input, [tokens, in_width] in in_layout).
+template <class T>
+class LayerStack {
  public:
-  /// A model whose input is a [tokens, in_width] activation in `in_layout`.
-  Sequential(SchemeContext<T>& scheme, index_t tokens, index_t in_width,
-             ActivationLayout in_layout = ActivationLayout::outer);
-  ~Sequential() override;
-  Sequential(const Sequential&) = delete;
-  Sequential& operator=(const Sequential&) = delete;
+  virtual ~LayerStack();
+  LayerStack(const LayerStack&) = delete;
+  LayerStack& operator=(const LayerStack&) = delete;
 
   /// Appends `layer`, whose input is the previous output and whose output is
-  /// [tokens, out_width] in `out_layout`. Before finish().
+  /// [tokens, out_width] in `out_layout`. Before the stack is finished.
   Layer<T>& add(std::unique_ptr<Layer<T>> layer, index_t out_width, ActivationLayout out_layout);
   /// The scheme's linear (`<name>.weight` [in, out], `<name>.bias`): expand
   /// writes the inner layout, contract the outer one.
   Layer<T>& linear(std::string name, index_t width, LinearRole role, bool has_bias = true);
   Layer<T>& layer_norm(std::string name, double eps = 1e-5);
   Layer<T>& gelu();
+  /// GPT-2's causal self-attention (Attention: `<name>.c_attn`, `<name>.c_proj`)
+  /// over the tokens as sequences of `seq`: outer layout in and out, the
+  /// same width (a multiple of `heads`).
+  Layer<T>& attention(std::string name, index_t seq, index_t heads);
+  /// A residual connection: Y = X + body(X), where `body` appends the body's
+  /// layers to a Chain whose input is this stack's current output; the body
+  /// must end in the width and layout it started from. (A Parallel of one
+  /// branch that adds its input.)
+  Parallel<T>& residual(const std::function<void(Chain<T>&)>& body);
+  /// Parallel branches summed: Y = Σ_k branch_k(X), each branch built on a
+  /// Chain whose input is this stack's current output; every branch must end
+  /// in the same width and layout (the sum's). At least one branch.
+  Parallel<T>& parallel(const std::vector<std::function<void(Chain<T>&)>>& branches);
+
+  SchemeContext<T>& scheme() const { return *scheme_; }
+  index_t tokens() const { return tokens_; }
+  std::size_t size() const { return stages_.size(); }
+  Layer<T>& layer(std::size_t i) { return *stages_.at(i).layer; }
+  /// Width and layout of the output (the last layer's, or the input's).
+  index_t out_width() const;
+  ActivationLayout out_layout() const;
+  index_t in_width() const { return in_width_; }
+  ActivationLayout in_layout() const { return in_layout_; }
+
+ protected:
+  /// `who` names the stack in errors ("Sequential", "residual body", ...).
+  LayerStack(SchemeContext<T>& scheme, index_t tokens, index_t in_width, ActivationLayout in_layout,
+             const char* who);
+  struct Stage {
+    std::unique_ptr<Layer<T>> layer;
+    index_t width;
+    ActivationLayout layout;
+    MatrixView<T> out{};
+  };
+  index_t local_rows() const { return scheme_->local_rows(tokens_); }
+  index_t local_cols(index_t width, ActivationLayout layout) const {
+    return scheme_->local_cols(width, layout);
+  }
+  /// Local columns of stage i's input (the stack's input for i = 0).
+  index_t input_cols(std::size_t i) const;
+  /// The widest local block among the input and every stage's output.
+  index_t widest_cols() const;
+  /// No layer may be added after this.
+  void seal() { sealed_ = true; }
+  /// residual() and parallel(): the branches built, checked and added.
+  Parallel<T>& add_branches(const std::vector<std::function<void(Chain<T>&)>>& branches,
+                            bool adds_input);
+
+  SchemeContext<T>* scheme_;
+  index_t tokens_, in_width_;
+  ActivationLayout in_layout_;
+  const char* who_;
+  std::vector<Stage> stages_;
+  bool sealed_ = false;
+};
+
+/// A LayerStack run as one Layer: a residual's body, a parallel branch, or
+/// any chain of layers a user nests. forward() keeps every intermediate
+/// output in buffers.forward (later layers keep views of them); backward()
+/// holds two gradient blocks of the widest activation in buffers.backward.
+template <class T>
+class Chain final : public Layer<T>, public LayerStack<T> {
+ public:
+  Chain(SchemeContext<T>& scheme, index_t tokens, index_t in_width,
+        ActivationLayout in_layout = ActivationLayout::outer, const char* who = "chain");
+
+  std::string_view name() const override { return ""; }
+  void collect_parameters(std::vector<Param<T>*>& out) override;
+  BufferNeeds buffer_needs() const override;
+  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
+  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                bool accumulate = false) override;
+  /// Ends the building: throws summa::Error when the chain is empty.
+  void finish_building() {
+    require(!this->stages_.empty(), [&] { return std::string(this->who_) + ": no layers"; });
+    this->seal();
+  }
+};
+
+/// Parallel branches summed, and residual connections: Y = [X +] Σ_k
+/// branch_k(X) (LayerStack::parallel; LayerStack::residual is one branch with
+/// the input added). Branch 0 writes Y, each other one a workspace block
+/// added to it, then X is added in place; backward sums the branches' input
+/// gradients the same way (a backward-arena block) and adds dY.
+template <class T>
+class Parallel final : public Layer<T> {
+ public:
+  /// `adds_input`: Y also adds X (a residual connection; the branches then
+  /// end in X's width and layout).
+  Parallel(std::vector<std::unique_ptr<Chain<T>>> branches, bool adds_input);
+  std::string_view name() const override { return ""; }
+  void collect_parameters(std::vector<Param<T>*>& out) override;
+  BufferNeeds buffer_needs() const override;
+  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
+  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                bool accumulate = false) override;
+  std::size_t size() const { return branches_.size(); }
+  Chain<T>& branch(std::size_t k) { return *branches_.at(k); }
+  bool adds_input() const { return adds_input_; }
+
+ private:
+  std::vector<std::unique_ptr<Chain<T>>> branches_;
+  bool adds_input_;
+};
+
+template <class T>
+class Sequential final : public Module<T>, public LayerStack<T> {
+ public:
+  /// A model whose input is a [tokens, in_width] activation in `in_layout`.
+  Sequential(SchemeContext<T>& scheme, index_t tokens, index_t in_width,
+             ActivationLayout in_layout = ActivationLayout::outer);
+  ~Sequential() override;
 
   /// Allocates the parameters (zero), the step arenas (sized from every
   /// layer's buffer_needs(), plus `extra`, e.g. a Loss's) and the
@@ -79,32 +212,18 @@ class Sequential final : public Module<T> {
   /// Sums the parameter gradients over the data axis (no-op without one).
   void sync_data_gradients();
 
-  SchemeContext<T>& scheme() const { return *scheme_; }
   ParameterStore<T>& parameters_store();
-  std::size_t size() const { return stages_.size(); }
-  Layer<T>& layer(std::size_t i) { return *stages_.at(i).layer; }
-  index_t tokens() const { return tokens_; }
-  /// Width and layout of the output (the last layer's, or the input's).
-  index_t out_width() const;
-  ActivationLayout out_layout() const;
 
  private:
-  struct Stage {
-    std::unique_ptr<Layer<T>> layer;
-    index_t width;
-    ActivationLayout layout;
-    MatrixView<T> out{};
-  };
-  index_t local_rows() const { return scheme_->local_rows(tokens_); }
-  index_t local_cols(index_t width, ActivationLayout layout) const {
-    return scheme_->local_cols(width, layout);
-  }
+  using typename LayerStack<T>::Stage;
+  using LayerStack<T>::stages_;
+  using LayerStack<T>::scheme_;
+  using LayerStack<T>::in_width_;
+  using LayerStack<T>::in_layout_;
+  using LayerStack<T>::local_rows;
+  using LayerStack<T>::local_cols;
   void require_finished(const char* what) const;
 
-  SchemeContext<T>* scheme_;
-  index_t tokens_, in_width_;
-  ActivationLayout in_layout_;
-  std::vector<Stage> stages_;
   std::unique_ptr<ParameterStore<T>> store_;
   std::unique_ptr<Arena> workspace_, forward_, backward_, activations_, grads_;
   MatrixView<T> grad_slot_[2]{};
@@ -124,8 +243,14 @@ template <class T>
 std::vector<T> gather_activation(const SchemeContext<T>& scheme, std::span<const T> local,
                                  index_t tokens, index_t width, ActivationLayout layout);
 
-extern template class Sequential<float>;
-extern template class Sequential<double>;
-extern template class Sequential<bf16>;
+#define SUMMA_SEQUENTIAL_EXTERN(T)     \
+  extern template class LayerStack<T>; \
+  extern template class Chain<T>;      \
+  extern template class Parallel<T>;   \
+  extern template class Sequential<T>;
+SUMMA_SEQUENTIAL_EXTERN(float)
+SUMMA_SEQUENTIAL_EXTERN(double)
+SUMMA_SEQUENTIAL_EXTERN(bf16)
+#undef SUMMA_SEQUENTIAL_EXTERN
 
 }  // namespace summa
