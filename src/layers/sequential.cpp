@@ -14,12 +14,6 @@ const char* layout_name(ActivationLayout l) {
   return l == ActivationLayout::outer ? "outer" : "inner";
 }
 
-template <class T>
-MatrixView<T> take_block(Arena& arena, index_t rows, index_t cols) {
-  return MatrixView<T>::dense(arena.take<T>(static_cast<std::size_t>(rows * cols)), rows, cols,
-                              Order::row_major);
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- LayerStack

@@ -34,12 +34,6 @@ SchemeContext<T>& checked_attention(SchemeContext<T>& s, const std::string& name
   return s;
 }
 
-template <class T>
-MatrixView<T> take_block(Arena& arena, index_t rows, index_t cols) {
-  return MatrixView<T>::dense(arena.take<T>(static_cast<std::size_t>(rows * cols)), rows, cols,
-                              Order::row_major);
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- attention

@@ -62,6 +62,13 @@ class Arena {
 /// The SUMMA temporaries live in an arena called "workspace".
 using Workspace = Arena;
 
+/// A dense row-major rows x cols block of T taken from `arena`.
+template <class T>
+MatrixView<T> take_block(Arena& arena, index_t rows, index_t cols) {
+  return MatrixView<T>::dense(arena.take<T>(static_cast<std::size_t>(rows * cols)), rows, cols,
+                              Order::row_major);
+}
+
 /// RAII: releases an arena back to the mark taken at construction.
 class ArenaScope {
  public:
