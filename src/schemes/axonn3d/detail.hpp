@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "../check_view.hpp"
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/layer.hpp"
 #include "summa/schemes/cost.hpp"
@@ -61,20 +62,7 @@ Request iall_reduce(Communicator& c, T* data, index_t count) {
   return c.iall_reduce(data, data, static_cast<std::size_t>(count), dtype_v<T>, ReduceOp::sum);
 }
 
-/// Local check of a view's shape and layout (local shapes are the same on
-/// every rank, so consistent arguments fail everywhere alike).
-template <class V>
-void check_view(const char* where, const char* what, const V& v, index_t rows, index_t cols,
-                bool contiguous = false) {
-  require(v.rows == rows && v.cols == cols, [&] {
-    return fmt::format("{}: {} is {}x{}, expected {}x{}", where, what, v.rows, v.cols, rows, cols);
-  });
-  v.check_layout(what);
-  if (contiguous)
-    require(v.contiguous(), [&] {
-      return fmt::format("{}: {} must be contiguous (it takes part in a collective)", where, what);
-    });
-}
+using detail::check_view;
 
 /// The 3D ops' communication (cost::OpCost) on the rank (x, y, z) of an
 /// X x Y x Z grid: X = mesh_col, Y = mesh_row, Z = depth. Each op's part is

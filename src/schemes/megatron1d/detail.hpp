@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "../check_view.hpp"
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/layer.hpp"
 #include "summa/schemes/cost.hpp"
@@ -32,21 +33,7 @@ inline Scratch take_scratch(Arena& ws, std::size_t bytes) {
   return Scratch{ws.take_bytes(bytes), bytes};
 }
 
-/// Local check of a view's shape and layout (shapes are rank-independent in
-/// 1D, so consistent arguments fail on every rank alike). Allocates nothing
-/// unless it throws.
-template <class V>
-void check_view(const char* where, const char* what, const V& v, index_t rows, index_t cols,
-                bool contiguous = false) {
-  require(v.rows == rows && v.cols == cols, [&] {
-    return fmt::format("{}: {} is {}x{}, expected {}x{}", where, what, v.rows, v.cols, rows, cols);
-  });
-  v.check_layout(what);
-  if (contiguous)
-    require(v.contiguous(), [&] {
-      return fmt::format("{}: {} must be contiguous (it takes part in a collective)", where, what);
-    });
-}
+using detail::check_view;
 
 /// The 1D ops' communication (cost::OpCost) on tensor-group rank r of p:
 /// every collective is an all-reduce over the group. Each op's part is
