@@ -5,6 +5,7 @@
 /// (cuBLAS + kernels) implements the same interface. Pointers handed to a
 /// backend live in the backend's memory space (host for CPU, device for CUDA).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -85,6 +86,13 @@ class Backend {
   /// (DType::bf16 for the bf16 overload) to run without allocating (0 when
   /// the implementation never allocates).
   virtual std::size_t gemm_scratch_bytes(index_t m, index_t n, index_t k, DType t) const = 0;
+  /// The scratch of a linear layer's three local products on X [m, k] and
+  /// W [k, n]: Y = X W, dX = dY Wᵀ and dW = Xᵀ dY (the largest of the three
+  /// gemm_scratch_bytes).
+  std::size_t linear_scratch_bytes(index_t m, index_t k, index_t n, DType t) const {
+    return std::max({gemm_scratch_bytes(m, n, k, t), gemm_scratch_bytes(m, k, n, t),
+                     gemm_scratch_bytes(k, n, m, t)});
+  }
 
   /// C = alpha * op(A) * op(B) + beta * C, BLAS semantics: beta == 0 never
   /// reads C (NaN in C is overwritten), alpha == 0 or k == 0 never reads A

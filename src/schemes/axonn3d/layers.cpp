@@ -125,11 +125,7 @@ void Linear3D<T>::collect_parameters(std::vector<Param<T>*>& out) {
 
 template <class T>
 std::size_t Linear3D<T>::scratch_bytes() const {
-  const index_t m = local_tokens(), k = local_in(), n = local_out();
-  const DType t = dtype_v<T>;
-  return std::max({backend_->gemm_scratch_bytes(m, n, k, t),    // Y = X W
-                   backend_->gemm_scratch_bytes(m, k, n, t),    // dX = dY Wᵀ
-                   backend_->gemm_scratch_bytes(k, n, m, t)});  // dW = Xᵀ dY
+  return backend_->linear_scratch_bytes(local_tokens(), local_in(), local_out(), dtype_v<T>);
 }
 
 template <class T>

@@ -120,11 +120,7 @@ void ColumnParallelLinear1D<T>::collect_parameters(std::vector<Param<T>*>& out) 
 
 template <class T>
 std::size_t ColumnParallelLinear1D<T>::scratch_bytes() const {
-  const index_t n = local_out();
-  const DType t = dtype_v<T>;
-  return std::max({backend_->gemm_scratch_bytes(tokens_, n, in_, t),    // Y = X W_r
-                   backend_->gemm_scratch_bytes(tokens_, in_, n, t),    // dX = dY W_rᵀ
-                   backend_->gemm_scratch_bytes(in_, n, tokens_, t)});  // dW = Xᵀ dY
+  return backend_->linear_scratch_bytes(tokens_, in_, local_out(), dtype_v<T>);  // X W_r
 }
 
 template <class T>
@@ -198,11 +194,7 @@ void RowParallelLinear1D<T>::collect_parameters(std::vector<Param<T>*>& out) {
 
 template <class T>
 std::size_t RowParallelLinear1D<T>::scratch_bytes() const {
-  const index_t k = local_in();
-  const DType t = dtype_v<T>;
-  return std::max({backend_->gemm_scratch_bytes(tokens_, out_, k, t),    // Y = X_r W_r
-                   backend_->gemm_scratch_bytes(tokens_, k, out_, t),    // dX_r = dY W_rᵀ
-                   backend_->gemm_scratch_bytes(k, out_, tokens_, t)});  // dW_r = X_rᵀ dY
+  return backend_->linear_scratch_bytes(tokens_, local_in(), out_, dtype_v<T>);  // X_r W_r
 }
 
 template <class T>
