@@ -35,6 +35,8 @@
 
 #include "../examples/flag_checks.hpp"
 #include "bench_device.hpp"
+#include "summa/comm/consensus.hpp"
+#include "summa/io/atomic_file.hpp"
 #include "summa/io/machine_file.hpp"
 #include "summa/model/step_time.hpp"
 #include "summa/schemes/registry.hpp"
@@ -488,6 +490,11 @@ int main(int argc, char** argv) {
       return code;
     }
     try {
+      // --out is checked before the measurement: its folder must take a new
+      // file, and what is there already must be a regular file (a device or
+      // a FIFO is refused, not replaced); agreed, so every rank stops alike
+      summa::on_root_agreed(MPI_COMM_WORLD,
+                            [&] { const summa::io::AtomicFile probe(out, "--out"); });
       const auto t0 = std::chrono::steady_clock::now();
       auto dev = summa::bench::make_backend<UsageError>(backend, comm, tf32,
                                                         app.count("--comm") > 0, "calibrate");

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "summa/core/error.hpp"
+#include "summa/io/files.hpp"
 
 namespace summa::io {
 
@@ -42,6 +43,17 @@ std::uint64_t temp_salt() {
 
 AtomicFile::AtomicFile(fs::path path, std::string context)
     : path_(std::move(path)), context_(std::move(context)) {
+  // The rename at commit() replaces whatever is at the path: only ever a
+  // regular file (or nothing; a link is followed). A device, FIFO, socket
+  // or directory there is refused now (as root, renaming over /dev/full
+  // would replace the device with a file).
+  std::error_code ec;
+  const fs::file_status st = fs::status(path_, ec);
+  if (!ec && st.type() != fs::file_type::regular && st.type() != fs::file_type::not_found) {
+    const std::string kind = non_regular_kind(path_);
+    fail(fmt::format("{} is {}, not a regular file: refusing to replace it", quoted(path_),
+                     kind.empty() ? std::string("not a regular file") : kind));
+  }
   for (int attempt = 0; fd_ < 0; ++attempt) {
     temp_ = path_;
     temp_ += fmt::format(".tmp-{:016x}", temp_salt());

@@ -33,14 +33,9 @@ constexpr const char* kPattern =
 #undef SUMMA_WS
 
 std::string read_all(const fs::path& file, const char* what) {
-  require_regular_file(file, fmt::format("GPT-2 tokenizer: the {}", what));
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw Error(fmt::format("GPT-2 tokenizer: cannot open the {} {}", what, file.string()));
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad())
-    throw Error(fmt::format("GPT-2 tokenizer: cannot read the {} {}", what, file.string()));
-  return std::move(s).str();
+  // GPT-2's vocab.json is 1 MB and merges.txt 0.5 MB: 64 MiB is far beyond
+  return read_small_file(file, std::uint64_t{64} << 20,
+                         fmt::format("GPT-2 tokenizer: the {}", what));
 }
 
 void append_utf8(std::string& out, char32_t c) {

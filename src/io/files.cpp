@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <string>
 #include <system_error>
 
 #include "summa/core/error.hpp"
@@ -77,6 +79,41 @@ int open_regular_for_read(const fs::path& path, const std::string& context) {
   }
   ::close(fd);
   throw Error(message(path, kind, context));
+}
+
+std::string read_small_file(const fs::path& path, std::uint64_t max_bytes,
+                            const std::string& context) {
+  const std::string where = context.empty() ? fmt::format("'{}'", path.string())
+                                            : fmt::format("{} '{}'", context, path.string());
+  const int fd = open_regular_for_read(path, context);
+  if (fd < 0)
+    throw Error(fmt::format("{}: cannot be opened: {}", where,
+                            std::error_code(errno, std::generic_category()).message()));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0)
+    throw Error(fmt::format("{}: cannot get its size: {}", where,
+                            std::error_code(errno, std::generic_category()).message()));
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size > max_bytes)
+    throw Error(fmt::format("{}: {} bytes is larger than the limit of {} bytes for this file",
+                            where, size, max_bytes));
+  std::string text(static_cast<std::size_t>(size), '\0');
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      throw Error(fmt::format("{}: read error: {}", where,
+                              std::error_code(errno, std::generic_category()).message()));
+    if (n == 0) break;  // shorter than fstat said (truncated meanwhile): what is there
+    done += static_cast<std::size_t>(n);
+  }
+  text.resize(done);
+  return text;
 }
 
 }  // namespace summa::io

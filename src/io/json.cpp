@@ -51,8 +51,10 @@ Json parse_json(std::string_view text, int max_depth) {
   };
   try {
     return Json::parse(text, check);
-  } catch (const Json::parse_error& e) {
-    // "[json.exception.parse_error.101] parse error at ...": the text after the tag
+  } catch (const Json::exception& e) {
+    // "[json.exception.parse_error.101] parse error at ...", or
+    // "[json.exception.out_of_range.406] number overflow parsing '1e400'"
+    // (a number beyond a double): the text after the tag
     const std::string_view what = e.what();
     const auto tag_end = what.find("] ");
     throw Error(fmt::format("not valid JSON: {}",

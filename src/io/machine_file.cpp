@@ -199,12 +199,8 @@ model::Machine parse_machine(std::string_view text, std::string_view what) {
 }
 
 model::Machine load_machine(const std::string& path) {
-  require_regular_file(path, "machine file");
-  std::ifstream in(path, std::ios::binary);
-  require(in.good(), [&] { return fmt::format("machine file {}: cannot be opened", path); });
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_machine(text.str(), path);
+  // a machine file is a few kilobytes: 16 MiB is far beyond any real one
+  return parse_machine(read_small_file(path, std::uint64_t{16} << 20, "machine file"), path);
 }
 
 std::string machine_json(const model::Machine& m) {

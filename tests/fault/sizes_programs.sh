@@ -122,4 +122,38 @@ for value in nan 1e300; do
     --pass plan --budget-mib "$value"
 done
 
+# ---- the second hostile pass (issue 24)
+case=calibrate_out_fifo  # was: the FIFO (as root: /dev/full too) replaced by the machine file
+mkfifo "$W/out.fifo"
+refused "calibrate: --out: '.*out.fifo' is a FIFO \(named pipe\), not a regular file: refusing to replace it" \
+  "$CALIBRATE" --out "$W/out.fifo" --max-size 32 --min-seconds 0.01
+[ -p "$W/out.fifo" ] || fail "the FIFO was replaced"
+case=calibrate_out_directory  # was: refused only after the whole measurement
+mkdir -p "$W/out.dir"
+refused "calibrate: --out: '.*out.dir' is a directory, not a regular file" \
+  "$CALIBRATE" --out "$W/out.dir" --max-size 32 --min-seconds 0.01
+case=calibrate_out_missing_folder  # was: refused only after the whole measurement
+refused "calibrate: --out: cannot create the temporary file .*no-such-dir" \
+  "$CALIBRATE" --out "$W/no-such-dir/m.json" --max-size 32 --min-seconds 0.01
+case=machine_number_overflow  # was: one nlohmann out_of_range per rank, then MPI_ABORT
+sed 's/"devices_per_node": *[0-9]*/"devices_per_node": 1e400/' \
+  "$(dirname "$0")/../../machines/dev-2core.json" >"$W/overflow.json"
+grep -q 1e400 "$W/overflow.json" || fail "the machine file was not damaged"
+refused "machine file .*overflow.json: not valid JSON: number overflow parsing '1e400'" \
+  "$COMPARE" --schemes 1d:p=2 --pass plan --predict "$W/overflow.json"
+case=machine_file_huge  # was: read whole (630 MB per rank) before "not valid JSON"
+truncate -s 300M "$W/huge.json"
+refused "machine file '.*huge.json': 314572800 bytes is larger than the limit of 16777216 bytes" \
+  "$COMPARE" --schemes 1d:p=2 --pass plan --predict "$W/huge.json"
+rm -f "$W/huge.json"
+case=tokenizer_number_overflow  # was: one nlohmann out_of_range per rank, then MPI_ABORT
+mkdir -p "$W/tok"
+printf '{"a": 1e400}\n' >"$W/tok/vocab.json"
+printf '#version: 0.2\n' >"$W/tok/merges.txt"
+refused "vocabulary .*vocab.json.*: not valid JSON: number overflow parsing '1e400'" \
+  "$GENERATE" --hf "$W/nan/export" --prompt hi --tokenizer "$W/tok"
+case=custom_model_block_heads  # was: "hidden=48 must be divisible by heads=7" for --hidden 64
+refused "custom_model: --block: --heads 7 must divide the block's width 48" \
+  "$CUSTOM" --block --heads 7 --hidden 64
+
 finish "every program refused sizes no node holds and bad inputs, once, naming them"

@@ -67,14 +67,27 @@ TEST(AtomicFile, ErrorsNameThePathAndTheReason) {
   EXPECT_EQ(msg.rfind("the test: cannot create the temporary file", 0), 0u) << msg;
   EXPECT_NE(msg.find(missing.string()), std::string::npos) << msg;
   EXPECT_NE(msg.find("No such file or directory"), std::string::npos) << msg;
-  // the target is a directory: the rename fails, nothing is left behind
+  // the target is a directory: refused before anything is written, nothing
+  // is left behind
   const fs::path sub = dir.path() / "sub";
   fs::create_directories(sub / "inside");
   msg = error_of([&] { io::write_file_atomic(sub, "x"); });
-  EXPECT_NE(msg.find("renaming"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("is a directory, not a regular file: refusing to replace it"),
+            std::string::npos)
+      << msg;
   EXPECT_NE(msg.find(sub.string()), std::string::npos) << msg;
-  EXPECT_NE(msg.find("directory"), std::string::npos) << msg;  // "Is a directory"
   EXPECT_EQ(entries(dir.path()), 1);
+  // a FIFO (or, for root, a device such as /dev/full) is never replaced
+  const fs::path fifo = dir.path() / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  msg = error_of([&] { io::write_file_atomic(fifo, "x", "the test"); });
+  EXPECT_EQ(msg.rfind("the test: ", 0), 0u) << msg;
+  EXPECT_NE(msg.find("is a FIFO (named pipe), not a regular file: refusing to replace it"),
+            std::string::npos)
+      << msg;
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_EQ(entries(dir.path()), 2);
+  fs::remove(fifo);
   msg = error_of([&] { io::sync_directory(missing.parent_path()); });
   EXPECT_NE(msg.find(missing.parent_path().string()), std::string::npos) << msg;
   EXPECT_NE(msg.find("No such file or directory"), std::string::npos) << msg;

@@ -10,6 +10,7 @@
 /// and what it is, e.g. "'/x/latest' is a FIFO (named pipe), not a regular
 /// file", or "'/x/latest' is a dangling symbolic link (to 'step_9')".
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 
@@ -33,5 +34,14 @@ void require_regular_file(const std::filesystem::path& path, const std::string& 
 /// open itself fails (ENOENT, EACCES, ELOOP, ...), so the caller can word
 /// its own "missing" message.
 int open_regular_for_read(const std::filesystem::path& path, const std::string& context = {});
+
+/// The whole of a small file (a machine file, a tokenizer's vocabulary):
+/// opened with open_regular_for_read, and refused before anything is read
+/// when it is larger than `max_bytes`. Throws summa::Error naming `context`
+/// and the path ("machine file '/x/m.json': 300000000 bytes is larger than
+/// the limit of 16777216 bytes for this file", "... cannot be opened: No
+/// such file or directory").
+std::string read_small_file(const std::filesystem::path& path, std::uint64_t max_bytes,
+                            const std::string& context = {});
 
 }  // namespace summa::io
