@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "summa/comm/mpi_init.hpp"
 #include "summa/summa.hpp"
 
 namespace {
@@ -154,9 +155,12 @@ int run(const Options& o, int rank, int ranks) {
       std::printf("step %4d  loss %.4f\n", step, l);
   }
   const bool learned = last_loss < first_loss;
+  const std::string block = o.block ? " (block: --seq " + std::to_string(o.seq) + ", --heads " +
+                                          std::to_string(o.heads) + ")"
+                                    : "";
   if (rank == 0)
-    std::printf("custom_model: %s on %d ranks, %zu parameters per rank: loss %.4f -> %.4f (%s)\n",
-                spec.str().c_str(), ranks,
+    std::printf("custom_model: %s%s on %d ranks, %zu parameters per rank: loss %.4f -> %.4f (%s)\n",
+                spec.str().c_str(), block.c_str(), ranks,
                 static_cast<std::size_t>(mlp.parameters_store().local_elements()), first_loss,
                 last_loss, learned ? "loss decreased" : "NOT LEARNING");
   return learned ? 0 : 1;
@@ -165,7 +169,7 @@ int run(const Options& o, int rank, int ranks) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  summa::init_mpi(&argc, &argv, Options{}.watchdog);  // MPI_Init under --watchdog's limit
   int rank = 0, ranks = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "flag_checks.hpp"
+#include "summa/comm/mpi_init.hpp"
 #include "summa/summa.hpp"
 
 namespace {
@@ -151,6 +152,12 @@ int run(const Cli& cli) {
         throw summa::Error(
             fmt::format("the tokenizer ({}) has {} ids, the model's vocabulary only {}", tok.name(),
                         tok.vocab(), config.vocab_size));
+      // An end token the model cannot produce would never stop a prompt.
+      if (cli.eos >= tok.vocab())
+        throw summa::Error(fmt::format(
+            "--eos {}: not an id the model can generate (the tokenizer ({}) has ids 0..{}; "
+            "-1: never stop)",
+            cli.eos, tok.name(), tok.vocab() - 1));
     } catch (const summa::Error& e) {
       error = e.what();
     }
@@ -287,7 +294,7 @@ int run(const Cli& cli) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  summa::init_mpi(&argc, &argv, Cli{}.watchdog);  // MPI_Init under --watchdog's limit
   Cli cli;
   CLI::App app{"gpt_generate: text from a summa checkpoint or a Hugging Face GPT-2, any scheme"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);

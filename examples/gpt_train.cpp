@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "flag_checks.hpp"
+#include "summa/comm/mpi_init.hpp"
 #include "summa/summa.hpp"
 
 // The Python of the plot and check hints (cmake/SummaPython.cmake) and the
@@ -706,6 +707,18 @@ int train(const Cli& cli) {
     keep("--warmup", "warmup", o.schedule.warmup);
     keep("--steps", "total", o.schedule.total);
     steps = o.schedule.total;
+    // As a fresh run does: the warm-up ends by the last step (a run saved
+    // with --steps 30 and its default warm-up of 20, resumed with --steps 6).
+    if (!keep_error && o.schedule.total > 0 && o.schedule.warmup > o.schedule.total) {
+      if (root)
+        std::printf(
+            "gpt_train: the warm-up (%lld steps%s) is longer than --steps %lld: warm-up "
+            "%lld steps\n",
+            static_cast<long long>(o.schedule.warmup),
+            cli.given.count("--warmup") ? "" : ", saved in the checkpoint",
+            static_cast<long long>(o.schedule.total), static_cast<long long>(o.schedule.total));
+      o.schedule.warmup = o.schedule.total;
+    }
     keep("--weight-decay", "weight_decay", o.optimizer.weight_decay);
     keep("--clip", "clip", o.clip);
     summa::agree_on(world, keep_error);
@@ -1012,7 +1025,7 @@ int train(const Cli& cli) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  summa::init_mpi(&argc, &argv, Cli{}.watchdog);  // MPI_Init under --watchdog's limit
   Cli cli;
   CLI::App app{"gpt_train: train a GPT-2 with summa under any tensor-parallel scheme"};
   // A flag given twice: the last one counts (as in most command lines).

@@ -12,6 +12,7 @@
 
 #include "summa/core/error.hpp"
 #include "summa/io/atomic_file.hpp"
+#include "summa/io/files.hpp"
 
 namespace summa::io {
 
@@ -35,6 +36,7 @@ std::string quoted(const fs::path& p) {
 
 /// Every byte of a regular file; errors name the file.
 std::string read_bytes(const fs::path& file, const char* what) {
+  require_regular_file(file, what);  // a link loop or dangling link is named as such
   std::error_code ec;
   const auto status = fs::status(file, ec);
   if (ec || !fs::exists(status))

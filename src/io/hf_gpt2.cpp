@@ -16,6 +16,7 @@
 #include "json.hpp"
 #include "summa/core/error.hpp"
 #include "summa/io/atomic_file.hpp"
+#include "summa/io/files.hpp"
 #include "summa/io/safetensors.hpp"
 #include "summa/layers/parameters.hpp"
 
@@ -95,6 +96,7 @@ bool is_attention_buffer(std::string_view name) {
 }
 
 std::string read_config_text(const fs::path& file) {
+  require_regular_file(file);  // names a link loop or dangling link
   std::error_code ec;
   const auto status = fs::status(file, ec);
   if (ec || !fs::exists(status)) throw Error("no such file");

@@ -13,6 +13,7 @@
 
 #include "json.hpp"
 #include "summa/core/error.hpp"
+#include "summa/io/files.hpp"
 
 namespace summa::io {
 
@@ -232,6 +233,7 @@ std::string SafetensorsFile::where() const {
 }
 
 SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
+  require_regular_file(path, "safetensors file");  // names a link loop or dangling link
   std::error_code ec;
   const auto status = fs::status(path, ec);
   if (ec || !fs::exists(status)) throw Error(where() + ": no such file");

@@ -34,6 +34,7 @@
 #include "summa/comm/communicator.hpp"
 #include "summa/comm/counters.hpp"
 #include "summa/comm/mpi_communicator.hpp"
+#include "summa/comm/mpi_init.hpp"
 #include "summa/comm/watchdog.hpp"
 #include "summa/core/error.hpp"
 #include "summa/core/types.hpp"
@@ -1403,6 +1404,32 @@ TEST(Watchdog, BadOptionsAreRefusedEverywhere) {
         << message;
     EXPECT_TRUE(same_on_all_ranks(message));
   }
+}
+
+// init_mpi's limit on MPI_Init (comm/mpi_init.hpp): SUMMA_INIT_TIMEOUT wins,
+// else the last --watchdog of the command line (at least 30 s; 0: off), else
+// the program's default; a malformed value is left to the program's parser.
+TEST(InitMpi, TimeoutComesFromTheEnvironmentTheFlagOrTheDefault) {
+  const auto limit = [](std::vector<const char*> args, double fallback) {
+    args.insert(args.begin(), "prog");
+    return summa::init_timeout_s(static_cast<int>(args.size()), args.data(), fallback);
+  };
+  ASSERT_EQ(::unsetenv("SUMMA_INIT_TIMEOUT"), 0);
+  EXPECT_EQ(limit({}, 600), 600);
+  EXPECT_EQ(limit({"--steps", "3"}, 0), 0);
+  EXPECT_EQ(limit({"--watchdog", "120"}, 600), 120);
+  EXPECT_EQ(limit({"--watchdog", "3"}, 600), 30);
+  EXPECT_EQ(limit({"--watchdog=45", "--x"}, 0), 45);
+  EXPECT_EQ(limit({"--watchdog", "0"}, 600), 0);
+  EXPECT_EQ(limit({"--watchdog", "100", "--watchdog", "200"}, 600), 200);
+  EXPECT_EQ(limit({"--watchdog", "abc"}, 600), 600);
+  EXPECT_EQ(limit({"--watchdog", "-5"}, 600), 600);
+  EXPECT_EQ(limit({"--watchdog"}, 600), 600);
+  ASSERT_EQ(::setenv("SUMMA_INIT_TIMEOUT", "7", 1), 0);
+  EXPECT_EQ(limit({"--watchdog", "120"}, 600), 7);
+  ASSERT_EQ(::setenv("SUMMA_INIT_TIMEOUT", "nan", 1), 0);
+  EXPECT_EQ(limit({"--watchdog", "120"}, 600), 120);
+  ASSERT_EQ(::unsetenv("SUMMA_INIT_TIMEOUT"), 0);
 }
 
 // The memory budget the programs check sizes against

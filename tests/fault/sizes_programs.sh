@@ -155,5 +155,30 @@ refused "vocabulary .*vocab.json.*: not valid JSON: number overflow parsing '1e4
 case=custom_model_block_heads  # was: "hidden=48 must be divisible by heads=7" for --hidden 64
 refused "custom_model: --block: --heads 7 must divide the block's width 48" \
   "$CUSTOM" --block --heads 7 --hidden 64
+case=custom_model_block_seq  # --seq reaches the block's check
+refused "custom_model: --block: .*--batch 144 must be whole sequences of --seq 5" \
+  "$CUSTOM" --block --seq 5
+case=generate_eos_range  # was: accepted (an end token the model never generates)
+refused "gpt_generate: error: --eos 1000000: not an id the model can generate .*ids 0..255" \
+  "$GENERATE" --hf "$W/nan/export" --prompt hi --eos 1000000
+case=train_data_link_loop  # was: "no such file"
+ln -sf loop_b "$W/loop_a"
+ln -sf loop_a "$W/loop_b"
+refused "gpt_train: error: --data: text file: '.*loop_a' is a symbolic link loop" "$TRAIN" \
+  --data "$W/loop_a" --steps 1 --export '' --out "$W/loop_out"
+case=resume_steps_below_warmup  # was: "LrSchedule: total=6 must be ... >= warmup=20"
+out=$(timeout -s KILL 60 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$TRAIN" --layers 1 --hidden 32 \
+  --heads 4 --seq 16 --batch 8 --steps 25 --checkpoint-every 3 --eval-every 0 --export '' \
+  --progress none --out "$W/warm" 2>&1) || fail "the run to resume failed: $out"
+echo step_00000003 >"$W/warm/checkpoints/latest"
+out=$(timeout -s KILL 60 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$TRAIN" --steps 6 --resume \
+  --eval-every 0 --export '' --progress none --out "$W/warm" 2>&1)
+rc=$?
+printf '%s\n' "$out" >"$W/$case.txt"
+echo "[$case] exit $rc: $(grep -m1 "warm-up" <<<"$out")"
+[ "$rc" = 0 ] || fail "the resume with --steps 6 failed:"$'\n'"$out"
+[ "$(grep -c "gpt_train: the warm-up (20 steps, saved in the checkpoint) is longer than --steps 6: warm-up 6 steps" <<<"$out")" = 1 ] ||
+  fail "no note (once) that the warm-up ends at step 6:"$'\n'"$out"
+grep -q "warm-up 6, cosine" <<<"$out" || fail "the schedule's warm-up is not 6:"$'\n'"$out"
 
 finish "every program refused sizes no node holds and bad inputs, once, naming them"

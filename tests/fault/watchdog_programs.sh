@@ -93,6 +93,26 @@ STOP_AT=agree stopped 2 "$TRAIN" --steps 50 --layers 1 --hidden 32 --heads 4 --s
 case=gpt_generate_setup
 STOP_AT=agree stopped 2 "$GENERATE" --checkpoint "$W/model/checkpoints" --prompt "The cat" \
   --greedy --max-new-tokens 24
+# Stopped inside MPI_Init, before any summa communicator exists: the other
+# rank waits in Open MPI's start-up, and init_mpi's timer (SUMMA_INIT_TIMEOUT,
+# else --watchdog at least 30 s) ends it with status 4 and one line.
+for exe in "$TRAIN" "$GENERATE" "$CUSTOM" "$COMPARE" "$STUDY"; do
+  case=$(basename "$exe")_init
+  t0=$SECONDS
+  out=$(SUMMA_FAULT_STOP_INIT=1 SUMMA_INIT_TIMEOUT=4 timeout -s KILL 90 "$MPIEXEC" -np 2 \
+    "${FLAGS[@]}" "$exe" --watchdog 3 --help 2>&1)
+  rc=$?
+  took=$((SECONDS - t0))
+  printf '%s\n' "$out" >"$W/$case.txt"
+  kill_leftovers "$exe"
+  echo "[$case] SUMMA_FAULT_STOP_INIT=1: exit $rc after $took s"
+  grep -E "MPI_Init did not finish" <<<"$out" | sed 's/^/    /'
+  [ "$rc" != 137 ] || fail "hung in MPI_Init: killed after 90 s"
+  [ "$rc" != 0 ] || fail "exited 0: rank 1 did not stop in MPI_Init"
+  grep -q "summa: rank 0: MPI_Init did not finish within 4 s" <<<"$out" ||
+    fail "no report from rank 0:"$'\n'"$(tail -5 <<<"$out")"
+  [ "$took" -le 40 ] || fail "the job ended $took s after it started (limit 4 s)"
+done
 
 [ "$failures" = 0 ] || echo "outputs in $W"
 finish "every program's --watchdog ended its stopped job"

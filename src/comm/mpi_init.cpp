@@ -1,0 +1,90 @@
+#include "summa/comm/mpi_init.hpp"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace summa {
+
+namespace {
+
+// A finite non-negative number, or -1.
+double parse_seconds(const char* text) {
+  if (text == nullptr || *text == '\0') return -1;
+  char* end = nullptr;
+  const double v = std::strtod(text, &end);
+  if (end == text || *end != '\0' || !std::isfinite(v) || v < 0) return -1;
+  return v;
+}
+
+// The launcher's rank of this process (MPI is not initialised yet), or -1.
+int launcher_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    const char* v = std::getenv(var);
+    if (v != nullptr && *v != '\0') return std::atoi(v);
+  }
+  return -1;
+}
+
+}  // namespace
+
+double init_timeout_s(int argc, const char* const* argv, double default_s) {
+  if (const double env = parse_seconds(std::getenv("SUMMA_INIT_TIMEOUT")); env >= 0) return env;
+  double flag = -1;
+  for (int i = 1; i < argc; ++i) {
+    const char* a = argv[i];
+    if (std::strcmp(a, "--watchdog") == 0 && i + 1 < argc) {
+      flag = parse_seconds(argv[i + 1]);  // the last one counts, as in the parser
+    } else if (std::strncmp(a, "--watchdog=", 11) == 0) {
+      flag = parse_seconds(a + 11);
+    }
+  }
+  if (flag == 0) return 0;
+  if (flag > 0) return flag < 30 ? 30 : flag;
+  return default_s;
+}
+
+void init_mpi(int* argc, char*** argv, double default_s) {
+  const double limit = init_timeout_s(*argc, *argv, default_s);
+  const int rank = launcher_rank();
+  if (const char* stop = std::getenv("SUMMA_FAULT_STOP_INIT");
+      stop != nullptr && rank >= 0 && std::atoi(stop) == rank)
+    std::raise(SIGSTOP);
+  if (limit <= 0) {
+    MPI_Init(argc, argv);
+    return;
+  }
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread timer([&] {
+    std::unique_lock lock(m);
+    if (cv.wait_for(lock, std::chrono::duration<double>(limit), [&] { return done; })) return;
+    const std::string who = rank >= 0 ? "rank " + std::to_string(rank) : std::string("a rank");
+    std::fprintf(stderr,
+                 "summa: %s: MPI_Init did not finish within %g s: another rank of the job was "
+                 "stopped, lost or never started (limit: --watchdog, at least 30 s, or "
+                 "SUMMA_INIT_TIMEOUT); exiting with status %d\n",
+                 who.c_str(), limit, kInitTimeoutExit);
+    std::fflush(stderr);
+    std::_Exit(kInitTimeoutExit);
+  });
+  MPI_Init(argc, argv);
+  {
+    const std::lock_guard lock(m);
+    done = true;
+  }
+  cv.notify_one();
+  timer.join();
+}
+
+}  // namespace summa
