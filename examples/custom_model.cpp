@@ -27,7 +27,6 @@
 #include <string>
 #include <vector>
 
-#include "summa/comm/mpi_init.hpp"
 #include "summa/summa.hpp"
 
 namespace {

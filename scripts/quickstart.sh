@@ -88,8 +88,16 @@ configure() {  # <build dir> <extra cmake args...>
   # python3-matplotlib (and for the tests python3-torch) were installed
   # above: the build's Python must import them (cmake/SummaPython.cmake), so
   # no plot or torch test is skipped for want of them.
+  # A build directory configured before (by hand, with another generator)
+  # keeps its generator: CMake refuses to switch one.
+  local generator=Ninja
+  if [ -f "$dir/CMakeCache.txt" ]; then
+    generator=$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$dir/CMakeCache.txt")
+    [ -n "$generator" ] || generator=Ninja
+  fi
   # shellcheck disable=SC2086
-  cmake -S . -B "$dir" -G Ninja -DSUMMA_PYTHON_REQUIRE="$python_modules" "$@" ${SUMMA_CMAKE_ARGS:-}
+  cmake -S . -B "$dir" -G "$generator" -DSUMMA_PYTHON_REQUIRE="$python_modules" "$@" \
+    ${SUMMA_CMAKE_ARGS:-}
 }
 
 # The build's length before it starts: compile steps left, at about

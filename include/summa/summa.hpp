@@ -9,6 +9,7 @@
 #include "summa/comm/communicator.hpp"
 #include "summa/comm/counters.hpp"
 #include "summa/comm/mpi_communicator.hpp"
+#include "summa/comm/mpi_init.hpp"
 #include "summa/core/error.hpp"
 #include "summa/core/matrix_view.hpp"
 #include "summa/core/types.hpp"
