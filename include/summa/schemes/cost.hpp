@@ -13,6 +13,7 @@
 
 #include "summa/comm/counters.hpp"
 #include "summa/layers/scheme_context.hpp"
+#include "summa/layers/vocab_parallel.hpp"
 #include "summa/model/machine.hpp"
 #include "summa/summa/engine.hpp"
 
@@ -224,23 +225,64 @@ class OpCost {
   virtual bool defers_gradients() const { return false; }
 };
 
+/// The LayerNorm, embedding and LM head of a scheme that runs them as
+/// layers/ writes them once (SplitLayerNorm, the vocabulary-parallel ops):
+/// priced by the ops' own cost (norm_cost, vocab_cost) over the scheme's
+/// layouts at this rank. The scheme prices its linears.
+class LayoutCost : public OpCost {
+ public:
+  /// The layouts the ops run on at this rank.
+  virtual NormLayout norm_layout() const = 0;
+  virtual VocabLayout vocab_layout() const = 0;
+  /// Element sizes of the model.
+  virtual Elements elements() const = 0;
+
+  void layer_norm_forward(Tally& t, u64 tokens, u64 hidden) const final {
+    norm_cost::forward(t, norm_layout(), elements(), tokens, hidden);
+  }
+  void layer_norm_backward(Tally& t, u64 tokens, u64 hidden) const final {
+    norm_cost::backward(t, norm_layout(), elements(), tokens, hidden);
+  }
+  u64 layer_norm_params(u64 hidden) const final { return norm_cost::params(norm_layout(), hidden); }
+  void embedding_forward(Tally& t, u64 tokens, u64 vocab, u64 hidden, u64) const final {
+    vocab_cost::embedding_forward(t, vocab_layout(), elements(), tokens, vocab, hidden);
+  }
+  void embedding_backward(Tally& t, u64 tokens, u64 vocab, u64 hidden, u64 positions) const final {
+    vocab_cost::embedding_backward(t, vocab_layout(), elements(), tokens, vocab, hidden, positions);
+  }
+  void lm_head_forward(Tally& t, u64 tokens, u64 vocab, u64 hidden) const final {
+    vocab_cost::lm_head_forward(t, vocab_layout(), elements(), tokens, vocab, hidden);
+  }
+  void lm_head_backward(Tally& t, u64 tokens, u64 vocab, u64 hidden) const final {
+    vocab_cost::lm_head_backward(t, vocab_layout(), elements(), tokens, vocab, hidden);
+  }
+  u64 embedding_params(u64 vocab, u64 hidden, u64 positions) const final {
+    return vocab_cost::embedding_params(vocab_layout(), vocab, hidden, positions);
+  }
+};
+
 }  // namespace summa::cost
 
-/// Declares every cost::OpCost override in a scheme's class (inside the
+/// Declares the cost::OpCost overrides of a scheme's linear (inside the
 /// class, with `using u64 = cost::u64;` before it).
-#define SUMMA_OP_COST_OVERRIDES                                                                 \
+#define SUMMA_OP_COST_LINEAR_OVERRIDES                                                          \
   void linear_forward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole role, bool bias)  \
       const override;                                                                           \
   void linear_backward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole role, bool bias) \
       const override;                                                                           \
-  void layer_norm_forward(cost::Tally& t, u64 tokens, u64 hidden) const override;               \
-  void layer_norm_backward(cost::Tally& t, u64 tokens, u64 hidden) const override;              \
-  void embedding_forward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden, u64 positions)      \
-      const override;                                                                           \
-  void embedding_backward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden, u64 positions)     \
-      const override;                                                                           \
-  void lm_head_forward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const override;       \
-  void lm_head_backward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const override;      \
-  u64 linear_params(u64 in, u64 out, LinearRole role, bool bias) const override;                \
-  u64 layer_norm_params(u64 hidden) const override;                                             \
+  u64 linear_params(u64 in, u64 out, LinearRole role, bool bias) const override;
+
+/// Declares every cost::OpCost override in a scheme's class (inside the
+/// class, with `using u64 = cost::u64;` before it).
+#define SUMMA_OP_COST_OVERRIDES                                                             \
+  SUMMA_OP_COST_LINEAR_OVERRIDES                                                            \
+  void layer_norm_forward(cost::Tally& t, u64 tokens, u64 hidden) const override;           \
+  void layer_norm_backward(cost::Tally& t, u64 tokens, u64 hidden) const override;          \
+  u64 layer_norm_params(u64 hidden) const override;                                         \
+  void embedding_forward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden, u64 positions)  \
+      const override;                                                                       \
+  void embedding_backward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden, u64 positions) \
+      const override;                                                                       \
+  void lm_head_forward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const override;   \
+  void lm_head_backward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const override;  \
   u64 embedding_params(u64 vocab, u64 hidden, u64 positions) const override;

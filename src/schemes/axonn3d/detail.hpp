@@ -7,9 +7,10 @@
 #include <optional>
 #include <string>
 
-#include "../check_view.hpp"
+#include "../../layers/check_view.hpp"
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/layer.hpp"
+#include "summa/layers/vocab_parallel.hpp"
 #include "summa/schemes/cost.hpp"
 
 namespace summa::detail3d {
@@ -68,7 +69,7 @@ using detail::check_view;
 /// X x Y x Z grid: X = mesh_col, Y = mesh_row, Z = depth. Each op's part is
 /// defined beside the op (layers.cpp: linear, LayerNorm; vocab.cpp:
 /// embedding, LM head).
-class Cost3D final : public cost::OpCost {
+class Cost3D final : public cost::LayoutCost {
  public:
   using u64 = cost::u64;
   /// The overlap switches of Axonn3DOptions: OAR, ORS, OAG.
@@ -78,7 +79,10 @@ class Cost3D final : public cost::OpCost {
   Cost3D(u64 gx, u64 gy, u64 gz, u64 x, u64 y, u64 z, cost::Elements el, Overlap overlap)
       : gx_(gx), gy_(gy), gz_(gz), x_(x), y_(y), z_(z), el_(el), overlap_(overlap) {}
 
-  SUMMA_OP_COST_OVERRIDES
+  SUMMA_OP_COST_LINEAR_OVERRIDES
+  NormLayout norm_layout() const override;    // layers.cpp
+  VocabLayout vocab_layout() const override;  // vocab.cpp
+  cost::Elements elements() const override { return el_; }
   u64 local_rows(u64 tokens) const override { return tokens / gz_; }
   u64 local_cols(u64 width, ActivationLayout layout) const override {
     return width / (layout == ActivationLayout::inner ? gx_ : gy_);
@@ -113,7 +117,6 @@ class Cost3D final : public cost::OpCost {
     t.reduce_scatter(CommAxis::depth, per_rank, gz_, el_.e);
     t.overlapped = false;
   }
-  u64 wte_shard(u64 vocab, u64 hidden) const { return vocab * hidden / (gx_ * gy_ * gz_); }
   u64 gx_, gy_, gz_, x_, y_, z_;
   cost::Elements el_;
   Overlap overlap_;

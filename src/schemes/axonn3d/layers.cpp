@@ -268,129 +268,31 @@ cost::u64 detail3d::Cost3D::linear_params(u64 in, u64 out, LinearRole role, bool
 
 // ---------------------------------------------------------------- layer norm
 
+// LayerNorm3D is SplitLayerNorm over this layout (Y-layout blocks): the
+// tokens over Z, the columns over Y, the parameters replicated over X and Z
+// (x = 0, z = 0 owns them).
 namespace {
-
-ProcessGrid& checked_layernorm(ProcessGrid& grid, const std::string& name, index_t tokens,
-                               index_t hidden, double eps) {
-  const int gy = detail3d::gy(grid), gz = detail3d::gz(grid);
-  std::optional<std::string> error;
-  if (tokens <= 0 || hidden <= 0)
-    error = fmt::format("LayerNorm3D '{}': tokens={} and hidden={} must be positive", name, tokens,
-                        hidden);
-  else if (tokens % gz != 0)
-    error = fmt::format("LayerNorm3D '{}': tokens={} must be divisible by Gz={}", name, tokens, gz);
-  else if (hidden % gy != 0)
-    error = fmt::format("LayerNorm3D '{}': hidden={} must be divisible by Gy={}", name, hidden, gy);
-  else if (!(eps >= 0))
-    error = fmt::format("LayerNorm3D '{}': eps={} must be non-negative", name, eps);
-  detail3d::agree(grid, error);
-  return grid;
+NormLayout norm_layout_3d(int gy, int gz, int x, int y, int z) {
+  NormLayout l;
+  l.scheme = "3D";
+  l.tokens = {.axis = CommAxis::depth, .size = gz, .rank = z, .name = "Gz"};
+  l.hidden = {.axis = CommAxis::mesh_row, .size = gy, .rank = y, .name = "Gy"};
+  l.replica_rank = x;
+  return l;
 }
-
 }  // namespace
 
-template <class T>
-LayerNorm3D<T>::LayerNorm3D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens,
-                            index_t hidden, double eps)
-    : grid_(&checked_layernorm(grid, name, tokens, hidden, eps)),
-      backend_(&backend),
-      name_(std::move(name)),
-      tokens_(tokens),
-      hidden_(hidden),
-      eps_(eps),
-      gy_(detail3d::gy(grid)),
-      gz_(detail3d::gz(grid)) {
-  const int y = detail3d::y_of(grid);
-  const bool owner = detail3d::x_of(grid) == 0 && detail3d::z_of(grid) == 0;
-  gamma_.shard = column_split3d(name_ + ".weight", {hidden}, gy_, y, owner);
-  beta_.shard = column_split3d(name_ + ".bias", {hidden}, gy_, y, owner);
+NormLayout axonn3d_norm_layout(const ProcessGrid& grid) {
+  return norm_layout_3d(detail3d::gy(grid), detail3d::gz(grid), detail3d::x_of(grid),
+                        detail3d::y_of(grid), detail3d::z_of(grid));
 }
-
-template <class T>
-void LayerNorm3D<T>::collect_parameters(std::vector<Param<T>*>& out) {
-  out.push_back(&gamma_);
-  out.push_back(&beta_);
-}
-
-template <class T>
-BufferNeeds LayerNorm3D<T>::buffer_needs() const {
-  const index_t m = local_tokens(), n = local_hidden();
-  // Per-row statistics in acc_t<T> (fp32 for bf16), parameter partials in T.
-  ByteCount<acc_t<T>> fwd, ws;
-  fwd.add(m).add(m);                                                     // mean, rstd
-  ws.add(2 * m).add_bytes(static_cast<std::size_t>(2 * n) * sizeof(T));  // a | b; dgamma | dbeta
-  return {.workspace = ws, .forward = fwd, .backward = 0};
-}
-
-template <class T>
-void LayerNorm3D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
-  const index_t m = local_tokens(), n = local_hidden();
-  check_view("LayerNorm3D forward", "X", X, m, n);
-  check_view("LayerNorm3D forward", "Y", Y, m, n);
-  Backend& be = *backend_;
-  Communicator& row = detail3d::y_comm(*grid_);
-  mean_ = buffers.forward.take<acc_t<T>>(static_cast<std::size_t>(m));
-  rstd_ = buffers.forward.take<acc_t<T>>(static_cast<std::size_t>(m));
-  be.layernorm_partial_sums(X, nullptr, mean_);
-  detail3d::all_reduce(row, mean_, m);
-  be.layernorm_mean(m, hidden_, mean_, mean_);
-  be.layernorm_partial_sums(X, mean_, rstd_);  // second pass: squared deviations
-  detail3d::all_reduce(row, rstd_, m);
-  be.layernorm_rstd(m, hidden_, eps_, rstd_, rstd_);
-  be.layernorm_apply(X, mean_, rstd_, gamma_.value, beta_.value, Y);
-  x_ = X;
-}
-
-template <class T>
-void LayerNorm3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
-                              bool accumulate) {
-  require(mean_ != nullptr,
-          [&] { return fmt::format("LayerNorm3D '{}': backward without forward", name_); });
-  const index_t m = local_tokens(), n = local_hidden();
-  check_view("LayerNorm3D backward", "dY", dY, m, n);
-  check_view("LayerNorm3D backward", "dX", dX, m, n);
-  Backend& be = *backend_;
-  ArenaScope scope(buffers.workspace);
-  using A = acc_t<T>;
-  A* ab = buffers.workspace.take<A>(static_cast<std::size_t>(2 * m));       // a | b row sums
-  T* partial = buffers.workspace.take<T>(static_cast<std::size_t>(2 * n));  // dgamma | dbeta
-  be.layernorm_param_partials(x_, dY, mean_, rstd_, partial, partial + n);
-  Request request = detail3d::iall_reduce(grid_->depth(), partial, 2 * n);  // sum over Z tokens
-  be.layernorm_backward_partials(x_, dY, mean_, rstd_, gamma_.value, ab, ab + m);
-  detail3d::all_reduce(detail3d::y_comm(*grid_), ab, 2 * m);
-  be.layernorm_backward_apply(x_, dY, mean_, rstd_, gamma_.value, ab, ab + m, hidden_, dX);
-  grid_->depth().wait(request);
-  const A beta = accumulate ? A(1) : A(0);
-  be.axpby(A(1), ConstMatrixView<T>::dense(partial, 1, n), beta, gamma_.grad_view());
-  be.axpby(A(1), ConstMatrixView<T>::dense(partial + n, 1, n), beta, beta_.grad_view());
-}
-
-// Cost of the LayerNorm (on the Y-layout): the row statistics
-// all-reduced over Y in acc_t; backward all-reduces the a | b partials over
-// Y and the dgamma | dbeta over Z.
-void detail3d::Cost3D::layer_norm_forward(cost::Tally& t, u64 tokens, u64 hidden) const {
-  const u64 block = tokens / gz_ * (hidden / gy_) * el_.e;
-  // the two passes of the statistics, then apply
-  t.pointwise(model::Pointwise::layernorm, block / el_.e, 4 * block);
-  all_reduce(t, Y(), tokens / gz_, el_.a);
-  all_reduce(t, Y(), tokens / gz_, el_.a);
-}
-void detail3d::Cost3D::layer_norm_backward(cost::Tally& t, u64 tokens, u64 hidden) const {
-  const u64 block = tokens / gz_ * (hidden / gy_) * el_.e;
-  // partials and parameter partials, then apply
-  t.pointwise(model::Pointwise::layernorm_grad, block / el_.e, 7 * block);
-  all_reduce(t, Y(), 2 * (tokens / gz_), el_.a);
-  all_reduce(t, Z(), 2 * (hidden / gy_), el_.e);
-}
-cost::u64 detail3d::Cost3D::layer_norm_params(u64 hidden) const {
-  return 2 * (hidden / gy_);
+NormLayout detail3d::Cost3D::norm_layout() const {
+  return norm_layout_3d(static_cast<int>(gy_), static_cast<int>(gz_), static_cast<int>(x_),
+                        static_cast<int>(y_), static_cast<int>(z_));
 }
 
 template class Linear3D<float>;
 template class Linear3D<double>;
 template class Linear3D<bf16>;
-template class LayerNorm3D<float>;
-template class LayerNorm3D<double>;
-template class LayerNorm3D<bf16>;
 
 }  // namespace summa

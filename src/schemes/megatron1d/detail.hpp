@@ -7,9 +7,10 @@
 #include <optional>
 #include <string>
 
-#include "../check_view.hpp"
+#include "../../layers/check_view.hpp"
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/layer.hpp"
+#include "summa/layers/vocab_parallel.hpp"
 #include "summa/schemes/cost.hpp"
 
 namespace summa::detail1d {
@@ -39,12 +40,15 @@ using detail::check_view;
 /// every collective is an all-reduce over the group. Each op's part is
 /// defined beside the op (layers.cpp: linear, LayerNorm; vocab.cpp:
 /// embedding, LM head).
-class Cost1D final : public cost::OpCost {
+class Cost1D final : public cost::LayoutCost {
  public:
   using u64 = cost::u64;
   Cost1D(u64 p, u64 r, cost::Elements el) : p_(p), r_(r), el_(el) {}
 
-  SUMMA_OP_COST_OVERRIDES
+  SUMMA_OP_COST_LINEAR_OVERRIDES
+  NormLayout norm_layout() const override;    // layers.cpp
+  VocabLayout vocab_layout() const override;  // vocab.cpp
+  cost::Elements elements() const override { return el_; }
   u64 local_rows(u64 tokens) const override { return tokens; }
   u64 local_cols(u64 width, ActivationLayout layout) const override {
     return layout == ActivationLayout::inner ? width / p_ : width;

@@ -266,97 +266,20 @@ cost::u64 detail1d::Cost1D::linear_params(u64 in, u64 out, LinearRole role, bool
 
 // ---------------------------------------------------------------- layer norm
 
-namespace {
-
-ProcessGrid& checked_layernorm(ProcessGrid& grid, const std::string& name, index_t tokens,
-                               index_t hidden, double eps) {
-  std::optional<std::string> error;
-  if (tokens <= 0 || hidden <= 0)
-    error = fmt::format("LayerNorm1D '{}': tokens={} and hidden={} must be positive", name, tokens,
-                        hidden);
-  else if (!(eps >= 0))
-    error = fmt::format("LayerNorm1D '{}': eps={} must be non-negative", name, eps);
-  detail1d::agree(grid, error);
-  return grid;
+// LayerNorm1D is SplitLayerNorm over this layout: nothing split (replicated
+// activations, local statistics), the parameters replicated over the tensor
+// group (rank 0 owns them).
+NormLayout megatron1d_norm_layout(ProcessGrid& grid) {
+  NormLayout l;
+  l.scheme = "1D";
+  l.replica_rank = detail1d::group_rank(grid);
+  return l;
 }
-
-}  // namespace
-
-template <class T>
-LayerNorm1D<T>::LayerNorm1D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens,
-                            index_t hidden, double eps)
-    : backend_((checked_layernorm(grid, name, tokens, hidden, eps), &backend)),
-      name_(std::move(name)),
-      tokens_(tokens),
-      hidden_(hidden),
-      eps_(eps) {
-  const int r = detail1d::group_rank(grid);
-  gamma_.shard = replicated_shard(name_ + ".weight", {hidden}, r);
-  beta_.shard = replicated_shard(name_ + ".bias", {hidden}, r);
-}
-
-template <class T>
-void LayerNorm1D<T>::collect_parameters(std::vector<Param<T>*>& out) {
-  out.push_back(&gamma_);
-  out.push_back(&beta_);
-}
-
-template <class T>
-BufferNeeds LayerNorm1D<T>::buffer_needs() const {
-  // Statistics in acc_t<T> (fp32 for bf16), parameter partials in T.
-  ByteCount<acc_t<T>> fwd, ws;
-  fwd.add(tokens_).add(tokens_);  // mean, rstd
-  ws.add(2 * tokens_)
-      .add_bytes(static_cast<std::size_t>(2 * hidden_) * sizeof(T));  // a | b; dgamma | dbeta
-  return {.workspace = ws, .forward = fwd, .backward = 0};
-}
-
-template <class T>
-void LayerNorm1D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
-  check_view("LayerNorm1D forward", "X", X, tokens_, hidden_);
-  check_view("LayerNorm1D forward", "Y", Y, tokens_, hidden_);
-  Backend& be = *backend_;
-  const auto n = static_cast<std::size_t>(tokens_);
-  mean_ = buffers.forward.take<acc_t<T>>(n);
-  rstd_ = buffers.forward.take<acc_t<T>>(n);
-  be.layernorm_partial_sums(X, nullptr, mean_);
-  be.layernorm_mean(tokens_, hidden_, mean_, mean_);
-  be.layernorm_partial_sums(X, mean_, rstd_);  // second pass: squared deviations
-  be.layernorm_rstd(tokens_, hidden_, eps_, rstd_, rstd_);
-  be.layernorm_apply(X, mean_, rstd_, gamma_.value, beta_.value, Y);
-  x_ = X;
-}
-
-template <class T>
-void LayerNorm1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
-                              bool accumulate) {
-  require(mean_ != nullptr,
-          [&] { return fmt::format("LayerNorm1D '{}': backward without forward", name_); });
-  check_view("LayerNorm1D backward", "dY", dY, tokens_, hidden_);
-  check_view("LayerNorm1D backward", "dX", dX, tokens_, hidden_);
-  Backend& be = *backend_;
-  const auto n = static_cast<std::size_t>(tokens_), h = static_cast<std::size_t>(hidden_);
-  ArenaScope scope(buffers.workspace);
-  acc_t<T>* ab = buffers.workspace.take<acc_t<T>>(2 * n);  // a | b row sums
-  T* partial = buffers.workspace.take<T>(2 * h);           // dgamma | dbeta
-  be.layernorm_param_partials(x_, dY, mean_, rstd_, partial, partial + h);
-  be.layernorm_backward_partials(x_, dY, mean_, rstd_, gamma_.value, ab, ab + n);
-  be.layernorm_backward_apply(x_, dY, mean_, rstd_, gamma_.value, ab, ab + n, hidden_, dX);
-  const acc_t<T> beta = accumulate ? acc_t<T>(1) : acc_t<T>(0);
-  be.axpby(acc_t<T>(1), ConstMatrixView<T>::dense(partial, 1, hidden_), beta, gamma_.grad_view());
-  be.axpby(acc_t<T>(1), ConstMatrixView<T>::dense(partial + h, 1, hidden_), beta,
-           beta_.grad_view());
-}
-
-// Cost of the replicated LayerNorm: local work only.
-void detail1d::Cost1D::layer_norm_forward(cost::Tally& t, u64 tokens, u64 hidden) const {
-  t.pointwise(model::Pointwise::layernorm, tokens * hidden, 4 * tokens * hidden * el_.e);
-}
-void detail1d::Cost1D::layer_norm_backward(cost::Tally& t, u64 tokens, u64 hidden) const {
-  t.pointwise(model::Pointwise::layernorm_grad, tokens * hidden, 7 * tokens * hidden * el_.e);
-}
-cost::u64 detail1d::Cost1D::layer_norm_params(u64 hidden) const {
-  return 2 * hidden;
+NormLayout detail1d::Cost1D::norm_layout() const {
+  NormLayout l;
+  l.scheme = "1D";
+  l.replica_rank = static_cast<int>(r_);
+  return l;
 }
 
 template class ColumnParallelLinear1D<float>;
@@ -365,8 +288,5 @@ template class ColumnParallelLinear1D<bf16>;
 template class RowParallelLinear1D<float>;
 template class RowParallelLinear1D<double>;
 template class RowParallelLinear1D<bf16>;
-template class LayerNorm1D<float>;
-template class LayerNorm1D<double>;
-template class LayerNorm1D<bf16>;
 
 }  // namespace summa

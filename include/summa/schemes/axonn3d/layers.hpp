@@ -79,11 +79,14 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "summa/core/bf16.hpp"
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/layer.hpp"
+#include "summa/layers/split_layer_norm.hpp"
+#include "summa/layers/vocab_parallel.hpp"
 #include "summa/memory/buffers.hpp"
 
 namespace summa {
@@ -272,143 +275,62 @@ class Linear3D final : public Layer<T> {
 
 // ---------------------------------------------------------------- layer norm, GeLU
 
-/// LayerNorm on Y-layout blocks [T/Gz, h/Gy] (see the file comment).
-/// forward() keeps mean and rstd (T/Gz values each, in acc_t<T>: fp32 for
-/// bf16) in buffers.forward.
+/// AxoNN's LayerNorm layout (summa/layers/split_layer_norm.hpp): Y-layout
+/// blocks, the tokens over Z, the columns over Y; gamma and beta replicated
+/// over X and Z (x = 0, z = 0 owns them).
+NormLayout axonn3d_norm_layout(const ProcessGrid& grid);
+
+/// LayerNorm on Y-layout blocks [T/Gz, h/Gy] (see the file comment;
+/// SplitLayerNorm). forward() keeps mean and rstd (T/Gz values each, in
+/// acc_t<T>: fp32 for bf16) in buffers.forward.
 template <class T>
-class LayerNorm3D final : public Layer<T> {
+class LayerNorm3D final : public SplitLayerNorm<T> {
  public:
   LayerNorm3D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens, index_t hidden,
-              double eps = 1e-5);
-
-  std::string_view name() const override { return name_; }
-  void collect_parameters(std::vector<Param<T>*>& out) override;
-  BufferNeeds buffer_needs() const override;
-  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
-  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
-                bool accumulate = false) override;
-
-  index_t local_tokens() const { return tokens_ / gz_; }
-  index_t local_hidden() const { return hidden_ / gy_; }
-  Param<T>& weight() { return gamma_; }
-  Param<T>& bias() { return beta_; }
-
- private:
-  ProcessGrid* grid_;
-  Backend* backend_;
-  std::string name_;
-  index_t tokens_, hidden_;
-  double eps_;
-  int gy_, gz_;
-  Param<T> gamma_, beta_;
-  ConstMatrixView<T> x_{};
-  acc_t<T>* mean_ = nullptr;  // per-row statistics: fp32 for bf16
-  acc_t<T>* rstd_ = nullptr;
+              double eps = 1e-5)
+      : SplitLayerNorm<T>(grid, backend, axonn3d_norm_layout(grid), std::move(name), tokens, hidden,
+                          eps) {}
 };
 
 // ---------------------------------------------------------------- embedding, head, loss
 
-/// Token and position embeddings (see the file comment). Token ids are the
-/// global batch ([batch*seq], row-major [batch, seq]), the same on every
-/// rank; the rank embeds its Z block of rows. Output Y-layout.
+/// AxoNN's vocabulary-parallel layout (summa/layers/vocab_parallel.hpp; see
+/// the file comment): the vocabulary over X, the hidden columns over Y, the
+/// tokens over Z, which also shards wte's rows; `overlap_dx`: the LM head's
+/// dX all-reduce over X overlapped (OAR).
+VocabLayout axonn3d_vocab_layout(const ProcessGrid& grid, bool overlap_dx = true);
+
+/// Token and position embeddings (see the file comment; VocabEmbedding).
+/// Token ids are the global batch; rank z embeds its Z block of them.
 template <class T>
-class Embedding3D final : public EmbeddingModule<T> {
+class Embedding3D final : public VocabEmbedding<T> {
  public:
   Embedding3D(ProcessGrid& grid, Backend& backend, index_t batch, index_t seq, index_t vocab,
-              index_t hidden, index_t n_positions);
-
-  std::string_view name() const override { return ""; }
-  void collect_parameters(std::vector<Param<T>*>& out) override;
-  BufferNeeds buffer_needs() const override;
-
-  /// Throws summa::Error on every rank unless `ids` holds batch*seq ids in
-  /// [0, vocab) (what = "token" or "target", for the message).
-  void check_ids(std::span<const std::int32_t> ids, const char* what) const override;
-  void set_positions(std::span<const std::int32_t> positions) override;
-  /// Y [T/Gz, h/Gy] (contiguous). `tokens` are host memory; the rank's Z
-  /// block of them is copied to backend memory the layer owns (kept for
-  /// backward).
-  void forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
-               StepBuffers& buffers) override;
-  /// wte / wpe gradients (+)= the rows' gradients from dY [T/Gz, h/Gy].
-  void backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate = false) override;
-
-  Param<T>& wte() override { return wte_; }
-  Param<T>& wpe() { return wpe_; }
-  /// First global vocabulary row of this rank's block x.
-  index_t vocab_begin() const;
-
- private:
-  ProcessGrid* grid_;
-  Backend* backend_;
-  index_t batch_, seq_, vocab_, hidden_, positions_;
-  int gx_, gy_, gz_;
-  Param<T> wte_, wpe_;
-  BackendIds position_ids_;  // r % seq for the local rows, uploaded once
-  BackendIds tokens_;        // the local rows' ids of the last forward
+              index_t hidden, index_t n_positions)
+      : VocabEmbedding<T>(grid, backend, axonn3d_vocab_layout(grid), batch, seq, vocab, hidden,
+                          n_positions) {}
 };
 
 /// Vocabulary-parallel cross-entropy on X-layout logits [T/Gz, V/Gx]: row
-/// max all-reduced (max) over X, then sum of exp and target logit (sum, 2
-/// values per row) over X; the rank's summed loss is all-reduced over Z
-/// (one double). backward turns the logits into dL/dlogits in place.
+/// statistics over X, the loss summed over Z (VocabCrossEntropy).
 template <class T>
-class CrossEntropy3D {
+class CrossEntropy3D final : public VocabCrossEntropy<T> {
  public:
-  /// `tokens` the global token count; `normalizer` as CrossEntropy1D.
   CrossEntropy3D(ProcessGrid& grid, Backend& backend, index_t tokens, index_t vocab,
-                 index_t normalizer = 0);
-  BufferNeeds buffer_needs() const;
-  /// Z: local logits [T/Gz, V/Gx]; targets: global [T] ids, the same on
-  /// every rank. Returns the summed loss / normalizer (the same everywhere).
-  /// The rank's Z block of targets is copied to backend memory for backward.
-  double forward(ConstMatrixView<T> Z, std::span<const std::int32_t> targets, StepBuffers& buffers);
-  void backward(MatrixView<T> Z, StepBuffers& buffers);
-
- private:
-  ProcessGrid* grid_;
-  Backend* backend_;
-  index_t tokens_, vocab_, normalizer_;
-  int gx_, gz_;
-  acc_t<T>* max_ = nullptr;    // per-row statistics: fp32 for bf16
-  acc_t<T>* stats_ = nullptr;  // sum | picked target logit
-  BackendIds targets_;         // the local rows' targets, in backend memory
+                 index_t normalizer = 0)
+      : VocabCrossEntropy<T>(grid, backend, axonn3d_vocab_layout(grid), tokens, vocab, normalizer) {
+  }
 };
 
 /// Tied LM head: logits = X wteᵀ as a normal 3D linear (see the file
-/// comment), then CrossEntropy3D. X and dX are Y-layout [T/Gz, h/Gy].
+/// comment), then CrossEntropy3D (VocabLMHead).
 template <class T>
-class LMHead3D final : public LossHead<T> {
+class LMHead3D final : public VocabLMHead<T> {
  public:
   LMHead3D(ProcessGrid& grid, Backend& backend, Param<T>& wte, index_t tokens, index_t hidden,
-           index_t vocab, index_t normalizer = 0, Axonn3DOptions options = {});
-
-  std::string_view name() const override { return "lm_head"; }
-  void collect_parameters(std::vector<Param<T>*>&) override {}
-  BufferNeeds buffer_needs() const override;
-
-  double forward(ConstMatrixView<T> X, std::span<const std::int32_t> targets,
-                 StepBuffers& buffers) override;
-  /// dX (contiguous, never read) and wte's gradient (+)=.
-  void backward(MatrixView<T> dX, StepBuffers& buffers, bool accumulate = false) override;
-
-  /// Local logits [T/Gz, V/Gx] of the last forward; backward overwrites
-  /// them with dL/dlogits.
-  ConstMatrixView<T> logits() const override { return logits_; }
-
- private:
-  std::size_t scratch_bytes() const;
-  MatrixView<T> gathered_wte(T* buffer);
-
-  ProcessGrid* grid_;
-  Backend* backend_;
-  Param<T>* wte_;
-  index_t tokens_, hidden_, vocab_;
-  int gx_, gy_, gz_;
-  Axonn3DOptions options_;
-  CrossEntropy3D<T> loss_;
-  MatrixView<T> logits_{};
-  ConstMatrixView<T> x_{};
+           index_t vocab, index_t normalizer = 0, Axonn3DOptions options = {})
+      : VocabLMHead<T>(grid, backend, axonn3d_vocab_layout(grid, options.overlap_all_reduce), wte,
+                       tokens, hidden, vocab, normalizer) {}
 };
 
 extern template class Overlap3D<float>;
@@ -417,17 +339,5 @@ extern template class Overlap3D<bf16>;
 extern template class Linear3D<float>;
 extern template class Linear3D<double>;
 extern template class Linear3D<bf16>;
-extern template class LayerNorm3D<float>;
-extern template class LayerNorm3D<double>;
-extern template class LayerNorm3D<bf16>;
-extern template class Embedding3D<float>;
-extern template class Embedding3D<double>;
-extern template class Embedding3D<bf16>;
-extern template class CrossEntropy3D<float>;
-extern template class CrossEntropy3D<double>;
-extern template class CrossEntropy3D<bf16>;
-extern template class LMHead3D<float>;
-extern template class LMHead3D<double>;
-extern template class LMHead3D<bf16>;
 
 }  // namespace summa

@@ -43,11 +43,14 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "summa/core/bf16.hpp"
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/layer.hpp"
+#include "summa/layers/split_layer_norm.hpp"
+#include "summa/layers/vocab_parallel.hpp"
 
 namespace summa {
 
@@ -159,166 +162,67 @@ class RowParallelLinear1D final : public Layer<T> {
 
 // ---------------------------------------------------------------- layer norm, GeLU
 
+/// Megatron's LayerNorm layout (summa/layers/split_layer_norm.hpp): nothing
+/// split, the parameters replicated over the tensor group (rank 0 owns them).
+NormLayout megatron1d_norm_layout(ProcessGrid& grid);
+
 /// y = (x - mean) * rstd * gamma + beta per token on replicated activations
 /// [tokens, hidden]: the hidden dimension is whole on every rank, so the
-/// two-pass statistics are local (the backend's layernorm kernels) and
-/// nothing is communicated. `<name>.weight` (gamma) and `<name>.bias` (beta)
-/// [hidden] are replicated (rank 0 owns them); their gradients are the same
-/// on every rank. forward() keeps mean and rstd (tokens acc_t<T> values
-/// each) in buffers.forward.
+/// two-pass statistics are local and nothing is communicated. `<name>.weight`
+/// (gamma) and `<name>.bias` (beta) [hidden] are replicated; their gradients
+/// are the same on every rank (SplitLayerNorm).
 template <class T>
-class LayerNorm1D final : public Layer<T> {
+class LayerNorm1D final : public SplitLayerNorm<T> {
  public:
   LayerNorm1D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens, index_t hidden,
-              double eps = 1e-5);
-
-  std::string_view name() const override { return name_; }
-  void collect_parameters(std::vector<Param<T>*>& out) override;
-  BufferNeeds buffer_needs() const override;
-  void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
-  void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
-                bool accumulate = false) override;
-
-  index_t tokens() const { return tokens_; }
-  index_t hidden() const { return hidden_; }
-  Param<T>& weight() { return gamma_; }
-  Param<T>& bias() { return beta_; }
-
- private:
-  Backend* backend_;
-  std::string name_;
-  index_t tokens_, hidden_;
-  double eps_;
-  Param<T> gamma_, beta_;
-  ConstMatrixView<T> x_{};
-  acc_t<T>* mean_ = nullptr;  // statistics in acc_t<T> (fp32 for bf16)
-  acc_t<T>* rstd_ = nullptr;
+              double eps = 1e-5)
+      : SplitLayerNorm<T>(grid, backend, megatron1d_norm_layout(grid), std::move(name), tokens,
+                          hidden, eps) {}
 };
 
 // ---------------------------------------------------------------- embedding, head, loss
 
-/// Token and position embeddings, vocabulary-parallel: rank r holds wte rows
-/// [r*V/p, (r+1)*V/p) (all h columns, the rows the tied head multiplies
-/// with); wpe [n_positions, h] is replicated (rank 0 owns it).
-///
-/// forward:  Y [b*s, h] = the wte rows of the tokens in this rank's
-///           vocabulary range (zero elsewhere), all-reduced (sum) over the
-///           group (b*s*h elements), plus wpe[positions] locally.
-/// backward: scatter-add of dY into the own wte rows and into wpe (the same
-///           on every rank). No communication.
-/// Token ids are the global batch ([batch*seq], row-major [batch, seq]), the
-/// same on every rank.
+/// Megatron's vocabulary-parallel layout (summa/layers/vocab_parallel.hpp):
+/// the vocabulary split over the tensor group (p ranks, rank r holds wte
+/// rows [r*V/p, (r+1)*V/p), all h columns); the hidden columns and the
+/// tokens not split; wpe replicated (rank 0 owns it).
+VocabLayout megatron1d_vocab_layout(ProcessGrid& grid);
+
+/// Token and position embeddings: Y [b*s, h] = the wte rows of the tokens in
+/// this rank's vocabulary range, all-reduced over the group (b*s*h
+/// elements), plus wpe[positions] locally; backward scatter-adds dY into the
+/// own wte rows and wpe with no communication (VocabEmbedding).
 template <class T>
-class Embedding1D final : public EmbeddingModule<T> {
+class Embedding1D final : public VocabEmbedding<T> {
  public:
   Embedding1D(ProcessGrid& grid, Backend& backend, index_t batch, index_t seq, index_t vocab,
-              index_t hidden, index_t n_positions);
-
-  std::string_view name() const override { return ""; }
-  void collect_parameters(std::vector<Param<T>*>& out) override;
-  BufferNeeds buffer_needs() const override;
-
-  /// Throws summa::Error on every rank unless `ids` holds batch*seq ids in
-  /// [0, vocab) (what = "token" or "target", for the message).
-  void check_ids(std::span<const std::int32_t> ids, const char* what) const override;
-  void set_positions(std::span<const std::int32_t> positions) override;
-
-  /// Y [batch*seq, h] (contiguous) = wte[tokens] + wpe[positions].
-  /// `tokens` are host memory; they are copied to backend memory the layer
-  /// owns (kept for backward, so the caller need not keep them alive).
-  void forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
-               StepBuffers& buffers) override;
-  /// wte / wpe gradients (+)= the rows' gradients from dY [batch*seq, h].
-  void backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate = false) override;
-
-  Param<T>& wte() override { return wte_; }
-  Param<T>& wpe() { return wpe_; }
-  /// First global vocabulary row this rank holds.
-  index_t vocab_begin() const;
-
- private:
-  ProcessGrid* grid_;
-  Backend* backend_;
-  index_t batch_, seq_, vocab_, hidden_, positions_;
-  int p_;
-  Param<T> wte_, wpe_;
-  BackendIds position_ids_;  // r % seq for the global batch, uploaded once
-  BackendIds tokens_;        // the last forward's token ids
+              index_t hidden, index_t n_positions)
+      : VocabEmbedding<T>(grid, backend, megatron1d_vocab_layout(grid), batch, seq, vocab, hidden,
+                          n_positions) {}
 };
 
-/// Vocabulary-parallel cross-entropy (Megatron): the logits Z_r [tokens,
-/// V/p] of rank r's vocabulary range; the row max is all-reduced (max, tokens
-/// elements), then the row sums of exp(z - max) and the target logits (0
-/// except on the rank holding the target) in one all-reduce (sum, 2*tokens
-/// elements); both in acc_t<T> (fp32 for bf16 logits). Every rank then
-/// holds every token's statistics: the loss is the sum over all tokens /
-/// normalizer, computed locally (the same on every rank). backward turns Z_r
-/// into dL/dZ_r = (softmax - onehot) / normalizer in place.
+/// Vocabulary-parallel cross-entropy (Megatron) on the logits [tokens, V/p]
+/// of the rank's vocabulary range: the row max, then (sum exp | target
+/// logit), all-reduced over the group in acc_t<T> (VocabCrossEntropy).
 template <class T>
-class CrossEntropy1D {
+class CrossEntropy1D final : public VocabCrossEntropy<T> {
  public:
-  /// `normalizer`: the token count the summed loss is divided by (0:
-  /// tokens, the mean). A data-parallel model passes the global token count,
-  /// so that the losses and gradients of its data groups simply add up.
   CrossEntropy1D(ProcessGrid& grid, Backend& backend, index_t tokens, index_t vocab,
-                 index_t normalizer = 0);
-  BufferNeeds buffer_needs() const;
-  /// Z: local logits [tokens, vocab/p]; targets: global [tokens] ids, the
-  /// same on every rank. Returns the summed loss / normalizer (the same on
-  /// every rank) and keeps the row statistics (3 * tokens acc_t<T> values)
-  /// in buffers.forward; the targets are copied (host to backend memory) for
-  /// backward.
-  double forward(ConstMatrixView<T> Z, std::span<const std::int32_t> targets, StepBuffers& buffers);
-  /// In place: Z (the logits given to forward) becomes dL/dZ.
-  void backward(MatrixView<T> Z, StepBuffers& buffers);
-
- private:
-  ProcessGrid* grid_;
-  Backend* backend_;
-  index_t tokens_, vocab_, normalizer_;
-  int p_;
-  acc_t<T>* max_ = nullptr;    // row statistics in acc_t<T> (fp32 for bf16)
-  acc_t<T>* stats_ = nullptr;  // sum | picked target logit
-  BackendIds targets_;         // in backend memory
+                 index_t normalizer = 0)
+      : VocabCrossEntropy<T>(grid, backend, megatron1d_vocab_layout(grid), tokens, vocab,
+                             normalizer) {}
 };
 
-/// Tied LM head: logits_r [tokens, V/p] = X wte_rᵀ with the embedding's
-/// local wte rows, X [tokens, h] replicated (local GEMM), then
-/// CrossEntropy1D. backward: dX = dZ_r wte_r, all-reduced (sum, tokens*h
-/// elements; overlapped with dwte), dwte_r (+)= dZ_rᵀ X locally.
+/// Tied LM head: logits [tokens, V/p] = X wte_rᵀ (X replicated, a local
+/// GEMM), then the cross-entropy; backward: dX = dZ wte_r all-reduced over
+/// the group (overlapped with dwte_r (+)= dZᵀ X) (VocabLMHead).
 template <class T>
-class LMHead1D final : public LossHead<T> {
+class LMHead1D final : public VocabLMHead<T> {
  public:
-  /// `wte` is the embedding's parameter (tied; the head owns no parameter);
-  /// `normalizer` as for CrossEntropy1D.
   LMHead1D(ProcessGrid& grid, Backend& backend, Param<T>& wte, index_t tokens, index_t hidden,
-           index_t vocab, index_t normalizer = 0);
-
-  std::string_view name() const override { return "lm_head"; }
-  void collect_parameters(std::vector<Param<T>*>&) override {}
-  BufferNeeds buffer_needs() const override;
-
-  /// Logits of X [tokens, h] into buffers.forward, then the loss.
-  double forward(ConstMatrixView<T> X, std::span<const std::int32_t> targets,
-                 StepBuffers& buffers) override;
-  /// dX [tokens, h] (contiguous, never read) and wte's gradient (+)=.
-  void backward(MatrixView<T> dX, StepBuffers& buffers, bool accumulate = false) override;
-
-  /// Local logits [tokens, V/p] (vocabulary columns [r*V/p, (r+1)*V/p)) of
-  /// the last forward; backward overwrites them with dL/dlogits.
-  ConstMatrixView<T> logits() const override { return logits_; }
-
- private:
-  std::size_t scratch_bytes() const;
-
-  ProcessGrid* grid_;
-  Backend* backend_;
-  Param<T>* wte_;
-  index_t tokens_, hidden_, vocab_;
-  int p_;
-  CrossEntropy1D<T> loss_;
-  MatrixView<T> logits_{};
-  ConstMatrixView<T> x_{};
+           index_t vocab, index_t normalizer = 0)
+      : VocabLMHead<T>(grid, backend, megatron1d_vocab_layout(grid), wte, tokens, hidden, vocab,
+                       normalizer) {}
 };
 
 extern template class ColumnParallelLinear1D<float>;
@@ -327,17 +231,5 @@ extern template class ColumnParallelLinear1D<bf16>;
 extern template class RowParallelLinear1D<float>;
 extern template class RowParallelLinear1D<double>;
 extern template class RowParallelLinear1D<bf16>;
-extern template class LayerNorm1D<float>;
-extern template class LayerNorm1D<double>;
-extern template class LayerNorm1D<bf16>;
-extern template class Embedding1D<float>;
-extern template class Embedding1D<double>;
-extern template class Embedding1D<bf16>;
-extern template class CrossEntropy1D<float>;
-extern template class CrossEntropy1D<double>;
-extern template class CrossEntropy1D<bf16>;
-extern template class LMHead1D<float>;
-extern template class LMHead1D<double>;
-extern template class LMHead1D<bf16>;
 
 }  // namespace summa

@@ -1,7 +1,7 @@
 #pragma once
 /// \file check_view.hpp
-/// A scheme op's local check of a view's shape and layout, shared by the
-/// scheme folders (not installed). Local shapes are the same on every rank of
+/// An op's local check of a view's shape and layout, shared by layers/ and
+/// the scheme folders (not installed). Local shapes are the same on every rank of
 /// a scheme whose ops call it with consistent arguments, so a wrong argument
 /// fails on every rank alike. Allocates nothing unless it throws.
 

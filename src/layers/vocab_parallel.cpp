@@ -1,0 +1,551 @@
+// The vocabulary-parallel embedding, tied LM head and cross-entropy, once
+// for every scheme that splits the vocabulary (summa/layers/vocab_parallel.hpp).
+#include "summa/layers/vocab_parallel.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "check_view.hpp"
+#include "summa/schemes/cost.hpp"
+
+namespace summa {
+
+using detail::check_view;
+
+namespace {
+
+// ---------------------------------------------------------------- collectives
+
+/// In-place all-reduce (sum unless `op`) over `a`; nothing on an axis of one.
+template <class T>
+void all_reduce(ProcessGrid& grid, const AxisSplit& a, T* data, index_t count,
+                ReduceOp op = ReduceOp::sum) {
+  if (a.size > 1)
+    grid.comm(a.axis).all_reduce(data, data, static_cast<std::size_t>(count), dtype_v<T>, op);
+}
+
+Scratch take_scratch(Arena& ws, std::size_t bytes) {
+  return Scratch{ws.take_bytes(bytes), bytes};
+}
+
+/// The rank's block of a global [tokens] id sequence on the tokens axis.
+std::span<const std::int32_t> local_rows(std::span<const std::int32_t> ids, index_t tokens,
+                                         const AxisSplit& t) {
+  const auto n = static_cast<std::size_t>(tokens / t.size);
+  return ids.subspan(static_cast<std::size_t>(t.rank) * n, n);
+}
+
+/// wte's local shard [V/(Gv*Gt), H/Gh] all-gathered over the tokens axis
+/// into its block [V/Gv, H/Gh] (the shard itself on a tokens axis of one).
+template <class T>
+MatrixView<T> gather_wte(ProcessGrid& grid, const VocabLayout& l, Param<T>& wte, T* buffer,
+                         index_t rows, index_t cols) {
+  if (l.tokens.size == 1) return wte.value_view();
+  grid.comm(l.tokens.axis)
+      .all_gather(wte.value, buffer, static_cast<std::size_t>(wte.shard.local_size()));
+  return MatrixView<T>::dense(buffer, rows, cols, Order::row_major);
+}
+
+/// Reduce-scatters the block-sized wte gradient `full` over the tokens axis
+/// and adds the rank's part to (without `accumulate`: stores it in) wte's
+/// gradient. On a tokens axis of one `full` is the gradient itself.
+template <class T>
+void scatter_wte_grad(ProcessGrid& grid, const VocabLayout& l, Backend& be, Param<T>& wte, T* full,
+                      bool accumulate) {
+  using A = acc_t<T>;
+  if (l.tokens.size == 1) return;
+  const auto shard = static_cast<std::size_t>(wte.shard.local_size());
+  Communicator& c = grid.comm(l.tokens.axis);
+  if (accumulate) {
+    c.reduce_scatter(full, full, shard, dtype_v<T>, ReduceOp::sum);
+    be.axpby(A(1),
+             ConstMatrixView<T>::dense(full, wte.shard.local_rows, wte.shard.local_cols,
+                                       Order::row_major),
+             A(1), wte.grad_view());
+  } else {
+    c.reduce_scatter(full, wte.grad, shard, dtype_v<T>, ReduceOp::sum);
+  }
+}
+
+index_t gv(const VocabLayout& l) {
+  return l.vocab.size;
+}
+index_t gh(const VocabLayout& l) {
+  return l.hidden.size;
+}
+index_t gt(const VocabLayout& l) {
+  return l.tokens.size;
+}
+
+// ---------------------------------------------------------------- shards
+
+/// `s` holding one piece: its whole local block at (row, col) of the global matrix.
+ParamShard whole_block(ParamShard s, index_t row, index_t col) {
+  s.pieces.push_back({.global_row = row,
+                      .global_col = col,
+                      .local_row = 0,
+                      .local_col = 0,
+                      .rows = s.local_rows,
+                      .cols = s.local_cols});
+  return s;
+}
+
+/// wte: rows [v*V/Gv + t*V/(Gv*Gt), +V/(Gv*Gt)), columns [h*H/Gh, +H/Gh).
+ParamShard wte_shard(const VocabLayout& l, index_t vocab, index_t hidden) {
+  ParamShard s;
+  s.name = "wte.weight";
+  s.global_shape = {vocab, hidden};
+  s.local_rows = vocab / (gv(l) * gt(l));
+  s.local_cols = hidden / gh(l);
+  const index_t row = l.vocab.rank * (vocab / gv(l)) + l.tokens.rank * s.local_rows;
+  return whole_block(std::move(s), row, l.hidden.rank * (hidden / gh(l)));
+}
+
+/// wpe: all rows, columns [h*H/Gh, +H/Gh); the rank with v = t = 0 owns it.
+ParamShard wpe_shard(const VocabLayout& l, index_t n_positions, index_t hidden) {
+  ParamShard s;
+  s.name = "wpe.weight";
+  s.global_shape = {n_positions, hidden};
+  s.local_rows = n_positions;
+  s.local_cols = hidden / gh(l);
+  s.owner = l.vocab.rank == 0 && l.tokens.rank == 0;
+  return whole_block(std::move(s), 0, l.hidden.rank * (hidden / gh(l)));
+}
+
+std::string who(const char* op, const VocabLayout& l) {
+  return std::string(op) + l.scheme;
+}
+
+/// "Gx*Gz = 2*2" or "p=2" for the divisor of the vocabulary.
+std::string vocab_divisor(const VocabLayout& l) {
+  if (l.tokens.size == 1) return fmt::format("{}={}", l.vocab.name, l.vocab.size);
+  return fmt::format("{}*{} = {}*{}", l.vocab.name, l.tokens.name, l.vocab.size, l.tokens.size);
+}
+
+/// The first id of `ids` outside [0, vocab), as an error of `op`.
+std::optional<std::string> ids_error(const std::string& op, std::span<const std::int32_t> ids,
+                                     index_t expected, index_t vocab, const char* what,
+                                     const char* count_name) {
+  if (static_cast<index_t>(ids.size()) != expected)
+    return fmt::format("{}: {} ids has {} values, expected {} = {}", op, what, ids.size(),
+                       count_name, expected);
+  const auto bad =
+      std::find_if(ids.begin(), ids.end(), [&](std::int32_t id) { return id < 0 || id >= vocab; });
+  if (bad != ids.end())
+    return fmt::format("{}: {} id {} at position {} is outside [0, vocab={})", op, what, *bad,
+                       bad - ids.begin(), vocab);
+  return std::nullopt;
+}
+
+ProcessGrid& checked_embedding(ProcessGrid& grid, const VocabLayout& l, index_t batch, index_t seq,
+                               index_t vocab, index_t hidden, index_t n_positions) {
+  const std::string op = who("Embedding", l);
+  std::optional<std::string> error;
+  if (batch <= 0 || seq <= 0 || vocab <= 0 || hidden <= 0 || n_positions <= 0)
+    error =
+        fmt::format("{}: batch={}, seq={}, vocab={}, hidden={}, n_positions={} must be positive",
+                    op, batch, seq, vocab, hidden, n_positions);
+  else if (seq > n_positions)
+    error = fmt::format("{}: seq={} is longer than the position table (n_positions={})", op, seq,
+                        n_positions);
+  else if (batch % gt(l) != 0)
+    error = fmt::format("{}: batch={} must be divisible by {}={}", op, batch, l.tokens.name,
+                        l.tokens.size);
+  else if (vocab % (gv(l) * gt(l)) != 0)
+    error = fmt::format("{}: vocab={} must be divisible by {}", op, vocab, vocab_divisor(l));
+  else if (hidden % gh(l) != 0)
+    error = fmt::format("{}: hidden={} must be divisible by {}={}", op, hidden, l.hidden.name,
+                        l.hidden.size);
+  grid.agree(l.agree_axis, error);
+  return grid;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- embedding
+
+template <class T>
+VocabEmbedding<T>::VocabEmbedding(ProcessGrid& grid, Backend& backend, VocabLayout layout,
+                                  index_t batch, index_t seq, index_t vocab, index_t hidden,
+                                  index_t n_positions)
+    : grid_(&checked_embedding(grid, layout, batch, seq, vocab, hidden, n_positions)),
+      backend_(&backend),
+      layout_(layout),
+      batch_(batch),
+      seq_(seq),
+      vocab_(vocab),
+      hidden_(hidden),
+      positions_(n_positions) {
+  wte_.shard = wte_shard(layout_, vocab, hidden);
+  wpe_.shard = wpe_shard(layout_, n_positions, hidden);
+  const auto token_rows = static_cast<std::size_t>(batch * seq / gt(layout_));
+  position_ids_ = BackendIds::cyclic(backend, token_rows, seq);
+  tokens_ = BackendIds(backend, token_rows);
+}
+
+template <class T>
+void VocabEmbedding<T>::collect_parameters(std::vector<Param<T>*>& out) {
+  out.push_back(&wte_);
+  out.push_back(&wpe_);
+}
+
+template <class T>
+BufferNeeds VocabEmbedding<T>::buffer_needs() const {
+  // Without a tokens axis: gathers straight into Y and reduces in place.
+  ByteCount<T> ws;
+  if (gt(layout_) > 1)
+    ws.add((vocab_ / gv(layout_)) * (hidden_ / gh(layout_)))
+        .add(positions_ * (hidden_ / gh(layout_)));
+  return {.workspace = ws, .forward = 0, .backward = 0};
+}
+
+template <class T>
+index_t VocabEmbedding<T>::vocab_begin() const {
+  return layout_.vocab.rank * (vocab_ / gv(layout_));
+}
+
+template <class T>
+void VocabEmbedding<T>::check_ids(std::span<const std::int32_t> ids, const char* what) const {
+  const std::string count = fmt::format("batch*seq = {}*{}", batch_, seq_);
+  grid_->agree_call(layout_.agree_axis, ids_error(who("Embedding", layout_), ids, batch_ * seq_,
+                                                  vocab_, what, count.c_str()));
+}
+
+template <class T>
+void VocabEmbedding<T>::set_positions(std::span<const std::int32_t> positions) {
+  const std::string op = who("Embedding", layout_);
+  grid_->agree_call(layout_.agree_axis,
+                    positions_error(op.c_str(), positions, batch_ * seq_, positions_));
+  position_ids_.assign(local_rows(positions, batch_ * seq_, layout_.tokens));
+}
+
+template <class T>
+void VocabEmbedding<T>::forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
+                                StepBuffers& buffers) {
+  check_ids(tokens, "token");
+  const index_t m = batch_ * seq_ / gt(layout_), n = hidden_ / gh(layout_);
+  const std::string op = who("Embedding", layout_) + " forward";
+  check_view(op.c_str(), "Y", Y, m, n, true);
+  Backend& be = *backend_;
+  tokens_.assign(local_rows(tokens, batch_ * seq_, layout_.tokens));
+  ArenaScope scope(buffers.workspace);
+  T* buf = gt(layout_) > 1
+               ? buffers.workspace.take<T>(static_cast<std::size_t>((vocab_ / gv(layout_)) * n))
+               : nullptr;
+  const auto block =
+      ConstMatrixView<T>(gather_wte(*grid_, layout_, wte_, buf, vocab_ / gv(layout_), n));
+  // Exactly one rank of the vocabulary axis holds each token's row: the sum is exact.
+  be.gather_rows(tokens_.data(), vocab_begin(), block, false, Y);
+  all_reduce(*grid_, layout_.vocab, Y.data, m * n);
+  be.gather_rows(position_ids_.data(), 0, wpe_.value_view(), true, Y);
+}
+
+template <class T>
+void VocabEmbedding<T>::backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate) {
+  using A = acc_t<T>;
+  const std::string op = who("Embedding", layout_);
+  require(tokens_.size() > 0, [&] { return op + ": backward without forward"; });
+  const index_t m = batch_ * seq_ / gt(layout_), n = hidden_ / gh(layout_),
+                nv = vocab_ / gv(layout_);
+  check_view((op + " backward").c_str(), "dY", dY, m, n);
+  Backend& be = *backend_;
+  if (gt(layout_) == 1) {
+    if (!accumulate) {
+      be.scale(A(0), wte_.grad_view());
+      be.scale(A(0), wpe_.grad_view());
+    }
+    be.scatter_add_rows(tokens_.data(), vocab_begin(), dY, wte_.grad_view());
+    // dY is the same over the vocabulary axis: so is wpe's gradient, replicas stay equal.
+    be.scatter_add_rows(position_ids_.data(), 0, dY, wpe_.grad_view());
+    return;
+  }
+  ArenaScope scope(buffers.workspace);
+  T* full = buffers.workspace.take<T>(static_cast<std::size_t>(nv * n));
+  T* pos = buffers.workspace.take<T>(static_cast<std::size_t>(positions_ * n));
+  const auto full_view = MatrixView<T>::dense(full, nv, n, Order::row_major);
+  const auto pos_view = MatrixView<T>::dense(pos, positions_, n, Order::row_major);
+  be.scale(A(0), full_view);
+  be.scale(A(0), pos_view);
+  be.scatter_add_rows(tokens_.data(), vocab_begin(), dY, full_view);
+  be.scatter_add_rows(position_ids_.data(), 0, dY, pos_view);
+  // wpe: the rank's tokens' rows, summed over the tokens axis; the same on every replica.
+  all_reduce(*grid_, layout_.tokens, pos, positions_ * n);
+  scatter_wte_grad(*grid_, layout_, be, wte_, full, accumulate);
+  be.axpby(A(1), ConstMatrixView<T>(pos_view), accumulate ? A(1) : A(0), wpe_.grad_view());
+}
+
+// ---------------------------------------------------------------- cross-entropy
+
+template <class T>
+VocabCrossEntropy<T>::VocabCrossEntropy(ProcessGrid& grid, Backend& backend, VocabLayout layout,
+                                        index_t tokens, index_t vocab, index_t normalizer)
+    : grid_(&grid),
+      backend_(&backend),
+      layout_(layout),
+      tokens_(tokens),
+      vocab_(vocab),
+      normalizer_(normalizer > 0 ? normalizer : tokens) {
+  std::optional<std::string> error;
+  if (tokens <= 0 || vocab <= 0 || vocab % gv(layout_) != 0 || tokens % gt(layout_) != 0)
+    error = fmt::format(
+        "{}: tokens={} and vocab={} must be positive, vocab divisible by {}={}, tokens by {}={}",
+        who("CrossEntropy", layout_), tokens, vocab, layout_.vocab.name, layout_.vocab.size,
+        layout_.tokens.name, layout_.tokens.size);
+  grid.agree(layout_.agree_axis, error);
+  targets_ = BackendIds(backend, static_cast<std::size_t>(tokens / gt(layout_)));
+}
+
+template <class T>
+BufferNeeds VocabCrossEntropy<T>::buffer_needs() const {
+  const index_t m = tokens_ / gt(layout_);
+  ByteCount<acc_t<T>> fwd;  // row statistics in acc_t<T> (fp32 for bf16 logits)
+  fwd.add(m).add(2 * m);    // max; sum | picked
+  return {.workspace = 0, .forward = fwd, .backward = 0};
+}
+
+template <class T>
+double VocabCrossEntropy<T>::forward(ConstMatrixView<T> Z, std::span<const std::int32_t> targets,
+                                     StepBuffers& buffers) {
+  const index_t nv = vocab_ / gv(layout_), m = tokens_ / gt(layout_);
+  const std::string op = who("CrossEntropy", layout_);
+  {
+    std::optional<std::string> error;
+    if (Z.rows != m || Z.cols != nv)
+      error = fmt::format("{}: local logits are {}x{}, expected {}x{}", op, Z.rows, Z.cols, m, nv);
+    else
+      error = ids_error(op, targets, tokens_, vocab_, "target", "tokens");
+    grid_->agree_call(layout_.agree_axis, error);
+  }
+  Backend& be = *backend_;
+  const auto n = static_cast<std::size_t>(m);
+  const index_t col0 = layout_.vocab.rank * nv;
+  targets_.assign(local_rows(targets, tokens_, layout_.tokens));
+  max_ = buffers.forward.take<acc_t<T>>(n);
+  stats_ = buffers.forward.take<acc_t<T>>(2 * n);
+  be.row_max(Z, max_);
+  all_reduce(*grid_, layout_.vocab, max_, m, ReduceOp::max);
+  be.row_sum_exp(Z, max_, stats_);
+  be.pick_targets(Z, targets_.data(), col0, stats_ + n);
+  all_reduce(*grid_, layout_.vocab, stats_, 2 * m);
+  // Every rank of the vocabulary axis holds its tokens' statistics.
+  double total = be.cross_entropy_sum(m, max_, stats_, stats_ + n);
+  all_reduce(*grid_, layout_.tokens, &total, 1);  // the token blocks
+  return total / static_cast<double>(normalizer_);
+}
+
+template <class T>
+void VocabCrossEntropy<T>::backward(MatrixView<T> Z, StepBuffers&) {
+  const std::string op = who("CrossEntropy", layout_);
+  require(max_ != nullptr, [&] { return op + ": backward without forward"; });
+  check_view((op + " backward").c_str(), "Z", Z, tokens_ / gt(layout_), vocab_ / gv(layout_));
+  backend_->cross_entropy_grad(Z, max_, stats_, targets_.data(),
+                               layout_.vocab.rank * (vocab_ / gv(layout_)),
+                               1.0 / static_cast<double>(normalizer_));
+}
+
+// ---------------------------------------------------------------- LM head
+
+template <class T>
+VocabLMHead<T>::VocabLMHead(ProcessGrid& grid, Backend& backend, VocabLayout layout, Param<T>& wte,
+                            index_t tokens, index_t hidden, index_t vocab, index_t normalizer)
+    : grid_(&grid),
+      backend_(&backend),
+      layout_(layout),
+      wte_(&wte),
+      tokens_(tokens),
+      hidden_(hidden),
+      vocab_(vocab),
+      loss_(grid, backend, layout, tokens, vocab, normalizer) {
+  const std::string op = who("LMHead", layout_);
+  std::optional<std::string> error;
+  if (hidden <= 0 || hidden % gh(layout_) != 0 || vocab % (gv(layout_) * gt(layout_)) != 0) {
+    error = fmt::format("{}: hidden={} must be positive and divisible by {}={}, vocab={} by {}", op,
+                        hidden, layout_.hidden.name, layout_.hidden.size, vocab,
+                        vocab_divisor(layout_));
+  } else {
+    const index_t rows = vocab / (gv(layout_) * gt(layout_)), cols = hidden / gh(layout_);
+    if (wte.shard.local_rows != rows || wte.shard.local_cols != cols)
+      error = fmt::format("{}: the tied embedding shard is {}x{}, expected {}x{}", op,
+                          wte.shard.local_rows, wte.shard.local_cols, rows, cols);
+  }
+  grid.agree(layout_.agree_axis, error);
+}
+
+template <class T>
+std::size_t VocabLMHead<T>::scratch_bytes() const {
+  const index_t m = tokens_ / gt(layout_), nv = vocab_ / gv(layout_), n = hidden_ / gh(layout_);
+  const DType t = dtype_v<T>;
+  return std::max({backend_->gemm_scratch_bytes(m, nv, n, t),    // Z = X wteᵀ
+                   backend_->gemm_scratch_bytes(m, n, nv, t),    // dX = dZ wte
+                   backend_->gemm_scratch_bytes(nv, n, m, t)});  // dwte = dZᵀ X
+}
+
+template <class T>
+BufferNeeds VocabLMHead<T>::buffer_needs() const {
+  const index_t m = tokens_ / gt(layout_), nv = vocab_ / gv(layout_), n = hidden_ / gh(layout_);
+  ByteCount<T> fwd, ws;
+  fwd.add(m * nv);                      // logits
+  if (gt(layout_) > 1) ws.add(nv * n);  // gathered wte block, reused for its gradient
+  ws.add_bytes(scratch_bytes());
+  BufferNeeds needs{.workspace = ws, .forward = fwd, .backward = 0};
+  needs.then(loss_.buffer_needs());
+  return needs;
+}
+
+template <class T>
+MatrixView<T> VocabLMHead<T>::gathered_wte(T* buffer) {
+  return gather_wte(*grid_, layout_, *wte_, buffer, vocab_ / gv(layout_), hidden_ / gh(layout_));
+}
+
+template <class T>
+double VocabLMHead<T>::forward(ConstMatrixView<T> X, std::span<const std::int32_t> targets,
+                               StepBuffers& buffers) {
+  using A = acc_t<T>;
+  const index_t m = tokens_ / gt(layout_), nv = vocab_ / gv(layout_), n = hidden_ / gh(layout_);
+  check_view((who("LMHead", layout_) + " forward").c_str(), "X", X, m, n);
+  logits_ = MatrixView<T>::dense(buffers.forward.take<T>(static_cast<std::size_t>(m * nv)), m, nv,
+                                 Order::row_major);
+  {
+    ArenaScope scope(buffers.workspace);
+    T* buf =
+        gt(layout_) > 1 ? buffers.workspace.take<T>(static_cast<std::size_t>(nv * n)) : nullptr;
+    const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
+    const auto W = ConstMatrixView<T>(gathered_wte(buf));
+    backend_->gemm(Op::N, Op::T, A(1), X, W, A(0), logits_, scratch);
+    all_reduce(*grid_, layout_.hidden, logits_.data, m * nv);
+  }
+  x_ = X;
+  if (targets.empty()) return 0;  // logits only (LossHead::forward)
+  return loss_.forward(logits_, targets, buffers);
+}
+
+template <class T>
+void VocabLMHead<T>::backward(MatrixView<T> dX, StepBuffers& buffers, bool accumulate) {
+  using A = acc_t<T>;
+  const std::string op = who("LMHead", layout_);
+  require(logits_.data != nullptr, [&] { return op + ": backward without forward"; });
+  const index_t m = tokens_ / gt(layout_), nv = vocab_ / gv(layout_), n = hidden_ / gh(layout_);
+  check_view((op + " backward").c_str(), "dX", dX, m, n, true);
+  loss_.backward(logits_, buffers);  // logits_ now holds dL/dlogits
+  Backend& be = *backend_;
+  ArenaScope scope(buffers.workspace);
+  T* buf = gt(layout_) > 1 ? buffers.workspace.take<T>(static_cast<std::size_t>(nv * n)) : nullptr;
+  const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
+  const auto dZ = ConstMatrixView<T>(logits_);
+  be.gemm(Op::N, Op::N, A(1), dZ, ConstMatrixView<T>(gathered_wte(buf)), A(0), dX, scratch);
+  Request request;
+  if (layout_.vocab.size > 1) {
+    Communicator& vc = grid_->comm(layout_.vocab.axis);
+    const auto count = static_cast<std::size_t>(m * n);
+    if (layout_.overlap_dx)
+      request = vc.iall_reduce(dX.data, dX.data, count, dtype_v<T>, ReduceOp::sum);
+    else
+      vc.all_reduce(dX.data, dX.data, count, dtype_v<T>, ReduceOp::sum);
+  }
+  if (gt(layout_) == 1) {
+    be.gemm(Op::T, Op::N, A(1), dZ, x_, accumulate ? A(1) : A(0), wte_->grad_view(), scratch);
+  } else {
+    be.gemm(Op::T, Op::N, A(1), dZ, x_, A(0), MatrixView<T>::dense(buf, nv, n, Order::row_major),
+            scratch);
+    scatter_wte_grad(*grid_, layout_, be, *wte_, buf, accumulate);
+  }
+  if (layout_.vocab.size > 1) grid_->comm(layout_.vocab.axis).wait(request);
+}
+
+// ---------------------------------------------------------------- cost
+
+namespace vocab_cost {
+
+namespace {
+
+void all_reduce(cost::Tally& t, const AxisSplit& a, u64 count, u64 e) {
+  if (a.size > 1)
+    t.all_reduce(a.axis, count, static_cast<u64>(a.size), static_cast<u64>(a.rank), e);
+}
+u64 shard(const VocabLayout& l, u64 vocab, u64 hidden) {
+  return vocab * hidden / static_cast<u64>(gv(l) * gh(l) * gt(l));
+}
+void tokens_all_gather(cost::Tally& t, const VocabLayout& l, u64 per_rank, u64 e) {
+  if (l.tokens.size > 1) t.all_gather(l.tokens.axis, per_rank, static_cast<u64>(l.tokens.size), e);
+}
+void tokens_reduce_scatter(cost::Tally& t, const VocabLayout& l, u64 per_rank, u64 e) {
+  if (l.tokens.size > 1)
+    t.reduce_scatter(l.tokens.axis, per_rank, static_cast<u64>(l.tokens.size), e);
+}
+
+}  // namespace
+
+// The wte shard all-gathered over the tokens axis, the rows each vocabulary
+// block holds all-reduced over the vocabulary axis.
+void embedding_forward(cost::Tally& t, const VocabLayout& l, const cost::Elements& el, u64 tokens,
+                       u64 vocab, u64 hidden) {
+  const u64 block = tokens / static_cast<u64>(gt(l)) * (hidden / static_cast<u64>(gh(l)));
+  tokens_all_gather(t, l, shard(l, vocab, hidden), el.e);
+  t.memory(3 * block * el.e);  // lookup and position add
+  all_reduce(t, l.vocab, block, el.e);
+}
+
+// Row scatter-adds; over the tokens axis wpe's gradient all-reduced, dwte
+// reduce-scattered.
+void embedding_backward(cost::Tally& t, const VocabLayout& l, const cost::Elements& el, u64 tokens,
+                        u64 vocab, u64 hidden, u64 positions) {
+  const u64 cols = hidden / static_cast<u64>(gh(l));
+  t.memory(3 * (tokens / static_cast<u64>(gt(l))) * cols * el.e);
+  all_reduce(t, l.tokens, positions * cols, el.e);
+  tokens_reduce_scatter(t, l, shard(l, vocab, hidden), el.e);
+}
+
+u64 embedding_params(const VocabLayout& l, u64 vocab, u64 hidden, u64 positions) {
+  return shard(l, vocab, hidden) + positions * (hidden / static_cast<u64>(gh(l)));
+}
+
+// The logits' partial products all-reduced over the hidden axis, the
+// cross-entropy's row max and (sum exp | target logit) over the vocabulary
+// axis in acc_t, the loss (a double) over the tokens axis.
+void lm_head_forward(cost::Tally& t, const VocabLayout& l, const cost::Elements& el, u64 tokens,
+                     u64 vocab, u64 hidden) {
+  const u64 m = tokens / static_cast<u64>(gt(l)), v = vocab / static_cast<u64>(gv(l));
+  tokens_all_gather(t, l, shard(l, vocab, hidden), el.e);
+  t.gemm(m, v, hidden / static_cast<u64>(gh(l)), el.e);  // Z = X wteᵀ
+  all_reduce(t, l.hidden, m * v, el.e);
+  t.memory(m * v * el.e);  // row max
+  all_reduce(t, l.vocab, m, el.a);
+  t.pointwise(model::Pointwise::exp, m * v, m * v * el.e);  // sum exp, target
+  all_reduce(t, l.vocab, 2 * m, el.a);
+  all_reduce(t, l.tokens, 1, sizeof(double));
+}
+
+// The wte shard gathered again, dX all-reduced over the vocabulary axis
+// (overlapped with dwte's GEMM when the layout says so), dwte
+// reduce-scattered over the tokens axis.
+void lm_head_backward(cost::Tally& t, const VocabLayout& l, const cost::Elements& el, u64 tokens,
+                      u64 vocab, u64 hidden) {
+  const u64 m = tokens / static_cast<u64>(gt(l)), v = vocab / static_cast<u64>(gv(l)),
+            k = hidden / static_cast<u64>(gh(l));
+  t.pointwise(model::Pointwise::exp, m * v, 2 * m * v * el.e);  // dZ = softmax - onehot
+  tokens_all_gather(t, l, shard(l, vocab, hidden), el.e);
+  t.gemm(m, k, v, el.e);  // dX = dZ wte
+  t.overlapped = l.overlap_dx;
+  all_reduce(t, l.vocab, m * k, el.e);
+  t.overlapped = false;
+  t.gemm(v, k, m, el.e);  // dwte = dZᵀ X
+  tokens_reduce_scatter(t, l, shard(l, vocab, hidden), el.e);
+}
+
+}  // namespace vocab_cost
+
+template class VocabEmbedding<float>;
+template class VocabEmbedding<double>;
+template class VocabEmbedding<bf16>;
+template class VocabCrossEntropy<float>;
+template class VocabCrossEntropy<double>;
+template class VocabCrossEntropy<bf16>;
+template class VocabLMHead<float>;
+template class VocabLMHead<double>;
+template class VocabLMHead<bf16>;
+
+}  // namespace summa
