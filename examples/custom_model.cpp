@@ -69,6 +69,13 @@ int run(const Options& o, int rank, int ranks) {
   using T = float;
   using summa::ActivationLayout;
   using summa::LinearRole;
+  // The set-up (the memory check, the grid's agreements) waits under a
+  // watchdog on the whole job: a rank stopped before the grid exists ends
+  // the job with a report, not a hang. The grid's own watchdog guards the
+  // training.
+  summa::WatchdogOptions setup_limit;
+  setup_limit.timeout_s = o.watchdog;
+  const summa::Watchdog setup_watchdog(MPI_COMM_WORLD, setup_limit);
   const summa::SchemeSpec spec =
       summa::SchemeSpec::parse(o.scheme.empty() ? "1d:p=" + std::to_string(ranks) : o.scheme);
   // Sizes checked before memory, in floating point (no overflow): the

@@ -10,6 +10,7 @@
 #include "summa/comm/counters.hpp"
 #include "summa/comm/mpi_communicator.hpp"
 #include "summa/comm/mpi_init.hpp"
+#include "summa/comm/watchdog.hpp"
 #include "summa/core/error.hpp"
 #include "summa/core/matrix_view.hpp"
 #include "summa/core/types.hpp"

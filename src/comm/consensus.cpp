@@ -4,9 +4,14 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
+#include <thread>
 
 #include "fault_stop.hpp"
+#include "setup_limit.hpp"
 #include "summa/comm/mpi_communicator.hpp"
 #include "summa/comm/watchdog.hpp"
 #include "summa/core/error.hpp"
@@ -23,10 +28,64 @@ std::uint64_t agreements_made() {
   return agreements.load(std::memory_order_relaxed);
 }
 
+namespace detail {
+
+namespace {
+thread_local double setup_limit_s = 0;
+}  // namespace
+
+SetupLimit::SetupLimit(double seconds) noexcept : previous_(setup_limit_s) {
+  setup_limit_s = seconds > 0 ? seconds : 0;
+}
+SetupLimit::~SetupLimit() {
+  setup_limit_s = previous_;
+}
+double SetupLimit::current() noexcept {
+  return setup_limit_s;
+}
+
+}  // namespace detail
+
+namespace {
+
+// A wait no watchdog covers, under the thread's SetupLimit: polled; past the
+// limit, one report from each waiting rank and the job is aborted.
+void wait_under_setup_limit(MPI_Request& request, MPI_Comm comm, const char* what, double limit) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  for (std::uint64_t polls = 0;; ++polls) {
+    int done = 0;
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done) return;
+    if (polls % 64 == 63) {
+      if (std::chrono::duration<double>(clock::now() - start).count() > limit) break;
+      std::this_thread::yield();
+    }
+  }
+  int rank = 0, size = 0, world = 0;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world);
+  std::fprintf(stderr,
+               "summa watchdog: rank %d has waited %g s in %s over %d ranks (world rank %d), "
+               "before any watchdog exists: a rank of the group did not arrive (stopped, lost or "
+               "busy); aborting the job\n",
+               rank, limit, what, size, world);
+  std::fflush(stderr);
+  MPI_Abort(comm, 3);
+  std::abort();  // MPI_Abort does not return
+}
+
+}  // namespace
+
 void wait_guarded(MPI_Request& request, MPI_Comm comm, const char* what, std::uint64_t bytes) {
   Watchdog* w = Watchdog::active();
-  if (w == nullptr || !w->wait_if_covered(request, comm, what, bytes))
-    check_mpi(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
+  if (w != nullptr && w->wait_if_covered(request, comm, what, bytes)) return;
+  if (const double limit = detail::SetupLimit::current(); limit > 0) {
+    wait_under_setup_limit(request, comm, what, limit);
+    return;
+  }
+  check_mpi(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
 }
 
 void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error) {

@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -17,12 +18,15 @@ namespace summa {
 
 namespace {
 
-// A finite non-negative number, or -1.
+// The watchdog's own largest limit (the programs' --watchdog range).
+constexpr double kMaxSeconds = 1e7;
+
+// A number of seconds in [0, kMaxSeconds], or -1.
 double parse_seconds(const char* text) {
   if (text == nullptr || *text == '\0') return -1;
   char* end = nullptr;
   const double v = std::strtod(text, &end);
-  if (end == text || *end != '\0' || !std::isfinite(v) || v < 0) return -1;
+  if (end == text || *end != '\0' || !std::isfinite(v) || v < 0 || v > kMaxSeconds) return -1;
   return v;
 }
 
@@ -66,9 +70,22 @@ void init_mpi(int* argc, char*** argv, double default_s) {
   std::mutex m;
   std::condition_variable cv;
   bool done = false;
+  // The limit counts the time this process runs: the timer ticks every 100
+  // ms and a tick that took far longer (the process was stopped, SIGSTOP,
+  // then continued, e.g. by the launcher ending the job) adds one tick
+  // only. So only the ranks that waited report, once each, and a rank that
+  // was stopped does not blame "another rank" when it is continued.
   std::thread timer([&] {
+    using clock = std::chrono::steady_clock;
+    constexpr auto tick = std::chrono::milliseconds(100);
+    double waited = 0;
     std::unique_lock lock(m);
-    if (cv.wait_for(lock, std::chrono::duration<double>(limit), [&] { return done; })) return;
+    while (waited < limit) {
+      const auto t0 = clock::now();
+      if (cv.wait_for(lock, tick, [&] { return done; })) return;
+      const double dt = std::chrono::duration<double>(clock::now() - t0).count();
+      waited += std::min(dt, 0.2);
+    }
     const std::string who = rank >= 0 ? "rank " + std::to_string(rank) : std::string("a rank");
     std::fprintf(stderr,
                  "summa: %s: MPI_Init did not finish within %g s: another rank of the job was "

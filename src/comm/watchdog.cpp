@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <map>
 
+#include "setup_limit.hpp"
 #include "summa/comm/consensus.hpp"
 #include "summa/comm/mpi_communicator.hpp"
 #include "summa/core/error.hpp"
@@ -94,7 +95,12 @@ Watchdog::Watchdog(MPI_Comm comm, WatchdogOptions options) : options_(std::move(
     error = fmt::format("Watchdog: report_s={} must be finite and >= 0", r);
   const std::array<std::int64_t, 1> ms{error ? 0 : std::llround(t * 1000)};
   static constexpr const char* names[] = {"the watchdog timeout (ms)"};
-  agree_on(comm, error, ms, names, "Watchdog");
+  {
+    // The agreement on the limit runs before this watchdog exists: under
+    // the rank's own limit (a rank stopped before it ends the job too).
+    const detail::SetupLimit limit(error ? 0 : t + r);
+    agree_on(comm, error, ms, names, "the watchdog's set-up agreement");
+  }
   check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup (watchdog)");
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");

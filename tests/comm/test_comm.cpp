@@ -1425,8 +1425,13 @@ TEST(InitMpi, TimeoutComesFromTheEnvironmentTheFlagOrTheDefault) {
   EXPECT_EQ(limit({"--watchdog", "abc"}, 600), 600);
   EXPECT_EQ(limit({"--watchdog", "-5"}, 600), 600);
   EXPECT_EQ(limit({"--watchdog"}, 600), 600);
+  EXPECT_EQ(limit({"--watchdog", "1e10"}, 600),
+            600);  // beyond the flag's range: the parser says so
+  EXPECT_EQ(limit({"--watchdog", "1e7"}, 600), 1e7);
   ASSERT_EQ(::setenv("SUMMA_INIT_TIMEOUT", "7", 1), 0);
   EXPECT_EQ(limit({"--watchdog", "120"}, 600), 7);
+  ASSERT_EQ(::setenv("SUMMA_INIT_TIMEOUT", "1e300", 1), 0);  // was: overflowed to no wait at all
+  EXPECT_EQ(limit({"--watchdog", "120"}, 600), 120);
   ASSERT_EQ(::setenv("SUMMA_INIT_TIMEOUT", "nan", 1), 0);
   EXPECT_EQ(limit({"--watchdog", "120"}, 600), 120);
   ASSERT_EQ(::unsetenv("SUMMA_INIT_TIMEOUT"), 0);

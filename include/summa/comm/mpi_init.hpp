@@ -17,8 +17,9 @@ inline constexpr int kInitTimeoutExit = 4;
 /// otherwise `--watchdog S` (or `--watchdog=S`) from the command line, at
 /// least 30 s (start-up of an oversubscribed job takes seconds), 0 when the
 /// program's watchdog is off; otherwise `default_s`. A value that is not a
-/// finite non-negative number is ignored (the program's own parser refuses
-/// it after MPI_Init).
+/// number in [0, 1e7] is ignored (the program's own parser refuses it after
+/// MPI_Init). The limit counts the time the process runs: a rank that was
+/// itself stopped and continued does not report.
 double init_timeout_s(int argc, const char* const* argv, double default_s);
 
 /// MPI_Init(argc, argv) under init_timeout_s(*argc, *argv, default_s).
