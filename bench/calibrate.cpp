@@ -37,6 +37,7 @@
 #include "bench_device.hpp"
 #include "summa/comm/consensus.hpp"
 #include "summa/io/atomic_file.hpp"
+#include "summa/io/files.hpp"
 #include "summa/io/machine_file.hpp"
 #include "summa/model/step_time.hpp"
 #include "summa/schemes/registry.hpp"
@@ -478,9 +479,10 @@ int main(int argc, char** argv) {
                    "heads=24,seq=32,batch=24,vocab=1536\") under every scheme of --ranks; "
                    "repeatable");
     app.add_option("--ranks", gpt_ranks,
-                   "Rank counts whose schemes --gpt covers (default: the world size)")
+                   "Rank counts whose schemes --gpt covers (default: the world size; at most "
+                   "65536: every scheme of each is priced)")
         ->delimiter(',')
-        ->check(CLI::Range(1, 1 << 20));
+        ->check(CLI::Range(1, 1 << 16));
     summa::bench::add_device_options(app, backend, comm, tf32, "", "cuda: TF32 in float GEMMs");
     try {
       app.parse(argc, argv);
@@ -493,8 +495,14 @@ int main(int argc, char** argv) {
       // --out is checked before the measurement: its folder must take a new
       // file, and what is there already must be a regular file (a device or
       // a FIFO is refused, not replaced); agreed, so every rank stops alike
-      summa::on_root_agreed(MPI_COMM_WORLD,
-                            [&] { const summa::io::AtomicFile probe(out, "--out"); });
+      // a link is written through; a dangling or looping one would be
+      // replaced by the file, which is not what its maker meant: refused
+      summa::on_root_agreed(MPI_COMM_WORLD, [&] {
+        const std::string kind = summa::io::non_regular_kind(out);
+        if (kind.starts_with("a dangling") || kind.starts_with("a symbolic link loop"))
+          throw summa::Error("--out: '" + out + "' is " + kind);
+        const summa::io::AtomicFile probe(out, "--out");
+      });
       const auto t0 = std::chrono::steady_clock::now();
       auto dev = summa::bench::make_backend<UsageError>(backend, comm, tf32,
                                                         app.count("--comm") > 0, "calibrate");

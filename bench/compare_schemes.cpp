@@ -344,6 +344,20 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
   const index_t next = r.largest + summa::batch_granularity(spec);
   r.capped = next > s.max_batch;
   try {
+    // A --budget-mib beyond what the node has: the confirmation step is
+    // checked against the node too (was: an allocation failure, MPI_ABORT)
+    summa::require_memory_fits<T>(MPI_COMM_WORLD, spec, backend, s.config, r.largest, s.seq,
+                                  options, s.grid,
+                                  {.bytes = s.available_bytes, .source = s.available_source}, "");
+  } catch (const summa::Error& e) {  // identical on every rank
+    r.largest_note = std::string(
+                         "not confirmed by a step (the budget is more than the node "
+                         "has): ") +
+                     e.what();
+    r.confirmed = false;
+    return r;
+  }
+  try {
     summa::ParallelGpt<T> big(MPI_COMM_WORLD, spec, backend, s.config, r.largest, s.seq, options,
                               s.grid);
     big.model().init(s.seed);

@@ -315,6 +315,15 @@ Study read_study(const std::string& path) {
       throw summa::Error(
           fmt::format("study file {}: point {}: layers={} is more than this study tool prices ({})",
                       path, k, p.layers, kMaxLayers));
+    // "auto" plans and prices every scheme of the point's rank count: past
+    // this, minutes instead of seconds (was: no output for over 40 s at
+    // 2^20 GPUs)
+    constexpr long kMaxAutoGpus = 65536;
+    if (p.scheme == "auto" && p.gpus > kMaxAutoGpus)
+      throw summa::Error(fmt::format(
+          "study file {}: point {}: scheme \"auto\" searches at most {} GPUs (gpus={}); give the "
+          "point a scheme",
+          path, k, kMaxAutoGpus, p.gpus));
     try {
       config_of(p).validate();
       if (p.scheme != "auto") {

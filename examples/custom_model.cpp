@@ -101,10 +101,13 @@ int run(const Options& o, int rank, int ranks) {
   const std::unique_ptr<summa::SchemeContext<T>> scheme =
       summa::make_context<T>(spec, grid, backend);
   summa::require(o.batch % spec.data == 0, "custom_model: --batch must be divisible by data");
-  if (o.block && (o.in % o.heads != 0 || o.batch % (spec.data * o.seq) != 0))
+  // each condition its own message (was: both named whichever failed)
+  if (o.block && o.in % o.heads != 0)
     throw summa::CollectiveError("--block: --heads " + std::to_string(o.heads) +
                                  " must divide the block's width " + std::to_string(o.in) +
-                                 " (the input's), and --batch " + std::to_string(o.batch) +
+                                 " (the input's)");
+  if (o.block && o.batch % (spec.data * o.seq) != 0)
+    throw summa::CollectiveError("--block: --batch " + std::to_string(o.batch) +
                                  " must be whole sequences of --seq " + std::to_string(o.seq) +
                                  " in each of the " + std::to_string(spec.data) + " data group(s)");
   const long rows = o.batch / spec.data, first = grid.coords().data * rows;

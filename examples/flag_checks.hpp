@@ -3,16 +3,21 @@
 // user gave and the range, and no value wraps around or is read in part
 // ("1e20" is not 1, "-1" is not 2^64-1).
 
+#include <mpi.h>
+
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <sstream>
 #include <string>
 #include <system_error>
 
 #include "summa/build_info.hpp"
+#include "summa/core/error.hpp"
 
 namespace summa::flags {
 
@@ -50,9 +55,11 @@ inline CLI::Validator real_in(double lo, double hi) {
         double v = 0;
         const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
         if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v) || v < lo ||
-            v > hi)
-          return "'" + text + "' is not a finite number in [" + std::to_string(lo) + ", " +
-                 std::to_string(hi) + "]";
+            v > hi) {
+          std::ostringstream m;  // shortest form: 1e+30, not 1000000000000000019884624838656.0
+          m << "'" << text << "' is not a finite number in [" << lo << ", " << hi << "]";
+          return m.str();
+        }
         return {};
       },
       "NUMBER", "real_in");
@@ -70,6 +77,25 @@ inline void add_cpu_options(CLI::App& app, std::string& cpu_gemm, int& threads) 
                  "cpu: threads of each rank's GEMMs (the BLAS's thread count; eigen: 1)")
       ->check(integer_in(1, 4096))
       ->capture_default_str();
+}
+
+// A positional argument read as integer_in(lo, hi) reads a flag: the value,
+// or summa::CollectiveError "<name>: '<text>' is not an integer in [lo, hi]"
+// (every rank reads the same command line: the same error everywhere).
+inline long long positional_integer(const char* text, const char* name, long double lo,
+                                    long double hi) {
+  std::string value = text;
+  if (std::string error = integer_in(lo, hi)(value); !error.empty())
+    throw summa::CollectiveError(std::string(name) + ": " + error);
+  return std::stoll(value);
+}
+
+// An error every rank has (the same command line, an agreed check):
+// printed once, by rank 0, as "<program>: error: <what>".
+inline void print_once(const char* program, const std::exception& e) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", program, e.what());
 }
 
 }  // namespace summa::flags

@@ -90,12 +90,25 @@ struct Tokenizer {
 };
 
 // Where the GPT-2 tokenizer files are, if anywhere.
+// A directory flag that names a symbolic link loop or a dangling link: said
+// so (was: a raw filesystem_error on every rank, then MPI_ABORT).
+void require_reachable(const std::string& dir, const char* flag) {
+  if (dir.empty()) return;
+  const std::string kind = summa::io::non_regular_kind(dir);
+  if (kind.starts_with("a symbolic link loop") || kind.starts_with("a dangling"))
+    throw summa::Error(fmt::format("{} '{}' is {}", flag, dir, kind));
+}
+
 std::optional<fs::path> tokenizer_dir(const Cli& cli) {
+  require_reachable(cli.tokenizer, "--tokenizer");
+  require_reachable(cli.hf, "--hf");
+  require_reachable(cli.checkpoint, "--checkpoint");
   if (!cli.tokenizer.empty()) return fs::path(cli.tokenizer);
   if (!cli.hf.empty()) {
     const fs::path d(cli.hf);
-    if ((fs::exists(d / "vocab.json") && fs::exists(d / "merges.txt")) ||
-        (fs::exists(d / "encoder.json") && fs::exists(d / "vocab.bpe")))
+    std::error_code ec;  // an unreadable entry is "not there": the loader says why
+    const auto has = [&](const char* name) { return fs::exists(d / name, ec); };
+    if ((has("vocab.json") && has("merges.txt")) || (has("encoder.json") && has("vocab.bpe")))
       return d;
   }
   return std::nullopt;
@@ -159,6 +172,8 @@ int run(const Cli& cli) {
             "-1: never stop)",
             cli.eos, tok.name(), tok.vocab() - 1));
     } catch (const summa::Error& e) {
+      error = e.what();
+    } catch (const fs::filesystem_error& e) {  // a path the checks above did not foresee
       error = e.what();
     }
     summa::agree_on(world, error);

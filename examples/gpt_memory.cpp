@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "flag_checks.hpp"
 #include "summa/summa.hpp"
 
 namespace {
@@ -26,20 +27,33 @@ int run(int argc, char** argv) {
                  argv[0]);
     return 2;
   }
-  const auto arg = [&](int k, long fallback) { return argc > k ? std::atol(argv[k]) : fallback; };
+  // Each argument a whole integer in its range (was: atol, "abc" read as 0
+  // and 99999999999999999999 as -1).
+  const auto arg = [&](int k, const char* name, long long fallback, long double hi) {
+    return argc > k ? summa::flags::positional_integer(argv[k], name, k == 7 ? 0 : 1, hi)
+                    : fallback;
+  };
   summa::reference::GptConfig config;
-  config.n_layer = static_cast<int>(arg(1, 4));
-  config.n_embd = static_cast<int>(arg(2, 192));
-  config.n_head = static_cast<int>(arg(3, 6));
-  const index_t seq = arg(4, 128), batch = arg(5, 6);
-  config.vocab_size = static_cast<int>(arg(6, 2304));
+  config.n_layer = static_cast<int>(arg(1, "layers", 4, 100000));
+  config.n_embd = static_cast<int>(arg(2, "hidden", 192, 1 << 20));
+  config.n_head = static_cast<int>(arg(3, "heads", 6, 1 << 16));
+  const index_t seq = arg(4, "seq", 128, 1 << 24), batch = arg(5, "batch", 6, 1 << 30);
+  config.vocab_size = static_cast<int>(arg(6, "vocab", 2304, 1 << 24));
   config.n_positions = static_cast<int>(seq);
-  const bool checkpoint = arg(7, 1) != 0;
+  const bool checkpoint = arg(7, "checkpoint", 1, 1) != 0;
 
   summa::ProcessGrid grid = summa::ProcessGrid::mesh2d(MPI_COMM_WORLD);
   summa::CpuBackend backend;
   summa::SummaEngine engine(grid, backend);
   const int q = engine.q();
+  // Sizes checked before memory: the planner's message, not bad_alloc.
+  summa::require_memory_fits<float>(
+      MPI_COMM_WORLD, summa::SchemeSpec::parse("2d:q=" + std::to_string(q)), backend, config, batch,
+      seq, {.checkpoint = checkpoint}, {},
+      {.bytes = summa::available_memory_per_rank(MPI_COMM_WORLD, backend),
+       .source = summa::available_memory_source(backend),
+       .batch_option = "batch"},
+      "");
   summa::Summa2DContext<float> scheme(engine);
   summa::Gpt<float> model(scheme, config, batch, seq, {.checkpoint = checkpoint});
   model.init(1234);
@@ -99,7 +113,10 @@ int main(int argc, char** argv) {
   int code = 1;
   try {
     code = run(argc, argv);
-  } catch (const std::exception& e) {
+  } catch (const summa::CollectiveError& e) {  // every rank has it
+    summa::flags::print_once("gpt_memory", e);
+    code = 2;
+  } catch (const std::exception& e) {  // this rank's alone: the others may wait for it
     std::fprintf(stderr, "gpt_memory: %s\n", e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);
   }

@@ -169,7 +169,8 @@ void check_flags(const Cli& cli) {
     fail("--positions " + std::to_string(cli.positions) + " is smaller than --seq " +
          std::to_string(cli.seq));
   if (cli.given.count("--min-lr") && cli.min_lr > cli.lr)
-    fail("--min-lr " + std::to_string(cli.min_lr) + " exceeds --lr " + std::to_string(cli.lr));
+    fail((std::ostringstream() << "--min-lr " << cli.min_lr << " exceeds --lr " << cli.lr)
+             .str());  // shortest form: 2e-08, not 0.000000
   if (cli.out.empty()) fail("--out must name a directory (it is empty)");
   if (cli.log.empty()) fail("--log must name a file (it is empty)");
   if (!cli.scheme.empty() && cli.scheme != "auto") {
@@ -636,13 +637,21 @@ int train(const Cli& cli) {
                          " already holds the log of a run; pass --overwrite to replace it, "
                          "--resume to continue that run, or choose another --log");
     ensure_writable_dir(ckpt_root, "--out (checkpoints)", "0");
-    // Every save replaces `latest` by a rename, which a directory there
-    // would refuse: said now, not after the first interval of training.
+    // Every save replaces `latest` (a regular file, or a link a save
+    // replaces) by a rename, which refuses a directory there, and the atomic
+    // write refuses to replace a FIFO, socket or device: said now, not after
+    // the first interval of training (was: a FIFO resumed, trained, then
+    // failed at every save).
     if (const fs::path latest = ckpt_root / "latest";
-        fs::is_directory(fs::symlink_status(latest, ec)))
-      throw summa::Error("--out: " + latest.string() +
-                         " is a directory, where the run's 'latest' file goes (every save "
-                         "would fail there); remove or rename it");
+        fs::exists(fs::symlink_status(latest, ec)) &&
+        !fs::is_regular_file(fs::symlink_status(latest, ec)) &&
+        !fs::is_symlink(fs::symlink_status(latest, ec)))
+      throw summa::Error(
+          "--out: " + latest.string() + " is " +
+          (fs::is_directory(fs::symlink_status(latest, ec)) ? std::string("a directory")
+                                                            : summa::io::non_regular_kind(latest)) +
+          ", where the run's 'latest' file goes (every save would fail there); remove or rename "
+          "it");
     if (!export_dir.empty()) ensure_writable_dir(export_dir, "--export", "0");
     if (!cli.check_batch.empty()) {
       if (const fs::path parent = fs::path(cli.check_batch).parent_path(); !parent.empty())
@@ -944,7 +953,9 @@ int train(const Cli& cli) {
   }
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  const double val_after = eval("after training,");
+  // Nothing trained (a finished run resumed): the loss was just measured and
+  // logged at this step (was: a second identical log line).
+  const double val_after = trainer.step() == first ? val_before : eval("after training,");
   if (trainer.step() > first || !resume) save();  // nothing new otherwise
   check_log();
   if (!export_dir.empty()) trainer.export_hf(export_dir);

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "flag_checks.hpp"
 #include "summa/summa.hpp"
 
 namespace {
@@ -30,16 +31,31 @@ double element(int id, summa::index_t i, summa::index_t j) {
 
 int run(int argc, char** argv) {
   using summa::index_t;
-  const index_t n = argc > 1 ? std::atol(argv[1]) : 1536;
-  const index_t panel = argc > 2 ? std::atol(argv[2]) : 256;
+  // Whole integers in range (was: atol, "abc" read as 0 and run to a NaN
+  // check); the same on every rank, so each error is printed once.
+  const index_t n = argc > 1 ? summa::flags::positional_integer(argv[1], "n", 1, 1 << 20) : 1536;
+  const index_t panel =
+      argc > 2 ? summa::flags::positional_integer(argv[2], "panel", 0, 1 << 20) : 256;
 
   summa::ProcessGrid grid = summa::ProcessGrid::mesh2d(MPI_COMM_WORLD);
   summa::CpuBackend backend;
   summa::SummaEngine engine(grid, backend, {.panel = panel, .overlap = true});
   const int q = engine.q();
   const int i = grid.coords().row, j = grid.coords().col;
-  if (n % q != 0) throw summa::Error("n must be divisible by q");
+  if (n % q != 0)
+    throw summa::CollectiveError("n=" + std::to_string(n) +
+                                 " must be divisible by q=" + std::to_string(q));
   const index_t b = n / q;
+  // A rank's blocks, its check's rows and columns of A and B and the
+  // workspace: checked before anything is allocated.
+  const double need = 8.0 * (4.0 * static_cast<double>(b) * static_cast<double>(b) +
+                             2.0 * static_cast<double>(b) * static_cast<double>(n));
+  if (const double available = summa::available_memory_per_rank(MPI_COMM_WORLD, backend);
+      available > 0 && need > available)
+    throw summa::CollectiveError(
+        "n=" + std::to_string(n) + " on a " + std::to_string(q) + "x" + std::to_string(q) +
+        " mesh needs about " + summa::human_bytes(need) + " per rank, more than the " +
+        summa::human_bytes(available) + " per rank " + summa::available_memory_source(backend));
 
   // Local blocks (column-major), filled from the global formula.
   std::vector<double> a(b * b), bm(b * b), c(b * b);
@@ -112,9 +128,12 @@ int main(int argc, char** argv) {
   int status = 0;
   try {
     status = run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "summa_demo: %s\n", e.what());
+  } catch (const summa::CollectiveError& e) {  // every rank has it
+    summa::flags::print_once("summa_demo", e);
     status = 2;
+  } catch (const std::exception& e) {  // this rank's alone: the others may wait for it
+    std::fprintf(stderr, "summa_demo: %s\n", e.what());
+    MPI_Abort(MPI_COMM_WORLD, 2);
   }
   MPI_Finalize();
   return status;

@@ -48,6 +48,13 @@ AtomicFile::AtomicFile(fs::path path, std::string context)
   // or directory there is refused now (as root, renaming over /dev/full
   // would replace the device with a file).
   std::error_code ec;
+  // A link to a regular file is written through: the file it names is
+  // replaced and the link kept (was: the link itself replaced, its target
+  // left stale). A dangling or looping link is replaced like a missing file.
+  if (fs::is_symlink(fs::symlink_status(path_, ec))) {
+    const fs::path target = fs::canonical(path_, ec);
+    if (!ec && fs::is_regular_file(fs::status(target, ec))) path_ = target;
+  }
   const fs::file_status st = fs::status(path_, ec);
   if (!ec && st.type() != fs::file_type::regular && st.type() != fs::file_type::not_found) {
     const std::string kind = non_regular_kind(path_);

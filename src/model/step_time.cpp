@@ -191,6 +191,10 @@ class Pricer {
     // The panelled dimension and, per panel of width x: the product and the
     // collectives on the mesh row and column (a broadcast, or a reduce of C).
     const u64 dim = w.form == Form::AB ? kb : w.form == Form::ABt ? nb : mb;
+    if (dim == 0)  // a model smaller than the mesh (calibrate --ranks 4096: was SIGFPE)
+      throw Error(fmt::format(
+          "SUMMA {}x{}x{} on a {}x{} mesh: a block has no {} (the model is smaller than the mesh)",
+          w.m, w.n, w.k, q, q, w.form == Form::AtB ? "rows" : "columns"));
     const u64 full = summa_.panel <= 0 || static_cast<u64>(summa_.panel) > dim
                          ? dim
                          : static_cast<u64>(summa_.panel);

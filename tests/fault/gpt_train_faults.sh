@@ -80,7 +80,7 @@ fresh() {  # a copy of the reference run's output for a case to damage
 }
 
 # ---- agreement: damaged `latest` (was: rank 0 threw, the others hung)
-for kind in garbage empty dotdot huge fifo dangling loop; do
+for kind in garbage empty dotdot huge dangling loop; do
   case=latest_$kind
   fresh "$case"
   c="$W/$case/checkpoints"
@@ -91,7 +91,6 @@ for kind in garbage empty dotdot huge fifo dangling loop; do
     huge) truncate -s 200M "$c/latest" ;;  # refused by its size, not read into memory
     dotdot) echo "../../etc" >"$c/latest" ;;
     directory) mkdir "$c/latest" ;;
-    fifo) mkfifo "$c/latest" ;;  # was: a hang in open()
     dangling) ln -s step_99999999 "$c/latest" ;;  # was: SIGSEGV in find_resume_point
     loop) ln -s latest "$c/latest" ;;  # was: SIGSEGV
   esac
@@ -102,7 +101,6 @@ for kind in garbage empty dotdot huge fifo dangling loop; do
     fail "no note on the damaged latest: $out"
   grep -q "step_00000006" <<<"$out" || fail "did not resume from the newest step: $out"
   case $kind in
-    fifo) grep -q "is a FIFO (named pipe), not a regular file" <<<"$out" || fail "the FIFO is not named" ;;
     dangling) grep -q "is a dangling symbolic link (to 'step_99999999')" <<<"$out" ||
       fail "the dangling link is not named" ;;
     loop) grep -q "is a symbolic link loop" <<<"$out" || fail "the loop is not named" ;;
@@ -122,6 +120,24 @@ before=$(snapshot "$W/$case")
 expect_error "checkpoints/latest is a directory, where the run's 'latest' file goes" 2 --steps 8 \
   --resume --out "$W/$case"
 [ "$(snapshot "$W/$case")" = "$before" ] || fail "the saved run changed"
+# a FIFO or socket as `latest`: refused at the start the same way, before
+# any read could block (was: a hang in open(); then: resumed, trained, and
+# failed at every save, which will not replace a FIFO)
+for kind in fifo socket; do
+  case=latest_$kind
+  fresh "$case"
+  rm -f "$W/$case/checkpoints/latest"
+  if [ "$kind" = fifo ]; then
+    mkfifo "$W/$case/checkpoints/latest"
+  else
+    python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' \
+      "$W/$case/checkpoints/latest"
+  fi
+  before=$(snapshot "$W/$case")
+  expect_error "checkpoints/latest is a (FIFO \\(named pipe\\)|socket), where the run's 'latest' file goes" \
+    2 --steps 8 --resume --out "$W/$case"
+  [ "$(snapshot "$W/$case")" = "$before" ] || fail "the saved run changed"
+done
 case=latest_and_manifests_damaged
 fresh "$case"
 echo garbage >"$W/$case/checkpoints/latest"
@@ -508,5 +524,16 @@ grep -q "4000 tokens" <<<"$out" || fail "the .BIN file was not read as 4000 toke
 case=text_named_bin
 head -c 5000 "$(dirname "$0")/../../examples/data/corpus.txt" >"$W/text.bin"
 expect_error "holds text; rename it" 2 --steps 1 --data "$W/text.bin" --out "$W/$case"
+
+# a finished run resumed: nothing to train, and its log gains no second
+# identical validation line (was: the final val_loss line twice)
+case=resume_finished
+fresh "$case"
+last=$(python3 -c 'import json,sys; print(max(json.loads(l)["step"] for l in open(sys.argv[1])))' \
+  "$W/$case/log.jsonl")
+expect_ok 2 --steps "$last" --resume --out "$W/$case"
+grep -q "nothing to train" <<<"$out" || fail "expected 'nothing to train':"$'\n'"$out"
+n=$(grep -c "\"step\":$last,\"val_loss\"" "$W/$case/log.jsonl")
+[ "$n" = 1 ] || fail "the log holds $n validation lines at step $last (one expected)"
 
 finish "gpt_train fault suite: every case held"

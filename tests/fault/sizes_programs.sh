@@ -7,7 +7,8 @@
 # must end within 30 s, non-zero, the message printed once.
 #
 #   tests/fault/sizes_programs.sh <mpiexec> "<mpiexec flags>" <gpt_train> <gpt_generate> \
-#       <custom_model> <compare_schemes> <calibrate> <scaling_study> <work dir>
+#       <custom_model> <compare_schemes> <calibrate> <scaling_study> <work dir> \
+#       <gpt_memory> <summa_demo>
 set -uo pipefail
 MPIEXEC=$1
 # shellcheck source=tests/fault/common.sh
@@ -19,15 +20,17 @@ COMPARE=$6
 CALIBRATE=$7
 STUDY=$8
 W=$9
+MEMORY=${10}
+DEMO=${11}
 rm -rf "$W"
 mkdir -p "$W"
 
-# refused <pattern> <exe> <args...>
+# refused <pattern> <exe> <args...> (on NP ranks, default 2)
 refused() {
   local pattern=$1
   shift
   local t0=$SECONDS
-  out=$(timeout -s KILL 60 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$@" 2>&1)
+  out=$(timeout -s KILL 60 "$MPIEXEC" -np "${NP:-2}" "${FLAGS[@]}" "$@" 2>&1)
   rc=$?
   local took=$((SECONDS - t0))
   printf '%s\n' "$out" >"$W/$case.txt"
@@ -135,6 +138,46 @@ refused "calibrate: --out: '.*out.dir' is a directory, not a regular file" \
 case=calibrate_out_missing_folder  # was: refused only after the whole measurement
 refused "calibrate: --out: cannot create the temporary file .*no-such-dir" \
   "$CALIBRATE" --out "$W/no-such-dir/m.json" --max-size 32 --min-seconds 0.01
+# ---- the third hostile pass (issue 24)
+case=calibrate_out_dangling  # was: the link silently replaced by the machine file
+ln -sf nowhere.json "$W/dangling.json"
+refused "calibrate: --out: '.*dangling.json' is a dangling symbolic link" \
+  "$CALIBRATE" --out "$W/dangling.json" --max-size 32 --min-seconds 0.01
+[ -L "$W/dangling.json" ] || fail "the link was replaced"
+case=calibrate_out_link  # was: the link replaced by a file, its target left stale
+echo '{"old": 1}' >"$W/real.json"
+ln -sf real.json "$W/link.json"
+out=$(timeout -s KILL 60 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$CALIBRATE" --out "$W/link.json" \
+  --max-size 32 --min-seconds 0.001 --dtype f32 2>&1) || fail "calibrate failed: $out"
+[ -L "$W/link.json" ] || fail "the link was replaced by a file"
+grep -q '"old"' "$W/real.json" && fail "the link's target was not written"
+case=calibrate_ranks_beyond_mesh  # was: SIGFPE in step_gemm_shapes (a 64x64 mesh over hidden 32)
+out=$(timeout -s KILL 120 "$MPIEXEC" -np 1 "${FLAGS[@]}" "$CALIBRATE" --out "$W/ranks.json" \
+  --max-size 32 --min-seconds 0.001 --dtype f32 --ranks 4096 \
+  --gpt "layers=1,hidden=32,heads=4,seq=16,batch=8,vocab=256" 2>&1)
+rc=$?
+echo "[$case] exit $rc"
+[ "$rc" = 0 ] || fail "calibrate --ranks 4096 ended with $rc:"$'\n'"$(tail -5 <<<"$out")"
+case=generate_hf_link_loop  # was: a raw filesystem_error on every rank, then MPI_ABORT
+ln -sf hf_loop_b "$W/hf_loop_a"
+ln -sf hf_loop_a "$W/hf_loop_b"
+refused "gpt_generate: error: --hf '.*hf_loop_a' is a symbolic link loop" "$GENERATE" \
+  --hf "$W/hf_loop_a" --prompt hi
+case=compare_schemes_budget_beyond_node  # was: an allocation failure per rank, MPI_ABORT
+refused "not confirmed by a step \(the budget is more than the node has\): this configuration needs about" \
+  "$COMPARE" --reps 1 --layers 1 --hidden 32 --heads 4 --seq 16 --vocab 256 --schemes 1d:p=2 \
+  --batch 8 --budget-mib 200000 --max-batch 16777216
+case=gpt_memory_overflow  # was: read as -1 ("n_layer=-1 must be positive"), per rank, MPI_ABORT
+refused "gpt_memory: error: layers: '99999999999999999999' is not an integer in \[1, 100000\]" \
+  "$MEMORY" 99999999999999999999 32 4 16 8 256
+case=gpt_memory_size  # was: an allocation of 1.3 EB per rank after 10 s, MPI_ABORT
+NP=1 refused "gpt_memory: error: this model .* needs at least .* per rank" "$MEMORY" 100000 1048576 4 16 8 256
+case=summa_demo_not_square  # was: printed by every rank
+refused "summa_demo: error: mesh2d: 2 ranks per mesh .* is not a square q\*q" "$DEMO"
+case=summa_demo_text  # was: run with n=0 to "max relative error -nan -> FAIL"
+refused "summa_demo: error: n: 'abc' is not an integer in" "$DEMO" abc
+case=summa_demo_size  # was: "cannot create std::vector larger than max_size()"
+NP=1 refused "summa_demo: error: n=1048576 on a 1x1 mesh needs about .* per rank" "$DEMO" 1048576
 case=machine_number_overflow  # was: one nlohmann out_of_range per rank, then MPI_ABORT
 sed 's/"devices_per_node": *[0-9]*/"devices_per_node": 1e400/' \
   "$(dirname "$0")/../../machines/dev-2core.json" >"$W/overflow.json"
@@ -156,7 +199,7 @@ case=custom_model_block_heads  # was: "hidden=48 must be divisible by heads=7" f
 refused "custom_model: --block: --heads 7 must divide the block's width 48" \
   "$CUSTOM" --block --heads 7 --hidden 64
 case=custom_model_block_seq  # --seq reaches the block's check
-refused "custom_model: --block: .*--batch 144 must be whole sequences of --seq 5" \
+refused "custom_model: --block: --batch 144 must be whole sequences of --seq 5" \
   "$CUSTOM" --block --seq 5
 case=generate_eos_range  # was: accepted (an end token the model never generates)
 refused "gpt_generate: error: --eos 1000000: not an id the model can generate .*ids 0..255" \

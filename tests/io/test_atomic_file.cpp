@@ -93,6 +93,26 @@ TEST(AtomicFile, ErrorsNameThePathAndTheReason) {
   EXPECT_NE(msg.find("No such file or directory"), std::string::npos) << msg;
 }
 
+// A link to a regular file is written through: the file it names gets the
+// new contents, the link stays a link (was: the link replaced by a file, its
+// target left stale). A dangling link is replaced like a missing file.
+TEST(AtomicFile, LinksAreWrittenThrough) {
+  TempDir dir("summa_atomic_link_");
+  const fs::path real = dir.path() / "real.json", link = dir.path() / "link.json",
+                 dangling = dir.path() / "dangling";
+  std::ofstream(real) << "old";
+  fs::create_symlink("real.json", link);
+  io::write_file_atomic(link, "new", "the test");
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(link)));
+  std::ifstream in(real);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "new");
+  fs::create_symlink("nowhere", dangling);
+  io::write_file_atomic(dangling, "x", "the test");
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(dangling)));
+  EXPECT_EQ(entries(dir.path()), 3);  // no temporary left
+}
+
 // io/files.hpp: what is not a regular file is named before any open can
 // block; a regular file opens for blocking reads; a missing one is -1/ENOENT.
 TEST(Files, NonRegularFilesAreNamedBeforeTheyBlock) {
