@@ -274,9 +274,16 @@ Study read_study(const std::string& path) {
     if (placement != "natural" && placement != "bunched")
       throw summa::Error(fmt::format("placement '{}' is not natural or bunched", placement));
     s.placement = placement == "bunched" ? summa::Placement::bunched : summa::Placement::natural;
+    if (!j.contains("points") || !j.at("points").is_array())
+      throw summa::Error(fmt::format("study file {}: no \"points\" array", path));
     for (const json& p : j.at("points")) {
       Point pt;
       pt.gpus = static_cast<int>(integer(p, "gpus", 0, true));
+      // was: nlohmann's "key 'scheme' not found"
+      if (!p.contains("scheme") || !p.at("scheme").is_string())
+        throw summa::Error(fmt::format(
+            "study file {}: point {} has no scheme (a text such as \"2d:q=2\", or \"auto\")", path,
+            k));
       pt.scheme = p.at("scheme").get<std::string>();
       pt.batch = integer(p, "batch", 0, true);
       pt.seq = integer(p, "seq", pt.seq, false);
@@ -331,6 +338,9 @@ Study read_study(const std::string& path) {
         if (spec.ranks() != p.gpus)
           throw summa::Error(fmt::format("scheme '{}' runs on {} ranks, the point has gpus={}",
                                          p.scheme, spec.ranks(), p.gpus));
+        if (p.batch % spec.data != 0)  // was: predict_step_time's message, naming no point
+          throw summa::Error(fmt::format("batch={} must be divisible by the scheme's data={}",
+                                         p.batch, spec.data));
       }
     } catch (const summa::Error& e) {
       throw summa::Error(fmt::format("study file {}: point {}: {}", path, k, e.what()));

@@ -218,7 +218,16 @@ class JobLock {
   // ("--out DIR", "--log FILE").
   JobLock(fs::path lock_file, std::string what)
       : path_(std::move(lock_file)), what_(std::move(what)) {
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    // Only a regular file (or nothing) there: a link, FIFO, socket or
+    // directory is named (were: "Too many levels of symbolic links" for any
+    // link, "Invalid argument" for a FIFO).
+    struct stat st {};
+    if (::lstat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+      throw summa::Error("the lock file " + path_.string() + " is " +
+                         (S_ISLNK(st.st_mode) ? std::string("a symbolic link")
+                                              : summa::io::non_regular_kind(path_)) +
+                         ", not a regular file; remove it (no job holds a lock through it)");
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
     if (fd_ < 0)
       throw summa::Error("cannot create the lock file " + path_.string() + ": " +
                          std::strerror(errno) + " (is " + what_ + " writable?)");
@@ -287,6 +296,9 @@ class JobLock {
 // removing a probe file; throws naming `flag` and the reason.
 void ensure_writable_dir(const fs::path& dir, const std::string& flag, const std::string& tag) {
   std::error_code ec;
+  if (const std::string kind = summa::io::non_regular_kind(dir);
+      kind.starts_with("a dangling") || kind.starts_with("a symbolic link loop"))
+    throw summa::Error(flag + " " + dir.string() + " is " + kind);  // was: "File exists"
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
     throw summa::Error(flag + " " + dir.string() + " exists and is not a directory");
   fs::create_directories(dir, ec);
@@ -652,7 +664,14 @@ int train(const Cli& cli) {
                                                             : summa::io::non_regular_kind(latest)) +
           ", where the run's 'latest' file goes (every save would fail there); remove or rename "
           "it");
-    if (!export_dir.empty()) ensure_writable_dir(export_dir, "--export", "0");
+    if (!export_dir.empty()) {
+      ensure_writable_dir(export_dir, "--export", "0");
+      // the files the export replaces: refused now, not after training (was:
+      // a FIFO config.json failed the export after the run, beside a new
+      // model.safetensors)
+      for (const char* name : {"model.safetensors", "config.json"})
+        summa::io::require_regular_file(fs::path(export_dir) / name, "--export");
+    }
     if (!cli.check_batch.empty()) {
       if (const fs::path parent = fs::path(cli.check_batch).parent_path(); !parent.empty())
         ensure_writable_dir(parent, "--check-batch", "0");

@@ -525,6 +525,23 @@ case=text_named_bin
 head -c 5000 "$(dirname "$0")/../../examples/data/corpus.txt" >"$W/text.bin"
 expect_error "holds text; rename it" 2 --steps 1 --data "$W/text.bin" --out "$W/$case"
 
+# what a run writes, named before it trains (were: "Invalid argument" for a
+# FIFO lock file, "File exists" for a dangling --out, and a FIFO config.json
+# failing the export after the run)
+case=lock_fifo
+rm -rf "$W/$case" && mkdir -p "$W/$case" && mkfifo "$W/$case/.gpt_train.lock"
+expect_error "the lock file .*gpt_train.lock is a FIFO \\(named pipe\\), not a regular file" 2 \
+  --steps 1 --out "$W/$case"
+case=out_dangling
+rm -rf "$W/$case" && ln -s nowhere "$W/$case"
+expect_error "--out .*out_dangling is a dangling symbolic link \\(to 'nowhere'\\)" 2 --steps 1 \
+  --out "$W/$case"
+case=export_config_fifo
+rm -rf "$W/$case" && mkdir -p "$W/$case/ex" && mkfifo "$W/$case/ex/config.json"
+expect_error "--export: '.*config.json' is a FIFO" 2 --steps 1 --out "$W/$case" \
+  --export "$W/$case/ex"
+[ ! -e "$W/$case/ex/model.safetensors" ] || fail "an export was written beside the FIFO"
+
 # a finished run resumed: nothing to train, and its log gains no second
 # identical validation line (was: the final val_loss line twice)
 case=resume_finished

@@ -178,6 +178,15 @@ case=summa_demo_text  # was: run with n=0 to "max relative error -nan -> FAIL"
 refused "summa_demo: error: n: 'abc' is not an integer in" "$DEMO" abc
 case=summa_demo_size  # was: "cannot create std::vector larger than max_size()"
 NP=1 refused "summa_demo: error: n=1048576 on a 1x1 mesh needs about .* per rank" "$DEMO" 1048576
+case=study_no_scheme  # was: nlohmann's "key 'scheme' not found"
+printf '{"points": [{"gpus": 2, "batch": 8, "hidden": 32, "heads": 4}]}' >"$W/noscheme.json"
+refused "study file .*noscheme.json: point 0 has no scheme" "$STUDY" --study "$W/noscheme.json" \
+  --predict "$(dirname "$0")/../../machines/dev-2core.json"
+case=study_batch_data  # was: predict_step_time's message, naming no point or file
+printf '{"points": [{"gpus": 2, "scheme": "data=2,1d:p=1", "batch": 7, "hidden": 32, "heads": 4}]}' \
+  >"$W/batchdata.json"
+refused "study file .*batchdata.json: point 0: batch=7 must be divisible by the scheme's data=2" \
+  "$STUDY" --study "$W/batchdata.json" --predict "$(dirname "$0")/../../machines/dev-2core.json"
 case=machine_number_overflow  # was: one nlohmann out_of_range per rank, then MPI_ABORT
 sed 's/"devices_per_node": *[0-9]*/"devices_per_node": 1e400/' \
   "$(dirname "$0")/../../machines/dev-2core.json" >"$W/overflow.json"
