@@ -758,7 +758,10 @@ int study_main(int argc, char** argv, int rank, int world) {
   }
   std::ofstream plot_out;
   if (!plot.empty()) {
-    summa::io::require_regular_file(plot + ".jsonl", "--plot");
+    // the plots too: the plotting script writing into a FIFO would block
+    // (was: a Python traceback and a hint about matplotlib)
+    for (const char* suffix : {".jsonl", "-throughput.png", "-efficiency.png"})
+      summa::io::require_regular_file(plot + suffix, "--plot");
     plot_out.open(plot + ".jsonl");
     if (!plot_out) throw UsageError(fmt::format("--plot {}.jsonl: cannot be written", plot));
   }

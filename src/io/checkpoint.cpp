@@ -459,6 +459,14 @@ Manifest parse_manifest(const std::string& text, const fs::path& file) {
 // A directory or a root (then its `latest`) -> the checkpoint directory.
 fs::path resolve_checkpoint(const fs::path& path_or_root) {
   std::error_code ec;
+  // a link loop, a dangling link or a file where a checkpoint directory
+  // should be: named (was: "no checkpoint at … (missing …)")
+  if (const std::string kind = io::non_regular_kind(path_or_root);
+      kind.starts_with("a dangling") || kind.starts_with("a symbolic link loop"))
+    throw Error(fmt::format("checkpoint: {} is {}", quoted(path_or_root), kind));
+  if (fs::is_regular_file(path_or_root, ec))
+    throw Error(
+        fmt::format("checkpoint: {} is a file, not a checkpoint directory", quoted(path_or_root)));
   // present as an entry (a dangling or looping link included: named as such
   // below, not reported as missing)
   const auto present = [&](const fs::path& p) { return fs::exists(fs::symlink_status(p, ec)); };
@@ -1002,6 +1010,19 @@ void match_manifest(const fs::path& dir, const Manifest& m, const ParameterStore
   }
 }
 
+/// `text` with control bytes (a NUL cut the message off) as \xNN.
+std::string printable(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f)
+      out += fmt::format("\\x{:02x}", u);
+    else
+      out += c;
+  }
+  return out;
+}
+
 }  // namespace
 
 // ============================================================ public functions
@@ -1016,7 +1037,7 @@ std::optional<fs::path> latest_checkpoint(const fs::path& root) {
   if (!is_step_name(text))
     throw Error(
         fmt::format("checkpoint: {} is corrupted: it holds '{}', not the name of a step directory",
-                    quoted(file), text.substr(0, 64)));
+                    quoted(file), printable(text.substr(0, 64))));
   return root / text;
 }
 

@@ -59,10 +59,15 @@ class Reader {
       Reader::value_error(v, child(key), file_, allow_zero ? "a number >= 0" : "a number > 0");
     return v.get<double>();
   }
-  std::uint64_t count(std::string_view key) {
+  std::uint64_t count(std::string_view key,
+                      std::uint64_t max = std::numeric_limits<std::uint64_t>::max()) {
     const Json& v = need(key);
     const auto n = detail::as_uint64(v);
-    if (!n || *n == 0) value_error(v, child(key), file_, "a positive integer");
+    if (!n || *n == 0 || *n > max)
+      value_error(v, child(key), file_,
+                  max == std::numeric_limits<std::uint64_t>::max()
+                      ? std::string("a positive integer")
+                      : fmt::format("a positive integer up to {}", max));
     return *n;
   }
   /// Every key of the object was asked for.
@@ -157,7 +162,9 @@ model::Machine parse_machine(std::string_view text, std::string_view what) {
   model::Machine m;
   m.name = r.string("name");
   m.source = r.string("source", false);
-  m.devices_per_node = static_cast<int>(r.count("devices_per_node"));
+  // stored in an int (was: 2147483648 wrapped, then "incomplete description")
+  m.devices_per_node = static_cast<int>(
+      r.count("devices_per_node", static_cast<std::uint64_t>(std::numeric_limits<int>::max())));
   {
     Reader d = r.object("device");
     m.device.name = d.string("name");

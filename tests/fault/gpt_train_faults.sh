@@ -80,7 +80,7 @@ fresh() {  # a copy of the reference run's output for a case to damage
 }
 
 # ---- agreement: damaged `latest` (was: rank 0 threw, the others hung)
-for kind in garbage empty dotdot huge dangling loop; do
+for kind in garbage empty dotdot huge nul dangling loop; do
   case=latest_$kind
   fresh "$case"
   c="$W/$case/checkpoints"
@@ -90,6 +90,7 @@ for kind in garbage empty dotdot huge dangling loop; do
     empty) : >"$c/latest" ;;
     huge) truncate -s 200M "$c/latest" ;;  # refused by its size, not read into memory
     dotdot) echo "../../etc" >"$c/latest" ;;
+    nul) printf 'step_0000\0000006' >"$c/latest" ;;  # was: quoted cut off at the NUL
     directory) mkdir "$c/latest" ;;
     dangling) ln -s step_99999999 "$c/latest" ;;  # was: SIGSEGV in find_resume_point
     loop) ln -s latest "$c/latest" ;;  # was: SIGSEGV
@@ -104,6 +105,7 @@ for kind in garbage empty dotdot huge dangling loop; do
     dangling) grep -q "is a dangling symbolic link (to 'step_99999999')" <<<"$out" ||
       fail "the dangling link is not named" ;;
     loop) grep -q "is a symbolic link loop" <<<"$out" || fail "the loop is not named" ;;
+    nul) grep -qF "it holds 'step_0000\x00" <<<"$out" || fail "the NUL byte is not shown" ;;
     huge) grep -q "it has 209715200 bytes, more than such a file ever holds" <<<"$out" ||
       fail "the size is not named" ;;
   esac

@@ -187,6 +187,18 @@ printf '{"points": [{"gpus": 2, "scheme": "data=2,1d:p=1", "batch": 7, "hidden":
   >"$W/batchdata.json"
 refused "study file .*batchdata.json: point 0: batch=7 must be divisible by the scheme's data=2" \
   "$STUDY" --study "$W/batchdata.json" --predict "$(dirname "$0")/../../machines/dev-2core.json"
+case=machine_devices_int  # was: wrapped, then "incomplete description"
+sed 's/"devices_per_node": *[0-9]*/"devices_per_node": 2147483648/' \
+  "$(dirname "$0")/../../machines/dev-2core.json" >"$W/devices.json"
+refused "devices_per_node\" is number 2147483648, expected a positive integer up to 2147483647" "$STUDY" \
+  --preset local-weak --predict "$W/devices.json"
+case=plot_png_fifo  # was: a Python traceback and a hint about matplotlib
+mkfifo "$W/plot-throughput.png"
+refused "scaling_study: --plot: '.*plot-throughput.png' is a FIFO" "$STUDY" --preset local-weak \
+  --predict "$(dirname "$0")/../../machines/dev-2core.json" --plot "$W/plot"
+case=generate_checkpoint_file  # was: "no checkpoint at … (missing …)"
+refused "gpt_generate: error: checkpoint: '.*devices.json' is a file, not a checkpoint directory" \
+  "$GENERATE" --checkpoint "$W/devices.json" --prompt hi
 case=machine_number_overflow  # was: one nlohmann out_of_range per rank, then MPI_ABORT
 sed 's/"devices_per_node": *[0-9]*/"devices_per_node": 1e400/' \
   "$(dirname "$0")/../../machines/dev-2core.json" >"$W/overflow.json"
