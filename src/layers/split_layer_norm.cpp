@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <utility>
@@ -52,6 +53,17 @@ ProcessGrid& checked(ProcessGrid& grid, const NormLayout& l, const std::string& 
   return grid;
 }
 
+/// "LayerNorm1D forward", on the stack: a step formats and allocates
+/// nothing unless a check fails.
+struct Where {
+  char text[48];
+};
+Where where(const NormLayout& l, const char* phase) {
+  Where w{};
+  std::snprintf(w.text, sizeof w.text, "LayerNorm%s %s", l.scheme, phase);
+  return w;
+}
+
 }  // namespace
 
 template <class T>
@@ -66,11 +78,6 @@ SplitLayerNorm<T>::SplitLayerNorm(ProcessGrid& grid, Backend& backend, NormLayou
       eps_(eps) {
   gamma_.shard = vector_shard(layout_, name_ + ".weight", hidden);
   beta_.shard = vector_shard(layout_, name_ + ".bias", hidden);
-}
-
-template <class T>
-std::string SplitLayerNorm<T>::where(const char* what) const {
-  return fmt::format("LayerNorm{} {}", layout_.scheme, what);
 }
 
 template <class T>
@@ -92,9 +99,9 @@ BufferNeeds SplitLayerNorm<T>::buffer_needs() const {
 template <class T>
 void SplitLayerNorm<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
   const index_t m = local_tokens(), n = local_hidden();
-  const std::string op = where("forward");
-  check_view(op.c_str(), "X", X, m, n);
-  check_view(op.c_str(), "Y", Y, m, n);
+  const Where op = where(layout_, "forward");
+  check_view(op.text, "X", X, m, n);
+  check_view(op.text, "Y", Y, m, n);
   Backend& be = *backend_;
   mean_ = buffers.forward.take<acc_t<T>>(static_cast<std::size_t>(m));
   rstd_ = buffers.forward.take<acc_t<T>>(static_cast<std::size_t>(m));
@@ -121,9 +128,9 @@ void SplitLayerNorm<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBu
     return fmt::format("LayerNorm{} '{}': backward without forward", layout_.scheme, name_);
   });
   const index_t m = local_tokens(), n = local_hidden();
-  const std::string op = where("backward");
-  check_view(op.c_str(), "dY", dY, m, n);
-  check_view(op.c_str(), "dX", dX, m, n);
+  const Where op = where(layout_, "backward");
+  check_view(op.text, "dY", dY, m, n);
+  check_view(op.text, "dX", dX, m, n);
   Backend& be = *backend_;
   ArenaScope scope(buffers.workspace);
   A* ab = buffers.workspace.take<A>(static_cast<std::size_t>(2 * m));       // a | b row sums

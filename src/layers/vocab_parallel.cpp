@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <utility>
@@ -116,8 +117,17 @@ ParamShard wpe_shard(const VocabLayout& l, index_t n_positions, index_t hidden) 
   return whole_block(std::move(s), 0, l.hidden.rank * (hidden / gh(l)));
 }
 
-std::string who(const char* op, const VocabLayout& l) {
-  return std::string(op) + l.scheme;
+/// A class's name in messages ("Embedding1D", "LMHead3D forward"), on the
+/// stack: a step formats and allocates nothing unless a check fails.
+struct Name {
+  char text[48];
+  operator const char*() const { return text; }  // NOLINT: a C string where one is taken
+};
+Name who(const char* op, const VocabLayout& l, const char* phase = nullptr) {
+  Name n{};
+  std::snprintf(n.text, sizeof n.text, "%s%s%s%s", op, l.scheme, phase ? " " : "",
+                phase ? phase : "");
+  return n;
 }
 
 /// "Gx*Gz = 2*2" or "p=2" for the divisor of the vocabulary.
@@ -127,12 +137,14 @@ std::string vocab_divisor(const VocabLayout& l) {
 }
 
 /// The first id of `ids` outside [0, vocab), as an error of `op`.
-std::optional<std::string> ids_error(const std::string& op, std::span<const std::int32_t> ids,
+/// `count_name()` is called only on failure.
+template <class CountName>
+std::optional<std::string> ids_error(const char* op, std::span<const std::int32_t> ids,
                                      index_t expected, index_t vocab, const char* what,
-                                     const char* count_name) {
+                                     const CountName& count_name) {
   if (static_cast<index_t>(ids.size()) != expected)
     return fmt::format("{}: {} ids has {} values, expected {} = {}", op, what, ids.size(),
-                       count_name, expected);
+                       count_name(), expected);
   const auto bad =
       std::find_if(ids.begin(), ids.end(), [&](std::int32_t id) { return id < 0 || id >= vocab; });
   if (bad != ids.end())
@@ -143,7 +155,7 @@ std::optional<std::string> ids_error(const std::string& op, std::span<const std:
 
 ProcessGrid& checked_embedding(ProcessGrid& grid, const VocabLayout& l, index_t batch, index_t seq,
                                index_t vocab, index_t hidden, index_t n_positions) {
-  const std::string op = who("Embedding", l);
+  const std::string op = who("Embedding", l).text;
   std::optional<std::string> error;
   if (batch <= 0 || seq <= 0 || vocab <= 0 || hidden <= 0 || n_positions <= 0)
     error =
@@ -210,16 +222,15 @@ index_t VocabEmbedding<T>::vocab_begin() const {
 
 template <class T>
 void VocabEmbedding<T>::check_ids(std::span<const std::int32_t> ids, const char* what) const {
-  const std::string count = fmt::format("batch*seq = {}*{}", batch_, seq_);
-  grid_->agree_call(layout_.agree_axis, ids_error(who("Embedding", layout_), ids, batch_ * seq_,
-                                                  vocab_, what, count.c_str()));
+  const auto count = [&] { return fmt::format("batch*seq = {}*{}", batch_, seq_); };
+  grid_->agree_call(layout_.agree_axis,
+                    ids_error(who("Embedding", layout_), ids, batch_ * seq_, vocab_, what, count));
 }
 
 template <class T>
 void VocabEmbedding<T>::set_positions(std::span<const std::int32_t> positions) {
-  const std::string op = who("Embedding", layout_);
-  grid_->agree_call(layout_.agree_axis,
-                    positions_error(op.c_str(), positions, batch_ * seq_, positions_));
+  grid_->agree_call(layout_.agree_axis, positions_error(who("Embedding", layout_), positions,
+                                                        batch_ * seq_, positions_));
   position_ids_.assign(local_rows(positions, batch_ * seq_, layout_.tokens));
 }
 
@@ -228,8 +239,7 @@ void VocabEmbedding<T>::forward(std::span<const std::int32_t> tokens, MatrixView
                                 StepBuffers& buffers) {
   check_ids(tokens, "token");
   const index_t m = batch_ * seq_ / gt(layout_), n = hidden_ / gh(layout_);
-  const std::string op = who("Embedding", layout_) + " forward";
-  check_view(op.c_str(), "Y", Y, m, n, true);
+  check_view(who("Embedding", layout_, "forward"), "Y", Y, m, n, true);
   Backend& be = *backend_;
   tokens_.assign(local_rows(tokens, batch_ * seq_, layout_.tokens));
   ArenaScope scope(buffers.workspace);
@@ -247,11 +257,12 @@ void VocabEmbedding<T>::forward(std::span<const std::int32_t> tokens, MatrixView
 template <class T>
 void VocabEmbedding<T>::backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate) {
   using A = acc_t<T>;
-  const std::string op = who("Embedding", layout_);
-  require(tokens_.size() > 0, [&] { return op + ": backward without forward"; });
+  require(tokens_.size() > 0, [&] {
+    return std::string(who("Embedding", layout_).text) + ": backward without forward";
+  });
   const index_t m = batch_ * seq_ / gt(layout_), n = hidden_ / gh(layout_),
                 nv = vocab_ / gv(layout_);
-  check_view((op + " backward").c_str(), "dY", dY, m, n);
+  check_view(who("Embedding", layout_, "backward"), "dY", dY, m, n);
   Backend& be = *backend_;
   if (gt(layout_) == 1) {
     if (!accumulate) {
@@ -293,7 +304,7 @@ VocabCrossEntropy<T>::VocabCrossEntropy(ProcessGrid& grid, Backend& backend, Voc
   if (tokens <= 0 || vocab <= 0 || vocab % gv(layout_) != 0 || tokens % gt(layout_) != 0)
     error = fmt::format(
         "{}: tokens={} and vocab={} must be positive, vocab divisible by {}={}, tokens by {}={}",
-        who("CrossEntropy", layout_), tokens, vocab, layout_.vocab.name, layout_.vocab.size,
+        who("CrossEntropy", layout_).text, tokens, vocab, layout_.vocab.name, layout_.vocab.size,
         layout_.tokens.name, layout_.tokens.size);
   grid.agree(layout_.agree_axis, error);
   targets_ = BackendIds(backend, static_cast<std::size_t>(tokens / gt(layout_)));
@@ -311,13 +322,14 @@ template <class T>
 double VocabCrossEntropy<T>::forward(ConstMatrixView<T> Z, std::span<const std::int32_t> targets,
                                      StepBuffers& buffers) {
   const index_t nv = vocab_ / gv(layout_), m = tokens_ / gt(layout_);
-  const std::string op = who("CrossEntropy", layout_);
+  const Name op = who("CrossEntropy", layout_);
   {
     std::optional<std::string> error;
     if (Z.rows != m || Z.cols != nv)
-      error = fmt::format("{}: local logits are {}x{}, expected {}x{}", op, Z.rows, Z.cols, m, nv);
+      error =
+          fmt::format("{}: local logits are {}x{}, expected {}x{}", op.text, Z.rows, Z.cols, m, nv);
     else
-      error = ids_error(op, targets, tokens_, vocab_, "target", "tokens");
+      error = ids_error(op, targets, tokens_, vocab_, "target", [] { return "tokens"; });
     grid_->agree_call(layout_.agree_axis, error);
   }
   Backend& be = *backend_;
@@ -339,9 +351,11 @@ double VocabCrossEntropy<T>::forward(ConstMatrixView<T> Z, std::span<const std::
 
 template <class T>
 void VocabCrossEntropy<T>::backward(MatrixView<T> Z, StepBuffers&) {
-  const std::string op = who("CrossEntropy", layout_);
-  require(max_ != nullptr, [&] { return op + ": backward without forward"; });
-  check_view((op + " backward").c_str(), "Z", Z, tokens_ / gt(layout_), vocab_ / gv(layout_));
+  require(max_ != nullptr, [&] {
+    return std::string(who("CrossEntropy", layout_).text) + ": backward without forward";
+  });
+  check_view(who("CrossEntropy", layout_, "backward"), "Z", Z, tokens_ / gt(layout_),
+             vocab_ / gv(layout_));
   backend_->cross_entropy_grad(Z, max_, stats_, targets_.data(),
                                layout_.vocab.rank * (vocab_ / gv(layout_)),
                                1.0 / static_cast<double>(normalizer_));
@@ -360,7 +374,7 @@ VocabLMHead<T>::VocabLMHead(ProcessGrid& grid, Backend& backend, VocabLayout lay
       hidden_(hidden),
       vocab_(vocab),
       loss_(grid, backend, layout, tokens, vocab, normalizer) {
-  const std::string op = who("LMHead", layout_);
+  const std::string op = who("LMHead", layout_).text;
   std::optional<std::string> error;
   if (hidden <= 0 || hidden % gh(layout_) != 0 || vocab % (gv(layout_) * gt(layout_)) != 0) {
     error = fmt::format("{}: hidden={} must be positive and divisible by {}={}, vocab={} by {}", op,
@@ -406,7 +420,7 @@ double VocabLMHead<T>::forward(ConstMatrixView<T> X, std::span<const std::int32_
                                StepBuffers& buffers) {
   using A = acc_t<T>;
   const index_t m = tokens_ / gt(layout_), nv = vocab_ / gv(layout_), n = hidden_ / gh(layout_);
-  check_view((who("LMHead", layout_) + " forward").c_str(), "X", X, m, n);
+  check_view(who("LMHead", layout_, "forward"), "X", X, m, n);
   logits_ = MatrixView<T>::dense(buffers.forward.take<T>(static_cast<std::size_t>(m * nv)), m, nv,
                                  Order::row_major);
   {
@@ -426,10 +440,10 @@ double VocabLMHead<T>::forward(ConstMatrixView<T> X, std::span<const std::int32_
 template <class T>
 void VocabLMHead<T>::backward(MatrixView<T> dX, StepBuffers& buffers, bool accumulate) {
   using A = acc_t<T>;
-  const std::string op = who("LMHead", layout_);
-  require(logits_.data != nullptr, [&] { return op + ": backward without forward"; });
+  require(logits_.data != nullptr,
+          [&] { return std::string(who("LMHead", layout_).text) + ": backward without forward"; });
   const index_t m = tokens_ / gt(layout_), nv = vocab_ / gv(layout_), n = hidden_ / gh(layout_);
-  check_view((op + " backward").c_str(), "dX", dX, m, n, true);
+  check_view(who("LMHead", layout_, "backward"), "dX", dX, m, n, true);
   loss_.backward(logits_, buffers);  // logits_ now holds dL/dlogits
   Backend& be = *backend_;
   ArenaScope scope(buffers.workspace);

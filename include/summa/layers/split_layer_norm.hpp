@@ -72,8 +72,6 @@ class SplitLayerNorm : public Layer<T> {
   Param<T>& bias() { return beta_; }
 
  private:
-  std::string where(const char* what) const;
-
   ProcessGrid* grid_;
   Backend* backend_;
   NormLayout layout_;
