@@ -9,6 +9,8 @@
 //                           (comm/communicator.cpp)
 //   SUMMA_FAULT_STOP_AGREE  before every agree_on (comm/consensus.cpp): a
 //                           rank stopped while a program sets up
+//   SUMMA_FAULT_STOP_GRID   in each ProcessGrid's set-up, before its
+//                           communicators are split (grid/process_grid.cpp)
 
 #include <atomic>
 

@@ -1,18 +1,15 @@
 #include "summa/comm/mpi_init.hpp"
 
+#include "running_limit.hpp"
+
 #include <mpi.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <string>
-#include <thread>
 
 namespace summa {
 
@@ -63,45 +60,17 @@ void init_mpi(int* argc, char*** argv, double default_s) {
   if (const char* stop = std::getenv("SUMMA_FAULT_STOP_INIT");
       stop != nullptr && rank >= 0 && std::atoi(stop) == rank)
     std::raise(SIGSTOP);
-  if (limit <= 0) {
-    MPI_Init(argc, argv);
-    return;
-  }
-  std::mutex m;
-  std::condition_variable cv;
-  bool done = false;
-  // The limit counts the time this process runs: the timer ticks every 100
-  // ms and a tick that took far longer (the process was stopped, SIGSTOP,
-  // then continued, e.g. by the launcher ending the job) adds one tick
-  // only. So only the ranks that waited report, once each, and a rank that
-  // was stopped does not blame "another rank" when it is continued.
-  std::thread timer([&] {
-    using clock = std::chrono::steady_clock;
-    constexpr auto tick = std::chrono::milliseconds(100);
-    double waited = 0;
-    std::unique_lock lock(m);
-    while (waited < limit) {
-      const auto t0 = clock::now();
-      if (cv.wait_for(lock, tick, [&] { return done; })) return;
-      const double dt = std::chrono::duration<double>(clock::now() - t0).count();
-      waited += std::min(dt, 0.2);
-    }
+  const detail::RunningLimit timer(limit, [rank](double seconds) {
     const std::string who = rank >= 0 ? "rank " + std::to_string(rank) : std::string("a rank");
     std::fprintf(stderr,
                  "summa: %s: MPI_Init did not finish within %g s: another rank of the job was "
                  "stopped, lost or never started (limit: --watchdog, at least 30 s, or "
                  "SUMMA_INIT_TIMEOUT); exiting with status %d\n",
-                 who.c_str(), limit, kInitTimeoutExit);
+                 who.c_str(), seconds, kInitTimeoutExit);
     std::fflush(stderr);
     std::_Exit(kInitTimeoutExit);
   });
   MPI_Init(argc, argv);
-  {
-    const std::lock_guard lock(m);
-    done = true;
-  }
-  cv.notify_one();
-  timer.join();
 }
 
 }  // namespace summa

@@ -5,15 +5,21 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "../comm/fault_stop.hpp"
+#include "../comm/running_limit.hpp"
+#include "../comm/setup_limit.hpp"
 #include "device_communicators.hpp"
 #include "summa/build_info.hpp"
 #include "summa/core/error.hpp"
@@ -197,6 +203,12 @@ const char* to_string(CommBackend backend) {
   return "unknown";
 }
 
+namespace {
+// SUMMA_FAULT_STOP_GRID (fault_stop.hpp): in each grid's set-up, before its
+// communicators are split.
+detail::FaultStop grid_stop("SUMMA_FAULT_STOP_GRID");
+}  // namespace
+
 struct ProcessGrid::Impl {
   std::unique_ptr<Watchdog> watchdog;  ///< destroyed after the communicators it guards
   std::array<std::unique_ptr<Communicator>, comm_axis_count> comms;
@@ -225,6 +237,30 @@ ProcessGrid::ProcessGrid(MPI_Comm comm, GridShape shape, GridOptions options)
   }
   comm_backend_ = options.comm;
   check_calls_ = options.check_calls;
+
+  // From here until the grid's watchdog exists, the set-up makes blocking
+  // calls no watchdog can poll (MPI_Comm_split_type, MPI_Comm_split,
+  // MPI_Comm_dup, the node and placement reductions): under a running-time
+  // limit, the grid's own watchdog limit (or the thread's SetupLimit), so a
+  // rank stopped or lost here ends the job instead of hanging it.
+  std::atomic<const char*> step{"the node detection (MPI_Comm_split_type)"};
+  const WatchdogOptions& wd = options.watchdog;
+  const double limit = std::isfinite(wd.timeout_s) && wd.timeout_s > 0 &&
+                               std::isfinite(wd.report_s) && wd.report_s >= 0
+                           ? wd.timeout_s + wd.report_s
+                           : detail::SetupLimit::current();
+  int me = 0;
+  check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &me), "MPI_Comm_rank");
+  const detail::RunningLimit set_up(limit, [&step, size, me](double seconds) {
+    std::fprintf(stderr,
+                 "summa watchdog: world rank %d has waited %g s in the process grid's set-up, "
+                 "in %s over %d ranks: a rank of the grid did not arrive (stopped, lost or "
+                 "busy); exiting with status 3\n",
+                 me, seconds, step.load(), size);
+    std::fflush(stderr);
+    std::_Exit(3);
+  });
+  grid_stop.reached();
 
   const NodeInfo node = detect_nodes(comm, options.ranks_per_node);
   ranks_per_node_ = node.per_node;
@@ -260,6 +296,7 @@ ProcessGrid::ProcessGrid(MPI_Comm comm, GridShape shape, GridOptions options)
   }
   coords_ = place(shape, placement_, std::max(node.per_node, 1))[static_cast<std::size_t>(slot)];
 
+  step = "the grid's MPI_Comm_split (axis world)";
   MPI_Comm world;
   check_mpi(MPI_Comm_split(comm, 0, linear_index(shape, coords_), &world), "MPI_Comm_split");
   auto wrap = [&](CommAxis axis, MPI_Comm c) {
@@ -270,7 +307,18 @@ ProcessGrid::ProcessGrid(MPI_Comm comm, GridShape shape, GridOptions options)
   wrap(CommAxis::world, world);
   const GridShape& s = shape_;
   const GridCoords& c = coords_;
+  static constexpr std::array<const char*, comm_axis_count> kSplitSteps = [] {
+    std::array<const char*, comm_axis_count> a{};
+    a[static_cast<std::size_t>(CommAxis::data)] = "the grid's MPI_Comm_split (axis data)";
+    a[static_cast<std::size_t>(CommAxis::depth)] = "the grid's MPI_Comm_split (axis depth)";
+    a[static_cast<std::size_t>(CommAxis::mesh_row)] = "the grid's MPI_Comm_split (axis mesh_row)";
+    a[static_cast<std::size_t>(CommAxis::mesh_col)] = "the grid's MPI_Comm_split (axis mesh_col)";
+    a[static_cast<std::size_t>(CommAxis::mesh)] = "the grid's MPI_Comm_split (axis mesh)";
+    a[static_cast<std::size_t>(CommAxis::tensor)] = "the grid's MPI_Comm_split (axis tensor)";
+    return a;
+  }();
   auto split = [&](CommAxis axis, int color, int key) {
+    step = kSplitSteps[static_cast<std::size_t>(axis)];
     MPI_Comm sub;
     check_mpi(MPI_Comm_split(world, color, key, &sub), "MPI_Comm_split");
     wrap(axis, sub);
@@ -283,6 +331,7 @@ ProcessGrid::ProcessGrid(MPI_Comm comm, GridShape shape, GridOptions options)
   split(CommAxis::tensor, c.data, (c.depth * s.rows + c.row) * s.cols + c.col);
   // Collective (checks that every rank has the same limit); always built, so
   // that ranks with the watchdog off do not skip a collective others make.
+  step = "the watchdog's set-up (MPI_Comm_dup)";
   impl_->watchdog = std::make_unique<Watchdog>(world, options.watchdog);
   for (std::size_t a = 0; a < comm_axis_count; ++a)
     if (impl_->comms[a]) impl_->watchdog->attach(*impl_->comms[a], impl_->natives[a]);

@@ -1264,6 +1264,9 @@ void with_late_rank(std::string& report, Wait&& wait, After&& after) {
   options.watchdog.report_s = 1.5;
   options.watchdog.on_expiry = [&](const std::string& r) { report = r; };
   ProcessGrid grid = ProcessGrid::linear1d(MPI_COMM_WORLD, 0, 1, options);
+  // Every rank has left the grid's construction (whose last agreement serves
+  // the new watchdog's probes) before the late rank goes silent.
+  MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == world_size() - 1)
     std::this_thread::sleep_for(std::chrono::milliseconds(3000));
   wait(grid);
@@ -1324,6 +1327,11 @@ TEST(Watchdog, ReportNamesTheSilentRankOutsideTheGroup) {
   };
   ProcessGrid grid = ProcessGrid::mesh2d(MPI_COMM_WORLD, q, 1, options);
   const int late = n - 1;
+  // Every rank has left the construction before the late rank goes silent: a
+  // late rank still polling the grid's last agreement answers probes (seen
+  // once in CI on 4 oversubscribed ranks, and the report then had no silent
+  // rank to name).
+  MPI_Barrier(MPI_COMM_WORLD);
   if (me == late) std::this_thread::sleep_for(std::chrono::milliseconds(3000));
   const double x = 1;
   double col = 0, row = 0;

@@ -95,36 +95,54 @@ STOP_AT=agree stopped 2 "$GENERATE" --checkpoint "$W/model/checkpoints" --prompt
   --greedy --max-new-tokens 24
 case=custom_model_setup
 STOP_AT=agree stopped 3 "$CUSTOM" --steps 20 --batch 16 --hidden 32
+# set_up_stop <variable> <case suffix> <report pattern>: rank 1 stops at the
+# first point <variable> names (SUMMA_FAULT_STOP_AGREE / _GRID=1:1) in each
+# program's set-up; rank 0 must report (the pattern) once and the job end
+# within 40 s.
+set_up_stop() {
+  local var=$1 suffix=$2 pattern=$3 exe t0 took
+  for exe in "$TRAIN" "$GENERATE" "$CUSTOM" "$COMPARE"; do
+    case=$(basename "$exe")_$suffix
+    args=()
+    case $(basename "$exe") in
+    gpt_train) args=(--steps 20 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 8
+      --eval-every 0 --progress none --export '' --out "$W/$suffix") ;;
+    gpt_generate) args=(--checkpoint "$W/model/checkpoints" --prompt "The cat" --greedy
+      --max-new-tokens 4) ;;
+    custom_model) args=(--steps 3) ;;
+    compare_schemes) args=(--schemes "1d:p=2" --layers 1 --hidden 32 --heads 4 --seq 8
+      --batch 8 --vocab 64 --reps 1 --warmup 1 --max-batch 8 --format table) ;;
+    esac
+    t0=$SECONDS
+    out=$(env "$var=1:1" timeout -s KILL 90 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$exe" \
+      --watchdog 3 "${args[@]}" 2>&1)
+    rc=$?
+    took=$((SECONDS - t0))
+    printf '%s\n' "$out" >"$W/$case.txt"
+    kill_leftovers "$exe"
+    echo "[$case] $var=1:1: exit $rc after $took s"
+    grep -E "summa watchdog:" <<<"$out" | sed 's/^/    /'
+    [ "$rc" != 137 ] || fail "hung: killed after 90 s"
+    [ "$rc" != 0 ] || fail "exited 0: the stop did not land"
+    grep -q "$pattern" <<<"$out" || fail "no report from rank 0:"$'\n'"$(tail -5 <<<"$out")"
+    [ "$(grep -c "summa watchdog:" <<<"$out")" = 1 ] ||
+      fail "the report is not printed once:"$'\n'"$out"
+    [ "$took" -le 40 ] || fail "the job ended $took s after it started (limit 3 s)"
+  done
+}
 # Stopped before the first agreement, the set-up watchdog's own (on its
 # limit, before any watchdog exists): it waits under the rank's own limit
 # (was: a hang in gpt_train, gpt_generate, compare_schemes, scaling_study,
 # custom_model).
-for exe in "$TRAIN" "$GENERATE" "$CUSTOM" "$COMPARE"; do
-  case=$(basename "$exe")_first_agreement
-  args=()
-  case $(basename "$exe") in
-  gpt_train) args=(--steps 20 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 --eval-every 0
-    --progress none --export '' --out "$W/first") ;;
-  gpt_generate) args=(--checkpoint "$W/model/checkpoints" --prompt "The cat" --greedy
-    --max-new-tokens 4) ;;
-  custom_model) args=(--steps 3) ;;
-  compare_schemes) args=(--schemes "1d:p=2" --layers 1 --hidden 32 --heads 4 --seq 8 --batch 8
-    --vocab 64 --reps 1 --warmup 1 --max-batch 8 --format table) ;;
-  esac
-  t0=$SECONDS
-  out=$(SUMMA_FAULT_STOP_AGREE=1:1 timeout -s KILL 90 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$exe" \
-    --watchdog 3 "${args[@]}" 2>&1)
-  rc=$?
-  took=$((SECONDS - t0))
-  printf '%s\n' "$out" >"$W/$case.txt"
-  kill_leftovers "$exe"
-  echo "[$case] SUMMA_FAULT_STOP_AGREE=1:1: exit $rc after $took s"
-  [ "$rc" != 137 ] || fail "hung: killed after 90 s"
-  [ "$rc" != 0 ] || fail "exited 0: the stop did not land"
-  grep -q "summa watchdog: rank 0 has waited .* before any watchdog exists" <<<"$out" ||
-    fail "no report from rank 0:"$'\n'"$(tail -5 <<<"$out")"
-  [ "$took" -le 40 ] || fail "the job ended $took s after it started (limit 3 s)"
-done
+set_up_stop SUMMA_FAULT_STOP_AGREE first_agreement \
+  "summa watchdog: rank 0 has waited .* before any watchdog exists"
+# Stopped in a process grid's set-up, before its communicators are split:
+# the other rank waits in MPI_Comm_split_type / MPI_Comm_split, blocking calls
+# no watchdog can poll; the grid's running-time limit (--watchdog plus the
+# report time) ends the job with status 3 and one line naming the call
+# (was: a hang).
+set_up_stop SUMMA_FAULT_STOP_GRID grid_setup \
+  "summa watchdog: world rank 0 has waited .* in the process grid's set-up"
 
 # Stopped inside MPI_Init, before any summa communicator exists: the other
 # rank waits in Open MPI's start-up, and init_mpi's timer (SUMMA_INIT_TIMEOUT,
