@@ -498,9 +498,7 @@ int main(int argc, char** argv) {
       // a link is written through; a dangling or looping one would be
       // replaced by the file, which is not what its maker meant: refused
       summa::on_root_agreed(MPI_COMM_WORLD, [&] {
-        const std::string kind = summa::io::non_regular_kind(out);
-        if (kind.starts_with("a dangling") || kind.starts_with("a symbolic link loop"))
-          throw summa::Error("--out: '" + out + "' is " + kind);
+        summa::io::require_not_broken_link(out, "--out:");
         const summa::io::AtomicFile probe(out, "--out");
       });
       const auto t0 = std::chrono::steady_clock::now();

@@ -93,10 +93,7 @@ struct Tokenizer {
 // A directory flag that names a symbolic link loop or a dangling link: said
 // so (was: a raw filesystem_error on every rank, then MPI_ABORT).
 void require_reachable(const std::string& dir, const char* flag) {
-  if (dir.empty()) return;
-  const std::string kind = summa::io::non_regular_kind(dir);
-  if (kind.starts_with("a symbolic link loop") || kind.starts_with("a dangling"))
-    throw summa::Error(fmt::format("{} '{}' is {}", flag, dir, kind));
+  if (!dir.empty()) summa::io::require_not_broken_link(dir, flag);
 }
 
 std::optional<fs::path> tokenizer_dir(const Cli& cli) {

@@ -296,9 +296,7 @@ class JobLock {
 // removing a probe file; throws naming `flag` and the reason.
 void ensure_writable_dir(const fs::path& dir, const std::string& flag, const std::string& tag) {
   std::error_code ec;
-  if (const std::string kind = summa::io::non_regular_kind(dir);
-      kind.starts_with("a dangling") || kind.starts_with("a symbolic link loop"))
-    throw summa::Error(flag + " " + dir.string() + " is " + kind);  // was: "File exists"
+  summa::io::require_not_broken_link(dir, flag);  // was: "File exists"
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
     throw summa::Error(flag + " " + dir.string() + " exists and is not a directory");
   fs::create_directories(dir, ec);

@@ -461,9 +461,7 @@ fs::path resolve_checkpoint(const fs::path& path_or_root) {
   std::error_code ec;
   // a link loop, a dangling link or a file where a checkpoint directory
   // should be: named (was: "no checkpoint at … (missing …)")
-  if (const std::string kind = io::non_regular_kind(path_or_root);
-      kind.starts_with("a dangling") || kind.starts_with("a symbolic link loop"))
-    throw Error(fmt::format("checkpoint: {} is {}", quoted(path_or_root), kind));
+  io::require_not_broken_link(path_or_root, "checkpoint:");
   if (fs::is_regular_file(path_or_root, ec))
     throw Error(
         fmt::format("checkpoint: {} is a file, not a checkpoint directory", quoted(path_or_root)));

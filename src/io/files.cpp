@@ -50,6 +50,12 @@ std::string non_regular_kind(const fs::path& path) {
   return {};  // missing (or unreadable): the open that follows says why
 }
 
+void require_not_broken_link(const fs::path& path, const std::string& what) {
+  const std::string kind = non_regular_kind(path);
+  if (kind.starts_with("a dangling") || kind.starts_with("a symbolic link loop"))
+    throw Error(fmt::format("{} '{}' is {}", what, path.string(), kind));
+}
+
 void require_regular_file(const fs::path& path, const std::string& context) {
   const std::string kind = non_regular_kind(path);
   if (!kind.empty()) throw Error(message(path, kind, context));

@@ -536,7 +536,7 @@ expect_error "the lock file .*gpt_train.lock is a FIFO \\(named pipe\\), not a r
   --steps 1 --out "$W/$case"
 case=out_dangling
 rm -rf "$W/$case" && ln -s nowhere "$W/$case"
-expect_error "--out .*out_dangling is a dangling symbolic link \\(to 'nowhere'\\)" 2 --steps 1 \
+expect_error "--out '.*out_dangling' is a dangling symbolic link \\(to 'nowhere'\\)" 2 --steps 1 \
   --out "$W/$case"
 case=export_config_fifo
 rm -rf "$W/$case" && mkdir -p "$W/$case/ex" && mkfifo "$W/$case/ex/config.json"

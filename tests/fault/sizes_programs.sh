@@ -113,7 +113,8 @@ echo "[$case] exit $rc: $(grep -m1 "not run" <<<"$out" | cut -c1-160)"
 ! grep -qE "bad_alloc|MPI_ABORT" <<<"$out" || fail "ended in bad_alloc or an abort:"$'\n'"$out"
 for flag in "--max-size|0|--max-size: '0' is not an integer in \\[32, " \
   "--dtype|f8|--dtype: 'f8' in 'f8' is not f32, f64 or bf16" \
-  "--min-seconds|nan|--min-seconds: 'nan' is not a finite number"; do
+  "--min-seconds|nan|--min-seconds: 'nan' is not a finite number" \
+  "--ranks|65537|--ranks: Value 65537 not in range 1 to 65536"; do
   IFS='|' read -r name value pattern <<<"$flag"
   case=calibrate_$value  # was: a machine file written, and refused when read
   refused "$pattern" "$CALIBRATE" "$name" "$value" --out "$W/machine_$value.json"

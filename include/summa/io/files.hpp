@@ -22,6 +22,13 @@ namespace summa::io {
 /// link loop"; empty for a regular file or a path that does not exist.
 std::string non_regular_kind(const std::filesystem::path& path);
 
+/// Throws summa::Error "<what> '<path>' is a dangling symbolic link (to
+/// '…')" or "<what> '<path>' is a symbolic link loop" when `path` is one;
+/// anything else passes (a directory, a missing path). For the paths a
+/// program creates or follows as a directory (--out, --hf, a checkpoint
+/// root), where "no such file" or "File exists" would hide the cause.
+void require_not_broken_link(const std::filesystem::path& path, const std::string& what);
+
 /// Throws summa::Error "<context>: '<path>' is <kind>, not a regular file"
 /// (without "<context>: " when empty) when `path` exists and is not a
 /// regular file. A missing path passes: opening it reports that.
