@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -183,17 +184,20 @@ GptPoint parse_gpt(const std::string& text) {
   p.config.n_head = 24;
   p.config.vocab_size = 1536;
   std::size_t at = 0;
-  while (at < text.size()) {
+  for (bool more = true; more;) {  // every item, the one after a trailing comma too
     const std::size_t comma = std::min(text.find(',', at), text.size());
     const std::string item = text.substr(at, comma - at);
+    more = comma < text.size();
     at = comma + 1;
     const std::size_t eq = item.find('=');
     long long v = 0;
     try {
       if (eq == std::string::npos) throw std::invalid_argument("no '='");
-      std::size_t used = 0;
-      v = std::stoll(item.substr(eq + 1), &used);
-      if (used != item.size() - eq - 1 || v <= 0) throw std::invalid_argument("not positive");
+      // plain decimal digits (was: stoll, which took "+2" and " 64")
+      const std::string digits = item.substr(eq + 1);
+      const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+      if (ec != std::errc() || end != digits.data() + digits.size() || v <= 0)
+        throw std::invalid_argument("not positive");
       if (v > std::numeric_limits<int>::max()) throw std::invalid_argument("too large");
     } catch (const std::exception&) {
       throw UsageError(

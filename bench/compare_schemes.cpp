@@ -1055,7 +1055,7 @@ int run(int argc, char** argv, int rank, int ranks) {
   app.add_option("--watchdog", s.watchdog,
                  "seconds a collective may wait before the job is ended with a report naming "
                  "the ranks that did not arrive (0: off)")
-      ->check(summa::flags::real_in(0.0, 1e7))
+      ->check(summa::flags::watchdog_seconds())
       ->capture_default_str();
   try {
     app.parse(argc, argv);
@@ -1136,6 +1136,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "compare_schemes (rank %d): %s\n", rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 3);
   }
-  MPI_Finalize();
+  summa::finalize_mpi();
   return status;
 }

@@ -291,10 +291,19 @@ Study read_study(const std::string& path) {
       pt.hidden = integer(p, "hidden", 0, true);
       pt.heads = integer(p, "heads", 0, true);
       pt.vocab = integer(p, "vocab", pt.vocab, false);
-      if (p.contains("paper_fwd_per_sample_s"))
-        pt.paper_fwd = p["paper_fwd_per_sample_s"].get<double>();
-      if (p.contains("paper_bwd_per_sample_s"))
-        pt.paper_bwd = p["paper_bwd_per_sample_s"].get<double>();
+      // a paper's figure: a positive finite number of seconds (was: -1 or a
+      // string printed, or nlohmann's type_error)
+      const auto seconds = [&](const char* key, std::optional<double>& out) {
+        if (!p.contains(key)) return;
+        const nlohmann::json& v = p.at(key);
+        if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() <= 0)
+          throw summa::Error(
+              fmt::format("study file {}: point {}: {} is {}, not a positive number of seconds",
+                          path, k, key, v.dump()));
+        out = v.get<double>();
+      };
+      seconds("paper_fwd_per_sample_s", pt.paper_fwd);
+      seconds("paper_bwd_per_sample_s", pt.paper_bwd);
       s.points.push_back(pt);
       ++k;
     }
@@ -331,6 +340,13 @@ Study read_study(const std::string& path) {
           "study file {}: point {}: scheme \"auto\" searches at most {} GPUs (gpus={}); give the "
           "point a scheme",
           path, k, kMaxAutoGpus, p.gpus));
+    // any scheme: the model prices ranks apart (was: gpus 2147483647 took
+    // memory for every rank, then std::bad_alloc)
+    constexpr long kMaxGpus = 1L << 20;
+    if (p.gpus > kMaxGpus)
+      throw summa::Error(
+          fmt::format("study file {}: point {}: gpus={} is more than this study tool prices ({})",
+                      path, k, p.gpus, kMaxGpus));
     try {
       config_of(p).validate();
       if (p.scheme != "auto") {
@@ -533,8 +549,11 @@ void measure(Result& r, const Study& s, const summa::model::Machine& machine,
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const bool member = rank < r.point.gpus;
-  MPI_Comm sub = MPI_COMM_NULL;
-  MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, rank, &sub);
+  // blocking calls no watchdog polls: under --watchdog's limit (was: a rank
+  // stopped before the split or the closing barrier hung the job)
+  const double limit = grid.watchdog.limit_s();
+  MPI_Comm sub = summa::split_under_limit(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, rank,
+                                          "scaling_study's MPI_Comm_split of a point", limit);
   if (member) {
     const summa::SchemeSpec spec = summa::SchemeSpec::parse(r.scheme);
     const summa::GptConfig c = config_of(r.point);
@@ -610,13 +629,11 @@ void measure(Result& r, const Study& s, const summa::model::Machine& machine,
     MPI_Comm_free(&sub);
   }
   // The ranks that sat out wait here asleep (a spinning MPI_Barrier would
-  // take the cores of an oversubscribed launch from the measured ranks).
+  // take the cores of an oversubscribed launch from the measured ranks), for
+  // as long as the point runs; the members, done together, under the limit.
   MPI_Request done = MPI_REQUEST_NULL;
   MPI_Ibarrier(MPI_COMM_WORLD, &done);
-  for (int finished = 0; !finished;) {
-    MPI_Test(&done, &finished, MPI_STATUS_IGNORE);
-    if (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  summa::wait_sleeping(done, "scaling_study's barrier after a point", member ? limit : 0);
 }
 
 std::string scheme_family(const std::string& scheme) {
@@ -648,7 +665,7 @@ int study_main(int argc, char** argv, int rank, int world) {
   app.add_option("--watchdog", watchdog,
                  "--run: seconds a collective may wait before the job is ended with a report "
                  "naming the ranks that did not arrive (0: off)")
-      ->check(summa::flags::real_in(0.0, 1e7))
+      ->check(summa::flags::watchdog_seconds())
       ->capture_default_str();
   app.add_flag("--json", as_json, "One JSON object per point and scheme on stdout");
   app.add_option("--csv", csv, "Also write the table as CSV to this file");
@@ -935,6 +952,6 @@ int main(int argc, char** argv) {
     if (rank == 0) std::cerr << "scaling_study: " << e.what() << "\n";
     code = 2;
   }
-  MPI_Finalize();
+  summa::finalize_mpi();
   return code;
 }

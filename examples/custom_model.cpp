@@ -20,8 +20,10 @@
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -133,6 +135,22 @@ int run(const Options& o, int rank, int ranks) {
   mlp.linear("head", o.classes, LinearRole::expand);
   // the loss of this group's rows, divided by the global batch: the groups add up
   const std::unique_ptr<summa::Loss<T>> loss = scheme->cross_entropy(rows, o.classes, o.batch);
+  {  // the step arenas the layers ask for, checked before finish() allocates
+     // them (was: --block --seq 1048576 --batch 1048576 asked the backend for
+     // 8 TB on every rank, each then aborting the job)
+    summa::BufferNeeds needs = mlp.buffer_needs();
+    needs.then(loss->buffer_needs());
+    const double arenas = static_cast<double>(needs.workspace) +
+                          static_cast<double>(needs.forward) + static_cast<double>(needs.backward);
+    std::optional<std::string> error;
+    if (available > 0 && arenas + need > available)
+      error = "--batch " + std::to_string(o.batch) +
+              (o.block ? " --seq " + std::to_string(o.seq) : "") + " --hidden " +
+              std::to_string(o.hidden) + " under " + spec.str() + ": the step buffers need about " +
+              summa::human_bytes(arenas) + " per rank besides the weights, more than the " +
+              summa::human_bytes(available) + " per rank available on this node";
+    summa::agree_on(MPI_COMM_WORLD, error);
+  }
   mlp.finish(loss->buffer_needs());
   mlp.parameters_store().init_uniform(o.seed, 0.15);
   auto optimizer = summa::make_optimizer<T>({.kind = "adamw"}, mlp.parameters_store());
@@ -196,11 +214,26 @@ int main(int argc, char** argv) {
                "instead of the MLP");
   app.add_option("--seq", o.seq, "--block: rows per sequence")->check(CLI::Range(1L, 1L << 20));
   app.add_option("--heads", o.heads, "--block: attention heads")->check(CLI::Range(1L, 1L << 16));
-  app.add_option("--seed", o.seed, "data and initialisation seed");
+  app.add_option("--seed", o.seed, "data and initialisation seed")
+      ->check(  // plain decimal digits (was: -1 wrapped to 2^64 - 1)
+          [](const std::string& t) {
+            return !t.empty() && t.size() <= 20 &&
+                           t.find_first_not_of("0123456789") == std::string::npos
+                       ? std::string()
+                       : "'" + t + "' is not an integer in [0, 18446744073709551615]";
+          });
   app.add_option("--watchdog", o.watchdog,
                  "seconds a collective may wait before the job is ended with a report naming "
                  "the ranks that did not arrive (0: off)")
-      ->check(CLI::Range(0.0, 1e7))
+      ->check(  // 0 (off) or at least 0.1 s (was: 1e-300 accepted, the job ended in set-up)
+          [](const std::string& t) {
+            double v = -1;
+            const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+            return ec == std::errc() && end == t.data() + t.size() &&
+                           (v == 0 || (v >= 0.1 && v <= 1e7))
+                       ? std::string()
+                       : "'" + t + "' is not 0 (off) or a number of seconds in [0.1, 1e+07]";
+          })
       ->capture_default_str();
   int status = 0;
   try {
@@ -216,6 +249,6 @@ int main(int argc, char** argv) {
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 3);
   }
-  MPI_Finalize();
+  summa::finalize_mpi();
   return status;
 }

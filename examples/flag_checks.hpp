@@ -65,6 +65,21 @@ inline CLI::Validator real_in(double lo, double hi) {
       "NUMBER", "real_in");
 }
 
+// --watchdog: 0 (off) or seconds in [0.1, 1e7] (a shorter limit ends a job
+// in its own set-up: was accepted down to 1e-300).
+inline CLI::Validator watchdog_seconds() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        double v = -1;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (ec == std::errc() && end == text.data() + text.size() &&
+            (v == 0 || (v >= 0.1 && v <= 1e7)))
+          return {};
+        return "'" + text + "' is not 0 (off) or a number of seconds in [0.1, 1e+07]";
+      },
+      "SECONDS", "watchdog_seconds");
+}
+
 // --cpu-gemm and --threads (the cpu backend's GEMM library and threads per
 // rank; DeviceOptions::cpu_gemm / threads, docs/design.md "CPU GEMM").
 inline void add_cpu_options(CLI::App& app, std::string& cpu_gemm, int& threads) {

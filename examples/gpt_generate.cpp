@@ -154,7 +154,11 @@ int run(const Cli& cli) {
         for (std::string line; std::getline(in, line);)
           if (!line.empty()) texts.push_back(line);
       }
-      if (texts.empty()) throw summa::Error("no prompt: give --prompt TEXT or --prompt-file F");
+      if (texts.empty())
+        throw summa::Error(cli.prompt_file.empty()
+                               ? std::string("no prompt: give --prompt TEXT or --prompt-file F")
+                               : "--prompt-file " + cli.prompt_file +
+                                     " holds no prompt (no line that is not empty)");
       config = cli.hf.empty()
                    ? summa::config_from_meta(summa::read_checkpoint_info(cli.checkpoint).meta)
                    : summa::io::read_hf_gpt2_config(cli.hf);
@@ -360,7 +364,7 @@ int main(int argc, char** argv) {
   app.add_option("--watchdog", cli.watchdog,
                  "seconds a collective may wait before the job is ended with a report naming "
                  "the ranks that did not arrive (0: off)")
-      ->check(summa::flags::real_in(0.0, 1e7))
+      ->check(summa::flags::watchdog_seconds())
       ->capture_default_str();
   int code = 0;
   try {
@@ -374,7 +378,7 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "gpt_generate: error: %s (see --help)\n", e.what());
         code = 2;
       }
-      MPI_Finalize();
+      summa::finalize_mpi();
       return code;
     }
     code = cli.dtype == "double" ? run<double>(cli)
@@ -393,6 +397,6 @@ int main(int argc, char** argv) {
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  MPI_Finalize();
+  summa::finalize_mpi();
   return code;
 }

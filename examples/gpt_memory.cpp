@@ -22,9 +22,12 @@ namespace {
 
 int run(int argc, char** argv) {
   using summa::index_t;
-  if (argc != 1 && argc != 7 && argc != 8) {
-    std::fprintf(stderr, "usage: %s [layers hidden heads seq batch vocab [checkpoint=1|0]]\n",
-                 argv[0]);
+  if (argc != 1 && argc != 7 && argc != 8) {  // every rank sees the same argv: printed once
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0)
+      std::fprintf(stderr, "usage: %s [layers hidden heads seq batch vocab [checkpoint=1|0]]\n",
+                   argv[0]);
     return 2;
   }
   // Each argument a whole integer in its range (was: atol, "abc" read as 0

@@ -671,6 +671,20 @@ int train(const Cli& cli) {
         summa::io::require_regular_file(fs::path(export_dir) / name, "--export");
     }
     if (!cli.check_batch.empty()) {
+      // never over what the run keeps: its checkpoints, its log, its export
+      // (was: a checkpoint shard, the log or `latest` silently replaced)
+      const fs::path check = fs::weakly_canonical(cli.check_batch, ec);
+      const auto within = [&](const fs::path& dir) {
+        const fs::path d = fs::weakly_canonical(dir, ec);
+        const auto [end, at] = std::mismatch(d.begin(), d.end(), check.begin(), check.end());
+        return !d.empty() && end == d.end();
+      };
+      const auto same = [&](const fs::path& p) { return check == fs::weakly_canonical(p, ec); };
+      if (within(ckpt_root) || same(log_path) || same(fs::path(out) / ".gpt_train.lock") ||
+          (!export_dir.empty() && within(export_dir)))
+        throw summa::Error("--check-batch " + cli.check_batch +
+                           " would overwrite what this run keeps (its checkpoints, log, lock or "
+                           "export); choose a path outside them");
       if (const fs::path parent = fs::path(cli.check_batch).parent_path(); !parent.empty())
         ensure_writable_dir(parent, "--check-batch", "0");
       summa::io::require_regular_file(cli.check_batch, "--check-batch");
@@ -789,7 +803,15 @@ int train(const Cli& cli) {
   summa::require_memory_fits<T>(world, spec, *backend, o.config, o.batch, o.seq, o.gpt, o.grid,
                                 budget, "gpt_train");
 
-  summa::Trainer<T> trainer(world, o, *backend, std::move(tokens));
+  std::unique_ptr<summa::Trainer<T>> made;
+  try {
+    made = std::make_unique<summa::Trainer<T>>(world, o, *backend, std::move(tokens));
+  } catch (const summa::CollectiveError& e) {  // the token stream's problems name the file
+    const std::string_view m = e.what();
+    if (!m.starts_with("TokenLoader: ")) throw;
+    throw summa::CollectiveError("--data " + cli.data + ": " + std::string(m.substr(13)));
+  }
+  summa::Trainer<T>& trainer = *made;
   if (!cli.import_dir.empty()) trainer.import_hf(cli.import_dir);
   if (resume) trainer.load(*resume);
   summa::Watchdog* watchdog = trainer.parallel().grid().watchdog();
@@ -801,7 +823,11 @@ int train(const Cli& cli) {
                static_cast<double>(trainer.optimizer().state_names().size()) *
                    static_cast<double>(trainer.optimizer().state_elements()) *
                    sizeof(summa::master_t<T>);
-  MPI_Allreduce(MPI_IN_PLACE, &mem, 1, MPI_DOUBLE, MPI_MAX, world);
+  {  // under the watchdog (was a raw MPI_Allreduce: a rank stopped here hung the job)
+    MPI_Request request;
+    MPI_Iallreduce(MPI_IN_PLACE, &mem, 1, MPI_DOUBLE, MPI_MAX, world, &request);
+    summa::wait_guarded(request, world, "gpt_train's memory all-reduce", sizeof mem);
+  }
   const double flops_per_step = summa::model_flops_per_step(o.config, o.batch, o.seq);
   const double tokens_per_step = static_cast<double>(o.batch * o.seq);
 
@@ -984,17 +1010,15 @@ int train(const Cli& cli) {
         L.batch(0, L.has_val() ? summa::io::Split::val : summa::io::Split::train);
     const double loss = trainer.model().forward(b.tokens, b.targets);
     summa::on_root_agreed(world, [&] {
-      std::ofstream f(cli.check_batch, std::ios::binary | std::ios::trunc);
+      std::string bytes;  // written whole or not at all (atomic: was a truncate in place)
+      bytes.reserve(4 * (b.tokens.size() + b.targets.size()));
       for (const auto* ids : {&b.tokens, &b.targets})
         for (const std::int32_t id : *ids) {
           const auto u = static_cast<std::uint32_t>(id);
-          const char bytes[4] = {static_cast<char>(u & 0xff), static_cast<char>((u >> 8) & 0xff),
-                                 static_cast<char>((u >> 16) & 0xff),
-                                 static_cast<char>((u >> 24) & 0xff)};
-          f.write(bytes, 4);
+          for (int shift = 0; shift < 32; shift += 8)
+            bytes.push_back(static_cast<char>((u >> shift) & 0xff));
         }
-      f.flush();
-      if (!f) throw summa::Error("--check-batch: writing " + cli.check_batch + " failed");
+      summa::io::write_file_atomic(cli.check_batch, bytes, "--check-batch");
     });
     if (root)
       std::printf(
@@ -1087,7 +1111,7 @@ int main(int argc, char** argv) {
                  "--scheme auto: the machine file the schemes are priced on (machines/*.json)")
       ->capture_default_str();
   app.add_option("--top", cli.top, "--scheme auto: how many of the best schemes to print")
-      ->check(CLI::Range(1, 1000))
+      ->check(integer_in(1, 1000))  // whole decimal (was: 0x5 accepted)
       ->capture_default_str();
   app.add_option("--dtype", cli.dtype,
                  "float, double or bf16 (bf16 parameters and activations, fp32 master weights, "
@@ -1178,7 +1202,7 @@ int main(int argc, char** argv) {
   app.add_option("--watchdog", cli.watchdog,
                  "seconds a collective may wait before the job is ended with a report naming "
                  "the ranks that did not arrive (0: off)")
-      ->check(real_in(0, 1e7))
+      ->check(summa::flags::watchdog_seconds())
       ->capture_default_str();
   app.add_flag("--check-calls", cli.check_calls,
                "debug mode: every layer, model and SUMMA call agrees its argument checks over "
@@ -1219,7 +1243,7 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "gpt_train: error: %s (see --help)\n", e.what());
         code = 2;
       }
-      MPI_Finalize();
+      summa::finalize_mpi();
       return code;
     }
     for (const CLI::Option* opt : app.get_options())
@@ -1249,6 +1273,6 @@ int main(int argc, char** argv) {
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  MPI_Finalize();
+  summa::finalize_mpi();
   return code;
 }

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include "flag_checks.hpp"
@@ -31,6 +32,17 @@ double element(int id, summa::index_t i, summa::index_t j) {
 
 int run(int argc, char** argv) {
   using summa::index_t;
+  if (argc > 1 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0)
+      std::printf(
+          "usage: mpirun -np Q*Q %s [n] [panel]\n  C = A B of n x n matrices (default 1536) "
+          "on a QxQ mesh, SUMMA panels of `panel` columns (default 256; 0: a whole block), "
+          "checked against a serial product and timed\n",
+          argv[0]);
+    return 0;
+  }
   // Whole integers in range (was: atol, "abc" read as 0 and run to a NaN
   // check); the same on every rank, so each error is printed once.
   const index_t n = argc > 1 ? summa::flags::positional_integer(argv[1], "n", 1, 1 << 20) : 1536;

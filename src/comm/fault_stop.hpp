@@ -11,6 +11,9 @@
 //                           rank stopped while a program sets up
 //   SUMMA_FAULT_STOP_GRID   in each ProcessGrid's set-up, before its
 //                           communicators are split (grid/process_grid.cpp)
+//   SUMMA_FAULT_STOP_FINALIZE  before finalize_mpi's MPI_Finalize
+//   SUMMA_FAULT_STOP_SPLIT  before split_under_limit's MPI_Comm_split
+//                           (comm/mpi_init.cpp)
 
 #include <atomic>
 

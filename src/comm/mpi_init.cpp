@@ -1,15 +1,18 @@
 #include "summa/comm/mpi_init.hpp"
 
+#include "fault_stop.hpp"
 #include "running_limit.hpp"
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 namespace summa {
 
@@ -54,8 +57,13 @@ double init_timeout_s(int argc, const char* const* argv, double default_s) {
   return default_s;
 }
 
+namespace {
+double init_limit_s = 0;  // init_mpi's, for finalize_mpi
+}  // namespace
+
 void init_mpi(int* argc, char*** argv, double default_s) {
   const double limit = init_timeout_s(*argc, *argv, default_s);
+  init_limit_s = limit;
   const int rank = launcher_rank();
   if (const char* stop = std::getenv("SUMMA_FAULT_STOP_INIT");
       stop != nullptr && rank >= 0 && std::atoi(stop) == rank)
@@ -71,6 +79,64 @@ void init_mpi(int* argc, char*** argv, double default_s) {
     std::_Exit(kInitTimeoutExit);
   });
   MPI_Init(argc, argv);
+}
+
+namespace {
+
+// SUMMA_FAULT_STOP_FINALIZE / _SPLIT (fault_stop.hpp): before finalize_mpi's
+// MPI_Finalize, before split_under_limit's MPI_Comm_split.
+detail::FaultStop finalize_stop("SUMMA_FAULT_STOP_FINALIZE");
+detail::FaultStop split_stop("SUMMA_FAULT_STOP_SPLIT");
+
+int world_rank_now() {
+  int rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+// One line from the rank that waited past `seconds` in `what`, then exit
+// (on the timer thread: no MPI call).
+[[noreturn]] void blocked(int rank, const char* what, double seconds) {
+  std::fprintf(stderr,
+               "summa watchdog: world rank %d has waited %g s in %s: another rank of the job "
+               "was stopped, lost or is busy; exiting with status %d\n",
+               rank, seconds, what, kBlockedExit);
+  std::fflush(stderr);
+  std::_Exit(kBlockedExit);
+}
+
+}  // namespace
+
+void finalize_mpi() {
+  const double limit_s = init_limit_s;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const int rank = world_rank_now();
+  const detail::RunningLimit timer(limit_s, [rank](double seconds) {
+    blocked(rank, "MPI_Finalize (this rank's work is done and saved)", seconds);
+  });
+  finalize_stop.reached();
+  MPI_Finalize();
+}
+
+MPI_Comm split_under_limit(MPI_Comm comm, int color, int key, const char* what, double limit_s) {
+  MPI_Comm out = MPI_COMM_NULL;
+  const int rank = world_rank_now();
+  const detail::RunningLimit timer(limit_s,
+                                   [rank, what](double seconds) { blocked(rank, what, seconds); });
+  split_stop.reached();
+  MPI_Comm_split(comm, color, key, &out);
+  return out;
+}
+
+void wait_sleeping(MPI_Request& request, const char* what, double limit_s) {
+  const int rank = world_rank_now();
+  const detail::RunningLimit timer(limit_s,
+                                   [rank, what](double seconds) { blocked(rank, what, seconds); });
+  for (int finished = 0; !finished;) {
+    MPI_Test(&request, &finished, MPI_STATUS_IGNORE);
+    if (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 }  // namespace summa

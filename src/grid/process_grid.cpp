@@ -244,11 +244,8 @@ ProcessGrid::ProcessGrid(MPI_Comm comm, GridShape shape, GridOptions options)
   // limit, the grid's own watchdog limit (or the thread's SetupLimit), so a
   // rank stopped or lost here ends the job instead of hanging it.
   std::atomic<const char*> step{"the node detection (MPI_Comm_split_type)"};
-  const WatchdogOptions& wd = options.watchdog;
-  const double limit = std::isfinite(wd.timeout_s) && wd.timeout_s > 0 &&
-                               std::isfinite(wd.report_s) && wd.report_s >= 0
-                           ? wd.timeout_s + wd.report_s
-                           : detail::SetupLimit::current();
+  const double own = options.watchdog.limit_s();
+  const double limit = own > 0 ? own : detail::SetupLimit::current();
   int me = 0;
   check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &me), "MPI_Comm_rank");
   const detail::RunningLimit set_up(limit, [&step, size, me](double seconds) {

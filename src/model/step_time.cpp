@@ -135,14 +135,13 @@ class Links {
 class Pricer {
  public:
   Pricer(const Machine& m, DType dtype, const Links& links, const GridCoords& c,
-         const SummaOptions& summa, int ranks_per_device, std::set<GemmShape>* shapes)
+         int ranks_per_device, std::set<GemmShape>* shapes)
       : machine_(m),
         dtype_(dtype),
         shapes_(shapes),
         gemm_(m.device.gemm_of(dtype)),
         links_(links),
         coords_(c),
-        summa_(summa),
         share_(static_cast<double>(ranks_per_device)) {}
 
   // Collective c on axis a for this rank: the intra-node figures, or the
@@ -182,6 +181,7 @@ class Pricer {
     double gemm_s = 0, row_s = 0, col_s = 0, total_s = 0;
   };
   Summa summa(const Work& w) const {
+    const SummaOptions& o = w.summa;
     const u64 q = w.group, mb = w.m / q, nb = w.n / q, kb = w.k / q, e = w.element;
     Summa out;
     if (q == 1) {
@@ -195,10 +195,9 @@ class Pricer {
       throw Error(fmt::format(
           "SUMMA {}x{}x{} on a {}x{} mesh: a block has no {} (the model is smaller than the mesh)",
           w.m, w.n, w.k, q, q, w.form == Form::AtB ? "rows" : "columns"));
-    const u64 full = summa_.panel <= 0 || static_cast<u64>(summa_.panel) > dim
-                         ? dim
-                         : static_cast<u64>(summa_.panel);
-    const u64 slices = summa_.overlap ? static_cast<u64>(std::max(1, summa_.progress_slices)) : 1;
+    const u64 full =
+        o.panel <= 0 || static_cast<u64>(o.panel) > dim ? dim : static_cast<u64>(o.panel);
+    const u64 slices = o.overlap ? static_cast<u64>(std::max(1, o.progress_slices)) : 1;
     // A panel's broadcast or reduce. Every rank is the root of one of the
     // q outer steps, so under the direct algorithm a step is priced with
     // the rank's average: (q-1)/q of the panel sent and received.
@@ -246,8 +245,8 @@ class Pricer {
       pipelined += n * std::max(s.gemm, comm);
       fill = std::min(fill, std::min(s.gemm, comm));
     }
-    out.total_s = summa_.overlap ? pipelined + fill : out.gemm_s + out.row_s + out.col_s;
-    if (summa_.consensus_checks) {  // the shape agreement: one small all-reduce on the mesh
+    out.total_s = o.overlap ? pipelined + fill : out.gemm_s + out.row_s + out.col_s;
+    if (o.consensus_checks) {  // the shape agreement: one small all-reduce on the mesh
       const double check = collective({.kind = Work::Kind::collective,
                                        .collective = Collective::all_reduce,
                                        .axis = CommAxis::mesh,
@@ -303,7 +302,6 @@ class Pricer {
   const GemmModel& gemm_;
   const Links& links_;
   GridCoords coords_;
-  SummaOptions summa_;
   double share_;  // ranks time-sharing the device
 };
 
@@ -393,8 +391,7 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
     cost::Tally tally;
     std::vector<StepOp> ops;
     const detail::Buckets buckets = detail::compose_step(*op, tally, dims, &ops);
-    const Pricer pricer(machine, dtype, links, at, spec.summa, time_options.ranks_per_device,
-                        shapes);
+    const Pricer pricer(machine, dtype, links, at, time_options.ranks_per_device, shapes);
     StepTime st;
     st.critical = at;
     // Backward's timeline for the data-axis buckets: ln_f's gradients are

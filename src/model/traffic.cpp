@@ -17,7 +17,6 @@ TrafficCounters predict_step_traffic(const SchemeSpec& spec, const GptConfig& co
   const detail::StepDims dims =
       detail::step_dims(config, batch, seq, spec.data, dtype, options.checkpoint);
   cost::Tally t;
-  t.panel = static_cast<cost::u64>(spec.summa.panel);
   const detail::Buckets b = detail::compose_step(*op, t, dims, nullptr);
   // The data axis: the loss and each gradient bucket (ln_f, every block,
   // the embedding) all-reduced over the data groups; a bucket this rank

@@ -4,24 +4,36 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <array>
 #include <charconv>
 #include <limits>
+#include <vector>
 
 namespace summa {
 
-// The rows, one per scheme folder (src/schemes/<scheme>/row.cpp).
-extern const SchemeRow megatron1d_row;
-extern const SchemeRow summa2d_row;
-extern const SchemeRow axonn3d_row;
+// The built-in schemes: one line each, naming the row its folder defines
+// (src/schemes/<scheme>/row.cpp), in the registry's order.
+#define SUMMA_BUILT_IN_SCHEMES(X) \
+  X(megatron1d_row)               \
+  X(summa2d_row)                  \
+  X(axonn3d_row)
+
+#define SUMMA_DECLARE_ROW(row) extern const SchemeRow row;
+SUMMA_BUILT_IN_SCHEMES(SUMMA_DECLARE_ROW)
+#undef SUMMA_DECLARE_ROW
 
 namespace {
 
-const std::array<const SchemeRow*, 3> kRegistry = {&megatron1d_row, &summa2d_row, &axonn3d_row};
+// The built-in rows, then those register_scheme adds.
+std::vector<const SchemeRow*>& rows() {
+#define SUMMA_ROW_ADDRESS(row) &row,
+  static std::vector<const SchemeRow*> all = {SUMMA_BUILT_IN_SCHEMES(SUMMA_ROW_ADDRESS)};
+#undef SUMMA_ROW_ADDRESS
+  return all;
+}
 
 std::string grammar() {
   std::string schemes;
-  for (const SchemeRow* r : kRegistry) {
+  for (const SchemeRow* r : rows()) {
     if (!schemes.empty()) schemes.append(", ");
     schemes.append(r->grammar);
   }
@@ -34,12 +46,27 @@ std::string grammar() {
 }  // namespace
 
 std::span<const SchemeRow* const> scheme_registry() {
-  return kRegistry;
+  return rows();
+}
+
+void register_scheme(const SchemeRow& row) {
+  require(!row.tag.empty() && row.tag.find_first_of(":,=") == std::string_view::npos, [&] {
+    return fmt::format("register_scheme: the tag '{}' must be non-empty, without ':', ',' or '='",
+                       row.tag);
+  });
+  require(row.parse && row.option && row.text && row.tensor_ranks && row.sequence_split &&
+              row.enumerate && row.grid_shape && row.make_grid && row.axis_role && row.op_cost &&
+              row.context_f32 && row.context_f64 && row.context_bf16,
+          [&] { return fmt::format("register_scheme: the row '{}' lacks a function", row.tag); });
+  for (const SchemeRow* r : rows())
+    require(r->tag != row.tag,
+            [&] { return fmt::format("register_scheme: a scheme '{}' exists already", row.tag); });
+  rows().push_back(&row);
 }
 
 const SchemeRow& scheme_row(std::string_view tag) {
   std::string tags;
-  for (const SchemeRow* r : kRegistry) {
+  for (const SchemeRow* r : rows()) {
     if (r->tag == tag) return *r;
     tags += fmt::format("{}'{}'", tags.empty() ? "" : ", ", r->tag);
   }
@@ -90,10 +117,10 @@ SchemeSpec SchemeSpec::parse(std::string_view text) {
     require(!item.empty(), [&] { return fmt::format("scheme: an empty item; {}", grammar()); });
     const std::size_t colon = item.find(':');
     if (colon != std::string_view::npos) {
-      const auto it = std::find_if(kRegistry.begin(), kRegistry.end(), [&](const SchemeRow* r) {
+      const auto it = std::find_if(rows().begin(), rows().end(), [&](const SchemeRow* r) {
         return r->tag == item.substr(0, colon);
       });
-      require(it != kRegistry.end(), [&] {
+      require(it != rows().end(), [&] {
         return fmt::format("scheme item '{}' is not understood; {}", item, grammar());
       });
       require(row == nullptr, [&] {
@@ -140,7 +167,7 @@ std::vector<SchemeSpec> schemes_for(int ranks) {
   std::vector<SchemeSpec> list;
   for (int data = 1; data <= ranks; ++data) {
     if (ranks % data != 0) continue;
-    for (const SchemeRow* r : kRegistry) r->enumerate(ranks / data, data, list);
+    for (const SchemeRow* r : rows()) r->enumerate(ranks / data, data, list);
   }
   return list;
 }

@@ -544,6 +544,19 @@ expect_error "--export: '.*config.json' is a FIFO" 2 --steps 1 --out "$W/$case" 
   --export "$W/$case/ex"
 [ ! -e "$W/$case/ex/model.safetensors" ] || fail "an export was written beside the FIFO"
 
+# --check-batch never over what a run keeps (was: a checkpoint shard, the
+# log or `latest` replaced in place, and the next --resume failed)
+for target in checkpoints/latest log.jsonl; do
+  case=check_batch_${target//\//_}
+  fresh "$case"
+  before=$(snapshot "$W/$case")
+  last=$(python3 -c 'import json,sys; print(max(json.loads(l)["step"] for l in open(sys.argv[1])))' \
+    "$W/$case/log.jsonl")
+  expect_error "--check-batch .* would overwrite what this run keeps" 2 --steps "$((last + 2))" \
+    --resume --out "$W/$case" --check-batch "$W/$case/$target"
+  [ "$(snapshot "$W/$case")" = "$before" ] || fail "the run's files changed"
+done
+
 # a finished run resumed: nothing to train, and its log gains no second
 # identical validation line (was: the final val_loss line twice)
 case=resume_finished

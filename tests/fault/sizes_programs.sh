@@ -223,6 +223,36 @@ refused "custom_model: --block: --heads 7 must divide the block's width 48" \
 case=custom_model_block_seq  # --seq reaches the block's check
 refused "custom_model: --block: --batch 144 must be whole sequences of --seq 5" \
   "$CUSTOM" --block --seq 5
+case=custom_model_block_buffers  # was: 8 TB asked of the backend on every rank, MPI_ABORT
+refused "custom_model: --batch 1048576 --seq 1048576 --hidden 32 under 1d:p=2: the step buffers need about .* per rank" \
+  "$CUSTOM" --block --seq 1048576 --batch 1048576 --hidden 32 --heads 4
+case=study_gpus_huge  # was: memory for every rank, then std::bad_alloc
+printf '{"kind": "weak", "points": [{"gpus": 2147483647, "scheme": "1d:p=2147483647", "batch": 2147483647, "seq": 64, "layers": 2, "hidden": 64, "heads": 16, "vocab": 1000}]}\n' >"$W/huge_gpus.json"
+refused "point 0: gpus=2147483647 is more than this study tool prices \\(1048576\\)" "$STUDY" \
+  --study "$W/huge_gpus.json" --predict "$(dirname "$0")/../../machines/dev-2core.json"
+for exe in "$TRAIN" "$CUSTOM"; do
+  case=$(basename "$exe")_watchdog_tiny  # was: accepted, the job ended in its own set-up
+  refused "--watchdog: '0.001' is not 0 \\(off\\) or a number of seconds in \\[0.1, 1e\\+07\\]" \
+    "$exe" --watchdog 0.001
+done
+case=train_data_ids  # was: "TokenLoader: token id …", naming no file
+python3 -c 'import sys; sys.stdout.buffer.write(bytes([0x60, 0xea, 0, 0]) * 4096)' >"$W/bad_ids.bin"
+refused "gpt_train: error: --data .*bad_ids.bin: token id 60000 at position 0 is outside the vocabulary" \
+  "$TRAIN" --layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 --steps 1 --export '' \
+  --out "$W/bad_ids" --data "$W/bad_ids.bin"
+for gpt in "layers=+2" "hidden= 64" "layers=2,"; do
+  case="calibrate_gpt_${gpt//[^a-z0-9]/_}"  # was: accepted
+  refused "--gpt '.*': '.*' is not key=positive integer" "$CALIBRATE" --gpt "$gpt" \
+    --out "$W/gpt.json"
+done
+case=study_paper_negative  # was: -1 printed as a paper's figure
+printf '{"kind": "weak", "points": [{"gpus": 2, "scheme": "1d:p=2", "batch": 8, "hidden": 64, "heads": 4, "paper_fwd_per_sample_s": -1}]}\n' >"$W/paper_negative.json"
+refused "point 0: paper_fwd_per_sample_s is -1, not a positive number of seconds" "$STUDY" \
+  --study "$W/paper_negative.json" --predict "$(dirname "$0")/../../machines/dev-2core.json"
+case=custom_model_seed_negative  # was: -1 wrapped to 2^64-1
+refused "--seed: '-1' is not an integer in \\[0, " "$CUSTOM" --seed -1
+case=train_top_hex  # was: 0x5 accepted as 5
+refused "--top: '0x5' is not an integer in \\[1, 1000\\]" "$TRAIN" --top 0x5
 case=generate_eos_range  # was: accepted (an end token the model never generates)
 refused "gpt_generate: error: --eos 1000000: not an id the model can generate .*ids 0..255" \
   "$GENERATE" --hf "$W/nan/export" --prompt hi --eos 1000000

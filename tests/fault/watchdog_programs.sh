@@ -95,39 +95,48 @@ STOP_AT=agree stopped 2 "$GENERATE" --checkpoint "$W/model/checkpoints" --prompt
   --greedy --max-new-tokens 24
 case=custom_model_setup
 STOP_AT=agree stopped 3 "$CUSTOM" --steps 20 --batch 16 --hidden 32
-# set_up_stop <variable> <case suffix> <report pattern>: rank 1 stops at the
-# first point <variable> names (SUMMA_FAULT_STOP_AGREE / _GRID=1:1) in each
-# program's set-up; rank 0 must report (the pattern) once and the job end
-# within 40 s.
+# blocked_stop <variable> <case> <report pattern> <exe> <args...>: rank 1
+# stops at the first point <variable> names (SUMMA_FAULT_STOP_AGREE / _GRID /
+# _SPLIT / _FINALIZE=1:1), with --watchdog 3 and $EXTRA_ENV (e.g.
+# SUMMA_INIT_TIMEOUT=4, finalize_mpi's limit); rank 0 must report (the
+# pattern) once and the job end, non-zero, within 40 s.
+blocked_stop() {
+  local var=$1 pattern=$3 exe=$4 t0 took
+  case=$2
+  shift 4
+  t0=$SECONDS
+  # shellcheck disable=SC2086  # EXTRA_ENV: assignments, split on purpose
+  out=$(env "$var=1:1" ${EXTRA_ENV:-} timeout -s KILL 90 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$exe" \
+    --watchdog 3 "$@" 2>&1)
+  rc=$?
+  took=$((SECONDS - t0))
+  printf '%s\n' "$out" >"$W/$case.txt"
+  kill_leftovers "$exe"
+  echo "[$case] $var=1:1: exit $rc after $took s"
+  grep -E "summa watchdog:" <<<"$out" | sed 's/^/    /'
+  [ "$rc" != 137 ] || fail "hung: killed after 90 s"
+  [ "$rc" != 0 ] || fail "exited 0: the stop did not land"
+  grep -q "$pattern" <<<"$out" || fail "no report from rank 0:"$'\n'"$(tail -5 <<<"$out")"
+  [ "$(grep -c "summa watchdog:" <<<"$out")" = 1 ] ||
+    fail "the report is not printed once:"$'\n'"$out"
+  [ "$took" -le 40 ] || fail "the job ended $took s after it started (limit 3 s)"
+}
+# set_up_stop <variable> <case suffix> <report pattern>: blocked_stop in each
+# program's set-up.
 set_up_stop() {
-  local var=$1 suffix=$2 pattern=$3 exe t0 took
+  local exe
   for exe in "$TRAIN" "$GENERATE" "$CUSTOM" "$COMPARE"; do
-    case=$(basename "$exe")_$suffix
     args=()
     case $(basename "$exe") in
     gpt_train) args=(--steps 20 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 8
-      --eval-every 0 --progress none --export '' --out "$W/$suffix") ;;
+      --eval-every 0 --progress none --export '' --out "$W/$2") ;;
     gpt_generate) args=(--checkpoint "$W/model/checkpoints" --prompt "The cat" --greedy
       --max-new-tokens 4) ;;
     custom_model) args=(--steps 3) ;;
     compare_schemes) args=(--schemes "1d:p=2" --layers 1 --hidden 32 --heads 4 --seq 8
       --batch 8 --vocab 64 --reps 1 --warmup 1 --max-batch 8 --format table) ;;
     esac
-    t0=$SECONDS
-    out=$(env "$var=1:1" timeout -s KILL 90 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$exe" \
-      --watchdog 3 "${args[@]}" 2>&1)
-    rc=$?
-    took=$((SECONDS - t0))
-    printf '%s\n' "$out" >"$W/$case.txt"
-    kill_leftovers "$exe"
-    echo "[$case] $var=1:1: exit $rc after $took s"
-    grep -E "summa watchdog:" <<<"$out" | sed 's/^/    /'
-    [ "$rc" != 137 ] || fail "hung: killed after 90 s"
-    [ "$rc" != 0 ] || fail "exited 0: the stop did not land"
-    grep -q "$pattern" <<<"$out" || fail "no report from rank 0:"$'\n'"$(tail -5 <<<"$out")"
-    [ "$(grep -c "summa watchdog:" <<<"$out")" = 1 ] ||
-      fail "the report is not printed once:"$'\n'"$out"
-    [ "$took" -le 40 ] || fail "the job ended $took s after it started (limit 3 s)"
+    blocked_stop "$1" "$(basename "$exe")_$2" "$3" "$exe" "${args[@]}"
   done
 }
 # Stopped before the first agreement, the set-up watchdog's own (on its
@@ -143,6 +152,21 @@ set_up_stop SUMMA_FAULT_STOP_AGREE first_agreement \
 # (was: a hang).
 set_up_stop SUMMA_FAULT_STOP_GRID grid_setup \
   "summa watchdog: world rank 0 has waited .* in the process grid's set-up"
+
+# Stopped after the work, before MPI_Finalize: the other rank waits in
+# MPI_Finalize, which finalize_mpi runs under init_mpi's limit
+# (SUMMA_INIT_TIMEOUT here): one line, status 3 (was: a hang).
+EXTRA_ENV=SUMMA_INIT_TIMEOUT=4 blocked_stop SUMMA_FAULT_STOP_FINALIZE gpt_train_finalize \
+  "summa watchdog: world rank 0 has waited 4 s in MPI_Finalize" "$TRAIN" --steps 2 --layers 1 \
+  --hidden 32 --heads 4 --seq 16 --batch 8 --eval-every 0 --progress none --export '' \
+  --out "$W/finalize"
+EXTRA_ENV=SUMMA_INIT_TIMEOUT=4 blocked_stop SUMMA_FAULT_STOP_FINALIZE custom_model_finalize \
+  "summa watchdog: world rank 0 has waited 4 s in MPI_Finalize" "$CUSTOM" --steps 3
+# scaling_study --run splits the launch for each point (a blocking
+# MPI_Comm_split): under --watchdog's limit (was: a hang).
+blocked_stop SUMMA_FAULT_STOP_SPLIT scaling_study_split \
+  "summa watchdog: world rank 0 has waited 5 s in scaling_study's MPI_Comm_split" "$STUDY" \
+  --preset local-strong --gpus 2 --run --reps 1 --json --predict "$MACHINE"
 
 # Stopped inside MPI_Init, before any summa communicator exists: the other
 # rank waits in Open MPI's start-up, and init_mpi's timer (SUMMA_INIT_TIMEOUT,

@@ -153,9 +153,9 @@ void custom_mlp_matches_serial() {
   int tested = 0;
   std::vector<SchemeSpec> specs = representative_schemes(world_size());
   for (const SchemeSpec& s : representative_schemes(world_size()))
-    if (s.scheme == "3d" && s.gz > 1) {  // the 3D overlaps: hooks run by Sequential
-      SchemeSpec all = s;
-      all.ors = all.oag = true;
+    if (s.holds<Axonn3DSpec>() && s.as<Axonn3DSpec>().gz > 1) {  // the 3D overlaps: hooks
+      SchemeSpec all = s;                                        // run by Sequential
+      all.as<Axonn3DSpec>().ors = all.as<Axonn3DSpec>().oag = true;
       specs.push_back(all);
     }
   for (const SchemeSpec& spec : specs) {

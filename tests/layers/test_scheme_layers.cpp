@@ -166,20 +166,26 @@ std::string scheme_name(const testing::TestParamInfo<SchemeSpec>& info) {
 
 // The scheme with its collectives overlapped (see the file comment).
 SchemeSpec overlapped(SchemeSpec s) {
-  if (s.scheme == "2d") {
-    s.summa.panel = 5;
-    s.summa.overlap = true;
+  if (s.holds<Summa2DSpec>()) {
+    s.as<Summa2DSpec>().summa.panel = 5;
+    s.as<Summa2DSpec>().summa.overlap = true;
   }
-  if (s.scheme == "3d") s.oar = s.ors = s.oag = true;
+  if (s.holds<Axonn3DSpec>()) {
+    Axonn3DSpec& g = s.as<Axonn3DSpec>();
+    g.oar = g.ors = g.oag = true;
+  }
   return s;
 }
 // ... and without overlap.
 SchemeSpec plain(SchemeSpec s) {
-  if (s.scheme == "2d") {
-    s.summa.panel = 0;
-    s.summa.overlap = false;
+  if (s.holds<Summa2DSpec>()) {
+    s.as<Summa2DSpec>().summa.panel = 0;
+    s.as<Summa2DSpec>().summa.overlap = false;
   }
-  if (s.scheme == "3d") s.oar = s.ors = s.oag = false;
+  if (s.holds<Axonn3DSpec>()) {
+    Axonn3DSpec& g = s.as<Axonn3DSpec>();
+    g.oar = g.ors = g.oag = false;
+  }
   return s;
 }
 
@@ -213,9 +219,7 @@ ProcessGrid& grid_of(const SchemeSpec& spec) {
   Env& e = env();
   for (std::size_t k = 0; k < e.specs.size(); ++k) {
     const SchemeSpec& s = e.specs[k];
-    if (s.scheme == spec.scheme && s.p == spec.p && s.q == spec.q && s.gx == spec.gx &&
-        s.gy == spec.gy && s.gz == spec.gz)
-      return e.grids[k];
+    if (plain(s) == plain(spec)) return e.grids[k];  // the same scheme and grid
   }
   throw Error("no grid for " + spec.str());
 }

@@ -77,7 +77,8 @@ TEST(StepTime, CommunicationIsTrafficOverBandwidthWithoutLatency) {
   int checked = 0;
   for (int ranks : {1, 2, 4, 8, 9, 12, 16})
     for (SchemeSpec spec : schemes_for(ranks)) {
-      spec.summa.consensus_checks = false;  // the shape agreement is not counted traffic
+      if (spec.holds<Summa2DSpec>())  // the shape agreement is not counted traffic
+        spec.as<Summa2DSpec>().summa.consensus_checks = false;
       for (bool checkpoint : {true, false})
         for (DType dtype : {DType::f32, DType::bf16}) {
           SCOPED_TRACE(spec.str());
@@ -203,10 +204,10 @@ TEST(StepTime, Monotone) {
     EXPECT_GT(t(slower_gelu), t(slow_gelu));
     // SUMMA's overlap is never slower when it does not slice the products
     // (with progress slices the smaller GEMMs may cost more than is hidden)
-    if (spec.scheme == "2d" && spec.q > 1) {
+    if (spec.scheme == "2d" && spec.as<Summa2DSpec>().q > 1) {
       SchemeSpec on = spec, off = spec;
-      on.summa.progress_slices = 1;
-      off.summa.overlap = false;
+      on.as<Summa2DSpec>().summa.progress_slices = 1;
+      off.as<Summa2DSpec>().summa.overlap = false;
       EXPECT_GE(
           model::predict_step_time(off, config(), 8, 16, o, DType::f32, base).step_s,
           model::predict_step_time(on, config(), 8, 16, o, DType::f32, base).step_s * (1 - 1e-12));
@@ -259,8 +260,8 @@ TEST(StepTime, GemmShapes) {
   EXPECT_TRUE(has(one, {16, 16, hd, c.n_head}));        // S = Q Kᵀ per head
   EXPECT_TRUE(has(one, {tokens, c.vocab_size, h, 1}));  // logits
   SchemeSpec two = SchemeSpec::parse("2d:q=2");
-  two.summa.panel = 16;
-  two.summa.progress_slices = 1;
+  two.as<Summa2DSpec>().summa.panel = 16;
+  two.as<Summa2DSpec>().summa.progress_slices = 1;
   const auto panels = model::step_gemm_shapes(two, c, 8, 16, {}, DType::f32);
   EXPECT_TRUE(has(panels, {tokens / 2, 3 * h / 2, 16, 1}));  // c_attn: A B panel of 16
   EXPECT_FALSE(has(panels, {tokens, 3 * h, h, 1}));

@@ -19,11 +19,18 @@
 #include <string>
 #include <vector>
 
+#include "fourth_scheme.hpp"
 #include "summa/comm/consensus.hpp"
 #include "summa/model/traffic.hpp"
 #include "test_util.hpp"
 
 namespace summa::test {
+
+namespace {
+// The fourth scheme (fourth_scheme.hpp): its measured bytes must equal the
+// model's too (step_bytes_match walks schemes_for).
+[[maybe_unused]] const bool kFourthScheme = (register_fourth_scheme(), true);
+}  // namespace
 namespace {
 
 // The rank counts the suite covers.

@@ -19,11 +19,16 @@
 #include <random>
 #include <vector>
 
+#include "fourth_scheme.hpp"
 #include "summa/parallel/scheme.hpp"
 #include "test_util.hpp"
 
 namespace summa::test {
 namespace {
+
+// The fourth scheme (fourth_scheme.hpp) is registered before any test runs:
+// every test below that walks schemes_for runs it too.
+[[maybe_unused]] const bool kFourthScheme = (register_fourth_scheme(), true);
 
 int world_size() {
   int size = 0;
@@ -79,21 +84,22 @@ void every_scheme_matches_reference(MPI_Comm comm, int ranks) {
   int tested = 0;
   std::vector<SchemeSpec> specs = schemes;
   for (const SchemeSpec& s : schemes) {
-    if (s.scheme == "3d" && s.gz > 1 && s.data > 1) {  // every 3D overlap on
-      SchemeSpec every = s;
-      every.ors = every.oag = true;
+    if (s.holds<Axonn3DSpec>() && s.as<Axonn3DSpec>().gz > 1 && s.data > 1) {  // every 3D
+      SchemeSpec every = s;                                                    // overlap on
+      every.as<Axonn3DSpec>().ors = every.as<Axonn3DSpec>().oag = true;
       specs.push_back(every);
     }
-    if (s.scheme == "2d" && s.q > 1) {  // the SUMMA options from the scheme text
-      specs.push_back(SchemeSpec::parse(s.str() + ",panel=3,overlap=off"));
-      ASSERT_EQ(specs.back().summa.panel, 3);
+    if (s.holds<Summa2DSpec>() && s.as<Summa2DSpec>().q > 1) {  // the SUMMA options from the
+      specs.push_back(SchemeSpec::parse(s.str() + ",panel=3,overlap=off"));  // scheme text
+      ASSERT_EQ(specs.back().as<Summa2DSpec>().summa.panel, 3);
     }
   }
   for (const SchemeSpec& spec : specs) {
     SCOPED_TRACE(spec.str());
     ParallelGpt<T> run(comm, spec, backend, config, batch, seq, {}, grid_options());
     if (spec.scheme == "2d") {  // the scheme text's SUMMA options reach the engine
-      EXPECT_EQ(dynamic_cast<Summa2DContext<T>&>(run.scheme()).engine().options(), spec.summa);
+      EXPECT_EQ(dynamic_cast<Summa2DContext<T>&>(run.scheme()).engine().options(),
+                spec.as<Summa2DSpec>().summa);
     }
     run.model().init(seed);
     // one seed, the same global weights under every scheme (layout invariance)
@@ -132,16 +138,19 @@ TEST(Schemes, EverySchemeMatchesReferenceFloat) {
 TEST(Schemes, ParseAndPrint) {
   const SchemeSpec a = SchemeSpec::parse("2d:q=3");
   EXPECT_EQ(a.scheme, "2d");
-  EXPECT_EQ(a.q, 3);
+  EXPECT_EQ(a.as<Summa2DSpec>().q, 3);
   EXPECT_EQ(a.ranks(), 9);
   const SchemeSpec b = SchemeSpec::parse("1d:p=4");
   EXPECT_EQ(b.scheme, "1d");
   EXPECT_EQ(b.ranks(), 4);
   const SchemeSpec c = SchemeSpec::parse("3d:2x1x4");
   EXPECT_EQ(c.scheme, "3d");
-  EXPECT_EQ(c.gx, 2);
-  EXPECT_EQ(c.gy, 1);
-  EXPECT_EQ(c.gz, 4);
+  EXPECT_EQ(c.as<Axonn3DSpec>().gx, 2);
+  EXPECT_EQ(c.as<Axonn3DSpec>().gy, 1);
+  EXPECT_EQ(c.as<Axonn3DSpec>().gz, 4);
+  EXPECT_EQ(b.as<Megatron1DSpec>().p, 4);
+  EXPECT_FALSE(b.holds<Summa2DSpec>());
+  EXPECT_THROW((void)b.as<Summa2DSpec>(), Error);  // another scheme's options
   const SchemeSpec d = SchemeSpec::parse("data=2,2d:q=2");
   EXPECT_EQ(d.data, 2);
   EXPECT_EQ(d.ranks(), 8);
@@ -149,21 +158,24 @@ TEST(Schemes, ParseAndPrint) {
   for (const SchemeSpec& s : {a, b, c, d}) EXPECT_EQ(SchemeSpec::parse(s.str()), s) << s.str();
   EXPECT_EQ(d.str(), "data=2,2d:q=2");
   const SchemeSpec e = SchemeSpec::parse("3d:1x1x4,overlap=ors+oag");
-  EXPECT_FALSE(e.oar);
-  EXPECT_TRUE(e.ors);
-  EXPECT_TRUE(e.oag);
+  EXPECT_FALSE(e.as<Axonn3DSpec>().oar);
+  EXPECT_TRUE(e.as<Axonn3DSpec>().ors);
+  EXPECT_TRUE(e.as<Axonn3DSpec>().oag);
   EXPECT_EQ(e.str(), "3d:1x1x4,overlap=ors+oag");
   const SchemeSpec f = SchemeSpec::parse("overlap=none,3d:2x1x2");
-  EXPECT_FALSE(f.oar || f.ors || f.oag);
+  const Axonn3DSpec& fo = f.as<Axonn3DSpec>();
+  EXPECT_FALSE(fo.oar || fo.ors || fo.oag);
   for (const SchemeSpec& s : {e, f}) EXPECT_EQ(SchemeSpec::parse(s.str()), s) << s.str();
   EXPECT_EQ(SchemeSpec::parse("3d:2x1x2,overlap=oar").str(), "3d:2x1x2");  // the default
   // 2D: the SUMMA engine's panel and overlap
   const SchemeSpec g = SchemeSpec::parse("overlap=off,2d:q=2,panel=128");
-  EXPECT_EQ(g.summa.panel, 128);
-  EXPECT_FALSE(g.summa.overlap);
+  EXPECT_EQ(g.as<Summa2DSpec>().summa.panel, 128);
+  EXPECT_FALSE(g.as<Summa2DSpec>().summa.overlap);
+  EXPECT_NE(SchemeSpec::parse("2d:q=2,panel=64"), SchemeSpec::parse("2d:q=2"));  // options count
   EXPECT_EQ(g.str(), "2d:q=2,panel=128,overlap=off");
   EXPECT_EQ(SchemeSpec::parse(g.str()), g);
-  EXPECT_EQ(SchemeSpec::parse("2d:q=2,panel=0").summa.panel, 0);  // a whole block per step
+  EXPECT_EQ(SchemeSpec::parse("2d:q=2,panel=0").as<Summa2DSpec>().summa.panel,
+            0);  // a whole block per step
   EXPECT_EQ(SchemeSpec::parse("2d:q=2,panel=256,overlap=on").str(), "2d:q=2");  // the defaults
 }
 
@@ -234,6 +246,59 @@ TEST(Schemes, SchemesForRankCount) {
   EXPECT_FALSE(has("2d:q=2"));
 }
 
+// A scheme from outside the library is one row: its text parses and prints,
+// the registry finds and enumerates it (so the reference, planner and
+// traffic tests run it), its grid is its own (the mesh transposed), and
+// register_scheme refuses a bad or repeated row.
+TEST(Schemes, AFourthSchemeIsOneRow) {
+  const SchemeSpec t = SchemeSpec::parse("data=2,2dt:q=2,panel=64");
+  EXPECT_EQ(t.scheme, "2dt");
+  EXPECT_EQ(t.ranks(), 8);
+  EXPECT_EQ(t.as<Summa2DSpec>().summa.panel, 64);
+  EXPECT_EQ(t.str(), "data=2,2dt:q=2,panel=64");
+  EXPECT_EQ(SchemeSpec::parse(t.str()), t);
+  EXPECT_NE(SchemeSpec::parse("2dt:q=2"), SchemeSpec::parse("2d:q=2"));
+  const auto four = schemes_for(4);
+  EXPECT_NE(std::find(four.begin(), four.end(), SchemeSpec::parse("2dt:q=2")), four.end());
+  EXPECT_EQ(&scheme_row("2dt"), &fourth_scheme_row());
+  try {
+    (void)SchemeSpec::parse("2dt:q=0");
+    ADD_FAILURE() << "2dt:q=0 parsed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'2dt:q=0'"), std::string::npos) << e.what();
+  }
+  // register_scheme: a repeated tag, a bad tag, a row without a function
+  const auto refused = [](const SchemeRow& row, const char* why) {
+    try {
+      register_scheme(row);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+      return;
+    }
+    ADD_FAILURE() << "register_scheme accepted " << row.tag;
+  };
+  refused(fourth_scheme_row(), "exists already");
+  SchemeRow bad = fourth_scheme_row();
+  bad.tag = "2d:x";
+  refused(bad, "must be non-empty, without ':'");
+  bad.tag = "";
+  refused(bad, "must be non-empty");
+  bad.tag = "2dx";
+  bad.make_grid = nullptr;
+  refused(bad, "lacks a function");
+  EXPECT_THROW(scheme_row("2dx"), Error);
+  // the grid: world rank 1 of 4 sits at row 1, column 0 (2D: row 0, column 1)
+  if (world_size() == 4 || world_size() == 9) {
+    const int q = world_size() == 4 ? 2 : 3;
+    const SchemeSpec two = SchemeSpec::parse("2d:q=" + std::to_string(q));
+    SchemeSpec transposed = two;
+    transposed.scheme = "2dt";
+    const ProcessGrid a = make_grid(MPI_COMM_WORLD, two), b = make_grid(MPI_COMM_WORLD, transposed);
+    EXPECT_EQ(a.coords().row, b.coords().col);
+    EXPECT_EQ(a.coords().col, b.coords().row);
+  }
+}
+
 TEST(Schemes, WrongRankCountThrowsEverywhere) {
   const int ranks = world_size();
   std::string msg;
@@ -269,14 +334,14 @@ void memory_planner_matches_real_models(MPI_Comm comm, int ranks) {
   const GridOptions grid = grid_options();
   std::vector<SchemeSpec> specs = schemes;
   for (const SchemeSpec& s : schemes) {
-    if (s.scheme == "3d" && s.gz > 1 && s.data > 1) {  // every 3D overlap on
-      SchemeSpec every = s;
-      every.ors = every.oag = true;
+    if (s.holds<Axonn3DSpec>() && s.as<Axonn3DSpec>().gz > 1 && s.data > 1) {  // every 3D
+      SchemeSpec every = s;                                                    // overlap on
+      every.as<Axonn3DSpec>().ors = every.as<Axonn3DSpec>().oag = true;
       specs.push_back(every);
     }
-    if (s.scheme == "2d" && s.q > 1) {  // the SUMMA options from the scheme text
-      specs.push_back(SchemeSpec::parse(s.str() + ",panel=3,overlap=off"));
-      ASSERT_EQ(specs.back().summa.panel, 3);
+    if (s.holds<Summa2DSpec>() && s.as<Summa2DSpec>().q > 1) {  // the SUMMA options from the
+      specs.push_back(SchemeSpec::parse(s.str() + ",panel=3,overlap=off"));  // scheme text
+      ASSERT_EQ(specs.back().as<Summa2DSpec>().summa.panel, 3);
     }
   }
   for (const SchemeSpec& spec : specs) {

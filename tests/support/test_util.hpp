@@ -330,7 +330,11 @@ inline index_t common_batch(const std::vector<SchemeSpec>& specs) {
 /// scheme_layers_np* (schemes_for itself), and its bytes by traffic_np9.
 inline std::vector<SchemeSpec> representative_schemes(int ranks) {
   const std::vector<SchemeSpec> all = schemes_for(ranks);
-  const auto axes = [](const SchemeSpec& s) { return (s.gx > 1) + (s.gy > 1) + (s.gz > 1); };
+  const auto axes = [](const SchemeSpec& s) {
+    if (!s.holds<Axonn3DSpec>()) return 0;
+    const Axonn3DSpec& g = s.as<Axonn3DSpec>();
+    return (g.gx > 1) + (g.gy > 1) + (g.gz > 1);
+  };
   // the first scheme of `family` and `data` (3D: the most axes above 1)
   const auto pick = [&](std::string_view family, int data) -> const SchemeSpec* {
     const SchemeSpec* best = nullptr;
@@ -355,7 +359,7 @@ inline std::vector<SchemeSpec> representative_schemes(int ranks) {
     ++k;
   }
   for (const SchemeSpec& s : all)
-    if (s.scheme == "2d" && s.data > 1 && s.q > 1) {
+    if (s.scheme == "2d" && s.data > 1 && s.as<Summa2DSpec>().q > 1) {
       add(&s);
       break;
     }

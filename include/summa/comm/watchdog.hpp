@@ -51,6 +51,15 @@ struct WatchdogOptions {
   /// also throw, abandoning the collective) lets the wait go on without a
   /// limit: a report-only mode, e.g. to log slow collectives, and for tests.
   std::function<void(const std::string& report)> on_expiry;
+
+  /// The longest a guarded wait lasts before the job ends: timeout_s +
+  /// report_s, or 0 when the watchdog is off (or its values are not valid).
+  /// The limit for the blocking calls no watchdog polls (grid set-up,
+  /// finalize_mpi, split_under_limit in comm/mpi_init.hpp).
+  double limit_s() const {
+    const bool valid = timeout_s > 0 && timeout_s < 1e300 && report_s >= 0 && report_s < 1e300;
+    return valid ? timeout_s + report_s : 0;
+  }
 };
 
 class Watchdog {

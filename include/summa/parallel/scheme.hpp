@@ -24,7 +24,7 @@ ProcessGrid make_grid(MPI_Comm comm, const SchemeSpec& spec, GridOptions options
 
 /// A distributed GPT under a scheme: owns the grid, the scheme's layer
 /// context (schemes/registry.hpp; for 2D with its SUMMA engine, whose options
-/// are spec.summa) and the model. Collective over `comm`.
+/// are the spec's Summa2DSpec::summa) and the model. Collective over `comm`.
 ///
 /// `grid` chooses the communicators: the default (MPI) for CpuBackend; for
 /// a CudaBackend, CommBackend::nccl (one GPU per rank) or

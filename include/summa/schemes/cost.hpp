@@ -49,6 +49,9 @@ struct Work {
   u64 m = 0, n = 0, k = 0, batch = 1, calls = 1;
   u64 elements = 0;  ///< pointwise: the kernel's elements
   u64 element = 0;   ///< element size of a gemm or summa
+  /// summa: the options of the engine that runs the call (its panels,
+  /// overlap, progress slices, shape agreement).
+  SummaOptions summa{};
 };
 
 // Adds collectives to per-axis counters with the formulas of
@@ -59,15 +62,12 @@ struct Work {
 // `log` set, every collective and the ops' compute (gemm, memory) are also
 // recorded as Work for the step-time model. Every collective also counts
 // one call on its axis (a group of one included, as the counters count it);
-// a SUMMA call counts its panel collectives on the mesh row and column,
-// cut by `panel` (SummaOptions::panel of the engine the model runs).
+// a SUMMA call counts its panel collectives on the mesh row and column, cut
+// by the panel width of the engine that runs it.
 class Tally {
  public:
   TrafficCounters t;
   std::vector<Work>* log = nullptr;
-  /// SummaOptions::panel of the model's engine (2D): the panel collectives
-  /// a SUMMA call makes.
-  u64 panel = SummaOptions{}.panel;
   /// Marks the collectives recorded while set as overlapped (Work::overlapped).
   bool overlapped = false;
 
@@ -94,8 +94,9 @@ class Tally {
   void reduce_scatter(CommAxis a, u64 per_rank, u64 g, u64 e) {
     gather_or_scatter(model::Collective::reduce_scatter, a, per_rank, g, e);
   }
-  // SUMMA (docs/communication.md, "SUMMA per call"), global m x n x k.
-  void summa(Form f, u64 m, u64 n, u64 k, u64 q, u64 e) {
+  // SUMMA (docs/communication.md, "SUMMA per call"), global m x n x k, on
+  // an engine with options `o`.
+  void summa(Form f, u64 m, u64 n, u64 k, u64 q, u64 e, const SummaOptions& o) {
     const u64 mb = m / q, nb = n / q, kb = k / q;
     u64 row = 0, col = 0;  // bytes per rank on the mesh row / column
     switch (f) {
@@ -115,6 +116,7 @@ class Tally {
     // q steps of ceil(block / panel) panels, each one collective on the row
     // and one on the column (none at q = 1: a local product)
     const u64 block = f == Form::AB ? kb : f == Form::ABt ? nb : mb;
+    const u64 panel = o.panel <= 0 ? 0 : static_cast<u64>(o.panel);
     const u64 width = panel == 0 || panel > block ? block : panel;
     const u64 calls = q > 1 && width > 0 ? q * ((block + width - 1) / width) : 0;
     add(CommAxis::mesh_row, row, row, calls);
@@ -128,7 +130,8 @@ class Tally {
                       .m = m,
                       .n = n,
                       .k = k,
-                      .element = e});
+                      .element = e,
+                      .summa = o});
   }
   /// `calls` strided-batched calls of `batch` local products m x n x k of
   /// elements of e bytes (compute only).

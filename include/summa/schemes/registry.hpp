@@ -7,8 +7,10 @@
 /// role of each grid axis, the communication cost of its ops. Code that
 /// handles "any scheme" looks the row up by the scheme's tag instead of
 /// switching on the scheme. A new scheme is a folder (schemes/<name>/: its
-/// ops with their costs, its SchemeContext and its row) plus one line in the
-/// table (src/schemes/registry.cpp).
+/// options type (spec.hpp), its ops with their costs, its SchemeContext and
+/// its row) plus one line in the table (src/schemes/registry.cpp), or, from
+/// outside the library, a row given to register_scheme
+/// (tests/support/fourth_scheme.hpp adds one).
 
 #include <mpi.h>
 
@@ -72,8 +74,17 @@ struct SchemeRow {
   ContextFactory<bf16> context_bf16;
 };
 
-/// Every registered scheme, in a fixed order (1D, 2D, 3D).
+/// Every registered scheme, in a fixed order: 1D, 2D, 3D, then those
+/// register_scheme added, in the order added.
 std::span<const SchemeRow* const> scheme_registry();
+
+/// Adds a scheme (a row that outlives its use, e.g. a `static const
+/// SchemeRow`): its spec text parses, scheme_row finds it, schemes_for and
+/// the auto search enumerate it, and every program and test that walks the
+/// registry runs it. Throws summa::Error for an empty tag, a tag with ':',
+/// ',' or '=', a tag already registered, or a row without every function.
+/// Not thread-safe: register before any other thread reads the registry.
+void register_scheme(const SchemeRow& row);
 /// The row of the scheme with tag `tag` (throws summa::Error naming it and
 /// the registered tags when there is none).
 const SchemeRow& scheme_row(std::string_view tag);

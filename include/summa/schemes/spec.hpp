@@ -16,27 +16,92 @@
 ///                      oag, or 'none' (default: oar; see Axonn3DOptions)
 /// e.g. "2d:q=3", "1d:p=4", "3d:2x2x2", "data=2,2d:q=2",
 /// "2d:q=2,panel=128,overlap=off", "3d:1x1x4,overlap=oar+ors+oag".
+/// Each scheme's options are its own type (Megatron1DSpec, Summa2DSpec,
+/// Axonn3DSpec in schemes/<scheme>/spec.hpp), read with spec.as<...>().
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
 #include <vector>
 
-#include "summa/summa/engine.hpp"
+#include "summa/core/error.hpp"
 
 namespace summa {
 
+/// A scheme's own options (its grid's sizes and its switches), as that
+/// scheme's type, defined in its folder (schemes/<scheme>/spec.hpp) by
+/// deriving from SchemeOptionsOf<Self>. SchemeSpec holds one.
+class SchemeOptions {
+ public:
+  virtual ~SchemeOptions() = default;
+  virtual std::unique_ptr<SchemeOptions> clone() const = 0;
+  virtual bool equals(const SchemeOptions& other) const = 0;
+};
+
+/// The base of a scheme's options type `Self` (a struct with a defaulted
+/// operator==): copying and comparing through SchemeOptions.
+template <class Self>
+class SchemeOptionsOf : public SchemeOptions {
+ public:
+  std::unique_ptr<SchemeOptions> clone() const override {
+    return std::make_unique<Self>(static_cast<const Self&>(*this));
+  }
+  bool equals(const SchemeOptions& other) const override {
+    const auto* o = dynamic_cast<const Self*>(&other);
+    return o != nullptr && *o == static_cast<const Self&>(*this);
+  }
+  friend bool operator==(const SchemeOptionsOf&, const SchemeOptionsOf&) { return true; }
+};
+
 struct SchemeSpec {
   /// The scheme: its registry row's tag ("1d", "2d", "3d"; schemes/registry.hpp).
-  std::string scheme = "2d";
-  int p = 1;                   ///< 1D: ranks of the tensor group
-  int q = 1;                   ///< 2D: mesh side
-  int gx = 1, gy = 1, gz = 1;  ///< 3D: grid
-  int data = 1;                ///< data-parallel groups
-  /// 3D overlap switches (Axonn3DOptions: OAR, ORS, OAG).
-  bool oar = true, ors = false, oag = false;
-  /// 2D: the SUMMA engine's options (panel and overlap settable in the text).
-  SummaOptions summa{};
+  std::string scheme;
+  int data = 1;  ///< data-parallel groups
+
+  SchemeSpec() = default;
+  /// The scheme `tag` with its options `options` (that scheme's type) and
+  /// `data` groups.
+  template <class O>
+  requires std::is_base_of_v<SchemeOptions, O> SchemeSpec(std::string tag, O options, int data = 1)
+      : scheme(std::move(tag)), data(data), options_(std::make_unique<O>(std::move(options))) {}
+  SchemeSpec(const SchemeSpec& o)
+      : scheme(o.scheme), data(o.data), options_(o.options_ ? o.options_->clone() : nullptr) {}
+  SchemeSpec(SchemeSpec&&) noexcept = default;
+  SchemeSpec& operator=(const SchemeSpec& o) {
+    if (this != &o) *this = SchemeSpec(o);
+    return *this;
+  }
+  SchemeSpec& operator=(SchemeSpec&&) noexcept = default;
+  ~SchemeSpec() = default;
+
+  /// The scheme's options as its type O (e.g. Summa2DSpec); throws
+  /// summa::Error when the spec holds another scheme's.
+  template <class O>
+  const O& as() const {
+    const auto* o = dynamic_cast<const O*>(options_.get());
+    require(o != nullptr, [&] {
+      return std::string("SchemeSpec: scheme '") + scheme + "' holds no options of type " +
+             typeid(O).name();
+    });
+    return *o;
+  }
+  template <class O>
+  O& as() {
+    return const_cast<O&>(std::as_const(*this).as<O>());
+  }
+  /// True when the spec holds options of type O.
+  template <class O>
+  bool holds() const {
+    return dynamic_cast<const O*>(options_.get()) != nullptr;
+  }
+  /// Sets the scheme's options (the row's parse does, with its tag).
+  template <class O>
+  requires std::is_base_of_v<SchemeOptions, O>
+  void set_options(O options) { options_ = std::make_unique<O>(std::move(options)); }
 
   /// Ranks of one tensor group (P, Q², X·Y·Z).
   std::int64_t tensor_ranks() const;
@@ -47,12 +112,20 @@ struct SchemeSpec {
   std::string str() const;
   /// Throws summa::Error naming the offending item and the grammar.
   static SchemeSpec parse(std::string_view text);
-  friend bool operator==(const SchemeSpec&, const SchemeSpec&) = default;
+  friend bool operator==(const SchemeSpec& a, const SchemeSpec& b) {
+    return a.scheme == b.scheme && a.data == b.data &&
+           (a.options_ == nullptr ? b.options_ == nullptr
+                                  : b.options_ != nullptr && a.options_->equals(*b.options_));
+  }
+
+ private:
+  std::unique_ptr<SchemeOptions> options_;
 };
 
 /// Every scheme (without a data axis and with every data factor) whose rank
 /// count is exactly `ranks`: 1D at p = ranks / data, 2D when ranks / data is
-/// a square, 3D for every factorisation X·Y·Z.
+/// a square, 3D for every factorisation X·Y·Z (and every registered scheme's
+/// own, SchemeRow::enumerate).
 std::vector<SchemeSpec> schemes_for(int ranks);
 
 }  // namespace summa

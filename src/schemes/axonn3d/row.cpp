@@ -6,22 +6,29 @@
 
 #include "detail.hpp"
 #include "summa/schemes/axonn3d/context.hpp"
+#include "summa/schemes/axonn3d/spec.hpp"
 #include "summa/schemes/registry.hpp"
 
 namespace summa {
 
 namespace {
 
+const Axonn3DSpec& of(const SchemeSpec& s) {
+  return s.as<Axonn3DSpec>();
+}
+
 template <class T>
-std::unique_ptr<SchemeContext<T>> context(const SchemeSpec& s, ProcessGrid& grid,
+std::unique_ptr<SchemeContext<T>> context(const SchemeSpec& spec, ProcessGrid& grid,
                                           Backend& backend) {
+  const Axonn3DSpec& s = of(spec);
   return std::make_unique<Axonn3DContext<T>>(grid, backend,
                                              Axonn3DOptions{.overlap_all_reduce = s.oar,
                                                             .overlap_reduce_scatter = s.ors,
                                                             .overlap_all_gather = s.oag});
 }
 
-void parse(std::string_view dims, std::string_view item, SchemeSpec& s) {
+void parse(std::string_view dims, std::string_view item, SchemeSpec& spec) {
+  Axonn3DSpec s;
   int* out[3] = {&s.gx, &s.gy, &s.gz};
   for (int k = 0; k < 3; ++k) {
     const std::size_t x = dims.find('x');
@@ -30,10 +37,12 @@ void parse(std::string_view dims, std::string_view item, SchemeSpec& s) {
     *out[k] = parse_positive(dims.substr(0, x), item);
     dims = k < 2 ? dims.substr(x + 1) : std::string_view();
   }
+  spec.set_options(s);
 }
 
-bool option(std::string_view key, std::string_view list, std::string_view item, SchemeSpec& s) {
+bool option(std::string_view key, std::string_view list, std::string_view item, SchemeSpec& spec) {
   if (key != "overlap") return false;
+  Axonn3DSpec& s = spec.as<Axonn3DSpec>();
   s.oar = s.ors = s.oag = false;
   if (list == "none") return true;
   for (bool again = true; again;) {
@@ -51,9 +60,10 @@ bool option(std::string_view key, std::string_view list, std::string_view item, 
   return true;
 }
 
-std::string text(const SchemeSpec& s) {
+std::string text(const SchemeSpec& spec) {
+  const Axonn3DSpec& s = of(spec);
   std::string t = fmt::format("3d:{}x{}x{}", s.gx, s.gy, s.gz);
-  const SchemeSpec d;
+  const Axonn3DSpec d;
   if (s.oar == d.oar && s.ors == d.ors && s.oag == d.oag) return t;
   std::string list;
   for (auto [on, name] :
@@ -65,7 +75,8 @@ std::string text(const SchemeSpec& s) {
   return fmt::format("{},overlap={}", t, list.empty() ? std::string_view("none") : list);
 }
 
-std::string_view axis_role(const SchemeSpec& s, CommAxis axis) {
+std::string_view axis_role(const SchemeSpec& spec, CommAxis axis) {
+  const Axonn3DSpec& s = of(spec);
   // grid3d: rows = X, cols = Y, depth = Z; the mesh_col communicator spans
   // the rows (X varies), the mesh_row one the columns (Y varies).
   if (axis == CommAxis::mesh_col) return s.gx > 1 ? "X" : "";
@@ -74,7 +85,9 @@ std::string_view axis_role(const SchemeSpec& s, CommAxis axis) {
   return "";
 }
 
-std::unique_ptr<cost::OpCost> op_cost(const SchemeSpec& s, const GridCoords& c, cost::Elements el) {
+std::unique_ptr<cost::OpCost> op_cost(const SchemeSpec& spec, const GridCoords& c,
+                                      cost::Elements el) {
+  const Axonn3DSpec& s = of(spec);
   const auto u = [](int v) { return static_cast<cost::u64>(v); };
   return std::make_unique<detail3d::Cost3D>(
       u(s.gx), u(s.gy), u(s.gz), u(c.row), u(c.col), u(c.depth), el,
@@ -91,7 +104,8 @@ constinit const SchemeRow axonn3d_row{
     .option = &option,
     .text = &text,
     .tensor_ranks =
-        [](const SchemeSpec& s) {
+        [](const SchemeSpec& spec) {
+          const Axonn3DSpec& s = of(spec);
           // saturated: 3d:111620x429509837x384773 wrapped to 4 ranks and
           // passed parse's "fits a communicator" check
           std::int64_t xy = 0, xyz = 0;
@@ -100,21 +114,22 @@ constinit const SchemeRow axonn3d_row{
             return std::numeric_limits<std::int64_t>::max();
           return xyz;
         },
-    .sequence_split = [](const SchemeSpec& s) { return s.gz; },
+    .sequence_split = [](const SchemeSpec& s) { return of(s).gz; },
     .enumerate =
         [](int t, int data, std::vector<SchemeSpec>& out) {
           for (int x = 1; x <= t; ++x)
             for (int y = 1; x * y <= t; ++y)
-              if (t % (x * y) == 0)
-                out.push_back({.scheme = "3d", .gx = x, .gy = y, .gz = t / (x * y), .data = data});
+              if (t % (x * y) == 0) out.emplace_back("3d", Axonn3DSpec(x, y, t / (x * y)), data);
         },
     .grid_shape =
         [](const SchemeSpec& s) {
-          return GridShape{s.data, s.gz, s.gx, s.gy};
+          const Axonn3DSpec& g = of(s);
+          return GridShape{s.data, g.gz, g.gx, g.gy};
         },
     .make_grid =
         [](MPI_Comm comm, const SchemeSpec& s, GridOptions o) {
-          return ProcessGrid::grid3d(comm, s.gx, s.gy, s.gz, s.data, o);
+          const Axonn3DSpec& g = of(s);
+          return ProcessGrid::grid3d(comm, g.gx, g.gy, g.gz, s.data, o);
         },
     .axis_role = &axis_role,
     .op_cost = &op_cost,

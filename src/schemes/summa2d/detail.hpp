@@ -12,7 +12,8 @@ namespace summa::detail2d {
 class Cost2D final : public cost::OpCost {
  public:
   using u64 = cost::u64;
-  Cost2D(u64 q, u64 i, u64 j, cost::Elements el) : q_(q), i_(i), j_(j), el_(el) {}
+  Cost2D(u64 q, u64 i, u64 j, cost::Elements el, const SummaOptions& summa)
+      : q_(q), i_(i), j_(j), el_(el), summa_(summa) {}
 
   SUMMA_OP_COST_OVERRIDES
   u64 local_rows(u64 tokens) const override { return tokens / q_; }
@@ -22,6 +23,7 @@ class Cost2D final : public cost::OpCost {
  private:
   u64 q_, i_, j_;
   cost::Elements el_;
+  SummaOptions summa_;  ///< the engine's (its panel width cuts the SUMMA collectives)
 };
 
 }  // namespace summa::detail2d

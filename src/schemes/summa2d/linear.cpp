@@ -99,13 +99,13 @@ void detail2d::Cost2D::linear_forward(cost::Tally& t, u64 tokens, u64 in, u64 ou
     t.broadcast(CommAxis::mesh_col, out / q_, q_, i_ == 0, el_.e);
     t.overlapped = false;
   }
-  t.summa(Form::AB, tokens, out, in, q_, el_.e);
+  t.summa(Form::AB, tokens, out, in, q_, el_.e, summa_);
   if (bias) t.memory(2 * (tokens / q_) * (out / q_) * el_.e);
 }
 void detail2d::Cost2D::linear_backward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole,
                                        bool bias) const {
-  t.summa(Form::ABt, tokens, in, out, q_, el_.e);  // dX
-  t.summa(Form::AtB, in, out, tokens, q_, el_.e);  // dW
+  t.summa(Form::ABt, tokens, in, out, q_, el_.e, summa_);  // dX
+  t.summa(Form::AtB, in, out, tokens, q_, el_.e, summa_);  // dW
   if (bias) {
     t.memory((tokens / q_) * (out / q_) * el_.e);
     t.reduce(CommAxis::mesh_col, out / q_, q_, i_ == 0, el_.e);

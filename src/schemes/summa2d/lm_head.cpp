@@ -142,7 +142,7 @@ void LMHead2D<T>::backward(MatrixView<T> dX, StepBuffers& buffers, bool accumula
 // dwte += dZᵀ X by SUMMA.
 void detail2d::Cost2D::lm_head_forward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const {
   const u64 block = (tokens / q_) * (vocab / q_) * el_.e;
-  t.summa(Form::ABt, tokens, vocab, hidden, q_, el_.e);
+  t.summa(Form::ABt, tokens, vocab, hidden, q_, el_.e, summa_);
   t.memory(block);  // row max
   t.all_reduce(CommAxis::mesh_row, tokens / q_, q_, j_, el_.a);
   t.pointwise(model::Pointwise::exp, block / el_.e, block);  // sum exp, target
@@ -153,8 +153,8 @@ void detail2d::Cost2D::lm_head_backward(cost::Tally& t, u64 tokens, u64 vocab, u
   const u64 n = (tokens / q_) * (vocab / q_);
   t.pointwise(model::Pointwise::exp, n, 2 * n * el_.e);  // dZ = softmax - onehot, in place
 
-  t.summa(Form::AB, tokens, hidden, vocab, q_, el_.e);
-  t.summa(Form::AtB, vocab, hidden, tokens, q_, el_.e);
+  t.summa(Form::AB, tokens, hidden, vocab, q_, el_.e, summa_);
+  t.summa(Form::AtB, vocab, hidden, tokens, q_, el_.e, summa_);
 }
 
 template class CrossEntropy2D<float>;

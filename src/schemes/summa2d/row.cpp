@@ -7,15 +7,20 @@
 #include "detail.hpp"
 #include "summa/schemes/registry.hpp"
 #include "summa/schemes/summa2d/context.hpp"
+#include "summa/schemes/summa2d/spec.hpp"
 
 namespace summa {
 
 namespace {
 
+const Summa2DSpec& of(const SchemeSpec& s) {
+  return s.as<Summa2DSpec>();
+}
+
 template <class T>
 std::unique_ptr<SchemeContext<T>> context(const SchemeSpec& s, ProcessGrid& grid,
                                           Backend& backend) {
-  return std::make_unique<Summa2DContext<T>>(grid, backend, s.summa);
+  return std::make_unique<Summa2DContext<T>>(grid, backend, of(s).summa);
 }
 
 bool option(std::string_view key, std::string_view value, std::string_view item, SchemeSpec& s) {
@@ -26,7 +31,7 @@ bool option(std::string_view key, std::string_view value, std::string_view item,
       return fmt::format("scheme item '{}': panel '{}' is not an integer >= 0 (0: a whole block)",
                          item, value);
     });
-    s.summa.panel = v;
+    s.as<Summa2DSpec>().summa.panel = v;
     return true;
   }
   if (key == "overlap") {
@@ -34,13 +39,14 @@ bool option(std::string_view key, std::string_view value, std::string_view item,
       return fmt::format("scheme item '{}': the 2d overlap is 'on' or 'off', not '{}'", item,
                          value);
     });
-    s.summa.overlap = value == "on";
+    s.as<Summa2DSpec>().summa.overlap = value == "on";
     return true;
   }
   return false;
 }
 
-std::string text(const SchemeSpec& s) {
+std::string text(const SchemeSpec& spec) {
+  const Summa2DSpec& s = of(spec);
   std::string t = fmt::format("2d:q={}", s.q);
   const SummaOptions d;
   if (s.summa.panel != d.panel) t += fmt::format(",panel={}", s.summa.panel);
@@ -50,7 +56,7 @@ std::string text(const SchemeSpec& s) {
 
 std::unique_ptr<cost::OpCost> op_cost(const SchemeSpec& s, const GridCoords& c, cost::Elements el) {
   const auto u = [](int v) { return static_cast<cost::u64>(v); };
-  return std::make_unique<detail2d::Cost2D>(u(s.q), u(c.row), u(c.col), el);
+  return std::make_unique<detail2d::Cost2D>(u(of(s).q), u(c.row), u(c.col), el, of(s).summa);
 }
 
 }  // namespace
@@ -59,25 +65,28 @@ extern const SchemeRow summa2d_row;
 constinit const SchemeRow summa2d_row{
     .tag = "2d",
     .grammar = "'2d:q=Q' (options 'panel=N', 'overlap=on|off')",
-    .parse = [](std::string_view body, std::string_view item,
-                SchemeSpec& s) { s.q = parse_keyed_positive(body, "q=", item); },
+    .parse =
+        [](std::string_view body, std::string_view item, SchemeSpec& s) {
+          s.set_options(Summa2DSpec(parse_keyed_positive(body, "q=", item)));
+        },
     .option = &option,
     .text = &text,
-    .tensor_ranks = [](const SchemeSpec& s) { return static_cast<std::int64_t>(s.q) * s.q; },
-    .sequence_split = [](const SchemeSpec& s) { return s.q; },
+    .tensor_ranks =
+        [](const SchemeSpec& s) { return static_cast<std::int64_t>(of(s).q) * of(s).q; },
+    .sequence_split = [](const SchemeSpec& s) { return of(s).q; },
     .enumerate =
         [](int tensor, int data, std::vector<SchemeSpec>& out) {
           for (int q = 1; q * q <= tensor; ++q)
-            if (q * q == tensor) out.push_back({.scheme = "2d", .q = q, .data = data});
+            if (q * q == tensor) out.emplace_back("2d", Summa2DSpec(q), data);
         },
     .grid_shape =
         [](const SchemeSpec& s) {
-          return GridShape{s.data, 1, s.q, s.q};
+          return GridShape{s.data, 1, of(s).q, of(s).q};
         },
     .make_grid = [](MPI_Comm comm, const SchemeSpec& s,
-                    GridOptions o) { return ProcessGrid::mesh2d(comm, s.q, s.data, o); },
+                    GridOptions o) { return ProcessGrid::mesh2d(comm, of(s).q, s.data, o); },
     .axis_role = [](const SchemeSpec& s, CommAxis axis) -> std::string_view {
-      if (s.q == 1) return "";
+      if (of(s).q == 1) return "";
       return axis == CommAxis::mesh_row ? "row" : axis == CommAxis::mesh_col ? "col" : "";
     },
     .op_cost = &op_cost,
