@@ -28,9 +28,20 @@ struct Answer {
   std::int64_t axis = 0, leader = 0, kind = 0;
   std::int64_t sequence = 0, bytes = 0;
   std::int64_t waited_ms = 0;
-  std::int64_t raw = 0;  // 1: a program's own MPI request (no axis)
+  std::int64_t raw = 0;    // 1: a program's own MPI request (no axis)
+  std::int64_t token = 0;  // the probe's, echoed: answers to an earlier round are stale
 };
 constexpr int kAnswerWords = sizeof(Answer) / sizeof(std::int64_t);
+
+// The probe rounds of this process, numbered from 1: a probe carries its
+// round, an answer echoes it, and the prober counts only answers to its
+// current round. A rank that serves a probe late (it was computing, or
+// stopped, when the round ended) answers after the prober gave up; that
+// stale answer, still queued (on this watchdog, or on a later one whose
+// duplicated communicator reuses the context), must not count as an answer
+// in a later report (was: a silent rank reported as answering, seen in CI).
+// Static storage: the probes' buffer outlives their sends.
+std::int64_t probe_round = 0;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -144,10 +155,12 @@ void Watchdog::serve_probes() {
     MPI_Status status;
     check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, kProbeTag, comm_, &flag, &status), "MPI_Iprobe");
     if (!flag) return;
-    int dummy = 0;
-    check_mpi(MPI_Recv(&dummy, 1, MPI_INT, status.MPI_SOURCE, kProbeTag, comm_, MPI_STATUS_IGNORE),
-              "MPI_Recv (watchdog probe)");
+    std::int64_t token = 0;
+    check_mpi(
+        MPI_Recv(&token, 1, MPI_INT64_T, status.MPI_SOURCE, kProbeTag, comm_, MPI_STATUS_IGNORE),
+        "MPI_Recv (watchdog probe)");
     Answer a;
+    a.token = token;
     if (pending_.active) {
       a.waiting = 1;
       a.axis = pending_.axis;
@@ -179,11 +192,11 @@ void Watchdog::expire(const std::vector<int>& members, double waited_s) {
   int size = 0;
   check_mpi(MPI_Comm_size(comm_, &size), "MPI_Comm_size");
   std::vector<MPI_Request> sends;
-  int token = 0;
+  const std::int64_t round = ++probe_round;
   for (int m = 0; m < size; ++m)
     if (m != rank_) {
       sends.emplace_back();
-      check_mpi(MPI_Isend(&token, 1, MPI_INT, m, kProbeTag, comm_, &sends.back()),
+      check_mpi(MPI_Isend(&probe_round, 1, MPI_INT64_T, m, kProbeTag, comm_, &sends.back()),
                 "MPI_Isend (watchdog probe)");
     }
   std::map<int, Answer> answers;
@@ -199,7 +212,7 @@ void Watchdog::expire(const std::vector<int>& members, double waited_s) {
       check_mpi(MPI_Recv(&a, kAnswerWords, MPI_INT64_T, status.MPI_SOURCE, kAnswerTag, comm_,
                          MPI_STATUS_IGNORE),
                 "MPI_Recv (watchdog answer)");
-      answers[status.MPI_SOURCE] = a;
+      if (a.token == round) answers[status.MPI_SOURCE] = a;  // else stale: dropped
     }
   }
   std::string report = fmt::format(
