@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -638,6 +639,41 @@ int train(const Cli& cli) {
                            "choose another --out");
       fs::remove_all(ckpt_root);
     }
+    // The log and the check batch never go among a run's checkpoints, this
+    // run's or another's (was: --log naming a live job's checkpoints/latest
+    // trained and replaced it), and a file already there is replaced or
+    // extended only when it is a log (was: --overwrite cut any file).
+    const auto among_checkpoints = [&](const fs::path& file) -> std::optional<fs::path> {
+      const fs::path dir = fs::weakly_canonical(fs::absolute(file), ec).parent_path();
+      if (ec || dir.empty()) return std::nullopt;
+      if (dir == fs::weakly_canonical(fs::absolute(ckpt_root), ec))
+        return dir;  // this run's, empty as yet
+      if (!summa::step_directories(dir).empty() || fs::exists(dir / "latest", ec) ||
+          (dir.filename() == "checkpoints" &&
+           fs::exists(dir.parent_path() / ".gpt_train.lock", ec)))
+        return dir;
+      for (fs::path up = dir; up.has_relative_path(); up = up.parent_path())
+        if (up.filename().string().starts_with("step_") &&
+            fs::exists(up / "manifest", ec))  // inside a checkpoint
+          return up.parent_path();
+      return std::nullopt;
+    };
+    for (const auto& [flag, file] : {std::pair<std::string, std::string>{"--log", log_path},
+                                     {"--check-batch", cli.check_batch}})
+      if (!file.empty())
+        if (const auto dir = among_checkpoints(file))
+          throw summa::Error(flag + " " + file + " is among the checkpoints of a run (" +
+                             dir->string() +
+                             ": each save replaces what is there); choose a path outside them");
+    if (std::ifstream existing(log_path, std::ios::binary); existing) {
+      char first = 0;
+      while (existing.get(first) && std::isspace(static_cast<unsigned char>(first)) != 0) {
+      }
+      if (existing && first != '{')
+        throw summa::Error("--log " + log_path +
+                           " is a file that is not a JSON-lines log (it does not start with "
+                           "'{'); it is never replaced or extended: choose another --log");
+    }
     // Nor does it cut a log with lines in it (a run that saved nothing, or
     // one with another --out), unless told (--overwrite) or resuming
     // (--resume or --resume-from; --resume with nothing saved starts afresh).
@@ -789,9 +825,23 @@ int train(const Cli& cli) {
   // the ranks on it), or --memory-budget.
   const std::unique_ptr<summa::Backend> backend = make_backend(cli, o.grid);
   const bool budget_given = cli.memory_budget_gib > 0;
+  // A budget is a ceiling within what the ranks have, never above it (was:
+  // a budget beyond the node passed the check, then one rank's bad_alloc
+  // aborted the job). The figure is the smallest over the ranks: the same
+  // outcome on every rank.
+  const double available = summa::available_memory_per_rank(world, *backend);
+  if (budget_given && available > 0 && cli.memory_budget_gib * double(1 << 30) > available) {
+    char text[320];
+    std::snprintf(
+        text, sizeof text,
+        "--memory-budget %.10g GiB per rank is more than the %.3g GiB per rank %s (over "
+        "the ranks sharing it); give at most that, or leave --memory-budget out to use it",
+        cli.memory_budget_gib, available / double(1 << 30),
+        summa::available_memory_source(*backend));
+    throw summa::CollectiveError(text);
+  }
   const summa::MemoryBudget budget{
-      .bytes = budget_given ? cli.memory_budget_gib * double(1 << 30)
-                            : summa::available_memory_per_rank(world, *backend),
+      .bytes = budget_given ? cli.memory_budget_gib * double(1 << 30) : available,
       .source = budget_given ? "of --memory-budget" : summa::available_memory_source(*backend),
       .state_bytes_per_parameter = static_cast<double>(state_bytes_per_parameter<T>(o.optimizer))};
   if (auto_scheme)  // before ranking schemes; the most optimistic group: all ranks
@@ -1219,8 +1269,9 @@ int main(int argc, char** argv) {
       ->check(integer_in(0, 1 << 30))
       ->capture_default_str();
   app.add_option("--memory-budget", cli.memory_budget_gib,
-                 "GiB per rank the configuration must fit in (0: the node's available memory "
-                 "over its ranks on --backend cpu; unchecked on cuda)")
+                 "GiB per rank the configuration must fit in (0: what the backend has per "
+                 "rank: the node's available memory on cpu, the GPU's free memory on cuda, "
+                 "shared by the ranks on it; more than that is refused)")
       ->check(real_in(0, 1e9));
   app.add_option("--resume-from", cli.resume_from, "resume from this checkpoint (dir or root)");
   app.add_option("--import", cli.import_dir, "start from a Hugging Face GPT-2 export (dir)");

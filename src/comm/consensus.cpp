@@ -21,6 +21,9 @@ namespace summa {
 namespace {
 // SUMMA_FAULT_STOP_AGREE (fault_stop.hpp): before every agree_on.
 detail::FaultStop agree_stop("SUMMA_FAULT_STOP_AGREE");
+// SUMMA_FAULT_STOP_GUARDED: before every wait_guarded of a caller (a
+// program's or the library's own MPI request; agree_on's are counted above).
+detail::FaultStop guarded_stop("SUMMA_FAULT_STOP_GUARDED");
 std::atomic<std::uint64_t> agreements{0};
 }  // namespace
 
@@ -76,9 +79,7 @@ void wait_under_setup_limit(MPI_Request& request, MPI_Comm comm, const char* wha
   std::abort();  // MPI_Abort does not return
 }
 
-}  // namespace
-
-void wait_guarded(MPI_Request& request, MPI_Comm comm, const char* what, std::uint64_t bytes) {
+void wait_covered(MPI_Request& request, MPI_Comm comm, const char* what, std::uint64_t bytes) {
   Watchdog* w = Watchdog::active();
   if (w != nullptr && w->wait_if_covered(request, comm, what, bytes)) return;
   if (const double limit = detail::SetupLimit::current(); limit > 0) {
@@ -86,6 +87,12 @@ void wait_guarded(MPI_Request& request, MPI_Comm comm, const char* what, std::ui
     return;
   }
   check_mpi(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
+}
+}  // namespace
+
+void wait_guarded(MPI_Request& request, MPI_Comm comm, const char* what, std::uint64_t bytes) {
+  guarded_stop.reached();
+  wait_covered(request, comm, what, bytes);
 }
 
 void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error) {
@@ -120,7 +127,7 @@ void agree_on(MPI_Comm comm, const std::optional<std::string>& local_error,
   // under the process's watchdog when there is one (a stopped rank is then
   // reported instead of leaving the others here for ever)
   const auto wait = [&](MPI_Request& request, std::uint64_t bytes) {
-    wait_guarded(request, comm, what, bytes);
+    wait_covered(request, comm, what, bytes);
   };
   MPI_Request request;
   check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(1 + 2 * n), MPI_INT64_T,

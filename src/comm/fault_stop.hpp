@@ -9,6 +9,10 @@
 //                           (comm/communicator.cpp)
 //   SUMMA_FAULT_STOP_AGREE  before every agree_on (comm/consensus.cpp): a
 //                           rank stopped while a program sets up
+//   SUMMA_FAULT_STOP_GUARDED  before every wait_guarded (comm/consensus.cpp):
+//                           a program's own MPI requests (gpt_train's
+//                           memory and stop-signal all-reduces), memory
+//                           checks, checkpoint metadata
 //   SUMMA_FAULT_STOP_GRID   in each ProcessGrid's set-up, before its
 //                           communicators are split (grid/process_grid.cpp)
 //   SUMMA_FAULT_STOP_FINALIZE  before finalize_mpi's MPI_Finalize

@@ -94,17 +94,6 @@ int world_rank_now() {
   return rank;
 }
 
-// One line from the rank that waited past `seconds` in `what`, then exit
-// (on the timer thread: no MPI call).
-[[noreturn]] void blocked(int rank, const char* what, double seconds) {
-  std::fprintf(stderr,
-               "summa watchdog: world rank %d has waited %g s in %s: another rank of the job "
-               "was stopped, lost or is busy; exiting with status %d\n",
-               rank, seconds, what, kBlockedExit);
-  std::fflush(stderr);
-  std::_Exit(kBlockedExit);
-}
-
 }  // namespace
 
 void finalize_mpi() {
@@ -113,7 +102,7 @@ void finalize_mpi() {
   std::fflush(stderr);
   const int rank = world_rank_now();
   const detail::RunningLimit timer(limit_s, [rank](double seconds) {
-    blocked(rank, "MPI_Finalize (this rank's work is done and saved)", seconds);
+    detail::exit_blocked(rank, "MPI_Finalize (this rank's work is done and saved)", seconds);
   });
   finalize_stop.reached();
   MPI_Finalize();
@@ -122,8 +111,8 @@ void finalize_mpi() {
 MPI_Comm split_under_limit(MPI_Comm comm, int color, int key, const char* what, double limit_s) {
   MPI_Comm out = MPI_COMM_NULL;
   const int rank = world_rank_now();
-  const detail::RunningLimit timer(limit_s,
-                                   [rank, what](double seconds) { blocked(rank, what, seconds); });
+  const detail::RunningLimit timer(
+      limit_s, [rank, what](double seconds) { detail::exit_blocked(rank, what, seconds); });
   split_stop.reached();
   MPI_Comm_split(comm, color, key, &out);
   return out;
@@ -131,8 +120,8 @@ MPI_Comm split_under_limit(MPI_Comm comm, int color, int key, const char* what, 
 
 void wait_sleeping(MPI_Request& request, const char* what, double limit_s) {
   const int rank = world_rank_now();
-  const detail::RunningLimit timer(limit_s,
-                                   [rank, what](double seconds) { blocked(rank, what, seconds); });
+  const detail::RunningLimit timer(
+      limit_s, [rank, what](double seconds) { detail::exit_blocked(rank, what, seconds); });
   for (int finished = 0; !finished;) {
     MPI_Test(&request, &finished, MPI_STATUS_IGNORE);
     if (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(1));

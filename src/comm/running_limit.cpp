@@ -2,9 +2,22 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <utility>
 
+#include "summa/comm/mpi_init.hpp"
+
 namespace summa::detail {
+
+void exit_blocked(int world_rank, const std::string& what, double seconds) {
+  std::fprintf(stderr,
+               "summa watchdog: world rank %d has waited %g s in %s: another rank of the job "
+               "was stopped, lost or is busy; exiting with status %d\n",
+               world_rank, seconds, what.c_str(), kBlockedExit);
+  std::fflush(stderr);
+  std::_Exit(kBlockedExit);
+}
 
 RunningLimit::RunningLimit(double seconds, std::function<void(double)> expire) {
   if (!(seconds > 0)) return;

@@ -13,9 +13,17 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 
 namespace summa::detail {
+
+/// What a RunningLimit's `expire` usually does: one line on stderr from
+/// the rank that waited past `seconds` in `what` ("summa watchdog: world rank
+/// R has waited S s in WHAT: another rank of the job was stopped, lost or is
+/// busy; exiting with status 3"), then std::_Exit(3) (kBlockedExit; no MPI
+/// call: it runs on the timer thread).
+[[noreturn]] void exit_blocked(int world_rank, const std::string& what, double seconds);
 
 class RunningLimit {
  public:

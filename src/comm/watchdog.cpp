@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <map>
 
 #include "setup_limit.hpp"
@@ -40,8 +41,12 @@ constexpr int kAnswerWords = sizeof(Answer) / sizeof(std::int64_t);
 // stale answer, still queued (on this watchdog, or on a later one whose
 // duplicated communicator reuses the context), must not count as an answer
 // in a later report (was: a silent rank reported as answering, seen in CI).
-// Static storage: the probes' buffer outlives their sends.
+// Each round's number has its own element of a deque that never shrinks
+// (stable addresses): a probe's send buffer outlives the send, which the
+// prober frees without waiting for it, and a later round never rewrites a
+// buffer an earlier send may still read (8 bytes per expiry).
 std::int64_t probe_round = 0;
+std::deque<std::int64_t> probe_tokens;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -183,7 +188,7 @@ std::string Watchdog::describe(const Pending& p) const {
                      name_of(static_cast<CommAxis>(p.axis)), p.bytes);
 }
 
-void Watchdog::expire(const std::vector<int>& members, double waited_s) {
+bool Watchdog::expire(const std::vector<int>& members, double waited_s, bool may_defer) {
   const Pending mine = pending_;
   // Every rank of the job is probed, not only the group's: a member that
   // waits in another call is waiting on someone, and on a multi-axis grid
@@ -193,10 +198,11 @@ void Watchdog::expire(const std::vector<int>& members, double waited_s) {
   check_mpi(MPI_Comm_size(comm_, &size), "MPI_Comm_size");
   std::vector<MPI_Request> sends;
   const std::int64_t round = ++probe_round;
+  const std::int64_t* token = &probe_tokens.emplace_back(round);
   for (int m = 0; m < size; ++m)
     if (m != rank_) {
       sends.emplace_back();
-      check_mpi(MPI_Isend(&probe_round, 1, MPI_INT64_T, m, kProbeTag, comm_, &sends.back()),
+      check_mpi(MPI_Isend(token, 1, MPI_INT64_T, m, kProbeTag, comm_, &sends.back()),
                 "MPI_Isend (watchdog probe)");
     }
   std::map<int, Answer> answers;
@@ -215,6 +221,14 @@ void Watchdog::expire(const std::vector<int>& members, double waited_s) {
       if (a.token == round) answers[status.MPI_SOURCE] = a;  // else stale: dropped
     }
   }
+  // One report per job: a lower rank that waits too reports (its limit
+  // passes about now, or passed and it is collecting answers like this one).
+  if (may_defer && !options_.on_expiry)
+    for (const auto& [m, a] : answers)
+      if (m < rank_ && a.waiting != 0) {
+        for (MPI_Request& r : sends) MPI_Request_free(&r);
+        return false;
+      }
   std::string report = fmt::format(
       "summa watchdog: rank {} has waited {:.1f} s (limit {:g} s) in {}; its group has {} "
       "ranks:\n",
@@ -285,7 +299,7 @@ void Watchdog::expire(const std::vector<int>& members, double waited_s) {
   for (MPI_Request& r : sends) MPI_Request_free(&r);
   if (options_.on_expiry) {
     options_.on_expiry(report);  // report-only: the wait goes on
-    return;
+    return true;
   }
   pending_ = Pending{};
   std::fprintf(stderr, "%s(ranks are those of the watchdog's communicator) aborting the job\n",
@@ -301,16 +315,22 @@ void Watchdog::guard(const Pending& pending, const std::vector<int>& members, Po
   pending_.active = true;
   const auto t0 = Clock::now();
   wait_began = t0;
-  const auto limit = std::chrono::duration<double>(options_.timeout_s);
-  bool reported = false;
+  auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(options_.timeout_s));
+  bool reported = false, deferred = false;
   for (unsigned spins = 1;; ++spins) {
     if (poll()) break;
     if ((spins & 63U) == 0) {
       serve_probes();
-      if (!reported && Clock::now() - t0 >= limit) {
-        reported = true;
+      if (!reported && Clock::now() >= deadline) {
         try {
-          expire(members, seconds_since(t0));
+          if (expire(members, seconds_since(t0), !deferred)) {
+            reported = true;
+          } else {  // a lower rank reports; if it has not ended the job by then, this one does
+            deferred = true;
+            deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(options_.limit_s()));
+          }
         } catch (...) {
           pending_ = Pending{};
           throw;

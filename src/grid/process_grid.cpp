@@ -249,13 +249,9 @@ ProcessGrid::ProcessGrid(MPI_Comm comm, GridShape shape, GridOptions options)
   int me = 0;
   check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &me), "MPI_Comm_rank");
   const detail::RunningLimit set_up(limit, [&step, size, me](double seconds) {
-    std::fprintf(stderr,
-                 "summa watchdog: world rank %d has waited %g s in the process grid's set-up, "
-                 "in %s over %d ranks: a rank of the grid did not arrive (stopped, lost or "
-                 "busy); exiting with status 3\n",
-                 me, seconds, step.load(), size);
-    std::fflush(stderr);
-    std::_Exit(3);
+    detail::exit_blocked(
+        me, fmt::format("the process grid's set-up, in {} over {} ranks", step.load(), size),
+        seconds);
   });
   grid_stop.reached();
 

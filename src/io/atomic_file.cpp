@@ -2,13 +2,17 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <utility>
 
@@ -39,7 +43,39 @@ std::uint64_t temp_salt() {
   return r ^ (counter.fetch_add(1) * 0x9E3779B97F4A7C15ULL);
 }
 
+// `name` is `target`'s temporary: "<target>.tmp-<16 hex digits>".
+bool is_temporary_of(const std::string& name, const std::string& target) {
+  const std::string prefix = target + ".tmp-";
+  return name.size() == prefix.size() + 16 && name.starts_with(prefix) &&
+         std::all_of(name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(),
+                     [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; });
+}
+
 }  // namespace
+
+std::size_t remove_stale_temporaries(const fs::path& path, double min_age_s) {
+  const fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  const std::string target = path.filename().string();
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec), end;
+  std::size_t removed = 0;
+  for (; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!is_temporary_of(name, target)) continue;
+    const int fd = ::open(it->path().c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat st {};
+    // Its writer holds the lock while it lives (the kernel drops it when the
+    // process ends, however it ends); the age covers the instant between a
+    // writer's open and its lock.
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        static_cast<double>(std::time(nullptr) - st.st_mtime) >= min_age_s &&
+        ::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::unlink(it->path().c_str()) == 0)
+      ++removed;
+    ::close(fd);  // releases the lock
+  }
+  return removed;
+}
 
 AtomicFile::AtomicFile(fs::path path, std::string context)
     : path_(std::move(path)), context_(std::move(context)) {
@@ -61,6 +97,9 @@ AtomicFile::AtomicFile(fs::path path, std::string context)
     fail(fmt::format("{} is {}, not a regular file: refusing to replace it", quoted(path_),
                      kind.empty() ? std::string("not a regular file") : kind));
   }
+  // What an earlier writer of this file left when it died mid-write (was:
+  // an export or a save cut short left a model-sized temporary for good).
+  remove_stale_temporaries(path_);
   for (int attempt = 0; fd_ < 0; ++attempt) {
     temp_ = path_;
     temp_ += fmt::format(".tmp-{:016x}", temp_salt());
@@ -69,6 +108,10 @@ AtomicFile::AtomicFile(fs::path path, std::string context)
       fail(fmt::format("cannot create the temporary file {} for {}: {}", quoted(temp_),
                        quoted(path_), reason()));
   }
+  // Held until the file is committed or abandoned, or the process ends:
+  // remove_stale_temporaries leaves a locked temporary alone. A file system
+  // without flock (ENOLCK, ENOSYS) only loses that clean-up.
+  (void)::flock(fd_, LOCK_EX | LOCK_NB);
 }
 
 AtomicFile::~AtomicFile() {

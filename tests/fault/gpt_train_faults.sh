@@ -544,6 +544,19 @@ expect_error "--export: '.*config.json' is a FIFO" 2 --steps 1 --out "$W/$case" 
   --export "$W/$case/ex"
 [ ! -e "$W/$case/ex/model.safetensors" ] || fail "an export was written beside the FIFO"
 
+# a temporary an export killed mid-write left (kill -9, MPI_Abort) goes with
+# the next export of that file; a young one (a live writer's, maybe) stays
+# (was: a model-sized model.safetensors.tmp-* left for good)
+case=export_stale_temporary
+rm -rf "$W/$case" && mkdir -p "$W/$case/ex"
+head -c 4096 /dev/urandom >"$W/$case/ex/model.safetensors.tmp-0123456789abcdef"
+touch -d '2 hours ago' "$W/$case/ex/model.safetensors.tmp-0123456789abcdef"
+: >"$W/$case/ex/model.safetensors.tmp-00000000000000aa"
+expect_ok 2 --steps 1 --out "$W/$case/out" --export "$W/$case/ex"
+[ ! -e "$W/$case/ex/model.safetensors.tmp-0123456789abcdef" ] || fail "the stale temporary is still there"
+[ -e "$W/$case/ex/model.safetensors.tmp-00000000000000aa" ] || fail "a young temporary was removed"
+[ -s "$W/$case/ex/model.safetensors" ] || fail "no export written"
+
 # --check-batch never over what a run keeps (was: a checkpoint shard, the
 # log or `latest` replaced in place, and the next --resume failed)
 for target in checkpoints/latest log.jsonl; do
@@ -552,10 +565,28 @@ for target in checkpoints/latest log.jsonl; do
   before=$(snapshot "$W/$case")
   last=$(python3 -c 'import json,sys; print(max(json.loads(l)["step"] for l in open(sys.argv[1])))' \
     "$W/$case/log.jsonl")
-  expect_error "--check-batch .* would overwrite what this run keeps" 2 --steps "$((last + 2))" \
-    --resume --out "$W/$case" --check-batch "$W/$case/$target"
+  expect_error "--check-batch .* (would overwrite what this run keeps|is among the checkpoints of a run)" \
+    2 --steps "$((last + 2))" --resume --out "$W/$case" --check-batch "$W/$case/$target"
   [ "$(snapshot "$W/$case")" = "$before" ] || fail "the run's files changed"
 done
+
+# --log never among a run's checkpoints, another run's included (was: a
+# fresh job with --log naming a run's checkpoints/latest trained, writing its
+# log over `latest`), and never over a file that is not a log (was:
+# --overwrite cut any file)
+for target in checkpoints/latest checkpoints/new.jsonl checkpoints/step_00000002/log.jsonl; do
+  case=log_among_checkpoints_${target//\//_}
+  fresh "$case"
+  before=$(snapshot "$W/$case")
+  expect_error "--log .* is among the checkpoints of a run \(.*$case/checkpoints" 2 --steps 1 \
+    --out "$W/${case}_other" --overwrite --log "$W/$case/$target"
+  [ "$(snapshot "$W/$case")" = "$before" ] || fail "the run's files changed"
+done
+case=log_not_a_log
+rm -rf "$W/$case" && mkdir -p "$W/$case" && printf 'my notes\n' >"$W/$case/notes.txt"
+expect_error "--log .*notes.txt is a file that is not a JSON-lines log" 2 --steps 1 \
+  --out "$W/$case/out" --overwrite --log "$W/$case/notes.txt"
+[ "$(cat "$W/$case/notes.txt")" = "my notes" ] || fail "notes.txt changed"
 
 # a finished run resumed: nothing to train, and its log gains no second
 # identical validation line (was: the final val_loss line twice)

@@ -51,6 +51,11 @@ refused "gpt_train: error: this configuration needs about .* per rank .*the larg
   "$TRAIN" --layers 1 --hidden 32 --heads 4 --seq 16 --batch 1073741824 --steps 1 --export '' \
   --out "$W/train"
 
+case=gpt_train_budget_above_node  # was: passed the check, then bad_alloc on one rank and MPI_Abort
+refused "gpt_train: error: --memory-budget 1000000 GiB per rank is more than the .* GiB per rank available on this node" \
+  "$TRAIN" --layers 1 --hidden 32 --heads 4 --seq 16 --batch 1073741824 --steps 1 --export '' \
+  --memory-budget 1000000 --out "$W/train"
+
 hf() {  # an HF directory whose config.json has these fields
   mkdir -p "$W/$case"
   printf '{"model_type": "gpt2", %s}\n' "$1" >"$W/$case/config.json"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # --watchdog reaches every communicator of every program that takes it
-# (docs/reliability.md, section 2). Each program runs on 2 ranks with
+# (docs/reliability.md, section 2). Each program runs on 2 ranks (gpt_train
+# also on 4, where one report is printed, not one per waiting rank) with
 # --watchdog 3 and SUMMA_FAULT_STOP=1:<n>: rank 1 stops itself (SIGSTOP) just
 # before its n-th collective (src/comm/communicator.cpp), inside the main
 # work, so rank 0 waits for a rank that never arrives. A case passes when the
@@ -39,13 +40,16 @@ kill_leftovers() {
 }
 
 # stopped <n> <exe> <args...>: rank 1 stops before its n-th collective
-# (STOP_AT=agree: before its n-th agreement, agree_on: during the set-up).
+# (STOP_AT=agree: before its n-th agreement, agree_on: during the set-up;
+# STOP_AT=guarded: before its n-th summa::wait_guarded, a program's or the
+# library's own MPI request).
 stopped() {
   local n=$1 exe=$2 var=SUMMA_FAULT_STOP
   [ "${STOP_AT:-}" = agree ] && var=SUMMA_FAULT_STOP_AGREE
+  [ "${STOP_AT:-}" = guarded ] && var=SUMMA_FAULT_STOP_GUARDED
   shift 2
   local t0=$SECONDS
-  out=$(env "$var=1:$n" timeout -s KILL 90 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$exe" \
+  out=$(env "$var=1:$n" timeout -s KILL 90 "$MPIEXEC" -np "${NP:-2}" "${FLAGS[@]}" "$exe" \
     --watchdog 3 "$@" 2>&1)
   rc=$?
   local took=$((SECONDS - t0))
@@ -61,6 +65,9 @@ stopped() {
   grep -q "summa watchdog: rank 0 has waited" <<<"$out" ||
     fail "no watchdog report from rank 0:"$'\n'"$(tail -5 <<<"$out")"
   grep -q "lagging ranks: 1" <<<"$out" || fail "the report does not name rank 1"
+  # one report per job, not one per waiting rank (was: 3 at 4 ranks)
+  [ "$(grep -c "summa watchdog:" <<<"$out")" = 1 ] ||
+    fail "$(grep -c "summa watchdog:" <<<"$out") reports (one expected):"$'\n'"$out"
   [ "$took" -le 40 ] || fail "the job ended $took s after it started (limit 3 s + report)"
 }
 
@@ -73,6 +80,16 @@ out=$(timeout -s KILL 90 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$TRAIN" --steps 2 --lay
 case=gpt_train
 stopped 60 "$TRAIN" --steps 50 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 \
   --eval-every 0 --progress none --export '' --out "$W/train"
+case=gpt_train_np4  # 2D on 4 ranks: ranks 0, 2 and 3 wait, rank 0 alone reports
+NP=4 stopped 60 "$TRAIN" --steps 50 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 \
+  --eval-every 0 --progress none --export '' --out "$W/train_np4"
+# every guarded wait of gpt_train: the memory checks' reductions, the memory
+# all-reduce, the stop-signal all-reduce, the checkpoint's collectives
+for n in 1 4 5 8; do  # available memory, memory all-reduce, checkpoint, stop signal
+  case=gpt_train_guarded_$n
+  STOP_AT=guarded stopped "$n" "$TRAIN" --steps 4 --checkpoint-every 2 --layers 1 --hidden 32 \
+    --heads 4 --seq 16 --batch 8 --eval-every 0 --progress none --export '' --out "$W/train_g$n"
+done
 case=gpt_generate
 stopped 40 "$GENERATE" --checkpoint "$W/model/checkpoints" --prompt "The cat" --greedy \
   --max-new-tokens 24

@@ -2,12 +2,16 @@
 // file has exactly the bytes written (appends and positioned writes, a gap
 // reading as zeros) and replaces the old one; an uncommitted one leaves the
 // old file and no temporary behind; errors name the path and the system's
-// reason. Also io/files.hpp: what is not a regular file is named.
+// reason; a temporary left by a writer that died is cleared by the next
+// write of its file, one a live writer holds is not. Also io/files.hpp: what is not a regular file
+// is named.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -115,6 +119,55 @@ TEST(AtomicFile, LinksAreWrittenThrough) {
 
 // io/files.hpp: what is not a regular file is named before any open can
 // block; a regular file opens for blocking reads; a missing one is -1/ENOENT.
+// A writer that died mid-write (kill -9 during an export) leaves
+// "<file>.tmp-<16 hex>"; the next AtomicFile of that file removes it, but
+// never a temporary a live writer holds (its flock), a young one (the
+// instant between a writer's open and its lock), another file's, or a name
+// that is not a temporary's.
+TEST(AtomicFile, TheNextWriteClearsWhatADeadWriterLeft) {
+  TempDir dir("summa_atomic_stale_");
+  const fs::path file = dir.path() / "model.safetensors";
+  const auto make = [&](const std::string& name, bool old) {
+    const fs::path p = dir.path() / name;
+    std::ofstream(p) << "partial";
+    if (old) {
+      const timespec times[2] = {{std::time(nullptr) - 7200, 0}, {std::time(nullptr) - 7200, 0}};
+      EXPECT_EQ(::utimensat(AT_FDCWD, p.c_str(), times, 0), 0);
+    }
+    return p;
+  };
+  const fs::path dead = make("model.safetensors.tmp-0123456789abcdef", true);
+  const fs::path held = make("model.safetensors.tmp-fedcba9876543210", true);
+  const fs::path young = make("model.safetensors.tmp-00000000000000aa", false);
+  const fs::path other = make("config.json.tmp-0123456789abcdef", true);
+  const fs::path not_ours = make("model.safetensors.tmp-notahexsalt0000", true);
+  // A live writer's lock (flock locks belong to the open file, so one taken
+  // here excludes the helper's own open of the same file).
+  const int holder = ::open(held.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(holder, 0);
+  ASSERT_EQ(::flock(holder, LOCK_EX | LOCK_NB), 0);
+  {
+    io::AtomicFile out(file);  // clears before it writes
+    EXPECT_FALSE(fs::exists(dead));
+    // its own temporary is locked too: not cleared even at age 0
+    EXPECT_EQ(io::remove_stale_temporaries(file, 0), 1u);  // young: unlocked, age 0 allowed
+    EXPECT_TRUE(fs::exists(out.temp_path()));
+    out.write("ok", 2);
+    out.commit();
+  }
+  EXPECT_FALSE(fs::exists(young));
+  EXPECT_TRUE(fs::exists(held));
+  EXPECT_TRUE(fs::exists(other));
+  EXPECT_TRUE(fs::exists(not_ours));
+  EXPECT_EQ(read_all(file), "ok");
+  ::close(holder);  // the writer is gone: its temporary goes with the next write
+  io::write_file_atomic(file, "ok2");
+  EXPECT_FALSE(fs::exists(held));
+  EXPECT_EQ(read_all(file), "ok2");
+  EXPECT_EQ(io::remove_stale_temporaries(file, 0), 0u);
+  EXPECT_EQ(entries(dir.path()), 3);  // the file, another file's and a foreign name
+}
+
 TEST(Files, NonRegularFilesAreNamedBeforeTheyBlock) {
   TempDir dir("summa_files_");
   const fs::path regular = dir.path() / "regular", fifo = dir.path() / "fifo",

@@ -15,7 +15,11 @@
 /// `on_expiry`, by default: print the report on stderr and MPI_Abort the job
 /// with status 3, so a hang ends within timeout_s + report_s seconds with a
 /// message naming the lagging ranks (the behaviour of PyTorch's NCCL watchdog
-/// and its desync report; docs/reliability.md).
+/// and its desync report; docs/reliability.md). With that default, of the
+/// ranks waiting when the limit passes only the lowest reports: a rank that
+/// finds a lower rank waiting too stays silent and waits on, once more up to
+/// timeout_s + report_s, then reports itself (the lower rank may have been
+/// released meanwhile), so the bound per rank is twice that.
 ///
 /// Guarded: every blocking call, wait() and barrier() of a communicator whose
 /// waits block the host (MpiCommunicator, StagedCommunicator). An
@@ -113,7 +117,12 @@ class Watchdog {
   template <class Poll>
   void guard(const Pending& pending, const std::vector<int>& members, Poll&& poll);
   void serve_probes();
-  void expire(const std::vector<int>& members, double waited_s);
+  /// Probes, reports and calls on_expiry (or aborts). Returns false, having
+  /// reported nothing, when `may_defer`, the default on_expiry is in force
+  /// and a lower rank answered that it waits too: that rank's own expiry
+  /// reports and ends the job, so a job prints one report, not one per
+  /// waiting rank. guard() then re-arms the limit once without deferral.
+  bool expire(const std::vector<int>& members, double waited_s, bool may_defer);
   std::string describe(const Pending& p) const;
   std::vector<int> members_of(MPI_Comm native) const;
 

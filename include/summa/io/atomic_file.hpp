@@ -51,6 +51,17 @@ class AtomicFile {
   std::uint64_t end_ = 0;  // where write() appends
 };
 
+/// Removes the temporaries of `path` (`<path>.tmp-<16 hex digits>` beside
+/// it) that no live writer holds: an AtomicFile holds an flock on its
+/// temporary until it commits or is abandoned, and the kernel releases it
+/// when the process ends, however it ends (kill -9, MPI_Abort), so a
+/// temporary that can be locked and was last written `min_age_s` seconds ago
+/// or more is left over from a writer that died. Every AtomicFile calls it
+/// for its own target (an export, a shard, `latest`), so the next write of a
+/// file clears what an interrupted one left. Returns the number removed;
+/// never throws (what cannot be read or locked is left alone).
+std::size_t remove_stale_temporaries(const std::filesystem::path& path, double min_age_s = 60);
+
 /// Replaces `path` with `bytes` (AtomicFile; `context` starts its errors).
 void write_file_atomic(const std::filesystem::path& path, std::string_view bytes,
                        std::string context = {});
