@@ -1,6 +1,6 @@
 # CUDA toolkit, cuBLAS and NCCL: detection, and the switch that builds the
-# CUDA component, libsumma_cuda (summa::cuda: src/backend/cuda_backend.cu,
-# src/backend/cuda/, the NCCL and staged communicators). Included from the
+# CUDA component, libsumma_cuda (summa::cuda: src/backend/cuda/, CudaBackend,
+# its kernels, the NCCL and staged communicators). Included from the
 # top-level CMakeLists.txt (enable_language must run at directory scope there).
 #
 #   SUMMA_CUDA               AUTO (default): build the CUDA backend when the

@@ -41,7 +41,7 @@ struct AdamWCoefficients;
 struct SgdCoefficients;
 }  // namespace optim
 namespace cuda_detail {
-struct CudaState;  // the CUDA objects behind a CudaBackend (src/backend/cuda_backend.cu)
+struct CudaState;  // the CUDA objects behind a CudaBackend (src/backend/cuda/backend.cu)
 }  // namespace cuda_detail
 
 /// How a tuned GEMM is carried out. cuBLAS computes column-major products, so

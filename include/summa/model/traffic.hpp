@@ -3,7 +3,7 @@
 /// Closed-form communication volume of one training step (forward +
 /// backward) of a distributed GPT, per rank and per grid axis, in the
 /// direct-exchange model the traffic counters use (docs/communication.md).
-/// tests/model/test_traffic.cpp checks every prediction against the counters of
+/// tests/parallel/test_traffic.cpp checks every prediction against the counters of
 /// a real step, exactly. The derivation, per layer, is in
 /// docs/communication.md ("A training step").
 

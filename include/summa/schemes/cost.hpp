@@ -4,7 +4,7 @@
 /// direct-exchange model of the traffic counters (docs/communication.md).
 /// Each scheme implements OpCost (its registry row's op_cost makes one for
 /// a rank); each op's cost is defined in the op's own source file, beside
-/// its forward and backward (src/schemes/<scheme>/). model/traffic.cpp
+/// its forward and backward (src/schemes/<scheme>/). parallel/traffic.cpp
 /// composes a training step from the ops once for every scheme and adds
 /// the data axis.
 

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/kernels.cuh"
+#include "kernels.cuh"
 #include "summa/backend/optimizer_math.hpp"
 #include "summa/core/error.hpp"
 
