@@ -666,13 +666,19 @@ int train(const Cli& cli) {
                              dir->string() +
                              ": each save replaces what is there); choose a path outside them");
     if (std::ifstream existing(log_path, std::ios::binary); existing) {
-      char first = 0;
-      while (existing.get(first) && std::isspace(static_cast<unsigned char>(first)) != 0) {
+      // A gpt_train log's first line is one JSON object with its "step" (a
+      // pretty-printed JSON file, a machine file or a config.json, starts
+      // with '{' too: it is not a log).
+      std::string first;
+      std::getline(existing, first);
+      if (!first.empty() || existing.peek() != std::ifstream::traits_type::eof()) {
+        const nlohmann::json line = nlohmann::json::parse(first, nullptr, false);
+        if (line.is_discarded() || !line.is_object() || !line.contains("step"))
+          throw summa::Error("--log " + log_path +
+                             " is a file that is not a gpt_train log (its first line is not a JSON "
+                             "object with a \"step\"); it is never replaced or extended: choose "
+                             "another --log");
       }
-      if (existing && first != '{')
-        throw summa::Error("--log " + log_path +
-                           " is a file that is not a JSON-lines log (it does not start with "
-                           "'{'); it is never replaced or extended: choose another --log");
     }
     // Nor does it cut a log with lines in it (a run that saved nothing, or
     // one with another --out), unless told (--overwrite) or resuming

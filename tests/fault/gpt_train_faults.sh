@@ -584,9 +584,14 @@ for target in checkpoints/latest checkpoints/new.jsonl checkpoints/step_00000002
 done
 case=log_not_a_log
 rm -rf "$W/$case" && mkdir -p "$W/$case" && printf 'my notes\n' >"$W/$case/notes.txt"
-expect_error "--log .*notes.txt is a file that is not a JSON-lines log" 2 --steps 1 \
+expect_error "--log .*notes.txt is a file that is not a gpt_train log" 2 --steps 1 \
   --out "$W/$case/out" --overwrite --log "$W/$case/notes.txt"
 [ "$(cat "$W/$case/notes.txt")" = "my notes" ] || fail "notes.txt changed"
+case=log_is_a_json_file  # starts with '{' like a log, but is a pretty-printed JSON file
+rm -rf "$W/$case" && mkdir -p "$W/$case" && printf '{\n  "name": "a machine"\n}\n' >"$W/$case/m.json"
+expect_error "--log .*m.json is a file that is not a gpt_train log" 2 --steps 1 \
+  --out "$W/$case/out" --overwrite --log "$W/$case/m.json"
+grep -q '"name": "a machine"' "$W/$case/m.json" || fail "m.json changed"
 
 # a finished run resumed: nothing to train, and its log gains no second
 # identical validation line (was: the final val_loss line twice)
