@@ -394,17 +394,51 @@ class LogFile {
 
  private:
   void truncate_to(std::int64_t step) {
-    std::ifstream in(path_);
-    if (!in) return;  // no log yet
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;  // no log yet
+    // Streamed in chunks, a line at most kMaxLine bytes: a longer one (a
+    // damaged tail of NUL bytes, say) is skipped without being held, and a
+    // hole in a sparse file (SEEK_DATA) is not read at all (was: the whole
+    // file read line by line into memory, an 8 GiB line too).
+    constexpr std::size_t kMaxLine = 1 << 20;
     std::string kept, l;
-    while (std::getline(in, l)) {
-      if (in.eof()) break;  // the last line had no newline: a partial write
+    bool overlong = false;
+    const auto keep = [&] {
       const auto record = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
       if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer())
-        continue;
+        return;
       const auto s = record["step"].get<std::int64_t>();
       if (record.contains("val_loss") ? s < step : s <= step) kept += l + "\n";
+    };
+    std::vector<char> chunk(1 << 20);
+    for (off_t pos = 0;;) {
+      const off_t data = ::lseek(fd, pos, SEEK_DATA);
+      if (data < 0) break;  // ENXIO: nothing but a hole up to the end (or no SEEK_DATA)
+      if (data > pos) overlong = true, l.clear();  // a hole: NUL bytes, never a log line
+      pos = data;
+      const ssize_t got = ::pread(fd, chunk.data(), chunk.size(), pos);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) break;
+      const auto n_got = static_cast<std::size_t>(got);
+      for (std::size_t at = 0; at < n_got;) {
+        const char* begin = chunk.data() + at;
+        const auto* nl = static_cast<const char*>(std::memchr(begin, '\n', n_got - at));
+        const std::size_t n = nl != nullptr ? static_cast<std::size_t>(nl - begin) : n_got - at;
+        if (!overlong && l.size() + n <= kMaxLine)
+          l.append(begin, n);
+        else
+          overlong = true, l.clear();
+        at += n;
+        if (nl != nullptr) {  // a whole line (the last one without '\n' is a partial write)
+          if (!overlong) keep();
+          l.clear();
+          overlong = false;
+          ++at;
+        }
+      }
+      pos += got;
     }
+    ::close(fd);
     summa::io::write_file_atomic(path_, kept, "--log: rewriting the log for the resume");
   }
 
@@ -639,10 +673,11 @@ int train(const Cli& cli) {
                            "choose another --out");
       fs::remove_all(ckpt_root);
     }
-    // The log and the check batch never go among a run's checkpoints, this
-    // run's or another's (was: --log naming a live job's checkpoints/latest
-    // trained and replaced it), and a file already there is replaced or
-    // extended only when it is a log (was: --overwrite cut any file).
+    // The log, the check batch and the export never go among a run's
+    // checkpoints, this run's or another's (was: --log naming a live job's
+    // checkpoints/latest trained and replaced it), and a log already there
+    // is replaced or extended only when it is a log (was: --overwrite cut
+    // any file).
     const auto among_checkpoints = [&](const fs::path& file) -> std::optional<fs::path> {
       const fs::path dir = fs::weakly_canonical(fs::absolute(file), ec).parent_path();
       if (ec || dir.empty()) return std::nullopt;
@@ -658,8 +693,11 @@ int train(const Cli& cli) {
           return up.parent_path();
       return std::nullopt;
     };
+    const std::string export_file =
+        export_dir.empty() ? std::string() : (fs::path(export_dir) / "config.json").string();
     for (const auto& [flag, file] : {std::pair<std::string, std::string>{"--log", log_path},
-                                     {"--check-batch", cli.check_batch}})
+                                     {"--check-batch", cli.check_batch},
+                                     {"--export", export_file}})
       if (!file.empty())
         if (const auto dir = among_checkpoints(file))
           throw summa::Error(flag + " " + file + " is among the checkpoints of a run (" +
@@ -727,6 +765,32 @@ int train(const Cli& cli) {
         throw summa::Error("--check-batch " + cli.check_batch +
                            " would overwrite what this run keeps (its checkpoints, log, lock or "
                            "export); choose a path outside them");
+      // nor over what it reads (was: the run's own --data replaced)
+      if (same(cli.data) || (!cli.machine.empty() && same(cli.machine)) ||
+          (!cli.import_dir.empty() && within(cli.import_dir)))
+        throw summa::Error("--check-batch " + cli.check_batch +
+                           " is a file this run reads (its --data, --machine or --import); "
+                           "choose another path");
+      // and an existing file is replaced only when it is a check batch: int32
+      // ids (below 2^24: a vocabulary's), ids then targets (was: any file,
+      // a text file or a token file, replaced)
+      if (std::ifstream old(cli.check_batch, std::ios::binary); old) {
+        std::vector<char> head(65536);
+        old.read(head.data(), static_cast<std::streamsize>(head.size()));
+        const auto got = static_cast<std::size_t>(old.gcount());
+        const auto size = fs::file_size(cli.check_batch, ec);
+        bool batch = !ec && size % 8 == 0;
+        for (std::size_t i = 0; batch && i + 4 <= got; i += 4) {
+          std::uint32_t id = 0;
+          for (int b = 0; b < 4; ++b)
+            id |= static_cast<std::uint32_t>(static_cast<unsigned char>(head[i + b])) << (8 * b);
+          batch = id < (1u << 24);
+        }
+        if (!batch)
+          throw summa::Error("--check-batch " + cli.check_batch +
+                             " is a file that is not a check batch (int32 ids and targets); it "
+                             "is never replaced: choose another path");
+      }
       if (const fs::path parent = fs::path(cli.check_batch).parent_path(); !parent.empty())
         ensure_writable_dir(parent, "--check-batch", "0");
       summa::io::require_regular_file(cli.check_batch, "--check-batch");

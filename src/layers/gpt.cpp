@@ -25,6 +25,22 @@ ProcessGrid& checked(const std::string& what, ProcessGrid& grid, const Backend& 
   if (!error && batch % data != 0)
     error = fmt::format("{}: batch={} must be divisible by the data-parallel groups data={}", what,
                         batch, data);
+  // Every size the model forms from these (tokens x a width, the weights,
+  // the attention's batch x heads x seq x seq probabilities, the logits)
+  // must stay far inside index_t: checked in floating point before any is
+  // formed (was: signed overflow while planning, for flags in range).
+  if (!error && batch > 0 && seq > 0) {
+    const double tokens = static_cast<double>(batch) * static_cast<double>(seq);
+    const double widest = std::max(
+        {4.0 * c.n_embd, static_cast<double>(c.vocab_size), static_cast<double>(c.n_positions)});
+    const double largest = std::max({tokens * widest, tokens * seq * c.n_head, widest * c.n_embd});
+    if (largest > 0x1p62)
+      error = fmt::format(
+          "{}: batch={}, seq={} with n_embd={}, n_head={}, vocab_size={} make a buffer of "
+          "{:.3g} elements (tokens x width, batch x heads x seq^2 attention probabilities, or "
+          "a weight), beyond 2^62: no machine holds it",
+          what, batch, seq, c.n_embd, c.n_head, c.vocab_size, largest);
+  }
   if (!error && seq > c.n_positions)
     error = fmt::format("{}: seq={} is longer than the position table (n_positions={})", what, seq,
                         c.n_positions);

@@ -15,6 +15,7 @@ W=$4
 EDIT=${5:-}  # tests/fault/manifest_edit.cpp: the manifest cases run with it
 rm -rf "$W"
 mkdir -p "$W"
+DATA="$(cd "$(dirname "$0")/../../examples/data" && pwd)/corpus.txt"  # gpt_train's default --data
 SMALL=(--layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 --eval-every 0 --eval-batches 1
        --warmup 2 --progress lines --print-every 1 --export '')
 
@@ -587,6 +588,25 @@ rm -rf "$W/$case" && mkdir -p "$W/$case" && printf 'my notes\n' >"$W/$case/notes
 expect_error "--log .*notes.txt is a file that is not a gpt_train log" 2 --steps 1 \
   --out "$W/$case/out" --overwrite --log "$W/$case/notes.txt"
 [ "$(cat "$W/$case/notes.txt")" = "my notes" ] || fail "notes.txt changed"
+# --check-batch never over what the run reads, nor over a file that is not a
+# check batch; --export never among a run's checkpoints (was: the run's own
+# --data replaced by the batch; an export written into another run's step)
+case=check_batch_is_data
+rm -rf "$W/$case" && mkdir -p "$W/$case" && cp "$DATA" "$W/$case/corpus.txt"
+expect_error "--check-batch .*corpus.txt is a file this run reads" 2 --steps 1 \
+  --out "$W/$case/out" --data "$W/$case/corpus.txt" --check-batch "$W/$case/corpus.txt"
+cmp -s "$DATA" "$W/$case/corpus.txt" || fail "the corpus changed"
+case=check_batch_over_text
+rm -rf "$W/$case" && mkdir -p "$W/$case" && printf 'my notes\n' >"$W/$case/notes.txt"
+expect_error "--check-batch .*notes.txt is a file that is not a check batch" 2 --steps 1 \
+  --out "$W/$case/out" --check-batch "$W/$case/notes.txt"
+[ "$(cat "$W/$case/notes.txt")" = "my notes" ] || fail "notes.txt changed"
+case=export_among_checkpoints
+fresh "$case"
+before=$(snapshot "$W/$case")
+expect_error "--export .* is among the checkpoints of a run" 2 --steps 1 --out "$W/${case}_other" \
+  --export "$W/$case/checkpoints/step_00000002"
+[ "$(snapshot "$W/$case")" = "$before" ] || fail "the run's files changed"
 case=log_is_a_json_file  # starts with '{' like a log, but is a pretty-printed JSON file
 rm -rf "$W/$case" && mkdir -p "$W/$case" && printf '{\n  "name": "a machine"\n}\n' >"$W/$case/m.json"
 expect_error "--log .*m.json is a file that is not a gpt_train log" 2 --steps 1 \

@@ -56,6 +56,11 @@ refused "gpt_train: error: --memory-budget 1000000 GiB per rank is more than the
   "$TRAIN" --layers 1 --hidden 32 --heads 4 --seq 16 --batch 1073741824 --steps 1 --export '' \
   --memory-budget 1000000 --out "$W/train"
 
+case=compare_schemes_plan_overflow  # was: signed overflow while planning (UBSan abort)
+refused "1d:p=2.*beyond 2\^62: no machine holds it" \
+  "$COMPARE" --pass plan --seq 16777216 --positions 16777216 --hidden 65536 --heads 65536 \
+  --batch 16777216 --layers 1 --vocab 256 --schemes 1d:p=2
+
 hf() {  # an HF directory whose config.json has these fields
   mkdir -p "$W/$case"
   printf '{"model_type": "gpt2", %s}\n' "$1" >"$W/$case/config.json"
