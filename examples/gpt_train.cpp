@@ -771,9 +771,13 @@ int train(const Cli& cli) {
         throw summa::Error("--check-batch " + cli.check_batch +
                            " is a file this run reads (its --data, --machine or --import); "
                            "choose another path");
-      // and an existing file is replaced only when it is a check batch: int32
-      // ids (below 2^24: a vocabulary's), ids then targets (was: any file,
-      // a text file or a token file, replaced)
+      if (const fs::path parent = fs::path(cli.check_batch).parent_path(); !parent.empty())
+        ensure_writable_dir(parent, "--check-batch", "0");
+      summa::io::require_regular_file(cli.check_batch, "--check-batch");
+      // An existing file (a regular one, checked above: a FIFO would block
+      // here) is replaced only when it is a check batch: int32 ids below
+      // 2^24 (a vocabulary's), ids then targets (was: any file, a text file
+      // or a token file, replaced).
       if (std::ifstream old(cli.check_batch, std::ios::binary); old) {
         std::vector<char> head(65536);
         old.read(head.data(), static_cast<std::streamsize>(head.size()));
@@ -791,9 +795,6 @@ int train(const Cli& cli) {
                              " is a file that is not a check batch (int32 ids and targets); it "
                              "is never replaced: choose another path");
       }
-      if (const fs::path parent = fs::path(cli.check_batch).parent_path(); !parent.empty())
-        ensure_writable_dir(parent, "--check-batch", "0");
-      summa::io::require_regular_file(cli.check_batch, "--check-batch");
       std::ofstream probe(cli.check_batch, std::ios::binary | std::ios::app);
       if (!probe) throw summa::Error("--check-batch: cannot write " + cli.check_batch);
     }
