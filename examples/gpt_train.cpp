@@ -678,18 +678,22 @@ int train(const Cli& cli) {
     // checkpoints/latest trained and replaced it), and a log already there
     // is replaced or extended only when it is a log (was: --overwrite cut
     // any file).
+    const fs::path own_root = fs::weakly_canonical(fs::absolute(ckpt_root), ec);
+    const auto is_root = [&](const fs::path& dir) {  // a run's checkpoints, this run's too
+      return dir == own_root || !summa::step_directories(dir).empty() ||
+             fs::exists(dir / "latest", ec) ||
+             (dir.filename() == "checkpoints" &&
+              fs::exists(dir.parent_path() / ".gpt_train.lock", ec));
+    };
     const auto among_checkpoints = [&](const fs::path& file) -> std::optional<fs::path> {
       const fs::path dir = fs::weakly_canonical(fs::absolute(file), ec).parent_path();
       if (ec || dir.empty()) return std::nullopt;
-      if (dir == fs::weakly_canonical(fs::absolute(ckpt_root), ec))
-        return dir;  // this run's, empty as yet
-      if (!summa::step_directories(dir).empty() || fs::exists(dir / "latest", ec) ||
-          (dir.filename() == "checkpoints" &&
-           fs::exists(dir.parent_path() / ".gpt_train.lock", ec)))
-        return dir;
+      if (is_root(dir)) return dir;
+      // inside a step directory, one that exists or one a later save makes
+      // (and replaces whole: was: an export there deleted by the save)
       for (fs::path up = dir; up.has_relative_path(); up = up.parent_path())
         if (up.filename().string().starts_with("step_") &&
-            fs::exists(up / "manifest", ec))  // inside a checkpoint
+            (fs::exists(up / "manifest", ec) || is_root(up.parent_path())))
           return up.parent_path();
       return std::nullopt;
     };
@@ -707,8 +711,9 @@ int train(const Cli& cli) {
       // A gpt_train log's first line is one JSON object with its "step" (a
       // pretty-printed JSON file, a machine file or a config.json, starts
       // with '{' too: it is not a log).
-      std::string first;
-      std::getline(existing, first);
+      std::string first;  // at most 1 MiB of it (was: an 8 GiB line read whole)
+      for (char c = 0; first.size() <= (1u << 20) && existing.get(c) && c != '\n';)
+        first.push_back(c);
       if (!first.empty() || existing.peek() != std::ifstream::traits_type::eof()) {
         const nlohmann::json line = nlohmann::json::parse(first, nullptr, false);
         if (line.is_discarded() || !line.is_object() || !line.contains("step"))
@@ -719,13 +724,16 @@ int train(const Cli& cli) {
       }
     }
     // Nor does it cut a log with lines in it (a run that saved nothing, or
-    // one with another --out), unless told (--overwrite) or resuming
-    // (--resume or --resume-from; --resume with nothing saved starts afresh).
-    if (!cli.resume && cli.resume_from.empty() && !cli.overwrite &&
-        fs::is_regular_file(log_path, ec) && fs::file_size(log_path, ec) > 0 && !ec)
-      throw summa::Error("--log " + log_path +
-                         " already holds the log of a run; pass --overwrite to replace it, "
-                         "--resume to continue that run, or choose another --log");
+    // one with another --out), unless told (--overwrite) or resuming a
+    // checkpoint (--resume with nothing saved starts afresh: it may not cut
+    // the log either; was: another run's log cut back under --resume).
+    if (!resume && !cli.overwrite && fs::is_regular_file(log_path, ec) &&
+        fs::file_size(log_path, ec) > 0 && !ec)
+      throw summa::Error(
+          "--log " + log_path + " already holds the log of a run" +
+          (cli.resume ? " and --out has no checkpoint to resume, so this run starts afresh" : "") +
+          "; pass --overwrite to replace it, --resume with that run's --out to continue it, or "
+          "choose another --log");
     ensure_writable_dir(ckpt_root, "--out (checkpoints)", "0");
     // Every save replaces `latest` (a regular file, or a link a save
     // replaces) by a rename, which refuses a directory there, and the atomic

@@ -575,7 +575,8 @@ done
 # fresh job with --log naming a run's checkpoints/latest trained, writing its
 # log over `latest`), and never over a file that is not a log (was:
 # --overwrite cut any file)
-for target in checkpoints/latest checkpoints/new.jsonl checkpoints/step_00000002/log.jsonl; do
+for target in checkpoints/latest checkpoints/new.jsonl checkpoints/step_00000002/log.jsonl \
+  checkpoints/step_00000099/log.jsonl; do  # the last: a step directory a later save makes
   case=log_among_checkpoints_${target//\//_}
   fresh "$case"
   before=$(snapshot "$W/$case")
@@ -606,6 +607,14 @@ fresh "$case"
 before=$(snapshot "$W/$case")
 expect_error "--export .* is among the checkpoints of a run" 2 --steps 1 --out "$W/${case}_other" \
   --export "$W/$case/checkpoints/step_00000002"
+[ "$(snapshot "$W/$case")" = "$before" ] || fail "the run's files changed"
+# --resume with nothing saved starts afresh: it may not cut another run's log
+# (was: cut back to step 0 without --overwrite)
+case=resume_nothing_saved_other_log
+fresh "$case"
+before=$(snapshot "$W/$case")
+expect_error "--log .*log.jsonl already holds the log of a run and --out has no checkpoint to resume" \
+  2 --steps 2 --resume --out "$W/${case}_other" --log "$W/$case/log.jsonl"
 [ "$(snapshot "$W/$case")" = "$before" ] || fail "the run's files changed"
 case=log_is_a_json_file  # starts with '{' like a log, but is a pretty-printed JSON file
 rm -rf "$W/$case" && mkdir -p "$W/$case" && printf '{\n  "name": "a machine"\n}\n' >"$W/$case/m.json"
