@@ -88,7 +88,9 @@
 // test_gpt3d), against the worst measured here over 28 runs at 1, 2, 4, 8
 // and 9 ranks, every scheme (CPU): the loss 1u (measured 0.01u); a layer's
 // output and the model's activations and logits 4u (2.1u, the MLP's
-// output); a layer's gradients 6u (3.4u, ln_1.bias through a block); the
+// output); a layer's gradients 8u (3.4u over those runs, ln_1.bias through a
+// block, whose column sum cancels; 6.006u once in CI, 3d:1x4x1, seed
+// 8229079158553933711, so 6u was too tight); the
 // model's input gradient 6u sqrt(L) (1.6u) and parameter gradients 10u
 // sqrt(L) (4.7u at L = 2, ln_1.bias: a column sum over the tokens of terms
 // of both signs, whose cancellation magnifies the activation gradients'
@@ -264,7 +266,7 @@ using Ref = std::conditional_t<kIsBf16<T>, double, T>;
 // bf16 bounds, norm-wise, in units of u (see the file comment).
 constexpr double kBf16Loss = kBf16Unit;
 constexpr double kBf16Act = 4 * kBf16Unit;
-constexpr double kBf16LayerGrad = 6 * kBf16Unit;
+constexpr double kBf16LayerGrad = 8 * kBf16Unit;
 // The model's gradients through `depth` blocks: the input gradient 6u
 // sqrt(depth), every parameter gradient 10u sqrt(depth).
 double bf16_input_grad_tolerance(int depth) {
