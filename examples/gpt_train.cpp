@@ -400,13 +400,28 @@ class LogFile {
     // damaged tail of NUL bytes, say) is skipped without being held, and a
     // hole in a sparse file (SEEK_DATA) is not read at all (was: the whole
     // file read line by line into memory, an 8 GiB line too).
+    // Every line is a record of a gpt_train log, or damage a crash can leave
+    // (NUL bytes, a hole, a record cut short at the end): a file with other
+    // lines is not cut at all (was: a text file whose first line was a record
+    // lost its other lines).
     constexpr std::size_t kMaxLine = 1 << 20;
     std::string kept, l;
-    bool overlong = false;
-    const auto keep = [&] {
-      const auto record = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
-      if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer())
-        return;
+    bool overlong = false, nul_only = true, brace = false;  // brace: the line starts with '{'
+    bool started = false;
+    std::int64_t line_no = 0;
+    const auto keep = [&](bool whole) {
+      ++line_no;
+      const auto record = overlong ? nlohmann::json()
+                                   : nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
+      if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer()) {
+        if (nul_only || (!whole && brace)) return;  // damage
+        ::close(fd);
+        throw summa::Error(
+            "--log " + path_.string() + ": line " + std::to_string(line_no) +
+            " is not a record of a gpt_train log (a JSON object with an integer \"step\"); a "
+            "file with other lines is never cut back for a resume: choose another --log, or "
+            "remove those lines");
+      }
       const auto s = record["step"].get<std::int64_t>();
       if (record.contains("val_loss") ? s < step : s <= step) kept += l + "\n";
     };
@@ -414,7 +429,7 @@ class LogFile {
     for (off_t pos = 0;;) {
       const off_t data = ::lseek(fd, pos, SEEK_DATA);
       if (data < 0) break;  // ENXIO: nothing but a hole up to the end (or no SEEK_DATA)
-      if (data > pos) overlong = true, l.clear();  // a hole: NUL bytes, never a log line
+      if (data > pos) overlong = started = true, l.clear();  // a hole: NUL bytes, never a record
       pos = data;
       const ssize_t got = ::pread(fd, chunk.data(), chunk.size(), pos);
       if (got < 0 && errno == EINTR) continue;
@@ -424,20 +439,23 @@ class LogFile {
         const char* begin = chunk.data() + at;
         const auto* nl = static_cast<const char*>(std::memchr(begin, '\n', n_got - at));
         const std::size_t n = nl != nullptr ? static_cast<std::size_t>(nl - begin) : n_got - at;
+        nul_only = nul_only && std::all_of(begin, begin + n, [](char c) { return c == 0; });
+        if (!started && n > 0) brace = *begin == '{', started = true;
         if (!overlong && l.size() + n <= kMaxLine)
           l.append(begin, n);
         else
           overlong = true, l.clear();
         at += n;
-        if (nl != nullptr) {  // a whole line (the last one without '\n' is a partial write)
-          if (!overlong) keep();
+        if (nl != nullptr) {  // a whole line
+          keep(true);
           l.clear();
-          overlong = false;
+          overlong = brace = started = false, nul_only = true;
           ++at;
         }
       }
       pos += got;
     }
+    if (started) keep(false);  // the last line, without '\n': a partial write
     ::close(fd);
     summa::io::write_file_atomic(path_, kept, "--log: rewriting the log for the resume");
   }
@@ -782,27 +800,6 @@ int train(const Cli& cli) {
       if (const fs::path parent = fs::path(cli.check_batch).parent_path(); !parent.empty())
         ensure_writable_dir(parent, "--check-batch", "0");
       summa::io::require_regular_file(cli.check_batch, "--check-batch");
-      // An existing file (a regular one, checked above: a FIFO would block
-      // here) is replaced only when it is a check batch: int32 ids below
-      // 2^24 (a vocabulary's), ids then targets (was: any file, a text file
-      // or a token file, replaced).
-      if (std::ifstream old(cli.check_batch, std::ios::binary); old) {
-        std::vector<char> head(65536);
-        old.read(head.data(), static_cast<std::streamsize>(head.size()));
-        const auto got = static_cast<std::size_t>(old.gcount());
-        const auto size = fs::file_size(cli.check_batch, ec);
-        bool batch = !ec && size % 8 == 0;
-        for (std::size_t i = 0; batch && i + 4 <= got; i += 4) {
-          std::uint32_t id = 0;
-          for (int b = 0; b < 4; ++b)
-            id |= static_cast<std::uint32_t>(static_cast<unsigned char>(head[i + b])) << (8 * b);
-          batch = id < (1u << 24);
-        }
-        if (!batch)
-          throw summa::Error("--check-batch " + cli.check_batch +
-                             " is a file that is not a check batch (int32 ids and targets); it "
-                             "is never replaced: choose another path");
-      }
       std::ofstream probe(cli.check_batch, std::ios::binary | std::ios::app);
       if (!probe) throw summa::Error("--check-batch: cannot write " + cli.check_batch);
     }
@@ -885,6 +882,48 @@ int train(const Cli& cli) {
     }
   }
 
+  if (!cli.check_batch.empty()) {
+    // An existing file (a regular one, checked above: a FIFO would block
+    // here) is replaced only when it is this run's check batch: exactly 8 x
+    // batch x seq bytes of int32 ids below the vocabulary, ids then targets
+    // (was: any file of int32-looking words, a UTF-32 text, a character-level
+    // token file, replaced). The shape and vocabulary are known here, after
+    // a resume's manifest.
+    summa::on_root_agreed(world, [&] {
+      std::error_code size_ec;
+      const auto size = fs::file_size(cli.check_batch, size_ec);
+      if (size_ec || size == 0) return;  // new (or emptied by the probe): nothing to keep
+      std::uint64_t want = 0;            // overflow-safe: an overflowed shape matches no file
+      bool batch = !__builtin_mul_overflow(static_cast<std::uint64_t>(o.batch),
+                                           static_cast<std::uint64_t>(o.seq), &want) &&
+                   !__builtin_mul_overflow(want, std::uint64_t{8}, &want) && size == want;
+      std::ifstream old(cli.check_batch, std::ios::binary);
+      std::vector<char> chunk(1 << 16);
+      for (std::uint64_t read = 0; batch && old && read < size;) {
+        old.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+        const auto got = static_cast<std::size_t>(old.gcount());
+        for (std::size_t i = 0; batch && i + 4 <= got; i += 4) {
+          std::uint32_t id = 0;
+          for (int b = 0; b < 4; ++b)
+            id |= static_cast<std::uint32_t>(static_cast<unsigned char>(chunk[i + b])) << (8 * b);
+          batch = id < static_cast<std::uint32_t>(o.config.vocab_size);
+        }
+        read += got;
+        if (got == 0) break;
+      }
+      if (!batch) {
+        char text[200];
+        std::snprintf(text, sizeof text,
+                      " (%llu bytes) is not a check batch of this run (8 x batch %lld x seq %lld = "
+                      "%llu bytes of int32 ids below its vocabulary, %d)",
+                      static_cast<unsigned long long>(size), static_cast<long long>(o.batch),
+                      static_cast<long long>(o.seq), static_cast<unsigned long long>(want),
+                      o.config.vocab_size);
+        throw summa::Error("--check-batch " + cli.check_batch + text +
+                           "; it is never replaced: remove it or choose another path");
+      }
+    });
+  }
   std::vector<std::uint16_t> tokens;
   {
     std::optional<std::string> error;

@@ -599,9 +599,39 @@ expect_error "--check-batch .*corpus.txt is a file this run reads" 2 --steps 1 \
 cmp -s "$DATA" "$W/$case/corpus.txt" || fail "the corpus changed"
 case=check_batch_over_text
 rm -rf "$W/$case" && mkdir -p "$W/$case" && printf 'my notes\n' >"$W/$case/notes.txt"
-expect_error "--check-batch .*notes.txt is a file that is not a check batch" 2 --steps 1 \
+expect_error "--check-batch .*notes.txt \(9 bytes\) is not a check batch of this run" 2 --steps 1 \
   --out "$W/$case/out" --check-batch "$W/$case/notes.txt"
 [ "$(cat "$W/$case/notes.txt")" = "my notes" ] || fail "notes.txt changed"
+# An existing file is replaced only when it is this run's check batch: 8 x
+# batch x seq bytes (1024 here) of int32 ids below the vocabulary (was: a
+# UTF-32 text, a character-level uint16 token file, a zero-filled file of
+# another size replaced, as they passed a test of int32-looking words)
+for kind in utf32 uint16 zeros above_vocab; do
+  case=check_batch_over_$kind
+  rm -rf "$W/$case" && mkdir -p "$W/$case"
+  python3 - "$kind" "$W/$case/file.bin" <<'PY'
+import sys
+kind, path = sys.argv[1], sys.argv[2]
+text = "my notes, kept\n" * 100
+data = {"utf32": text.encode("utf-32-le"),
+        "uint16": bytes(b for c in text.encode() for b in (c, 0)),
+        "zeros": bytes(4096),
+        "above_vocab": (100000).to_bytes(4, "little") * 256}[kind]  # 1024 bytes
+open(path, "wb").write(data)
+PY
+  before=$(sha256sum <"$W/$case/file.bin")
+  expect_error "--check-batch .*file.bin \([0-9]+ bytes\) is not a check batch of this run" 2 \
+    --steps 1 --out "$W/$case/out" --check-batch "$W/$case/file.bin"
+  [ "$(sha256sum <"$W/$case/file.bin")" = "$before" ] || fail "file.bin changed"
+done
+# ... and this run's check batch is: written again by the same run, the same bytes
+case=check_batch_again
+rm -rf "$W/$case"
+expect_ok 2 --steps 1 --out "$W/$case/out" --check-batch "$W/$case/batch.bin"
+first=$(sha256sum <"$W/$case/batch.bin")
+[ "$(stat -c %s "$W/$case/batch.bin")" = 1024 ] || fail "batch.bin is not 8 x 8 x 16 bytes"
+expect_ok 2 --steps 1 --resume --out "$W/$case/out" --check-batch "$W/$case/batch.bin"
+[ "$(sha256sum <"$W/$case/batch.bin")" = "$first" ] || fail "the same run wrote another batch"
 case=export_among_checkpoints
 fresh "$case"
 before=$(snapshot "$W/$case")
@@ -616,6 +646,21 @@ before=$(snapshot "$W/$case")
 expect_error "--log .*log.jsonl already holds the log of a run and --out has no checkpoint to resume" \
   2 --steps 2 --resume --out "$W/${case}_other" --log "$W/$case/log.jsonl"
 [ "$(snapshot "$W/$case")" = "$before" ] || fail "the run's files changed"
+# A resume cuts its log back only when every line is a record of a log or
+# the damage a crash leaves (was: a text file whose first line was a record
+# lost its other lines)
+case=resume_log_other_lines
+fresh "$case"
+{ head -n 1 "$W/$case/log.jsonl" && printf 'my notes\n'; } >"$W/$case/notes.txt"
+before=$(snapshot "$W/$case")
+expect_error "--log .*notes.txt: line 2 is not a record of a gpt_train log" 2 --steps 8 \
+  --checkpoint-every 2 --resume --out "$W/$case" --log "$W/$case/notes.txt"
+[ "$(snapshot "$W/$case")" = "$before" ] || fail "the run's files changed"
+case=resume_log_damaged_tail  # NUL bytes and a record cut short: dropped, the resume goes on
+fresh "$case"
+{ head -c 3000 /dev/zero && printf '\n{"step": 7, "lo'; } >>"$W/$case/log.jsonl"
+expect_ok 2 --steps 8 --checkpoint-every 2 --resume --out "$W/$case"
+check_log "$W/$case/log.jsonl" 8
 case=log_is_a_json_file  # starts with '{' like a log, but is a pretty-printed JSON file
 rm -rf "$W/$case" && mkdir -p "$W/$case" && printf '{\n  "name": "a machine"\n}\n' >"$W/$case/m.json"
 expect_error "--log .*m.json is a file that is not a gpt_train log" 2 --steps 1 \
