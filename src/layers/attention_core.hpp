@@ -12,6 +12,7 @@
 #include "summa/backend/backend.hpp"
 #include "summa/core/bf16.hpp"
 #include "summa/core/matrix_view.hpp"
+#include "summa/model/cost.hpp"
 
 namespace summa::detail {
 
@@ -31,6 +32,30 @@ struct LocalAttention {
   /// Elements of the backward's dP scratch: one sequence's heads at a time.
   [[nodiscard]] index_t dprobs_elems() const { return heads * seq * seq; }
   [[nodiscard]] double scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }
+
+  /// What forward() (or backward()) does, for the step-time model: one
+  /// strided-batched call of `heads` products per sequence, the softmax,
+  /// and the copies between token-major and head-major layouts; e: the
+  /// element size.
+  void price(cost::Tally& t, bool backward, cost::u64 e) const {
+    const auto u = [](index_t v) { return static_cast<cost::u64>(v); };
+    const cost::u64 s = u(seq), d = u(head_dim), sequences = u(seqs), h = u(heads);
+    const cost::u64 scores = sequences * h * s * s * e, qkv = u(tokens()) * 3 * u(width()) * e;
+    if (!backward) {
+      t.memory(qkv);                                                   // head-major q, k, v
+      t.gemm(s, s, d, e, h, sequences);                                // S = Q Kᵀ
+      t.pointwise(model::Pointwise::softmax, scores / e, 3 * scores);  // masked softmax
+      t.gemm(s, d, s, e, h, sequences);                                // O = P V
+      t.memory(2 * (qkv / 3));                                         // context, token-major
+    } else {
+      t.memory(2 * (qkv / 3));
+      t.gemm(s, s, d, e, h, sequences);      // dP = dO Vᵀ
+      t.gemm(s, d, s, e, h, sequences);      // dV = Pᵀ dO
+      t.memory(4 * scores);                  // softmax backward
+      t.gemm(s, d, s, e, h, 2 * sequences);  // dQ = dS K, dK = dSᵀ Q
+      t.memory(qkv);
+    }
+  }
 
   /// GEMM scratch bytes forward() and backward() need.
   [[nodiscard]] std::size_t scratch_bytes(const Backend& be, DType t) const {

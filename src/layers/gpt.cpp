@@ -1,4 +1,5 @@
 #include "summa/layers/gpt.hpp"
+#include "summa/model/cost.hpp"
 
 #include <fmt/format.h>
 
@@ -170,6 +171,57 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
 }
 
 template <class T>
+void Gpt<T>::price(cost::Tally& t, model::Phase phase) const {
+  // The blocks are alike: each adds its bytes, the first records its ops
+  // with count n_layer.
+  const auto each_block = [&](auto&& price_block) {
+    const cost::u64 repeat = t.repeat;
+    const bool record = t.record;
+    t.repeat = repeat * blocks_.size();
+    for (std::size_t i = 0; i < blocks_.size(); ++i) {
+      t.record = record && i == 0;
+      price_block(*blocks_[i]);
+    }
+    t.repeat = repeat;
+    t.record = record;
+  };
+  if (phase != model::Phase::backward) {
+    t.begin(gpt_op::embedding, phase);
+    embedding_->price(t, phase);
+    each_block([&](const TransformerBlock<T>& b) { b.price(t, phase); });
+    t.begin(gpt_op::ln_f, phase);
+    ln_f_->price(t, phase);
+    t.begin(gpt_op::lm_head, phase);
+    head_->price(t, phase);
+  } else {
+    t.begin(gpt_op::lm_head, phase);
+    head_->price(t, phase);
+    t.begin(gpt_op::ln_f, phase);
+    ln_f_->price(t, phase);
+    each_block([&](const TransformerBlock<T>& b) {
+      if (options_.checkpoint) b.price(t, model::Phase::recompute);
+      b.price(t, phase);
+    });
+    t.begin(gpt_op::embedding, phase);
+    embedding_->price(t, phase);
+  }
+}
+
+template <class T>
+std::vector<std::uint64_t> Gpt<T>::data_bucket_elements() {
+  const auto elements = [](Module<T>& m) {
+    std::uint64_t n = 0;
+    for (const Param<T>* p : m.parameters())
+      if (p->held()) n += static_cast<std::uint64_t>(p->shard.local_size());
+    return n;
+  };
+  std::vector<std::uint64_t> out{elements(*ln_f_)};
+  for (std::size_t i = blocks_.size(); i-- > 0;) out.push_back(elements(*blocks_[i]));
+  out.push_back(elements(*embedding_));
+  return out;
+}
+
+template <class T>
 void Gpt<T>::collect_parameters(std::vector<Param<T>*>& out) {
   embedding_->collect_parameters(out);
   for (auto& b : blocks_) b->collect_parameters(out);
@@ -288,16 +340,16 @@ std::span<const StepPart> Gpt<T>::profile() const {
 template <class T>
 void Gpt<T>::reset_profile() {
   constexpr std::array<std::pair<std::string_view, std::string_view>, part_count> names = {{
-      {"embedding", "forward"},
+      {gpt_op::embedding, "forward"},
       {"blocks", "forward"},
-      {"ln_f", "forward"},
-      {"lm_head", "forward"},
-      {"lm_head", "backward"},
-      {"ln_f", "backward"},
+      {gpt_op::ln_f, "forward"},
+      {gpt_op::lm_head, "forward"},
+      {gpt_op::lm_head, "backward"},
+      {gpt_op::ln_f, "backward"},
       {"blocks", "recompute"},
       {"blocks", "backward"},
-      {"embedding", "backward"},
-      {"data_axis", "backward"},
+      {gpt_op::embedding, "backward"},
+      {gpt_op::data_axis, "backward"},
   }};
   for (std::size_t i = 0; i < part_count; ++i)
     parts_[i] = {.op = names[i].first, .phase = names[i].second, .seconds = 0, .calls = 0};

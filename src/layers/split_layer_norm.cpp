@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "check_view.hpp"
-#include "summa/schemes/cost.hpp"
+#include "summa/model/cost.hpp"
 
 namespace summa {
 
@@ -84,6 +84,16 @@ template <class T>
 void SplitLayerNorm<T>::collect_parameters(std::vector<Param<T>*>& out) {
   out.push_back(&gamma_);
   out.push_back(&beta_);
+}
+
+template <class T>
+void SplitLayerNorm<T>::price(cost::Tally& t, model::Phase phase) const {
+  constexpr cost::Elements el = cost::elements_of<T>();
+  const auto u = [](index_t v) { return static_cast<cost::u64>(v); };
+  if (phase == model::Phase::backward)
+    norm_cost::backward(t, layout_, el, u(tokens_), u(hidden_));
+  else
+    norm_cost::forward(t, layout_, el, u(tokens_), u(hidden_));
 }
 
 template <class T>

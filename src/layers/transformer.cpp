@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "attention_core.hpp"
+#include "summa/model/cost.hpp"
 
 namespace summa {
 
@@ -173,24 +174,24 @@ void Attention<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& b
   const index_t nt = a.tokens(), w = a.width();
   Arena& fwd = buffers.forward;
   qkv_ = take_block<T>(fwd, nt, 3 * w);
-  buffers.timed("block.attn.c_attn", [&] { c_attn_->forward(X, qkv_, buffers); });
+  buffers.timed(block_op::c_attn, [&] { c_attn_->forward(X, qkv_, buffers); });
   if (cache_length_ > 0) {
     require(cache_k_ != nullptr, [&] {
       return fmt::format("Attention '{}': a cached forward without attach_cache", name_);
     });
     ctx_ = take_block<T>(fwd, nt, w);
-    buffers.timed("block.attn.core", [&] { cached_forward(buffers); });
-    buffers.timed("block.attn.c_proj", [&] { c_proj_->forward(ctx_, Y, buffers); });
+    buffers.timed(block_op::core, [&] { cached_forward(buffers); });
+    buffers.timed(block_op::attn_c_proj, [&] { c_proj_->forward(ctx_, Y, buffers); });
     return;
   }
   probs_ = fwd.take<T>(static_cast<std::size_t>(a.probs_elems()));
   ctx_ = take_block<T>(fwd, nt, w);
-  buffers.timed("block.attn.core", [&] {
+  buffers.timed(block_op::core, [&] {
     ArenaScope scope(buffers.workspace);
     a.forward<T>(*backend_, qkv_, probs_, ctx_,
                  Scratch{buffers.workspace.take_bytes(gemm_scratch()), gemm_scratch()});
   });
-  buffers.timed("block.attn.c_proj", [&] { c_proj_->forward(ctx_, Y, buffers); });
+  buffers.timed(block_op::attn_c_proj, [&] { c_proj_->forward(ctx_, Y, buffers); });
 }
 
 template <class T>
@@ -206,15 +207,37 @@ void Attention<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers
   Arena& bwd = buffers.backward;
   ArenaScope scope(bwd);
   const auto dctx = take_block<T>(bwd, nt, w);
-  buffers.timed("block.attn.c_proj", [&] { c_proj_->backward(dY, dctx, buffers, accumulate); });
+  buffers.timed(block_op::attn_c_proj, [&] { c_proj_->backward(dY, dctx, buffers, accumulate); });
   const auto dqkv = take_block<T>(bwd, nt, 3 * w);
   T* const dP = bwd.take<T>(static_cast<std::size_t>(a.dprobs_elems()));
-  buffers.timed("block.attn.core", [&] {
+  buffers.timed(block_op::core, [&] {
     ArenaScope ws_scope(buffers.workspace);
     a.backward<T>(*backend_, qkv_, probs_, dctx, dqkv, dP,
                   Scratch{buffers.workspace.take_bytes(gemm_scratch()), gemm_scratch()});
   });
-  buffers.timed("block.attn.c_attn", [&] { c_attn_->backward(dqkv, dX, buffers, accumulate); });
+  buffers.timed(block_op::c_attn, [&] { c_attn_->backward(dqkv, dX, buffers, accumulate); });
+}
+
+template <class T>
+void Attention<T>::price(cost::Tally& t, model::Phase phase) const {
+  const bool backward = phase == model::Phase::backward;
+  const auto core = [&] {
+    t.begin(block_op::core, phase);
+    local().price(t, backward, sizeof(T));
+  };
+  if (!backward) {
+    t.begin(block_op::c_attn, phase);
+    c_attn_->price(t, phase);
+    core();
+    t.begin(block_op::attn_c_proj, phase);
+    c_proj_->price(t, phase);
+  } else {
+    t.begin(block_op::attn_c_proj, phase);
+    c_proj_->price(t, phase);
+    core();
+    t.begin(block_op::c_attn, phase);
+    c_attn_->price(t, phase);
+  }
 }
 
 // ---------------------------------------------------------------- MLP
@@ -226,7 +249,7 @@ MLP<T>::MLP(SchemeContext<T>& scheme, std::string name, index_t tokens, index_t 
       cols_(scheme.local_cols(4 * hidden, ActivationLayout::inner)),
       c_fc_(scheme.linear(name_ + ".c_fc", tokens, hidden, 4 * hidden, LinearRole::expand)),
       c_proj_(scheme.linear(name_ + ".c_proj", tokens, 4 * hidden, hidden, LinearRole::contract)),
-      gelu_(scheme.backend()) {}
+      gelu_(scheme.backend(), rows_, cols_) {}
 
 template <class T>
 void MLP<T>::collect_parameters(std::vector<Param<T>*>& out) {
@@ -249,9 +272,9 @@ template <class T>
 void MLP<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
   fc_ = take_block<T>(buffers.forward, rows_, cols_);
   act_ = take_block<T>(buffers.forward, rows_, cols_);
-  buffers.timed("block.mlp.c_fc", [&] { c_fc_->forward(X, fc_, buffers); });
-  buffers.timed("block.mlp.gelu", [&] { gelu_.forward(fc_, act_, buffers); });
-  buffers.timed("block.mlp.c_proj", [&] { c_proj_->forward(act_, Y, buffers); });
+  buffers.timed(block_op::c_fc, [&] { c_fc_->forward(X, fc_, buffers); });
+  buffers.timed(block_op::gelu, [&] { gelu_.forward(fc_, act_, buffers); });
+  buffers.timed(block_op::mlp_c_proj, [&] { c_proj_->forward(act_, Y, buffers); });
 }
 
 template <class T>
@@ -261,10 +284,23 @@ void MLP<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buff
           [&] { return fmt::format("MLP '{}': backward without forward", name_); });
   ArenaScope scope(buffers.backward);
   const auto d4h = take_block<T>(buffers.backward, rows_, cols_);
-  buffers.timed("block.mlp.c_proj", [&] { c_proj_->backward(dY, d4h, buffers, accumulate); });
-  buffers.timed("block.mlp.gelu",
+  buffers.timed(block_op::mlp_c_proj, [&] { c_proj_->backward(dY, d4h, buffers, accumulate); });
+  buffers.timed(block_op::gelu,
                 [&] { gelu_.backward(d4h, d4h, buffers); });  // in place: dgelu -> dfc
-  buffers.timed("block.mlp.c_fc", [&] { c_fc_->backward(d4h, dX, buffers, accumulate); });
+  buffers.timed(block_op::c_fc, [&] { c_fc_->backward(d4h, dX, buffers, accumulate); });
+}
+
+template <class T>
+void MLP<T>::price(cost::Tally& t, model::Phase phase) const {
+  const bool backward = phase == model::Phase::backward;
+  const Layer<T>* first = backward ? c_proj_.get() : c_fc_.get();
+  const Layer<T>* last = backward ? c_fc_.get() : c_proj_.get();
+  t.begin(backward ? block_op::mlp_c_proj : block_op::c_fc, phase);
+  first->price(t, phase);
+  t.begin(block_op::gelu, phase);
+  gelu_.price(t, phase);
+  t.begin(backward ? block_op::c_fc : block_op::mlp_c_proj, phase);
+  last->price(t, phase);
 }
 
 // ---------------------------------------------------------------- block
@@ -313,16 +349,16 @@ void TransformerBlock<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuf
   ln2_ = take_block<T>(buffers.forward, rows_, cols_);
   // Profiled, each residual add counts with the op before it, as the
   // step-time model prices it.
-  buffers.timed("block.ln_1", [&] { ln_1_->forward(X, ln1_, buffers); });
+  buffers.timed(block_op::ln_1, [&] { ln_1_->forward(X, ln1_, buffers); });
   attn_.forward(ln1_, mid_, buffers);
   buffers.timed(
-      "block.attn.c_proj",
+      block_op::attn_c_proj,
       [&] { be.axpby(acc_t<T>(1), X, acc_t<T>(1), mid_); },  // mid = X + Attn(LN1(X))
       false);
-  buffers.timed("block.ln_2", [&] { ln_2_->forward(mid_, ln2_, buffers); });
+  buffers.timed(block_op::ln_2, [&] { ln_2_->forward(mid_, ln2_, buffers); });
   mlp_.forward(ln2_, Y, buffers);
   buffers.timed(
-      "block.mlp.c_proj",
+      block_op::mlp_c_proj,
       [&] {
         be.axpby(acc_t<T>(1), ConstMatrixView<T>(mid_), acc_t<T>(1), Y);  // Y = mid + MLP(LN2(mid))
       },
@@ -341,16 +377,42 @@ void TransformerBlock<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, Step
   const auto dtmp = take_block<T>(bwd, rows_, cols_);
   // MLP half: dmid = dY + LN2ᵀ(MLPᵀ(dY))
   mlp_.backward(dY, dtmp, buffers, accumulate);
-  buffers.timed("block.ln_2", [&] {
+  buffers.timed(block_op::ln_2, [&] {
     ln_2_->backward(dtmp, dmid, buffers, accumulate);
     be.axpby(acc_t<T>(1), dY, acc_t<T>(1), dmid);
   });
   // attention half: dX = dmid + LN1ᵀ(Attnᵀ(dmid))
   attn_.backward(dmid, dtmp, buffers, accumulate);
-  buffers.timed("block.ln_1", [&] {
+  buffers.timed(block_op::ln_1, [&] {
     ln_1_->backward(dtmp, dX, buffers, accumulate);
     be.axpby(acc_t<T>(1), ConstMatrixView<T>(dmid), acc_t<T>(1), dX);
   });
+}
+
+template <class T>
+void TransformerBlock<T>::price(cost::Tally& t, model::Phase phase) const {
+  const auto residual_add = [&] {  // read two blocks, write one
+    t.memory(3 * static_cast<cost::u64>(rows_ * cols_) * sizeof(T));
+  };
+  if (phase != model::Phase::backward) {
+    t.begin(block_op::ln_1, phase);
+    ln_1_->price(t, phase);
+    attn_.price(t, phase);
+    residual_add();
+    t.begin(block_op::ln_2, phase);
+    ln_2_->price(t, phase);
+    mlp_.price(t, phase);
+    residual_add();
+  } else {
+    mlp_.price(t, phase);
+    t.begin(block_op::ln_2, phase);
+    ln_2_->price(t, phase);
+    residual_add();
+    attn_.price(t, phase);
+    t.begin(block_op::ln_1, phase);
+    ln_1_->price(t, phase);
+    residual_add();
+  }
 }
 
 template class Attention<float>;

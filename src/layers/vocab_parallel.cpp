@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "check_view.hpp"
-#include "summa/schemes/cost.hpp"
+#include "summa/model/cost.hpp"
 
 namespace summa {
 
@@ -206,6 +206,17 @@ void VocabEmbedding<T>::collect_parameters(std::vector<Param<T>*>& out) {
 }
 
 template <class T>
+void VocabEmbedding<T>::price(cost::Tally& t, model::Phase phase) const {
+  constexpr cost::Elements el = cost::elements_of<T>();
+  const auto u = [](index_t v) { return static_cast<cost::u64>(v); };
+  if (phase == model::Phase::backward)
+    vocab_cost::embedding_backward(t, layout_, el, u(batch_ * seq_), u(vocab_), u(hidden_),
+                                   u(positions_));
+  else
+    vocab_cost::embedding_forward(t, layout_, el, u(batch_ * seq_), u(vocab_), u(hidden_));
+}
+
+template <class T>
 BufferNeeds VocabEmbedding<T>::buffer_needs() const {
   // Without a tokens axis: gathers straight into Y and reduces in place.
   ByteCount<T> ws;
@@ -396,6 +407,16 @@ std::size_t VocabLMHead<T>::scratch_bytes() const {
   return std::max({backend_->gemm_scratch_bytes(m, nv, n, t),    // Z = X wteᵀ
                    backend_->gemm_scratch_bytes(m, n, nv, t),    // dX = dZ wte
                    backend_->gemm_scratch_bytes(nv, n, m, t)});  // dwte = dZᵀ X
+}
+
+template <class T>
+void VocabLMHead<T>::price(cost::Tally& t, model::Phase phase) const {
+  constexpr cost::Elements el = cost::elements_of<T>();
+  const auto u = [](index_t v) { return static_cast<cost::u64>(v); };
+  if (phase == model::Phase::backward)
+    vocab_cost::lm_head_backward(t, layout_, el, u(tokens_), u(vocab_), u(hidden_));
+  else
+    vocab_cost::lm_head_forward(t, layout_, el, u(tokens_), u(vocab_), u(hidden_));
 }
 
 template <class T>

@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "summa/grid/process_grid.hpp"
+#include "summa/layers/gpt_model.hpp"
 #include "summa/model/config.hpp"
 #include "summa/model/step_time.hpp"
 #include "summa/schemes/cost.hpp"
@@ -17,12 +19,7 @@ namespace summa::model::detail {
 using cost::u64;
 
 /// One op of the step: what it does once, and how often a step does it.
-struct StepOp {
-  std::string_view name;
-  Phase phase = Phase::forward;
-  u64 count = 1;
-  std::vector<cost::Work> work;
-};
+using StepOp = cost::StepOp;
 
 /// A GPT step's sizes: tokens of the data group, global widths, the
 /// element size of activations and parameters.
@@ -41,8 +38,17 @@ StepDims step_dims(const GptConfig& config, index_t batch, index_t seq, int data
 /// data-axis buckets: ln_f, one block, the embedding.
 struct Buckets {
   u64 ln_f, block, embedding;
+  /// SchemeContext::defers_gradients: the buckets wait for the end of backward.
+  bool defers_gradients = false;
 };
 Buckets compose_step(const cost::OpCost& op, cost::Tally& t, const StepDims& d,
                      std::vector<StepOp>* ops);
+
+/// The same from the model itself: a plan-only GPT of `dtype` built for the
+/// rank at `coords` (no memory, no communication), its training step priced
+/// by walking its modules (Module::price): forward, then backward.
+Buckets walk_step(const SchemeSpec& spec, const GptConfig& config, index_t batch, index_t seq,
+                  GptOptions options, DType dtype, const GridCoords& coords, cost::Tally& t,
+                  std::vector<StepOp>* ops);
 
 }  // namespace summa::model::detail

@@ -346,9 +346,7 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
                     machine.devices_per_node * time_options.ranks_per_device);
   const auto u = [](auto v) { return static_cast<u64>(v); };
   const u64 e = u(size_of(dtype));
-  const cost::Elements el{.e = e, .a = u(size_of(acc_dtype(dtype)))};
-  const detail::StepDims dims =
-      detail::step_dims(config, batch, seq, spec.data, dtype, options.checkpoint);
+  const u64 layers = u(config.n_layer);
   const u64 data = u(spec.data);
 
   // The ranks to evaluate: every rank where a collective's price depends on
@@ -387,10 +385,10 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
   StepTime best;
   best.step_s = -1;
   for (const GridCoords& at : ranks) {
-    const auto op = row.op_cost(spec, at, el);
     cost::Tally tally;
     std::vector<StepOp> ops;
-    const detail::Buckets buckets = detail::compose_step(*op, tally, dims, &ops);
+    const detail::Buckets buckets =
+        detail::walk_step(spec, config, batch, seq, options, dtype, at, tally, &ops);
     const Pricer pricer(machine, dtype, links, at, time_options.ranks_per_device, shapes);
     StepTime st;
     st.critical = at;
@@ -425,10 +423,10 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
                        : s;
           });
       const double after_ln_f = ready.empty() ? 0 : ready.front();
-      for (u64 l = 1; l <= dims.layers; ++l)
+      for (u64 l = 1; l <= layers; ++l)
         ready.push_back(after_ln_f + static_cast<double>(l) * block_s);
       ready.push_back(backward_clock);  // the embedding
-      if (op->defers_gradients()) std::fill(ready.begin(), ready.end(), backward_clock);
+      if (buckets.defers_gradients) std::fill(ready.begin(), ready.end(), backward_clock);
       OpTime d{.op = "data_axis", .phase = Phase::backward, .count = 1};
       const auto all_reduce = [&](u64 elements, u64 bytes_per) {
         if (elements == 0) return 0.0;  // an empty bucket is not all-reduced
@@ -440,7 +438,7 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
       };
       const double loss = all_reduce(1, sizeof(double));
       std::vector<double> bucket = {all_reduce(buckets.ln_f, e)};
-      for (u64 l = 0; l < dims.layers; ++l) bucket.push_back(all_reduce(buckets.block, e));
+      for (u64 l = 0; l < layers; ++l) bucket.push_back(all_reduce(buckets.block, e));
       bucket.push_back(all_reduce(buckets.embedding, e));
       double clock = 0;
       for (std::size_t k = 0; k < bucket.size(); ++k) {
@@ -455,7 +453,7 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
       st.ops.push_back(d);
     }
     if (time_options.optimizer) {
-      const u64 params = buckets.ln_f + dims.layers * buckets.block + buckets.embedding;
+      const u64 params = buckets.ln_f + layers * buckets.block + buckets.embedding;
       OpTime o{.op = "optimizer", .phase = Phase::optimizer, .count = 1};
       o.compute_s = pricer.memory(params * optimizer_bytes(dtype));
       st.phase_s[static_cast<std::size_t>(Phase::optimizer)] += o.compute_s;

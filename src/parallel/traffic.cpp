@@ -12,12 +12,9 @@ TrafficCounters predict_step_traffic(const SchemeSpec& spec, const GptConfig& co
                                      const GridCoords& coords) {
   const auto u = [](auto v) { return static_cast<cost::u64>(v); };
   const cost::u64 data = u(spec.data), d = u(coords.data), e = u(size_of(dtype));
-  const auto op =
-      scheme_row(spec.scheme).op_cost(spec, coords, {.e = e, .a = u(size_of(acc_dtype(dtype)))});
-  const detail::StepDims dims =
-      detail::step_dims(config, batch, seq, spec.data, dtype, options.checkpoint);
   cost::Tally t;
-  const detail::Buckets b = detail::compose_step(*op, t, dims, nullptr);
+  const detail::Buckets b =
+      detail::walk_step(spec, config, batch, seq, options, dtype, coords, t, nullptr);
   // The data axis: the loss and each gradient bucket (ln_f, every block,
   // the embedding) all-reduced over the data groups; a bucket this rank
   // holds no element of (2D: ln_f off mesh row 0) is not all-reduced.
@@ -27,7 +24,7 @@ TrafficCounters predict_step_traffic(const SchemeSpec& spec, const GptConfig& co
     };
     t.all_reduce(CommAxis::data, 1, data, d, sizeof(double));
     bucket(b.ln_f);
-    for (cost::u64 l = 0; l < dims.layers; ++l) bucket(b.block);
+    for (cost::u64 l = 0; l < u(config.n_layer); ++l) bucket(b.block);
     bucket(b.embedding);
   }
   return t.t;

@@ -47,6 +47,13 @@
 
 namespace summa {
 
+/// The GPT's own ops as the profiler and the step-time model name them
+/// (the block's are block_op, layers/transformer.hpp).
+namespace gpt_op {
+inline constexpr std::string_view embedding = "embedding", ln_f = "ln_f", lm_head = "lm_head",
+                                  data_axis = "data_axis";
+}  // namespace gpt_op
+
 template <class T>
 class Gpt final : public GptModel<T> {
  public:
@@ -66,6 +73,16 @@ class Gpt final : public GptModel<T> {
   std::string_view name() const override { return ""; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
   BufferNeeds buffer_needs() const override;
+  /// A training step's forward (Phase::forward: the embedding, the blocks,
+  /// ln_f, the LM head and its loss) or its backward (Phase::backward: the
+  /// head down to the embedding, each block recomputed first when
+  /// checkpointing), on this rank; the blocks' ops are recorded once, with
+  /// count n_layer. The data axis is not included (data_bucket_elements).
+  void price(cost::Tally& t, model::Phase phase) const override;
+  /// The local gradient elements of each data-axis bucket, in the order
+  /// backward all-reduces them: ln_f, the blocks from the last to the
+  /// first, the embedding.
+  std::vector<std::uint64_t> data_bucket_elements();
 
   void init(std::uint64_t seed) override;
   double forward(std::span<const std::int32_t> tokens,
@@ -177,8 +194,8 @@ class Gpt final : public GptModel<T> {
   // phase, nested in the blocks parts: timed by the layers through
   // StepBuffers::clock.
   static constexpr std::array<std::string_view, 8> block_ops = {
-      "block.ln_1", "block.attn.c_attn", "block.attn.core", "block.attn.c_proj",
-      "block.ln_2", "block.mlp.c_fc",    "block.mlp.gelu",  "block.mlp.c_proj"};
+      block_op::ln_1, block_op::c_attn, block_op::core, block_op::attn_c_proj,
+      block_op::ln_2, block_op::c_fc,   block_op::gelu, block_op::mlp_c_proj};
   static constexpr std::size_t block_phases = 3;  // forward, recompute, backward
   std::array<StepPart, part_count + block_phases * block_ops.size()> parts_{};
   template <class F>

@@ -37,6 +37,13 @@
 
 namespace summa {
 
+namespace cost {
+class Tally;  // summa/model/cost.hpp
+}
+namespace model {
+enum class Phase : std::uint8_t;  // summa/model/cost.hpp
+}
+
 /// A rectangle of a global parameter held locally: global rows [global_row,
 /// global_row + rows) and columns [global_col, global_col + cols) sit at
 /// local rows [local_row, ...) and columns [local_col, ...). 1-D tensors are
@@ -187,6 +194,21 @@ class Module {
   virtual void collect_parameters(std::vector<Param<T>*>& out) = 0;
   /// Arena bytes forward + backward take (see BufferNeeds).
   virtual BufferNeeds buffer_needs() const = 0;
+  /// Adds what one run of this module costs on this rank to `t` (bytes and
+  /// calls per axis; with t.ops set, its ops and their work for the
+  /// step-time model; summa/model/cost.hpp): its forward for
+  /// Phase::forward and Phase::recompute, its backward for Phase::backward.
+  /// Each op prices itself in its own file; a composite prices its children
+  /// in the order it runs them. The traffic and step-time models walk a
+  /// built (plan-only) model this way. The default throws summa::Error: a
+  /// module that does not price itself cannot be predicted.
+  virtual void price(cost::Tally& t, model::Phase phase) const {
+    static_cast<void>(t);
+    static_cast<void>(phase);
+    throw Error(std::string(name()) +
+                ": this module does not price itself (Module::price), so the traffic and "
+                "step-time models cannot predict it");
+  }
 
   std::vector<Param<T>*> parameters() {
     std::vector<Param<T>*> list;

@@ -58,6 +58,7 @@ class SplitLayerNorm : public Layer<T> {
                  index_t tokens, index_t hidden, double eps = 1e-5);
 
   std::string_view name() const override { return name_; }
+  void price(cost::Tally& t, model::Phase phase) const override;
   void collect_parameters(std::vector<Param<T>*>& out) override;
   BufferNeeds buffer_needs() const override;
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;

@@ -27,6 +27,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "summa/layers/gelu.hpp"
 #include "summa/layers/scheme_context.hpp"
@@ -36,6 +37,16 @@ namespace summa {
 namespace detail {
 struct LocalAttention;  // src/layers/attention_core.hpp
 }
+
+/// The block's ops, as the profiler (GptOptions::profile) times them and
+/// the step-time model prices them. A residual add counts with the op
+/// before it (forward: the c_proj linears; backward: the LayerNorms).
+namespace block_op {
+inline constexpr std::string_view ln_1 = "block.ln_1", c_attn = "block.attn.c_attn",
+                                  core = "block.attn.core", attn_c_proj = "block.attn.c_proj",
+                                  ln_2 = "block.ln_2", c_fc = "block.mlp.c_fc",
+                                  gelu = "block.mlp.gelu", mlp_c_proj = "block.mlp.c_proj";
+}  // namespace block_op
 
 template <class T>
 class Attention final : public Layer<T> {
@@ -47,6 +58,7 @@ class Attention final : public Layer<T> {
   std::string_view name() const override { return name_; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
   BufferNeeds buffer_needs() const override;
+  void price(cost::Tally& t, model::Phase phase) const override;
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
   void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
                 bool accumulate = false) override;
@@ -101,6 +113,7 @@ class MLP final : public Layer<T> {
   std::string_view name() const override { return name_; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
   BufferNeeds buffer_needs() const override;
+  void price(cost::Tally& t, model::Phase phase) const override;
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
   void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
                 bool accumulate = false) override;
@@ -126,6 +139,7 @@ class TransformerBlock final : public Layer<T> {
   std::string_view name() const override { return name_; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
   BufferNeeds buffer_needs() const override;
+  void price(cost::Tally& t, model::Phase phase) const override;
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
   void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
                 bool accumulate = false) override;

@@ -57,6 +57,7 @@ class VocabEmbedding : public EmbeddingModule<T> {
   void collect_parameters(std::vector<Param<T>*>& out) override;
   BufferNeeds buffer_needs() const override;
   void check_ids(std::span<const std::int32_t> ids, const char* what) const override;
+  void price(cost::Tally& t, model::Phase phase) const override;
   void set_positions(std::span<const std::int32_t> positions) override;
   void forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
                StepBuffers& buffers) override;
@@ -126,6 +127,7 @@ class VocabLMHead : public LossHead<T> {
   std::string_view name() const override { return "lm_head"; }
   void collect_parameters(std::vector<Param<T>*>&) override {}
   BufferNeeds buffer_needs() const override;
+  void price(cost::Tally& t, model::Phase phase) const override;
   double forward(ConstMatrixView<T> X, std::span<const std::int32_t> targets,
                  StepBuffers& buffers) override;
   void backward(MatrixView<T> dX, StepBuffers& buffers, bool accumulate = false) override;

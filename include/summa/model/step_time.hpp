@@ -23,13 +23,12 @@
 #include "summa/grid/placement.hpp"
 #include "summa/layers/gpt_model.hpp"
 #include "summa/model/config.hpp"
+#include "summa/model/cost.hpp"
 #include "summa/model/machine.hpp"
 #include "summa/schemes/spec.hpp"
 
 namespace summa::model {
 
-enum class Phase : std::uint8_t { forward, backward, recompute, optimizer };
-inline constexpr std::size_t phase_count = 4;
 std::string_view name_of(Phase p);
 
 /// One op of the step on the critical rank: its name ("embedding",

@@ -265,6 +265,23 @@ cost::u64 detail3d::Cost3D::linear_params(u64 in, u64 out, LinearRole role, bool
   const u64 out_split = role == LinearRole::expand ? gx_ : gy_;
   return in * out / (gx_ * gy_ * gz_) + (bias ? out / out_split : 0);
 }
+template <class T>
+void Linear3D<T>::price(cost::Tally& t, model::Phase phase) const {
+  const auto u = [](auto v) { return static_cast<cost::u64>(v); };
+  const ProcessGrid& g = *grid_;
+  const detail3d::Cost3D c(u(detail3d::gx(g)), u(detail3d::gy(g)), u(detail3d::gz(g)),
+                           u(detail3d::x_of(g)), u(detail3d::y_of(g)), u(detail3d::z_of(g)),
+                           cost::elements_of<T>(),
+                           {.all_reduce = options_.overlap_all_reduce,
+                            .reduce_scatter = options_.overlap_reduce_scatter,
+                            .all_gather = options_.overlap_all_gather});
+  const LinearRole role =
+      orientation_ == Orientation3D::normal ? LinearRole::expand : LinearRole::contract;
+  if (phase == model::Phase::backward)
+    c.linear_backward(t, u(tokens_), u(in_), u(out_), role, has_bias_);
+  else
+    c.linear_forward(t, u(tokens_), u(in_), u(out_), role, has_bias_);
+}
 
 // ---------------------------------------------------------------- layer norm
 

@@ -239,9 +239,10 @@ void RowParallelLinear1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, S
 }
 
 // Cost of a linear: column-parallel (expand) multiplies its output columns
-// and all-reduces dX in backward, row-parallel (contract) multiplies its
-// input rows and all-reduces Y in forward; the row-parallel bias is
-// replicated (added after the sum).
+// and all-reduces dX in backward (overlapped with dW's GEMM, as the code
+// runs it), row-parallel (contract) multiplies its input rows and
+// all-reduces Y in forward; the row-parallel bias is replicated (added
+// after the sum).
 void detail1d::Cost1D::linear_forward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole role,
                                       bool bias) const {
   const bool column = role == LinearRole::expand;
@@ -255,13 +256,36 @@ void detail1d::Cost1D::linear_backward(cost::Tally& t, u64 tokens, u64 in, u64 o
   const bool column = role == LinearRole::expand;
   const u64 k = column ? in : in / p_, n = column ? out / p_ : out;
   t.gemm(tokens, k, n, el_.e);  // dX = dY Wᵀ
+  t.overlapped = true;
   if (column) all_reduce(t, tokens * in, el_.e);
+  t.overlapped = false;
   t.gemm(k, n, tokens, el_.e);  // dW = Xᵀ dY
   if (bias) t.memory(tokens * n * el_.e);
 }
 cost::u64 detail1d::Cost1D::linear_params(u64 in, u64 out, LinearRole role, bool bias) const {
   const u64 b = !bias ? 0 : role == LinearRole::expand ? out / p_ : out;
   return in * out / p_ + b;
+}
+namespace {
+void price_linear(cost::Tally& t, model::Phase phase, ProcessGrid& grid, cost::Elements el,
+                  index_t tokens, index_t in, index_t out, LinearRole role, bool bias) {
+  const auto u = [](index_t v) { return static_cast<cost::u64>(v); };
+  const detail1d::Cost1D c(u(detail1d::group_size(grid)), u(detail1d::group_rank(grid)), el);
+  if (phase == model::Phase::backward)
+    c.linear_backward(t, u(tokens), u(in), u(out), role, bias);
+  else
+    c.linear_forward(t, u(tokens), u(in), u(out), role, bias);
+}
+}  // namespace
+template <class T>
+void ColumnParallelLinear1D<T>::price(cost::Tally& t, model::Phase phase) const {
+  price_linear(t, phase, *grid_, cost::elements_of<T>(), tokens_, in_, out_, LinearRole::expand,
+               has_bias_);
+}
+template <class T>
+void RowParallelLinear1D<T>::price(cost::Tally& t, model::Phase phase) const {
+  price_linear(t, phase, *grid_, cost::elements_of<T>(), tokens_, in_, out_, LinearRole::contract,
+               has_bias_);
 }
 
 // ---------------------------------------------------------------- layer norm

@@ -23,14 +23,9 @@ VocabLayout megatron1d_vocab_layout(ProcessGrid& grid) {
 }
 
 // The cost of the embedding and LM head (cost::LayoutCost) is
-// vocab_cost over the same layout.
-// The 1D cost prices every dX all-reduce as not overlapped (its linears'
-// too, layers.cpp), although the code overlaps each with the weight
-// gradient's GEMM: a known simplification of the 1D model, kept so that 1D
-// and 3D with overlap=none predict alike (StepTime.ThreeDWithXOnlyIsOneD).
+// vocab_cost over the same layout: the LM head's dX all-reduce overlapped
+// with dwte, as the code runs it (and as 3D with OAR).
 VocabLayout detail1d::Cost1D::vocab_layout() const {
-  VocabLayout l = layout_1d(static_cast<int>(p_), static_cast<int>(r_));
-  l.overlap_dx = false;
-  return l;
+  return layout_1d(static_cast<int>(p_), static_cast<int>(r_));
 }
 }  // namespace summa

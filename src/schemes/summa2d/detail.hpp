@@ -26,4 +26,12 @@ class Cost2D final : public cost::OpCost {
   SummaOptions summa_;  ///< the engine's (its panel width cuts the SUMMA collectives)
 };
 
+/// The cost of the 2D ops on this engine's rank, for a model of T.
+template <class T>
+Cost2D cost_at(const SummaEngine& engine) {
+  const GridCoords& c = engine.grid().coords();
+  const auto u = [](int v) { return static_cast<cost::u64>(v); };
+  return Cost2D(u(engine.q()), u(c.row), u(c.col), cost::elements_of<T>(), engine.options());
+}
+
 }  // namespace summa::detail2d

@@ -177,6 +177,16 @@ cost::u64 detail2d::Cost2D::embedding_params(u64 vocab, u64 hidden, u64 position
   return (vocab / q_) * (hidden / q_) + rows * (hidden / q_);
 }
 
+template <class T>
+void Embedding2D<T>::price(cost::Tally& t, model::Phase phase) const {
+  const auto u = [](index_t v) { return static_cast<cost::u64>(v); };
+  const detail2d::Cost2D c = detail2d::cost_at<T>(*engine_);
+  if (phase == model::Phase::backward)
+    c.embedding_backward(t, u(batch_ * seq_), u(vocab_), u(hidden_), u(positions_));
+  else
+    c.embedding_forward(t, u(batch_ * seq_), u(vocab_), u(hidden_), u(positions_));
+}
+
 template class Embedding2D<float>;
 template class Embedding2D<double>;
 template class Embedding2D<bf16>;

@@ -184,6 +184,18 @@ void detail2d::Cost2D::layer_norm_backward(cost::Tally& t, u64 tokens, u64 hidde
 cost::u64 detail2d::Cost2D::layer_norm_params(u64 hidden) const {
   return i_ == 0 ? 2 * (hidden / q_) : 0;
 }
+template <class T>
+void LayerNorm2DLayer<T>::price(cost::Tally& t, model::Phase phase) const {
+  const auto u = [](index_t v) { return static_cast<cost::u64>(v); };
+  const detail2d::Cost2D c = detail2d::cost_at<T>(op_.engine());
+  if (phase == model::Phase::backward)
+    c.layer_norm_backward(t, u(op_.tokens()), u(op_.hidden()));
+  else
+    c.layer_norm_forward(t, u(op_.tokens()), u(op_.hidden()));
+}
+template void LayerNorm2DLayer<float>::price(cost::Tally&, model::Phase) const;
+template void LayerNorm2DLayer<double>::price(cost::Tally&, model::Phase) const;
+template void LayerNorm2DLayer<bf16>::price(cost::Tally&, model::Phase) const;
 
 #define SUMMA_LAYERNORM2D_INSTANTIATE(T)                                                          \
   template void LayerNorm2D::forward<T>(ConstMatrixView<T>, const T*, const T*, MatrixView<T>,    \

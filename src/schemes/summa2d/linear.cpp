@@ -114,6 +114,19 @@ void detail2d::Cost2D::linear_backward(cost::Tally& t, u64 tokens, u64 in, u64 o
 cost::u64 detail2d::Cost2D::linear_params(u64 in, u64 out, LinearRole, bool bias) const {
   return in * out / (q_ * q_) + (bias && i_ == 0 ? out / q_ : 0);
 }
+template <class T>
+void Linear2DLayer<T>::price(cost::Tally& t, model::Phase phase) const {
+  const auto u = [](index_t v) { return static_cast<cost::u64>(v); };
+  const detail2d::Cost2D c = detail2d::cost_at<T>(op_.engine());
+  const cost::u64 tokens = u(op_.tokens()), in = u(op_.in()), out = u(op_.out());
+  if (phase == model::Phase::backward)
+    c.linear_backward(t, tokens, in, out, LinearRole::expand, op_.has_bias());
+  else
+    c.linear_forward(t, tokens, in, out, LinearRole::expand, op_.has_bias());
+}
+template void Linear2DLayer<float>::price(cost::Tally&, model::Phase) const;
+template void Linear2DLayer<double>::price(cost::Tally&, model::Phase) const;
+template void Linear2DLayer<bf16>::price(cost::Tally&, model::Phase) const;
 
 template void Linear2D::forward<float>(ConstMatrixView<float>, ConstMatrixView<float>, const float*,
                                        MatrixView<float>, Workspace&);

@@ -157,6 +157,16 @@ void detail2d::Cost2D::lm_head_backward(cost::Tally& t, u64 tokens, u64 vocab, u
   t.summa(Form::AtB, vocab, hidden, tokens, q_, el_.e, summa_);
 }
 
+template <class T>
+void LMHead2D<T>::price(cost::Tally& t, model::Phase phase) const {
+  const auto u = [](index_t v) { return static_cast<cost::u64>(v); };
+  const detail2d::Cost2D c = detail2d::cost_at<T>(*engine_);
+  if (phase == model::Phase::backward)
+    c.lm_head_backward(t, u(tokens_), u(vocab_), u(hidden_));
+  else
+    c.lm_head_forward(t, u(tokens_), u(vocab_), u(hidden_));
+}
+
 template class CrossEntropy2D<float>;
 template class CrossEntropy2D<double>;
 template class CrossEntropy2D<bf16>;

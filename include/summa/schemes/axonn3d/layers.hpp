@@ -240,6 +240,7 @@ class Linear3D final : public Layer<T> {
   std::string_view name() const override { return name_; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
   BufferNeeds buffer_needs() const override;
+  void price(cost::Tally& t, model::Phase phase) const override;
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
   void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
                 bool accumulate = false) override;

@@ -92,6 +92,7 @@ class ColumnParallelLinear1D final : public Layer<T> {
   std::string_view name() const override { return name_; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
   BufferNeeds buffer_needs() const override;
+  void price(cost::Tally& t, model::Phase phase) const override;
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
   void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
                 bool accumulate = false) override;
@@ -136,6 +137,7 @@ class RowParallelLinear1D final : public Layer<T> {
   std::string_view name() const override { return name_; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
   BufferNeeds buffer_needs() const override;
+  void price(cost::Tally& t, model::Phase phase) const override;
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
   void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
                 bool accumulate = false) override;

@@ -33,6 +33,7 @@ class Embedding2D final : public EmbeddingModule<T> {
   std::string_view name() const override { return ""; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
   BufferNeeds buffer_needs() const override;
+  void price(cost::Tally& t, model::Phase phase) const override;
 
   /// Throws summa::Error on every rank unless `ids` holds batch*seq ids in
   /// [0, vocab) (what = "token" or "target", for the message).

@@ -34,6 +34,7 @@ class LayerNorm2D {
   /// are positive and divisible by q.
   LayerNorm2D(SummaEngine& engine, index_t tokens, index_t hidden, double eps = 1e-5);
 
+  SummaEngine& engine() const { return *engine_; }
   index_t tokens() const { return tokens_; }
   index_t hidden() const { return hidden_; }
   double eps() const { return eps_; }
@@ -82,6 +83,7 @@ class LayerNorm2DLayer final : public Layer<T> {
   std::string_view name() const override { return name_; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
   BufferNeeds buffer_needs() const override;
+  void price(cost::Tally& t, model::Phase phase) const override;
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
   void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
                 bool accumulate = false) override;

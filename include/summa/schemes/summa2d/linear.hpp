@@ -29,6 +29,7 @@ class Linear2D {
   /// not divide them.
   Linear2D(SummaEngine& engine, index_t tokens, index_t in, index_t out, bool has_bias = true);
 
+  SummaEngine& engine() const { return *engine_; }
   index_t tokens() const { return tokens_; }
   index_t in() const { return in_; }
   index_t out() const { return out_; }
@@ -83,6 +84,7 @@ class Linear2DLayer final : public Layer<T> {
   std::string_view name() const override { return name_; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
   BufferNeeds buffer_needs() const override;
+  void price(cost::Tally& t, model::Phase phase) const override;
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
   void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
                 bool accumulate = false) override;

@@ -58,6 +58,7 @@ class LMHead2D final : public LossHead<T> {
   std::string_view name() const override { return "lm_head"; }
   void collect_parameters(std::vector<Param<T>*>&) override {}
   BufferNeeds buffer_needs() const override;
+  void price(cost::Tally& t, model::Phase phase) const override;
 
   /// Logits of X [tokens/q, h/q] into buffers.forward, then the loss.
   double forward(ConstMatrixView<T> X, std::span<const std::int32_t> targets,
