@@ -1,5 +1,5 @@
-// A training step's communication: the bytes of the step composed once for
-// every scheme (step.hpp), plus the data axis.
+// A training step's communication: the bytes of the step walked from the
+// model (step.hpp), plus the data axis.
 #include "summa/model/traffic.hpp"
 
 #include "step.hpp"

@@ -55,7 +55,7 @@ void register_scheme(const SchemeRow& row) {
                        row.tag);
   });
   require(row.parse && row.option && row.text && row.tensor_ranks && row.sequence_split &&
-              row.enumerate && row.grid_shape && row.make_grid && row.axis_role && row.op_cost &&
+              row.enumerate && row.grid_shape && row.make_grid && row.axis_role &&
               row.context_f32 && row.context_f64 && row.context_bf16,
           [&] { return fmt::format("register_scheme: the row '{}' lacks a function", row.tag); });
   for (const SchemeRow* r : rows())

@@ -9,9 +9,9 @@
 /// Gt = 1; the 3D scheme Gv = Gx, Gh = Gy, Gt = Gz. No collective runs over
 /// an axis of one rank (nothing to move), in the code and in its cost.
 ///
-/// Each op's communication is priced beside it (vocab_cost below; the
-/// schemes' OpCost rows call it), so the traffic and step-time models cannot
-/// drift from the code.
+/// Each op's communication is priced beside it (vocab_cost below, which the
+/// ops' price() calls), so the traffic and step-time models cannot drift
+/// from the code.
 
 #include <cstddef>
 #include <span>

@@ -23,7 +23,6 @@
 
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/scheme_context.hpp"
-#include "summa/schemes/cost.hpp"
 #include "summa/schemes/spec.hpp"
 
 namespace summa {
@@ -64,10 +63,6 @@ struct SchemeRow {
   /// empty when the scheme does not communicate on it (the data axis is
   /// not the scheme's).
   std::string_view (*axis_role)(const SchemeSpec& spec, CommAxis axis);
-  /// The communication cost of the scheme's ops on the rank at `coords`
-  /// (schemes/cost.hpp), for a model with element sizes `elements`.
-  std::unique_ptr<cost::OpCost> (*op_cost)(const SchemeSpec& spec, const GridCoords& coords,
-                                           cost::Elements elements);
   /// The layer context on a grid from make_grid, for each element type.
   ContextFactory<float> context_f32;
   ContextFactory<double> context_f64;

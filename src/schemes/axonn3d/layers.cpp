@@ -233,54 +233,53 @@ void Linear3D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers&
 // (not cached), computes dX and all-reduces it over the output axis (OAR:
 // while dW is computed), computes dW and reduce-scatters it over Z (ORS:
 // deferred to the end of backward) and all-reduces the bias gradient over Z.
-void detail3d::Cost3D::linear_forward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole role,
-                                      bool bias) const {
-  const bool normal = role == LinearRole::expand;
-  const Axis A = normal ? Y() : X(), B = normal ? X() : Y();
-  const u64 m = tokens / gz_, k = in / A.g, n = out / B.g;
-  z_all_gather(t, in * out / (A.g * B.g * gz_), overlap_.all_gather);
-  t.gemm(m, n, k, el_.e);
-  all_reduce(t, A, m * n, el_.e);
-  if (bias) t.memory(2 * m * n * el_.e);
-}
-void detail3d::Cost3D::linear_backward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole role,
-                                       bool bias) const {
-  const bool normal = role == LinearRole::expand;
-  const Axis A = normal ? Y() : X(), B = normal ? X() : Y();
-  const u64 m = tokens / gz_, k = in / A.g, n = out / B.g;
-  const u64 shard = in * out / (A.g * B.g * gz_);
-  z_all_gather(t, shard, overlap_.all_gather);  // the weight
-  t.gemm(m, k, n, el_.e);                       // dX = dY Wᵀ
-  t.overlapped = overlap_.all_reduce;
-  all_reduce(t, B, m * k, el_.e);
-  t.overlapped = false;
-  t.gemm(k, n, m, el_.e);  // dW = Xᵀ dY
-  z_reduce_scatter(t, shard, overlap_.reduce_scatter);
-  if (bias) {
-    t.memory(m * n * el_.e);
-    all_reduce(t, Z(), n, el_.e);
-  }
-}
-cost::u64 detail3d::Cost3D::linear_params(u64 in, u64 out, LinearRole role, bool bias) const {
-  const u64 out_split = role == LinearRole::expand ? gx_ : gy_;
-  return in * out / (gx_ * gy_ * gz_) + (bias ? out / out_split : 0);
-}
 template <class T>
 void Linear3D<T>::price(cost::Tally& t, model::Phase phase) const {
-  const auto u = [](auto v) { return static_cast<cost::u64>(v); };
+  using cost::u64;
+  const auto u = [](auto v) { return static_cast<u64>(v); };
+  struct Axis {
+    CommAxis axis;
+    u64 g, r;
+  };
   const ProcessGrid& g = *grid_;
-  const detail3d::Cost3D c(u(detail3d::gx(g)), u(detail3d::gy(g)), u(detail3d::gz(g)),
-                           u(detail3d::x_of(g)), u(detail3d::y_of(g)), u(detail3d::z_of(g)),
-                           cost::elements_of<T>(),
-                           {.all_reduce = options_.overlap_all_reduce,
-                            .reduce_scatter = options_.overlap_reduce_scatter,
-                            .all_gather = options_.overlap_all_gather});
-  const LinearRole role =
-      orientation_ == Orientation3D::normal ? LinearRole::expand : LinearRole::contract;
-  if (phase == model::Phase::backward)
-    c.linear_backward(t, u(tokens_), u(in_), u(out_), role, has_bias_);
-  else
-    c.linear_forward(t, u(tokens_), u(in_), u(out_), role, has_bias_);
+  const Axis X{CommAxis::mesh_col, u(detail3d::gx(g)), u(detail3d::x_of(g))},
+      Y{CommAxis::mesh_row, u(detail3d::gy(g)), u(detail3d::y_of(g))},
+      Z{CommAxis::depth, u(detail3d::gz(g)), u(detail3d::z_of(g))};
+  const bool normal = orientation_ == Orientation3D::normal;
+  const Axis A = normal ? Y : X, B = normal ? X : Y;  // the input and output column axes
+  const u64 e = sizeof(T), m = u(tokens_) / Z.g, k = u(in_) / A.g, n = u(out_) / B.g;
+  const u64 shard = u(in_) * u(out_) / (A.g * B.g * Z.g);
+  // No collective over an axis of one rank (nothing to move): no bytes, no call.
+  const auto all_reduce = [&](const Axis& a, u64 count, bool overlapped) {
+    if (a.g == 1) return;
+    t.overlapped = overlapped;
+    t.all_reduce(a.axis, count, a.g, a.r, e);
+    t.overlapped = false;
+  };
+  const auto over_z = [&](bool gather, bool overlapped) {  // the weight shard
+    if (Z.g == 1) return;
+    t.overlapped = overlapped;
+    if (gather)
+      t.all_gather(CommAxis::depth, shard, Z.g, e);
+    else
+      t.reduce_scatter(CommAxis::depth, shard, Z.g, e);
+    t.overlapped = false;
+  };
+  over_z(true, options_.overlap_all_gather);  // the weight, in forward and again in backward
+  if (phase != model::Phase::backward) {
+    t.gemm(m, n, k, e);
+    all_reduce(A, m * n, false);
+    if (has_bias_) t.memory(2 * m * n * e);
+    return;
+  }
+  t.gemm(m, k, n, e);  // dX = dY Wᵀ
+  all_reduce(B, m * k, options_.overlap_all_reduce);
+  t.gemm(k, n, m, e);  // dW = Xᵀ dY
+  over_z(false, options_.overlap_reduce_scatter);
+  if (has_bias_) {
+    t.memory(m * n * e);
+    all_reduce(Z, n, false);
+  }
 }
 
 // ---------------------------------------------------------------- layer norm
@@ -302,10 +301,6 @@ NormLayout norm_layout_3d(int gy, int gz, int x, int y, int z) {
 NormLayout axonn3d_norm_layout(const ProcessGrid& grid) {
   return norm_layout_3d(detail3d::gy(grid), detail3d::gz(grid), detail3d::x_of(grid),
                         detail3d::y_of(grid), detail3d::z_of(grid));
-}
-NormLayout detail3d::Cost3D::norm_layout() const {
-  return norm_layout_3d(static_cast<int>(gy_), static_cast<int>(gz_), static_cast<int>(x_),
-                        static_cast<int>(y_), static_cast<int>(z_));
 }
 
 template class Linear3D<float>;

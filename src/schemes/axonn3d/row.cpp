@@ -85,15 +85,6 @@ std::string_view axis_role(const SchemeSpec& spec, CommAxis axis) {
   return "";
 }
 
-std::unique_ptr<cost::OpCost> op_cost(const SchemeSpec& spec, const GridCoords& c,
-                                      cost::Elements el) {
-  const Axonn3DSpec& s = of(spec);
-  const auto u = [](int v) { return static_cast<cost::u64>(v); };
-  return std::make_unique<detail3d::Cost3D>(
-      u(s.gx), u(s.gy), u(s.gz), u(c.row), u(c.col), u(c.depth), el,
-      detail3d::Cost3D::Overlap{.all_reduce = s.oar, .reduce_scatter = s.ors, .all_gather = s.oag});
-}
-
 }  // namespace
 
 extern const SchemeRow axonn3d_row;
@@ -132,7 +123,6 @@ constinit const SchemeRow axonn3d_row{
           return ProcessGrid::grid3d(comm, g.gx, g.gy, g.gz, s.data, o);
         },
     .axis_role = &axis_role,
-    .op_cost = &op_cost,
     .context_f32 = &context<float>,
     .context_f64 = &context<double>,
     .context_bf16 = &context<bf16>,

@@ -25,11 +25,6 @@ VocabLayout axonn3d_vocab_layout(const ProcessGrid& grid, bool overlap_dx) {
                    detail3d::y_of(grid), detail3d::z_of(grid), overlap_dx);
 }
 
-// The cost of the embedding and LM head (cost::LayoutCost) is
-// vocab_cost over the same layout.
-VocabLayout detail3d::Cost3D::vocab_layout() const {
-  return layout_3d(static_cast<int>(gx_), static_cast<int>(gy_), static_cast<int>(gz_),
-                   static_cast<int>(x_), static_cast<int>(y_), static_cast<int>(z_),
-                   overlap_.all_reduce);
-}
+// The embedding and LM head price themselves over the same layout
+// (VocabEmbedding::price, VocabLMHead::price: vocab_cost).
 }  // namespace summa

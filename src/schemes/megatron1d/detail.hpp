@@ -11,7 +11,7 @@
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/layer.hpp"
 #include "summa/layers/vocab_parallel.hpp"
-#include "summa/schemes/cost.hpp"
+#include "summa/model/cost.hpp"
 
 namespace summa::detail1d {
 
@@ -35,32 +35,5 @@ inline Scratch take_scratch(Arena& ws, std::size_t bytes) {
 }
 
 using detail::check_view;
-
-/// The 1D ops' communication (cost::OpCost) on tensor-group rank r of p:
-/// every collective is an all-reduce over the group. Each op's part is
-/// defined beside the op (layers.cpp: linear, LayerNorm; vocab.cpp:
-/// embedding, LM head).
-class Cost1D final : public cost::LayoutCost {
- public:
-  using u64 = cost::u64;
-  Cost1D(u64 p, u64 r, cost::Elements el) : p_(p), r_(r), el_(el) {}
-
-  SUMMA_OP_COST_LINEAR_OVERRIDES
-  NormLayout norm_layout() const override;    // layers.cpp
-  VocabLayout vocab_layout() const override;  // vocab.cpp
-  cost::Elements elements() const override { return el_; }
-  u64 local_rows(u64 tokens) const override { return tokens; }
-  u64 local_cols(u64 width, ActivationLayout layout) const override {
-    return layout == ActivationLayout::inner ? width / p_ : width;
-  }
-  u64 head_split() const override { return p_; }
-
- private:
-  void all_reduce(cost::Tally& t, u64 count, u64 e) const {
-    t.all_reduce(CommAxis::tensor, count, p_, r_, e);
-  }
-  u64 p_, r_;
-  cost::Elements el_;
-};
 
 }  // namespace summa::detail1d

@@ -243,49 +243,34 @@ void RowParallelLinear1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, S
 // runs it), row-parallel (contract) multiplies its input rows and
 // all-reduces Y in forward; the row-parallel bias is replicated (added
 // after the sum).
-void detail1d::Cost1D::linear_forward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole role,
-                                      bool bias) const {
-  const bool column = role == LinearRole::expand;
-  const u64 k = column ? in : in / p_, n = column ? out / p_ : out;
-  t.gemm(tokens, n, k, el_.e);
-  if (!column) all_reduce(t, tokens * out, el_.e);
-  if (bias) t.memory(2 * tokens * n * el_.e);
-}
-void detail1d::Cost1D::linear_backward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole role,
-                                       bool bias) const {
-  const bool column = role == LinearRole::expand;
-  const u64 k = column ? in : in / p_, n = column ? out / p_ : out;
-  t.gemm(tokens, k, n, el_.e);  // dX = dY Wᵀ
-  t.overlapped = true;
-  if (column) all_reduce(t, tokens * in, el_.e);
-  t.overlapped = false;
-  t.gemm(k, n, tokens, el_.e);  // dW = Xᵀ dY
-  if (bias) t.memory(tokens * n * el_.e);
-}
-cost::u64 detail1d::Cost1D::linear_params(u64 in, u64 out, LinearRole role, bool bias) const {
-  const u64 b = !bias ? 0 : role == LinearRole::expand ? out / p_ : out;
-  return in * out / p_ + b;
-}
 namespace {
-void price_linear(cost::Tally& t, model::Phase phase, ProcessGrid& grid, cost::Elements el,
-                  index_t tokens, index_t in, index_t out, LinearRole role, bool bias) {
+void price_linear(cost::Tally& t, model::Phase phase, ProcessGrid& grid, cost::u64 e,
+                  index_t tokens_, index_t in_, index_t out_, bool column, bool bias) {
   const auto u = [](index_t v) { return static_cast<cost::u64>(v); };
-  const detail1d::Cost1D c(u(detail1d::group_size(grid)), u(detail1d::group_rank(grid)), el);
-  if (phase == model::Phase::backward)
-    c.linear_backward(t, u(tokens), u(in), u(out), role, bias);
-  else
-    c.linear_forward(t, u(tokens), u(in), u(out), role, bias);
+  const cost::u64 p = u(detail1d::group_size(grid)), r = u(detail1d::group_rank(grid));
+  const cost::u64 tokens = u(tokens_), in = u(in_), out = u(out_);
+  const cost::u64 k = column ? in : in / p, n = column ? out / p : out;
+  if (phase != model::Phase::backward) {
+    t.gemm(tokens, n, k, e);
+    if (!column) t.all_reduce(CommAxis::tensor, tokens * out, p, r, e);
+    if (bias) t.memory(2 * tokens * n * e);
+    return;
+  }
+  t.gemm(tokens, k, n, e);  // dX = dY Wᵀ
+  t.overlapped = true;
+  if (column) t.all_reduce(CommAxis::tensor, tokens * in, p, r, e);
+  t.overlapped = false;
+  t.gemm(k, n, tokens, e);  // dW = Xᵀ dY
+  if (bias) t.memory(tokens * n * e);
 }
 }  // namespace
 template <class T>
 void ColumnParallelLinear1D<T>::price(cost::Tally& t, model::Phase phase) const {
-  price_linear(t, phase, *grid_, cost::elements_of<T>(), tokens_, in_, out_, LinearRole::expand,
-               has_bias_);
+  price_linear(t, phase, *grid_, sizeof(T), tokens_, in_, out_, true, has_bias_);
 }
 template <class T>
 void RowParallelLinear1D<T>::price(cost::Tally& t, model::Phase phase) const {
-  price_linear(t, phase, *grid_, cost::elements_of<T>(), tokens_, in_, out_, LinearRole::contract,
-               has_bias_);
+  price_linear(t, phase, *grid_, sizeof(T), tokens_, in_, out_, false, has_bias_);
 }
 
 // ---------------------------------------------------------------- layer norm
@@ -297,12 +282,6 @@ NormLayout megatron1d_norm_layout(ProcessGrid& grid) {
   NormLayout l;
   l.scheme = "1D";
   l.replica_rank = detail1d::group_rank(grid);
-  return l;
-}
-NormLayout detail1d::Cost1D::norm_layout() const {
-  NormLayout l;
-  l.scheme = "1D";
-  l.replica_rank = static_cast<int>(r_);
   return l;
 }
 

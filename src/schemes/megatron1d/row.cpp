@@ -19,11 +19,6 @@ int p_of(const SchemeSpec& s) {
   return s.as<Megatron1DSpec>().p;
 }
 
-std::unique_ptr<cost::OpCost> op_cost(const SchemeSpec& s, const GridCoords& c, cost::Elements el) {
-  return std::make_unique<detail1d::Cost1D>(static_cast<cost::u64>(p_of(s)),
-                                            static_cast<cost::u64>(c.col), el);
-}
-
 }  // namespace
 
 extern const SchemeRow megatron1d_row;
@@ -52,7 +47,6 @@ constinit const SchemeRow megatron1d_row{
     .axis_role = [](const SchemeSpec& s, CommAxis axis) -> std::string_view {
       return axis == CommAxis::tensor && p_of(s) > 1 ? "tensor" : "";
     },
-    .op_cost = &op_cost,
     .context_f32 = &context<float>,
     .context_f64 = &context<double>,
     .context_bf16 = &context<bf16>,

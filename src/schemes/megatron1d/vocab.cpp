@@ -22,10 +22,7 @@ VocabLayout megatron1d_vocab_layout(ProcessGrid& grid) {
   return layout_1d(detail1d::group_size(grid), detail1d::group_rank(grid));
 }
 
-// The cost of the embedding and LM head (cost::LayoutCost) is
-// vocab_cost over the same layout: the LM head's dX all-reduce overlapped
-// with dwte, as the code runs it (and as 3D with OAR).
-VocabLayout detail1d::Cost1D::vocab_layout() const {
-  return layout_1d(static_cast<int>(p_), static_cast<int>(r_));
-}
+// The embedding and LM head price themselves over the same layout
+// (VocabEmbedding::price, VocabLMHead::price: vocab_cost): the LM head's dX
+// all-reduce overlapped with dwte, as the code runs it (and as 3D with OAR).
 }  // namespace summa

@@ -1,37 +1,30 @@
 #pragma once
 // Helpers shared by the sources of the 2D (SUMMA) layers; not installed.
 
-#include "summa/schemes/cost.hpp"
+#include "summa/grid/process_grid.hpp"
+#include "summa/model/cost.hpp"
 
 namespace summa::detail2d {
 
-/// The 2D ops' communication (cost::OpCost) on mesh rank (i, j) of a q x q
-/// mesh: mesh_row rank j, mesh_col rank i, roots on mesh row 0. Each op's
-/// part is defined beside the op (linear.cpp, layernorm.cpp, embedding.cpp,
-/// lm_head.cpp).
-class Cost2D final : public cost::OpCost {
- public:
-  using u64 = cost::u64;
-  Cost2D(u64 q, u64 i, u64 j, cost::Elements el, const SummaOptions& summa)
-      : q_(q), i_(i), j_(j), el_(el), summa_(summa) {}
-
-  SUMMA_OP_COST_OVERRIDES
-  u64 local_rows(u64 tokens) const override { return tokens / q_; }
-  u64 local_cols(u64 width, ActivationLayout) const override { return width / q_; }
-  u64 head_split() const override { return q_; }
-
- private:
-  u64 q_, i_, j_;
-  cost::Elements el_;
-  SummaOptions summa_;  ///< the engine's (its panel width cuts the SUMMA collectives)
+/// A rank of the q x q mesh as the 2D ops price themselves (their price()
+/// in linear.cpp, layernorm.cpp, embedding.cpp, lm_head.cpp): mesh row i
+/// (its mesh_col rank), mesh column j (its mesh_row rank), roots on mesh
+/// row 0; the element sizes of the model and the options of the engine
+/// that runs the ops (its panel width cuts the SUMMA collectives).
+struct MeshRank {
+  cost::u64 q, i, j;
+  cost::Elements el;
+  SummaOptions summa;
 };
-
-/// The cost of the 2D ops on this engine's rank, for a model of T.
 template <class T>
-Cost2D cost_at(const SummaEngine& engine) {
+MeshRank mesh_rank(const SummaEngine& engine) {
   const GridCoords& c = engine.grid().coords();
   const auto u = [](int v) { return static_cast<cost::u64>(v); };
-  return Cost2D(u(engine.q()), u(c.row), u(c.col), cost::elements_of<T>(), engine.options());
+  return {.q = u(engine.q()),
+          .i = u(c.row),
+          .j = u(c.col),
+          .el = cost::elements_of<T>(),
+          .summa = engine.options()};
 }
 
 }  // namespace summa::detail2d

@@ -161,30 +161,18 @@ void Embedding2D<T>::backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool 
 
 // Cost: the vocabulary-block lookups reduce-scattered over the mesh
 // column in forward, dY all-gathered over it in backward.
-void detail2d::Cost2D::embedding_forward(cost::Tally& t, u64 tokens, u64, u64 hidden, u64) const {
-  const u64 block = (tokens / q_) * (hidden / q_);
-  t.memory(3 * q_ * block * el_.e);  // the lookups of every row block
-  t.reduce_scatter(CommAxis::mesh_col, block, q_, el_.e);
-}
-void detail2d::Cost2D::embedding_backward(cost::Tally& t, u64 tokens, u64, u64 hidden, u64) const {
-  const u64 block = (tokens / q_) * (hidden / q_);
-  t.all_gather(CommAxis::mesh_col, block, q_, el_.e);
-  t.memory(3 * q_ * block * el_.e);  // row scatter-adds
-}
-cost::u64 detail2d::Cost2D::embedding_params(u64 vocab, u64 hidden, u64 positions) const {
-  const u64 chunk = (positions + q_ - 1) / q_, first = i_ * chunk;
-  const u64 rows = first >= positions ? 0 : std::min(positions, first + chunk) - first;
-  return (vocab / q_) * (hidden / q_) + rows * (hidden / q_);
-}
-
 template <class T>
 void Embedding2D<T>::price(cost::Tally& t, model::Phase phase) const {
   const auto u = [](index_t v) { return static_cast<cost::u64>(v); };
-  const detail2d::Cost2D c = detail2d::cost_at<T>(*engine_);
-  if (phase == model::Phase::backward)
-    c.embedding_backward(t, u(batch_ * seq_), u(vocab_), u(hidden_), u(positions_));
-  else
-    c.embedding_forward(t, u(batch_ * seq_), u(vocab_), u(hidden_), u(positions_));
+  const detail2d::MeshRank r = detail2d::mesh_rank<T>(*engine_);
+  const cost::u64 q = r.q, e = r.el.e, block = (u(batch_ * seq_) / q) * (u(hidden_) / q);
+  if (phase != model::Phase::backward) {
+    t.memory(3 * q * block * e);  // the lookups of every row block
+    t.reduce_scatter(CommAxis::mesh_col, block, q, e);
+  } else {
+    t.all_gather(CommAxis::mesh_col, block, q, e);
+    t.memory(3 * q * block * e);  // row scatter-adds
+  }
 }
 
 template class Embedding2D<float>;

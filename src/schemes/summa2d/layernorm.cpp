@@ -165,33 +165,25 @@ void LayerNorm2D::backward(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T*
 // the row sums and squared deviations all-reduced along the mesh rows (in
 // acc_t); backward broadcasts gamma, reduces dgamma | dbeta to row 0 and
 // all-reduces the a | b partials along the rows.
-void detail2d::Cost2D::layer_norm_forward(cost::Tally& t, u64 tokens, u64 hidden) const {
-  const u64 block = (tokens / q_) * (hidden / q_) * el_.e;
-  t.broadcast(CommAxis::mesh_col, 2 * (hidden / q_), q_, i_ == 0, el_.e);
-  // the two passes of the statistics, then apply
-  t.pointwise(model::Pointwise::layernorm, block / el_.e, 4 * block);
-  t.all_reduce(CommAxis::mesh_row, tokens / q_, q_, j_, el_.a);  // sums
-  t.all_reduce(CommAxis::mesh_row, tokens / q_, q_, j_, el_.a);  // squared deviations
-}
-void detail2d::Cost2D::layer_norm_backward(cost::Tally& t, u64 tokens, u64 hidden) const {
-  const u64 block = (tokens / q_) * (hidden / q_) * el_.e;
-  t.broadcast(CommAxis::mesh_col, hidden / q_, q_, i_ == 0, el_.e);
-  // partials and parameter partials, then apply
-  t.pointwise(model::Pointwise::layernorm_grad, block / el_.e, 7 * block);
-  t.reduce(CommAxis::mesh_col, 2 * (hidden / q_), q_, i_ == 0, el_.e);
-  t.all_reduce(CommAxis::mesh_row, 2 * (tokens / q_), q_, j_, el_.a);
-}
-cost::u64 detail2d::Cost2D::layer_norm_params(u64 hidden) const {
-  return i_ == 0 ? 2 * (hidden / q_) : 0;
-}
 template <class T>
 void LayerNorm2DLayer<T>::price(cost::Tally& t, model::Phase phase) const {
   const auto u = [](index_t v) { return static_cast<cost::u64>(v); };
-  const detail2d::Cost2D c = detail2d::cost_at<T>(op_.engine());
-  if (phase == model::Phase::backward)
-    c.layer_norm_backward(t, u(op_.tokens()), u(op_.hidden()));
-  else
-    c.layer_norm_forward(t, u(op_.tokens()), u(op_.hidden()));
+  const detail2d::MeshRank r = detail2d::mesh_rank<T>(op_.engine());
+  const cost::u64 tokens = u(op_.tokens()), hidden = u(op_.hidden()), q = r.q, e = r.el.e,
+                  block = (tokens / q) * (hidden / q) * e;
+  if (phase != model::Phase::backward) {
+    t.broadcast(CommAxis::mesh_col, 2 * (hidden / q), q, r.i == 0, e);
+    // the two passes of the statistics, then apply
+    t.pointwise(model::Pointwise::layernorm, block / e, 4 * block);
+    t.all_reduce(CommAxis::mesh_row, tokens / q, q, r.j, r.el.a);  // sums
+    t.all_reduce(CommAxis::mesh_row, tokens / q, q, r.j, r.el.a);  // squared deviations
+    return;
+  }
+  t.broadcast(CommAxis::mesh_col, hidden / q, q, r.i == 0, e);
+  // partials and parameter partials, then apply
+  t.pointwise(model::Pointwise::layernorm_grad, block / e, 7 * block);
+  t.reduce(CommAxis::mesh_col, 2 * (hidden / q), q, r.i == 0, e);
+  t.all_reduce(CommAxis::mesh_row, 2 * (tokens / q), q, r.j, r.el.a);
 }
 template void LayerNorm2DLayer<float>::price(cost::Tally&, model::Phase) const;
 template void LayerNorm2DLayer<double>::price(cost::Tally&, model::Phase) const;

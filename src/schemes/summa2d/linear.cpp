@@ -92,37 +92,29 @@ void Linear2D::backward(ConstMatrixView<T> X, ConstMatrixView<T> W, ConstMatrixV
 // the bias broadcast down the mesh columns from row 0 in forward and its
 // gradient reduced to row 0 in backward. Both roles alike (2D keeps one
 // activation layout).
-void detail2d::Cost2D::linear_forward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole,
-                                      bool bias) const {
-  if (bias) {  // in flight while the product runs
-    t.overlapped = true;
-    t.broadcast(CommAxis::mesh_col, out / q_, q_, i_ == 0, el_.e);
-    t.overlapped = false;
-  }
-  t.summa(Form::AB, tokens, out, in, q_, el_.e, summa_);
-  if (bias) t.memory(2 * (tokens / q_) * (out / q_) * el_.e);
-}
-void detail2d::Cost2D::linear_backward(cost::Tally& t, u64 tokens, u64 in, u64 out, LinearRole,
-                                       bool bias) const {
-  t.summa(Form::ABt, tokens, in, out, q_, el_.e, summa_);  // dX
-  t.summa(Form::AtB, in, out, tokens, q_, el_.e, summa_);  // dW
-  if (bias) {
-    t.memory((tokens / q_) * (out / q_) * el_.e);
-    t.reduce(CommAxis::mesh_col, out / q_, q_, i_ == 0, el_.e);
-  }
-}
-cost::u64 detail2d::Cost2D::linear_params(u64 in, u64 out, LinearRole, bool bias) const {
-  return in * out / (q_ * q_) + (bias && i_ == 0 ? out / q_ : 0);
-}
 template <class T>
 void Linear2DLayer<T>::price(cost::Tally& t, model::Phase phase) const {
   const auto u = [](index_t v) { return static_cast<cost::u64>(v); };
-  const detail2d::Cost2D c = detail2d::cost_at<T>(op_.engine());
-  const cost::u64 tokens = u(op_.tokens()), in = u(op_.in()), out = u(op_.out());
-  if (phase == model::Phase::backward)
-    c.linear_backward(t, tokens, in, out, LinearRole::expand, op_.has_bias());
-  else
-    c.linear_forward(t, tokens, in, out, LinearRole::expand, op_.has_bias());
+  const detail2d::MeshRank r = detail2d::mesh_rank<T>(op_.engine());
+  const cost::u64 tokens = u(op_.tokens()), in = u(op_.in()), out = u(op_.out()), q = r.q,
+                  e = r.el.e;
+  const bool bias = op_.has_bias();
+  if (phase != model::Phase::backward) {
+    if (bias) {  // in flight while the product runs
+      t.overlapped = true;
+      t.broadcast(CommAxis::mesh_col, out / q, q, r.i == 0, e);
+      t.overlapped = false;
+    }
+    t.summa(Form::AB, tokens, out, in, q, e, r.summa);
+    if (bias) t.memory(2 * (tokens / q) * (out / q) * e);
+    return;
+  }
+  t.summa(Form::ABt, tokens, in, out, q, e, r.summa);  // dX
+  t.summa(Form::AtB, in, out, tokens, q, e, r.summa);  // dW
+  if (bias) {
+    t.memory((tokens / q) * (out / q) * e);
+    t.reduce(CommAxis::mesh_col, out / q, q, r.i == 0, e);
+  }
 }
 template void Linear2DLayer<float>::price(cost::Tally&, model::Phase) const;
 template void Linear2DLayer<double>::price(cost::Tally&, model::Phase) const;

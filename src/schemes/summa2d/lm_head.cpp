@@ -140,31 +140,24 @@ void LMHead2D<T>::backward(MatrixView<T> dX, StepBuffers& buffers, bool accumula
 // and (sum exp | target logit) all-reduced along the mesh rows in acc_t,
 // the loss (a double) over the mesh column; backward dX = dZ wte and
 // dwte += dZᵀ X by SUMMA.
-void detail2d::Cost2D::lm_head_forward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const {
-  const u64 block = (tokens / q_) * (vocab / q_) * el_.e;
-  t.summa(Form::ABt, tokens, vocab, hidden, q_, el_.e, summa_);
-  t.memory(block);  // row max
-  t.all_reduce(CommAxis::mesh_row, tokens / q_, q_, j_, el_.a);
-  t.pointwise(model::Pointwise::exp, block / el_.e, block);  // sum exp, target
-  t.all_reduce(CommAxis::mesh_row, 2 * (tokens / q_), q_, j_, el_.a);
-  t.all_reduce(CommAxis::mesh_col, 1, q_, i_, sizeof(double));
-}
-void detail2d::Cost2D::lm_head_backward(cost::Tally& t, u64 tokens, u64 vocab, u64 hidden) const {
-  const u64 n = (tokens / q_) * (vocab / q_);
-  t.pointwise(model::Pointwise::exp, n, 2 * n * el_.e);  // dZ = softmax - onehot, in place
-
-  t.summa(Form::AB, tokens, hidden, vocab, q_, el_.e, summa_);
-  t.summa(Form::AtB, vocab, hidden, tokens, q_, el_.e, summa_);
-}
-
 template <class T>
 void LMHead2D<T>::price(cost::Tally& t, model::Phase phase) const {
   const auto u = [](index_t v) { return static_cast<cost::u64>(v); };
-  const detail2d::Cost2D c = detail2d::cost_at<T>(*engine_);
-  if (phase == model::Phase::backward)
-    c.lm_head_backward(t, u(tokens_), u(vocab_), u(hidden_));
-  else
-    c.lm_head_forward(t, u(tokens_), u(vocab_), u(hidden_));
+  const detail2d::MeshRank r = detail2d::mesh_rank<T>(*engine_);
+  const cost::u64 tokens = u(tokens_), vocab = u(vocab_), hidden = u(hidden_), q = r.q, e = r.el.e,
+                  n = (tokens / q) * (vocab / q);
+  if (phase != model::Phase::backward) {
+    t.summa(Form::ABt, tokens, vocab, hidden, q, e, r.summa);
+    t.memory(n * e);  // row max
+    t.all_reduce(CommAxis::mesh_row, tokens / q, q, r.j, r.el.a);
+    t.pointwise(model::Pointwise::exp, n, n * e);  // sum exp, target
+    t.all_reduce(CommAxis::mesh_row, 2 * (tokens / q), q, r.j, r.el.a);
+    t.all_reduce(CommAxis::mesh_col, 1, q, r.i, sizeof(double));
+    return;
+  }
+  t.pointwise(model::Pointwise::exp, n, 2 * n * e);  // dZ = softmax - onehot, in place
+  t.summa(Form::AB, tokens, hidden, vocab, q, e, r.summa);
+  t.summa(Form::AtB, vocab, hidden, tokens, q, e, r.summa);
 }
 
 template class CrossEntropy2D<float>;

@@ -54,11 +54,6 @@ std::string text(const SchemeSpec& spec) {
   return t;
 }
 
-std::unique_ptr<cost::OpCost> op_cost(const SchemeSpec& s, const GridCoords& c, cost::Elements el) {
-  const auto u = [](int v) { return static_cast<cost::u64>(v); };
-  return std::make_unique<detail2d::Cost2D>(u(of(s).q), u(c.row), u(c.col), el, of(s).summa);
-}
-
 }  // namespace
 
 extern const SchemeRow summa2d_row;
@@ -89,7 +84,6 @@ constinit const SchemeRow summa2d_row{
       if (of(s).q == 1) return "";
       return axis == CommAxis::mesh_row ? "row" : axis == CommAxis::mesh_col ? "col" : "";
     },
-    .op_cost = &op_cost,
     .context_f32 = &context<float>,
     .context_f64 = &context<double>,
     .context_bf16 = &context<bf16>,
