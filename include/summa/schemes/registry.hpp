@@ -31,6 +31,15 @@ template <class T>
 using ContextFactory = std::unique_ptr<SchemeContext<T>> (*)(const SchemeSpec& spec,
                                                              ProcessGrid& grid, Backend& backend);
 
+/// The ContextFactory of a scheme whose context Context<T> is built from
+/// (grid, backend, the scheme's options): a row's context_f32 is
+/// &scheme_context<Summa2DContext, Summa2DSpec, float>.
+template <template <class> class Context, class Options, class T>
+std::unique_ptr<SchemeContext<T>> scheme_context(const SchemeSpec& spec, ProcessGrid& grid,
+                                                 Backend& backend) {
+  return std::make_unique<Context<T>>(grid, backend, spec.as<Options>());
+}
+
 struct SchemeRow {
   /// The scheme item's tag ("1d" in "1d:p=4"), which names the scheme
   /// (SchemeSpec::scheme), and its grammar, with the scheme's options, for
@@ -101,5 +110,12 @@ std::unique_ptr<SchemeContext<T>> make_context(const SchemeSpec& spec, ProcessGr
 /// after `key` ("p=" in the body "p=4" of "1d:p=4").
 int parse_positive(std::string_view digits, std::string_view item);
 int parse_keyed_positive(std::string_view body, std::string_view key, std::string_view item);
+/// The parse function of a scheme item "<tag>:<key>=N" whose options are
+/// Options(N), N positive: a row's parse is &parse_keyed<Megatron1DSpec, 'p'>.
+template <class Options, char key>
+void parse_keyed(std::string_view body, std::string_view item, SchemeSpec& s) {
+  static constexpr char prefix[] = {key, '=', '\0'};
+  s.set_options(Options(parse_keyed_positive(body, prefix, item)));
+}
 
 }  // namespace summa

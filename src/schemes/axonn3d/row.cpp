@@ -17,16 +17,6 @@ const Axonn3DSpec& of(const SchemeSpec& s) {
   return s.as<Axonn3DSpec>();
 }
 
-template <class T>
-std::unique_ptr<SchemeContext<T>> context(const SchemeSpec& spec, ProcessGrid& grid,
-                                          Backend& backend) {
-  const Axonn3DSpec& s = of(spec);
-  return std::make_unique<Axonn3DContext<T>>(grid, backend,
-                                             Axonn3DOptions{.overlap_all_reduce = s.oar,
-                                                            .overlap_reduce_scatter = s.ors,
-                                                            .overlap_all_gather = s.oag});
-}
-
 void parse(std::string_view dims, std::string_view item, SchemeSpec& spec) {
   Axonn3DSpec s;
   int* out[3] = {&s.gx, &s.gy, &s.gz};
@@ -123,9 +113,9 @@ constinit const SchemeRow axonn3d_row{
           return ProcessGrid::grid3d(comm, g.gx, g.gy, g.gz, s.data, o);
         },
     .axis_role = &axis_role,
-    .context_f32 = &context<float>,
-    .context_f64 = &context<double>,
-    .context_bf16 = &context<bf16>,
+    .context_f32 = &scheme_context<Axonn3DContext, Axonn3DSpec, float>,
+    .context_f64 = &scheme_context<Axonn3DContext, Axonn3DSpec, double>,
+    .context_bf16 = &scheme_context<Axonn3DContext, Axonn3DSpec, bf16>,
 };
 
 }  // namespace summa

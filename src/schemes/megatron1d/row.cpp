@@ -10,11 +10,6 @@ namespace summa {
 
 namespace {
 
-template <class T>
-std::unique_ptr<SchemeContext<T>> context(const SchemeSpec&, ProcessGrid& grid, Backend& backend) {
-  return std::make_unique<Megatron1DContext<T>>(grid, backend);
-}
-
 int p_of(const SchemeSpec& s) {
   return s.as<Megatron1DSpec>().p;
 }
@@ -25,10 +20,7 @@ extern const SchemeRow megatron1d_row;
 constinit const SchemeRow megatron1d_row{
     .tag = "1d",
     .grammar = "'1d:p=P'",
-    .parse =
-        [](std::string_view body, std::string_view item, SchemeSpec& s) {
-          s.set_options(Megatron1DSpec(parse_keyed_positive(body, "p=", item)));
-        },
+    .parse = &parse_keyed<Megatron1DSpec, 'p'>,
     .option = [](std::string_view, std::string_view, std::string_view,
                  SchemeSpec&) { return false; },
     .text = [](const SchemeSpec& s) { return fmt::format("1d:p={}", p_of(s)); },
@@ -47,9 +39,9 @@ constinit const SchemeRow megatron1d_row{
     .axis_role = [](const SchemeSpec& s, CommAxis axis) -> std::string_view {
       return axis == CommAxis::tensor && p_of(s) > 1 ? "tensor" : "";
     },
-    .context_f32 = &context<float>,
-    .context_f64 = &context<double>,
-    .context_bf16 = &context<bf16>,
+    .context_f32 = &scheme_context<Megatron1DContext, Megatron1DSpec, float>,
+    .context_f64 = &scheme_context<Megatron1DContext, Megatron1DSpec, double>,
+    .context_bf16 = &scheme_context<Megatron1DContext, Megatron1DSpec, bf16>,
 };
 
 }  // namespace summa

@@ -17,12 +17,6 @@ const Summa2DSpec& of(const SchemeSpec& s) {
   return s.as<Summa2DSpec>();
 }
 
-template <class T>
-std::unique_ptr<SchemeContext<T>> context(const SchemeSpec& s, ProcessGrid& grid,
-                                          Backend& backend) {
-  return std::make_unique<Summa2DContext<T>>(grid, backend, of(s).summa);
-}
-
 bool option(std::string_view key, std::string_view value, std::string_view item, SchemeSpec& s) {
   if (key == "panel") {
     index_t v = -1;
@@ -60,10 +54,7 @@ extern const SchemeRow summa2d_row;
 constinit const SchemeRow summa2d_row{
     .tag = "2d",
     .grammar = "'2d:q=Q' (options 'panel=N', 'overlap=on|off')",
-    .parse =
-        [](std::string_view body, std::string_view item, SchemeSpec& s) {
-          s.set_options(Summa2DSpec(parse_keyed_positive(body, "q=", item)));
-        },
+    .parse = &parse_keyed<Summa2DSpec, 'q'>,
     .option = &option,
     .text = &text,
     .tensor_ranks =
@@ -84,9 +75,9 @@ constinit const SchemeRow summa2d_row{
       if (of(s).q == 1) return "";
       return axis == CommAxis::mesh_row ? "row" : axis == CommAxis::mesh_col ? "col" : "";
     },
-    .context_f32 = &context<float>,
-    .context_f64 = &context<double>,
-    .context_bf16 = &context<bf16>,
+    .context_f32 = &scheme_context<Summa2DContext, Summa2DSpec, float>,
+    .context_f64 = &scheme_context<Summa2DContext, Summa2DSpec, double>,
+    .context_bf16 = &scheme_context<Summa2DContext, Summa2DSpec, bf16>,
 };
 
 }  // namespace summa

@@ -11,6 +11,7 @@
 
 #include "summa/layers/scheme_context.hpp"
 #include "summa/schemes/axonn3d/layers.hpp"
+#include "summa/schemes/axonn3d/spec.hpp"
 
 namespace summa {
 
@@ -18,6 +19,12 @@ template <class T>
 class Axonn3DContext final : public SchemeContext<T> {
  public:
   Axonn3DContext(ProcessGrid& grid, Backend& backend, Axonn3DOptions options = {});
+  /// With the overlap switches of a "3d" scheme item.
+  Axonn3DContext(ProcessGrid& grid, Backend& backend, const Axonn3DSpec& spec)
+      : Axonn3DContext(grid, backend,
+                       Axonn3DOptions{.overlap_all_reduce = spec.oar,
+                                      .overlap_reduce_scatter = spec.ors,
+                                      .overlap_all_gather = spec.oag}) {}
   ~Axonn3DContext() override;
 
   std::string_view label() const override { return "3D"; }

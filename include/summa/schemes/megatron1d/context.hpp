@@ -8,6 +8,7 @@
 
 #include "summa/layers/scheme_context.hpp"
 #include "summa/schemes/megatron1d/layers.hpp"
+#include "summa/schemes/megatron1d/spec.hpp"
 
 namespace summa {
 
@@ -15,6 +16,9 @@ template <class T>
 class Megatron1DContext final : public SchemeContext<T> {
  public:
   Megatron1DContext(ProcessGrid& grid, Backend& backend);
+  /// For a "1d" scheme item (p is the grid's tensor group).
+  Megatron1DContext(ProcessGrid& grid, Backend& backend, const Megatron1DSpec&)
+      : Megatron1DContext(grid, backend) {}
 
   std::string_view label() const override { return "1D"; }
   index_t local_rows(index_t tokens) const override { return tokens; }

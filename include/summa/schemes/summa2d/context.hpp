@@ -15,6 +15,7 @@
 #include "summa/schemes/summa2d/layernorm.hpp"
 #include "summa/schemes/summa2d/linear.hpp"
 #include "summa/schemes/summa2d/lm_head.hpp"
+#include "summa/schemes/summa2d/spec.hpp"
 
 namespace summa {
 
@@ -25,6 +26,9 @@ class Summa2DContext final : public SchemeContext<T> {
   explicit Summa2DContext(SummaEngine& engine);
   /// With an engine of its own on `grid` (a q x q mesh).
   Summa2DContext(ProcessGrid& grid, Backend& backend, SummaOptions options = {});
+  /// With the options of a "2d" scheme item.
+  Summa2DContext(ProcessGrid& grid, Backend& backend, const Summa2DSpec& spec)
+      : Summa2DContext(grid, backend, spec.summa) {}
   ~Summa2DContext() override;
 
   std::string_view label() const override { return "2D"; }
