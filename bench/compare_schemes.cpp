@@ -1027,7 +1027,9 @@ int run(int argc, char** argv, int rank, int ranks) {
                  "bare JSON lines on stdout (the rest on stderr); table: no JSON")
       ->check(CLI::IsMember({"both", "json", "table"}))
       ->capture_default_str();
-  app.add_option("--seed", s.seed, "Seed of weights and tokens")->capture_default_str();
+  app.add_option("--seed", s.seed, "Seed of weights and tokens")
+      ->check(summa::flags::integer_in(0, 18446744073709551615.0L))  // (was: -1 wrapped)
+      ->capture_default_str();
   app.add_option("--pass", s.pass,
                  "train: the training step (default); inference: forward-only throughput, "
                  "prefill and decode with the key/value cache, memory against training; plan: "

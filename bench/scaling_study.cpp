@@ -33,7 +33,9 @@
 #include <mpi.h>
 
 #include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
+#include <filesystem>
 
 #include <algorithm>
 #include <chrono>
@@ -703,6 +705,23 @@ int study_main(int argc, char** argv, int rank, int world) {
     std::erase_if(study.points, [&](const Point& p) { return p.gpus != only_gpus; });
   if (study.points.empty()) throw UsageError(fmt::format("no point has --gpus {}", only_gpus));
   const summa::model::Machine machine = summa::io::load_machine(machine_file);
+  // An output never replaces an input (was: --csv naming the study or the
+  // machine file replaced it with the table).
+  for (const auto& [flag, output] : {std::pair<const char*, std::string>{"--csv", csv},
+                                     {"--plot", plot.empty() ? plot : plot + ".jsonl"}})
+    for (const auto& [input_flag, input] :
+         {std::pair<const char*, std::string>{"--study", study_file},
+          {"--predict", machine_file}}) {
+      std::error_code e;
+      if (!output.empty() && !input.empty() &&
+          (std::filesystem::weakly_canonical(output, e) ==
+               std::filesystem::weakly_canonical(input, e) ||
+           std::filesystem::equivalent(output, input, e)))
+        throw UsageError(
+            fmt::format("{} {} is the file of {}: it is read, never replaced; "
+                        "choose another path",
+                        flag, output, input_flag));
+    }
 
   std::vector<Result> results;
   for (const Point& p : study.points) results.push_back(predict(p, study, machine));

@@ -217,8 +217,10 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "data and initialisation seed")
       ->check(  // plain decimal digits (was: -1 wrapped to 2^64 - 1)
           [](const std::string& t) {
-            return !t.empty() && t.size() <= 20 &&
-                           t.find_first_not_of("0123456789") == std::string::npos
+            std::uint64_t v = 0;  // and no more than 2^64 - 1 (was: clamped to it)
+            const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+            return !t.empty() && t.find_first_not_of("0123456789") == std::string::npos &&
+                           ec == std::errc() && end == t.data() + t.size()
                        ? std::string()
                        : "'" + t + "' is not an integer in [0, 18446744073709551615]";
           });

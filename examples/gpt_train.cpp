@@ -332,7 +332,10 @@ class LogFile {
   void open(const fs::path& path, bool resume, std::int64_t step) {
     path_ = path;
     summa::io::require_regular_file(path, "--log");  // a FIFO would block open()
-    if (resume) truncate_to(step);
+    if (resume)
+      truncate_to(step);
+    else
+      scan(0, /*cut=*/false);  // --overwrite cuts a log, never a file with other lines
     fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_APPEND, 0644);
     if (fd_ < 0)
       throw summa::Error("--log: cannot open " + path.string() + ": " + std::strerror(errno));
@@ -393,7 +396,10 @@ class LogFile {
   const std::string& error() const { return error_; }
 
  private:
-  void truncate_to(std::int64_t step) {
+  void truncate_to(std::int64_t step) { scan(step, /*cut=*/true); }
+  // Reads the log; throws unless every line is a record or crash damage;
+  // with `cut`, rewrites it with the lines up to `step`.
+  void scan(std::int64_t step, bool cut) {
     const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return;  // no log yet
     // Streamed in chunks, a line at most kMaxLine bytes: a longer one (a
@@ -411,16 +417,19 @@ class LogFile {
     std::int64_t line_no = 0;
     const auto keep = [&](bool whole) {
       ++line_no;
-      const auto record = overlong ? nlohmann::json()
-                                   : nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
+      // (a NUL inside a line ends what the parser reads: such a line is no
+      // record; was: "{\"step\":9}\0 my notes" taken for one)
+      const auto record = overlong || l.find('\0') != std::string::npos
+                              ? nlohmann::json()
+                              : nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
       if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer()) {
         if (nul_only || (!whole && brace)) return;  // damage
         ::close(fd);
         throw summa::Error(
             "--log " + path_.string() + ": line " + std::to_string(line_no) +
             " is not a record of a gpt_train log (a JSON object with an integer \"step\"); a "
-            "file with other lines is never cut back for a resume: choose another --log, or "
-            "remove those lines");
+            "file with other lines is never cut (for a resume or by --overwrite): choose "
+            "another --log, or remove those lines");
       }
       const auto s = record["step"].get<std::int64_t>();
       if (record.contains("val_loss") ? s < step : s <= step) kept += l + "\n";
@@ -457,7 +466,7 @@ class LogFile {
     }
     if (started) keep(false);  // the last line, without '\n': a partial write
     ::close(fd);
-    summa::io::write_file_atomic(path_, kept, "--log: rewriting the log for the resume");
+    if (cut) summa::io::write_file_atomic(path_, kept, "--log: rewriting the log for the resume");
   }
 
   fs::path path_;
@@ -647,55 +656,12 @@ int train(const Cli& cli) {
   // trained. Each step rank 0 takes for all reports its outcome to all.
   std::unique_ptr<JobLock> lock, log_lock;
   summa::on_root_agreed(world, [&] {
-    ensure_writable_dir(out, "--out", "0");
-    lock = std::make_unique<JobLock>(out / ".gpt_train.lock", "--out " + out.string());
-    // --log too: a second job with another --out must not cut this log.
-    // The lock file sits beside the file a link leads to, so a job that
-    // names the same log through a symbolic link finds the same lock (and
-    // the log itself is locked once opened: LogFile::open).
-    const fs::path log_file(log_path);
-    if (const fs::path parent = log_file.parent_path(); !parent.empty())
-      ensure_writable_dir(parent, "--log", "0");
-    summa::io::require_regular_file(log_file, "--log");  // a FIFO or a device: refused now
-    std::error_code ec;
-    fs::path real = fs::weakly_canonical(fs::absolute(log_file), ec);
-    if (ec) real = fs::absolute(log_file);
-    log_lock = std::make_unique<JobLock>(
-        real.parent_path() / ("." + real.filename().string() + ".gpt_train.lock"),
-        "--log " + log_path);
-  });
-  // Resuming: the checkpoint fixes the model shape and the data stream.
-  std::optional<fs::path> resume;
-  std::string resume_note;
-  if (!cli.resume_from.empty()) {
-    resume = cli.resume_from;
-  } else if (cli.resume) {
-    if (const auto point = summa::find_resume_point(ckpt_root, world)) {
-      resume = point->dir;
-      resume_note = point->note;
-    } else if (root) {
-      std::printf("gpt_train: no checkpoint under %s, starting from scratch\n",
-                  ckpt_root.string().c_str());
-    }
-  }
-  summa::on_root_agreed(world, [&] {
-    // A fresh run never replaces a saved one unless told to.
-    std::error_code ec;
-    const bool saved =
-        !summa::step_directories(ckpt_root).empty() || fs::exists(ckpt_root / "latest", ec);
-    if (!resume && saved) {
-      if (!cli.overwrite)
-        throw summa::Error("--out " + out.string() + " already holds the checkpoints of a run (" +
-                           ckpt_root.string() +
-                           "); pass --resume to continue it, --overwrite to replace it, or "
-                           "choose another --out");
-      fs::remove_all(ckpt_root);
-    }
     // The log, the check batch and the export never go among a run's
     // checkpoints, this run's or another's (was: --log naming a live job's
-    // checkpoints/latest trained and replaced it), and a log already there
-    // is replaced or extended only when it is a log (was: --overwrite cut
-    // any file).
+    // checkpoints/latest trained and replaced it); checked before any
+    // directory is made (was: a refused --log left its step directory
+    // among another run's checkpoints).
+    std::error_code ec;
     const fs::path own_root = fs::weakly_canonical(fs::absolute(ckpt_root), ec);
     const auto is_root = [&](const fs::path& dir) {  // a run's checkpoints, this run's too
       return dir == own_root || !summa::step_directories(dir).empty() ||
@@ -725,6 +691,119 @@ int train(const Cli& cli) {
           throw summa::Error(flag + " " + file + " is among the checkpoints of a run (" +
                              dir->string() +
                              ": each save replaces what is there); choose a path outside them");
+    ensure_writable_dir(out, "--out", "0");
+    lock = std::make_unique<JobLock>(out / ".gpt_train.lock", "--out " + out.string());
+    // --log too: a second job with another --out must not cut this log.
+    // The lock file sits beside the file a link leads to, so a job that
+    // names the same log through a symbolic link finds the same lock (and
+    // the log itself is locked once opened: LogFile::open).
+    const fs::path log_file(log_path);
+    if (const fs::path parent = log_file.parent_path(); !parent.empty())
+      ensure_writable_dir(parent, "--log", "0");
+    summa::io::require_regular_file(log_file, "--log");  // a FIFO or a device: refused now
+    fs::path real = fs::weakly_canonical(fs::absolute(log_file), ec);
+    if (ec) real = fs::absolute(log_file);
+    log_lock = std::make_unique<JobLock>(
+        real.parent_path() / ("." + real.filename().string() + ".gpt_train.lock"),
+        "--log " + log_path);
+  });
+  // Resuming: the checkpoint fixes the model shape and the data stream.
+  std::optional<fs::path> resume;
+  std::string resume_note;
+  if (!cli.resume_from.empty()) {
+    resume = cli.resume_from;
+  } else if (cli.resume) {
+    if (const auto point = summa::find_resume_point(ckpt_root, world)) {
+      resume = point->dir;
+      resume_note = point->note;
+    } else if (root) {
+      std::printf("gpt_train: no checkpoint under %s, starting from scratch\n",
+                  ckpt_root.string().c_str());
+    }
+  }
+  // --check-batch never goes over what the run keeps (its checkpoints, log,
+  // lock, export) or reads (--data, --machine, --import), by name, link or
+  // hard link (was: a shard, the log, `latest` or the run's own corpus
+  // replaced), nor over an existing file that is not this run's check
+  // batch (`content`: once the shape is known, after a resume's manifest):
+  // exactly 8 x batch x seq bytes of int32 ids below the vocabulary (was: a
+  // UTF-32 text, a uint16 token file, an empty or zero-filled file
+  // replaced). Checked at the start and again right before the write (was:
+  // the path swapped for a link to the run's log during training, and the
+  // log replaced). Rank 0 only (inside on_root_agreed).
+  const auto guard_check_batch = [&](bool content) {
+    std::error_code ec;
+    const fs::path check = fs::weakly_canonical(cli.check_batch, ec);
+    const auto within = [&](const fs::path& dir) {
+      const fs::path d = fs::weakly_canonical(dir, ec);
+      const auto [end, at] = std::mismatch(d.begin(), d.end(), check.begin(), check.end());
+      return !d.empty() && end == d.end();
+    };
+    const auto same = [&](const fs::path& p) {
+      std::error_code e;
+      return check == fs::weakly_canonical(p, e) || fs::equivalent(check, p, e);
+    };
+    if (within(ckpt_root) || same(log_path) || same(fs::path(out) / ".gpt_train.lock") ||
+        (!export_dir.empty() && within(export_dir)))
+      throw summa::Error("--check-batch " + cli.check_batch +
+                         " would overwrite what this run keeps (its checkpoints, log, lock or "
+                         "export); choose a path outside them");
+    if (same(cli.data) || (!cli.machine.empty() && same(cli.machine)) ||
+        (!cli.import_dir.empty() &&
+         (within(cli.import_dir) || same(fs::path(cli.import_dir) / "model.safetensors") ||
+          same(fs::path(cli.import_dir) / "config.json"))))
+      throw summa::Error("--check-batch " + cli.check_batch +
+                         " is a file this run reads (its --data, --machine or --import); "
+                         "choose another path");
+    summa::io::require_regular_file(cli.check_batch, "--check-batch");
+    if (!content) return;
+    const auto size = fs::file_size(cli.check_batch, ec);
+    if (ec) return;          // none: written new
+    std::uint64_t want = 0;  // overflow-safe: an overflowed shape matches no file
+    bool batch = !__builtin_mul_overflow(static_cast<std::uint64_t>(o.batch),
+                                         static_cast<std::uint64_t>(o.seq), &want) &&
+                 !__builtin_mul_overflow(want, std::uint64_t{8}, &want) && size == want;
+    std::ifstream old(cli.check_batch, std::ios::binary);
+    std::vector<char> chunk(1 << 16);
+    for (std::uint64_t read = 0; batch && old && read < size;) {
+      old.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+      const auto got = static_cast<std::size_t>(old.gcount());
+      for (std::size_t i = 0; batch && i + 4 <= got; i += 4) {
+        std::uint32_t id = 0;
+        for (int b = 0; b < 4; ++b)
+          id |= static_cast<std::uint32_t>(static_cast<unsigned char>(chunk[i + b])) << (8 * b);
+        batch = id < static_cast<std::uint32_t>(o.config.vocab_size);
+      }
+      read += got;
+      if (got == 0) break;
+    }
+    if (!batch) {
+      char text[200];
+      std::snprintf(text, sizeof text,
+                    " (%llu bytes) is not a check batch of this run (8 x batch %lld x seq %lld = "
+                    "%llu bytes of int32 ids below its vocabulary, %d)",
+                    static_cast<unsigned long long>(size), static_cast<long long>(o.batch),
+                    static_cast<long long>(o.seq), static_cast<unsigned long long>(want),
+                    o.config.vocab_size);
+      throw summa::Error("--check-batch " + cli.check_batch + text +
+                         "; it is never replaced: remove it or choose another path");
+    }
+  };
+  summa::on_root_agreed(world, [&] {
+    // A fresh run never replaces a saved one unless told to.
+    std::error_code ec;
+    const bool saved =
+        !summa::step_directories(ckpt_root).empty() || fs::exists(ckpt_root / "latest", ec);
+    if (!resume && saved) {
+      if (!cli.overwrite)
+        throw summa::Error("--out " + out.string() + " already holds the checkpoints of a run (" +
+                           ckpt_root.string() +
+                           "); pass --resume to continue it, --overwrite to replace it, or "
+                           "choose another --out");
+      fs::remove_all(ckpt_root);
+    }
+    // A log already there is replaced or extended only when it is a log
+    // (was: --overwrite cut any file).
     if (std::ifstream existing(log_path, std::ios::binary); existing) {
       // A gpt_train log's first line is one JSON object with its "step" (a
       // pretty-printed JSON file, a machine file or a config.json, starts
@@ -759,9 +838,12 @@ int train(const Cli& cli) {
     // the first interval of training (was: a FIFO resumed, trained, then
     // failed at every save).
     if (const fs::path latest = ckpt_root / "latest";
-        fs::exists(fs::symlink_status(latest, ec)) &&
-        !fs::is_regular_file(fs::symlink_status(latest, ec)) &&
-        !fs::is_symlink(fs::symlink_status(latest, ec)))
+        (fs::exists(fs::symlink_status(latest, ec)) &&
+         !fs::is_regular_file(fs::symlink_status(latest, ec)) &&
+         !fs::is_symlink(fs::symlink_status(latest, ec))) ||
+        (fs::is_symlink(fs::symlink_status(latest, ec)) && fs::exists(fs::status(latest, ec)) &&
+         !fs::is_regular_file(fs::status(latest, ec))))  // a link to one (was: refused at the
+                                                         // first save, after training)
       throw summa::Error(
           "--out: " + latest.string() + " is " +
           (fs::is_directory(fs::symlink_status(latest, ec)) ? std::string("a directory")
@@ -775,33 +857,46 @@ int train(const Cli& cli) {
       // model.safetensors)
       for (const char* name : {"model.safetensors", "config.json"})
         summa::io::require_regular_file(fs::path(export_dir) / name, "--export");
+      // Never over the model the run reads (was: --export equal to --import
+      // replaced it), nor over a model that is not an earlier export of
+      // summa's (was: a user's model.safetensors and config.json replaced):
+      // summa's config.json is GPT-2's without the "transformers_version"
+      // that transformers writes.
+      const fs::path cfg = fs::path(export_dir) / "config.json",
+                     weights = fs::path(export_dir) / "model.safetensors";
+      if (!cli.import_dir.empty()) {
+        std::error_code e;
+        const fs::path in = fs::path(cli.import_dir);
+        if (fs::weakly_canonical(export_dir, e) == fs::weakly_canonical(in, e) ||
+            fs::equivalent(cfg, in / "config.json", e) ||
+            fs::equivalent(weights, in / "model.safetensors", e))
+          throw summa::Error("--export " + export_dir + " is the model this run reads (--import " +
+                             cli.import_dir + "); choose another --export");
+      }
+      const bool has_cfg = fs::exists(cfg, ec), has_weights = fs::exists(weights, ec);
+      if (has_cfg || has_weights) {
+        bool ours = false;
+        if (std::ifstream in(cfg, std::ios::binary); has_cfg && in) {
+          std::string text(1 << 20, '\0');
+          in.read(text.data(), static_cast<std::streamsize>(text.size()));
+          text.resize(static_cast<std::size_t>(in.gcount()));
+          const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+          ours = j.is_object() && j.value("model_type", std::string()) == "gpt2" &&
+                 j.contains("n_layer") && !j.contains("transformers_version");
+        }
+        if (!ours)
+          throw summa::Error("--export " + export_dir +
+                             " holds a model that is not an earlier export of summa's (" +
+                             (has_cfg ? "its config.json is not summa's GPT-2 config"
+                                      : "a model.safetensors without config.json") +
+                             "); it is never replaced: choose another --export");
+      }
     }
     if (!cli.check_batch.empty()) {
-      // never over what the run keeps: its checkpoints, its log, its export
-      // (was: a checkpoint shard, the log or `latest` silently replaced)
-      const fs::path check = fs::weakly_canonical(cli.check_batch, ec);
-      const auto within = [&](const fs::path& dir) {
-        const fs::path d = fs::weakly_canonical(dir, ec);
-        const auto [end, at] = std::mismatch(d.begin(), d.end(), check.begin(), check.end());
-        return !d.empty() && end == d.end();
-      };
-      const auto same = [&](const fs::path& p) { return check == fs::weakly_canonical(p, ec); };
-      if (within(ckpt_root) || same(log_path) || same(fs::path(out) / ".gpt_train.lock") ||
-          (!export_dir.empty() && within(export_dir)))
-        throw summa::Error("--check-batch " + cli.check_batch +
-                           " would overwrite what this run keeps (its checkpoints, log, lock or "
-                           "export); choose a path outside them");
-      // nor over what it reads (was: the run's own --data replaced)
-      if (same(cli.data) || (!cli.machine.empty() && same(cli.machine)) ||
-          (!cli.import_dir.empty() && within(cli.import_dir)))
-        throw summa::Error("--check-batch " + cli.check_batch +
-                           " is a file this run reads (its --data, --machine or --import); "
-                           "choose another path");
+      guard_check_batch(false);
       if (const fs::path parent = fs::path(cli.check_batch).parent_path(); !parent.empty())
-        ensure_writable_dir(parent, "--check-batch", "0");
-      summa::io::require_regular_file(cli.check_batch, "--check-batch");
-      std::ofstream probe(cli.check_batch, std::ios::binary | std::ios::app);
-      if (!probe) throw summa::Error("--check-batch: cannot write " + cli.check_batch);
+        ensure_writable_dir(parent, "--check-batch", "0");  // nothing made in it (was: a
+                                                            // placeholder left by a failed run)
     }
   });
   {  // every rank writes its shard into the checkpoint directory
@@ -820,6 +915,20 @@ int train(const Cli& cli) {
     std::optional<std::string> meta_error;  // the same on every rank: the same manifest
     try {
       o.config = summa::config_from_meta(info.meta);
+      // A resume continues the saved model: a shape flag given with another
+      // value is refused (was: silently ignored, the saved model trained).
+      for (const auto& [flag, given, key, saved] :
+           {std::tuple<const char*, int, const char*, int>{"--layers", cli.layers, "n_layer",
+                                                           o.config.n_layer},
+            {"--hidden", cli.hidden, "n_embd", o.config.n_embd},
+            {"--heads", cli.heads, "n_head", o.config.n_head},
+            {"--vocab", cli.vocab, "vocab_size", o.config.vocab_size},
+            {"--positions", cli.positions, "n_positions", o.config.n_positions}})
+        if (cli.given.count(flag) && given != saved && !meta_error)
+          meta_error = "--resume: " + resume->string() + ": the saved model has " + key + "=" +
+                       std::to_string(saved) + ", not the " + flag + " " + std::to_string(given) +
+                       " given; leave it out (a resume continues the saved model) or start a "
+                       "new run";
     } catch (const std::exception& e) {
       meta_error = "--resume: " + resume->string() + ": " + e.what();
     }
@@ -882,48 +991,8 @@ int train(const Cli& cli) {
     }
   }
 
-  if (!cli.check_batch.empty()) {
-    // An existing file (a regular one, checked above: a FIFO would block
-    // here) is replaced only when it is this run's check batch: exactly 8 x
-    // batch x seq bytes of int32 ids below the vocabulary, ids then targets
-    // (was: any file of int32-looking words, a UTF-32 text, a character-level
-    // token file, replaced). The shape and vocabulary are known here, after
-    // a resume's manifest.
-    summa::on_root_agreed(world, [&] {
-      std::error_code size_ec;
-      const auto size = fs::file_size(cli.check_batch, size_ec);
-      if (size_ec || size == 0) return;  // new (or emptied by the probe): nothing to keep
-      std::uint64_t want = 0;            // overflow-safe: an overflowed shape matches no file
-      bool batch = !__builtin_mul_overflow(static_cast<std::uint64_t>(o.batch),
-                                           static_cast<std::uint64_t>(o.seq), &want) &&
-                   !__builtin_mul_overflow(want, std::uint64_t{8}, &want) && size == want;
-      std::ifstream old(cli.check_batch, std::ios::binary);
-      std::vector<char> chunk(1 << 16);
-      for (std::uint64_t read = 0; batch && old && read < size;) {
-        old.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-        const auto got = static_cast<std::size_t>(old.gcount());
-        for (std::size_t i = 0; batch && i + 4 <= got; i += 4) {
-          std::uint32_t id = 0;
-          for (int b = 0; b < 4; ++b)
-            id |= static_cast<std::uint32_t>(static_cast<unsigned char>(chunk[i + b])) << (8 * b);
-          batch = id < static_cast<std::uint32_t>(o.config.vocab_size);
-        }
-        read += got;
-        if (got == 0) break;
-      }
-      if (!batch) {
-        char text[200];
-        std::snprintf(text, sizeof text,
-                      " (%llu bytes) is not a check batch of this run (8 x batch %lld x seq %lld = "
-                      "%llu bytes of int32 ids below its vocabulary, %d)",
-                      static_cast<unsigned long long>(size), static_cast<long long>(o.batch),
-                      static_cast<long long>(o.seq), static_cast<unsigned long long>(want),
-                      o.config.vocab_size);
-        throw summa::Error("--check-batch " + cli.check_batch + text +
-                           "; it is never replaced: remove it or choose another path");
-      }
-    });
-  }
+  if (!cli.check_batch.empty())  // the shape is known now
+    summa::on_root_agreed(world, [&] { guard_check_batch(true); });
   std::vector<std::uint16_t> tokens;
   {
     std::optional<std::string> error;
@@ -1186,6 +1255,7 @@ int train(const Cli& cli) {
           for (int shift = 0; shift < 32; shift += 8)
             bytes.push_back(static_cast<char>((u >> shift) & 0xff));
         }
+      guard_check_batch(true);  // the path may have changed during the run
       summa::io::write_file_atomic(cli.check_batch, bytes, "--check-batch");
     });
     if (root)

@@ -564,7 +564,7 @@ void lm_head_backward(cost::Tally& t, const VocabLayout& l, const cost::Elements
   t.pointwise(model::Pointwise::exp, m * v, 2 * m * v * el.e);  // dZ = softmax - onehot
   tokens_all_gather(t, l, shard(l, vocab, hidden), el.e);
   t.gemm(m, k, v, el.e);  // dX = dZ wte
-  t.overlapped = l.overlap_dx;
+  t.overlapped = l.overlap_dx && l.price_overlap_dx;
   all_reduce(t, l.vocab, m * k, el.e);
   t.overlapped = false;
   t.gemm(v, k, m, el.e);  // dwte = dZᵀ X

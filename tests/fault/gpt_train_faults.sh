@@ -20,10 +20,14 @@ SMALL=(--layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 --eval-every 0 --eval
        --warmup 2 --progress lines --print-every 1 --export '')
 
 # run <np> <args...>: sets $rc and $out (stdout + stderr); 60 s hard limit.
+# With NOSHAPE set, SMALL's model shape flags are left out (a resume takes
+# the saved model's; a shape flag given must match it).
 run() {
   local np=$1
   shift
-  out=$(timeout -s KILL 60 "$MPIEXEC" -np "$np" "${FLAGS[@]}" "$EXE" "${SMALL[@]}" "$@" 2>&1)
+  local base=("${SMALL[@]}")
+  [ -n "${NOSHAPE:-}" ] && base=("${SMALL[@]:6}")
+  out=$(timeout -s KILL 60 "$MPIEXEC" -np "$np" "${FLAGS[@]}" "$EXE" "${base[@]}" "$@" 2>&1)
   rc=$?
   printf '%s\n' "$out" >"$W/last_$case.txt"
 }
@@ -265,7 +269,7 @@ if [ -n "$EDIT" ]; then
     fresh "$case"
     "$EDIT" "$W/$case/checkpoints/step_00000006/manifest" "$prefix" "$line" || fail "edit failed"
     before=$(snapshot "$W/$case")
-    expect_error "$pattern" 2 --steps 8 --resume --out "$W/$case"
+    NOSHAPE=1 expect_error "$pattern" 2 --steps 8 --resume --out "$W/$case"
     [ "$(snapshot "$W/$case")" = "$before" ] || fail "the saved run changed"
   done
 fi
@@ -583,6 +587,8 @@ for target in checkpoints/latest checkpoints/new.jsonl checkpoints/step_00000002
   expect_error "--log .* is among the checkpoints of a run \(.*$case/checkpoints" 2 --steps 1 \
     --out "$W/${case}_other" --overwrite --log "$W/$case/$target"
   [ "$(snapshot "$W/$case")" = "$before" ] || fail "the run's files changed"
+  # refused before any directory is made (was: step_00000099/ left behind)
+  [ -e "$W/$case/checkpoints/step_00000099" ] && fail "a step directory was made"
 done
 case=log_not_a_log
 rm -rf "$W/$case" && mkdir -p "$W/$case" && printf 'my notes\n' >"$W/$case/notes.txt"
@@ -632,6 +638,57 @@ first=$(sha256sum <"$W/$case/batch.bin")
 [ "$(stat -c %s "$W/$case/batch.bin")" = 1024 ] || fail "batch.bin is not 8 x 8 x 16 bytes"
 expect_ok 2 --steps 1 --resume --out "$W/$case/out" --check-batch "$W/$case/batch.bin"
 [ "$(sha256sum <"$W/$case/batch.bin")" = "$first" ] || fail "the same run wrote another batch"
+# An empty file is no check batch either, and a refused run leaves no file
+# behind (was: a 0-byte placeholder made at the start, and any 0-byte file
+# taken for one)
+case=check_batch_empty_file
+rm -rf "$W/$case" && mkdir -p "$W/$case" && : >"$W/$case/__init__.py"
+expect_error "--check-batch .*__init__.py \(0 bytes\) is not a check batch of this run" 2 \
+  --steps 1 --out "$W/$case/out" --check-batch "$W/$case/__init__.py"
+case=check_batch_refused_run
+rm -rf "$W/$case"
+expect_error "--memory-budget" 2 --steps 1 --out "$W/$case/out" --memory-budget 1e-7 \
+  --check-batch "$W/$case/cb.bin"
+[ -e "$W/$case/cb.bin" ] && fail "a refused run left its --check-batch file"
+# a hard link to the run's --data is the file it reads (was: replaced, the
+# link broken: the test compared paths only)
+case=check_batch_hard_link_to_data
+rm -rf "$W/$case" && mkdir -p "$W/$case" && cp "$DATA" "$W/$case/corpus.txt" &&
+  ln "$W/$case/corpus.txt" "$W/$case/cb.bin"
+expect_error "--check-batch .*cb.bin is a file this run reads" 2 --steps 1 --out "$W/$case/out" \
+  --data "$W/$case/corpus.txt" --check-batch "$W/$case/cb.bin"
+cmp -s "$DATA" "$W/$case/corpus.txt" || fail "the corpus changed"
+# checked again right before the write: the path turned into a link to the
+# run's log during training is refused, the log kept (was: the log replaced)
+case=check_batch_swapped_for_log
+rm -rf "$W/$case" && mkdir -p "$W/$case"
+timeout -s KILL 60 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$EXE" "${SMALL[@]}" --steps 300 \
+  --print-every 0 --out "$W/$case/out" --check-batch "$W/$case/cb.bin" >"$W/$case/run.txt" 2>&1 &
+job=$!
+for _ in $(seq 600); do [ -s "$W/$case/out/log.jsonl" ] && break; sleep 0.05; done
+ln -s "$W/$case/out/log.jsonl" "$W/$case/cb.bin"
+wait "$job"
+rc=$?
+out=$(cat "$W/$case/run.txt")
+if [ "$rc" = 0 ]; then
+  fail "succeeded with --check-batch a link to its log"
+elif ! grep -q "cb.bin would overwrite what this run keeps" <<<"$out"; then
+  fail "not refused at the write:"$'\n'"$out"
+fi
+check_log "$W/$case/out/log.jsonl" 300
+# --export never over the model the run reads, nor over a model that is
+# not an earlier export (was: --import replaced; a user's model replaced)
+case=export_is_import
+expect_error "--export .*exp/export is the model this run reads" 2 --steps 1 \
+  --out "$W/${case}_out" --import "$W/exp/export" --export "$W/exp/export"
+case=export_over_other_model
+rm -rf "$W/$case" && mkdir -p "$W/$case/model" &&
+  printf '{"model_type": "gpt2", "n_layer": 1, "transformers_version": "4.40.0"}\n' \
+    >"$W/$case/model/config.json" && printf 'weights' >"$W/$case/model/model.safetensors"
+before=$(snapshot "$W/$case/model")
+expect_error "--export .*model holds a model that is not an earlier export of summa's" 2 \
+  --steps 1 --out "$W/$case/out" --export "$W/$case/model"
+[ "$(snapshot "$W/$case/model")" = "$before" ] || fail "the model changed"
 case=export_among_checkpoints
 fresh "$case"
 before=$(snapshot "$W/$case")
@@ -655,6 +712,32 @@ fresh "$case"
 before=$(snapshot "$W/$case")
 expect_error "--log .*notes.txt: line 2 is not a record of a gpt_train log" 2 --steps 8 \
   --checkpoint-every 2 --resume --out "$W/$case" --log "$W/$case/notes.txt"
+[ "$(snapshot "$W/$case")" = "$before" ] || fail "the run's files changed"
+case=overwrite_log_other_lines  # --overwrite too cuts a log, never notes (was: wiped)
+rm -rf "$W/$case" && mkdir -p "$W/$case"
+{ head -n 1 "$W/ref/log.jsonl" && printf 'my notes\n'; } >"$W/$case/notes.txt"
+before=$(sha256sum <"$W/$case/notes.txt")
+expect_error "--log .*notes.txt: line 2 is not a record of a gpt_train log" 2 --steps 1 \
+  --out "$W/$case/out" --overwrite --log "$W/$case/notes.txt"
+[ "$(sha256sum <"$W/$case/notes.txt")" = "$before" ] || fail "notes.txt changed"
+case=resume_log_nul_in_line  # a NUL ends what the parser reads: no record
+fresh "$case"
+printf '{"step": 9}\0 my notes\n' >>"$W/$case/log.jsonl"
+before=$(snapshot "$W/$case")
+expect_error "--log .*log.jsonl: line [0-9]+ is not a record of a gpt_train log" 2 --steps 8 \
+  --checkpoint-every 2 --resume --out "$W/$case"
+[ "$(snapshot "$W/$case")" = "$before" ] || fail "the run's files changed"
+case=resume_latest_link_to_device  # refused at the start (was: at the first save)
+fresh "$case"
+ln -sfn /dev/zero "$W/$case/checkpoints/latest"
+expect_error "latest.* (is|where the run's 'latest' file goes)" 2 --steps 8 --checkpoint-every 2 \
+  --resume --out "$W/$case"
+[ -e "$W/$case/checkpoints/step_00000008" ] && fail "trained before refusing"
+case=resume_other_shape  # a shape flag other than the saved model's (was: ignored)
+fresh "$case"
+before=$(snapshot "$W/$case")
+expect_error "the saved model has n_layer=1, not the --layers 2 given" 2 --steps 8 --resume \
+  --out "$W/$case" --layers 2
 [ "$(snapshot "$W/$case")" = "$before" ] || fail "the run's files changed"
 case=resume_log_damaged_tail  # NUL bytes and a record cut short: dropped, the resume goes on
 fresh "$case"

@@ -30,6 +30,10 @@ struct VocabLayout {
   /// LM head backward: dX's all-reduce over the vocabulary axis overlapped
   /// with the wte gradient's GEMM.
   bool overlap_dx = true;
+  /// Whether the step-time model hides that all-reduce behind the GEMM
+  /// (with overlap_dx). 1D: false, its dX all-reduces priced exposed (see
+  /// src/schemes/megatron1d/layers.cpp).
+  bool price_overlap_dx = true;
   /// Construction- and call-time agreements run over this axis.
   CommAxis agree_axis = CommAxis::tensor;
 };

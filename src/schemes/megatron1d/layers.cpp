@@ -239,10 +239,14 @@ void RowParallelLinear1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, S
 }
 
 // Cost of a linear: column-parallel (expand) multiplies its output columns
-// and all-reduces dX in backward (overlapped with dW's GEMM, as the code
-// runs it), row-parallel (contract) multiplies its input rows and
-// all-reduces Y in forward; the row-parallel bias is replicated (added
-// after the sum).
+// and all-reduces dX in backward, row-parallel (contract) multiplies its
+// input rows and all-reduces Y in forward; the row-parallel bias is
+// replicated (added after the sum). The dX all-reduce (and the LM head's,
+// vocab.cpp) is priced exposed although the code overlaps it with dW's
+// GEMM: the 1D model of the calibrated predictions (docs/scaling.md: the
+// Optimus tables' fitted 1D row, Megatron as the papers ran it, which
+// overlapped nothing; CPU MPI, which progresses only inside calls), and
+// 1D predicts as 3D with overlap=none (StepTime.ThreeDWithXOnlyIsOneD).
 namespace {
 void price_linear(cost::Tally& t, model::Phase phase, ProcessGrid& grid, cost::u64 e,
                   index_t tokens_, index_t in_, index_t out_, bool column, bool bias) {
@@ -257,9 +261,7 @@ void price_linear(cost::Tally& t, model::Phase phase, ProcessGrid& grid, cost::u
     return;
   }
   t.gemm(tokens, k, n, e);  // dX = dY Wᵀ
-  t.overlapped = true;
   if (column) t.all_reduce(CommAxis::tensor, tokens * in, p, r, e);
-  t.overlapped = false;
   t.gemm(k, n, tokens, e);  // dW = Xᵀ dY
   if (bias) t.memory(tokens * n * e);
 }

@@ -11,7 +11,8 @@ VocabLayout layout_1d(int p, int r) {
   VocabLayout l;
   l.scheme = "1D";
   l.vocab = {.axis = CommAxis::tensor, .size = p, .rank = r, .name = "p"};
-  l.overlap_dx = true;  // LMHead backward: dX's all-reduce overlapped with dwte
+  l.overlap_dx = true;         // LMHead backward: dX's all-reduce overlapped with dwte
+  l.price_overlap_dx = false;  // priced exposed, as 1D's linears (layers.cpp)
   l.agree_axis = CommAxis::tensor;
   return l;
 }
@@ -23,6 +24,5 @@ VocabLayout megatron1d_vocab_layout(ProcessGrid& grid) {
 }
 
 // The embedding and LM head price themselves over the same layout
-// (VocabEmbedding::price, VocabLMHead::price: vocab_cost): the LM head's dX
-// all-reduce overlapped with dwte, as the code runs it (and as 3D with OAR).
+// (VocabEmbedding::price, VocabLMHead::price: vocab_cost).
 }  // namespace summa
