@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -176,9 +177,11 @@ summa::model::GemmModel measure_gemm(summa::Backend& be, double min_s, summa::in
 struct GptPoint {
   summa::GptConfig config;
   summa::index_t seq = 32, batch = 24;
+  std::string text;  // as given
 };
 GptPoint parse_gpt(const std::string& text) {
   GptPoint p;
+  p.text = text;
   p.config.n_layer = 2;
   p.config.n_embd = 192;
   p.config.n_head = 24;
@@ -250,16 +253,27 @@ void require_gemms_fit(const std::vector<summa::model::GemmShape>& shapes, std::
 std::vector<summa::model::GemmShape> gpt_shapes(const std::vector<GptPoint>& gpts,
                                                 const std::vector<int>& ranks, DType dtype) {
   std::set<summa::model::GemmShape> all;
-  for (const GptPoint& p : gpts)
+  for (const GptPoint& p : gpts) {
+    // the shapes come from the built (plan-only) model: a scheme that cannot
+    // split it is skipped; a point no scheme takes is refused, with the
+    // first reason (was: silently left out)
+    std::optional<std::string> first_error;
+    bool taken = false;
     for (int r : ranks)
       for (const summa::SchemeSpec& spec : summa::schemes_for(r)) {
         try {
           const auto shapes =
               summa::model::step_gemm_shapes(spec, p.config, p.batch, p.seq, {}, dtype);
           all.insert(shapes.begin(), shapes.end());
-        } catch (const summa::Error&) {  // the batch does not split over this data axis
+          taken = true;
+        } catch (const summa::Error& e) {  // e.g. the batch does not split over this data axis
+          if (!first_error) first_error = spec.str() + ": " + e.what();
         }
       }
+    if (!taken)
+      throw UsageError(fmt::format("--gpt '{}': no scheme of the rank counts builds it ({})",
+                                   p.text, first_error.value_or("none")));
+  }
   return {all.begin(), all.end()};
 }
 

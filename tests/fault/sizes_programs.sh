@@ -85,6 +85,9 @@ refused "needs .* per rank for its token ids alone" \
   "$COMPARE" --schemes 1d:p=2 --batch 16777216 --seq 16777216
 case=calibrate_gpt  # was: killed by the kernel after growing to the node's memory
 refused "calibrate: --gpt: its f32 GEMM .* needs .* per rank for its operands" \
+  "$CALIBRATE" --gpt hidden=1048576,heads=16 --dtype f32 --out "$W/machine.json"
+case=calibrate_gpt_unbuildable  # no scheme builds it: refused with the reason (not left out)
+refused "calibrate: --gpt 'hidden=1048576': no scheme of the rank counts builds it \(1d:p=[0-9]+: .*not divisible by n_head=24\)" \
   "$CALIBRATE" --gpt hidden=1048576 --dtype f32 --out "$W/machine.json"
 case=custom_model  # was: uncaught bad_alloc (terminate, SIGABRT)
 refused "custom_model: --hidden 1048576 --batch 16777216 under 1d:p=2 needs about .* per rank" \
@@ -163,12 +166,15 @@ out=$(timeout -s KILL 60 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$CALIBRATE" --out "$W/l
 [ -L "$W/link.json" ] || fail "the link was replaced by a file"
 grep -q '"old"' "$W/real.json" && fail "the link's target was not written"
 case=calibrate_ranks_beyond_mesh  # was: SIGFPE in step_gemm_shapes (a 64x64 mesh over hidden 32)
+# no scheme of 4096 ranks splits hidden 32: refused, naming the point
 out=$(timeout -s KILL 120 "$MPIEXEC" -np 1 "${FLAGS[@]}" "$CALIBRATE" --out "$W/ranks.json" \
   --max-size 32 --min-seconds 0.001 --dtype f32 --ranks 4096 \
   --gpt "layers=1,hidden=32,heads=4,seq=16,batch=8,vocab=256" 2>&1)
 rc=$?
 echo "[$case] exit $rc"
-[ "$rc" = 0 ] || fail "calibrate --ranks 4096 ended with $rc:"$'\n'"$(tail -5 <<<"$out")"
+[ "$rc" != 0 ] && [ "$rc" != 137 ] &&
+  grep -q -- "--gpt 'layers=1,hidden=32,heads=4,seq=16,batch=8,vocab=256': no scheme of the rank counts builds it" <<<"$out" ||
+  fail "calibrate --ranks 4096 ended with $rc:"$'\n'"$(tail -5 <<<"$out")"
 case=generate_hf_link_loop  # was: a raw filesystem_error on every rank, then MPI_ABORT
 ln -sf hf_loop_b "$W/hf_loop_a"
 ln -sf hf_loop_a "$W/hf_loop_b"
