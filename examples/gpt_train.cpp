@@ -249,8 +249,12 @@ class JobLock {
     }
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
+    char when[32] = "?";  // UTC, readable (was: seconds since 1970)
+    const std::time_t now = std::time(nullptr);
+    if (std::tm utc{}; ::gmtime_r(&now, &utc) != nullptr)
+      std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &utc);
     const std::string text = "host " + std::string(host) + ", pid " + std::to_string(::getpid()) +
-                             ", started " + std::to_string(std::time(nullptr)) + "\n";
+                             ", started " + when + "\n";
     if (::ftruncate(fd_, 0) != 0 ||
         ::pwrite(fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
       throw summa::Error("cannot write the lock file " + path_.string() + ": " +
@@ -656,6 +660,17 @@ int train(const Cli& cli) {
   // trained. Each step rank 0 takes for all reports its outcome to all.
   std::unique_ptr<JobLock> lock, log_lock;
   summa::on_root_agreed(world, [&] {
+    // A FIFO, socket or device where a directory is read is named (was: "no
+    // such file" for --import, "(missing)" for --resume-from).
+    for (const auto& [flag, dir] :
+         {std::pair<const char*, const std::string&>{"--import", cli.import_dir},
+          {"--resume-from", cli.resume_from}}) {
+      std::error_code e;
+      const fs::file_status st = fs::status(dir, e);
+      if (!dir.empty() && fs::exists(st) && !fs::is_directory(st) && !fs::is_regular_file(st))
+        throw summa::Error(std::string(flag) + " " + dir + " is " +
+                           summa::io::non_regular_kind(dir) + ", not a directory");
+    }
     // The log, the check batch and the export never go among a run's
     // checkpoints, this run's or another's (was: --log naming a live job's
     // checkpoints/latest trained and replaced it); checked before any
@@ -808,9 +823,16 @@ int train(const Cli& cli) {
       // A gpt_train log's first line is one JSON object with its "step" (a
       // pretty-printed JSON file, a machine file or a config.json, starts
       // with '{' too: it is not a log).
+      // Leading lines of NUL bytes are crash damage (a resume drops them),
+      // not the log's first line (was: such a log refused as no log).
       std::string first;  // at most 1 MiB of it (was: an 8 GiB line read whole)
-      for (char c = 0; first.size() <= (1u << 20) && existing.get(c) && c != '\n';)
-        first.push_back(c);
+      for (int line = 0; line < 64; ++line) {
+        first.clear();
+        for (char c = 0; first.size() <= (1u << 20) && existing.get(c) && c != '\n';)
+          first.push_back(c);
+        if (first.find_first_not_of('\0') != std::string::npos || !existing) break;
+      }
+      if (first.find_first_not_of('\0') == std::string::npos) first.clear();  // damage only
       if (!first.empty() || existing.peek() != std::ifstream::traits_type::eof()) {
         const nlohmann::json line = nlohmann::json::parse(first, nullptr, false);
         if (line.is_discarded() || !line.is_object() || !line.contains("step"))

@@ -739,6 +739,17 @@ before=$(snapshot "$W/$case")
 expect_error "the saved model has n_layer=1, not the --layers 2 given" 2 --steps 8 --resume \
   --out "$W/$case" --layers 2
 [ "$(snapshot "$W/$case")" = "$before" ] || fail "the run's files changed"
+case=resume_log_nul_first_line  # crash damage first: dropped (was: refused as no log)
+fresh "$case"
+{ head -c 100 /dev/zero && printf '\n' && cat "$W/ref/log.jsonl"; } >"$W/$case/log.jsonl"
+expect_ok 2 --steps 8 --checkpoint-every 2 --resume --out "$W/$case"
+check_log "$W/$case/log.jsonl" 8
+for flag in --import --resume-from; do  # named, not "no such file" or "(missing)"
+  case=fifo_${flag#--}
+  rm -rf "$W/$case" && mkdir -p "$W/$case" && mkfifo "$W/$case/dir"
+  expect_error "$flag .*dir is a FIFO.*, not a directory" 2 --steps 1 --out "$W/$case/out" \
+    "$flag" "$W/$case/dir"
+done
 case=resume_log_damaged_tail  # NUL bytes and a record cut short: dropped, the resume goes on
 fresh "$case"
 { head -c 3000 /dev/zero && printf '\n{"step": 7, "lo'; } >>"$W/$case/log.jsonl"
