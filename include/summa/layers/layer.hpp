@@ -198,10 +198,12 @@ class Module {
   /// calls per axis; with t.ops set, its ops and their work for the
   /// step-time model; summa/model/cost.hpp): its forward for
   /// Phase::forward and Phase::recompute, its backward for Phase::backward.
-  /// Each op prices itself in its own file; a composite prices its children
-  /// in the order it runs them. The traffic and step-time models walk a
-  /// built (plan-only) model this way. The default throws summa::Error: a
-  /// module that does not price itself cannot be predicted.
+  /// Each op prices itself in its own file; Attention, MLP,
+  /// TransformerBlock and Gpt price their children in the order they run
+  /// them. The traffic and step-time models walk a built (plan-only) GPT
+  /// this way. The default throws summa::Error: a module that does not
+  /// price itself cannot be predicted (Sequential, Chain and Parallel do
+  /// not price themselves yet).
   virtual void price(cost::Tally& t, model::Phase phase) const {
     static_cast<void>(t);
     static_cast<void>(phase);
