@@ -26,7 +26,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <set>
@@ -505,7 +507,7 @@ int main(int argc, char** argv) {
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-      code = world_rank() == 0 ? app.exit(e) : (e.get_exit_code() != 0 ? 1 : 0);
+      code = summa::flags::parse_exit(app, e, "calibrate");
       MPI_Finalize();
       return code;
     }
@@ -518,6 +520,24 @@ int main(int argc, char** argv) {
       summa::on_root_agreed(MPI_COMM_WORLD, [&] {
         summa::io::require_not_broken_link(out, "--out:");
         const summa::io::AtomicFile probe(out, "--out");
+        // a file already there is replaced only when it is a machine file
+        // (an earlier calibration): never a file of something else (was:
+        // `--out notes.txt` replaced the notes)
+        namespace fs = std::filesystem;
+        std::error_code ec;
+        if (fs::is_regular_file(out, ec) && fs::file_size(out, ec) > 0) {
+          constexpr std::uint64_t kMaxMachineFile = 16 << 20;
+          const bool small = fs::file_size(out, ec) <= kMaxMachineFile;
+          const auto j = small ? nlohmann::json::parse(
+                                     summa::io::read_small_file(out, kMaxMachineFile, "--out"),
+                                     nullptr, /*allow_exceptions=*/false)
+                               : nlohmann::json();
+          if (!j.is_object() || !j.contains("device"))
+            throw UsageError("--out: '" + out +
+                             "' holds something other than a machine file (not a JSON object "
+                             "with a \"device\"): refusing to replace it; choose another --out, "
+                             "or remove the file");
+        }
       });
       const auto t0 = std::chrono::steady_clock::now();
       auto dev = summa::bench::make_backend<UsageError>(backend, comm, tf32,
@@ -620,8 +640,8 @@ int main(int argc, char** argv) {
                     m.intra_node[Collective::all_reduce].beta_bytes_s / 1e9, links_note.c_str());
       }
     } catch (const std::exception& e) {
-      if (world_rank() == 0) std::fprintf(stderr, "calibrate: %s\n", e.what());
-      code = 1;
+      summa::flags::print_once("calibrate", e);
+      code = 2;
     }
   }
   MPI_Finalize();

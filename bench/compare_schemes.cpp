@@ -1062,8 +1062,7 @@ int run(int argc, char** argv, int rank, int ranks) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (rank == 0) return app.exit(e);
-    return e.get_exit_code();
+    return summa::flags::parse_exit(app, e, "compare_schemes");
   }
   s.config.n_layer = layers;
   s.config.n_embd = hidden;
@@ -1129,10 +1128,10 @@ int main(int argc, char** argv) {
   try {
     status = run(argc, argv, rank, ranks);
   } catch (const UsageError& e) {  // the same on every rank
-    if (rank == 0) std::fprintf(stderr, "compare_schemes: %s\n", e.what());
+    summa::flags::print_once("compare_schemes", e);
     status = 2;
   } catch (const summa::Error& e) {  // summa reports errors on every rank alike
-    if (rank == 0) std::fprintf(stderr, "compare_schemes: %s\n", e.what());
+    summa::flags::print_once("compare_schemes", e);
     status = 2;
   } catch (const std::exception& e) {  // possibly on this rank only: do not hang
     std::fprintf(stderr, "compare_schemes (rank %d): %s\n", rank, e.what());

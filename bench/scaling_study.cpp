@@ -38,9 +38,11 @@
 #include <filesystem>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -263,18 +265,37 @@ Study read_study(const std::string& path) {
                       path, k, key, v.dump(), std::numeric_limits<int>::max()));
     return static_cast<long>(v.get<long long>());
   };
+  if (!j.is_object())
+    throw summa::Error(fmt::format("study file {}: not a JSON object (it is {} {})", path,
+                                   j.is_array() ? "an" : "a", j.type_name()));
+  // a study-wide field of the type it must have, naming it (was: nlohmann's
+  // "type must be boolean, but is string")
+  const auto field = [&]<class V>(const char* key, V fallback) -> V {
+    if (!j.contains(key)) return fallback;
+    const json& v = j.at(key);
+    if constexpr (std::is_same_v<V, bool>) {
+      if (!v.is_boolean())
+        throw summa::Error(
+            fmt::format("study file {}: \"{}\" is {}, not true or false", path, key, v.dump()));
+    } else if (!v.is_string()) {
+      throw summa::Error(
+          fmt::format("study file {}: \"{}\" is {}, not a string", path, key, v.dump()));
+    }
+    return v.get<V>();
+  };
   try {
-    s.name = j.value("name", path);
-    s.kind = j.value("kind", "weak");
+    s.name = field("name", path);
+    s.kind = field("kind", std::string("weak"));
     if (s.kind != "weak" && s.kind != "strong")
       throw summa::Error(
           fmt::format("study file {}: kind '{}' is not weak or strong", path, s.kind));
-    s.stem_only = j.value("stem_only", true);
-    s.checkpoint = j.value("checkpoint", true);
-    s.dtype = parse_dtype(j.value("dtype", "f32"));
-    const std::string placement = j.value("placement", "natural");
+    s.stem_only = field("stem_only", true);
+    s.checkpoint = field("checkpoint", true);
+    s.dtype = parse_dtype(field("dtype", std::string("f32")));
+    const std::string placement = field("placement", std::string("natural"));
     if (placement != "natural" && placement != "bunched")
-      throw summa::Error(fmt::format("placement '{}' is not natural or bunched", placement));
+      throw summa::Error(
+          fmt::format("study file {}: placement '{}' is not natural or bunched", path, placement));
     s.placement = placement == "bunched" ? summa::Placement::bunched : summa::Placement::natural;
     if (!j.contains("points") || !j.at("points").is_array())
       throw summa::Error(fmt::format("study file {}: no \"points\" array", path));
@@ -678,8 +699,7 @@ int study_main(int argc, char** argv, int rank, int world) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (rank == 0) return app.exit(e);
-    return e.get_exit_code();
+    return summa::flags::parse_exit(app, e, "scaling_study");
   }
   if (preset.empty() == study_file.empty())
     throw UsageError("give exactly one of --preset and --study");
@@ -784,8 +804,11 @@ int study_main(int argc, char** argv, int rank, int world) {
   std::ofstream csv_out;
   if (!csv.empty()) {
     summa::io::require_regular_file(csv, "--csv");  // a FIFO would block here forever
+    errno = 0;
     csv_out.open(csv);
-    if (!csv_out) throw UsageError(fmt::format("--csv {}: cannot be written", csv));
+    if (!csv_out)  // with the reason (was: none; "nodir/x.csv" is a missing folder)
+      throw UsageError(fmt::format("--csv {}: cannot be written: {}", csv,
+                                   errno != 0 ? std::strerror(errno) : "unknown reason"));
     csv_out
         << "gpus,scheme,batch,hidden,heads,fwd_per_sample_s,paper_fwd_per_sample_s,"
            "bwd_per_sample_s,paper_bwd_per_sample_s,throughput,inference_throughput,"
@@ -968,7 +991,7 @@ int main(int argc, char** argv) {
   try {
     code = study_main(argc, argv, rank, world);
   } catch (const std::exception& e) {  // usage and summa errors: alike on every rank
-    if (rank == 0) std::cerr << "scaling_study: " << e.what() << "\n";
+    if (rank == 0) std::cerr << "scaling_study: error: " << e.what() << "\n";
     code = 2;
   }
   summa::finalize_mpi();

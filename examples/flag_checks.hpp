@@ -48,16 +48,19 @@ inline CLI::Validator integer_in(long double lo, long double hi) {
       "INT", "integer_in");
 }
 
-// A validator for a real flag: finite, in [lo, hi].
-inline CLI::Validator real_in(double lo, double hi) {
+// A validator for a real flag: finite, in [lo, hi] (in [lo, hi) with
+// `below_hi`: an AdamW beta of 1 is refused by the flag, not later by
+// OptimizerOptions).
+inline CLI::Validator real_in(double lo, double hi, bool below_hi = false) {
   return CLI::Validator(
-      [lo, hi](std::string& text) -> std::string {
+      [lo, hi, below_hi](std::string& text) -> std::string {
         double v = 0;
         const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
         if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v) || v < lo ||
-            v > hi) {
+            v > hi || (below_hi && v == hi)) {
           std::ostringstream m;  // shortest form: 1e+30, not 1000000000000000019884624838656.0
-          m << "'" << text << "' is not a finite number in [" << lo << ", " << hi << "]";
+          m << "'" << text << "' is not a finite number in [" << lo << ", " << hi
+            << (below_hi ? ")" : "]");
           return m.str();
         }
         return {};
@@ -111,6 +114,18 @@ inline void print_once(const char* program, const std::exception& e) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", program, e.what());
+}
+
+// A command line CLI11 refused (every rank parses the same argv): --help and
+// --version print on rank 0 and give 0; an error is printed once as
+// "<program>: error: <what> (see --help)" and gives 2, as every other
+// refusal does (was: CLI11's own text and codes, 105 and others).
+inline int parse_exit(const CLI::App& app, const CLI::ParseError& e, const char* program) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (e.get_exit_code() == 0) return rank == 0 ? app.exit(e) : 0;
+  if (rank == 0) std::fprintf(stderr, "%s: error: %s (see --help)\n", program, e.what());
+  return 2;
 }
 
 }  // namespace summa::flags

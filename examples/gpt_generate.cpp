@@ -159,9 +159,17 @@ int run(const Cli& cli) {
                                ? std::string("no prompt: give --prompt TEXT or --prompt-file F")
                                : "--prompt-file " + cli.prompt_file +
                                      " holds no prompt (no line that is not empty)");
-      config = cli.hf.empty()
-                   ? summa::config_from_meta(summa::read_checkpoint_info(cli.checkpoint).meta)
-                   : summa::io::read_hf_gpt2_config(cli.hf);
+      if (cli.hf.empty()) {
+        const summa::CheckpointInfo info = summa::read_checkpoint_info(cli.checkpoint);
+        try {  // the manifest's model, named (was: "n_head=0 ...", no file)
+          config = summa::config_from_meta(info.meta);
+          config.validate();
+        } catch (const summa::Error& e) {
+          throw summa::Error("--checkpoint " + cli.checkpoint + ": its manifest: " + e.what());
+        }
+      } else {
+        config = summa::io::read_hf_gpt2_config(cli.hf);
+      }
       if (tok.vocab() > config.vocab_size)
         throw summa::Error(
             fmt::format("the tokenizer ({}) has {} ids, the model's vocabulary only {}", tok.name(),

@@ -47,6 +47,7 @@
 #include <new>
 #include <numeric>
 #include <optional>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -333,8 +334,11 @@ class LogFile {
   // Opens `path`: truncated for a fresh run; for a resumed one, cut back to
   // the lines of steps <= `step` (and evaluations before it) first, so no
   // partial or repeated line remains.
-  void open(const fs::path& path, bool resume, std::int64_t step) {
+  // `run`: this run's id (TrainerOptions::run_id), written into every record
+  // by the caller; a resume refuses a log with a record of another run.
+  void open(const fs::path& path, bool resume, std::int64_t step, const std::string& run) {
     path_ = path;
+    run_ = run;
     summa::io::require_regular_file(path, "--log");  // a FIFO would block open()
     if (resume)
       truncate_to(step);
@@ -435,6 +439,19 @@ class LogFile {
             "file with other lines is never cut (for a resume or by --overwrite): choose "
             "another --log, or remove those lines");
       }
+      // A record of another run (its "run" id differs from the checkpoint's):
+      // this is not the resumed run's log, so it is never cut (was: a copy of
+      // another run's log, every line a record, cut to the checkpoint's
+      // step). Records without an id come from a gpt_train before run ids.
+      if (cut && !run_.empty() && record.contains("run") && record["run"] != run_) {
+        ::close(fd);
+        throw summa::Error(
+            "--log " + path_.string() + ": line " + std::to_string(line_no) +
+            " is a record of another run (run id " + record["run"].dump() +
+            "; the checkpoint resumed is of run \"" + run_ +
+            "\"): a resume never cuts another run's log; give this run's own --log, or a new "
+            "path");
+      }
       const auto s = record["step"].get<std::int64_t>();
       if (record.contains("val_loss") ? s < step : s <= step) kept += l + "\n";
     };
@@ -474,6 +491,7 @@ class LogFile {
   }
 
   fs::path path_;
+  std::string run_;
   int fd_ = -1;
   off_t whole_ = 0;      // the file's size after its last whole line
   long long limit_ = 0;  // SUMMA_FAULT_LOG_LIMIT (0: none)
@@ -649,6 +667,7 @@ int train(const Cli& cli) {
   o.init_seed = cli.seed;
   o.data_seed = cli.data_seed;
   o.val_fraction = cli.val_fraction;
+  o.skip_hint = "--on-nonfinite skip";  // named by the divergence error
   o.on_non_finite = cli.on_nonfinite == "skip" ? summa::TrainerOptions::NonFinite::skip
                                                : summa::TrainerOptions::NonFinite::stop;
   o.max_skipped_steps = cli.max_skipped;
@@ -959,7 +978,9 @@ int train(const Cli& cli) {
     // each field parsed whole (no "1e20" read as 1, no wrap-around), the
     // same verdict on every rank (the same manifest).
     std::optional<std::string> keep_error;
-    const auto keep = [&](const char* flag, const char* key, auto& field) {
+    // (`least`: the smallest value the field takes; a batch of 0 in a
+    // manifest is named here, was: "trainer: batch=0 ..." naming no file)
+    const auto keep = [&](const char* flag, const char* key, auto& field, long long least = 0) {
       const auto it = info.meta.find(key);
       if (keep_error || (flag != nullptr && cli.given.count(flag)) || it == info.meta.end()) return;
       using F = std::decay_t<decltype(field)>;
@@ -972,23 +993,42 @@ int train(const Cli& cli) {
         ok = !v.empty() && end == v.c_str() + v.size() && std::isfinite(x);
       } else {
         const auto r = std::from_chars(v.data(), v.data() + v.size(), x);
-        ok = r.ec == std::errc() && r.ptr == v.data() + v.size() && x >= 0;
+        ok = r.ec == std::errc() && r.ptr == v.data() + v.size() &&
+             static_cast<long double>(x) >= static_cast<long double>(least);
       }
       if (ok)
         field = x;
       else
         keep_error = "--resume: " + resume->string() + ": the manifest's " + key + " '" + v +
                      "' is not " +
-                     (std::is_floating_point_v<F> ? "a finite number" : "a non-negative integer") +
+                     (std::is_floating_point_v<F> ? std::string("a finite number")
+                      : least > 0                 ? "an integer >= " + std::to_string(least)
+                                                  : std::string("a non-negative integer")) +
                      (flag != nullptr ? std::string(" (give ") + flag + " to set it)" : "");
     };
     keep(nullptr, "data_seed", o.data_seed);
-    keep("--batch", "batch", o.batch);
-    keep("--seq", "seq", o.seq);
+    keep("--batch", "batch", o.batch, 1);
+    keep("--seq", "seq", o.seq, 1);
     keep("--lr", "lr", o.schedule.lr);
     keep("--min-lr", "min_lr", o.schedule.min_lr);
     keep("--warmup", "warmup", o.schedule.warmup);
     keep("--steps", "total", o.schedule.total);
+    if (!keep_error && o.schedule.min_lr > o.schedule.lr)  // (was: LrSchedule's words, no file)
+      keep_error = "--resume: " + resume->string() + ": the final learning rate " +
+                   (std::ostringstream() << o.schedule.min_lr).str() +
+                   (cli.given.count("--min-lr") ? " (--min-lr)" : " (the manifest's min_lr)") +
+                   " is more than the learning rate " +
+                   (std::ostringstream() << o.schedule.lr).str() +
+                   (cli.given.count("--lr") ? " (--lr)" : " (the manifest's lr)") +
+                   "; give --lr and --min-lr with min-lr <= lr";
+    // the saved model's positions hold the sequence (was: "trainer: seq=64
+    // exceeds n_positions=1", naming no file)
+    if (!keep_error && o.seq > o.config.n_positions)
+      keep_error =
+          "--resume: " + resume->string() + ": the sequence length " + std::to_string(o.seq) +
+          (cli.given.count("--seq") ? " (--seq)" : " (the manifest's seq)") +
+          " is more than the saved model's n_positions=" + std::to_string(o.config.n_positions) +
+          (cli.given.count("--seq") ? "; give a --seq of at most that" : "");
     steps = o.schedule.total;
     // As a fresh run does: the warm-up ends by the last step (a run saved
     // with --steps 30 and its default warm-up of 20, resumed with --steps 6).
@@ -1001,6 +1041,16 @@ int train(const Cli& cli) {
             cli.given.count("--warmup") ? "" : ", saved in the checkpoint",
             static_cast<long long>(o.schedule.total), static_cast<long long>(o.schedule.total));
       o.schedule.warmup = o.schedule.total;
+    }
+    // The run continues under its id (a checkpoint of a gpt_train before run
+    // ids has none: the run gets one below).
+    if (const auto it = info.meta.find("run_id"); it != info.meta.end() && !keep_error) {
+      o.run_id = it->second;
+      if (!summa::is_run_id(it->second))
+        keep_error = "--resume: " + resume->string() + ": the manifest's run_id '" +
+                     it->second.substr(0, 80) +
+                     "' is not a run id (at most 64 letters, digits, "
+                     "'-' or '_')";
     }
     keep("--weight-decay", "weight_decay", o.optimizer.weight_decay);
     keep("--clip", "clip", o.clip);
@@ -1059,9 +1109,48 @@ int train(const Cli& cli) {
     spec = choose_scheme<T>(cli, o, *backend, root);
     o.scheme = spec.str();
   }
-  summa::require_memory_fits<T>(world, spec, *backend, o.config, o.batch, o.seq, o.gpt, o.grid,
-                                budget, "gpt_train");
+  try {
+    summa::require_memory_fits<T>(world, spec, *backend, o.config, o.batch, o.seq, o.gpt, o.grid,
+                                  budget, "gpt_train");
+  } catch (const summa::CollectiveError& e) {
+    // The scheme's own checks (SchemeContext::check_gpt, agreed) name
+    // GptConfig's fields: said with the scheme and the flag that sets the
+    // field (was: "GPT (1D): vocab_size=1 must be divisible by p=2").
+    std::string_view m = e.what();
+    if (!m.starts_with("GPT (") || m.find("): ") == std::string_view::npos) throw;
+    m.remove_prefix(m.find("): ") + 3);
+    std::string flag;
+    for (const auto& [field, name] :
+         {std::pair<std::string_view, const char*>{"n_embd", "--hidden"},
+          {"n_head=", "--heads"},
+          {"vocab_size=", "--vocab"},
+          {"batch=", "--batch"}})
+      if (m.starts_with(field)) flag = name;
+    if (flag == "--vocab" && !cli.given.count("--vocab") && !resume) flag.clear();
+    throw summa::CollectiveError(
+        (cli.scheme.empty() ? "the scheme " + spec.str() + " (the default for " +
+                                  std::to_string(ranks) + " ranks; see --scheme)"
+                            : "--scheme " + spec.str()) +
+        " cannot split this model: " + std::string(m) +
+        (flag.empty()
+             ? std::string()
+             : " (" + flag + (resume && flag != "--batch" ? ", saved in the checkpoint)" : ")")));
+  }
 
+  if (o.run_id.empty()) {  // a fresh run: rank 0 draws its id, every rank takes it
+    char id[17] = {};
+    if (root) {
+      std::random_device device;
+      const std::uint64_t x =
+          (std::uint64_t{device()} << 32) ^ device() ^
+          static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+      std::snprintf(id, sizeof id, "%016llx", static_cast<unsigned long long>(x));
+    }
+    MPI_Request request;
+    MPI_Ibcast(id, 16, MPI_CHAR, 0, world, &request);
+    summa::wait_guarded(request, world, "gpt_train's run id broadcast", 16);
+    o.run_id = std::string(id, 16);
+  }
   std::unique_ptr<summa::Trainer<T>> made;
   try {
     made = std::make_unique<summa::Trainer<T>>(world, o, *backend, std::move(tokens));
@@ -1091,7 +1180,8 @@ int train(const Cli& cli) {
   const double tokens_per_step = static_cast<double>(o.batch * o.seq);
 
   LogFile log;
-  summa::on_root_agreed(world, [&] { log.open(log_path, trainer.step() > 0, trainer.step()); });
+  summa::on_root_agreed(world,
+                        [&] { log.open(log_path, trainer.step() > 0, trainer.step(), o.run_id); });
   // A failed log write (rank 0) becomes the same error on every rank.
   const auto check_log = [&] {
     summa::agree_on(world, log.error().empty()
@@ -1135,7 +1225,8 @@ int train(const Cli& cli) {
       std::printf("%s%s step %lld: validation loss %.4f\n", bar ? "\n" : "", when,
                   static_cast<long long>(trainer.step()), v);
       std::fflush(stdout);
-      log.line(nlohmann::ordered_json{{"step", trainer.step()}, {"val_loss", v}}.dump());
+      log.line(nlohmann::ordered_json{{"step", trainer.step()}, {"run", o.run_id}, {"val_loss", v}}
+                   .dump());
     }
     return v;
   };
@@ -1194,6 +1285,7 @@ int train(const Cli& cli) {
         std::fflush(stdout);
       }
       nlohmann::ordered_json record = {{"step", s + 1},
+                                       {"run", o.run_id},
                                        {"loss", st.loss},
                                        {"lr", st.lr},
                                        {"grad_norm", st.grad_norm},
@@ -1244,7 +1336,10 @@ int train(const Cli& cli) {
     // logged once the checkpoint is saved: a job killed during the save (mpirun
     // forwards a signal, then kills the ranks) leaves no "stopped" line for a
     // checkpoint that does not exist
-    if (root) log.line(nlohmann::ordered_json{{"step", trainer.step()}, {"stopped", name}}.dump());
+    if (root)
+      log.line(
+          nlohmann::ordered_json{{"step", trainer.step()}, {"run", o.run_id}, {"stopped", name}}
+              .dump());
     check_log();
     if (root) {
       std::printf("checkpoint: %s (resume with --resume)\n",
@@ -1415,9 +1510,11 @@ int main(int argc, char** argv) {
   app.add_option("--weight-decay", cli.weight_decay, "decoupled weight decay (2-D parameters)")
       ->check(real_in(0, 1e6))
       ->capture_default_str();
-  app.add_option("--beta2", cli.beta2, "AdamW beta2")->check(real_in(0, 1))->capture_default_str();
+  app.add_option("--beta2", cli.beta2, "AdamW beta2")
+      ->check(real_in(0, 1, /*below_hi=*/true))
+      ->capture_default_str();
   app.add_option("--momentum", cli.momentum, "SGD momentum")
-      ->check(real_in(0, 1))
+      ->check(real_in(0, 1, /*below_hi=*/true))
       ->capture_default_str();
   app.add_option("--clip", cli.clip, "gradient global-norm clip (0: off)")
       ->check(real_in(0, 1e30))

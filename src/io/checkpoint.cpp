@@ -465,6 +465,11 @@ fs::path resolve_checkpoint(const fs::path& path_or_root) {
   if (fs::is_regular_file(path_or_root, ec))
     throw Error(
         fmt::format("checkpoint: {} is a file, not a checkpoint directory", quoted(path_or_root)));
+  // a FIFO, socket or device: named (was: "no checkpoint at … (missing …)")
+  if (const std::string kind = io::non_regular_kind(path_or_root);
+      !kind.empty() && !fs::is_directory(path_or_root, ec))
+    throw Error(fmt::format("checkpoint: {} is {}, not a checkpoint directory",
+                            quoted(path_or_root), kind));
   // present as an entry (a dangling or looping link included: named as such
   // below, not reported as missing)
   const auto present = [&](const fs::path& p) { return fs::exists(fs::symlink_status(p, ec)); };

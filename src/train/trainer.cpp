@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -20,6 +22,12 @@ std::string config_text(const GptConfig& c) {
 
 }  // namespace
 
+bool is_run_id(std::string_view id) {
+  return id.size() <= 64 && std::all_of(id.begin(), id.end(), [](char c) {
+           return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '-' || c == '_';
+         });
+}
+
 void TrainerOptions::validate() const {
   config.validate();
   (void)SchemeSpec::parse(scheme);
@@ -34,6 +42,10 @@ void TrainerOptions::validate() const {
           [&] { return fmt::format("trainer: val_fraction={} must be in [0, 1)", val_fraction); });
   require(max_skipped_steps >= 0, [&] {
     return fmt::format("trainer: max_skipped_steps={} must be >= 0", max_skipped_steps);
+  });
+  require(is_run_id(run_id), [&] {
+    return fmt::format("trainer: run_id '{}' must be at most 64 letters, digits, '-' or '_'",
+                       run_id.substr(0, 80));
   });
   optimizer.validate();
   schedule.validate();
@@ -146,7 +158,7 @@ StepStats Trainer<T>::train_step() {
         step_ + 1, s.loss, s.grad_norm,
         skip ? fmt::format(", after {} skipped steps in a row (the limit)", skipped_in_a_row_)
              : std::string(),
-        skip ? "" : "; or skip such steps: TrainerOptions::on_non_finite = skip");
+        skip ? std::string() : "; or skip such steps: " + options_.skip_hint);
   if (run_->grid().check_calls())
     run_->grid().agree(CommAxis::world, error);
   else if (error)
@@ -178,26 +190,29 @@ double Trainer<T>::evaluate(int batches) {
 template <class T>
 std::map<std::string, std::string> Trainer<T>::checkpoint_meta() const {
   const GptConfig& c = options_.config;
-  return {{"scheme", run_->spec().str()},
-          {"config", config_text(c)},
-          {"n_layer", std::to_string(c.n_layer)},
-          {"n_head", std::to_string(c.n_head)},
-          {"n_embd", std::to_string(c.n_embd)},
-          {"n_positions", std::to_string(c.n_positions)},
-          {"vocab_size", std::to_string(c.vocab_size)},
-          {"layer_norm_epsilon", fmt::format("{}", c.layer_norm_epsilon)},
-          {"optimizer", std::string(optimizer_->kind())},
-          {"data_seed", std::to_string(options_.data_seed)},
-          {"init_seed", std::to_string(options_.init_seed)},
-          {"batch", std::to_string(options_.batch)},
-          {"seq", std::to_string(options_.seq)},
-          {"dtype", std::string(name_of(dtype_v<T>))},
-          {"lr", fmt::format("{}", options_.schedule.lr)},
-          {"min_lr", fmt::format("{}", options_.schedule.min_lr)},
-          {"warmup", std::to_string(options_.schedule.warmup)},
-          {"total", std::to_string(options_.schedule.total)},
-          {"weight_decay", fmt::format("{}", options_.optimizer.weight_decay)},
-          {"clip", fmt::format("{}", options_.clip)}};
+  std::map<std::string, std::string> meta{
+      {"scheme", run_->spec().str()},
+      {"config", config_text(c)},
+      {"n_layer", std::to_string(c.n_layer)},
+      {"n_head", std::to_string(c.n_head)},
+      {"n_embd", std::to_string(c.n_embd)},
+      {"n_positions", std::to_string(c.n_positions)},
+      {"vocab_size", std::to_string(c.vocab_size)},
+      {"layer_norm_epsilon", fmt::format("{}", c.layer_norm_epsilon)},
+      {"optimizer", std::string(optimizer_->kind())},
+      {"data_seed", std::to_string(options_.data_seed)},
+      {"init_seed", std::to_string(options_.init_seed)},
+      {"batch", std::to_string(options_.batch)},
+      {"seq", std::to_string(options_.seq)},
+      {"dtype", std::string(name_of(dtype_v<T>))},
+      {"lr", fmt::format("{}", options_.schedule.lr)},
+      {"min_lr", fmt::format("{}", options_.schedule.min_lr)},
+      {"warmup", std::to_string(options_.schedule.warmup)},
+      {"total", std::to_string(options_.schedule.total)},
+      {"weight_decay", fmt::format("{}", options_.optimizer.weight_decay)},
+      {"clip", fmt::format("{}", options_.clip)}};
+  if (!options_.run_id.empty()) meta["run_id"] = options_.run_id;
+  return meta;
 }
 
 template <class T>

@@ -21,12 +21,13 @@ SMALL=(--layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 --eval-every 0 --eval
 
 # run <np> <args...>: sets $rc and $out (stdout + stderr); 60 s hard limit.
 # With NOSHAPE set, SMALL's model shape flags are left out (a resume takes
-# the saved model's; a shape flag given must match it).
+# the saved model's; a shape flag given must match it); NOSHAPE=2 leaves out
+# --seq and --batch too (the manifest's are read).
 run() {
   local np=$1
   shift
   local base=("${SMALL[@]}")
-  [ -n "${NOSHAPE:-}" ] && base=("${SMALL[@]:6}")
+  [ -n "${NOSHAPE:-}" ] && base=("${SMALL[@]:$((NOSHAPE == 2 ? 10 : 6))}")
   out=$(timeout -s KILL 60 "$MPIEXEC" -np "$np" "${FLAGS[@]}" "$EXE" "${base[@]}" "$@" 2>&1)
   rc=$?
   printf '%s\n' "$out" >"$W/last_$case.txt"
@@ -272,6 +273,34 @@ if [ -n "$EDIT" ]; then
     NOSHAPE=1 expect_error "$pattern" 2 --steps 8 --resume --out "$W/$case"
     [ "$(snapshot "$W/$case")" = "$before" ] || fail "the saved run changed"
   done
+  # values that parse but the run cannot take, named with the checkpoint
+  # (were: "trainer: batch=0 ..." and "trainer: seq=16 exceeds
+  # n_positions=1", naming no file); NOSHAPE=2: the manifest's batch is read
+  for edit in "2|meta batch |meta batch 0|--resume: .*step_00000006: the manifest's batch '0' is not an integer >= 1" \
+    "1|meta n_positions |meta n_positions 1|--resume: .*step_00000006: the sequence length 16 \(--seq\) is more than the saved model's n_positions=1" \
+    "2|meta min_lr |meta min_lr 5|--resume: .*step_00000006: the final learning rate 5 \(the manifest's min_lr\) is more than the learning rate"; do
+    IFS='|' read -r noshape prefix line pattern <<<"$edit"
+    case=manifest_$(cut -d' ' -f2 <<<"$prefix")
+    fresh "$case"
+    "$EDIT" "$W/$case/checkpoints/step_00000006/manifest" "$prefix" "$line" || fail "edit failed"
+    before=$(snapshot "$W/$case")
+    NOSHAPE=$noshape expect_error "$pattern" 2 --steps 8 --resume --out "$W/$case"
+    [ "$(snapshot "$W/$case")" = "$before" ] || fail "the saved run changed"
+  done
+  # gpt_generate names the checkpoint whose manifest holds a model no
+  # GPT can be (was: "n_head=0 ...", no file)
+  case=generate_manifest_n_head
+  fresh "$case"
+  "$EDIT" "$W/$case/checkpoints/step_00000006/manifest" "meta n_head " "meta n_head 0" ||
+    fail "edit failed"
+  out=$(timeout -s KILL 60 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$(dirname "$EXE")/gpt_generate" \
+    --checkpoint "$W/$case/checkpoints" --prompt hi 2>&1)
+  rc=$?
+  printf '%s\n' "$out" >"$W/last_$case.txt"
+  echo "[$case] exit $rc: $(grep -m1 error: <<<"$out")"
+  [ "$rc" != 0 ] && [ "$rc" != 137 ] || fail "gpt_generate ended with $rc"
+  [ "$(grep -cE "gpt_generate: error: --checkpoint .*checkpoints: its manifest: .*n_head" <<<"$out")" = 1 ] ||
+    fail "the manifest is not named, once:"$'\n'"$out"
 fi
 if [ -n "$EDIT" ]; then
   # a negative step (was: accepted, then every rank threw apart and MPI_ABORT):
@@ -713,6 +742,17 @@ before=$(snapshot "$W/$case")
 expect_error "--log .*notes.txt: line 2 is not a record of a gpt_train log" 2 --steps 8 \
   --checkpoint-every 2 --resume --out "$W/$case" --log "$W/$case/notes.txt"
 [ "$(snapshot "$W/$case")" = "$before" ] || fail "the run's files changed"
+# Every record names its run; a resume never cuts another run's log, though
+# its every line is a record (was: a copy of another run's log given as
+# --log was cut to the checkpoint's step)
+case=resume_log_of_another_run
+fresh "$case"
+grep -q '"run":"[0-9a-f]\{16\}"' "$W/$case/log.jsonl" || fail "the log's records name no run"
+sed 's/"run":"[0-9a-f]*"/"run":"0123456789abcdef"/' "$W/$case/log.jsonl" >"$W/$case/other.jsonl"
+before=$(snapshot "$W/$case")
+expect_error "--log .*other.jsonl: line 1 is a record of another run \(run id .0123456789abcdef." 2 \
+  --steps 8 --checkpoint-every 2 --resume --out "$W/$case" --log "$W/$case/other.jsonl"
+[ "$(snapshot "$W/$case")" = "$before" ] || fail "the run's files changed"
 case=overwrite_log_other_lines  # --overwrite too cuts a log, never notes (was: wiped)
 rm -rf "$W/$case" && mkdir -p "$W/$case"
 { head -n 1 "$W/ref/log.jsonl" && printf 'my notes\n'; } >"$W/$case/notes.txt"
@@ -769,7 +809,7 @@ last=$(python3 -c 'import json,sys; print(max(json.loads(l)["step"] for l in ope
   "$W/$case/log.jsonl")
 expect_ok 2 --steps "$last" --resume --out "$W/$case"
 grep -q "nothing to train" <<<"$out" || fail "expected 'nothing to train':"$'\n'"$out"
-n=$(grep -c "\"step\":$last,\"val_loss\"" "$W/$case/log.jsonl")
+n=$(grep -cE "\"step\":$last,\"run\":\"[0-9a-f]{16}\",\"val_loss\"" "$W/$case/log.jsonl")
 [ "$n" = 1 ] || fail "the log holds $n validation lines at step $last (one expected)"
 
 finish "gpt_train fault suite: every case held"

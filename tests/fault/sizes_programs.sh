@@ -84,10 +84,10 @@ case=compare_schemes_tokens
 refused "needs .* per rank for its token ids alone" \
   "$COMPARE" --schemes 1d:p=2 --batch 16777216 --seq 16777216
 case=calibrate_gpt  # was: killed by the kernel after growing to the node's memory
-refused "calibrate: --gpt: its f32 GEMM .* needs .* per rank for its operands" \
+refused "calibrate: error: --gpt: its f32 GEMM .* needs .* per rank for its operands" \
   "$CALIBRATE" --gpt hidden=1048576,heads=16 --dtype f32 --out "$W/machine.json"
 case=calibrate_gpt_unbuildable  # no scheme builds it: refused with the reason (not left out)
-refused "calibrate: --gpt 'hidden=1048576': no scheme of the rank counts builds it \(1d:p=[0-9]+: .*not divisible by n_head=24\)" \
+refused "calibrate: error: --gpt 'hidden=1048576': no scheme of the rank counts builds it \(1d:p=[0-9]+: .*not divisible by n_head=24\)" \
   "$CALIBRATE" --gpt hidden=1048576 --dtype f32 --out "$W/machine.json"
 case=custom_model  # was: uncaught bad_alloc (terminate, SIGABRT)
 refused "custom_model: --hidden 1048576 --batch 16777216 under 1d:p=2 needs about .* per rank" \
@@ -142,29 +142,34 @@ done
 # ---- the second hostile pass (issue 24)
 case=calibrate_out_fifo  # was: the FIFO (as root: /dev/full too) replaced by the machine file
 mkfifo "$W/out.fifo"
-refused "calibrate: --out: '.*out.fifo' is a FIFO \(named pipe\), not a regular file: refusing to replace it" \
+refused "calibrate: error: --out: '.*out.fifo' is a FIFO \(named pipe\), not a regular file: refusing to replace it" \
   "$CALIBRATE" --out "$W/out.fifo" --max-size 32 --min-seconds 0.01
 [ -p "$W/out.fifo" ] || fail "the FIFO was replaced"
 case=calibrate_out_directory  # was: refused only after the whole measurement
 mkdir -p "$W/out.dir"
-refused "calibrate: --out: '.*out.dir' is a directory, not a regular file" \
+refused "calibrate: error: --out: '.*out.dir' is a directory, not a regular file" \
   "$CALIBRATE" --out "$W/out.dir" --max-size 32 --min-seconds 0.01
 case=calibrate_out_missing_folder  # was: refused only after the whole measurement
-refused "calibrate: --out: cannot create the temporary file .*no-such-dir" \
+refused "calibrate: error: --out: cannot create the temporary file .*no-such-dir" \
   "$CALIBRATE" --out "$W/no-such-dir/m.json" --max-size 32 --min-seconds 0.01
 # ---- the third hostile pass (issue 24)
 case=calibrate_out_dangling  # was: the link silently replaced by the machine file
 ln -sf nowhere.json "$W/dangling.json"
-refused "calibrate: --out: '.*dangling.json' is a dangling symbolic link" \
+refused "calibrate: error: --out: '.*dangling.json' is a dangling symbolic link" \
   "$CALIBRATE" --out "$W/dangling.json" --max-size 32 --min-seconds 0.01
 [ -L "$W/dangling.json" ] || fail "the link was replaced"
 case=calibrate_out_link  # was: the link replaced by a file, its target left stale
-echo '{"old": 1}' >"$W/real.json"
+echo '{"device": {}, "old": 1}' >"$W/real.json"  # an earlier machine file
 ln -sf real.json "$W/link.json"
 out=$(timeout -s KILL 60 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$CALIBRATE" --out "$W/link.json" \
   --max-size 32 --min-seconds 0.001 --dtype f32 2>&1) || fail "calibrate failed: $out"
 [ -L "$W/link.json" ] || fail "the link was replaced by a file"
 grep -q '"old"' "$W/real.json" && fail "the link's target was not written"
+case=calibrate_out_other_file  # was: replaced by the machine file
+printf 'my notes\n' >"$W/notes.txt"
+refused "calibrate: error: --out: '.*notes.txt' holds something other than a machine file" \
+  "$CALIBRATE" --out "$W/notes.txt" --max-size 32 --min-seconds 0.01
+[ "$(cat "$W/notes.txt")" = "my notes" ] || fail "the notes were replaced"
 case=calibrate_ranks_beyond_mesh  # was: SIGFPE in step_gemm_shapes (a 64x64 mesh over hidden 32)
 # no scheme of 4096 ranks splits hidden 32: refused, naming the point
 out=$(timeout -s KILL 120 "$MPIEXEC" -np 1 "${FLAGS[@]}" "$CALIBRATE" --out "$W/ranks.json" \
@@ -211,11 +216,15 @@ refused "devices_per_node\" is number 2147483648, expected a positive integer up
   --preset local-weak --predict "$W/devices.json"
 case=plot_png_fifo  # was: a Python traceback and a hint about matplotlib
 mkfifo "$W/plot-throughput.png"
-refused "scaling_study: --plot: '.*plot-throughput.png' is a FIFO" "$STUDY" --preset local-weak \
+refused "scaling_study: error: --plot: '.*plot-throughput.png' is a FIFO" "$STUDY" --preset local-weak \
   --predict "$(dirname "$0")/../../machines/dev-2core.json" --plot "$W/plot"
 case=generate_checkpoint_file  # was: "no checkpoint at … (missing …)"
 refused "gpt_generate: error: checkpoint: '.*devices.json' is a file, not a checkpoint directory" \
   "$GENERATE" --checkpoint "$W/devices.json" --prompt hi
+case=generate_checkpoint_fifo  # was: "no checkpoint at … (missing …)"
+mkfifo "$W/checkpoint.fifo"
+refused "gpt_generate: error: checkpoint: '.*checkpoint.fifo' is a FIFO \(named pipe\), not a checkpoint directory" \
+  "$GENERATE" --checkpoint "$W/checkpoint.fifo" --prompt hi
 case=machine_number_overflow  # was: one nlohmann out_of_range per rank, then MPI_ABORT
 sed 's/"devices_per_node": *[0-9]*/"devices_per_node": 1e400/' \
   "$(dirname "$0")/../../machines/dev-2core.json" >"$W/overflow.json"
@@ -261,6 +270,22 @@ for gpt in "layers=+2" "hidden= 64" "layers=2,"; do
   refused "--gpt '.*': '.*' is not key=positive integer" "$CALIBRATE" --gpt "$gpt" \
     --out "$W/gpt.json"
 done
+case=study_checkpoint_text  # was: nlohmann's "type must be boolean, but is string"
+printf '{"checkpoint": "yes", "points": [{"gpus": 2, "scheme": "1d:p=2", "batch": 8, "hidden": 64, "heads": 4}]}\n' >"$W/checkpoint_text.json"
+refused "scaling_study: error: study file .*checkpoint_text.json: \"checkpoint\" is \"yes\", not true or false" \
+  "$STUDY" --study "$W/checkpoint_text.json" --predict "$(dirname "$0")/../../machines/dev-2core.json"
+case=study_csv_no_folder  # was: "cannot be written", no reason
+refused "scaling_study: error: --csv .*no-such-dir/x.csv: cannot be written: No such file or directory" \
+  "$STUDY" --preset local-weak --predict "$(dirname "$0")/../../machines/dev-2core.json" \
+  --csv "$W/no-such-dir/x.csv"
+case=compare_schemes_flag  # was: CLI11's own text, no "error:", exit 105
+refused "compare_schemes: error: --layers: .* \(see --help\)" "$COMPARE" --layers abc
+[ "$rc" = 2 ] || fail "exit $rc, expected 2"
+case=train_beta2_one  # was: accepted by the flag, then "OptimizerOptions: beta2=1 ..."
+refused "gpt_train: error: --beta2: '1' is not a finite number in \[0, 1\)" "$TRAIN" --beta2 1
+case=train_vocab_scheme  # was: "GPT (1D): vocab_size=1 ...", naming neither flag nor scheme
+refused "gpt_train: error: the scheme 1d:p=2 \(the default for 2 ranks; see --scheme\) cannot split this model: vocab_size=1 must be divisible by p=2 \(--vocab\)" \
+  "$TRAIN" --vocab 1 --steps 1 --export '' --out "$W/vocab1"
 case=study_paper_negative  # was: -1 printed as a paper's figure
 printf '{"kind": "weak", "points": [{"gpus": 2, "scheme": "1d:p=2", "batch": 8, "hidden": 64, "heads": 4, "paper_fwd_per_sample_s": -1}]}\n' >"$W/paper_negative.json"
 refused "point 0: paper_fwd_per_sample_s is -1, not a positive number of seconds" "$STUDY" \

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "summa/io/checkpoint.hpp"
@@ -56,6 +57,11 @@ struct TrainerOptions {
   std::uint64_t init_seed = 1234;  ///< weights (init_value)
   std::uint64_t data_seed = 1234;  ///< batch windows (io::TokenLoader)
   double val_fraction = 0.1;       ///< held-out tail of the token stream
+  /// The run's identity, saved in every checkpoint's meta as `run_id` (empty:
+  /// none saved). gpt_train draws one at a fresh start, keeps the saved one
+  /// on resume and writes it into every log record, so that a resume never
+  /// cuts another run's log.
+  std::string run_id;
   /// A step whose loss or gradient norm is NaN or infinite (divergence, or
   /// non-finite weights, e.g. imported) never updates the weights. `stop`
   /// (the default): train_step() throws summa::CollectiveError on every rank,
@@ -65,10 +71,17 @@ struct TrainerOptions {
   enum class NonFinite { stop, skip };
   NonFinite on_non_finite = NonFinite::stop;
   int max_skipped_steps = 10;
+  /// How this trainer's user asks for `skip`, named by the divergence error
+  /// (a program gives its flag, e.g. gpt_train's "--on-nonfinite skip").
+  std::string skip_hint = "TrainerOptions::on_non_finite = skip";
 
   /// Throws summa::Error naming the first bad value.
   void validate() const;
 };
+
+/// Whether `id` can be a TrainerOptions::run_id: at most 64 letters, digits,
+/// '-' or '_'.
+bool is_run_id(std::string_view id);
 
 /// What one step did.
 struct StepStats {
