@@ -373,17 +373,7 @@ void ln_param_partials_impl(ConstMatrixView<T> X, ConstMatrixView<T> dY, const T
 // Plain loops over view elements: no Eigen temporaries, no heap. Elementwise
 // kernels walk the output in its storage order; row-wise kernels walk rows.
 
-// Calls fn(r, c) for every element, the inner loop along the contiguous axis of `o`.
-template <class Fn>
-void for_each_element(index_t rows, index_t cols, Order o, Fn&& fn) {
-  if (o == Order::col_major) {
-    for (index_t c = 0; c < cols; ++c)
-      for (index_t r = 0; r < rows; ++r) fn(r, c);
-  } else {
-    for (index_t r = 0; r < rows; ++r)
-      for (index_t c = 0; c < cols; ++c) fn(r, c);
-  }
-}
+using cpu_detail::for_each_element;
 
 // GeLU: vectorised on segments (cpu_elementwise.hpp).
 template <class T>

@@ -37,17 +37,7 @@ inline std::size_t fbytes(index_t r, index_t c) {
   return round_up(static_cast<std::size_t>(r * c) * sizeof(float));
 }
 
-// Calls fn(r, c) for every element, the inner loop along the contiguous axis.
-template <class Fn>
-void for_each_element(index_t rows, index_t cols, Order o, Fn&& fn) {
-  if (o == Order::col_major) {
-    for (index_t c = 0; c < cols; ++c)
-      for (index_t r = 0; r < rows; ++r) fn(r, c);
-  } else {
-    for (index_t r = 0; r < rows; ++r)
-      for (index_t c = 0; c < cols; ++c) fn(r, c);
-  }
-}
+using cpu_detail::for_each_element;
 
 inline index_t local_index(std::int32_t target, index_t base, index_t count) {
   const index_t c = static_cast<index_t>(target) - base;

@@ -37,6 +37,19 @@ inline constexpr double kGeluC = 0.79788456080286535588;  // sqrt(2 / pi)
 inline constexpr double kGeluA = 0.044715;
 inline constexpr index_t kSegment = 256;
 
+// Calls fn(r, c) for every element, the inner loop along the contiguous axis
+// of a view of order `o`.
+template <class Fn>
+void for_each_element(index_t rows, index_t cols, Order o, Fn&& fn) {
+  if (o == Order::col_major) {
+    for (index_t c = 0; c < cols; ++c)
+      for (index_t r = 0; r < rows; ++r) fn(r, c);
+  } else {
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t c = 0; c < cols; ++c) fn(r, c);
+  }
+}
+
 // Calls fn(r, c, n) for runs of n <= kSegment elements that are contiguous in
 // every view when all of them share `o`: along rows for row-major, along
 // columns for column-major.

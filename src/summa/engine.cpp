@@ -10,6 +10,30 @@ namespace summa {
 
 namespace {
 
+// Drives the panels' requests on both communicators (MPI_Test each): the
+// progress calls between GEMM slices.
+void progress(Communicator& a, std::array<Request, 2>& a_req, Communicator& b,
+              std::array<Request, 2>& b_req, int buffers) {
+  for (int k = 0; k < buffers; ++k) {
+    a.test(a_req[k]);
+    b.test(b_req[k]);
+  }
+}
+
+// The panel loop: with overlap, step s+1's collective is issued before step
+// s's GEMM (two buffers in flight); without, each step issues, then computes.
+template <class Issue, class Compute>
+void pipeline(index_t steps, bool overlap, Issue& issue, Compute& compute) {
+  if (overlap) issue(0);
+  for (index_t step = 0; step < steps; ++step) {
+    if (!overlap)
+      issue(step);
+    else if (step + 1 < steps)
+      issue(step + 1);
+    compute(step);
+  }
+}
+
 index_t panel_width(index_t panel, index_t dim) {
   return (panel <= 0 || panel > dim) ? dim : panel;
 }
@@ -133,30 +157,19 @@ std::size_t SummaEngine::workspace_bytes(Form form, index_t m, index_t n, index_
   if (q == 1) return Arena::rounded(backend.gemm_scratch_bytes(mb, nb, kb, t));
   const std::size_t buffers = options.overlap ? 2 : 1;
   const int slices = options.overlap ? options.progress_slices : 1;
-  std::size_t panels = 0, scratch = 0;
-  switch (form) {
-    case Form::AB: {
-      const index_t w = panel_width(options.panel, kb);
-      panels = elems(mb, w, t) + elems(w, nb, t);
-      for (index_t x : panel_widths(options.panel, kb))
-        scratch = std::max(scratch, sliced_scratch(backend, mb, nb, x, t, slices));
-      break;
-    }
-    case Form::ABt: {
-      const index_t w = panel_width(options.panel, nb);
-      panels = elems(w, kb, t) + elems(mb, w, t);
-      for (index_t x : panel_widths(options.panel, nb))
-        scratch = std::max(scratch, sliced_scratch(backend, mb, x, kb, t, slices));
-      break;
-    }
-    case Form::AtB: {
-      const index_t w = panel_width(options.panel, mb);
-      panels = elems(kb, w, t) + elems(w, nb, t);
-      for (index_t x : panel_widths(options.panel, mb))
-        scratch = std::max(scratch, sliced_scratch(backend, x, nb, kb, t, slices));
-      break;
-    }
-  }
+  // The dimension a form's panels cut (k for AB, n for ABt, m for AtB), its
+  // two panel buffers at width w, and the local GEMM of a panel x wide.
+  const index_t cut = form == Form::AB ? kb : form == Form::ABt ? nb : mb;
+  const index_t w = panel_width(options.panel, cut);
+  const std::size_t panels = form == Form::AB    ? elems(mb, w, t) + elems(w, nb, t)
+                             : form == Form::ABt ? elems(w, kb, t) + elems(mb, w, t)
+                                                 : elems(kb, w, t) + elems(w, nb, t);
+  std::size_t scratch = 0;
+  for (index_t x : panel_widths(options.panel, cut))
+    scratch =
+        std::max(scratch, form == Form::AB    ? sliced_scratch(backend, mb, nb, x, t, slices)
+                          : form == Form::ABt ? sliced_scratch(backend, mb, x, kb, t, slices)
+                                              : sliced_scratch(backend, x, nb, kb, t, slices));
   return buffers * panels + Arena::rounded(scratch);
 }
 
@@ -270,12 +283,7 @@ void SummaEngine::run_ab(const BlockShapes& s, acc_t<T> alpha, ConstMatrixView<T
     b_req[slot] = col.ibroadcast(b_buf[slot], static_cast<std::size_t>(kw * nb), dtype_v<T>, l);
   };
   const int slices = options_.overlap ? options_.progress_slices : 1;
-  auto poll = [&] {
-    for (int b = 0; b < buffers; ++b) {
-      row.test(a_req[b]);
-      col.test(b_req[b]);
-    }
-  };
+  auto poll = [&] { progress(row, a_req, col, b_req, buffers); };
   auto compute = [&](index_t step) {
     const int slot = static_cast<int>(step % buffers);
     row.wait(a_req[slot]);
@@ -284,14 +292,7 @@ void SummaEngine::run_ab(const BlockShapes& s, acc_t<T> alpha, ConstMatrixView<T
                 step == 0 ? beta : acc_t<T>(1), C, scratch, slices, poll);
   };
 
-  if (options_.overlap) issue(0);
-  for (index_t step = 0; step < steps; ++step) {
-    if (!options_.overlap)
-      issue(step);
-    else if (step + 1 < steps)
-      issue(step + 1);
-    compute(step);
-  }
+  pipeline(steps, options_.overlap, issue, compute);
 }
 
 // Algorithms 2 and 3: broadcast one operand's panel, multiply locally into a
@@ -356,12 +357,7 @@ void SummaEngine::run_reduce_form(Form form, const BlockShapes& s, acc_t<T> alph
     part_step[slot] = -1;
   };
   const int slices = options_.overlap ? options_.progress_slices : 1;
-  auto poll = [&] {
-    for (int b = 0; b < buffers; ++b) {
-      in.test(in_req[b]);
-      out.test(out_req[b]);
-    }
-  };
+  auto poll = [&] { progress(in, in_req, out, out_req, buffers); };
   auto compute = [&](index_t step) {
     int l;
     index_t x0, xw;
@@ -386,14 +382,7 @@ void SummaEngine::run_reduce_form(Form form, const BlockShapes& s, acc_t<T> alph
     if (!options_.overlap) drain(slot);
   };
 
-  if (options_.overlap) issue(0);
-  for (index_t step = 0; step < steps; ++step) {
-    if (!options_.overlap)
-      issue(step);
-    else if (step + 1 < steps)
-      issue(step + 1);
-    compute(step);
-  }
+  pipeline(steps, options_.overlap, issue, compute);
   for (int b = 0; b < buffers; ++b) drain(static_cast<int>((steps + b) % buffers));
 }
 

@@ -40,6 +40,16 @@ std::unique_ptr<SchemeContext<T>> scheme_context(const SchemeSpec& spec, Process
   return std::make_unique<Context<T>>(grid, backend, spec.as<Options>());
 }
 
+/// SchemeRow::option of a scheme that has no options: every key is unknown.
+inline bool no_options(std::string_view, std::string_view, std::string_view, SchemeSpec&) {
+  return false;
+}
+
+/// SchemeRow::sequence_split of a scheme that keeps sequences whole.
+inline int no_sequence_split(const SchemeSpec&) {
+  return 1;
+}
+
 struct SchemeRow {
   /// The scheme item's tag ("1d" in "1d:p=4"), which names the scheme
   /// (SchemeSpec::scheme), and its grammar, with the scheme's options, for
@@ -50,17 +60,19 @@ struct SchemeRow {
   /// summa::Error naming `item` unless it is well formed.
   void (*parse)(std::string_view body, std::string_view item, SchemeSpec& spec);
   /// Reads an option item `key=value` of this scheme into spec; false when
-  /// `key` is not one of its options (throws on a bad value).
+  /// `key` is not one of its options (throws on a bad value). Default: a
+  /// scheme without options.
   bool (*option)(std::string_view key, std::string_view value, std::string_view item,
-                 SchemeSpec& spec);
+                 SchemeSpec& spec) = &no_options;
   /// The scheme item and the options that differ from their defaults
   /// ("2d:q=2,panel=128"), parseable back.
   std::string (*text)(const SchemeSpec& spec);
   /// Ranks of one tensor group.
   std::int64_t (*tensor_ranks)(const SchemeSpec& spec);
   /// Ranks whole sequences are split over in a data group (1, q, Z): the
-  /// batch of a data group must be a multiple of it.
-  int (*sequence_split)(const SchemeSpec& spec);
+  /// batch of a data group must be a multiple of it. Default: 1 (sequences
+  /// whole on every rank).
+  int (*sequence_split)(const SchemeSpec& spec) = &no_sequence_split;
   /// Appends every spec of this scheme with `tensor` ranks per group and
   /// `data` groups.
   void (*enumerate)(int tensor, int data, std::vector<SchemeSpec>& out);

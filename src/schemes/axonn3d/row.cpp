@@ -77,8 +77,8 @@ std::string_view axis_role(const SchemeSpec& spec, CommAxis axis) {
 
 }  // namespace
 
-extern const SchemeRow axonn3d_row;
-constinit const SchemeRow axonn3d_row{
+extern constinit const SchemeRow axonn3d_row{
+    // external: registry.cpp lists it
     .tag = "3d",
     .grammar = "'3d:XxYxZ' (option 'overlap=' with '+'-separated oar, ors, oag or 'none')",
     .parse = &parse,

@@ -93,78 +93,91 @@ ProcessGrid& checked_linear(ProcessGrid& grid, const char* kind, const std::stri
 
 }  // namespace
 
+// ---------------------------------------------------------------- shared
+
+template <class T>
+Linear1D<T>::Linear1D(ProcessGrid& grid, Backend& backend, const std::string& name, index_t tokens,
+                      index_t in, index_t out, bool has_bias)
+    : grid_(&grid),
+      backend_(&backend),
+      name_(name),
+      tokens_(tokens),
+      in_(in),
+      out_(out),
+      has_bias_(has_bias),
+      p_(detail1d::group_size(grid)) {}
+
+template <class T>
+void Linear1D<T>::collect_parameters(std::vector<Param<T>*>& out) {
+  out.push_back(&weight_);
+  if (has_bias_) out.push_back(&bias_);
+}
+
+template <class T>
+BufferNeeds Linear1D<T>::buffer_needs() const {
+  ByteCount<T> ws;
+  ws.add_bytes(scratch_bytes());
+  return {.workspace = ws, .forward = 0, .backward = 0};
+}
+
 // ---------------------------------------------------------------- column-parallel
 
 template <class T>
 ColumnParallelLinear1D<T>::ColumnParallelLinear1D(ProcessGrid& grid, Backend& backend,
                                                   std::string name, index_t tokens, index_t in,
                                                   index_t out, bool has_bias, int groups)
-    : grid_(&checked_linear(grid, "ColumnParallelLinear1D", name, tokens, in, out, out, groups)),
-      backend_(&backend),
-      name_(std::move(name)),
-      tokens_(tokens),
-      in_(in),
-      out_(out),
-      has_bias_(has_bias),
-      p_(detail1d::group_size(grid)) {
-  const int r = detail1d::group_rank(grid);
-  weight_.shard = column_parallel_shard(name_ + ".weight", in, out, p_, r, groups);
-  if (has_bias) bias_.shard = column_parallel_vector_shard(name_ + ".bias", out, p_, r, groups);
-}
-
-template <class T>
-void ColumnParallelLinear1D<T>::collect_parameters(std::vector<Param<T>*>& out) {
-  out.push_back(&weight_);
-  if (has_bias_) out.push_back(&bias_);
+    : Linear1D<T>(
+          checked_linear(grid, "ColumnParallelLinear1D", name, tokens, in, out, out, groups),
+          backend, name, tokens, in, out, has_bias) {
+  const int r = detail1d::group_rank(grid), p = this->p_;
+  this->weight_.shard = column_parallel_shard(name + ".weight", in, out, p, r, groups);
+  if (has_bias) this->bias_.shard = column_parallel_vector_shard(name + ".bias", out, p, r, groups);
 }
 
 template <class T>
 std::size_t ColumnParallelLinear1D<T>::scratch_bytes() const {
-  return backend_->linear_scratch_bytes(tokens_, in_, local_out(), dtype_v<T>);  // X W_r
-}
-
-template <class T>
-BufferNeeds ColumnParallelLinear1D<T>::buffer_needs() const {
-  ByteCount<T> ws;
-  ws.add_bytes(scratch_bytes());
-  return {.workspace = ws, .forward = 0, .backward = 0};
+  return this->backend_->linear_scratch_bytes(this->tokens_, this->in_, local_out(),
+                                              dtype_v<T>);  // X W_r
 }
 
 template <class T>
 void ColumnParallelLinear1D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y,
                                         StepBuffers& buffers) {
-  check_view("ColumnParallelLinear1D forward", "X", X, tokens_, in_);
-  check_view("ColumnParallelLinear1D forward", "Y", Y, tokens_, local_out());
+  check_view("ColumnParallelLinear1D forward", "X", X, this->tokens_, this->in_);
+  check_view("ColumnParallelLinear1D forward", "Y", Y, this->tokens_, local_out());
   ArenaScope scope(buffers.workspace);
   const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
-  backend_->gemm(Op::N, Op::N, acc_t<T>(1), X, ConstMatrixView<T>(weight_.value_view()),
-                 acc_t<T>(0), Y, scratch);
-  if (has_bias_) backend_->add_bias(Y, bias_.value);
-  x_ = X;
+  this->backend_->gemm(Op::N, Op::N, acc_t<T>(1), X, ConstMatrixView<T>(this->weight_.value_view()),
+                       acc_t<T>(0), Y, scratch);
+  if (this->has_bias_) this->backend_->add_bias(Y, this->bias_.value);
+  this->x_ = X;
 }
 
 template <class T>
 void ColumnParallelLinear1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX,
                                          StepBuffers& buffers, bool accumulate) {
-  require(x_.data != nullptr, [&] {
-    return fmt::format("ColumnParallelLinear1D '{}': backward without forward", name_);
+  require(this->x_.data != nullptr, [&] {
+    return fmt::format("ColumnParallelLinear1D '{}': backward without forward", this->name_);
   });
   const bool want_dx = !(dX.rows == 0 && dX.cols == 0);
-  check_view("ColumnParallelLinear1D backward", "dY", dY, tokens_, local_out());
-  if (want_dx) check_view("ColumnParallelLinear1D backward", "dX", dX, tokens_, in_, true);
+  check_view("ColumnParallelLinear1D backward", "dY", dY, this->tokens_, local_out());
+  if (want_dx)
+    check_view("ColumnParallelLinear1D backward", "dX", dX, this->tokens_, this->in_, true);
   const acc_t<T> beta = accumulate ? acc_t<T>(1) : acc_t<T>(0);
-  Communicator& group = grid_->tensor();
+  Communicator& group = this->grid_->tensor();
   ArenaScope scope(buffers.workspace);
   const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
   Request request;
   if (want_dx) {  // partial dX = dY_r W_rᵀ, summed over the group while dW is computed
-    backend_->gemm(Op::N, Op::T, acc_t<T>(1), dY, ConstMatrixView<T>(weight_.value_view()),
-                   acc_t<T>(0), dX, scratch);
-    request = group.iall_reduce(dX.data, dX.data, static_cast<std::size_t>(tokens_ * in_),
-                                dtype_v<T>, ReduceOp::sum);
+    this->backend_->gemm(Op::N, Op::T, acc_t<T>(1), dY,
+                         ConstMatrixView<T>(this->weight_.value_view()), acc_t<T>(0), dX, scratch);
+    request =
+        group.iall_reduce(dX.data, dX.data, static_cast<std::size_t>(this->tokens_ * this->in_),
+                          dtype_v<T>, ReduceOp::sum);
   }
-  backend_->gemm(Op::T, Op::N, acc_t<T>(1), x_, dY, beta, weight_.grad_view(), scratch);
-  if (has_bias_) backend_->column_sums(dY, beta, bias_.grad);
+  this->backend_->gemm(Op::T, Op::N, acc_t<T>(1), this->x_, dY, beta, this->weight_.grad_view(),
+                       scratch);
+  if (this->has_bias_) this->backend_->column_sums(dY, beta, this->bias_.grad);
   group.wait(request);
 }
 
@@ -173,69 +186,54 @@ void ColumnParallelLinear1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX
 template <class T>
 RowParallelLinear1D<T>::RowParallelLinear1D(ProcessGrid& grid, Backend& backend, std::string name,
                                             index_t tokens, index_t in, index_t out, bool has_bias)
-    : grid_(&checked_linear(grid, "RowParallelLinear1D", name, tokens, in, out, in, 1)),
-      backend_(&backend),
-      name_(std::move(name)),
-      tokens_(tokens),
-      in_(in),
-      out_(out),
-      has_bias_(has_bias),
-      p_(detail1d::group_size(grid)) {
+    : Linear1D<T>(checked_linear(grid, "RowParallelLinear1D", name, tokens, in, out, in, 1),
+                  backend, name, tokens, in, out, has_bias) {
   const int r = detail1d::group_rank(grid);
-  weight_.shard = row_parallel_shard(name_ + ".weight", in, out, p_, r);
-  if (has_bias) bias_.shard = replicated_shard(name_ + ".bias", {out}, r);
-}
-
-template <class T>
-void RowParallelLinear1D<T>::collect_parameters(std::vector<Param<T>*>& out) {
-  out.push_back(&weight_);
-  if (has_bias_) out.push_back(&bias_);
+  this->weight_.shard = row_parallel_shard(name + ".weight", in, out, this->p_, r);
+  if (has_bias) this->bias_.shard = replicated_shard(name + ".bias", {out}, r);
 }
 
 template <class T>
 std::size_t RowParallelLinear1D<T>::scratch_bytes() const {
-  return backend_->linear_scratch_bytes(tokens_, local_in(), out_, dtype_v<T>);  // X_r W_r
-}
-
-template <class T>
-BufferNeeds RowParallelLinear1D<T>::buffer_needs() const {
-  ByteCount<T> ws;
-  ws.add_bytes(scratch_bytes());
-  return {.workspace = ws, .forward = 0, .backward = 0};
+  return this->backend_->linear_scratch_bytes(this->tokens_, local_in(), this->out_,
+                                              dtype_v<T>);  // X_r W_r
 }
 
 template <class T>
 void RowParallelLinear1D<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
-  check_view("RowParallelLinear1D forward", "X", X, tokens_, local_in());
-  check_view("RowParallelLinear1D forward", "Y", Y, tokens_, out_, true);
+  check_view("RowParallelLinear1D forward", "X", X, this->tokens_, local_in());
+  check_view("RowParallelLinear1D forward", "Y", Y, this->tokens_, this->out_, true);
   {
     ArenaScope scope(buffers.workspace);
     const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
-    backend_->gemm(Op::N, Op::N, acc_t<T>(1), X, ConstMatrixView<T>(weight_.value_view()),
-                   acc_t<T>(0), Y, scratch);
+    this->backend_->gemm(Op::N, Op::N, acc_t<T>(1), X,
+                         ConstMatrixView<T>(this->weight_.value_view()), acc_t<T>(0), Y, scratch);
   }
-  grid_->tensor().all_reduce(Y.data, Y.data, static_cast<std::size_t>(tokens_ * out_), dtype_v<T>,
-                             ReduceOp::sum);
-  if (has_bias_) backend_->add_bias(Y, bias_.value);  // once, after the sum
-  x_ = X;
+  this->grid_->tensor().all_reduce(Y.data, Y.data,
+                                   static_cast<std::size_t>(this->tokens_ * this->out_), dtype_v<T>,
+                                   ReduceOp::sum);
+  if (this->has_bias_) this->backend_->add_bias(Y, this->bias_.value);  // once, after the sum
+  this->x_ = X;
 }
 
 template <class T>
 void RowParallelLinear1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
                                       bool accumulate) {
-  require(x_.data != nullptr,
-          [&] { return fmt::format("RowParallelLinear1D '{}': backward without forward", name_); });
+  require(this->x_.data != nullptr, [&] {
+    return fmt::format("RowParallelLinear1D '{}': backward without forward", this->name_);
+  });
   const bool want_dx = !(dX.rows == 0 && dX.cols == 0);
-  check_view("RowParallelLinear1D backward", "dY", dY, tokens_, out_);
-  if (want_dx) check_view("RowParallelLinear1D backward", "dX", dX, tokens_, local_in());
+  check_view("RowParallelLinear1D backward", "dY", dY, this->tokens_, this->out_);
+  if (want_dx) check_view("RowParallelLinear1D backward", "dX", dX, this->tokens_, local_in());
   const acc_t<T> beta = accumulate ? acc_t<T>(1) : acc_t<T>(0);
   ArenaScope scope(buffers.workspace);
   const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
-  const auto W = ConstMatrixView<T>(weight_.value_view());
-  if (want_dx) backend_->gemm(Op::N, Op::T, acc_t<T>(1), dY, W, acc_t<T>(0), dX, scratch);
-  backend_->gemm(Op::T, Op::N, acc_t<T>(1), x_, dY, beta, weight_.grad_view(), scratch);
+  const auto W = ConstMatrixView<T>(this->weight_.value_view());
+  if (want_dx) this->backend_->gemm(Op::N, Op::T, acc_t<T>(1), dY, W, acc_t<T>(0), dX, scratch);
+  this->backend_->gemm(Op::T, Op::N, acc_t<T>(1), this->x_, dY, beta, this->weight_.grad_view(),
+                       scratch);
   // dY is the same on every rank: so is this column sum, replicas stay equal.
-  if (has_bias_) backend_->column_sums(dY, beta, bias_.grad);
+  if (this->has_bias_) this->backend_->column_sums(dY, beta, this->bias_.grad);
 }
 
 // Cost of a linear: column-parallel (expand) multiplies its output columns
@@ -248,11 +246,11 @@ void RowParallelLinear1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, S
 // overlapped nothing; CPU MPI, which progresses only inside calls), and
 // 1D predicts as 3D with overlap=none (StepTime.ThreeDWithXOnlyIsOneD).
 namespace {
-void price_linear(cost::Tally& t, model::Phase phase, ProcessGrid& grid, cost::u64 e,
-                  index_t tokens_, index_t in_, index_t out_, bool column, bool bias) {
+void price_linear(cost::Tally& t, model::Phase phase, ProcessGrid& grid, cost::u64 e, index_t rows,
+                  index_t width_in, index_t width_out, bool column, bool bias) {
   const auto u = [](index_t v) { return static_cast<cost::u64>(v); };
   const cost::u64 p = u(detail1d::group_size(grid)), r = u(detail1d::group_rank(grid));
-  const cost::u64 tokens = u(tokens_), in = u(in_), out = u(out_);
+  const cost::u64 tokens = u(rows), in = u(width_in), out = u(width_out);
   const cost::u64 k = column ? in : in / p, n = column ? out / p : out;
   if (phase != model::Phase::backward) {
     t.gemm(tokens, n, k, e);
@@ -268,11 +266,13 @@ void price_linear(cost::Tally& t, model::Phase phase, ProcessGrid& grid, cost::u
 }  // namespace
 template <class T>
 void ColumnParallelLinear1D<T>::price(cost::Tally& t, model::Phase phase) const {
-  price_linear(t, phase, *grid_, sizeof(T), tokens_, in_, out_, true, has_bias_);
+  price_linear(t, phase, *this->grid_, sizeof(T), this->tokens_, this->in_, this->out_, true,
+               this->has_bias_);
 }
 template <class T>
 void RowParallelLinear1D<T>::price(cost::Tally& t, model::Phase phase) const {
-  price_linear(t, phase, *grid_, sizeof(T), tokens_, in_, out_, false, has_bias_);
+  price_linear(t, phase, *this->grid_, sizeof(T), this->tokens_, this->in_, this->out_, false,
+               this->has_bias_);
 }
 
 // ---------------------------------------------------------------- layer norm
@@ -287,6 +287,9 @@ NormLayout megatron1d_norm_layout(ProcessGrid& grid) {
   return l;
 }
 
+template class Linear1D<float>;
+template class Linear1D<double>;
+template class Linear1D<bf16>;
 template class ColumnParallelLinear1D<float>;
 template class ColumnParallelLinear1D<double>;
 template class ColumnParallelLinear1D<bf16>;

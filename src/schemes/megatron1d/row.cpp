@@ -16,16 +16,13 @@ int p_of(const SchemeSpec& s) {
 
 }  // namespace
 
-extern const SchemeRow megatron1d_row;
-constinit const SchemeRow megatron1d_row{
+extern constinit const SchemeRow megatron1d_row{
+    // external: registry.cpp lists it
     .tag = "1d",
     .grammar = "'1d:p=P'",
     .parse = &parse_keyed<Megatron1DSpec, 'p'>,
-    .option = [](std::string_view, std::string_view, std::string_view,
-                 SchemeSpec&) { return false; },
     .text = [](const SchemeSpec& s) { return fmt::format("1d:p={}", p_of(s)); },
     .tensor_ranks = [](const SchemeSpec& s) { return static_cast<std::int64_t>(p_of(s)); },
-    .sequence_split = [](const SchemeSpec&) { return 1; },
     .enumerate =
         [](int tensor, int data, std::vector<SchemeSpec>& out) {
           out.emplace_back("1d", Megatron1DSpec(tensor), data);

@@ -50,8 +50,8 @@ std::string text(const SchemeSpec& spec) {
 
 }  // namespace
 
-extern const SchemeRow summa2d_row;
-constinit const SchemeRow summa2d_row{
+extern constinit const SchemeRow summa2d_row{
+    // external: registry.cpp lists it
     .tag = "2d",
     .grammar = "'2d:q=Q' (options 'panel=N', 'overlap=on|off')",
     .parse = &parse_keyed<Summa2DSpec, 'q'>,

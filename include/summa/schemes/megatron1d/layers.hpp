@@ -72,6 +72,39 @@ ParamShard replicated_shard(std::string name, std::vector<index_t> shape, int r)
 
 // ---------------------------------------------------------------- linear layers
 
+/// What the two 1D linears share: the sizes, `<name>.weight` and
+/// `<name>.bias` (each linear shards them), the saved input, and the
+/// workspace of its local GEMM (scratch_bytes).
+template <class T>
+class Linear1D : public Layer<T> {
+ public:
+  std::string_view name() const override { return name_; }
+  void collect_parameters(std::vector<Param<T>*>& out) override;
+  BufferNeeds buffer_needs() const override;
+
+  index_t tokens() const { return tokens_; }
+  index_t in() const { return in_; }
+  index_t out() const { return out_; }
+  Param<T>& weight() { return weight_; }
+  Param<T>& bias() { return bias_; }
+
+ protected:
+  /// `grid` checked already (its group size is p).
+  Linear1D(ProcessGrid& grid, Backend& backend, const std::string& name, index_t tokens, index_t in,
+           index_t out, bool has_bias);
+  /// The local GEMM's workspace.
+  virtual std::size_t scratch_bytes() const = 0;
+
+  ProcessGrid* grid_;
+  Backend* backend_;
+  std::string name_;
+  index_t tokens_, in_, out_;
+  bool has_bias_;
+  int p_;
+  Param<T> weight_, bias_;
+  ConstMatrixView<T> x_{};
+};
+
 /// Y [tokens, out/p] = X W_r + b_r with X [tokens, in] replicated and W_r,
 /// b_r rank r's columns (HF Conv1D layout, `<name>.weight` [in, out],
 /// `<name>.bias` [out]). `groups` as column_parallel_shard (3 for c_attn:
@@ -82,39 +115,22 @@ ParamShard replicated_shard(std::string name, std::vector<index_t> shape, int r)
 ///           (tokens*in elements; overlapped with dW); dW_r = Xᵀ dY_r and
 ///           db_r = column sums of dY_r, local.
 template <class T>
-class ColumnParallelLinear1D final : public Layer<T> {
+class ColumnParallelLinear1D final : public Linear1D<T> {
  public:
   /// Throws summa::Error (the same on every rank) unless the sizes are
   /// positive and out is divisible by groups*p.
   ColumnParallelLinear1D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens,
                          index_t in, index_t out, bool has_bias = true, int groups = 1);
 
-  std::string_view name() const override { return name_; }
-  void collect_parameters(std::vector<Param<T>*>& out) override;
-  BufferNeeds buffer_needs() const override;
   void price(cost::Tally& t, model::Phase phase) const override;
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
   void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
                 bool accumulate = false) override;
 
-  index_t tokens() const { return tokens_; }
-  index_t in() const { return in_; }
-  index_t out() const { return out_; }
-  index_t local_out() const { return out_ / p_; }
-  Param<T>& weight() { return weight_; }
-  Param<T>& bias() { return bias_; }
+  index_t local_out() const { return this->out_ / this->p_; }
 
  private:
-  std::size_t scratch_bytes() const;
-
-  ProcessGrid* grid_;
-  Backend* backend_;
-  std::string name_;
-  index_t tokens_, in_, out_;
-  bool has_bias_;
-  int p_;
-  Param<T> weight_, bias_;
-  ConstMatrixView<T> x_{};
+  std::size_t scratch_bytes() const override;
 };
 
 /// Y [tokens, out] = sum over ranks of X_r W_r, plus b, with X_r [tokens,
@@ -127,39 +143,22 @@ class ColumnParallelLinear1D final : public Layer<T> {
 /// backward: dX_r = dY W_rᵀ and dW_r = X_rᵀ dY, local; db = column sums of
 ///           dY, the same on every rank (dY is replicated). No communication.
 template <class T>
-class RowParallelLinear1D final : public Layer<T> {
+class RowParallelLinear1D final : public Linear1D<T> {
  public:
   /// Throws summa::Error (the same on every rank) unless the sizes are
   /// positive and in is divisible by p.
   RowParallelLinear1D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens,
                       index_t in, index_t out, bool has_bias = true);
 
-  std::string_view name() const override { return name_; }
-  void collect_parameters(std::vector<Param<T>*>& out) override;
-  BufferNeeds buffer_needs() const override;
   void price(cost::Tally& t, model::Phase phase) const override;
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
   void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
                 bool accumulate = false) override;
 
-  index_t tokens() const { return tokens_; }
-  index_t in() const { return in_; }
-  index_t out() const { return out_; }
-  index_t local_in() const { return in_ / p_; }
-  Param<T>& weight() { return weight_; }
-  Param<T>& bias() { return bias_; }
+  index_t local_in() const { return this->in_ / this->p_; }
 
  private:
-  std::size_t scratch_bytes() const;
-
-  ProcessGrid* grid_;
-  Backend* backend_;
-  std::string name_;
-  index_t tokens_, in_, out_;
-  bool has_bias_;
-  int p_;
-  Param<T> weight_, bias_;
-  ConstMatrixView<T> x_{};
+  std::size_t scratch_bytes() const override;
 };
 
 // ---------------------------------------------------------------- layer norm, GeLU
@@ -227,6 +226,9 @@ class LMHead1D final : public VocabLMHead<T> {
                        normalizer) {}
 };
 
+extern template class Linear1D<float>;
+extern template class Linear1D<double>;
+extern template class Linear1D<bf16>;
 extern template class ColumnParallelLinear1D<float>;
 extern template class ColumnParallelLinear1D<double>;
 extern template class ColumnParallelLinear1D<bf16>;
