@@ -517,6 +517,8 @@ int main(int argc, char** argv) {
       // a FIFO is refused, not replaced); agreed, so every rank stops alike
       // a link is written through; a dangling or looping one would be
       // replaced by the file, which is not what its maker meant: refused
+      if (out.empty())  // (was: measured, then "renaming … over '' failed")
+        throw UsageError("--out must name a file (it is empty)");
       summa::on_root_agreed(MPI_COMM_WORLD, [&] {
         summa::io::require_not_broken_link(out, "--out:");
         const summa::io::AtomicFile probe(out, "--out");

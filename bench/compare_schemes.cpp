@@ -365,8 +365,20 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
     double big_loss = 0;
     r.largest_step_s = time_collective([&] { one_step(big.model(), backend, big_data, big_loss); });
     r.largest_mem = memory_of(big.model().memory_report());
-    r.confirmed = r.largest_mem.within_capacity && r.largest_mem.total <= budget &&
-                  all_ranks(std::isfinite(big_loss));
+    const bool finite = all_ranks(std::isfinite(big_loss));
+    r.confirmed = r.largest_mem.within_capacity && r.largest_mem.total <= budget && finite;
+    // why not, said (was: "largest batch not confirmed", no reason)
+    if (!r.largest_mem.within_capacity)
+      r.largest_note = "not confirmed: the step used more of an arena than the planner gave it";
+    else if (r.largest_mem.total > budget) {
+      char text[200];
+      std::snprintf(text, sizeof text,
+                    "not confirmed: the built model takes %.1f MiB per rank, more than the "
+                    "budget of %.1f MiB the planner's figure fitted",
+                    static_cast<double>(r.largest_mem.total) / (1 << 20), s.budget_mib);
+      r.largest_note = text;
+    } else if (!finite)
+      r.largest_note = "not confirmed: the step's loss is not finite";
   } catch (const summa::Error& e) {
     r.largest_note = std::string("confirmation step failed: ") + e.what();
     r.confirmed = false;
@@ -641,13 +653,17 @@ void print_table(std::FILE* out, const Settings& s, const std::vector<Result>& r
     any_skipped = true;
     std::fprintf(out, "  %s: %s\n", r.spec.str().c_str(), r.skipped.c_str());
   }
-  for (const Result& r : results)
-    if (r.failed())
-      std::fprintf(out, "FAILED %s: %s\n", r.spec.str().c_str(),
-                   !r.finite                                    ? "loss not finite"
-                   : r.have_prediction && !r.prediction_matches ? "measured bytes != prediction"
-                   : r.confirmed == false                       ? "largest batch not confirmed"
-                                          : "the next batch also fits the budget");
+  for (const Result& r : results) {
+    if (!r.failed()) continue;
+    const std::string why =
+        !r.finite                                    ? std::string("loss not finite")
+        : r.have_prediction && !r.prediction_matches ? std::string("measured bytes != prediction")
+        : r.confirmed == false
+            ? "largest batch not confirmed" +
+                  (r.largest_note.empty() ? std::string() : " (" + r.largest_note + ")")
+            : std::string("the next batch also fits the budget");
+    std::fprintf(out, "FAILED %s: %s\n", r.spec.str().c_str(), why.c_str());
+  }
 }
 
 // --schemes auto: every scheme of the world size planned and priced

@@ -51,6 +51,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <type_traits>
@@ -244,8 +245,12 @@ Study read_study(const std::string& path) {
   json j;
   try {
     j = json::parse(in);
-  } catch (const json::exception& e) {
-    throw summa::Error(fmt::format("study file {}: {}", path, e.what()));
+  } catch (const json::exception& e) {  // without nlohmann's "[json.exception.…] " tag
+    const std::string_view what = e.what();
+    const auto tag =
+        what.starts_with("[json.exception.") ? what.find("] ") : std::string_view::npos;
+    throw summa::Error(fmt::format("study file {}: not valid JSON: {}", path,
+                                   tag == std::string_view::npos ? what : what.substr(tag + 2)));
   }
   Study s;
   // a whole number in a JSON integer (not 4.7, not 1e18 read as a double)
@@ -411,6 +416,51 @@ struct Result {
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// ---------------------------------------------------------------- outputs
+
+constexpr std::string_view kCsvHeader =
+    "gpus,scheme,batch,hidden,heads,fwd_per_sample_s,paper_fwd_per_sample_s,"
+    "bwd_per_sample_s,paper_bwd_per_sample_s,throughput,inference_throughput,"
+    "efficiency,speedup_2d_1d,tflops_per_gpu,memory_per_gpu_bytes,predicted_whole_step_s,"
+    "measured_step_s";
+
+enum class OutputKind { csv, jsonl, png };
+
+// Throws UsageError unless `path` is missing, empty, or an earlier output of
+// scaling_study of that kind (a CSV with its header, JSON lines whose first
+// is a point's record, a PNG).
+void require_replaceable(const std::string& path, const char* flag, OutputKind kind) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec) || std::filesystem::file_size(path, ec) == 0)
+    return;  // missing, or not a regular file (refused as such where it is opened)
+  std::ifstream in(path, std::ios::binary);
+  std::string first;
+  std::getline(in, first);
+  bool ours = false;
+  switch (kind) {
+    case OutputKind::csv:
+      ours = first == kCsvHeader;
+      break;
+    case OutputKind::jsonl: {
+      const auto j = nlohmann::json::parse(first, nullptr, /*allow_exceptions=*/false);
+      ours = j.is_object() && j.contains("gpus") && j.contains("scheme") &&
+             j.contains("memory_per_gpu_bytes");
+      break;
+    }
+    case OutputKind::png:
+      ours = first.starts_with("\x89PNG\r");
+      break;
+  }
+  if (!ours)
+    throw UsageError(fmt::format(
+        "{}: '{}' holds something other than {} of scaling_study: refusing to replace it; "
+        "choose another path, or remove the file",
+        flag, path,
+        kind == OutputKind::csv     ? "a table (--csv)"
+        : kind == OutputKind::jsonl ? "the points (--plot's .jsonl)"
+                                    : "a plot (a PNG)"));
+}
 
 // Model flops of one training step of the timed part (2 per multiply-add;
 // forward 24 b s h^2 + 4 b s^2 h per layer, backward twice that, the
@@ -743,8 +793,27 @@ int study_main(int argc, char** argv, int rank, int world) {
                         flag, output, input_flag));
     }
 
+  // Nor a file that is not an earlier output of this tool (was: a user's
+  // notes, CSV or picture at the path silently replaced): the table by its
+  // header, the points by their first record, a plot by PNG's signature.
+  for (const auto& [flag, output, kind] :
+       {std::tuple<const char*, std::string, OutputKind>{"--csv", csv, OutputKind::csv},
+        {"--plot", plot.empty() ? plot : plot + ".jsonl", OutputKind::jsonl},
+        {"--plot", plot.empty() ? plot : plot + "-throughput.png", OutputKind::png},
+        {"--plot", plot.empty() ? plot : plot + "-efficiency.png", OutputKind::png}})
+    if (!output.empty()) require_replaceable(output, flag, kind);
+
   std::vector<Result> results;
-  for (const Point& p : study.points) results.push_back(predict(p, study, machine));
+  for (std::size_t k = 0; k < study.points.size(); ++k) {
+    try {  // named with its point (was: "GPT (1D): n_embd (hidden)=4 ...", no point or file)
+      results.push_back(predict(study.points[k], study, machine));
+    } catch (const summa::Error& e) {
+      throw summa::Error(fmt::format("{}{}{}point {} (gpus={}, scheme {}): {}",
+                                     study_file.empty() ? "" : "study file ", study_file,
+                                     study_file.empty() ? "" : ": ", k, study.points[k].gpus,
+                                     study.points[k].scheme, e.what()));
+    }
+  }
 
   std::vector<int> cluster;  // device counts beyond this launch
   if (run) {
@@ -809,11 +878,7 @@ int study_main(int argc, char** argv, int rank, int world) {
     if (!csv_out)  // with the reason (was: none; "nodir/x.csv" is a missing folder)
       throw UsageError(fmt::format("--csv {}: cannot be written: {}", csv,
                                    errno != 0 ? std::strerror(errno) : "unknown reason"));
-    csv_out
-        << "gpus,scheme,batch,hidden,heads,fwd_per_sample_s,paper_fwd_per_sample_s,"
-           "bwd_per_sample_s,paper_bwd_per_sample_s,throughput,inference_throughput,"
-           "efficiency,speedup_2d_1d,tflops_per_gpu,memory_per_gpu_bytes,predicted_whole_step_s,"
-           "measured_step_s\n";
+    csv_out << kCsvHeader << "\n";
   }
   std::ofstream plot_out;
   if (!plot.empty()) {

@@ -97,8 +97,11 @@ void require_reachable(const std::string& dir, const char* flag) {
 }
 
 std::optional<fs::path> tokenizer_dir(const Cli& cli) {
-  require_reachable(cli.tokenizer, "--tokenizer");
-  require_reachable(cli.hf, "--hf");
+  // the directories read: each named when it is not one (was: "config file
+  // '/x': no such file" for --hf /x, "holds neither vocab.json …" for a
+  // --tokenizer that is missing or a FIFO)
+  if (!cli.tokenizer.empty()) summa::io::require_directory(cli.tokenizer, "--tokenizer");
+  if (!cli.hf.empty()) summa::io::require_directory(cli.hf, "--hf");
   require_reachable(cli.checkpoint, "--checkpoint");
   if (!cli.tokenizer.empty()) return fs::path(cli.tokenizer);
   if (!cli.hf.empty()) {
@@ -136,6 +139,12 @@ int run(const Cli& cli) {
     try {
       if (cli.checkpoint.empty() == cli.hf.empty())
         throw summa::Error("give exactly one of --checkpoint DIR and --hf DIR");
+      for (std::size_t k = 0; k < cli.prompts.size(); ++k)  // (was: "generate: prompt 0 is empty")
+        if (cli.prompts[k].empty())
+          throw summa::Error(
+              cli.prompts.size() == 1
+                  ? std::string("--prompt is empty: give the text to continue")
+                  : fmt::format("--prompt number {} (of {}) is empty", k + 1, cli.prompts.size()));
       if (const auto dir = tokenizer_dir(cli)) tok.bpe = summa::io::Gpt2Tokenizer::load(*dir);
       if (!cli.prompt_file.empty()) {
         summa::io::require_regular_file(cli.prompt_file, "--prompt-file");

@@ -681,6 +681,9 @@ int train(const Cli& cli) {
   summa::on_root_agreed(world, [&] {
     // A FIFO, socket or device where a directory is read is named (was: "no
     // such file" for --import, "(missing)" for --resume-from).
+    // --import is an HF export's directory: named when it is anything else
+    // (was: a dangling link "config file '…/config.json': no such file")
+    if (!cli.import_dir.empty()) summa::io::require_directory(cli.import_dir, "--import");
     for (const auto& [flag, dir] :
          {std::pair<const char*, const std::string&>{"--import", cli.import_dir},
           {"--resume-from", cli.resume_from}}) {
@@ -1219,7 +1222,14 @@ int train(const Cli& cli) {
     std::fflush(stdout);
   }
   const bool bar = root && progress == Progress::bar;
+  bool evaluated = false;
   const auto eval = [&](const char* when) {
+    // Fault injection (tests/fault): SUMMA_FAULT_TERM_IN_FIRST_EVAL=<rank>
+    // sends that rank SIGTERM as the first validation starts.
+    if (const char* r = std::getenv("SUMMA_FAULT_TERM_IN_FIRST_EVAL");
+        r != nullptr && !evaluated && std::atoi(r) == rank)
+      std::raise(SIGTERM);
+    evaluated = true;
     const double v = trainer.evaluate(cli.eval_batches);
     if (root) {
       std::printf("%s%s step %lld: validation loss %.4f\n", bar ? "\n" : "", when,
@@ -1231,15 +1241,20 @@ int train(const Cli& cli) {
     return v;
   };
 
+  // Before the first validation (was: after it, so a signal during it ended
+  // the rank at once, unreported): one that comes during it stops the run
+  // before its first step.
+  install_stop_handlers();
   const double val_before = eval("before training,");
   const std::int64_t first = trainer.step();
-  install_stop_handlers();
-  int stop_signal = 0;
-  bool saved_now = false;  // the last step's checkpoint is written
+  int stop_signal = agreed_stop_signal(world);
+  // the last step's checkpoint is written (stopped before any step: the
+  // checkpoint resumed, if any)
+  bool saved_now = stop_signal != 0;
   std::vector<double> times, losses;
   int skipped = 0;
   const auto t_start = std::chrono::steady_clock::now();
-  for (std::int64_t s = first; s < steps; ++s) {
+  for (std::int64_t s = first; s < steps && stop_signal == 0; ++s) {
     const summa::TrafficCounters before = trainer.model().grid().traffic();
     trainer.model().reset_profile();
     const auto t0 = std::chrono::steady_clock::now();
@@ -1326,10 +1341,17 @@ int train(const Cli& cli) {
   }
   if (stop_signal != 0) {  // save (unless just saved), log why, exit 128 + signal
     const char* name = stop_signal == SIGINT ? "SIGINT" : "SIGTERM";
+    const bool nothing = trainer.step() == 0;  // a fresh run stopped before its first step
     if (root) {
-      std::printf("%sgpt_train: %s received: stopping after step %lld%s\n", bar ? "\n" : "", name,
-                  static_cast<long long>(trainer.step()),
-                  saved_now ? " (its checkpoint is saved)" : "; saving a checkpoint");
+      if (nothing)
+        std::printf(
+            "gpt_train: %s received before the first step: nothing trained, nothing "
+            "saved\n",
+            name);
+      else
+        std::printf("%sgpt_train: %s received: stopping after step %lld%s\n", bar ? "\n" : "", name,
+                    static_cast<long long>(trainer.step()),
+                    saved_now ? " (its checkpoint is saved)" : "; saving a checkpoint");
       std::fflush(stdout);
     }
     if (!saved_now) save();
@@ -1341,7 +1363,7 @@ int train(const Cli& cli) {
           nlohmann::ordered_json{{"step", trainer.step()}, {"run", o.run_id}, {"stopped", name}}
               .dump());
     check_log();
-    if (root) {
+    if (root && !nothing) {
       std::printf("checkpoint: %s (resume with --resume)\n",
                   summa::latest_checkpoint(ckpt_root).value_or(ckpt_root).string().c_str());
       std::fflush(stdout);

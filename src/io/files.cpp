@@ -56,6 +56,17 @@ void require_not_broken_link(const fs::path& path, const std::string& what) {
     throw Error(fmt::format("{} '{}' is {}", what, path.string(), kind));
 }
 
+void require_directory(const fs::path& path, const std::string& what) {
+  require_not_broken_link(path, what);
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (fs::is_directory(st)) return;
+  if (!fs::exists(st)) throw Error(fmt::format("{} '{}' does not exist", what, path.string()));
+  const std::string kind = non_regular_kind(path);
+  throw Error(fmt::format("{} '{}' is {}, not a directory", what, path.string(),
+                          kind.empty() ? std::string("a file") : kind));
+}
+
 void require_regular_file(const fs::path& path, const std::string& context) {
   const std::string kind = non_regular_kind(path);
   if (!kind.empty()) throw Error(message(path, kind, context));

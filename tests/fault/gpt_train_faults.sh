@@ -530,6 +530,23 @@ wait $j
 rc=$?
 [ "$rc" != 0 ] && [ "$rc" != 137 ] || fail "exit code $rc after two signals"
 [ $((SECONDS - start)) -le 30 ] || fail "the job took $((SECONDS - start)) s to end"
+# a signal during the first validation stops the run before its first step,
+# reported and logged (was: the rank ended at once, unreported)
+case=sigterm_in_first_eval  # a fresh run: nothing trained, nothing saved
+SUMMA_FAULT_TERM_IN_FIRST_EVAL=1 run 2 --steps 8 --eval-every 0 --out "$W/$case"
+[ "$rc" = 143 ] || fail "exit code $rc, expected 143:"$'\n'"$out"
+[ "$(grep -c "SIGTERM received before the first step: nothing trained, nothing saved" <<<"$out")" = 1 ] ||
+  fail "no stop message (once):"$'\n'"$out"
+[ -e "$W/$case/checkpoints/latest" ] && fail "a checkpoint was saved for a run that trained nothing"
+grep -q '"step":0,.*"stopped":"SIGTERM"' "$W/$case/log.jsonl" || fail "the log does not say why it stopped"
+case=sigterm_in_first_eval_resume  # a resume: its checkpoint kept, the log cut to it
+fresh "$case"
+SUMMA_FAULT_TERM_IN_FIRST_EVAL=1 run 2 --steps 8 --resume --out "$W/$case"
+[ "$rc" = 143 ] || fail "exit code $rc, expected 143:"$'\n'"$out"
+grep -q "SIGTERM received: stopping after step 6 (its checkpoint is saved)" <<<"$out" ||
+  fail "no stop message:"$'\n'"$out"
+[ "$(cat "$W/$case/checkpoints/latest")" = step_00000006 ] || fail "latest is not step 6"
+check_log "$W/$case/log.jsonl" 6
 
 # ---- flags: no crash, no silent clamping or wrap-around, the flag named
 case=print_every_0  # was: SIGFPE with stdout not a terminal
@@ -787,7 +804,7 @@ check_log "$W/$case/log.jsonl" 8
 for flag in --import --resume-from; do  # named, not "no such file" or "(missing)"
   case=fifo_${flag#--}
   rm -rf "$W/$case" && mkdir -p "$W/$case" && mkfifo "$W/$case/dir"
-  expect_error "$flag .*dir is a FIFO.*, not a directory" 2 --steps 1 --out "$W/$case/out" \
+  expect_error "$flag .*dir'? is a FIFO.*, not a directory" 2 --steps 1 --out "$W/$case/out" \
     "$flag" "$W/$case/dir"
 done
 case=resume_log_damaged_tail  # NUL bytes and a record cut short: dropped, the resume goes on

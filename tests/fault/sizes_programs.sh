@@ -90,7 +90,7 @@ case=calibrate_gpt_unbuildable  # no scheme builds it: refused with the reason (
 refused "calibrate: error: --gpt 'hidden=1048576': no scheme of the rank counts builds it \(1d:p=[0-9]+: .*not divisible by n_head=24\)" \
   "$CALIBRATE" --gpt hidden=1048576 --dtype f32 --out "$W/machine.json"
 case=custom_model  # was: uncaught bad_alloc (terminate, SIGABRT)
-refused "custom_model: --hidden 1048576 --batch 16777216 under 1d:p=2 needs about .* per rank" \
+refused "custom_model: error: --hidden 1048576 --batch 16777216 under 1d:p=2 needs about .* per rank" \
   "$CUSTOM" --hidden 1048576 --batch 16777216
 
 # ---- inputs every rank refuses alike, printed once (were: one copy per
@@ -186,7 +186,7 @@ ln -sf hf_loop_a "$W/hf_loop_b"
 refused "gpt_generate: error: --hf '.*hf_loop_a' is a symbolic link loop" "$GENERATE" \
   --hf "$W/hf_loop_a" --prompt hi
 case=compare_schemes_budget_beyond_node  # was: an allocation failure per rank, MPI_ABORT
-refused "not confirmed by a step \(the budget is more than the node has\): this configuration needs about" \
+refused "FAILED 1d:p=2: largest batch not confirmed \(not confirmed by a step \(the budget is more than the node has\): this configuration needs about" \
   "$COMPARE" --reps 1 --layers 1 --hidden 32 --heads 4 --seq 16 --vocab 256 --schemes 1d:p=2 \
   --batch 8 --budget-mib 200000 --max-batch 16777216
 case=gpt_memory_overflow  # was: read as -1 ("n_layer=-1 must be positive"), per rank, MPI_ABORT
@@ -243,13 +243,13 @@ printf '#version: 0.2\n' >"$W/tok/merges.txt"
 refused "vocabulary .*vocab.json.*: not valid JSON: number overflow parsing '1e400'" \
   "$GENERATE" --hf "$W/nan/export" --prompt hi --tokenizer "$W/tok"
 case=custom_model_block_heads  # was: "hidden=48 must be divisible by heads=7" for --hidden 64
-refused "custom_model: --block: --heads 7 must divide the block's width 48" \
+refused "custom_model: error: --block: --heads 7 must divide the block's width 48" \
   "$CUSTOM" --block --heads 7 --hidden 64
 case=custom_model_block_seq  # --seq reaches the block's check
-refused "custom_model: --block: --batch 144 must be whole sequences of --seq 5" \
+refused "custom_model: error: --block: --batch 144 must be whole sequences of --seq 5" \
   "$CUSTOM" --block --seq 5
 case=custom_model_block_buffers  # was: 8 TB asked of the backend on every rank, MPI_ABORT
-refused "custom_model: --batch 1048576 --seq 1048576 --hidden 32 under 1d:p=2: the step buffers need about .* per rank" \
+refused "custom_model: error: --batch 1048576 --seq 1048576 --hidden 32 under 1d:p=2: the step buffers need about .* per rank" \
   "$CUSTOM" --block --seq 1048576 --batch 1048576 --hidden 32 --heads 4
 case=study_gpus_huge  # was: memory for every rank, then std::bad_alloc
 printf '{"kind": "weak", "points": [{"gpus": 2147483647, "scheme": "1d:p=2147483647", "batch": 2147483647, "seq": 64, "layers": 2, "hidden": 64, "heads": 16, "vocab": 1000}]}\n' >"$W/huge_gpus.json"
@@ -286,6 +286,49 @@ refused "gpt_train: error: --beta2: '1' is not a finite number in \[0, 1\)" "$TR
 case=train_vocab_scheme  # was: "GPT (1D): vocab_size=1 ...", naming neither flag nor scheme
 refused "gpt_train: error: the scheme 1d:p=2 \(the default for 2 ranks; see --scheme\) cannot split this model: vocab_size=1 must be divisible by p=2 \(--vocab\)" \
   "$TRAIN" --vocab 1 --steps 1 --export '' --out "$W/vocab1"
+# ---- the ninth hostile pass (issue 24)
+case=study_csv_other_file  # was: a user's CSV replaced by the table
+printf 'precious csv\n' >"$W/precious.csv"
+refused "scaling_study: error: --csv: '.*precious.csv' holds something other than a table \(--csv\) of scaling_study" \
+  "$STUDY" --preset local-weak --predict "$(dirname "$0")/../../machines/dev-2core.json" \
+  --csv "$W/precious.csv"
+[ "$(cat "$W/precious.csv")" = "precious csv" ] || fail "the CSV was replaced"
+case=study_plot_other_file  # was: PREFIX.jsonl and the PNGs replaced whatever they held
+printf 'my notes\n' >"$W/notes_plot.jsonl"
+refused "scaling_study: error: --plot: '.*notes_plot.jsonl' holds something other than the points" \
+  "$STUDY" --preset local-weak --predict "$(dirname "$0")/../../machines/dev-2core.json" \
+  --plot "$W/notes_plot"
+[ "$(cat "$W/notes_plot.jsonl")" = "my notes" ] || fail "the notes were replaced"
+printf 'precious\n' >"$W/pic-efficiency.png"
+refused "scaling_study: error: --plot: '.*pic-efficiency.png' holds something other than a plot" \
+  "$STUDY" --preset local-weak --predict "$(dirname "$0")/../../machines/dev-2core.json" \
+  --plot "$W/pic"
+case=study_json_overflow  # was: nlohmann's "[json.exception.out_of_range.406] ..."
+printf '{"points": [{"gpus": 1e400, "scheme": "1d:p=2", "batch": 8, "hidden": 64, "heads": 4}]}\n' >"$W/overflow_study.json"
+refused "scaling_study: error: study file .*overflow_study.json: not valid JSON: number overflow parsing '1e400'" \
+  "$STUDY" --study "$W/overflow_study.json" --predict "$(dirname "$0")/../../machines/dev-2core.json"
+case=study_scheme_refuses_model  # was: "GPT (1D): n_head=3 ...", naming no point or file
+printf '{"points": [{"gpus": 2, "scheme": "1d:p=2", "batch": 8, "hidden": 6, "heads": 3, "vocab": 64}]}\n' >"$W/heads3.json"
+refused "scaling_study: error: study file .*heads3.json: point 0 \(gpus=2, scheme 1d:p=2\): .*n_head=3 must be divisible by p=2" \
+  "$STUDY" --study "$W/heads3.json" --predict "$(dirname "$0")/../../machines/dev-2core.json"
+case=calibrate_out_empty  # was: measured, then "renaming … over '' failed"
+refused "calibrate: error: --out must name a file \(it is empty\)" "$CALIBRATE" --out ''
+case=generate_tokenizer_missing  # was: "… holds neither vocab.json + merges.txt …"
+refused "gpt_generate: error: --tokenizer '.*no-such-tokenizer' does not exist" "$GENERATE" \
+  --hf "$W/nan/export" --prompt hi --tokenizer "$W/no-such-tokenizer"
+case=generate_hf_missing  # was: "config file '…': no such file"
+refused "gpt_generate: error: --hf '.*no-such-export' does not exist" "$GENERATE" \
+  --hf "$W/no-such-export" --prompt hi
+case=generate_prompt_empty  # was: "generate: prompt 0 is empty"
+refused "gpt_generate: error: --prompt is empty" "$GENERATE" --hf "$W/nan/export" --prompt ''
+case=train_import_dangling  # was: "config file '…/config.json': no such file"
+ln -sf "$W/nowhere" "$W/import_dangling"
+refused "gpt_train: error: --import '.*import_dangling' is a dangling symbolic link" "$TRAIN" \
+  --steps 1 --export '' --out "$W/import_out" --import "$W/import_dangling"
+case=custom_model_flag  # was: CLI11's text, no "error:", exit 105
+refused "custom_model: error: --steps: '0' is not an integer in \[1, 1000000\] \(see --help\)" \
+  "$CUSTOM" --steps 0
+[ "$rc" = 2 ] || fail "exit $rc, expected 2"
 case=study_paper_negative  # was: -1 printed as a paper's figure
 printf '{"kind": "weak", "points": [{"gpus": 2, "scheme": "1d:p=2", "batch": 8, "hidden": 64, "heads": 4, "paper_fwd_per_sample_s": -1}]}\n' >"$W/paper_negative.json"
 refused "point 0: paper_fwd_per_sample_s is -1, not a positive number of seconds" "$STUDY" \

@@ -29,6 +29,14 @@ std::string non_regular_kind(const std::filesystem::path& path);
 /// root), where "no such file" or "File exists" would hide the cause.
 void require_not_broken_link(const std::filesystem::path& path, const std::string& what);
 
+/// Throws summa::Error unless `path` is a directory (following symbolic
+/// links), naming `what` (a flag: "--import") and what the path is instead:
+/// "<what> '<path>' does not exist", "... is a dangling symbolic link (to
+/// '…')", "... is a FIFO (named pipe), not a directory", "... is a file,
+/// not a directory". For the directories a program reads (an HF export, a
+/// tokenizer), before a file inside is looked for.
+void require_directory(const std::filesystem::path& path, const std::string& what);
+
 /// Throws summa::Error "<context>: '<path>' is <kind>, not a regular file"
 /// (without "<context>: " when empty) when `path` exists and is not a
 /// regular file. A missing path passes: opening it reports that.
