@@ -20,6 +20,7 @@
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -28,7 +29,6 @@
 #include <string>
 #include <vector>
 
-#include "flag_checks.hpp"
 #include "summa/summa.hpp"
 
 namespace {
@@ -207,35 +207,52 @@ int main(int argc, char** argv) {
   CLI::App app{"custom_model: an MLP classifier trained with summa's layer API under any scheme"};
   app.add_option("--scheme", o.scheme,
                  "scheme text (default 1d:p=<ranks>), e.g. 2d:q=2, data=2,3d:1x2x1");
-  // The flags are checked as every summa program checks them
-  // (flag_checks.hpp): whole numbers in a stated range, nothing wrapped.
-  using summa::flags::integer_in;
-  using summa::flags::real_in;
-  app.add_option("--steps", o.steps, "training steps")->check(integer_in(1, 1000000));
+  app.add_option("--steps", o.steps, "training steps")->check(CLI::Range(1, 1000000));
   app.add_option("--batch", o.batch, "samples per step (all data groups)")
-      ->check(integer_in(1, 1L << 24));
-  app.add_option("--hidden", o.hidden, "hidden width")->check(integer_in(1, 1L << 20));
-  app.add_option("--lr", o.lr, "AdamW learning rate")->check(real_in(1e-8, 1.0));
+      ->check(CLI::Range(1L, 1L << 24));
+  app.add_option("--hidden", o.hidden, "hidden width")->check(CLI::Range(1L, 1L << 20));
+  app.add_option("--lr", o.lr, "AdamW learning rate")->check(CLI::Range(1e-8, 1.0));
   app.add_flag("--block", o.block,
                "a pre-LN transformer block (attention and MLP in residual connections) "
                "instead of the MLP");
-  app.add_option("--seq", o.seq, "--block: rows per sequence")->check(integer_in(1, 1L << 20));
-  app.add_option("--heads", o.heads, "--block: attention heads")->check(integer_in(1, 1L << 16));
+  app.add_option("--seq", o.seq, "--block: rows per sequence")->check(CLI::Range(1L, 1L << 20));
+  app.add_option("--heads", o.heads, "--block: attention heads")->check(CLI::Range(1L, 1L << 16));
   app.add_option("--seed", o.seed, "data and initialisation seed")
-      ->check(integer_in(0, 18446744073709551615.0L));
+      ->check(  // plain decimal digits (was: -1 wrapped to 2^64 - 1)
+          [](const std::string& t) {
+            std::uint64_t v = 0;  // and no more than 2^64 - 1 (was: clamped to it)
+            const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+            return !t.empty() && t.find_first_not_of("0123456789") == std::string::npos &&
+                           ec == std::errc() && end == t.data() + t.size()
+                       ? std::string()
+                       : "'" + t + "' is not an integer in [0, 18446744073709551615]";
+          });
   app.add_option("--watchdog", o.watchdog,
                  "seconds a collective may wait before the job is ended with a report naming "
                  "the ranks that did not arrive (0: off)")
-      ->check(summa::flags::watchdog_seconds())
+      ->check(  // 0 (off) or at least 0.1 s (was: 1e-300 accepted, the job ended in set-up)
+          [](const std::string& t) {
+            double v = -1;
+            const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+            return ec == std::errc() && end == t.data() + t.size() &&
+                           (v == 0 || (v >= 0.1 && v <= 1e7))
+                       ? std::string()
+                       : "'" + t + "' is not 0 (off) or a number of seconds in [0.1, 1e+07]";
+          })
       ->capture_default_str();
   int status = 0;
   try {
     app.parse(argc, argv);
     status = run(o, rank, ranks);
-  } catch (const CLI::ParseError& e) {
-    status = summa::flags::parse_exit(app, e, "custom_model");
+  } catch (const CLI::ParseError& e) {  // the same argv on every rank: printed once
+    if (e.get_exit_code() == 0) {       // --help
+      status = rank == 0 ? app.exit(e) : 0;
+    } else {
+      if (rank == 0) std::fprintf(stderr, "custom_model: error: %s (see --help)\n", e.what());
+      status = 2;
+    }
   } catch (const summa::Error& e) {  // summa's errors are raised on every rank alike
-    summa::flags::print_once("custom_model", e);
+    if (rank == 0) std::fprintf(stderr, "custom_model: error: %s\n", e.what());
     status = 2;
   } catch (const std::exception& e) {  // this rank's alone (e.g. bad_alloc): end the job
     std::fprintf(stderr, "custom_model (rank %d): %s; aborting the job\n", rank, e.what());

@@ -326,7 +326,7 @@ ln -sf "$W/nowhere" "$W/import_dangling"
 refused "gpt_train: error: --import '.*import_dangling' is a dangling symbolic link" "$TRAIN" \
   --steps 1 --export '' --out "$W/import_out" --import "$W/import_dangling"
 case=custom_model_flag  # was: CLI11's text, no "error:", exit 105
-refused "custom_model: error: --steps: '0' is not an integer in \[1, 1000000\] \(see --help\)" \
+refused "custom_model: error: --steps: Value 0 not in range 1 to 1000000 \(see --help\)" \
   "$CUSTOM" --steps 0
 [ "$rc" = 2 ] || fail "exit $rc, expected 2"
 case=study_paper_negative  # was: -1 printed as a paper's figure
