@@ -33,6 +33,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <unistd.h>
@@ -51,6 +52,10 @@ namespace {
 using summa::DType;
 using summa::model::Algorithm;
 using summa::model::Collective;
+
+// How a machine file calibrate writes starts its "source": --out replaces
+// only a file that starts so (an earlier calibration).
+constexpr std::string_view kCalibrateSource = "calibrate (bench/calibrate.cpp)";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -522,9 +527,11 @@ int main(int argc, char** argv) {
       summa::on_root_agreed(MPI_COMM_WORLD, [&] {
         summa::io::require_not_broken_link(out, "--out:");
         const summa::io::AtomicFile probe(out, "--out");
-        // a file already there is replaced only when it is a machine file
-        // (an earlier calibration): never a file of something else (was:
-        // `--out notes.txt` replaced the notes)
+        // a file already there is replaced only when it is an earlier
+        // calibration (a machine file whose "source" says calibrate wrote
+        // it): never a file of something else (was: `--out notes.txt`
+        // replaced the notes) nor a machine file written by hand (was: a
+        // copy of perlmutter.json, published figures, replaced)
         namespace fs = std::filesystem;
         std::error_code ec;
         if (fs::is_regular_file(out, ec) && fs::file_size(out, ec) > 0) {
@@ -539,6 +546,14 @@ int main(int argc, char** argv) {
                              "' holds something other than a machine file (not a JSON object "
                              "with a \"device\"): refusing to replace it; choose another --out, "
                              "or remove the file");
+          if (!j.contains("source") || !j["source"].is_string() ||
+              !j["source"].get<std::string>().starts_with(kCalibrateSource))
+            throw UsageError("--out: '" + out +
+                             "' is a machine file calibrate did not write (its \"source\" does "
+                             "not start \"" +
+                             std::string(kCalibrateSource) +
+                             "\"): refusing to replace it; choose another --out, or remove the "
+                             "file");
         }
       });
       const auto t0 = std::chrono::steady_clock::now();
@@ -623,11 +638,12 @@ int main(int argc, char** argv) {
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       m.source = fmt::format(
-          "calibrate (bench/calibrate.cpp) on {} rank(s), {} per node, backend {}: GEMM tables "
+          "{} on {} rank(s), {} per node, backend {}: GEMM tables "
           "measured with every rank multiplying at once ({} shapes of {} --gpt "
           "configuration(s) included), element-wise bandwidth from axpby, GeLU / softmax / exp "
           "kernel rates, collectives from 8 B to 4 MiB (ring formulas fitted); {}; {:.1f} s",
-          ranks, per_node, backend, gpt_shape_count, gpts.size(), links_note, seconds);
+          kCalibrateSource, ranks, per_node, backend, gpt_shape_count, gpts.size(), links_note,
+          seconds);
       if (world_rank() == 0) {
         summa::io::save_machine(out, m);
         std::printf("calibrate: wrote %s in %.1f s\n", out.c_str(), seconds);

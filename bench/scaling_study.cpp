@@ -41,6 +41,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -430,6 +431,29 @@ enum class OutputKind { csv, jsonl, png };
 // Throws UsageError unless `path` is missing, empty, or an earlier output of
 // scaling_study of that kind (a CSV with its header, JSON lines whose first
 // is a point's record, a PNG).
+// Whether a PNG carries the mark scripts/plot_scaling.py writes: a tEXt chunk
+// "Software" whose text starts with kPlotSoftware, before the image data (a
+// PNG of anything else, a photo or another matplotlib figure, is not ours).
+constexpr std::string_view kPlotSoftware = "summa scaling_study";
+bool png_of_scaling_study(std::istream& in) {
+  char signature[8];
+  if (!in.read(signature, 8) || std::string_view(signature, 8) != "\x89PNG\r\n\x1a\n") return false;
+  for (int chunk = 0; chunk < 64; ++chunk) {  // the ancillary chunks before IDAT
+    unsigned char head[8];
+    if (!in.read(reinterpret_cast<char*>(head), 8)) return false;
+    const std::uint32_t length = (std::uint32_t{head[0]} << 24) | (std::uint32_t{head[1]} << 16) |
+                                 (std::uint32_t{head[2]} << 8) | std::uint32_t{head[3]};
+    const std::string_view type(reinterpret_cast<const char*>(head + 4), 4);
+    if (type == "IDAT" || type == "IEND" || length > (1u << 20)) return false;
+    std::string data(length, '\0');
+    if (!in.read(data.data(), length) || !in.ignore(4)) return false;  // the CRC
+    if (type == "tEXt" && data.starts_with(std::string_view("Software\0", 9)) &&
+        std::string_view(data).substr(9).starts_with(kPlotSoftware))
+      return true;
+  }
+  return false;
+}
+
 void require_replaceable(const std::string& path, const char* flag, OutputKind kind) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec) || std::filesystem::file_size(path, ec) == 0)
@@ -449,7 +473,9 @@ void require_replaceable(const std::string& path, const char* flag, OutputKind k
       break;
     }
     case OutputKind::png:
-      ours = first.starts_with("\x89PNG\r");
+      in.clear();
+      in.seekg(0);
+      ours = png_of_scaling_study(in);
       break;
   }
   if (!ours)
@@ -777,21 +803,29 @@ int study_main(int argc, char** argv, int rank, int world) {
   const summa::model::Machine machine = summa::io::load_machine(machine_file);
   // An output never replaces an input (was: --csv naming the study or the
   // machine file replaced it with the table).
+  const auto same_file = [](const std::string& a, const std::string& b) {
+    std::error_code e;
+    return !a.empty() && !b.empty() &&
+           (std::filesystem::weakly_canonical(a, e) == std::filesystem::weakly_canonical(b, e) ||
+            std::filesystem::equivalent(a, b, e));
+  };
   for (const auto& [flag, output] : {std::pair<const char*, std::string>{"--csv", csv},
                                      {"--plot", plot.empty() ? plot : plot + ".jsonl"}})
     for (const auto& [input_flag, input] :
-         {std::pair<const char*, std::string>{"--study", study_file},
-          {"--predict", machine_file}}) {
-      std::error_code e;
-      if (!output.empty() && !input.empty() &&
-          (std::filesystem::weakly_canonical(output, e) ==
-               std::filesystem::weakly_canonical(input, e) ||
-           std::filesystem::equivalent(output, input, e)))
+         {std::pair<const char*, std::string>{"--study", study_file}, {"--predict", machine_file}})
+      if (same_file(output, input))
         throw UsageError(
             fmt::format("{} {} is the file of {}: it is read, never replaced; "
                         "choose another path",
                         flag, output, input_flag));
-    }
+  // Nor do two outputs share a file (was: --csv x-throughput.png --plot x
+  // wrote the table over the start of the plot, exit 0).
+  if (!plot.empty())
+    for (const char* suffix : {".jsonl", "-throughput.png", "-efficiency.png"})
+      if (same_file(csv, plot + suffix))
+        throw UsageError(fmt::format(
+            "--csv {} is also a file --plot {} writes ({}{}): choose another path for one of them",
+            csv, plot, plot, suffix));
 
   // Nor a file that is not an earlier output of this tool (was: a user's
   // notes, CSV or picture at the path silently replaced): the table by its

@@ -211,7 +211,15 @@ int main(int argc, char** argv) {
   app.add_option("--batch", o.batch, "samples per step (all data groups)")
       ->check(CLI::Range(1L, 1L << 24));
   app.add_option("--hidden", o.hidden, "hidden width")->check(CLI::Range(1L, 1L << 20));
-  app.add_option("--lr", o.lr, "AdamW learning rate")->check(CLI::Range(1e-8, 1.0));
+  app.add_option("--lr", o.lr, "AdamW learning rate")
+      ->check(  // (was: CLI::Range, which nan passes: every comparison with it is false)
+          [](const std::string& t) {
+            double v = 0;
+            const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+            return ec == std::errc() && end == t.data() + t.size() && v >= 1e-8 && v <= 1.0
+                       ? std::string()
+                       : "'" + t + "' is not a number in [1e-08, 1]";
+          });
   app.add_flag("--block", o.block,
                "a pre-LN transformer block (attention and MLP in residual connections) "
                "instead of the MLP");

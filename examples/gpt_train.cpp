@@ -332,8 +332,8 @@ class LogFile {
  public:
   LogFile() = default;
   // Opens `path`: truncated for a fresh run; for a resumed one, cut back to
-  // the lines of steps <= `step` (and evaluations before it) first, so no
-  // partial or repeated line remains.
+  // the lines of steps <= `step` first, so no partial or repeated line
+  // remains.
   // `run`: this run's id (TrainerOptions::run_id), written into every record
   // by the caller; a resume refuses a log with a record of another run.
   void open(const fs::path& path, bool resume, std::int64_t step, const std::string& run) {
@@ -402,6 +402,8 @@ class LogFile {
       error_ = "fsync of the log " + path_.string() + " failed: " + std::strerror(errno);
   }
   const std::string& error() const { return error_; }
+  // Whether the resumed log already holds a validation at the checkpoint's step.
+  bool val_at_resume() const { return val_at_resume_; }
 
  private:
   void truncate_to(std::int64_t step) { scan(step, /*cut=*/true); }
@@ -452,8 +454,12 @@ class LogFile {
             "\"): a resume never cuts another run's log; give this run's own --log, or a new "
             "path");
       }
+      // Every record up to the checkpoint's step is kept, a validation at that
+      // step too: the resume does not log its own again (was: cut and
+      // re-logged, so a resume with another --batch lost the first value).
       const auto s = record["step"].get<std::int64_t>();
-      if (record.contains("val_loss") ? s < step : s <= step) kept += l + "\n";
+      if (s <= step) kept += l + "\n";
+      if (cut && s == step && record.contains("val_loss")) val_at_resume_ = true;
     };
     std::vector<char> chunk(1 << 20);
     for (off_t pos = 0;;) {
@@ -496,6 +502,7 @@ class LogFile {
   off_t whole_ = 0;      // the file's size after its last whole line
   long long limit_ = 0;  // SUMMA_FAULT_LOG_LIMIT (0: none)
   std::string error_;
+  bool val_at_resume_ = false;
 };
 
 // The backend of --backend, and the grid's communicators (--comm) to go with
@@ -684,14 +691,13 @@ int train(const Cli& cli) {
     // --import is an HF export's directory: named when it is anything else
     // (was: a dangling link "config file '…/config.json': no such file")
     if (!cli.import_dir.empty()) summa::io::require_directory(cli.import_dir, "--import");
-    for (const auto& [flag, dir] :
-         {std::pair<const char*, const std::string&>{"--import", cli.import_dir},
-          {"--resume-from", cli.resume_from}}) {
-      std::error_code e;
-      const fs::file_status st = fs::status(dir, e);
-      if (!dir.empty() && fs::exists(st) && !fs::is_directory(st) && !fs::is_regular_file(st))
-        throw summa::Error(std::string(flag) + " " + dir + " is " +
-                           summa::io::non_regular_kind(dir) + ", not a directory");
+    // --resume-from: a FIFO, socket or device named (a missing one or a file
+    // is named where the checkpoint is read)
+    if (std::error_code e; !cli.resume_from.empty()) {
+      const fs::file_status st = fs::status(cli.resume_from, e);
+      if (fs::exists(st) && !fs::is_directory(st) && !fs::is_regular_file(st))
+        throw summa::Error("--resume-from " + cli.resume_from + " is " +
+                           summa::io::non_regular_kind(cli.resume_from) + ", not a directory");
     }
     // The log, the check batch and the export never go among a run's
     // checkpoints, this run's or another's (was: --log naming a live job's
@@ -1229,14 +1235,19 @@ int train(const Cli& cli) {
     if (const char* r = std::getenv("SUMMA_FAULT_TERM_IN_FIRST_EVAL");
         r != nullptr && !evaluated && std::atoi(r) == rank)
       std::raise(SIGTERM);
+    const bool evaluated_before = evaluated;
     evaluated = true;
     const double v = trainer.evaluate(cli.eval_batches);
     if (root) {
       std::printf("%s%s step %lld: validation loss %.4f\n", bar ? "\n" : "", when,
                   static_cast<long long>(trainer.step()), v);
       std::fflush(stdout);
-      log.line(nlohmann::ordered_json{{"step", trainer.step()}, {"run", o.run_id}, {"val_loss", v}}
-                   .dump());
+      // a resume's first validation, at a step whose value the log holds, is
+      // printed only (the value logged before stays)
+      if (evaluated_before || !log.val_at_resume())
+        log.line(
+            nlohmann::ordered_json{{"step", trainer.step()}, {"run", o.run_id}, {"val_loss", v}}
+                .dump());
     }
     return v;
   };

@@ -92,6 +92,11 @@ def draw(ax, pts, colour, label, values):
             ax.plot(*zip(*xy), line, marker=marker, color=colour, label=f"{label}, {source}")
 
 
+# scaling_study replaces a PNG only if it carries this mark (bench/scaling_study.cpp,
+# png_of_scaling_study): a tEXt "Software" chunk starting "summa scaling_study".
+MARK = {"Software": "summa scaling_study (scripts/plot_scaling.py, matplotlib)"}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", help="scaling_study --json output ('-': stdin)")
@@ -134,7 +139,7 @@ def main():
     fig.suptitle(title)
     fig.tight_layout()
     written.append(f"{args.out}-throughput.png")
-    fig.savefig(written[-1], dpi=120)
+    fig.savefig(written[-1], dpi=120, metadata=MARK)
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     top = 1.1
@@ -150,7 +155,7 @@ def main():
     ax.set_title(title, fontsize="medium")
     fig.tight_layout()
     written.append(f"{args.out}-efficiency.png")
-    fig.savefig(written[-1], dpi=120)
+    fig.savefig(written[-1], dpi=120, metadata=MARK)
     for w in written:
         print(f"plot_scaling: wrote {w}")
     return 0

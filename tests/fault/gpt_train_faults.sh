@@ -830,4 +830,14 @@ grep -q "nothing to train" <<<"$out" || fail "expected 'nothing to train':"$'\n'
 n=$(grep -cE "\"step\":$last,\"run\":\"[0-9a-f]{16}\",\"val_loss\"" "$W/$case/log.jsonl")
 [ "$n" = 1 ] || fail "the log holds $n validation lines at step $last (one expected)"
 
+case=resume_keeps_val  # tenth pass; was: the validation at the checkpoint's step cut and
+# re-logged by the resume, so a resume with another --batch lost the value the run logged
+fresh "$case"
+NOSHAPE=2 expect_ok 2 --steps 8 --batch 4 --seq 16 --resume --out "$W/$case"
+want=$(grep -E '"step":6,.*"val_loss"' "$W/ref/log.jsonl")
+got=$(grep -E '"step":6,.*"val_loss"' "$W/$case/log.jsonl")
+[ -n "$want" ] && [ "$got" = "$want" ] ||
+  fail "the validation at step 6 is '$got' (the run logged '$want')"
+grep -qE '"step":8,.*"val_loss"' "$W/$case/log.jsonl" || fail "no validation at step 8"
+
 finish "gpt_train fault suite: every case held"

@@ -170,6 +170,11 @@ printf 'my notes\n' >"$W/notes.txt"
 refused "calibrate: error: --out: '.*notes.txt' holds something other than a machine file" \
   "$CALIBRATE" --out "$W/notes.txt" --max-size 32 --min-seconds 0.01
 [ "$(cat "$W/notes.txt")" = "my notes" ] || fail "the notes were replaced"
+case=calibrate_out_hand_written  # eleventh pass; was: a copy of perlmutter.json (published figures) replaced
+cp "$(dirname "$0")/../../machines/perlmutter.json" "$W/pm.json"
+refused "calibrate: error: --out: '.*pm.json' is a machine file calibrate did not write" \
+  "$CALIBRATE" --out "$W/pm.json" --max-size 32 --min-seconds 0.01
+cmp -s "$W/pm.json" "$(dirname "$0")/../../machines/perlmutter.json" || fail "pm.json was replaced"
 case=calibrate_ranks_beyond_mesh  # was: SIGFPE in step_gemm_shapes (a 64x64 mesh over hidden 32)
 # no scheme of 4096 ranks splits hidden 32: refused, naming the point
 out=$(timeout -s KILL 120 "$MPIEXEC" -np 1 "${FLAGS[@]}" "$CALIBRATE" --out "$W/ranks.json" \
@@ -303,6 +308,22 @@ printf 'precious\n' >"$W/pic-efficiency.png"
 refused "scaling_study: error: --plot: '.*pic-efficiency.png' holds something other than a plot" \
   "$STUDY" --preset local-weak --predict "$(dirname "$0")/../../machines/dev-2core.json" \
   --plot "$W/pic"
+[ "$(cat "$W/pic-efficiency.png")" = "precious" ] || fail "the picture was replaced"
+case=study_plot_other_png  # tenth pass; was: any PNG replaced (a photo, another matplotlib figure)
+rm -f "$W"/fig*
+# a PNG's signature, then a tEXt chunk "Software" of matplotlib (CRC not checked)
+printf '\211PNG\r\n\032\n\000\000\000\040tEXtSoftware\000Matplotlib version3.6.3\000\000\000\000' \
+  >"$W/fig-throughput.png"
+cp "$W/fig-throughput.png" "$W/fig-keep.png"
+refused "scaling_study: error: --plot: '.*fig-throughput.png' holds something other than a plot \(a PNG\) of scaling_study" \
+  "$STUDY" --preset local-weak --predict "$(dirname "$0")/../../machines/dev-2core.json" \
+  --plot "$W/fig"
+cmp -s "$W/fig-throughput.png" "$W/fig-keep.png" || fail "the PNG was replaced"
+case=study_csv_is_plot  # eleventh pass; was: the table written over the start of the plot, exit 0
+refused "scaling_study: error: --csv .*same-throughput.png is also a file --plot .*same writes" \
+  "$STUDY" --preset local-weak --predict "$(dirname "$0")/../../machines/dev-2core.json" \
+  --csv "$W/same-throughput.png" --plot "$W/same"
+[ ! -e "$W/same-throughput.png" ] && [ ! -e "$W/same.jsonl" ] || fail "a file was written"
 case=study_json_overflow  # was: nlohmann's "[json.exception.out_of_range.406] ..."
 printf '{"points": [{"gpus": 1e400, "scheme": "1d:p=2", "batch": 8, "hidden": 64, "heads": 4}]}\n' >"$W/overflow_study.json"
 refused "scaling_study: error: study file .*overflow_study.json: not valid JSON: number overflow parsing '1e400'" \
@@ -329,6 +350,8 @@ case=custom_model_flag  # was: CLI11's text, no "error:", exit 105
 refused "custom_model: error: --steps: Value 0 not in range 1 to 1000000 \(see --help\)" \
   "$CUSTOM" --steps 0
 [ "$rc" = 2 ] || fail "exit $rc, expected 2"
+case=custom_model_lr_nan  # tenth pass; was: accepted (CLI::Range lets nan through), losses nan
+refused "custom_model: error: --lr: 'nan' is not a number in \[1e-08, 1\]" "$CUSTOM" --lr nan
 case=study_paper_negative  # was: -1 printed as a paper's figure
 printf '{"kind": "weak", "points": [{"gpus": 2, "scheme": "1d:p=2", "batch": 8, "hidden": 64, "heads": 4, "paper_fwd_per_sample_s": -1}]}\n' >"$W/paper_negative.json"
 refused "point 0: paper_fwd_per_sample_s is -1, not a positive number of seconds" "$STUDY" \
