@@ -18,11 +18,13 @@ using detail::check_view;
 
 namespace {
 
-/// gamma or beta: [hidden] split like the columns, replicated elsewhere.
+/// gamma or beta: [hidden] split like the columns, replicated elsewhere
+/// (rooted: on tokens-rank 0 only).
 ParamShard vector_shard(const NormLayout& l, std::string name, index_t hidden) {
   ParamShard s;
   s.name = std::move(name);
   s.global_shape = {hidden};
+  if (l.rooted && l.tokens.rank != 0) return s;  // holds nothing
   s.local_rows = 1;
   s.local_cols = hidden / l.hidden.size;
   s.owner = l.replica_rank == 0 && l.tokens.rank == 0;
@@ -103,6 +105,8 @@ BufferNeeds SplitLayerNorm<T>::buffer_needs() const {
   ByteCount<acc_t<T>> fwd, ws;
   fwd.add(m).add(m);                                                     // mean, rstd
   ws.add(2 * m).add_bytes(static_cast<std::size_t>(2 * n) * sizeof(T));  // a | b; dgamma | dbeta
+  // broadcast: forward's gamma | beta, backward's gamma (beside the above)
+  if (broadcast()) ws.add_bytes(static_cast<std::size_t>(2 * n) * sizeof(T));
   return {.workspace = ws, .forward = fwd, .backward = 0};
 }
 
@@ -120,13 +124,28 @@ void SplitLayerNorm<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffe
       grid_->comm(layout_.hidden.axis)
           .all_reduce(v, v, static_cast<std::size_t>(m), dtype_v<acc_t<T>>, ReduceOp::sum);
   };
+  ArenaScope scope(buffers.workspace);
+  const T *gamma = gamma_.value, *beta = beta_.value;
+  Request request;  // rooted: gamma | beta travel over the tokens axis during the statistics
+  if (broadcast()) {
+    T* params = buffers.workspace.take<T>(static_cast<std::size_t>(2 * n));
+    if (layout_.tokens.rank == 0) {
+      be.copy(ConstMatrixView<T>::dense(gamma, 1, n), MatrixView<T>::dense(params, 1, n));
+      be.copy(ConstMatrixView<T>::dense(beta, 1, n), MatrixView<T>::dense(params + n, 1, n));
+    }
+    request = grid_->comm(layout_.tokens.axis)
+                  .ibroadcast(params, static_cast<std::size_t>(2 * n), dtype_v<T>, 0);
+    gamma = params;
+    beta = params + n;
+  }
   be.layernorm_partial_sums(X, nullptr, mean_);
   sum_over_columns(mean_);
   be.layernorm_mean(m, hidden_, mean_, mean_);
   be.layernorm_partial_sums(X, mean_, rstd_);  // second pass: squared deviations
   sum_over_columns(rstd_);
   be.layernorm_rstd(m, hidden_, eps_, rstd_, rstd_);
-  be.layernorm_apply(X, mean_, rstd_, gamma_.value, beta_.value, Y);
+  if (broadcast()) grid_->comm(layout_.tokens.axis).wait(request);
+  be.layernorm_apply(X, mean_, rstd_, gamma, beta, Y);
   x_ = X;
 }
 
@@ -145,18 +164,33 @@ void SplitLayerNorm<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBu
   ArenaScope scope(buffers.workspace);
   A* ab = buffers.workspace.take<A>(static_cast<std::size_t>(2 * m));       // a | b row sums
   T* partial = buffers.workspace.take<T>(static_cast<std::size_t>(2 * n));  // dgamma | dbeta
-  be.layernorm_param_partials(x_, dY, mean_, rstd_, partial, partial + n);
-  Request request;  // dgamma | dbeta summed over the token blocks, overlapped with dX
-  if (layout_.tokens.size > 1)
-    request = grid_->comm(layout_.tokens.axis)
-                  .iall_reduce(partial, partial, static_cast<std::size_t>(2 * n), dtype_v<T>,
-                               ReduceOp::sum);
-  be.layernorm_backward_partials(x_, dY, mean_, rstd_, gamma_.value, ab, ab + m);
+  Communicator* tokens = layout_.tokens.size > 1 ? &grid_->comm(layout_.tokens.axis) : nullptr;
+  const T* gamma = gamma_.value;
+  Request request;  // rooted: gamma travels over the tokens axis during the parameter partials
+  if (broadcast()) {
+    T* g = buffers.workspace.take<T>(static_cast<std::size_t>(n));
+    if (layout_.tokens.rank == 0)
+      be.copy(ConstMatrixView<T>::dense(gamma, 1, n), MatrixView<T>::dense(g, 1, n));
+    request = tokens->ibroadcast(g, static_cast<std::size_t>(n), dtype_v<T>, 0);
+    gamma = g;
+  }
+  be.layernorm_param_partials(x_, dY, mean_, rstd_, partial, partial + n);  // needs no gamma
+  if (broadcast()) tokens->wait(request);
+  // dgamma | dbeta summed over the token blocks (rooted: to tokens-rank 0),
+  // overlapped with dX
+  if (broadcast())
+    request = tokens->ireduce(partial, partial, static_cast<std::size_t>(2 * n), dtype_v<T>,
+                              ReduceOp::sum, 0);
+  else if (tokens != nullptr)
+    request = tokens->iall_reduce(partial, partial, static_cast<std::size_t>(2 * n), dtype_v<T>,
+                                  ReduceOp::sum);
+  be.layernorm_backward_partials(x_, dY, mean_, rstd_, gamma, ab, ab + m);
   if (layout_.hidden.size > 1)
     grid_->comm(layout_.hidden.axis)
         .all_reduce(ab, ab, static_cast<std::size_t>(2 * m), dtype_v<A>, ReduceOp::sum);
-  be.layernorm_backward_apply(x_, dY, mean_, rstd_, gamma_.value, ab, ab + m, hidden_, dX);
-  if (layout_.tokens.size > 1) grid_->comm(layout_.tokens.axis).wait(request);
+  be.layernorm_backward_apply(x_, dY, mean_, rstd_, gamma, ab, ab + m, hidden_, dX);
+  if (tokens != nullptr) tokens->wait(request);
+  if (!gamma_.held()) return;  // rooted, off tokens-rank 0
   const A beta = accumulate ? A(1) : A(0);
   be.axpby(A(1), ConstMatrixView<T>::dense(partial, 1, n), beta, gamma_.grad_view());
   be.axpby(A(1), ConstMatrixView<T>::dense(partial + n, 1, n), beta, beta_.grad_view());
@@ -169,32 +203,43 @@ void all_reduce(cost::Tally& t, const AxisSplit& a, u64 count, u64 e) {
   if (a.size > 1)
     t.all_reduce(a.axis, count, static_cast<u64>(a.size), static_cast<u64>(a.rank), e);
 }
+// rooted: the parameters' broadcast from tokens-rank 0
+void broadcast(cost::Tally& t, const NormLayout& l, u64 count, u64 e) {
+  if (l.rooted && l.tokens.size > 1)
+    t.broadcast(l.tokens.axis, count, static_cast<u64>(l.tokens.size), l.tokens.rank == 0, e);
+}
 }  // namespace
 
-// The two passes of the statistics and the apply; the row sums and squared
-// deviations all-reduced over the hidden axis in acc_t.
+// (rooted: gamma | beta broadcast over the tokens axis;) the two passes of
+// the statistics and the apply; the row sums and squared deviations
+// all-reduced over the hidden axis in acc_t.
 void forward(cost::Tally& t, const NormLayout& l, const cost::Elements& el, u64 tokens,
              u64 hidden) {
   const u64 rows = tokens / static_cast<u64>(l.tokens.size);
-  const u64 block = rows * (hidden / static_cast<u64>(l.hidden.size));
-  t.pointwise(model::Pointwise::layernorm, block, 4 * block * el.e);
+  const u64 cols = hidden / static_cast<u64>(l.hidden.size);
+  broadcast(t, l, 2 * cols, el.e);
+  t.pointwise(model::Pointwise::layernorm, rows * cols, 4 * rows * cols * el.e);
   all_reduce(t, l.hidden, rows, el.a);
   all_reduce(t, l.hidden, rows, el.a);
 }
 
-// The partials and parameter partials, then the apply; the a | b partials
-// all-reduced over the hidden axis, dgamma | dbeta over the tokens axis.
+// (rooted: gamma broadcast over the tokens axis;) the partials and parameter
+// partials, then the apply; dgamma | dbeta summed over the tokens axis
+// (rooted: reduced to tokens-rank 0), the a | b partials all-reduced over the
+// hidden axis.
 void backward(cost::Tally& t, const NormLayout& l, const cost::Elements& el, u64 tokens,
               u64 hidden) {
   const u64 rows = tokens / static_cast<u64>(l.tokens.size);
   const u64 cols = hidden / static_cast<u64>(l.hidden.size);
+  broadcast(t, l, cols, el.e);
   t.pointwise(model::Pointwise::layernorm_grad, rows * cols, 7 * rows * cols * el.e);
-  all_reduce(t, l.hidden, 2 * rows, el.a);
-  all_reduce(t, l.tokens, 2 * cols, el.e);
-}
-
-u64 params(const NormLayout& l, u64 hidden) {
-  return 2 * (hidden / static_cast<u64>(l.hidden.size));
+  if (l.rooted && l.tokens.size > 1) {
+    t.reduce(l.tokens.axis, 2 * cols, static_cast<u64>(l.tokens.size), l.tokens.rank == 0, el.e);
+    all_reduce(t, l.hidden, 2 * rows, el.a);
+  } else {
+    all_reduce(t, l.hidden, 2 * rows, el.a);
+    all_reduce(t, l.tokens, 2 * cols, el.e);
+  }
 }
 
 }  // namespace norm_cost

@@ -547,11 +547,26 @@ void lm_head_forward(cost::Tally& t, const VocabLayout& l, const cost::Elements&
   tokens_all_gather(t, l, shard(l, vocab, hidden), el.e);
   t.gemm(m, v, hidden / static_cast<u64>(gh(l)), el.e);  // Z = X wteᵀ
   all_reduce(t, l.hidden, m * v, el.e);
+  cross_entropy_forward(t, l, el, tokens, vocab);
+}
+
+// The row max, then (sum exp | target logit), all-reduced over the
+// vocabulary axis in acc_t; the summed loss (a double) over the tokens axis.
+void cross_entropy_forward(cost::Tally& t, const VocabLayout& l, const cost::Elements& el,
+                           u64 tokens, u64 vocab) {
+  const u64 m = tokens / static_cast<u64>(gt(l)), v = vocab / static_cast<u64>(gv(l));
   t.memory(m * v * el.e);  // row max
   all_reduce(t, l.vocab, m, el.a);
   t.pointwise(model::Pointwise::exp, m * v, m * v * el.e);  // sum exp, target
   all_reduce(t, l.vocab, 2 * m, el.a);
   all_reduce(t, l.tokens, 1, sizeof(double));
+}
+
+// dZ = softmax - onehot, in place.
+void cross_entropy_backward(cost::Tally& t, const VocabLayout& l, const cost::Elements& el,
+                            u64 tokens, u64 vocab) {
+  const u64 m = tokens / static_cast<u64>(gt(l)), v = vocab / static_cast<u64>(gv(l));
+  t.pointwise(model::Pointwise::exp, m * v, 2 * m * v * el.e);
 }
 
 // The wte shard gathered again, dX all-reduced over the vocabulary axis
@@ -561,7 +576,7 @@ void lm_head_backward(cost::Tally& t, const VocabLayout& l, const cost::Elements
                       u64 vocab, u64 hidden) {
   const u64 m = tokens / static_cast<u64>(gt(l)), v = vocab / static_cast<u64>(gv(l)),
             k = hidden / static_cast<u64>(gh(l));
-  t.pointwise(model::Pointwise::exp, m * v, 2 * m * v * el.e);  // dZ = softmax - onehot
+  cross_entropy_backward(t, l, el, tokens, vocab);
   tokens_all_gather(t, l, shard(l, vocab, hidden), el.e);
   t.gemm(m, k, v, el.e);  // dX = dZ wte
   t.overlapped = l.overlap_dx && l.price_overlap_dx;

@@ -507,16 +507,6 @@ struct Local {
   std::vector<T> data() const { return array.download(); }
 };
 
-// Arenas sized from a layer's declared needs.
-struct Arenas {
-  Arena workspace, forward, backward;
-  StepBuffers step{workspace, forward, backward};
-  Arenas(Backend& b, const BufferNeeds& n)
-      : workspace("workspace", b, n.workspace),
-        forward("forward", b, n.forward),
-        backward("backward", b, n.backward) {}
-};
-
 // The message of the summa::Error `f` throws ("" if none), which must be the
 // same on every rank. Collective.
 template <class F>

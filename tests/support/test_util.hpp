@@ -217,6 +217,16 @@ inline MeshEnv& mesh_env() {
   return e;
 }
 
+/// The step arenas of a layer (or model) sized from its declared needs.
+struct Arenas {
+  Arena workspace, forward, backward;
+  StepBuffers step{workspace, forward, backward};
+  Arenas(Backend& b, const BufferNeeds& n)
+      : workspace("workspace", b, n.workspace),
+        forward("forward", b, n.forward),
+        backward("backward", b, n.backward) {}
+};
+
 /// Block (i, j) of a global matrix split into q x q equal blocks.
 template <class T>
 Mat<T> block_of(const Mat<T>& g, int q, int i, int j) {

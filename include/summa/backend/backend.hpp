@@ -162,7 +162,7 @@ class Backend {
   /// bf16: sums and beta * out in fp32, out rounded once.
   void column_sums(ConstMatrixView<bf16> X, float beta, bf16* out);
 
-  // ---- LayerNorm kernels (LayerNorm2D) --------------------------------------
+  // ---- LayerNorm kernels (SplitLayerNorm) --------------------------------------
   // X, dY, Y and dX are local blocks of `n` rows; per-row arrays (center,
   // mean, rstd, a, b) hold X.rows elements, per-column arrays (gamma, beta,
   // dgamma, dbeta) X.cols. Sums accumulate in T (at least fp32). Outputs are

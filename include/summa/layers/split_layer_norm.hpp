@@ -2,9 +2,11 @@
 /// \file split_layer_norm.hpp
 /// A scheme's axes as its ops see them (AxisSplit), and the LayerNorm of
 /// activations split by tokens over one axis and by hidden columns over
-/// another, its parameters replicated over the rest (SplitLayerNorm): the 1D
-/// scheme's LayerNorm (nothing split: local) and the 3D scheme's (tokens over
-/// Z, columns over Y), written once with its cost beside it.
+/// another (SplitLayerNorm): the 1D scheme's LayerNorm (nothing split:
+/// local), the 3D scheme's (tokens over Z, columns over Y, parameters
+/// replicated over X and Z) and the 2D scheme's (tokens over the mesh rows,
+/// columns over the mesh columns, parameters on mesh row 0 only), written
+/// once with its cost beside it.
 
 #include <cstdint>
 #include <string>
@@ -41,6 +43,11 @@ struct NormLayout {
   /// on the tokens axis owns the block.
   int replica_rank = 0;
   CommAxis agree_axis = CommAxis::tensor;
+  /// The parameters live on tokens-rank 0 only (2D: mesh row 0, as Optimus
+  /// keeps them, Linear2D's bias alike): broadcast over the tokens axis at
+  /// each use and their gradients reduced to it (instead of replicated, the
+  /// gradients all-reduced). Ranks off it hold no parameter.
+  bool rooted = false;
 };
 
 /// y = (x - mean) * rstd * gamma + beta per token on a block [tokens/Gt,
@@ -50,7 +57,10 @@ struct NormLayout {
 /// sums over the tokens axis (overlapped with the input gradient).
 /// `<name>.weight` (gamma) and `<name>.bias` (beta) [hidden] are split like
 /// the columns and replicated elsewhere; replicas compute identical
-/// gradients. forward() keeps mean and rstd in buffers.forward.
+/// gradients. With NormLayout::rooted they live on tokens-rank 0 alone:
+/// gamma | beta are broadcast over the tokens axis while the statistics are
+/// computed, gamma again in backward, and dgamma | dbeta reduced to it.
+/// forward() keeps mean and rstd in buffers.forward.
 template <class T>
 class SplitLayerNorm : public Layer<T> {
  public:
@@ -79,6 +89,10 @@ class SplitLayerNorm : public Layer<T> {
   std::string name_;
   index_t tokens_, hidden_;
   double eps_;
+  /// Whether the parameters travel over the tokens axis (rooted, and split
+  /// over more than one rank).
+  bool broadcast() const { return layout_.rooted && layout_.tokens.size > 1; }
+
   Param<T> gamma_, beta_;
   ConstMatrixView<T> x_{};
   acc_t<T>* mean_ = nullptr;  // per-row statistics in acc_t<T> (fp32 for bf16)
@@ -93,8 +107,6 @@ void forward(cost::Tally& t, const NormLayout& layout, const cost::Elements& el,
              u64 hidden);
 void backward(cost::Tally& t, const NormLayout& layout, const cost::Elements& el, u64 tokens,
               u64 hidden);
-/// Elements of gamma and beta a rank holds.
-u64 params(const NormLayout& layout, u64 hidden);
 }  // namespace norm_cost
 
 extern template class SplitLayerNorm<float>;

@@ -163,6 +163,12 @@ void embedding_backward(cost::Tally& t, const VocabLayout& layout, const cost::E
                         u64 tokens, u64 vocab, u64 hidden, u64 positions);
 /// Elements of wte and wpe a rank holds.
 u64 embedding_params(const VocabLayout& layout, u64 vocab, u64 hidden, u64 positions);
+/// The cross-entropy on local logits [tokens/Gt, V/Gv] (VocabCrossEntropy),
+/// part of the LM head's cost; the 2D LM head prices its loss with it too.
+void cross_entropy_forward(cost::Tally& t, const VocabLayout& layout, const cost::Elements& el,
+                           u64 tokens, u64 vocab);
+void cross_entropy_backward(cost::Tally& t, const VocabLayout& layout, const cost::Elements& el,
+                            u64 tokens, u64 vocab);
 void lm_head_forward(cost::Tally& t, const VocabLayout& layout, const cost::Elements& el,
                      u64 tokens, u64 vocab, u64 hidden);
 void lm_head_backward(cost::Tally& t, const VocabLayout& layout, const cost::Elements& el,

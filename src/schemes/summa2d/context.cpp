@@ -29,7 +29,8 @@ std::unique_ptr<Layer<T>> Summa2DContext<T>::linear(std::string name, index_t to
 template <class T>
 std::unique_ptr<Layer<T>> Summa2DContext<T>::layer_norm(std::string name, index_t tokens,
                                                         index_t hidden, double eps) {
-  return std::make_unique<LayerNorm2DLayer<T>>(*engine_, std::move(name), tokens, hidden, eps);
+  return std::make_unique<LayerNorm2D<T>>(engine_->grid(), engine_->backend(), std::move(name),
+                                          tokens, hidden, eps);
 }
 
 template <class T>
@@ -57,7 +58,8 @@ ActivationBlock Summa2DContext<T>::activation_block(index_t tokens, index_t widt
 template <class T>
 std::unique_ptr<Loss<T>> Summa2DContext<T>::cross_entropy(index_t tokens, index_t classes,
                                                           index_t normalizer) {
-  return std::make_unique<LossOf<T, CrossEntropy2D<T>>>(*engine_, tokens, classes, normalizer);
+  return std::make_unique<LossOf<T, CrossEntropy2D<T>>>(engine_->grid(), engine_->backend(), tokens,
+                                                        classes, normalizer);
 }
 
 template <class T>

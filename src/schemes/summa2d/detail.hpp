@@ -7,7 +7,7 @@
 namespace summa::detail2d {
 
 /// A rank of the q x q mesh as the 2D ops price themselves (their price()
-/// in linear.cpp, layernorm.cpp, embedding.cpp, lm_head.cpp): mesh row i
+/// in layers.cpp and vocab.cpp): mesh row i
 /// (its mesh_col rank), mesh column j (its mesh_row rank), roots on mesh
 /// row 0; the element sizes of the model and the options of the engine
 /// that runs the ops (its panel width cuts the SUMMA collectives).

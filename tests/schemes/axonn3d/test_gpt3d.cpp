@@ -146,15 +146,6 @@ std::vector<T> local_values(const Param<T>& p, bool grad) {
   return host;
 }
 
-struct Arenas {
-  Arena workspace, forward, backward;
-  StepBuffers step{workspace, forward, backward};
-  Arenas(Backend& b, const BufferNeeds& n)
-      : workspace("workspace", b, n.workspace),
-        forward("forward", b, n.forward),
-        backward("backward", b, n.backward) {}
-};
-
 // Sets a parameter's local storage (owner or replica) from its global tensor.
 template <class T>
 void set_global(Param<T>& p, const std::vector<T>& global) {

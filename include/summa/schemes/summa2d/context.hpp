@@ -1,8 +1,7 @@
 #pragma once
 /// \file context.hpp
 /// The 2D (Optimus, SUMMA) scheme context: the layers of
-/// schemes/summa2d/linear.hpp, layernorm.hpp, embedding.hpp and lm_head.hpp
-/// behind SchemeContext, on a q x q mesh through one SummaEngine.
+/// schemes/summa2d/layers.hpp behind SchemeContext, on a q x q mesh through one SummaEngine.
 /// Activations (outer and inner alike) are [T/q, w/q] blocks: mesh row i
 /// holds the sequences [i*b/q, (i+1)*b/q), mesh column j the columns (and
 /// heads) of slice j; every linear is one SUMMA call in forward and two in
@@ -11,10 +10,7 @@
 #include <memory>
 
 #include "summa/layers/scheme_context.hpp"
-#include "summa/schemes/summa2d/embedding.hpp"
-#include "summa/schemes/summa2d/layernorm.hpp"
-#include "summa/schemes/summa2d/linear.hpp"
-#include "summa/schemes/summa2d/lm_head.hpp"
+#include "summa/schemes/summa2d/layers.hpp"
 #include "summa/schemes/summa2d/spec.hpp"
 
 namespace summa {

@@ -1,4 +1,7 @@
-#include "summa/schemes/summa2d/embedding.hpp"
+// The 2D (SUMMA) vocabulary ops (summa/schemes/summa2d/layers.hpp):
+// Embedding2D, and LMHead2D with its cross-entropy (VocabCrossEntropy over
+// the mesh's axes).
+#include "summa/schemes/summa2d/layers.hpp"
 
 #include <fmt/format.h>
 
@@ -7,6 +10,8 @@
 #include "detail.hpp"
 
 namespace summa {
+
+// ---------------------------------------------------------------- embedding
 
 namespace {
 
@@ -178,5 +183,98 @@ void Embedding2D<T>::price(cost::Tally& t, model::Phase phase) const {
 template class Embedding2D<float>;
 template class Embedding2D<double>;
 template class Embedding2D<bf16>;
+
+// ---------------------------------------------------------------- head, loss
+
+VocabLayout summa2d_loss_layout(const ProcessGrid& grid) {
+  const GridCoords& c = grid.coords();
+  VocabLayout l;
+  l.scheme = "2D";
+  l.vocab = {.axis = CommAxis::mesh_row, .size = grid.shape().cols, .rank = c.col, .name = "q"};
+  l.tokens = {.axis = CommAxis::mesh_col, .size = grid.shape().rows, .rank = c.row, .name = "q"};
+  l.agree_axis = CommAxis::mesh;
+  return l;
+}
+
+template <class T>
+LMHead2D<T>::LMHead2D(SummaEngine& engine, Param<T>& wte, index_t tokens, index_t hidden,
+                      index_t vocab, index_t normalizer)
+    : engine_(&engine),
+      wte_(&wte),
+      tokens_(tokens),
+      hidden_(hidden),
+      vocab_(vocab),
+      q_(engine.q()),
+      loss_(engine.grid(), engine.backend(), tokens, vocab, normalizer) {
+  std::optional<std::string> error;
+  if (hidden <= 0 || hidden % q_ != 0)
+    error = fmt::format("LMHead2D: hidden={} must be positive and divisible by q={}", hidden, q_);
+  else if (wte.shard.local_rows != vocab / q_ || wte.shard.local_cols != hidden / q_)
+    error = fmt::format("LMHead2D: the tied embedding block is {}x{}, expected {}x{}",
+                        wte.shard.local_rows, wte.shard.local_cols, vocab / q_, hidden / q_);
+  engine.grid().agree(CommAxis::mesh, error);
+}
+
+template <class T>
+BufferNeeds LMHead2D<T>::buffer_needs() const {
+  ByteCount<T> fwd;
+  fwd.add((tokens_ / q_) * (vocab_ / q_));
+  BufferNeeds needs{
+      .workspace =
+          std::max({engine_->workspace_bytes(Form::ABt, tokens_, vocab_, hidden_, dtype_v<T>),
+                    engine_->workspace_bytes(Form::AB, tokens_, hidden_, vocab_, dtype_v<T>),
+                    engine_->workspace_bytes(Form::AtB, vocab_, hidden_, tokens_, dtype_v<T>)}),
+      .forward = fwd,
+      .backward = 0};
+  needs.then(loss_.buffer_needs());
+  return needs;
+}
+
+template <class T>
+double LMHead2D<T>::forward(ConstMatrixView<T> X, std::span<const std::int32_t> targets,
+                            StepBuffers& buffers) {
+  const index_t nt = tokens_ / q_, nv = vocab_ / q_;
+  logits_ = MatrixView<T>::dense(buffers.forward.take<T>(static_cast<std::size_t>(nt * nv)), nt, nv,
+                                 Order::row_major);
+  engine_->abt(tokens_, vocab_, hidden_, acc_t<T>(1), X, ConstMatrixView<T>(wte_->value_view()),
+               acc_t<T>(0), logits_, buffers.workspace);
+  x_ = X;
+  if (targets.empty()) return 0;  // logits only (LossHead::forward)
+  return loss_.forward(logits_, targets, buffers);
+}
+
+template <class T>
+void LMHead2D<T>::backward(MatrixView<T> dX, StepBuffers& buffers, bool accumulate) {
+  require(logits_.data != nullptr, "LMHead2D: backward without forward");
+  loss_.backward(logits_, buffers);  // logits_ now holds dL/dlogits
+  engine_->ab(tokens_, hidden_, vocab_, acc_t<T>(1), ConstMatrixView<T>(logits_),
+              ConstMatrixView<T>(wte_->value_view()), acc_t<T>(0), dX, buffers.workspace);
+  engine_->atb(vocab_, hidden_, tokens_, acc_t<T>(1), ConstMatrixView<T>(logits_), x_,
+               accumulate ? acc_t<T>(1) : acc_t<T>(0), wte_->grad_view(), buffers.workspace);
+}
+
+// Cost: logits Z = X wteᵀ by SUMMA, the cross-entropy's row max
+// and (sum exp | target logit) all-reduced along the mesh rows in acc_t,
+// the loss (a double) over the mesh column; backward dX = dZ wte and
+// dwte += dZᵀ X by SUMMA.
+template <class T>
+void LMHead2D<T>::price(cost::Tally& t, model::Phase phase) const {
+  const auto u = [](index_t v) { return static_cast<cost::u64>(v); };
+  const detail2d::MeshRank r = detail2d::mesh_rank<T>(*engine_);
+  const VocabLayout loss = summa2d_loss_layout(engine_->grid());
+  const cost::u64 tokens = u(tokens_), vocab = u(vocab_), hidden = u(hidden_), e = r.el.e;
+  if (phase != model::Phase::backward) {
+    t.summa(Form::ABt, tokens, vocab, hidden, r.q, e, r.summa);
+    vocab_cost::cross_entropy_forward(t, loss, r.el, tokens, vocab);
+    return;
+  }
+  vocab_cost::cross_entropy_backward(t, loss, r.el, tokens, vocab);
+  t.summa(Form::AB, tokens, hidden, vocab, r.q, e, r.summa);
+  t.summa(Form::AtB, vocab, hidden, tokens, r.q, e, r.summa);
+}
+
+template class LMHead2D<float>;
+template class LMHead2D<double>;
+template class LMHead2D<bf16>;
 
 }  // namespace summa

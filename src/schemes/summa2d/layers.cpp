@@ -1,4 +1,7 @@
-#include "summa/schemes/summa2d/linear.hpp"
+// The 2D (SUMMA) layers (summa/schemes/summa2d/layers.hpp): Linear2D and its
+// Layer face with the shard descriptions, and the LayerNorm layout
+// (LayerNorm2D is SplitLayerNorm over it).
+#include "summa/schemes/summa2d/layers.hpp"
 
 #include <fmt/format.h>
 
@@ -7,6 +10,8 @@
 #include "detail.hpp"
 
 namespace summa {
+
+// ---------------------------------------------------------------- linear
 
 Linear2D::Linear2D(SummaEngine& engine, index_t tokens, index_t in, index_t out, bool has_bias)
     : engine_(&engine), tokens_(tokens), in_(in), out_(out), has_bias_(has_bias), q_(engine.q()) {
@@ -116,9 +121,6 @@ void Linear2DLayer<T>::price(cost::Tally& t, model::Phase phase) const {
     t.reduce(CommAxis::mesh_col, out / q, q, r.i == 0, e);
   }
 }
-template void Linear2DLayer<float>::price(cost::Tally&, model::Phase) const;
-template void Linear2DLayer<double>::price(cost::Tally&, model::Phase) const;
-template void Linear2DLayer<bf16>::price(cost::Tally&, model::Phase) const;
 
 template void Linear2D::forward<float>(ConstMatrixView<float>, ConstMatrixView<float>, const float*,
                                        MatrixView<float>, Workspace&);
@@ -135,5 +137,113 @@ template void Linear2D::forward<bf16>(ConstMatrixView<bf16>, ConstMatrixView<bf1
 template void Linear2D::backward<bf16>(ConstMatrixView<bf16>, ConstMatrixView<bf16>,
                                        ConstMatrixView<bf16>, MatrixView<bf16>, MatrixView<bf16>,
                                        bf16*, Workspace&, bool);
+
+// ---------------------------------------------------------------- shards and the Layer face
+
+ParamShard matrix_shard(std::string name, index_t rows, index_t cols, int q, int i, int j,
+                        int groups) {
+  ParamShard s;
+  s.name = std::move(name);
+  s.global_shape = {rows, cols};
+  s.local_rows = rows / q;
+  s.local_cols = cols / q;
+  const index_t w = cols / (static_cast<index_t>(groups) * q);
+  for (int g = 0; g < groups; ++g)
+    s.pieces.push_back({.global_row = i * s.local_rows,
+                        .global_col = g * (cols / groups) + j * w,
+                        .local_row = 0,
+                        .local_col = g * w,
+                        .rows = s.local_rows,
+                        .cols = w});
+  return s;
+}
+
+ParamShard row0_vector_shard(std::string name, index_t n, int q, int i, int j, int groups) {
+  ParamShard s;
+  s.name = std::move(name);
+  s.global_shape = {n};
+  if (i != 0) return s;
+  s.local_rows = 1;
+  s.local_cols = n / q;
+  const index_t w = n / (static_cast<index_t>(groups) * q);
+  for (int g = 0; g < groups; ++g)
+    s.pieces.push_back({.global_row = 0,
+                        .global_col = g * (n / groups) + j * w,
+                        .local_row = 0,
+                        .local_col = g * w,
+                        .rows = 1,
+                        .cols = w});
+  return s;
+}
+
+namespace {
+
+// Linear2D's constructor checks divisibility by q; the groups need it too.
+Linear2D make_linear(SummaEngine& engine, const std::string& name, index_t tokens, index_t in,
+                     index_t out, bool has_bias, int groups) {
+  const int q = engine.q();
+  std::optional<std::string> error;
+  if (groups < 1 || out % (static_cast<index_t>(groups) * q) != 0)
+    error = fmt::format("Linear2DLayer '{}': out={} must be divisible by groups*q = {}*{}", name,
+                        out, groups, q);
+  engine.grid().agree(CommAxis::mesh, error);
+  return Linear2D(engine, tokens, in, out, has_bias);
+}
+
+}  // namespace
+
+template <class T>
+Linear2DLayer<T>::Linear2DLayer(SummaEngine& engine, std::string name, index_t tokens, index_t in,
+                                index_t out, bool has_bias, int groups)
+    : op_(make_linear(engine, name, tokens, in, out, has_bias, groups)), name_(std::move(name)) {
+  const GridCoords& c = engine.grid().coords();
+  weight_.shard = matrix_shard(name_ + ".weight", in, out, engine.q(), c.row, c.col, groups);
+  if (has_bias)
+    bias_.shard = row0_vector_shard(name_ + ".bias", out, engine.q(), c.row, c.col, groups);
+}
+
+template <class T>
+void Linear2DLayer<T>::collect_parameters(std::vector<Param<T>*>& out) {
+  out.push_back(&weight_);
+  if (op_.has_bias()) out.push_back(&bias_);
+}
+
+template <class T>
+BufferNeeds Linear2DLayer<T>::buffer_needs() const {
+  return {.workspace = op_.workspace_bytes(dtype_v<T>), .forward = 0, .backward = 0};
+}
+
+template <class T>
+void Linear2DLayer<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
+  op_.forward<T>(X, weight_.value_view(), bias_.value, Y, buffers.workspace);
+  x_ = X;
+}
+
+template <class T>
+void Linear2DLayer<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
+                                bool accumulate) {
+  require(x_.data != nullptr || x_.rows * x_.cols == 0,
+          [&] { return fmt::format("Linear2DLayer '{}': backward without forward", name_); });
+  op_.backward<T>(x_, weight_.value_view(), dY, dX, weight_.grad_view(), bias_.grad,
+                  buffers.workspace, accumulate);
+}
+
+template class Linear2DLayer<float>;
+template class Linear2DLayer<double>;
+template class Linear2DLayer<bf16>;
+
+// ---------------------------------------------------------------- layer norm
+
+NormLayout summa2d_norm_layout(const ProcessGrid& grid) {
+  const GridCoords& c = grid.coords();
+  const GridShape& s = grid.shape();  // q x q: rows == cols
+  NormLayout l;
+  l.scheme = "2D";
+  l.tokens = {.axis = CommAxis::mesh_col, .size = s.rows, .rank = c.row, .name = "q"};
+  l.hidden = {.axis = CommAxis::mesh_row, .size = s.cols, .rank = c.col, .name = "q"};
+  l.agree_axis = CommAxis::mesh;
+  l.rooted = true;
+  return l;
+}
 
 }  // namespace summa
