@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "summa/layers/transformer.hpp"
+#include "summa/model/cost.hpp"
 
 namespace summa {
 
@@ -70,7 +71,18 @@ Layer<T>& LayerStack<T>::layer_norm(std::string name, double eps) {
 
 template <class T>
 Layer<T>& LayerStack<T>::gelu() {
-  return add(std::make_unique<GeLU<T>>(scheme_->backend()), out_width(), out_layout());
+  // its local block, for its price
+  return add(std::make_unique<GeLU<T>>(scheme_->backend(), local_rows(),
+                                       local_cols(out_width(), out_layout())),
+             out_width(), out_layout());
+}
+
+template <class T>
+void LayerStack<T>::price_stages(cost::Tally& t, model::Phase phase) const {
+  if (phase == model::Phase::backward)
+    for (auto s = stages_.rbegin(); s != stages_.rend(); ++s) s->layer->price(t, phase);
+  else
+    for (const Stage& s : stages_) s.layer->price(t, phase);
 }
 
 template <class T>
@@ -243,6 +255,24 @@ BufferNeeds Parallel<T>::buffer_needs() const {
     needs.backward += in;
   }
   return needs;
+}
+
+template <class T>
+void Parallel<T>::price(cost::Tally& t, model::Phase phase) const {
+  const Chain<T>& c = *branches_.front();
+  const index_t rows = c.scheme().local_rows(c.tokens());
+  const bool backward = phase == model::Phase::backward;
+  // a sum: read two blocks, write one (forward: outputs; backward: input gradients)
+  const auto sum = [&] {
+    const index_t cols = backward ? c.scheme().local_cols(c.in_width(), c.in_layout())
+                                  : c.scheme().local_cols(c.out_width(), c.out_layout());
+    t.memory(3 * static_cast<cost::u64>(rows * cols) * sizeof(T));
+  };
+  for (std::size_t k = 0; k < branches_.size(); ++k) {
+    branches_[k]->price(t, phase);
+    if (k > 0) sum();
+  }
+  if (adds_input_) sum();
 }
 
 template <class T>

@@ -159,7 +159,7 @@ refused "calibrate: error: --out: '.*dangling.json' is a dangling symbolic link"
   "$CALIBRATE" --out "$W/dangling.json" --max-size 32 --min-seconds 0.01
 [ -L "$W/dangling.json" ] || fail "the link was replaced"
 case=calibrate_out_link  # was: the link replaced by a file, its target left stale
-echo '{"device": {}, "old": 1}' >"$W/real.json"  # an earlier machine file
+echo '{"device": {}, "source": "calibrate (bench/calibrate.cpp) on 2 rank(s)", "old": 1}' >"$W/real.json"  # an earlier calibration
 ln -sf real.json "$W/link.json"
 out=$(timeout -s KILL 60 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$CALIBRATE" --out "$W/link.json" \
   --max-size 32 --min-seconds 0.001 --dtype f32 2>&1) || fail "calibrate failed: $out"

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "summa/layers/sequential.hpp"
+#include "summa/model/cost.hpp"
 #include "summa/reference/gpt.hpp"
 #include "summa/schemes/registry.hpp"
 #include "test_backend_env.hpp"
@@ -395,6 +396,56 @@ TEST(CustomModel, ParallelBranchesAreTheSumOfEachBranchAlone) {
     for (const auto& [name, g] : both.grads) {
       const Run& alone = a.grads.count(name) != 0 ? a : b;
       EXPECT_LE(max_over_ranks(rel_error(g, alone.grads.at(name))), tol) << name;
+    }
+    ++tested;
+  }
+  EXPECT_GE(tested, 1);
+}
+
+// A user's model prices itself (Sequential, Chain, Parallel walk their
+// layers): the traffic one forward and backward step measures on every axis
+// (bytes sent and received, calls) equals the price, under every scheme.
+TEST(CustomModel, PriceEqualsTheMeasuredTraffic) {
+  constexpr index_t seq = 4, heads = 72;  // heads divide every p, q and X
+  Backend& backend = test_backend();
+  std::mt19937_64 gen(fresh_seed());
+  std::uniform_real_distribution<double> u(-1, 1);
+  Vec x(static_cast<std::size_t>(kTokens * kIn)), dy(x.size());
+  for (double& v : x) v = u(gen);
+  for (double& v : dy) v = u(gen);
+  int tested = 0;
+  for (const SchemeSpec& spec : representative_schemes(world_size())) {
+    SCOPED_TRACE(spec.str());
+    ProcessGrid grid = make_grid(MPI_COMM_WORLD, spec, test_grid_options());
+    const auto scheme = make_context<double>(spec, grid, backend);
+    const index_t tg = kTokens / spec.data, first = grid.coords().data * tg;
+    if (tg % (seq * scheme->sequence_split()) != 0) continue;  // attention needs whole sequences
+    Sequential<double> m(*scheme, tg, kIn);
+    m.layer_norm("ln");
+    m.residual([&](Chain<double>& f) { f.attention("attn", seq, heads); });
+    m.parallel({branch_a<Chain<double>>, branch_b<Chain<double>>});
+    m.gelu();
+    m.finish();
+    m.parameters_store().init_uniform(1, 0.2);
+    Arena io("io", backend, 2 * Arena::rounded(static_cast<std::size_t>(tg * kIn) * 8));
+    const MatrixView<double> xl = local_block<double>(*scheme, backend, io, x, first, tg, kIn);
+    const MatrixView<double> gl = local_block<double>(*scheme, backend, io, dy, first, tg, kIn);
+    grid.reset_traffic();
+    m.forward(xl);
+    m.backward(gl);
+    cost::Tally want;
+    m.price(want, model::Phase::forward);
+    const std::uint64_t forward_calls = want.t.total().calls;
+    m.price(want, model::Phase::backward);
+    if (spec.ranks() / spec.data > 1) {  // a tensor group: collectives both ways
+      EXPECT_GT(forward_calls, 0u);
+      EXPECT_GT(want.t.total().calls, forward_calls);
+    }
+    for (std::size_t a = 0; a < comm_axis_count; ++a) {
+      const auto axis = static_cast<CommAxis>(a);
+      EXPECT_EQ(grid.traffic()[axis].bytes_sent, want.t[axis].bytes_sent) << name_of(axis);
+      EXPECT_EQ(grid.traffic()[axis].bytes_received, want.t[axis].bytes_received) << name_of(axis);
+      EXPECT_EQ(grid.traffic()[axis].calls, want.t[axis].calls) << name_of(axis) << " calls";
     }
     ++tested;
   }

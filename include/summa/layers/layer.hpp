@@ -201,9 +201,9 @@ class Module {
   /// Each op prices itself in its own file; Attention, MLP,
   /// TransformerBlock and Gpt price their children in the order they run
   /// them. The traffic and step-time models walk a built (plan-only) GPT
-  /// this way. The default throws summa::Error: a module that does not
-  /// price itself cannot be predicted (Sequential, Chain and Parallel do
-  /// not price themselves yet).
+  /// this way, and a user's Sequential (its layers, Chain and Parallel
+  /// price themselves alike). The default throws summa::Error: a module
+  /// that does not price itself cannot be predicted.
   virtual void price(cost::Tally& t, model::Phase phase) const {
     static_cast<void>(t);
     static_cast<void>(phase);

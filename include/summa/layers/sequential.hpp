@@ -114,6 +114,9 @@ class LayerStack {
   }
   /// Local columns of stage i's input (the stack's input for i = 0).
   index_t input_cols(std::size_t i) const;
+  /// Every stage's price in the order a pass runs them (backward: last
+  /// first).
+  void price_stages(cost::Tally& t, model::Phase phase) const;
   /// The widest local block among the input and every stage's output.
   index_t widest_cols() const;
   /// No layer may be added after this.
@@ -143,6 +146,7 @@ class Chain final : public Layer<T>, public LayerStack<T> {
   std::string_view name() const override { return ""; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
   BufferNeeds buffer_needs() const override;
+  void price(cost::Tally& t, model::Phase phase) const override { this->price_stages(t, phase); }
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
   void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
                 bool accumulate = false) override;
@@ -167,6 +171,9 @@ class Parallel final : public Layer<T> {
   std::string_view name() const override { return ""; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
   BufferNeeds buffer_needs() const override;
+  /// The branches in order, and the sums (each a read of two blocks and a
+  /// write of one).
+  void price(cost::Tally& t, model::Phase phase) const override;
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
   void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
                 bool accumulate = false) override;
@@ -195,6 +202,11 @@ class Sequential final : public Module<T>, public LayerStack<T> {
   std::string_view name() const override { return ""; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
   BufferNeeds buffer_needs() const override;
+  /// What forward() (Phase::forward) or backward() (Phase::backward) costs
+  /// on this rank: every layer's price in the order it runs (a cost::Tally:
+  /// bytes and calls per axis, equal to the traffic counters of a step,
+  /// tested; with its ops log, the work the step-time model prices).
+  void price(cost::Tally& t, model::Phase phase) const override { this->price_stages(t, phase); }
 
   /// Runs every layer on X (this rank's local input block, kept until
   /// backward); returns the local output block (valid until the next
