@@ -426,6 +426,30 @@ constexpr std::string_view kCsvHeader =
     "efficiency,speedup_2d_1d,tflops_per_gpu,memory_per_gpu_bytes,predicted_whole_step_s,"
     "measured_step_s";
 
+constexpr std::size_t kCsvColumns = 17;
+
+// A CSV field as RFC 4180 writes it: quoted when it holds a comma, a quote
+// or a line break (was: a scheme text "data=8,3d:2x2x1" written bare, the
+// row one field longer than the header).
+std::string csv_field(const std::string& v) {
+  if (v.find_first_of(",\"\r\n") == std::string::npos) return v;
+  std::string q = "\"";
+  for (char c : v) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+// The fields of one CSV line (quoted fields may hold commas).
+constexpr std::size_t csv_fields(std::string_view line) {
+  std::size_t n = 1;
+  bool quoted = false;
+  for (char c : line) {
+    if (c == '"') quoted = !quoted;
+    if (c == ',' && !quoted) ++n;
+  }
+  return quoted ? 0 : n;
+}
+static_assert(csv_fields(kCsvHeader) == kCsvColumns);
+
 enum class OutputKind { csv, jsonl, png };
 
 // Throws UsageError unless `path` is missing, empty, or an earlier output of
@@ -459,19 +483,25 @@ void require_replaceable(const std::string& path, const char* flag, OutputKind k
   if (!std::filesystem::is_regular_file(path, ec) || std::filesystem::file_size(path, ec) == 0)
     return;  // missing, or not a regular file (refused as such where it is opened)
   std::ifstream in(path, std::ios::binary);
-  std::string first;
-  std::getline(in, first);
-  bool ours = false;
+  // Every line of a table or of the points, not the first alone (was: a
+  // user's notes appended after them lost without a word); such outputs
+  // are small, a larger file is not one.
+  constexpr std::uintmax_t kMaxText = 64 << 20;
+  const bool small = std::filesystem::file_size(path, ec) <= kMaxText;
+  std::string line;
+  bool ours = small && kind != OutputKind::png;
   switch (kind) {
     case OutputKind::csv:
-      ours = first == kCsvHeader;
+      for (bool first = true; ours && std::getline(in, line); first = false)
+        ours = first ? line == kCsvHeader : csv_fields(line) == kCsvColumns;
       break;
-    case OutputKind::jsonl: {
-      const auto j = nlohmann::json::parse(first, nullptr, /*allow_exceptions=*/false);
-      ours = j.is_object() && j.contains("gpus") && j.contains("scheme") &&
-             j.contains("memory_per_gpu_bytes");
+    case OutputKind::jsonl:
+      while (ours && std::getline(in, line)) {
+        const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+        ours = j.is_object() && j.contains("gpus") && j.contains("scheme") &&
+               j.contains("memory_per_gpu_bytes");
+      }
       break;
-    }
     case OutputKind::png:
       in.clear();
       in.seekg(0);
@@ -970,7 +1000,7 @@ int study_main(int argc, char** argv, int rank, int world) {
     table << "\n";
     if (csv_out)
       csv_out << fmt::format(
-          "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", r.point.gpus, r.scheme,
+          "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", r.point.gpus, csv_field(r.scheme),
           r.point.batch, r.point.hidden, r.point.heads, r.fwd / b,
           r.point.paper_fwd ? fmt::format("{}", *r.point.paper_fwd) : "", r.bwd / b,
           r.point.paper_bwd ? fmt::format("{}", *r.point.paper_bwd) : "", thru, infer, eff,
