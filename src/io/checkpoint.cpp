@@ -485,9 +485,13 @@ fs::path resolve_checkpoint(const fs::path& path_or_root) {
                               quoted(path_or_root / kLatestName), quoted(*dir)));
     return *dir;
   }
+  // a gpt_train --out directory: its checkpoints are one level down
+  const fs::path below = path_or_root / "checkpoints";
+  const bool run_dir = present(below / kLatestName) || present(below / kManifestName);
   throw Error(fmt::format(
-      "checkpoint: no checkpoint at {} (missing: neither a manifest nor a '{}' file is there)",
-      quoted(path_or_root), kLatestName));
+      "checkpoint: no checkpoint at {} (missing: neither a manifest nor a '{}' file is there){}",
+      quoted(path_or_root), kLatestName,
+      run_dir ? fmt::format("; a run's checkpoints are in {}", quoted(below)) : ""));
 }
 
 // Reads a checkpoint's manifest: (directory, text).

@@ -695,6 +695,17 @@ TEST(Checkpoint, ErrorsThrowOnEveryRank) {
 
   expect_error_everywhere([&] { load(tmp.path() / "nothing"); }, {"nothing", "no checkpoint"},
                           "no checkpoint at all");
+  // a gpt_train --out directory given for its checkpoints: the message says
+  // where they are (its checkpoints/ holds `latest`)
+  const fs::path out = tmp.path() / "out";
+  on_rank0([&] {
+    fs::create_directories(out);
+    fs::create_directory_symlink(fs::absolute(root), out / "checkpoints");
+  });
+  MPI_Barrier(MPI_COMM_WORLD);
+  expect_error_everywhere([&] { load(out); },
+                          {"no checkpoint at", "a run's checkpoints are in", "out/checkpoints"},
+                          "a run's --out directory");
 
   // a dangling or looping link as the manifest or as `latest` is named as
   // such (was: "no checkpoint ... neither a manifest nor a 'latest' file")

@@ -38,6 +38,7 @@
 
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/layer.hpp"
+#include "summa/layers/split_layer_norm.hpp"
 #include "summa/memory/buffers.hpp"
 #include "summa/model/config.hpp"
 
@@ -109,9 +110,17 @@ class SchemeContext {
   virtual std::unique_ptr<Layer<T>> linear(std::string name, index_t tokens, index_t in,
                                            index_t out, LinearRole role, bool has_bias = true,
                                            int groups = 1) = 0;
-  /// LayerNorm over the hidden dimension of an `outer` activation.
-  virtual std::unique_ptr<Layer<T>> layer_norm(std::string name, index_t tokens, index_t hidden,
-                                               double eps = 1e-5) = 0;
+  /// Where the scheme runs its LayerNorm: the axes that split an `outer`
+  /// activation's tokens and columns, and where the parameters live
+  /// (summa/layers/split_layer_norm.hpp).
+  virtual NormLayout norm_layout() const = 0;
+  /// LayerNorm over the hidden dimension of an `outer` activation:
+  /// SplitLayerNorm over norm_layout(), one algorithm for every scheme.
+  std::unique_ptr<Layer<T>> layer_norm(std::string name, index_t tokens, index_t hidden,
+                                       double eps = 1e-5) {
+    return std::make_unique<SplitLayerNorm<T>>(grid(), backend(), norm_layout(), std::move(name),
+                                               tokens, hidden, eps);
+  }
   /// Token + position embeddings (wte vocabulary-parallel), `outer` output.
   virtual std::unique_ptr<EmbeddingModule<T>> embedding(index_t batch, index_t seq, index_t vocab,
                                                         index_t hidden, index_t n_positions) = 0;

@@ -35,7 +35,7 @@ struct AxisSplit {
 
 /// Where a scheme runs its LayerNorm.
 struct NormLayout {
-  const char* scheme = "";  // "1D", "3D": the class name in messages (LayerNorm1D)
+  const char* scheme = "";  // "1D", "2D", "3D": in messages ("LayerNorm1D 'h.0.ln_1'")
   AxisSplit tokens;         // splits the tokens (rows); the parameter gradients are summed over it
   AxisSplit hidden;         // splits the hidden columns; the row statistics are summed over it
   /// The rank's index among the replicas of its parameter block besides

@@ -284,7 +284,8 @@ void Linear3D<T>::price(cost::Tally& t, model::Phase phase) const {
 
 // ---------------------------------------------------------------- layer norm
 
-// LayerNorm3D is SplitLayerNorm over this layout (Y-layout blocks): the
+// The 3D LayerNorm is SplitLayerNorm over this layout (Y-layout blocks;
+// Axonn3DContext::norm_layout): the
 // tokens over Z, the columns over Y, the parameters replicated over X and Z
 // (x = 0, z = 0 owns them).
 namespace {

@@ -24,13 +24,6 @@ std::unique_ptr<Layer<T>> Megatron1DContext<T>::linear(std::string name, index_t
 }
 
 template <class T>
-std::unique_ptr<Layer<T>> Megatron1DContext<T>::layer_norm(std::string name, index_t tokens,
-                                                           index_t hidden, double eps) {
-  return std::make_unique<LayerNorm1D<T>>(this->grid(), this->backend(), std::move(name), tokens,
-                                          hidden, eps);
-}
-
-template <class T>
 std::unique_ptr<EmbeddingModule<T>> Megatron1DContext<T>::embedding(index_t batch, index_t seq,
                                                                     index_t vocab, index_t hidden,
                                                                     index_t n_positions) {

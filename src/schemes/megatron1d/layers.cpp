@@ -277,7 +277,8 @@ void RowParallelLinear1D<T>::price(cost::Tally& t, model::Phase phase) const {
 
 // ---------------------------------------------------------------- layer norm
 
-// LayerNorm1D is SplitLayerNorm over this layout: nothing split (replicated
+// The 1D LayerNorm is SplitLayerNorm over this layout (Megatron1DContext::
+// norm_layout): nothing split (replicated
 // activations, local statistics), the parameters replicated over the tensor
 // group (rank 0 owns them).
 NormLayout megatron1d_norm_layout(ProcessGrid& grid) {

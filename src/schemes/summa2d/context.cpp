@@ -27,13 +27,6 @@ std::unique_ptr<Layer<T>> Summa2DContext<T>::linear(std::string name, index_t to
 }
 
 template <class T>
-std::unique_ptr<Layer<T>> Summa2DContext<T>::layer_norm(std::string name, index_t tokens,
-                                                        index_t hidden, double eps) {
-  return std::make_unique<LayerNorm2D<T>>(engine_->grid(), engine_->backend(), std::move(name),
-                                          tokens, hidden, eps);
-}
-
-template <class T>
 std::unique_ptr<EmbeddingModule<T>> Summa2DContext<T>::embedding(index_t batch, index_t seq,
                                                                  index_t vocab, index_t hidden,
                                                                  index_t n_positions) {

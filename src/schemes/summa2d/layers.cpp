@@ -1,6 +1,6 @@
 // The 2D (SUMMA) layers (summa/schemes/summa2d/layers.hpp): Linear2D and its
 // Layer face with the shard descriptions, and the LayerNorm layout
-// (LayerNorm2D is SplitLayerNorm over it).
+// (the 2D LayerNorm is SplitLayerNorm over it).
 #include "summa/schemes/summa2d/layers.hpp"
 
 #include <fmt/format.h>

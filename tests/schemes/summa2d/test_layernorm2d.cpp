@@ -1,5 +1,5 @@
-// LayerNorm2D (Optimus §3.2.1 layer norm on a q x q mesh: SplitLayerNorm
-// over the 2D layout, its parameters on mesh row 0) against a serial Eigen
+// The 2D LayerNorm (Optimus §3.2.1 layer norm on a q x q mesh: SplitLayerNorm
+// over summa2d_norm_layout, its parameters on mesh row 0) against a serial Eigen
 // reference in double, at whatever q the rank count gives (CTest: 1, 4, 9
 // ranks). Forward output and every gradient (dX, dgamma, dbeta), float and
 // double, row- and column-major blocks with padded leading dimensions, with
@@ -75,7 +75,7 @@ void check_layernorm(Order in_order, Order out_order, bool accumulate, double of
                beta = random_matrix<T>(1, H, gen), dgamma0 = random_matrix<T>(1, H, gen),
                dbeta0 = random_matrix<T>(1, H, gen);
 
-  LayerNorm2D<T> layer(e.grid, e.backend, "ln", M, H, eps_ln);
+  SplitLayerNorm<T> layer(e.grid, e.backend, summa2d_norm_layout(e.grid), "ln", M, H, eps_ln);
   ASSERT_EQ(layer.local_tokens(), mt);
   ASSERT_EQ(layer.local_hidden(), nh);
   // the parameters on mesh row 0 alone, slice j of [H]
@@ -173,7 +173,7 @@ TEST(LayerNorm2D, NoHeapAllocation) {
   MeshEnv& e = mesh_env();
   const int q = e.engine.q();
   const index_t mt = 4, nh = 5;
-  LayerNorm2D<float> layer(e.grid, e.backend, "ln", mt * q, nh * q);
+  SplitLayerNorm<float> layer(e.grid, e.backend, summa2d_norm_layout(e.grid), "ln", mt * q, nh * q);
   Arenas buffers(e.backend, layer.buffer_needs());
   std::mt19937_64 gen(fresh_seed());
   Block<float> x(mt, nh, Order::row_major, 0), dy(mt, nh, Order::col_major, 0);
@@ -210,7 +210,8 @@ TEST(LayerNorm2D, ShapeErrorsOnEveryRank) {
   const index_t hidden = q == 1 ? 0 : 8 * q + 1;
   std::string message;
   try {
-    LayerNorm2D<double> layer(e.grid, e.backend, "h.0.ln_1", 6 * q, hidden);
+    SplitLayerNorm<double> layer(e.grid, e.backend, summa2d_norm_layout(e.grid), "h.0.ln_1", 6 * q,
+                                 hidden);
   } catch (const Error& err) {
     message = err.what();
   }

@@ -43,8 +43,7 @@ class Axonn3DContext final : public SchemeContext<T> {
 
   std::unique_ptr<Layer<T>> linear(std::string name, index_t tokens, index_t in, index_t out,
                                    LinearRole role, bool has_bias = true, int groups = 1) override;
-  std::unique_ptr<Layer<T>> layer_norm(std::string name, index_t tokens, index_t hidden,
-                                       double eps = 1e-5) override;
+  NormLayout norm_layout() const override { return axonn3d_norm_layout(this->grid()); }
   std::unique_ptr<EmbeddingModule<T>> embedding(index_t batch, index_t seq, index_t vocab,
                                                 index_t hidden, index_t n_positions) override;
   std::unique_ptr<LossHead<T>> lm_head(Param<T>& wte, index_t tokens, index_t hidden, index_t vocab,

@@ -37,8 +37,8 @@
 /// replicated over A and the Z all-reduce sums the token blocks, so every
 /// replica computes the same (bit-identical) gradient.
 ///
-/// LayerNorm3D on a Y-layout block: the two-pass statistics are all-reduced
-/// over Y (T/Gz values each); dX needs one all-reduce over Y of 2*T/Gz
+/// The LayerNorm on a Y-layout block (SplitLayerNorm over axonn3d_norm_layout): the two-pass
+/// statistics are all-reduced over Y (T/Gz values each); dX needs one all-reduce over Y of 2*T/Gz
 /// partial sums. gamma / beta [h] are split over Y (local h/Gy), replicated
 /// over X and Z (owner x = 0, z = 0); their gradients, column sums over the
 /// rank's tokens, are all-reduced over Z (2*h/Gy values); inputs and output
@@ -280,18 +280,6 @@ class Linear3D final : public Layer<T> {
 /// blocks, the tokens over Z, the columns over Y; gamma and beta replicated
 /// over X and Z (x = 0, z = 0 owns them).
 NormLayout axonn3d_norm_layout(const ProcessGrid& grid);
-
-/// LayerNorm on Y-layout blocks [T/Gz, h/Gy] (see the file comment;
-/// SplitLayerNorm). forward() keeps mean and rstd (T/Gz values each, in
-/// acc_t<T>: fp32 for bf16) in buffers.forward.
-template <class T>
-class LayerNorm3D final : public SplitLayerNorm<T> {
- public:
-  LayerNorm3D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens, index_t hidden,
-              double eps = 1e-5)
-      : SplitLayerNorm<T>(grid, backend, axonn3d_norm_layout(grid), std::move(name), tokens, hidden,
-                          eps) {}
-};
 
 // ---------------------------------------------------------------- embedding, head, loss
 

@@ -167,20 +167,6 @@ class RowParallelLinear1D final : public Linear1D<T> {
 /// split, the parameters replicated over the tensor group (rank 0 owns them).
 NormLayout megatron1d_norm_layout(ProcessGrid& grid);
 
-/// y = (x - mean) * rstd * gamma + beta per token on replicated activations
-/// [tokens, hidden]: the hidden dimension is whole on every rank, so the
-/// two-pass statistics are local and nothing is communicated. `<name>.weight`
-/// (gamma) and `<name>.bias` (beta) [hidden] are replicated; their gradients
-/// are the same on every rank (SplitLayerNorm).
-template <class T>
-class LayerNorm1D final : public SplitLayerNorm<T> {
- public:
-  LayerNorm1D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens, index_t hidden,
-              double eps = 1e-5)
-      : SplitLayerNorm<T>(grid, backend, megatron1d_norm_layout(grid), std::move(name), tokens,
-                          hidden, eps) {}
-};
-
 // ---------------------------------------------------------------- embedding, head, loss
 
 /// Megatron's vocabulary-parallel layout (summa/layers/vocab_parallel.hpp):

@@ -147,22 +147,11 @@ ParamShard row0_vector_shard(std::string name, index_t n, int q, int i, int j, i
 ///           b = sum g * xhat gives dx = rstd * (g - a/h - xhat * b/h);
 ///           dgamma = column sums of dy * xhat and dbeta = column sums of dy,
 ///           reduced along mesh columns to row 0.
-/// The 2D LayerNorm layout: the tokens over the mesh rows (mesh_col, q), the
-/// hidden columns over the mesh columns (mesh_row, q), the parameters on mesh
-/// row 0 (NormLayout::rooted).
+///
+/// The layout: the tokens over the mesh rows (mesh_col, q), the hidden
+/// columns over the mesh columns (mesh_row, q), the parameters on mesh row 0
+/// (NormLayout::rooted); Summa2DContext::norm_layout.
 NormLayout summa2d_norm_layout(const ProcessGrid& grid);
-
-/// LayerNorm on q x q blocks [tokens/q, hidden/q] (see the file comment;
-/// SplitLayerNorm), its parameters `<name>.weight` (gamma) and `<name>.bias`
-/// (beta), [hidden] each, owned by mesh row 0.
-template <class T>
-class LayerNorm2D final : public SplitLayerNorm<T> {
- public:
-  LayerNorm2D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens, index_t hidden,
-              double eps = 1e-5)
-      : SplitLayerNorm<T>(grid, backend, summa2d_norm_layout(grid), std::move(name), tokens, hidden,
-                          eps) {}
-};
 
 // ---------------------------------------------------------------- embedding
 
