@@ -503,8 +503,6 @@ void require_replaceable(const std::string& path, const char* flag, OutputKind k
       }
       break;
     case OutputKind::png:
-      in.clear();
-      in.seekg(0);
       ours = png_of_scaling_study(in);
       break;
   }
