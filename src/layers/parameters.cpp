@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -13,6 +14,50 @@ index_t ParamShard::global_size() const {
   index_t n = global_shape.empty() ? 0 : 1;
   for (index_t d : global_shape) n *= d;
   return n;
+}
+
+namespace {
+
+/// A run of a split dimension: `length` elements at global `global`, local `local`.
+struct Run {
+  index_t global, local, length;
+};
+
+/// The runs of a dimension of global `extent` split as `d`, in local order.
+std::vector<Run> runs(index_t extent, const DimSplit& d) {
+  const index_t group = extent / d.groups;  // a group's global extent
+  const index_t w = group / d.parts;        // this rank's block of one group
+  const index_t kept = d.local(extent);     // of the blocks side by side, part sub_block
+  const index_t lo = d.sub_block * kept, hi = lo + kept;
+  std::vector<Run> out;
+  for (index_t g = 0; g < d.groups; ++g) {
+    const index_t a = std::max(lo, g * w), b = std::min(hi, (g + 1) * w);  // local, unkept offset
+    if (a >= b) continue;
+    out.push_back({g * group + d.block * w + (a - g * w), a - lo, b - a});
+  }
+  return out;
+}
+
+}  // namespace
+
+ParamShard split_shard(std::string name, std::vector<index_t> shape, DimSplit rows, DimSplit cols,
+                       bool owner) {
+  ParamShard s;
+  s.name = std::move(name);
+  s.global_shape = std::move(shape);
+  s.owner = owner;
+  const index_t R = s.global_rows(), C = s.global_cols();
+  s.local_rows = rows.local(R);
+  s.local_cols = cols.local(C);
+  for (const Run& r : runs(R, rows))
+    for (const Run& c : runs(C, cols))
+      s.pieces.push_back({.global_row = r.global,
+                          .global_col = c.global,
+                          .local_row = r.local,
+                          .local_col = c.local,
+                          .rows = r.length,
+                          .cols = c.length});
+  return s;
 }
 
 template <class T>

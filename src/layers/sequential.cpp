@@ -38,10 +38,27 @@ LayerStack<T>::~LayerStack() = default;
 template <class T>
 Layer<T>& LayerStack<T>::add(std::unique_ptr<Layer<T>> layer, index_t out_width,
                              ActivationLayout out_layout) {
-  require(!sealed_, [&] { return fmt::format("{}: add() after finish()", who_); });
   require(layer != nullptr, [&] { return fmt::format("{}: add() of a null layer", who_); });
-  stages_.push_back({std::move(layer), out_width, out_layout});
+  require_ungrouped(fmt::format("add() of '{}'", layer->name()));
+  return add_stage(std::move(layer), out_width, out_layout, 1);
+}
+
+template <class T>
+Layer<T>& LayerStack<T>::add_stage(std::unique_ptr<Layer<T>> layer, index_t out_width,
+                                   ActivationLayout out_layout, int groups) {
+  require(!sealed_, [&] { return fmt::format("{}: add() after finish()", who_); });
+  stages_.push_back({std::move(layer), out_width, out_layout, {}, groups});
   return *stages_.back().layer;
+}
+
+template <class T>
+void LayerStack<T>::require_ungrouped(const std::string& what) const {
+  require(out_groups() == 1, [&] {
+    return fmt::format(
+        "{}: {} reads a concatenation of {} branches (grouped columns): only a linear or gelu "
+        "may read one",
+        who_, what, out_groups());
+  });
 }
 
 template <class T>
@@ -57,24 +74,28 @@ Layer<T>& LayerStack<T>::linear(std::string name, index_t width, LinearRole role
         layout_name(in));
   });
   const index_t in_width = out_width();
-  return add(scheme_->linear(std::move(name), tokens_, in_width, width, role, has_bias), width,
-             role == LinearRole::expand ? ActivationLayout::inner : ActivationLayout::outer);
+  // the weight's rows follow a concatenation's groups
+  return add_stage(
+      scheme_->linear(std::move(name), tokens_, in_width, width, role, has_bias,
+                      {.in = out_groups()}),
+      width, role == LinearRole::expand ? ActivationLayout::inner : ActivationLayout::outer, 1);
 }
 
 template <class T>
 Layer<T>& LayerStack<T>::layer_norm(std::string name, double eps) {
   require(out_layout() == ActivationLayout::outer,
           [&] { return fmt::format("{}: layer_norm '{}' needs the outer layout", who_, name); });
+  require_ungrouped(fmt::format("layer_norm '{}'", name));
   return add(scheme_->layer_norm(std::move(name), tokens_, out_width(), eps), out_width(),
              ActivationLayout::outer);
 }
 
 template <class T>
 Layer<T>& LayerStack<T>::gelu() {
-  // its local block, for its price
-  return add(std::make_unique<GeLU<T>>(scheme_->backend(), local_rows(),
-                                       local_cols(out_width(), out_layout())),
-             out_width(), out_layout());
+  // its local block, for its price; element-wise, so a concatenation stays grouped
+  return add_stage(std::make_unique<GeLU<T>>(scheme_->backend(), local_rows(),
+                                             local_cols(out_width(), out_layout())),
+                   out_width(), out_layout(), out_groups());
 }
 
 template <class T>
@@ -89,6 +110,7 @@ template <class T>
 Layer<T>& LayerStack<T>::attention(std::string name, index_t seq, index_t heads) {
   require(out_layout() == ActivationLayout::outer,
           [&] { return fmt::format("{}: attention '{}' needs the outer layout", who_, name); });
+  require_ungrouped(fmt::format("attention '{}'", name));
   require(seq > 0 && tokens_ % seq == 0, [&] {
     return fmt::format("{}: attention '{}': tokens={} is not a whole number of sequences of {}",
                        who_, name, tokens_, seq);
@@ -101,18 +123,21 @@ Layer<T>& LayerStack<T>::attention(std::string name, index_t seq, index_t heads)
 
 template <class T>
 Parallel<T>& LayerStack<T>::residual(const std::function<void(Chain<T>&)>& body) {
-  return add_branches({body}, true);
+  return add_branches({body}, true, Combine::sum);
 }
 
 template <class T>
-Parallel<T>& LayerStack<T>::parallel(const std::vector<std::function<void(Chain<T>&)>>& branches) {
-  return add_branches(branches, false);
+Parallel<T>& LayerStack<T>::parallel(const std::vector<std::function<void(Chain<T>&)>>& branches,
+                                     Combine combine) {
+  return add_branches(branches, false, combine);
 }
 
 template <class T>
 Parallel<T>& LayerStack<T>::add_branches(
-    const std::vector<std::function<void(Chain<T>&)>>& branches, bool adds_input) {
+    const std::vector<std::function<void(Chain<T>&)>>& branches, bool adds_input, Combine combine) {
   require(!branches.empty(), [&] { return fmt::format("{}: parallel() of no branch", who_); });
+  const bool concat = combine == Combine::concat;
+  require_ungrouped(adds_input ? "a residual" : "parallel()");
   const char* what = adds_input ? "residual body" : "parallel branch";
   std::vector<std::unique_ptr<Chain<T>>> chains;
   for (const auto& build : branches) {
@@ -133,15 +158,24 @@ Parallel<T>& LayerStack<T>::add_branches(
                        who_, width, layout_name(layout), c.out_width(), layout_name(c.out_layout()))
                  : fmt::format(
                        "{}: parallel branch {} ends [tokens, {}] {}, branch 0 [tokens, "
-                       "{}] {}: summed branches end alike",
+                       "{}] {}: {} branches end alike",
                        who_, chains.size() - 1, c.out_width(), layout_name(c.out_layout()), width,
-                       layout_name(layout));
+                       layout_name(layout), concat ? "concatenated" : "summed");
+    });
+    require(!concat || c.out_groups() == 1, [&] {
+      return fmt::format(
+          "{}: parallel branch {} ends in a concatenation (grouped): a concatenated branch ends "
+          "ungrouped (in a linear)",
+          who_, chains.size() - 1);
     });
   }
-  const index_t width = chains.front()->out_width();
+  const index_t n = static_cast<index_t>(chains.size());
+  const index_t width = concat ? n * chains.front()->out_width() : chains.front()->out_width();
   const ActivationLayout layout = chains.front()->out_layout();
+  const int groups = concat ? static_cast<int>(n) : chains.front()->out_groups();
   return static_cast<Parallel<T>&>(
-      add(std::make_unique<Parallel<T>>(std::move(chains), adds_input), width, layout));
+      add_stage(std::make_unique<Parallel<T>>(std::move(chains), adds_input, combine), width,
+                layout, groups));
 }
 
 template <class T>
@@ -152,6 +186,11 @@ index_t LayerStack<T>::out_width() const {
 template <class T>
 ActivationLayout LayerStack<T>::out_layout() const {
   return stages_.empty() ? in_layout_ : stages_.back().layout;
+}
+
+template <class T>
+int LayerStack<T>::out_groups() const {
+  return stages_.empty() ? 1 : stages_.back().groups;
 }
 
 template <class T>
@@ -231,9 +270,11 @@ void Chain<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& bu
 // ---------------------------------------------------------------- Parallel
 
 template <class T>
-Parallel<T>::Parallel(std::vector<std::unique_ptr<Chain<T>>> branches, bool adds_input)
-    : branches_(std::move(branches)), adds_input_(adds_input) {
+Parallel<T>::Parallel(std::vector<std::unique_ptr<Chain<T>>> branches, bool adds_input,
+                      Combine combine)
+    : branches_(std::move(branches)), adds_input_(adds_input), combine_(combine) {
   require(!branches_.empty(), "Parallel: no branch");
+  require(!adds_input || combine == Combine::sum, "Parallel: a residual sums");
 }
 
 template <class T>
@@ -245,15 +286,18 @@ template <class T>
 BufferNeeds Parallel<T>::buffer_needs() const {
   BufferNeeds needs;
   for (const auto& b : branches_) needs.then(b->buffer_needs());
-  if (branches_.size() > 1) {  // one output block (forward: workspace; backward: an input gradient)
-    const Chain<T>& c = *branches_.front();
-    const index_t rows = c.scheme().local_rows(c.tokens());
-    ByteCount<T> out, in;
-    out.add(rows * c.scheme().local_cols(c.out_width(), c.out_layout()));
-    in.add(rows * c.scheme().local_cols(c.in_width(), c.in_layout()));
+  const Chain<T>& c = *branches_.front();
+  const index_t rows = c.scheme().local_rows(c.tokens());
+  ByteCount<T> out, in;
+  out.add(rows * c.scheme().local_cols(c.out_width(), c.out_layout()));
+  in.add(rows * c.scheme().local_cols(c.in_width(), c.in_layout()));
+  if (combine_ == Combine::concat) {  // a branch's output (forward) and its dY (backward)
     needs.workspace += out;
-    needs.backward += in;
+    needs.backward += out;
+  } else if (branches_.size() > 1) {  // one output block (forward: workspace)
+    needs.workspace += out;
   }
+  if (branches_.size() > 1) needs.backward += in;  // an input gradient
   return needs;
 }
 
@@ -263,14 +307,19 @@ void Parallel<T>::price(cost::Tally& t, model::Phase phase) const {
   const index_t rows = c.scheme().local_rows(c.tokens());
   const bool backward = phase == model::Phase::backward;
   // a sum: read two blocks, write one (forward: outputs; backward: input gradients)
+  const index_t in_cols = c.scheme().local_cols(c.in_width(), c.in_layout());
+  const index_t out_cols = c.scheme().local_cols(c.out_width(), c.out_layout());
   const auto sum = [&] {
-    const index_t cols = backward ? c.scheme().local_cols(c.in_width(), c.in_layout())
-                                  : c.scheme().local_cols(c.out_width(), c.out_layout());
-    t.memory(3 * static_cast<cost::u64>(rows * cols) * sizeof(T));
+    t.memory(3 * static_cast<cost::u64>(rows * (backward ? in_cols : out_cols)) * sizeof(T));
   };
+  // a branch's block copied to or from its columns: read one, write one
+  const auto copy = [&] { t.memory(2 * static_cast<cost::u64>(rows * out_cols) * sizeof(T)); };
+  const bool concat = combine_ == Combine::concat;
   for (std::size_t k = 0; k < branches_.size(); ++k) {
+    if (concat && backward) copy();
     branches_[k]->price(t, phase);
-    if (k > 0) sum();
+    if (concat && !backward) copy();
+    if (k > 0 && (backward || !concat)) sum();
   }
   if (adds_input_) sum();
 }
@@ -278,6 +327,16 @@ void Parallel<T>::price(cost::Tally& t, model::Phase phase) const {
 template <class T>
 void Parallel<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
   Backend& be = branches_.front()->scheme().backend();
+  if (combine_ == Combine::concat) {  // each branch into a block, copied into its columns
+    const index_t c = Y.cols / static_cast<index_t>(branches_.size());
+    for (std::size_t k = 0; k < branches_.size(); ++k) {
+      ArenaScope scope(buffers.workspace);
+      const MatrixView<T> y = take_block<T>(buffers.workspace, Y.rows, c);
+      branches_[k]->forward(X, y, buffers);
+      be.copy(ConstMatrixView<T>(y), Y.block(0, static_cast<index_t>(k) * c, Y.rows, c));
+    }
+    return;
+  }
   branches_.front()->forward(X, Y, buffers);
   for (std::size_t k = 1; k < branches_.size(); ++k) {
     ArenaScope scope(buffers.workspace);
@@ -293,11 +352,25 @@ void Parallel<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers&
                            bool accumulate) {
   Backend& be = branches_.front()->scheme().backend();
   const bool input_grad = dX.rows > 0 && dX.cols > 0;
-  branches_.front()->backward(dY, dX, buffers, accumulate);
+  const bool concat = combine_ == Combine::concat;
+  const index_t c = dY.cols / static_cast<index_t>(branches_.size());
+  // branch k's output gradient: dY, or (concatenated) its columns copied
+  // into a dense block, as the branch's layers take it
+  const auto branch_dy = [&](std::size_t k) -> ConstMatrixView<T> {
+    if (!concat) return dY;
+    const MatrixView<T> dy = take_block<T>(buffers.backward, dY.rows, c);
+    be.copy(dY.block(0, static_cast<index_t>(k) * c, dY.rows, c), dy);
+    return dy;
+  };
+  {
+    ArenaScope scope(buffers.backward);
+    branches_.front()->backward(branch_dy(0), dX, buffers, accumulate);
+  }
   for (std::size_t k = 1; k < branches_.size(); ++k) {
     ArenaScope scope(buffers.backward);
+    const ConstMatrixView<T> dy = branch_dy(k);
     const MatrixView<T> dx = input_grad ? take_block<T>(buffers.backward, dX.rows, dX.cols) : dX;
-    branches_[k]->backward(dY, dx, buffers, accumulate);
+    branches_[k]->backward(dy, dx, buffers, accumulate);
     if (input_grad) be.axpby(acc_t<T>(1), ConstMatrixView<T>(dx), acc_t<T>(1), dX);
   }
   if (adds_input_ && input_grad) be.axpby(acc_t<T>(1), dY, acc_t<T>(1), dX);  // dX += dY
@@ -329,6 +402,12 @@ template <class T>
 void Sequential<T>::finish(BufferNeeds extra) {
   require(store_ == nullptr, "Sequential: finish() twice");
   require(!stages_.empty(), "Sequential: finish() without layers");
+  require(this->out_groups() == 1, [&] {
+    return fmt::format(
+        "Sequential: the model ends in a concatenation of {} branches (grouped columns): end it "
+        "with a linear",
+        this->out_groups());
+  });
   this->seal();
   Backend& be = scheme_->backend();
   scheme_->finish_layers(false);  // state the layers share (3D: ORS / OAG buffers)

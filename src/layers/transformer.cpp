@@ -51,7 +51,7 @@ Attention<T>::Attention(SchemeContext<T>& scheme, std::string name, index_t batc
       sequence_split_(scheme.sequence_split()),
       head_split_(scheme.head_split()),
       c_attn_(scheme.linear(name_ + ".c_attn", batch * seq, hidden, 3 * hidden, LinearRole::expand,
-                            true, 3)),
+                            true, {.out = 3})),
       c_proj_(scheme.linear(name_ + ".c_proj", batch * seq, hidden, hidden, LinearRole::contract)) {
 }
 

@@ -13,7 +13,11 @@
 // same seed, fed random embeddings): the output, every parameter gradient
 // and the input gradient; and two summed branches against each branch run
 // alone as its own model (the output and input gradient are the sums, each
-// parameter's gradient its branch's), under every scheme.
+// parameter's gradient its branch's), under every scheme. Concatenated
+// branches (Combine::concat) in both layouts, read by a contracting and an
+// expanding linear (their weight rows grouped), against a serial double
+// computation of the same model: the output, every parameter gradient and the
+// input gradient.
 //
 // Sizes are multiples of 72 so that every factorisation of 1, 2, 4, 8 and 9
 // ranks divides them. Tolerance: model_tolerance<T>() (1e-9 double, 2e-3
@@ -402,6 +406,172 @@ TEST(CustomModel, ParallelBranchesAreTheSumOfEachBranchAlone) {
   EXPECT_GE(tested, 1);
 }
 
+// ---- concatenated branches
+
+// A serial linear layer and its backward, on row-major [T, k] inputs.
+struct SerialLinear {
+  std::map<std::string, Vec>& w;
+  std::map<std::string, Vec>& grad;
+  index_t T;
+  Vec forward(const Vec& x, const std::string& name, index_t k, index_t n) const {
+    Vec y = matmul(x, w.at(name + ".weight"), T, k, n, false, false);
+    for (index_t i = 0; i < T; ++i)
+      for (index_t j = 0; j < n; ++j) y[i * n + j] += w.at(name + ".bias")[j];
+    return y;
+  }
+  // dL/dx from dL/dy; the weight's and bias's gradients recorded.
+  Vec backward(const Vec& dy, const Vec& x, const std::string& name, index_t k, index_t n) const {
+    grad[name + ".weight"] = matmul(x, dy, k, T, n, true, false);
+    Vec db(static_cast<std::size_t>(n), 0.0);
+    for (index_t i = 0; i < T; ++i)
+      for (index_t j = 0; j < n; ++j) db[j] += dy[i * n + j];
+    grad[name + ".bias"] = db;
+    return matmul(dy, w.at(name + ".weight"), T, n, k, false, true);
+  }
+};
+
+Vec gelu_of(Vec v) {
+  for (double& x : v) x = gelu(x);
+  return v;
+}
+// dL/d(pre) = dL/d(gelu(pre)) * gelu'(pre)
+Vec gelu_back(Vec d, const Vec& pre) {
+  for (std::size_t i = 0; i < d.size(); ++i) d[i] *= gelu_grad(pre[i]);
+  return d;
+}
+// [a | b], a [T, wa], b [T, wb]; and columns [c0, c0 + n) of v [T, w].
+Vec concat(const Vec& a, index_t wa, const Vec& b, index_t wb, index_t T) {
+  Vec out(static_cast<std::size_t>(T * (wa + wb)));
+  for (index_t i = 0; i < T; ++i) {
+    std::copy_n(a.begin() + i * wa, wa, out.begin() + i * (wa + wb));
+    std::copy_n(b.begin() + i * wb, wb, out.begin() + i * (wa + wb) + wa);
+  }
+  return out;
+}
+Vec columns(const Vec& v, index_t w, index_t c0, index_t n, index_t T) {
+  Vec out(static_cast<std::size_t>(T * n));
+  for (index_t i = 0; i < T; ++i) std::copy_n(v.begin() + i * w + c0, n, out.begin() + i * n);
+  return out;
+}
+
+// The model: cat1 = [gelu(c.fc(x)) | d.fc(x)] (inner, two groups) -> p
+// (contract) -> cat2 = [e.proj(e.fc(.)) | f.proj(gelu(f.fc(.)))] (outer, two
+// groups) -> gelu -> q (expand) -> r (contract): [T, kIn].
+template <class T>
+void build_concat(Sequential<T>& m) {
+  m.parallel({[](Chain<T>& f) {
+                f.linear("c.fc", kHidden, LinearRole::expand);
+                f.gelu();
+              },
+              [](Chain<T>& f) { f.linear("d.fc", kHidden, LinearRole::expand); }},
+             Combine::concat);
+  m.linear("p", kIn, LinearRole::contract);
+  m.parallel({[](Chain<T>& f) {
+                f.linear("e.fc", kHidden, LinearRole::expand);
+                f.linear("e.proj", kIn, LinearRole::contract);
+              },
+              [](Chain<T>& f) {
+                f.linear("f.fc", kHidden, LinearRole::expand);
+                f.gelu();
+                f.linear("f.proj", kIn, LinearRole::contract);
+              }},
+             Combine::concat);
+  m.gelu();
+  m.linear("q", kHidden, LinearRole::expand);
+  m.linear("r", kIn, LinearRole::contract);
+}
+
+struct SerialRun {
+  Vec y, dx;
+  std::map<std::string, Vec> grad;
+};
+
+SerialRun serial_concat(std::map<std::string, Vec> w, const Vec& x, const Vec& dy, index_t T) {
+  SerialRun s;
+  const SerialLinear lin{w, s.grad, T};
+  const index_t H = kHidden, I = kIn;
+  const Vec ac = lin.forward(x, "c.fc", I, H), d = lin.forward(x, "d.fc", I, H);
+  const Vec cat1 = concat(gelu_of(ac), H, d, H, T);
+  const Vec p = lin.forward(cat1, "p", 2 * H, I);
+  const Vec e1 = lin.forward(p, "e.fc", I, H), e = lin.forward(e1, "e.proj", H, I);
+  const Vec af = lin.forward(p, "f.fc", I, H), f1 = gelu_of(af),
+            f = lin.forward(f1, "f.proj", H, I);
+  const Vec cat2 = concat(e, I, f, I, T), g = gelu_of(cat2);
+  const Vec qv = lin.forward(g, "q", 2 * I, H);
+  s.y = lin.forward(qv, "r", H, I);
+  const Vec dcat2 =
+      gelu_back(lin.backward(lin.backward(dy, qv, "r", H, I), g, "q", 2 * I, H), cat2);
+  Vec dp = lin.backward(lin.backward(columns(dcat2, 2 * I, 0, I, T), e1, "e.proj", H, I), p, "e.fc",
+                        I, H);
+  const Vec df1 = gelu_back(lin.backward(columns(dcat2, 2 * I, I, I, T), f1, "f.proj", H, I), af);
+  const Vec dpf = lin.backward(df1, p, "f.fc", I, H);
+  for (std::size_t k = 0; k < dp.size(); ++k) dp[k] += dpf[k];
+  const Vec dcat1 = lin.backward(dp, cat1, "p", 2 * H, I);
+  s.dx = lin.backward(gelu_back(columns(dcat1, 2 * H, 0, H, T), ac), x, "c.fc", I, H);
+  const Vec dxd = lin.backward(columns(dcat1, 2 * H, H, H, T), x, "d.fc", I, H);
+  for (std::size_t k = 0; k < s.dx.size(); ++k) s.dx[k] += dxd[k];
+  return s;
+}
+
+template <class T>
+void concatenated_branches_match_serial() {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> u(-1, 1);
+  Vec x(static_cast<std::size_t>(kTokens * kIn)), dy(x.size());
+  for (double& v : x) v = static_cast<double>(static_cast<T>(u(gen)));
+  for (double& v : dy) v = static_cast<double>(static_cast<T>(u(gen)));
+  Backend& backend = test_backend();
+  int tested = 0;
+  for (const SchemeSpec& spec : representative_schemes(world_size())) {
+    SCOPED_TRACE(spec.str());
+    ProcessGrid grid = make_grid(MPI_COMM_WORLD, spec, test_grid_options());
+    const auto scheme = make_context<T>(spec, grid, backend);
+    const index_t tg = kTokens / spec.data, first = grid.coords().data * tg;
+    Sequential<T> m(*scheme, tg, kIn);
+    build_concat(m);
+    m.finish();
+    m.parameters_store().init_uniform(seed, 0.2);
+    Arena io("io", backend, 2 * Arena::rounded(static_cast<std::size_t>(tg * kIn) * 8));
+    const MatrixView<T> xl = local_block<T>(*scheme, backend, io, x, first, tg, kIn);
+    const MatrixView<T> gl = local_block<T>(*scheme, backend, io, dy, first, tg, kIn);
+    const std::vector<T> y = gather_activation<T>(*scheme, download<T>(backend, m.forward(xl)), tg,
+                                                  kIn, ActivationLayout::outer);
+    const std::vector<T> dx = gather_activation<T>(*scheme, download<T>(backend, m.backward(gl)),
+                                                   tg, kIn, ActivationLayout::outer);
+    m.sync_data_gradients();
+    std::map<std::string, Vec> weights;
+    for (Param<T>* p : m.parameters_store().params()) {
+      const std::vector<T> g = gather_global(*p, grid);
+      weights[p->shard.name] = Vec(g.begin(), g.end());
+    }
+    ASSERT_EQ(weights.size(), 18u);  // 9 linears
+    // the serial model on the whole batch; this data group's rows compared
+    const SerialRun want = serial_concat(weights, x, dy, kTokens);
+    const auto rows = [&](const Vec& v) {
+      return Vec(v.begin() + first * kIn, v.begin() + (first + tg) * kIn);
+    };
+    EXPECT_LE(max_over_ranks(rel_error(y, rows(want.y))), model_tolerance<T>()) << "output";
+    EXPECT_LE(max_over_ranks(rel_error(dx, rows(want.dx))), model_tolerance<T>())
+        << "input gradient";
+    for (Param<T>* p : m.parameters_store().params())
+      EXPECT_LE(
+          max_over_ranks(rel_error(gather_global(*p, grid, true), want.grad.at(p->shard.name))),
+          model_tolerance<T>())
+          << p->shard.name;
+    ++tested;
+  }
+  EXPECT_GE(tested, 1);
+}
+
+TEST(CustomModel, ConcatenatedBranchesMatchSerialUnderEveryScheme) {
+  concatenated_branches_match_serial<double>();
+}
+TEST(CustomModel, ConcatenatedBranchesMatchSerialUnderEverySchemeFloat) {
+  concatenated_branches_match_serial<float>();
+}
+
 // A user's model prices itself (Sequential, Chain, Parallel walk their
 // layers): the traffic one forward and backward step measures on every axis
 // (bytes sent and received, calls) equals the price, under every scheme.
@@ -425,6 +595,13 @@ TEST(CustomModel, PriceEqualsTheMeasuredTraffic) {
     m.residual([&](Chain<double>& f) { f.attention("attn", seq, heads); });
     m.parallel({branch_a<Chain<double>>, branch_b<Chain<double>>});
     m.gelu();
+    m.parallel({[](Chain<double>& f) { f.linear("ca", kHidden, LinearRole::expand); },
+                [](Chain<double>& f) {
+                  f.linear("cb", kHidden, LinearRole::expand);
+                  f.gelu();
+                }},
+               Combine::concat);
+    m.linear("cat.proj", kIn, LinearRole::contract);
     m.finish();
     m.parameters_store().init_uniform(1, 0.2);
     Arena io("io", backend, 2 * Arena::rounded(static_cast<std::size_t>(tg * kIn) * 8));
@@ -452,8 +629,9 @@ TEST(CustomModel, PriceEqualsTheMeasuredTraffic) {
   EXPECT_GE(tested, 1);
 }
 
-// A residual body must end as it starts, and summed branches alike: refused
-// with the same message on every rank.
+// A residual body must end as it starts, summed or concatenated branches
+// alike, a concatenation is read only by a linear or gelu: refused with the
+// same message on every rank.
 TEST(CustomModel, ResidualAndBranchShapesAreChecked) {
   const SchemeSpec spec = schemes_for(world_size()).front();
   ProcessGrid grid = make_grid(MPI_COMM_WORLD, spec, test_grid_options());
@@ -478,7 +656,33 @@ TEST(CustomModel, ResidualAndBranchShapesAreChecked) {
   });
   EXPECT_NE(branches.find("summed branches end alike"), std::string::npos) << branches;
   EXPECT_TRUE(same_on_all_ranks(branches)) << branches;
+  const std::string unequal = message([&] {
+    m.parallel({branch_a<Chain<double>>,
+                [](Chain<double>& f) { f.linear("c.fc", kHidden, LinearRole::expand); }},
+               Combine::concat);
+  });
+  EXPECT_NE(unequal.find("concatenated branches end alike"), std::string::npos) << unequal;
+  EXPECT_TRUE(same_on_all_ranks(unequal)) << unequal;
   EXPECT_EQ(m.size(), 0u);  // nothing refused was added
+
+  // A concatenation (grouped columns) is read by a linear or gelu only, and
+  // a model does not end in one.
+  m.parallel({branch_a<Chain<double>>, branch_b<Chain<double>>}, Combine::concat);
+  EXPECT_EQ(m.out_groups(), 2);
+  EXPECT_EQ(m.out_width(), 2 * kIn);
+  const std::string norm = message([&] { m.layer_norm("ln"); });
+  EXPECT_NE(norm.find("layer_norm 'ln' reads a concatenation of 2 branches"), std::string::npos)
+      << norm;
+  EXPECT_TRUE(same_on_all_ranks(norm)) << norm;
+  const std::string nested = message([&] { m.residual([](Chain<double>& f) { f.gelu(); }); });
+  EXPECT_NE(nested.find("a residual reads a concatenation"), std::string::npos) << nested;
+  m.gelu();  // element-wise: still grouped
+  EXPECT_EQ(m.out_groups(), 2);
+  const std::string end = message([&] { m.finish(); });
+  EXPECT_NE(end.find("ends in a concatenation of 2 branches"), std::string::npos) << end;
+  EXPECT_TRUE(same_on_all_ranks(end)) << end;
+  m.linear("after", kHidden, LinearRole::expand);  // its rows follow the two groups
+  EXPECT_EQ(m.out_groups(), 1);
 }
 
 // A contracting linear on an outer activation (or any layout mismatch) is

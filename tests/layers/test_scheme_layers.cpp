@@ -649,7 +649,7 @@ void linear_expand_groups(const SchemeSpec& spec) {
   const auto ctx = context_of<T>(overlapped(spec));
   const index_t h = o.config.n_embd;
   const auto attn =
-      ctx->linear("h.0.attn.c_attn", o.tokens_n, h, 3 * h, LinearRole::expand, true, 3);
+      ctx->linear("h.0.attn.c_attn", o.tokens_n, h, 3 * h, LinearRole::expand, true, {.out = 3});
   check_layer<T>(*ctx, *attn, o, {"h.0.ln_1", h, kOuter}, {"h.0.attn.c_attn", 3 * h, kInner, 3},
                  o.dact("h.0.ln_1"));
 }

@@ -76,6 +76,37 @@ struct ParamShard {
   index_t global_cols() const { return global_shape.empty() ? 0 : global_shape.back(); }
 };
 
+/// How one dimension of a parameter is split over ranks: the extent is
+/// `groups` equal groups (c_attn's Q, K, V; the branches of a concatenation),
+/// each split into `parts` equal blocks of which this rank holds block
+/// `block`, its blocks of every group side by side locally; of that local
+/// extent the rank keeps contiguous part `sub_block` of `sub_parts` (3D's
+/// split of a weight's rows over Z). The default is the whole dimension.
+struct DimSplit {
+  int parts = 1, block = 0, groups = 1, sub_parts = 1, sub_block = 0;
+  /// The local extent of a global `extent`.
+  index_t local(index_t extent) const { return extent / parts / sub_parts; }
+};
+
+/// How a linear's input and output columns are grouped: `in` (`out`) equal
+/// groups, each split over the ranks as a whole activation would be, a
+/// rank's block the blocks of every group side by side. c_attn's output has
+/// 3 (a rank's qkv block is [Q | K | V] of its heads); the input of a linear
+/// that reads a concatenation (LayerStack::parallel, Combine::concat) one per
+/// branch. Only the shards of the weight and bias follow the groups: the
+/// arithmetic is the ungrouped linear's.
+struct ColumnGroups {
+  int in = 1, out = 1;
+};
+
+/// The shard of a parameter of global `shape` ([rows, cols], or [cols] for a
+/// vector) split along its rows and columns as given: local
+/// [rows.local(R), cols.local(C)], one piece per group of rows (or its part
+/// a sub-split keeps) and group of columns. The extents must
+/// divide as the splits say (the layers check them, naming the user's sizes).
+ParamShard split_shard(std::string name, std::vector<index_t> shape, DimSplit rows, DimSplit cols,
+                       bool owner = true);
+
 /// A parameter of a layer: its description and pointers to the local value
 /// and gradient (bound by a ParameterStore; null until then or where the
 /// rank holds nothing).

@@ -104,12 +104,14 @@ class SchemeContext {
   virtual const char* head_split_name() const = 0;
 
   /// Y = X W + b, W [in, out] (HF Conv1D layout `<name>.weight`,
-  /// `<name>.bias`). `groups` > 1 (expand only): the output columns are that
-  /// many equal groups, each split like a whole output (c_attn: 3, so a
-  /// rank's inner qkv block is [Q | K | V] of its heads).
+  /// `<name>.bias`). `groups` (ColumnGroups): `out` > 1 (expand only) makes
+  /// the output columns that many equal groups, each split like a whole
+  /// output (c_attn: 3, so a rank's inner qkv block is [Q | K | V] of its
+  /// heads); `in` > 1 reads an input grouped so (a concatenation of
+  /// branches), the weight's rows split to match.
   virtual std::unique_ptr<Layer<T>> linear(std::string name, index_t tokens, index_t in,
                                            index_t out, LinearRole role, bool has_bias = true,
-                                           int groups = 1) = 0;
+                                           ColumnGroups groups = {}) = 0;
   /// Where the scheme runs its LayerNorm: the axes that split an `outer`
   /// activation's tokens and columns, and where the parameters live
   /// (summa/layers/split_layer_norm.hpp).

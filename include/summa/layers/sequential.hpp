@@ -27,6 +27,7 @@
 ///     f.linear("h.0.mlp.c_proj", 64, LinearRole::contract);
 ///   });
 ///   block.parallel({a, b});                            // a(x) + b(x), a and b built alike
+///   block.parallel({a, b}, Combine::concat);           // [a(x) | b(x)], read by a linear
 ///
 /// The container runs the scheme's hooks for state its layers share
 /// (SchemeContext::finish_layers in finish(), begin_forward in forward(),
@@ -56,6 +57,16 @@ class Chain;
 template <class T>
 class Parallel;
 
+/// How parallel branches combine: summed (every branch ends in the same
+/// width and layout), or concatenated along the columns: n branches that
+/// each end [tokens, w] in one layout give [tokens, n*w] in that layout,
+/// *grouped* (each branch's w columns split over the ranks as a whole
+/// activation, a rank's block its block of every branch side by side:
+/// ColumnGroups). A grouped activation is read by a linear (its weight rows
+/// follow the groups) or a gelu; layer_norm, attention, residual, parallel
+/// and the end of a Sequential refuse it.
+enum class Combine : std::uint8_t { sum, concat };
+
 /// What Sequential, a residual's body and a parallel branch share: a list of
 /// layers appended in order, each reading the previous one's output (the
 /// first reads the stack's input, [tokens, in_width] in in_layout).
@@ -83,18 +94,22 @@ class LayerStack {
   /// must end in the width and layout it started from. (A Parallel of one
   /// branch that adds its input.)
   Parallel<T>& residual(const std::function<void(Chain<T>&)>& body);
-  /// Parallel branches summed: Y = Σ_k branch_k(X), each branch built on a
-  /// Chain whose input is this stack's current output; every branch must end
-  /// in the same width and layout (the sum's). At least one branch.
-  Parallel<T>& parallel(const std::vector<std::function<void(Chain<T>&)>>& branches);
+  /// Parallel branches, each built on a Chain whose input is this stack's
+  /// current output, every one ending in the same width and layout: summed,
+  /// Y = Σ_k branch_k(X), or concatenated, Y = [branch_0(X) | branch_1(X) |
+  /// ...] grouped (Combine). At least one branch.
+  Parallel<T>& parallel(const std::vector<std::function<void(Chain<T>&)>>& branches,
+                        Combine combine = Combine::sum);
 
   SchemeContext<T>& scheme() const { return *scheme_; }
   index_t tokens() const { return tokens_; }
   std::size_t size() const { return stages_.size(); }
   Layer<T>& layer(std::size_t i) { return *stages_.at(i).layer; }
-  /// Width and layout of the output (the last layer's, or the input's).
+  /// Width and layout of the output (the last layer's, or the input's), and
+  /// its column groups (1, or the branches of a concatenation: Combine).
   index_t out_width() const;
   ActivationLayout out_layout() const;
+  int out_groups() const;
   index_t in_width() const { return in_width_; }
   ActivationLayout in_layout() const { return in_layout_; }
 
@@ -107,6 +122,7 @@ class LayerStack {
     index_t width;
     ActivationLayout layout;
     MatrixView<T> out{};
+    int groups = 1;
   };
   index_t local_rows() const { return scheme_->local_rows(tokens_); }
   index_t local_cols(index_t width, ActivationLayout layout) const {
@@ -123,7 +139,12 @@ class LayerStack {
   void seal() { sealed_ = true; }
   /// residual() and parallel(): the branches built, checked and added.
   Parallel<T>& add_branches(const std::vector<std::function<void(Chain<T>&)>>& branches,
-                            bool adds_input);
+                            bool adds_input, Combine combine);
+  /// Throws unless the current output is ungrouped (`what` names the layer).
+  void require_ungrouped(const std::string& what) const;
+  /// add() without the check of its input's groups: the output has `groups`.
+  Layer<T>& add_stage(std::unique_ptr<Layer<T>> layer, index_t out_width,
+                      ActivationLayout out_layout, int groups);
 
   SchemeContext<T>* scheme_;
   index_t tokens_, in_width_;
@@ -162,17 +183,26 @@ class Chain final : public Layer<T>, public LayerStack<T> {
 /// the input added). Branch 0 writes Y, each other one a workspace block
 /// added to it, then X is added in place; backward sums the branches' input
 /// gradients the same way (a backward-arena block) and adds dY.
+///
+/// Concatenated branches (Combine::concat): each branch writes a workspace
+/// block copied into its columns of Y (a rank's block of branch k is local
+/// columns [k*c, (k+1)*c) of Y's block, c a branch's local width); backward
+/// copies each branch's columns of dY into a backward-arena block, runs the
+/// branch on it and sums the input gradients as above.
 template <class T>
 class Parallel final : public Layer<T> {
  public:
   /// `adds_input`: Y also adds X (a residual connection; the branches then
-  /// end in X's width and layout).
-  Parallel(std::vector<std::unique_ptr<Chain<T>>> branches, bool adds_input);
+  /// end in X's width and layout). `combine`: sum or concatenate (not with
+  /// adds_input).
+  Parallel(std::vector<std::unique_ptr<Chain<T>>> branches, bool adds_input,
+           Combine combine = Combine::sum);
   std::string_view name() const override { return ""; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
   BufferNeeds buffer_needs() const override;
   /// The branches in order, and the sums (each a read of two blocks and a
-  /// write of one).
+  /// write of one) or the concatenation's copies (a read and a write of a
+  /// branch's block each).
   void price(cost::Tally& t, model::Phase phase) const override;
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
   void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
@@ -180,10 +210,12 @@ class Parallel final : public Layer<T> {
   std::size_t size() const { return branches_.size(); }
   Chain<T>& branch(std::size_t k) { return *branches_.at(k); }
   bool adds_input() const { return adds_input_; }
+  Combine combine() const { return combine_; }
 
  private:
   std::vector<std::unique_ptr<Chain<T>>> branches_;
   bool adds_input_;
+  Combine combine_;
 };
 
 template <class T>

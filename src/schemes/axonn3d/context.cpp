@@ -19,7 +19,7 @@ Axonn3DContext<T>::~Axonn3DContext() = default;
 template <class T>
 std::unique_ptr<Layer<T>> Axonn3DContext<T>::linear(std::string name, index_t tokens, index_t in,
                                                     index_t out, LinearRole role, bool has_bias,
-                                                    int groups) {
+                                                    ColumnGroups groups) {
   const Orientation3D o =
       role == LinearRole::expand ? Orientation3D::normal : Orientation3D::transposed;
   return std::make_unique<Linear3D<T>>(this->grid(), this->backend(), std::move(name), tokens, in,

@@ -15,53 +15,12 @@ namespace summa {
 using detail3d::check_view;
 using detail3d::take_scratch;
 
-// ---------------------------------------------------------------- shards
-
-ParamShard sharded3d(std::string name, index_t rows, index_t cols, int row_split, int row_block,
-                     int gz, int z, int col_split, int col_block, int groups) {
-  ParamShard s;
-  s.name = std::move(name);
-  s.global_shape = {rows, cols};
-  s.local_rows = rows / (static_cast<index_t>(row_split) * gz);
-  s.local_cols = cols / col_split;
-  const index_t w = cols / (static_cast<index_t>(groups) * col_split);
-  const index_t row0 = row_block * (rows / row_split) + z * s.local_rows;
-  for (int g = 0; g < groups; ++g)
-    s.pieces.push_back({.global_row = row0,
-                        .global_col = g * (cols / groups) + col_block * w,
-                        .local_row = 0,
-                        .local_col = g * w,
-                        .rows = s.local_rows,
-                        .cols = w});
-  return s;
-}
-
-ParamShard column_split3d(std::string name, std::vector<index_t> shape, int split, int block,
-                          bool owner, int groups) {
-  ParamShard s;
-  s.name = std::move(name);
-  s.global_shape = std::move(shape);
-  const index_t rows = s.global_rows(), cols = s.global_cols();
-  s.local_rows = rows;
-  s.local_cols = cols / split;
-  s.owner = owner;
-  const index_t w = cols / (static_cast<index_t>(groups) * split);
-  for (int g = 0; g < groups; ++g)
-    s.pieces.push_back({.global_row = 0,
-                        .global_col = g * (cols / groups) + block * w,
-                        .local_row = 0,
-                        .local_col = g * w,
-                        .rows = rows,
-                        .cols = w});
-  return s;
-}
-
 // ---------------------------------------------------------------- linear
 
 namespace {
 
 ProcessGrid& checked_linear(ProcessGrid& grid, const std::string& name, index_t tokens, index_t in,
-                            index_t out, Orientation3D o, int groups) {
+                            index_t out, Orientation3D o, ColumnGroups groups) {
   const bool normal = o == Orientation3D::normal;
   const int a = normal ? detail3d::gy(grid) : detail3d::gx(grid);
   const int b = normal ? detail3d::gx(grid) : detail3d::gy(grid);
@@ -69,17 +28,20 @@ ProcessGrid& checked_linear(ProcessGrid& grid, const std::string& name, index_t 
   const char* an = normal ? "Gy" : "Gx";
   const char* bn = normal ? "Gx" : "Gy";
   std::optional<std::string> error;
-  if (tokens <= 0 || in <= 0 || out <= 0 || groups < 1)
-    error = fmt::format("Linear3D '{}': tokens={}, in={}, out={}, groups={} must be positive", name,
-                        tokens, in, out, groups);
+  if (tokens <= 0 || in <= 0 || out <= 0 || groups.in < 1 || groups.out < 1)
+    error = fmt::format("Linear3D '{}': tokens={}, in={}, out={}, groups={}/{} must be positive",
+                        name, tokens, in, out, groups.in, groups.out);
   else if (tokens % gz != 0)
     error = fmt::format("Linear3D '{}': tokens={} must be divisible by Gz={}", name, tokens, gz);
   else if (in % (static_cast<index_t>(a) * gz) != 0)
     error =
         fmt::format("Linear3D '{}': in={} must be divisible by {}*Gz = {}*{}", name, in, an, a, gz);
-  else if (out % (static_cast<index_t>(groups) * b) != 0)
+  else if (in % (static_cast<index_t>(groups.in) * a) != 0)
+    error = fmt::format("Linear3D '{}': in={} must be divisible by input groups*{} = {}*{}", name,
+                        in, an, groups.in, a);
+  else if (out % (static_cast<index_t>(groups.out) * b) != 0)
     error = fmt::format("Linear3D '{}': out={} must be divisible by groups*{} = {}*{}", name, out,
-                        bn, groups, b);
+                        bn, groups.out, b);
   detail3d::agree(grid, error);
   return grid;
 }
@@ -88,8 +50,8 @@ ProcessGrid& checked_linear(ProcessGrid& grid, const std::string& name, index_t 
 
 template <class T>
 Linear3D<T>::Linear3D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens,
-                      index_t in, index_t out, Orientation3D orientation, bool has_bias, int groups,
-                      Axonn3DOptions options, Overlap3D<T>* overlap)
+                      index_t in, index_t out, Orientation3D orientation, bool has_bias,
+                      ColumnGroups groups, Axonn3DOptions options, Overlap3D<T>* overlap)
     : grid_(&checked_linear(grid, name, tokens, in, out, orientation, groups)),
       backend_(&backend),
       name_(std::move(name)),
@@ -107,10 +69,12 @@ Linear3D<T>::Linear3D(ProcessGrid& grid, Backend& backend, std::string name, ind
   out_split_ = out_comm_->size();
   gz_ = detail3d::gz(grid);
   const int a = in_comm_->rank(), b = out_comm_->rank(), z = detail3d::z_of(grid);
-  weight_.shard =
-      sharded3d(name_ + ".weight", in, out, in_split_, a, gz_, z, out_split_, b, groups);
-  if (has_bias)
-    bias_.shard = column_split3d(name_ + ".bias", {out}, out_split_, b, a == 0 && z == 0, groups);
+  const DimSplit columns{.parts = out_split_, .block = b, .groups = groups.out};
+  weight_.shard = split_shard(
+      name_ + ".weight", {in, out},
+      {.parts = in_split_, .block = a, .groups = groups.in, .sub_parts = gz_, .sub_block = z},
+      columns);
+  if (has_bias) bias_.shard = split_shard(name_ + ".bias", {out}, {}, columns, a == 0 && z == 0);
   if (overlap_ != nullptr && (overlap_->prefetching() || overlap_->deferring()))
     overlap_id_ = overlap_->add(weight_, local_in() * local_out());
   else

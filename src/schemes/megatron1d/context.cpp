@@ -11,16 +11,16 @@ Megatron1DContext<T>::Megatron1DContext(ProcessGrid& grid, Backend& backend)
 template <class T>
 std::unique_ptr<Layer<T>> Megatron1DContext<T>::linear(std::string name, index_t tokens, index_t in,
                                                        index_t out, LinearRole role, bool has_bias,
-                                                       int groups) {
+                                                       ColumnGroups groups) {
   if (role == LinearRole::expand)
     return std::make_unique<ColumnParallelLinear1D<T>>(
         this->grid(), this->backend(), std::move(name), tokens, in, out, has_bias, groups);
-  require(groups == 1, [&] {
-    return fmt::format("1D linear '{}': groups={} (only an expanding linear has groups)", name,
-                       groups);
+  require(groups.out == 1, [&] {
+    return fmt::format("1D linear '{}': groups.out={} (only an expanding linear has output groups)",
+                       name, groups.out);
   });
   return std::make_unique<RowParallelLinear1D<T>>(this->grid(), this->backend(), std::move(name),
-                                                  tokens, in, out, has_bias);
+                                                  tokens, in, out, has_bias, groups);
 }
 
 template <class T>

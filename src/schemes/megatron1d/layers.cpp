@@ -16,63 +16,6 @@ namespace summa {
 using detail1d::check_view;
 using detail1d::take_scratch;
 
-// ---------------------------------------------------------------- shards
-
-ParamShard column_parallel_shard(std::string name, index_t rows, index_t cols, int p, int r,
-                                 int groups) {
-  ParamShard s;
-  s.name = std::move(name);
-  s.global_shape = {rows, cols};
-  s.local_rows = rows;
-  s.local_cols = cols / p;
-  const index_t w = cols / (static_cast<index_t>(groups) * p);
-  for (int g = 0; g < groups; ++g)
-    s.pieces.push_back({.global_row = 0,
-                        .global_col = g * (cols / groups) + r * w,
-                        .local_row = 0,
-                        .local_col = g * w,
-                        .rows = rows,
-                        .cols = w});
-  return s;
-}
-
-ParamShard column_parallel_vector_shard(std::string name, index_t n, int p, int r, int groups) {
-  ParamShard s = column_parallel_shard(std::move(name), 1, n, p, r, groups);
-  s.global_shape = {n};
-  return s;
-}
-
-ParamShard row_parallel_shard(std::string name, index_t rows, index_t cols, int p, int r) {
-  ParamShard s;
-  s.name = std::move(name);
-  s.global_shape = {rows, cols};
-  s.local_rows = rows / p;
-  s.local_cols = cols;
-  s.pieces.push_back({.global_row = r * (rows / p),
-                      .global_col = 0,
-                      .local_row = 0,
-                      .local_col = 0,
-                      .rows = rows / p,
-                      .cols = cols});
-  return s;
-}
-
-ParamShard replicated_shard(std::string name, std::vector<index_t> shape, int r) {
-  ParamShard s;
-  s.name = std::move(name);
-  s.global_shape = std::move(shape);
-  s.local_rows = s.global_rows();
-  s.local_cols = s.global_cols();
-  s.owner = r == 0;
-  s.pieces.push_back({.global_row = 0,
-                      .global_col = 0,
-                      .local_row = 0,
-                      .local_col = 0,
-                      .rows = s.local_rows,
-                      .cols = s.local_cols});
-  return s;
-}
-
 namespace {
 
 ProcessGrid& checked_linear(ProcessGrid& grid, const char* kind, const std::string& name,
@@ -125,13 +68,15 @@ BufferNeeds Linear1D<T>::buffer_needs() const {
 template <class T>
 ColumnParallelLinear1D<T>::ColumnParallelLinear1D(ProcessGrid& grid, Backend& backend,
                                                   std::string name, index_t tokens, index_t in,
-                                                  index_t out, bool has_bias, int groups)
+                                                  index_t out, bool has_bias, ColumnGroups groups)
     : Linear1D<T>(
-          checked_linear(grid, "ColumnParallelLinear1D", name, tokens, in, out, out, groups),
+          checked_linear(grid, "ColumnParallelLinear1D", name, tokens, in, out, out, groups.out),
           backend, name, tokens, in, out, has_bias) {
-  const int r = detail1d::group_rank(grid), p = this->p_;
-  this->weight_.shard = column_parallel_shard(name + ".weight", in, out, p, r, groups);
-  if (has_bias) this->bias_.shard = column_parallel_vector_shard(name + ".bias", out, p, r, groups);
+  // X is whole on every rank, so the input's groups leave the rows whole
+  const DimSplit columns{
+      .parts = this->p_, .block = detail1d::group_rank(grid), .groups = groups.out};
+  this->weight_.shard = split_shard(name + ".weight", {in, out}, {}, columns);
+  if (has_bias) this->bias_.shard = split_shard(name + ".bias", {out}, {}, columns);
 }
 
 template <class T>
@@ -185,12 +130,14 @@ void ColumnParallelLinear1D<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX
 
 template <class T>
 RowParallelLinear1D<T>::RowParallelLinear1D(ProcessGrid& grid, Backend& backend, std::string name,
-                                            index_t tokens, index_t in, index_t out, bool has_bias)
-    : Linear1D<T>(checked_linear(grid, "RowParallelLinear1D", name, tokens, in, out, in, 1),
+                                            index_t tokens, index_t in, index_t out, bool has_bias,
+                                            ColumnGroups groups)
+    : Linear1D<T>(checked_linear(grid, "RowParallelLinear1D", name, tokens, in, out, in, groups.in),
                   backend, name, tokens, in, out, has_bias) {
   const int r = detail1d::group_rank(grid);
-  this->weight_.shard = row_parallel_shard(name + ".weight", in, out, this->p_, r);
-  if (has_bias) this->bias_.shard = replicated_shard(name + ".bias", {out}, r);
+  this->weight_.shard = split_shard(name + ".weight", {in, out},
+                                    {.parts = this->p_, .block = r, .groups = groups.in}, {});
+  if (has_bias) this->bias_.shard = split_shard(name + ".bias", {out}, {}, {}, r == 0);
 }
 
 template <class T>

@@ -21,7 +21,7 @@ Summa2DContext<T>::~Summa2DContext() = default;
 template <class T>
 std::unique_ptr<Layer<T>> Summa2DContext<T>::linear(std::string name, index_t tokens, index_t in,
                                                     index_t out, LinearRole, bool has_bias,
-                                                    int groups) {
+                                                    ColumnGroups groups) {
   return std::make_unique<Linear2DLayer<T>>(*engine_, std::move(name), tokens, in, out, has_bias,
                                             groups);
 }

@@ -140,52 +140,19 @@ template void Linear2D::backward<bf16>(ConstMatrixView<bf16>, ConstMatrixView<bf
 
 // ---------------------------------------------------------------- shards and the Layer face
 
-ParamShard matrix_shard(std::string name, index_t rows, index_t cols, int q, int i, int j,
-                        int groups) {
-  ParamShard s;
-  s.name = std::move(name);
-  s.global_shape = {rows, cols};
-  s.local_rows = rows / q;
-  s.local_cols = cols / q;
-  const index_t w = cols / (static_cast<index_t>(groups) * q);
-  for (int g = 0; g < groups; ++g)
-    s.pieces.push_back({.global_row = i * s.local_rows,
-                        .global_col = g * (cols / groups) + j * w,
-                        .local_row = 0,
-                        .local_col = g * w,
-                        .rows = s.local_rows,
-                        .cols = w});
-  return s;
-}
-
-ParamShard row0_vector_shard(std::string name, index_t n, int q, int i, int j, int groups) {
-  ParamShard s;
-  s.name = std::move(name);
-  s.global_shape = {n};
-  if (i != 0) return s;
-  s.local_rows = 1;
-  s.local_cols = n / q;
-  const index_t w = n / (static_cast<index_t>(groups) * q);
-  for (int g = 0; g < groups; ++g)
-    s.pieces.push_back({.global_row = 0,
-                        .global_col = g * (n / groups) + j * w,
-                        .local_row = 0,
-                        .local_col = g * w,
-                        .rows = 1,
-                        .cols = w});
-  return s;
-}
-
 namespace {
 
 // Linear2D's constructor checks divisibility by q; the groups need it too.
 Linear2D make_linear(SummaEngine& engine, const std::string& name, index_t tokens, index_t in,
-                     index_t out, bool has_bias, int groups) {
+                     index_t out, bool has_bias, ColumnGroups groups) {
   const int q = engine.q();
   std::optional<std::string> error;
-  if (groups < 1 || out % (static_cast<index_t>(groups) * q) != 0)
+  if (groups.out < 1 || out % (static_cast<index_t>(groups.out) * q) != 0)
     error = fmt::format("Linear2DLayer '{}': out={} must be divisible by groups*q = {}*{}", name,
-                        out, groups, q);
+                        out, groups.out, q);
+  else if (groups.in < 1 || in % (static_cast<index_t>(groups.in) * q) != 0)
+    error = fmt::format("Linear2DLayer '{}': in={} must be divisible by input groups*q = {}*{}",
+                        name, in, groups.in, q);
   engine.grid().agree(CommAxis::mesh, error);
   return Linear2D(engine, tokens, in, out, has_bias);
 }
@@ -194,12 +161,18 @@ Linear2D make_linear(SummaEngine& engine, const std::string& name, index_t token
 
 template <class T>
 Linear2DLayer<T>::Linear2DLayer(SummaEngine& engine, std::string name, index_t tokens, index_t in,
-                                index_t out, bool has_bias, int groups)
+                                index_t out, bool has_bias, ColumnGroups groups)
     : op_(make_linear(engine, name, tokens, in, out, has_bias, groups)), name_(std::move(name)) {
   const GridCoords& c = engine.grid().coords();
-  weight_.shard = matrix_shard(name_ + ".weight", in, out, engine.q(), c.row, c.col, groups);
-  if (has_bias)
-    bias_.shard = row0_vector_shard(name_ + ".bias", out, engine.q(), c.row, c.col, groups);
+  const int q = engine.q();
+  const DimSplit columns{.parts = q, .block = c.col, .groups = groups.out};
+  weight_.shard = split_shard(name_ + ".weight", {in, out},
+                              {.parts = q, .block = c.row, .groups = groups.in}, columns);
+  if (has_bias) {  // on mesh row 0; the other rows hold nothing
+    bias_.shard = c.row == 0 ? split_shard(name_ + ".bias", {out}, {}, columns) : ParamShard{};
+    bias_.shard.name = name_ + ".bias";
+    bias_.shard.global_shape = {out};
+  }
 }
 
 template <class T>

@@ -222,8 +222,8 @@ void linear_vs_eigen(Orientation3D orientation, int groups) {
     SCOPED_TRACE(describe(g));
     std::vector<std::vector<T>> results[2];  // OAR on, off
     for (bool oar : {true, false}) {
-      Linear3D<T> layer(g, env().backend, "lin", tokens, in, out, orientation, true, groups,
-                        {.overlap_all_reduce = oar});
+      Linear3D<T> layer(g, env().backend, "lin", tokens, in, out, orientation, true,
+                        {.out = groups}, {.overlap_all_reduce = oar});
       ParameterStore<T> store(env().backend, layer.parameters());
       set_global(layer.weight(), flat(W));
       set_global(layer.bias(), flat(b));

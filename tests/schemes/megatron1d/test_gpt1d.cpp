@@ -91,7 +91,7 @@ TEST(Layers1D, SplitsAndReplicas) {
   EXPECT_EQ(fc.local_out(), 4 * h / p);
   EXPECT_EQ(fc.weight().shard.pieces.size(), 1u);
   ColumnParallelLinear1D<float> attn(e.grid, e.backend, "h.0.attn.c_attn", tokens, h, 3 * h, true,
-                                     3);
+                                     {.out = 3});
   EXPECT_EQ(attn.local_out(), 3 * h / p);
   EXPECT_EQ(attn.weight().shard.pieces.size(), 3u);  // one per q|k|v group
   RowParallelLinear1D<float> proj(e.grid, e.backend, "h.0.mlp.c_proj", tokens, 4 * h, h);
@@ -127,8 +127,9 @@ TEST(Layers1D, ConfigErrors) {
   LineEnv& e = line_env();
   const int p = group_size();
   const auto column = [&](index_t out, int groups) {
-    return agreed_error_of(
-        [&] { ColumnParallelLinear1D<float> l(e.grid, e.backend, "c", 4, 8, out, true, groups); });
+    return agreed_error_of([&] {
+      ColumnParallelLinear1D<float> l(e.grid, e.backend, "c", 4, 8, out, true, {.out = groups});
+    });
   };
   EXPECT_NE(column(0, 1).find("must be positive"), std::string::npos);
   EXPECT_EQ(column(3 * p, 3), "");

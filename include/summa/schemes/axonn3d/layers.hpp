@@ -205,36 +205,24 @@ class Overlap3D {
   std::int64_t hits_ = 0, misses_ = 0, deferred_count_ = 0;
 };
 
-// ---------------------------------------------------------------- shards
-
-/// A [rows, cols] matrix with rows split over `row_split` ranks (this rank's
-/// block `row_block`), each row block further split over `gz` ranks (this
-/// rank's part `z`), and columns split over `col_split` ranks (block
-/// `col_block`; with `groups` > 1 the columns form that many equal groups,
-/// each split over the ranks, side by side locally: one piece per group).
-/// Local [rows/(row_split*gz), cols/col_split]; owned everywhere.
-ParamShard sharded3d(std::string name, index_t rows, index_t cols, int row_split, int row_block,
-                     int gz, int z, int col_split, int col_block, int groups = 1);
-/// A 1-D [n] vector or 2-D [rows, n] matrix whose last dimension is split
-/// over `split` ranks (block `block`, `groups` as above), all rows held;
-/// `owner` marks the one copy among the replicas.
-ParamShard column_split3d(std::string name, std::vector<index_t> shape, int split, int block,
-                          bool owner, int groups = 1);
-
 // ---------------------------------------------------------------- linear
 
 /// Y = X W + b with the 3D PMM of AxoNN (see the file comment). `tokens` is
 /// the global token count T (divisible by Gz); X is [T/Gz, in/A], Y
 /// [T/Gz, out/B] with A, B the input / output column axes of the
-/// orientation. `groups` as ColumnParallelLinear1D (3 for c_attn: the
-/// output block x is [Q_x | K_x | V_x]).
+/// orientation. The weight [in, out] is split [in/(A*Gz), out/B]: its rows
+/// over A, then over Z (all-gathered over Z for use). `groups.out` (3 for
+/// c_attn: the output block x is [Q_x | K_x | V_x]) and `groups.in` (an input
+/// that concatenates branches) group the columns of Y and X, the weight's
+/// columns and rows following (ColumnGroups).
 template <class T>
 class Linear3D final : public Layer<T> {
  public:
   /// Throws summa::Error (the same on every rank) unless the sizes are
-  /// positive, tokens % Gz == 0, in % (A*Gz) == 0 and out % (groups*B) == 0.
+  /// positive, tokens % Gz == 0, in % (groups.in*A) == 0, (in/A) % Gz == 0
+  /// and out % (groups.out*B) == 0.
   Linear3D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens, index_t in,
-           index_t out, Orientation3D orientation, bool has_bias = true, int groups = 1,
+           index_t out, Orientation3D orientation, bool has_bias = true, ColumnGroups groups = {},
            Axonn3DOptions options = {}, Overlap3D<T>* overlap = nullptr);
 
   std::string_view name() const override { return name_; }

@@ -31,7 +31,8 @@ class Megatron1DContext final : public SchemeContext<T> {
   const char* head_split_name() const override { return "p"; }
 
   std::unique_ptr<Layer<T>> linear(std::string name, index_t tokens, index_t in, index_t out,
-                                   LinearRole role, bool has_bias = true, int groups = 1) override;
+                                   LinearRole role, bool has_bias = true,
+                                   ColumnGroups groups = {}) override;
   NormLayout norm_layout() const override { return megatron1d_norm_layout(this->grid()); }
   std::unique_ptr<EmbeddingModule<T>> embedding(index_t batch, index_t seq, index_t vocab,
                                                 index_t hidden, index_t n_positions) override;

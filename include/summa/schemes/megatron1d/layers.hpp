@@ -56,20 +56,6 @@ namespace summa {
 
 // ---------------------------------------------------------------- shards
 
-/// [rows, cols] split by columns over p ranks, rank r's share: local [rows,
-/// cols/p]. With `groups` > 1 the columns form that many equal groups, each
-/// split over the ranks (rank r holds columns [g*cols/groups + r*w, ... + w)
-/// of every group g, w = cols/(groups*p), side by side): one piece per group.
-ParamShard column_parallel_shard(std::string name, index_t rows, index_t cols, int p, int r,
-                                 int groups = 1);
-/// [n] split like the columns above (local [1, n/p]).
-ParamShard column_parallel_vector_shard(std::string name, index_t n, int p, int r, int groups = 1);
-/// [rows, cols] split by rows: rank r holds rows [r*rows/p, (r+1)*rows/p).
-ParamShard row_parallel_shard(std::string name, index_t rows, index_t cols, int p, int r);
-/// A tensor (1-D or 2-D `shape`) held in full by every rank; rank 0 owns it,
-/// the others hold replicas (owner = false, the same one full piece).
-ParamShard replicated_shard(std::string name, std::vector<index_t> shape, int r);
-
 // ---------------------------------------------------------------- linear layers
 
 /// What the two 1D linears share: the sizes, `<name>.weight` and
@@ -107,8 +93,8 @@ class Linear1D : public Layer<T> {
 
 /// Y [tokens, out/p] = X W_r + b_r with X [tokens, in] replicated and W_r,
 /// b_r rank r's columns (HF Conv1D layout, `<name>.weight` [in, out],
-/// `<name>.bias` [out]). `groups` as column_parallel_shard (3 for c_attn:
-/// rank r's output is [Q_r | K_r | V_r], the q, k, v columns of its heads).
+/// `<name>.bias` [out]). `groups.out` (ColumnGroups) > 1: rank r's output is
+/// [Q_r | K_r | V_r] for c_attn; `groups.in` changes nothing (X is whole).
 ///
 /// forward:  local GEMM, no communication.
 /// backward: dX = dY_r W_rᵀ, a partial sum, all-reduced (sum) over the group
@@ -118,9 +104,9 @@ template <class T>
 class ColumnParallelLinear1D final : public Linear1D<T> {
  public:
   /// Throws summa::Error (the same on every rank) unless the sizes are
-  /// positive and out is divisible by groups*p.
+  /// positive and out is divisible by groups.out*p.
   ColumnParallelLinear1D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens,
-                         index_t in, index_t out, bool has_bias = true, int groups = 1);
+                         index_t in, index_t out, bool has_bias = true, ColumnGroups groups = {});
 
   void price(cost::Tally& t, model::Phase phase) const override;
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
@@ -135,8 +121,9 @@ class ColumnParallelLinear1D final : public Linear1D<T> {
 
 /// Y [tokens, out] = sum over ranks of X_r W_r, plus b, with X_r [tokens,
 /// in/p] rank r's columns of the input (a column-parallel output) and W_r
-/// rank r's rows of `<name>.weight` [in, out]; `<name>.bias` [out] is
-/// replicated (rank 0 owns it).
+/// rank r's rows of `<name>.weight` [in, out] (with `groups.in` > 1, X_r
+/// holds rank r's columns of each group, and W_r the rows that match);
+/// `<name>.bias` [out] is replicated (rank 0 owns it). `groups.out` must be 1.
 ///
 /// forward:  local GEMM, all-reduce (sum) of Y over the group (tokens*out
 ///           elements), then the bias, so it is added once.
@@ -148,7 +135,7 @@ class RowParallelLinear1D final : public Linear1D<T> {
   /// Throws summa::Error (the same on every rank) unless the sizes are
   /// positive and in is divisible by p.
   RowParallelLinear1D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens,
-                      index_t in, index_t out, bool has_bias = true);
+                      index_t in, index_t out, bool has_bias = true, ColumnGroups groups = {});
 
   void price(cost::Tally& t, model::Phase phase) const override;
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;

@@ -78,18 +78,19 @@ class Linear2D {
 /// Linear2D as a Layer with its own parameters `<name>.weight` [in, out] and
 /// `<name>.bias` [out] (Hugging Face Conv1D layout).
 ///
-/// `groups` > 1 splits the output features into that many equal groups (for
-/// c_attn: q | k | v) and distributes each group over the mesh columns, so
-/// mesh column j holds columns [g*out/groups + j*w, g*out/groups + (j+1)*w)
+/// `groups.out` > 1 splits the output features into that many equal groups
+/// (for c_attn: q | k | v) and distributes each group over the mesh columns,
+/// so mesh column j holds columns [g*out/groups + j*w, g*out/groups + (j+1)*w)
 /// of every group g (w = out/(groups*q)), stored side by side. For c_attn this
 /// is exactly the q, k and v columns of column j's heads, so attention is
-/// local. The weight shard is then several pieces of the global tensor (see
-/// ParamShard); global names and shapes are unchanged.
+/// local. `groups.in` > 1 does the same to the weight's rows, for an input
+/// grouped so (a concatenation). The weight shard is then several pieces of
+/// the global tensor (see ParamShard); global names and shapes are unchanged.
 template <class T>
 class Linear2DLayer final : public Layer<T> {
  public:
   Linear2DLayer(SummaEngine& engine, std::string name, index_t tokens, index_t in, index_t out,
-                bool has_bias = true, int groups = 1);
+                bool has_bias = true, ColumnGroups groups = {});
 
   std::string_view name() const override { return name_; }
   void collect_parameters(std::vector<Param<T>*>& out) override;
@@ -113,15 +114,6 @@ class Linear2DLayer final : public Layer<T> {
 extern template class Linear2DLayer<float>;
 extern template class Linear2DLayer<double>;
 extern template class Linear2DLayer<bf16>;
-
-/// Shard of a [rows, cols] matrix parameter split into q x q blocks (rank
-/// (i, j) holds block (i, j)), with the columns in `groups` as Linear2DLayer
-/// describes.
-ParamShard matrix_shard(std::string name, index_t rows, index_t cols, int q, int i, int j,
-                        int groups = 1);
-/// Shard of a [n] vector parameter owned by mesh row 0: rank (0, j) holds
-/// slice j (with `groups` as above); other rows hold nothing.
-ParamShard row0_vector_shard(std::string name, index_t n, int q, int i, int j, int groups = 1);
 
 // ---------------------------------------------------------------- layer norm
 
