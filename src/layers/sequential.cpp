@@ -150,6 +150,17 @@ Parallel<T>& LayerStack<T>::add_branches(
     const Chain<T>& first = *chains.front();
     const index_t width = adds_input ? c.in_width() : first.out_width();
     const ActivationLayout layout = adds_input ? c.in_layout() : first.out_layout();
+    // a concatenation's branches, and a residual body, end ungrouped; summed
+    // branches grouped alike (an element-wise sum of one layout)
+    const int groups = concat || adds_input ? 1 : first.out_groups();
+    require(c.out_groups() == groups, [&] {
+      const auto ends = [](int g) {
+        return g == 1 ? std::string("ungrouped")
+                      : fmt::format("in a concatenation of {} branches (grouped columns)", g);
+      };
+      return fmt::format("{}: {} {} ends {}, expected {}", who_, what, chains.size() - 1,
+                         ends(c.out_groups()), ends(groups));
+    });
     require(c.out_width() == width && c.out_layout() == layout, [&] {
       return adds_input
                  ? fmt::format(
@@ -161,12 +172,6 @@ Parallel<T>& LayerStack<T>::add_branches(
                        "{}] {}: {} branches end alike",
                        who_, chains.size() - 1, c.out_width(), layout_name(c.out_layout()), width,
                        layout_name(layout), concat ? "concatenated" : "summed");
-    });
-    require(!concat || c.out_groups() == 1, [&] {
-      return fmt::format(
-          "{}: parallel branch {} ends in a concatenation (grouped): a concatenated branch ends "
-          "ungrouped (in a linear)",
-          who_, chains.size() - 1);
     });
   }
   const index_t n = static_cast<index_t>(chains.size());

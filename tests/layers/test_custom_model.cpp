@@ -676,6 +676,19 @@ TEST(CustomModel, ResidualAndBranchShapesAreChecked) {
   EXPECT_TRUE(same_on_all_ranks(norm)) << norm;
   const std::string nested = message([&] { m.residual([](Chain<double>& f) { f.gelu(); }); });
   EXPECT_NE(nested.find("a residual reads a concatenation"), std::string::npos) << nested;
+  const std::string grouped_body = message([&] {
+    Sequential<double> other(*scheme, kTokens / spec.data, kIn);
+    other.residual([](Chain<double>& f) {  // ends in a concatenation
+      f.parallel({[](Chain<double>& b) { b.linear("h.fc", kHidden, LinearRole::expand); },
+                  [](Chain<double>& b) { b.linear("g.fc", kHidden, LinearRole::expand); }},
+                 Combine::concat);
+    });
+  });
+  EXPECT_NE(grouped_body.find("residual body 0 ends in a concatenation of 2 branches (grouped "
+                              "columns), expected ungrouped"),
+            std::string::npos)
+      << grouped_body;
+  EXPECT_TRUE(same_on_all_ranks(grouped_body)) << grouped_body;
   m.gelu();  // element-wise: still grouped
   EXPECT_EQ(m.out_groups(), 2);
   const std::string end = message([&] { m.finish(); });
