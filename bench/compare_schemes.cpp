@@ -309,7 +309,8 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
   // The closed form for this rank; a scheme without a model throws on every rank.
   try {
     const summa::TrafficCounters want = summa::model::predict_step_traffic(
-        spec, s.config, s.batch, s.seq, options, summa::dtype_v<T>, grid.coords());
+        spec, s.config, s.batch, s.seq, options, summa::dtype_v<T>, grid.coords(),
+        false);  // forward + backward: no optimizer
     bool match = true;
     for (std::size_t a = 0; a < summa::comm_axis_count; ++a) {
       const auto axis = static_cast<CommAxis>(a);
@@ -816,7 +817,7 @@ int run_plan(const Settings& s, summa::Backend& backend, int rank, int ranks) {
     try {
       summa::ProcessGrid grid = summa::make_grid(MPI_COMM_WORLD, spec, s.grid);
       const summa::TrafficCounters want = summa::model::predict_step_traffic(
-          spec, s.config, s.batch, s.seq, options, summa::dtype_v<T>, grid.coords());
+          spec, s.config, s.batch, s.seq, options, summa::dtype_v<T>, grid.coords(), false);
       for (std::size_t a = 0; a < kAxes.size(); ++a)
         r.sent[a] = max_over_ranks(want[kAxes[a]].bytes_sent);
       r.mem = memory_of(summa::plan_memory<T>(MPI_COMM_WORLD, spec, backend, s.config, s.batch,

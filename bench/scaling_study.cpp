@@ -545,9 +545,11 @@ template <class T>
 constexpr std::uint64_t adamw_bytes_per_parameter = sizeof(summa::master_t<T>) *
                                                     (std::is_same_v<T, summa::bf16> ? 3 : 2);
 
+// AdamW's state of a rank's parameters (a sharded data axis, zero=1: its chunk).
 template <class T>
-std::uint64_t adamw_state_bytes(const summa::MemoryReport& plan) {
-  return plan.parameters / sizeof(T) * adamw_bytes_per_parameter<T>;
+std::uint64_t adamw_state_bytes(const summa::MemoryReport& plan, const summa::SchemeSpec& spec) {
+  const std::uint64_t shards = spec.zero > 0 ? static_cast<std::uint64_t>(spec.data) : 1;
+  return plan.parameters / sizeof(T) / shards * adamw_bytes_per_parameter<T>;
 }
 
 // The memory plan of the point's busiest rank (launch-free: a plan-only
@@ -568,9 +570,10 @@ Planned plan_point(const Point& p, const Study& s, const summa::model::Machine& 
   const summa::GptOptions options{.checkpoint = s.checkpoint};
   Planned out;
   if (p.scheme != "auto") {
-    const summa::RankMemory r = summa::plan_memory_busiest<T>(summa::SchemeSpec::parse(p.scheme),
-                                                              backend, c, p.batch, p.seq, options);
-    out.memory_bytes = r.report.total() + adamw_state_bytes<T>(r.report);
+    const summa::SchemeSpec spec = summa::SchemeSpec::parse(p.scheme);
+    const summa::RankMemory r =
+        summa::plan_memory_busiest<T>(spec, backend, c, p.batch, p.seq, options);
+    out.memory_bytes = r.report.total() + adamw_state_bytes<T>(r.report, spec);
     out.inference_bytes =
         summa::plan_memory_busiest<T>(summa::SchemeSpec::parse(p.scheme), backend, c, p.batch,
                                       p.seq, {.checkpoint = s.checkpoint, .inference = true})

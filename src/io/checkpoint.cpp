@@ -1320,6 +1320,56 @@ std::vector<StateSlot> optimizer_slots(Optimizer<T>& optimizer) {
   return slots;
 }
 
+// A data-axis chunk's optimizer (zero=1: Optimizer::partial()) as whole-store
+// state, so a checkpoint is the same whatever the sharding: its slots and
+// (bf16) master all-gathered over grid.data() into buffers of the store's
+// padded elements (allocated here, outside the steps); put_back() copies this
+// rank's chunk of them back into the optimizer after a load.
+template <class T>
+class WholeState {
+ public:
+  using M = master_t<T>;
+  WholeState(Optimizer<T>& optimizer, ProcessGrid& grid)
+      : optimizer_(&optimizer),
+        padded_(static_cast<std::size_t>(optimizer.store().padded_elements())),
+        arena_("optimizer state, whole (a checkpoint of a sharded data axis)",
+               optimizer.store().backend(),
+               (optimizer.state_names().size() + 1) * Arena::rounded(padded_ * sizeof(M))) {
+    const std::vector<StateSlot> chunks = optimizer_slots(optimizer);
+    const auto count = static_cast<std::size_t>(optimizer.range().count);
+    for (const StateSlot& chunk : chunks) {
+      M* whole = arena_.take<M>(padded_);
+      grid.data().all_gather(static_cast<const M*>(chunk.data), whole, count);
+      slots_.push_back({.name = chunk.name, .dtype = chunk.dtype, .data = whole});
+    }
+    if (optimizer.master() != nullptr) {
+      master_ = arena_.take<M>(padded_);
+      grid.data().all_gather(optimizer.master(), master_, count);
+    }
+  }
+  std::span<const StateSlot> slots() const { return slots_; }
+  M* master() const { return master_; }
+  /// This rank's chunk of every whole buffer back into the optimizer.
+  void put_back() const {
+    Backend& backend = optimizer_->store().backend();
+    const ElementRange r = optimizer_->range();
+    const auto chunk = [&](const M* whole, M* into) {
+      backend.copy(MatrixView<const M>::dense(whole + r.begin, 1, r.count, Order::row_major),
+                   MatrixView<M>::dense(into, 1, r.count, Order::row_major));
+    };
+    for (std::size_t k = 0; k < slots_.size(); ++k)
+      chunk(static_cast<const M*>(slots_[k].data), optimizer_->state(k));
+    if (master_ != nullptr) chunk(master_, optimizer_->master());
+  }
+
+ private:
+  Optimizer<T>* optimizer_;
+  std::size_t padded_;
+  Arena arena_;
+  std::vector<StateSlot> slots_;
+  M* master_ = nullptr;
+};
+
 }  // namespace
 
 template <class T>
@@ -1344,6 +1394,11 @@ CheckpointInfo load_parameters(const fs::path& path_or_root, ParameterStore<T>& 
 template <class T>
 void save_checkpoint(const fs::path& root, Optimizer<T>& optimizer, const CheckpointInfo& info,
                      ProcessGrid& grid) {
+  if (optimizer.partial()) {  // zero=1: saved as the whole store's state
+    const WholeState<T> whole(optimizer, grid);
+    save_impl(root, optimizer.store(), whole.slots(), info, grid, whole.master());
+    return;
+  }
   const std::vector<StateSlot> slots = optimizer_slots(optimizer);
   save_impl(root, optimizer.store(), std::span<const StateSlot>(slots), info, grid,
             optimizer.master());
@@ -1352,6 +1407,13 @@ void save_checkpoint(const fs::path& root, Optimizer<T>& optimizer, const Checkp
 template <class T>
 CheckpointInfo load_checkpoint(const fs::path& path_or_root, Optimizer<T>& optimizer,
                                ProcessGrid& grid) {
+  if (optimizer.partial()) {  // zero=1: loaded as the whole store's state, then chunked
+    const WholeState<T> whole(optimizer, grid);
+    const CheckpointInfo info =
+        load_impl(path_or_root, optimizer.store(), whole.slots(), grid, whole.master());
+    whole.put_back();
+    return info;
+  }
   const std::vector<StateSlot> slots = optimizer_slots(optimizer);
   return load_impl(path_or_root, optimizer.store(), std::span<const StateSlot>(slots), grid,
                    optimizer.master());

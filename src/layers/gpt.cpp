@@ -114,9 +114,10 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
             .backward = needs.backward,
             .conjunction = inference ? 0 : 2 * slot.bytes(),
             .checkpoint = static_cast<std::size_t>(inference ? 2 : config_.n_layer + 1) * slot};
-  index_t elements = 0;
-  for (const Param<T>* p : this->parameters()) elements += p->shard.local_size();
-  parameter_bytes_ = ByteCount<T>().add(elements).bytes();
+  parameter_bytes_ =
+      ByteCount<T>()
+          .add(ParameterStore<T>::padded_elements(this->parameters(), options_.parameter_multiple))
+          .bytes();
   ByteCount<T> kv;  // each block's keys, then its values
   if (options_.kv_cache > 0)
     for (const auto& block : blocks_)
@@ -135,7 +136,8 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
         MatrixView<T>::dense(static_cast<T*>(kv_->base()), 1,
                              static_cast<index_t>(kv_->capacity() / sizeof(T)), Order::row_major));
   }
-  store_ = std::make_unique<ParameterStore<T>>(*backend_, this->parameters(), !inference);
+  store_ = std::make_unique<ParameterStore<T>>(*backend_, this->parameters(), !inference,
+                                               options_.parameter_multiple);
   buffers_ = std::make_unique<ModelBuffers>(*backend_, sizes_);
   const auto take = [&](Arena& a) {
     return MatrixView<T>::dense(a.take<T>(static_cast<std::size_t>(rows * cols)), rows, cols,

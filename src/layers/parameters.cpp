@@ -61,22 +61,32 @@ ParamShard split_shard(std::string name, std::vector<index_t> shape, DimSplit ro
 }
 
 template <class T>
-std::size_t ParameterStore<T>::bytes_for(const std::vector<Param<T>*>& params) {
+index_t ParameterStore<T>::padded_elements(const std::vector<Param<T>*>& params, index_t multiple) {
+  require(multiple >= 1,
+          [&] { return fmt::format("ParameterStore: multiple={} must be >= 1", multiple); });
   index_t total = 0;
   for (const Param<T>* p : params) total += p->shard.local_size();
-  return ByteCount<T>().add(total).bytes();
+  return (total + multiple - 1) / multiple * multiple;
 }
 
 template <class T>
-ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> params, bool gradients)
+std::size_t ParameterStore<T>::bytes_for(const std::vector<Param<T>*>& params, index_t multiple) {
+  return ByteCount<T>().add(padded_elements(params, multiple)).bytes();
+}
+
+template <class T>
+ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> params, bool gradients,
+                                  index_t multiple)
     : params_(std::move(params)),
       backend_(&backend),
       has_gradients_(gradients),
-      values_("parameters", backend, bytes_for(params_)),
-      grads_("gradients", backend, gradients ? bytes_for(params_) : 0) {
+      padded_(padded_elements(params_, multiple)),
+      values_("parameters", backend, bytes_for(params_, multiple)),
+      grads_("gradients", backend, gradients ? bytes_for(params_, multiple) : 0) {
   // Packed: the parameters follow each other without padding, so the
-  // gradients of consecutive parameters (a block's) form one contiguous range.
-  const auto total = static_cast<std::size_t>(local_elements());
+  // gradients of consecutive parameters (a block's) form one contiguous range;
+  // the padding (zero) follows the last.
+  const auto total = static_cast<std::size_t>(padded_);
   T* values = values_.take<T>(total);
   T* grads = gradients ? grads_.take<T>(total) : nullptr;
   index_t offset = 0;

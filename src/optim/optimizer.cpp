@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -73,28 +74,59 @@ std::size_t slot_stride(index_t elements) {
   return Arena::rounded(static_cast<std::size_t>(elements) * sizeof(M)) / sizeof(M);
 }
 
+// `range` with its count resolved (all: the store's local elements), checked
+// against the store's padded elements.
+template <class T>
+ElementRange resolved(ElementRange range, const ParameterStore<T>& store) {
+  if (range.count < 0) return {0, store.local_elements()};
+  require(range.begin >= 0 && range.begin + range.count <= store.padded_elements(), [&] {
+    return fmt::format("Optimizer: elements [{}, {}) are not within the store's {}", range.begin,
+                       range.begin + range.count, store.padded_elements());
+  });
+  return range;
+}
+
 }  // namespace
 
 template <class T>
+ElementRange data_chunk(const ParameterStore<T>& store, int rank, int groups) {
+  const index_t padded = store.padded_elements();
+  require(groups >= 1 && rank >= 0 && rank < groups && padded % groups == 0, [&] {
+    return fmt::format(
+        "data_chunk: {} padded elements do not split into {} equal chunks (rank {}): build the "
+        "store with multiple = {}",
+        padded, groups, rank, groups);
+  });
+  const index_t chunk = padded / groups;
+  return {rank * chunk, chunk};
+}
+
+template <class T>
 Optimizer<T>::Optimizer(const OptimizerOptions& options, ParameterStore<T>& store,
-                        std::vector<std::string> state_names)
+                        std::vector<std::string> state_names, ElementRange range)
     : options_(options),
       store_(&store),
       state_names_(std::move(state_names)),
-      elements_(store.local_elements()),
+      range_(resolved(range, store)),
+      partial_(range_.begin != 0 || range_.count != store.local_elements()),
+      elements_(range_.count),
       slot_stride_(slot_stride<master_type>(elements_)),
       state_("optimizer state", store.values().backend(),
              (state_names_.size() + (keeps_master ? 1 : 0)) * slot_stride_ * sizeof(master_type)) {
   options_.validate();
-  // Segments in params() order; a parameter's offset is where the store put
-  // its value, so the state slots share the packing of values_base().
+  // Segments in params() order, each parameter's part within the range; a
+  // parameter's offset is where the store put its value, so the state slots
+  // share the packing of values_base() (from range_.begin on).
   const T* base = store.values_base();
+  const index_t lo = range_.begin, hi = range_.begin + range_.count;
   for (const Param<T>* p : store.params()) {
     if (!p->held()) continue;
+    const auto offset = static_cast<index_t>(p->value - base);
+    const index_t a = std::max(lo, offset), b = std::min(hi, offset + p->shard.local_size());
+    if (a >= b) continue;
     const bool matrix = p->shard.global_shape.size() == 2;
-    segments_.push_back(Segment{.offset = static_cast<index_t>(p->value - base),
-                                .count = p->shard.local_size(),
-                                .decay = matrix || options_.decay_vectors});
+    segments_.push_back(Segment{
+        .offset = a, .count = b - a, .decay = matrix || options_.decay_vectors, .state = a - lo});
   }
   if (elements_ > 0) {
     state_base_ = state_.take<master_type>(state_names_.size() * slot_stride_);
@@ -115,7 +147,8 @@ void Optimizer<T>::refresh_master() {
     // The parameters are packed without padding, so one conversion of the
     // whole packed range sets every element's master.
     state_.backend().convert(
-        MatrixView<const T>::dense(store_->values_base(), 1, elements_, Order::row_major),
+        MatrixView<const T>::dense(store_->values_base() + range_.begin, 1, elements_,
+                                   Order::row_major),
         MatrixView<master_type>::dense(master_, 1, elements_, Order::row_major));
   }
 }
@@ -158,8 +191,8 @@ namespace {
 template <class T>
 class AdamW final : public Optimizer<T> {
  public:
-  AdamW(const OptimizerOptions& options, ParameterStore<T>& store)
-      : Optimizer<T>(options, store, {"exp_avg", "exp_avg_sq"}) {}
+  AdamW(const OptimizerOptions& options, ParameterStore<T>& store, ElementRange range)
+      : Optimizer<T>(options, store, {"exp_avg", "exp_avg_sq"}, range) {}
   std::string_view kind() const override { return "adamw"; }
 
  protected:
@@ -181,11 +214,11 @@ class AdamW final : public Optimizer<T> {
     for (const auto& s : this->segments()) {
       c.weight_decay = s.decay ? o.weight_decay : 0.0;
       if constexpr (std::is_same_v<T, typename Optimizer<T>::master_type>)
-        backend.adamw_update(values + s.offset, grads + s.offset, exp_avg + s.offset,
-                             exp_avg_sq + s.offset, s.count, c);
+        backend.adamw_update(values + s.offset, grads + s.offset, exp_avg + s.state,
+                             exp_avg_sq + s.state, s.count, c);
       else
-        backend.adamw_update(values + s.offset, grads + s.offset, exp_avg + s.offset,
-                             exp_avg_sq + s.offset, this->master() + s.offset, s.count, c);
+        backend.adamw_update(values + s.offset, grads + s.offset, exp_avg + s.state,
+                             exp_avg_sq + s.state, this->master() + s.state, s.count, c);
     }
   }
 };
@@ -193,8 +226,8 @@ class AdamW final : public Optimizer<T> {
 template <class T>
 class Sgd final : public Optimizer<T> {
  public:
-  Sgd(const OptimizerOptions& options, ParameterStore<T>& store)
-      : Optimizer<T>(options, store, {"momentum_buffer"}) {}
+  Sgd(const OptimizerOptions& options, ParameterStore<T>& store, ElementRange range)
+      : Optimizer<T>(options, store, {"momentum_buffer"}, range) {}
   std::string_view kind() const override { return "sgd"; }
 
  protected:
@@ -211,10 +244,10 @@ class Sgd final : public Optimizer<T> {
     for (const auto& s : this->segments()) {
       c.weight_decay = s.decay ? o.weight_decay : 0.0;
       if constexpr (std::is_same_v<T, typename Optimizer<T>::master_type>)
-        backend.sgd_update(values + s.offset, grads + s.offset, buffer + s.offset, s.count, c);
+        backend.sgd_update(values + s.offset, grads + s.offset, buffer + s.state, s.count, c);
       else
-        backend.sgd_update(values + s.offset, grads + s.offset, buffer + s.offset,
-                           this->master() + s.offset, s.count, c);
+        backend.sgd_update(values + s.offset, grads + s.offset, buffer + s.state,
+                           this->master() + s.state, s.count, c);
     }
   }
 };
@@ -223,10 +256,27 @@ class Sgd final : public Optimizer<T> {
 
 template <class T>
 std::unique_ptr<Optimizer<T>> make_optimizer(const OptimizerOptions& options,
-                                             ParameterStore<T>& store) {
+                                             ParameterStore<T>& store, ElementRange range) {
   options.validate();
-  if (options.kind == "adamw") return std::make_unique<AdamW<T>>(options, store);
-  return std::make_unique<Sgd<T>>(options, store);
+  if (options.kind == "adamw") return std::make_unique<AdamW<T>>(options, store, range);
+  return std::make_unique<Sgd<T>>(options, store, range);
+}
+
+template <class T>
+void all_gather_updates(Optimizer<T>& optimizer, ProcessGrid& grid) {
+  if (!optimizer.partial()) return;
+  Communicator& data = grid.data();
+  const ElementRange r = optimizer.range();
+  require(r.begin == static_cast<index_t>(data.rank()) * r.count &&
+              r.count * data.size() == optimizer.store().padded_elements(),
+          [&] {
+            return fmt::format(
+                "all_gather_updates: the optimizer's elements [{}, {}) are not data rank {}'s "
+                "chunk of {} (data_chunk)",
+                r.begin, r.begin + r.count, data.rank(), optimizer.store().padded_elements());
+          });
+  T* values = optimizer.store().values_base();
+  data.all_gather(values + r.begin, values, static_cast<std::size_t>(r.count));
 }
 
 // ---------------------------------------------------------------- clipping
@@ -285,17 +335,23 @@ double clip_grad_norm(ParameterStore<T>& store, ProcessGrid& grid, double max_no
   return norm;
 }
 
+template ElementRange data_chunk(const ParameterStore<float>&, int, int);
+template ElementRange data_chunk(const ParameterStore<double>&, int, int);
+template ElementRange data_chunk(const ParameterStore<bf16>&, int, int);
+template void all_gather_updates(Optimizer<float>&, ProcessGrid&);
+template void all_gather_updates(Optimizer<double>&, ProcessGrid&);
+template void all_gather_updates(Optimizer<bf16>&, ProcessGrid&);
 template class Optimizer<float>;
 template class Optimizer<double>;
 template class Optimizer<bf16>;
 template std::unique_ptr<Optimizer<bf16>> make_optimizer(const OptimizerOptions&,
-                                                         ParameterStore<bf16>&);
+                                                         ParameterStore<bf16>&, ElementRange);
 template double global_norm_sq(const ParameterStore<bf16>&, ProcessGrid&);
 template double clip_grad_norm(ParameterStore<bf16>&, ProcessGrid&, double);
 template std::unique_ptr<Optimizer<float>> make_optimizer(const OptimizerOptions&,
-                                                          ParameterStore<float>&);
+                                                          ParameterStore<float>&, ElementRange);
 template std::unique_ptr<Optimizer<double>> make_optimizer(const OptimizerOptions&,
-                                                           ParameterStore<double>&);
+                                                           ParameterStore<double>&, ElementRange);
 template double global_norm_sq(const ParameterStore<float>&, ProcessGrid&);
 template double global_norm_sq(const ParameterStore<double>&, ProcessGrid&);
 template double clip_grad_norm(ParameterStore<float>&, ProcessGrid&, double);

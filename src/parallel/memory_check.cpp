@@ -134,7 +134,9 @@ double require_memory_fits(MPI_Comm comm, const SchemeSpec& spec, Backend& backe
                            const GptOptions& options, const GridOptions& grid,
                            const MemoryBudget& budget, const std::string& program) {
   const bool training = !options.inference;
-  const double state = training ? budget.state_bytes_per_parameter : 0;
+  // a sharded data axis (zero=1) keeps 1/data of the optimizer state per rank
+  const double state =
+      training ? budget.state_bytes_per_parameter / (spec.zero > 0 ? spec.data : 1) : 0;
   {
     // the planner sizes [batch·seq, width] arrays in 64 bits: a product past
     // that would wrap (a manifest's batch 2^62 planned as 0 tokens)

@@ -20,6 +20,16 @@ ProcessGrid make_grid(MPI_Comm comm, const SchemeSpec& spec, GridOptions options
   return scheme_row(spec.scheme).make_grid(comm, spec, options);
 }
 
+namespace {
+
+// A sharded data axis splits the parameters' packed buffers into equal chunks.
+GptOptions sharded(GptOptions options, const SchemeSpec& spec) {
+  if (spec.zero > 0) options.parameter_multiple = spec.data;
+  return options;
+}
+
+}  // namespace
+
 template <class T>
 ParallelGpt<T>::ParallelGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
                             const GptConfig& config, index_t batch, index_t seq, GptOptions options,
@@ -27,7 +37,7 @@ ParallelGpt<T>::ParallelGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& back
     : spec_(spec),
       grid_(make_grid(comm, spec, grid)),
       scheme_(make_context<T>(spec, grid_, backend)),
-      model_(std::make_unique<Gpt<T>>(*scheme_, config, batch, seq, options)) {}
+      model_(std::make_unique<Gpt<T>>(*scheme_, config, batch, seq, sharded(options, spec))) {}
 
 template <class T>
 ParallelGpt<T>::~ParallelGpt() = default;
@@ -51,7 +61,7 @@ MemoryReport plan_memory(const SchemeSpec& spec, Backend& backend, const GptConf
   options.plan_only = true;
   ProcessGrid grid = ProcessGrid::plan(scheme_row(spec.scheme).grid_shape(spec), coords);
   const std::unique_ptr<SchemeContext<T>> context = make_context<T>(spec, grid, backend);
-  const Gpt<T> model(*context, config, batch, seq, options);
+  const Gpt<T> model(*context, config, batch, seq, sharded(options, spec));
   return model.memory_report();
 }
 

@@ -22,9 +22,12 @@ Buckets walk(const SchemeSpec& spec, const GptConfig& config, index_t batch, ind
   t.ops = nullptr;
   t.log = nullptr;
   const std::vector<std::uint64_t> b = model.data_bucket_elements();
+  const index_t multiple = spec.zero > 0 ? spec.data : 1;
   return {.ln_f = b.front(),
           .block = b.size() > 2 ? b[1] : 0,
           .embedding = b.back(),
+          .parameters =
+              static_cast<u64>(ParameterStore<T>::padded_elements(model.parameters(), multiple)),
           .defers_gradients = context->defers_gradients()};
 }
 }  // namespace

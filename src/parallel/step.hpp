@@ -24,6 +24,9 @@ using StepOp = cost::StepOp;
 /// of ln_f, of one block, of the embedding.
 struct Buckets {
   u64 ln_f, block, embedding;
+  /// The packed local parameter elements, padded for a sharded data axis
+  /// (ParameterStore::padded_elements; ZeRO's all-gather moves them).
+  u64 parameters = 0;
   /// SchemeContext::defers_gradients: the buckets wait for the end of backward.
   bool defers_gradients = false;
 };

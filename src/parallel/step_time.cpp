@@ -454,10 +454,26 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
     }
     if (time_options.optimizer) {
       const u64 params = buckets.ln_f + layers * buckets.block + buckets.embedding;
+      // a sharded data axis (zero=1): this rank updates its chunk, then the
+      // chunks are all-gathered (exposed: nothing runs beside it)
+      const bool sharded = spec.zero > 0 && data > 1;
+      const u64 chunk = buckets.parameters / data;
       OpTime o{.op = "optimizer", .phase = Phase::optimizer, .count = 1};
-      o.compute_s = pricer.memory(params * optimizer_bytes(dtype));
+      o.compute_s = pricer.memory((sharded ? chunk : params) * optimizer_bytes(dtype));
       st.phase_s[static_cast<std::size_t>(Phase::optimizer)] += o.compute_s;
       st.compute_s += o.compute_s;
+      if (sharded) {
+        std::vector<Work> w;
+        cost::Tally gather;
+        gather.log = &w;
+        gather.all_gather(CommAxis::data, chunk, data, e);
+        const double s = pricer.collective(w.front());
+        o.comm_s[axis_index(CommAxis::data)] += s;
+        o.exposed_s += s;
+        st.comm_s[axis_index(CommAxis::data)] += s;
+        st.exposed_s += s;
+        st.phase_s[static_cast<std::size_t>(Phase::optimizer)] += s;
+      }
       st.ops.push_back(o);
     }
     st.step_s = std::accumulate(st.phase_s.begin(), st.phase_s.end(), 0.0);

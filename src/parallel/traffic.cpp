@@ -9,7 +9,7 @@ namespace summa::model {
 
 TrafficCounters predict_step_traffic(const SchemeSpec& spec, const GptConfig& config, index_t batch,
                                      index_t seq, const GptOptions& options, DType dtype,
-                                     const GridCoords& coords) {
+                                     const GridCoords& coords, bool optimizer_step) {
   const auto u = [](auto v) { return static_cast<cost::u64>(v); };
   const cost::u64 data = u(spec.data), d = u(coords.data), e = u(size_of(dtype));
   cost::Tally t;
@@ -26,6 +26,9 @@ TrafficCounters predict_step_traffic(const SchemeSpec& spec, const GptConfig& co
     bucket(b.ln_f);
     for (cost::u64 l = 0; l < u(config.n_layer); ++l) bucket(b.block);
     bucket(b.embedding);
+    // zero=1: after the optimizer's step on its chunk, every data group's
+    // updated chunk all-gathered (Trainer, all_gather_updates)
+    if (spec.zero > 0 && optimizer_step) t.all_gather(CommAxis::data, b.parameters / data, data, e);
   }
   return t.t;
 }

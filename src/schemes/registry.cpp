@@ -38,8 +38,9 @@ std::string grammar() {
     schemes.append(r->grammar);
   }
   return fmt::format(
-      "expected comma-separated items: one scheme of {}, optionally 'data=D' and that scheme's "
-      "options (e.g. 'data=2,2d:q=2', '2d:q=2,panel=128,overlap=off', '3d:2x1x2,overlap=oar+ors')",
+      "expected comma-separated items: one scheme of {}, optionally 'data=D' (or 'data=D:zero=1', "
+      "the optimizer state sharded over the D groups) and that scheme's options (e.g. "
+      "'data=2,2d:q=2', '2d:q=2,panel=128,overlap=off', '3d:2x1x2,overlap=oar+ors')",
       schemes);
 }
 
@@ -98,7 +99,8 @@ std::int64_t SchemeSpec::tensor_ranks() const {
 }
 
 std::string SchemeSpec::str() const {
-  return (data > 1 ? fmt::format("data={},", data) : std::string()) +
+  return (data > 1 ? fmt::format("data={}{},", data, zero > 0 ? fmt::format(":zero={}", zero) : "")
+                   : std::string()) +
          scheme_row(scheme).text(*this);
 }
 
@@ -116,7 +118,7 @@ SchemeSpec SchemeSpec::parse(std::string_view text) {
     rest = more ? rest.substr(comma + 1) : std::string_view();
     require(!item.empty(), [&] { return fmt::format("scheme: an empty item; {}", grammar()); });
     const std::size_t colon = item.find(':');
-    if (colon != std::string_view::npos) {
+    if (colon != std::string_view::npos && !item.starts_with("data=")) {
       const auto it = std::find_if(rows().begin(), rows().end(), [&](const SchemeRow* r) {
         return r->tag == item.substr(0, colon);
       });
@@ -132,7 +134,38 @@ SchemeSpec SchemeSpec::parse(std::string_view text) {
     } else if (item.starts_with("data=")) {
       require(!have_data,
               [&] { return fmt::format("scheme: 'data=' given twice; {}", grammar()); });
-      spec.data = parse_positive(item.substr(5), item);
+      // data=D or data=D:zero=Z
+      const std::string_view body = item.substr(5);
+      const std::size_t colon = body.find(':');
+      spec.data = parse_positive(body.substr(0, colon), item);
+      if (colon != std::string_view::npos) {
+        const std::string_view z = body.substr(colon + 1);
+        require(z.starts_with("zero="), [&] {
+          return fmt::format(
+              "scheme item '{}': '{}' is not an option of the data axis (zero=Z); {}", item, z,
+              grammar());
+        });
+        const std::string_view level = z.substr(5);
+        int v = -1;
+        const auto [end, ec] = std::from_chars(level.data(), level.data() + level.size(), v);
+        require(ec == std::errc() && end == level.data() + level.size() && v >= 0 && v <= 3, [&] {
+          return fmt::format("scheme item '{}': zero={} is not a sharding level (0, 1, 2 or 3); {}",
+                             item, level, grammar());
+        });
+        require(v <= 1, [&] {
+          return fmt::format(
+              "scheme item '{}': zero={} (gradients{} sharded over the data axis) is not "
+              "implemented yet; zero=1 shards the optimizer state",
+              item, v, v == 3 ? " and parameters" : "");
+        });
+        require(v == 0 || spec.data > 1, [&] {
+          return fmt::format(
+              "scheme item '{}': zero={} shards over the data groups, and data=1 has one (give "
+              "data=D with D > 1, or drop ':zero={}')",
+              item, v, v);
+        });
+        spec.zero = v;
+      }
       have_data = true;
     } else {
       require(item.find('=') != std::string_view::npos, [&] {

@@ -124,7 +124,13 @@ Trainer<T>::Trainer(MPI_Comm comm, const TrainerOptions& options, Backend& backe
   run_ = std::make_unique<ParallelGpt<T>>(comm, spec, backend, options_.config, options_.batch,
                                           options_.seq, options_.gpt, options_.grid);
   run_->model().init(options_.init_seed);
-  optimizer_ = make_optimizer(options_.optimizer, run_->model().parameters_store());
+  // A sharded data axis (zero=1): this data group updates, and keeps the
+  // optimizer state of, its chunk of the packed parameters; the chunks are
+  // all-gathered after each step.
+  ParameterStore<T>& store = run_->model().parameters_store();
+  optimizer_ = make_optimizer(
+      options_.optimizer, store,
+      spec.zero > 0 ? data_chunk(store, run_->grid().data().rank(), spec.data) : ElementRange{});
   tokens_.resize(static_cast<std::size_t>(options_.batch * options_.seq));
   targets_.resize(tokens_.size());
 }
@@ -165,6 +171,7 @@ StepStats Trainer<T>::train_step() {
     throw CollectiveError(*error);
   if (finite) {
     optimizer_->step(s.lr);
+    all_gather_updates(*optimizer_, run_->grid());  // zero=1: every chunk to every group
     skipped_in_a_row_ = 0;
   } else {
     s.skipped = true;

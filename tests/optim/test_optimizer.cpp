@@ -550,6 +550,77 @@ TEST(Optimizer, ArithmeticStateLayoutAndResume) {
   }
 }
 
+// An optimizer over a range of the packed elements (ZeRO's data-axis chunk,
+// data_chunk) updates exactly those elements as the whole-store optimizer
+// does, and keeps state for them only: three chunk optimizers of a store
+// padded to a multiple of 3, whose chunks cut through parameters, together
+// give the whole optimizer's values bit for bit over three steps (AdamW with
+// decay, SGD with Nesterov momentum; bf16 with its fp32 master chunks too).
+template <class T>
+void chunked_optimizers_update_as_one() {
+  Backend& backend = test_backend();
+  std::mt19937_64 gen(fresh_seed());
+  std::uniform_real_distribution<double> u(-1, 1);
+  // a matrix (decayed), a bias and a LayerNorm weight: 35 + 7 + 11 = 53
+  // elements, padded to 54: chunks [0, 18) [18, 36) [36, 54) cut the matrix
+  // and the bias
+  const auto params = [] {
+    std::vector<Param<T>> p(3);
+    p[0].shard = split_shard("w", {5, 7}, {}, {});
+    p[1].shard = split_shard("b", {7}, {}, {});
+    p[2].shard = split_shard("ln", {11}, {}, {});
+    return p;
+  };
+  std::vector<Param<T>> whole_params = params(), chunked_params = params();
+  const auto pointers = [](std::vector<Param<T>>& p) {
+    std::vector<Param<T>*> out;
+    for (Param<T>& x : p) out.push_back(&x);
+    return out;
+  };
+  ParameterStore<T> whole(backend, pointers(whole_params));
+  ParameterStore<T> chunked(backend, pointers(chunked_params), true, 3);
+  ASSERT_EQ(whole.local_elements(), 53);
+  ASSERT_EQ(chunked.padded_elements(), 54);
+  std::vector<T> values(53), grads(53);
+  for (T& v : values) v = static_cast<T>(static_cast<float>(u(gen)));
+  for (ParameterStore<T>* st : {&whole, &chunked}) {
+    backend.upload(st->values_base(), values.data(), values.size() * sizeof(T));
+  }
+  for (const OptimizerOptions& options :
+       {OptimizerOptions{.kind = "adamw", .weight_decay = 0.1},
+        OptimizerOptions{.kind = "sgd", .momentum = 0.9, .nesterov = true, .weight_decay = 0.1}}) {
+    SCOPED_TRACE(options.kind);
+    auto one = make_optimizer(options, whole);
+    std::vector<std::unique_ptr<Optimizer<T>>> three;
+    for (int d = 0; d < 3; ++d) {
+      three.push_back(make_optimizer(options, chunked, data_chunk(chunked, d, 3)));
+      EXPECT_EQ(three.back()->range().begin, 18 * d);
+      EXPECT_EQ(three.back()->state_elements(), 18);
+      EXPECT_TRUE(three.back()->partial());
+    }
+    EXPECT_FALSE(one->partial());
+    for (int step = 0; step < 3; ++step) {
+      for (T& g : grads) g = static_cast<T>(static_cast<float>(u(gen)));
+      for (ParameterStore<T>* st : {&whole, &chunked})
+        backend.upload(st->grads_base(), grads.data(), grads.size() * sizeof(T));
+      one->step(1e-2);
+      for (auto& o : three) o->step(1e-2);
+      EXPECT_EQ(host_copy(chunked.values_base(), 53), host_copy(whole.values_base(), 53))
+          << "step " << step;
+    }
+  }
+  // a range outside the padded elements, and chunks that do not divide
+  EXPECT_THROW(make_optimizer<T>({}, chunked, {.begin = 40, .count = 18}), Error);
+  EXPECT_THROW(data_chunk(whole, 0, 2), Error);
+}
+
+TEST(Optimizer, ChunkedOptimizersUpdateAsOne) {
+  chunked_optimizers_update_as_one<double>();
+}
+TEST(OptimizerBf16, ChunkedOptimizersUpdateAsOne) {
+  chunked_optimizers_update_as_one<bf16>();
+}
+
 // The fp32 kernels against the same formulas in double (relative error of
 // the update ~ a few float ulps); and a float model's SGD step against the
 // serial reference at the float model tolerance.

@@ -157,6 +157,16 @@ TEST(Schemes, ParseAndPrint) {
   EXPECT_EQ(SchemeSpec::parse("2d:q=2,data=2"), d);
   for (const SchemeSpec& s : {a, b, c, d}) EXPECT_EQ(SchemeSpec::parse(s.str()), s) << s.str();
   EXPECT_EQ(d.str(), "data=2,2d:q=2");
+  EXPECT_EQ(d.zero, 0);
+  // the data axis sharded (ZeRO level 1)
+  const SchemeSpec z = SchemeSpec::parse("1d:p=2,data=4:zero=1");
+  EXPECT_EQ(z.data, 4);
+  EXPECT_EQ(z.zero, 1);
+  EXPECT_EQ(z.ranks(), 8);
+  EXPECT_EQ(z.str(), "data=4:zero=1,1d:p=2");
+  EXPECT_EQ(SchemeSpec::parse(z.str()), z);
+  EXPECT_NE(z, SchemeSpec::parse("data=4,1d:p=2"));                             // the level counts
+  EXPECT_EQ(SchemeSpec::parse("data=4:zero=0,1d:p=2").str(), "data=4,1d:p=2");  // the default
   const SchemeSpec e = SchemeSpec::parse("3d:1x1x4,overlap=ors+oag");
   EXPECT_FALSE(e.as<Axonn3DSpec>().oar);
   EXPECT_TRUE(e.as<Axonn3DSpec>().ors);
@@ -206,7 +216,14 @@ TEST(Schemes, BadTextThrows) {
                            "1d:p=2,overlap=on",
                            "2d:q=2,slices=2",
                            "1d:q=2",
-                           "2d:p=2"}) {
+                           "2d:p=2",
+                           "data=2:zero=x,2d:q=1",
+                           "data=2:zero=-1,2d:q=1",
+                           "data=2:zero=4,2d:q=1",
+                           "data=2:zero=,2d:q=1",
+                           "data=2:shard=1,2d:q=1",
+                           "data=2:,2d:q=1",
+                           "data=1:zero=1,2d:q=1"}) {
     EXPECT_THROW(SchemeSpec::parse(text), Error) << text;
   }
   const auto message = [](const char* text) {
@@ -222,6 +239,19 @@ TEST(Schemes, BadTextThrows) {
       << message("1d:p=2,panel=8");
   EXPECT_NE(message("2d:q=2,overlap=yes").find("'on' or 'off'"), std::string::npos)
       << message("2d:q=2,overlap=yes");
+  // a sharding level: 0-3, above 1 not yet, and only over more than one group
+  EXPECT_NE(message("data=2:zero=4,2d:q=1").find("zero=4 is not a sharding level"),
+            std::string::npos)
+      << message("data=2:zero=4,2d:q=1");
+  EXPECT_NE(message("data=2:zero=2,2d:q=1").find("zero=2 (gradients sharded"), std::string::npos)
+      << message("data=2:zero=2,2d:q=1");
+  EXPECT_NE(message("data=2:zero=3,2d:q=1").find("is not implemented yet"), std::string::npos)
+      << message("data=2:zero=3,2d:q=1");
+  EXPECT_NE(message("data=1:zero=1,2d:q=1").find("data=1 has one"), std::string::npos)
+      << message("data=1:zero=1,2d:q=1");
+  EXPECT_NE(message("data=2:shard=1,2d:q=1").find("not an option of the data axis"),
+            std::string::npos)
+      << message("data=2:shard=1,2d:q=1");
   // a grid whose product wraps a 64-bit integer (to 4 here) is refused,
   // not taken for 4 ranks (was: SIGSEGV in predict_step_time)
   for (const char* text : {"3d:111620x429509837x384773", "3d:2147483647x2147483647x2147483647",

@@ -39,6 +39,11 @@ struct GptOptions {
   /// reallocated; Gpt::forward_cached then runs a window of seq new tokens
   /// at any position of it (seq = 1: one decoding step). 0: none.
   index_t kv_cache = 0;
+  /// The parameter and gradient buffers hold a multiple of this many
+  /// elements (ParameterStore's `multiple`): ParallelGpt sets it to the data
+  /// groups when the data axis is sharded (SchemeSpec::zero), for equal
+  /// chunks.
+  index_t parameter_multiple = 1;
 };
 
 /// One part of a training step as GptModel::profile reports it: its name in

@@ -27,8 +27,12 @@ class ParameterStore {
   /// `backend` and binds each Param's value / grad pointer (null where the
   /// rank holds nothing). Values and gradients start at zero. Without
   /// `gradients` (a model built for inference) the gradient arena is empty
-  /// and every grad pointer null.
-  ParameterStore(Backend& backend, std::vector<Param<T>*> params, bool gradients = true);
+  /// and every grad pointer null. `multiple`: the values and gradients hold
+  /// a multiple of this many elements, the padding (zero, owned by no
+  /// parameter) after the last parameter's, so D data groups can split them
+  /// into equal chunks (ZeRO; padded_elements()).
+  ParameterStore(Backend& backend, std::vector<Param<T>*> params, bool gradients = true,
+                 index_t multiple = 1);
   /// False for a store built without gradients.
   bool has_gradients() const { return has_gradients_; }
   ParameterStore(const ParameterStore&) = delete;
@@ -63,14 +67,20 @@ class ParameterStore {
   std::size_t bytes() const { return values_.capacity(); }
   /// Local elements held.
   index_t local_elements() const;
+  /// local_elements() rounded up to the constructor's `multiple`: the
+  /// elements values_base() and grads_base() hold.
+  index_t padded_elements() const { return padded_; }
+  /// What padded_elements() would be for `params` and `multiple`.
+  static index_t padded_elements(const std::vector<Param<T>*>& params, index_t multiple);
   const Arena& values() const { return values_; }
   const Arena& grads() const { return grads_; }
 
  private:
-  static std::size_t bytes_for(const std::vector<Param<T>*>& params);
+  static std::size_t bytes_for(const std::vector<Param<T>*>& params, index_t multiple);
   std::vector<Param<T>*> params_;
   Backend* backend_;
   bool has_gradients_;
+  index_t padded_;
   Arena values_, grads_;
 };
 

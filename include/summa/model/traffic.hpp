@@ -15,9 +15,12 @@
 namespace summa::model {
 
 /// Bytes sent and received on every axis by the rank at `coords` in one
-/// forward + backward of a GPT with this configuration (calls are left 0).
+/// forward + backward of a GPT with this configuration (calls are left 0),
+/// and with a sharded data axis (SchemeSpec::zero) and `optimizer_step` the
+/// all-gather of the updated parameter chunks that follows the optimizer's
+/// step (Trainer; compare_schemes times no optimizer and passes false).
 TrafficCounters predict_step_traffic(const SchemeSpec& spec, const GptConfig& config, index_t batch,
                                      index_t seq, const GptOptions& options, DType dtype,
-                                     const GridCoords& coords);
+                                     const GridCoords& coords, bool optimizer_step = true);
 
 }  // namespace summa::model

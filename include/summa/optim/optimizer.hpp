@@ -97,8 +97,24 @@ struct OptimizerOptions {
   void validate() const;
 };
 
+/// The part of a store's packed elements an optimizer updates and keeps
+/// state for: `count` elements from `begin` of values_base() (count < 0: all
+/// of them, the default). A sharded data axis (SchemeSpec::zero) gives each
+/// data group its chunk (data_chunk).
+struct ElementRange {
+  index_t begin = 0, count = -1;
+};
+
+/// Data group `rank` of `groups`' chunk of `store`'s packed elements: the
+/// padded elements (ParameterStore::padded_elements, a multiple of `groups`)
+/// in `groups` equal chunks. Throws summa::Error unless they divide.
+template <class T>
+ElementRange data_chunk(const ParameterStore<T>& store, int rank, int groups);
+
 /// An optimizer over the local shards of a ParameterStore (see the file
-/// comment). Built by make_optimizer; holds a reference to the store, which
+/// comment), or over a range of their packed elements (ElementRange: ZeRO's
+/// optimizer-state sharding, the rest of the elements updated elsewhere and
+/// all-gathered). Built by make_optimizer; holds a reference to the store, which
 /// must outlive it. Not collective: each rank steps on its own.
 template <class T>
 class Optimizer {
@@ -131,17 +147,23 @@ class Optimizer {
   /// {"momentum_buffer"} (PyTorch's state keys).
   const std::vector<std::string>& state_names() const { return state_names_; }
   /// Slot `slot` (an index into state_names()): state_elements() values
-  /// packed like store().values_base(), in the memory of store().backend()
+  /// packed like store().values_base() from range().begin on, in the memory
+  /// of store().backend()
   /// (device memory on a device backend: read it with Backend::download).
   /// Starts at zero. Throws summa::Error for a slot out of range. Null when
   /// the rank holds no elements.
   master_type* state(std::size_t slot);
   const master_type* state(std::size_t slot) const;
-  /// Elements per slot (= store().local_elements()).
+  /// Elements per slot (= store().local_elements(), or the range's count).
   index_t state_elements() const { return elements_; }
+  /// The packed elements this optimizer updates (begin, count >= 0).
+  ElementRange range() const { return range_; }
+  /// True when range() is not the whole store (a data-axis chunk).
+  bool partial() const { return partial_; }
 
   /// The fp32 master weights of bf16 parameters: state_elements() values
-  /// packed like store().values_base(), in the memory of store().backend(),
+  /// packed like store().values_base() from range().begin on, in the memory
+  /// of store().backend(),
   /// set from the parameters at construction; step() updates them and sets
   /// parameter = bf16(master). Null when T == master_type (float / double
   /// parameters are their own master) or when the rank holds no elements.
@@ -155,14 +177,16 @@ class Optimizer {
   void refresh_master();
 
  protected:
-  /// A parameter's range in the packed local buffers.
+  /// A parameter's range (within range()) in the packed local buffers, and
+  /// where its state starts in the slots (offset - range().begin).
   struct Segment {
     index_t offset = 0, count = 0;
     bool decay = false;  ///< weight decay applies to it
+    index_t state = 0;
   };
 
   Optimizer(const OptimizerOptions& options, ParameterStore<T>& store,
-            std::vector<std::string> state_names);
+            std::vector<std::string> state_names, ElementRange range);
   /// The update itself, with steps() already incremented.
   virtual void update(double lr) = 0;
 
@@ -174,6 +198,8 @@ class Optimizer {
   ParameterStore<T>* store_;
   std::vector<std::string> state_names_;
   std::vector<Segment> segments_;
+  ElementRange range_;
+  bool partial_ = false;
   index_t elements_ = 0;
   std::size_t slot_stride_ = 0;  ///< elements between consecutive slots in state_
   Arena state_;                  ///< the state slots, then (T != master_type) the master weights
@@ -186,10 +212,21 @@ class Optimizer {
 /// optimizer of options.kind over `store`, with zero state and steps() = 0
 /// (and, for bf16, master weights set from the store's current values).
 /// The state is allocated here from the store's backend; step() allocates
-/// nothing.
+/// nothing. `range`: the elements it updates (default: all; throws
+/// summa::Error when it is not within the store's padded elements).
 template <class T>
 std::unique_ptr<Optimizer<T>> make_optimizer(const OptimizerOptions& options,
-                                             ParameterStore<T>& store);
+                                             ParameterStore<T>& store, ElementRange range = {});
+
+/// ZeRO's all-gather: after step() of an optimizer over data group d's chunk
+/// (make_optimizer with data_chunk(store, grid.data().rank(), D)), every
+/// group's updated chunk gathered over grid.data() (in place in
+/// values_base()), so every rank holds every updated element, as after an
+/// unsharded step. No-op for an optimizer over the whole store. Throws
+/// summa::Error unless the range is this rank's data chunk. Collective over
+/// grid.data(); no heap allocation unless it throws.
+template <class T>
+void all_gather_updates(Optimizer<T>& optimizer, ProcessGrid& grid);
 
 /// Σ g² over the gradient of the whole model, in double: each global element
 /// counted exactly once (the pieces of owner shards only; replicas skipped),
@@ -212,15 +249,24 @@ double global_norm_sq(const ParameterStore<T>& store, ProcessGrid& grid);
 template <class T>
 double clip_grad_norm(ParameterStore<T>& store, ProcessGrid& grid, double max_norm);
 
+extern template ElementRange data_chunk(const ParameterStore<float>&, int, int);
+extern template ElementRange data_chunk(const ParameterStore<double>&, int, int);
+extern template ElementRange data_chunk(const ParameterStore<bf16>&, int, int);
+extern template void all_gather_updates(Optimizer<float>&, ProcessGrid&);
+extern template void all_gather_updates(Optimizer<double>&, ProcessGrid&);
+extern template void all_gather_updates(Optimizer<bf16>&, ProcessGrid&);
 extern template class Optimizer<float>;
 extern template class Optimizer<double>;
 extern template class Optimizer<bf16>;
 extern template std::unique_ptr<Optimizer<float>> make_optimizer(const OptimizerOptions&,
-                                                                 ParameterStore<float>&);
+                                                                 ParameterStore<float>&,
+                                                                 ElementRange);
 extern template std::unique_ptr<Optimizer<double>> make_optimizer(const OptimizerOptions&,
-                                                                  ParameterStore<double>&);
+                                                                  ParameterStore<double>&,
+                                                                  ElementRange);
 extern template std::unique_ptr<Optimizer<bf16>> make_optimizer(const OptimizerOptions&,
-                                                                ParameterStore<bf16>&);
+                                                                ParameterStore<bf16>&,
+                                                                ElementRange);
 extern template double global_norm_sq(const ParameterStore<float>&, ProcessGrid&);
 extern template double global_norm_sq(const ParameterStore<double>&, ProcessGrid&);
 extern template double global_norm_sq(const ParameterStore<bf16>&, ProcessGrid&);

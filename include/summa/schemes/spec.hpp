@@ -9,12 +9,15 @@
 ///   2d:q=Q          Optimus 2D SUMMA on a Q x Q mesh
 ///   3d:XxYxZ        AxoNN 3D parallel matrix multiply on an X x Y x Z grid
 ///   data=D          D data-parallel groups on top (default 1)
+///   data=D:zero=Z   ... with the data axis sharded (ZeRO): Z = 0 none
+///                   (default), 1 the optimizer state (and bf16's fp32
+///                   master weights) split over the D groups; needs D > 1
 /// and the options of the chosen scheme:
 ///   2d  panel=N        SUMMA panel width (0: a whole block per step; default 256)
 ///       overlap=on|off SUMMA's double-buffered collectives (default on)
 ///   3d  overlap=LIST   the AxoNN overlaps on, '+'-separated from oar, ors,
 ///                      oag, or 'none' (default: oar; see Axonn3DOptions)
-/// e.g. "2d:q=3", "1d:p=4", "3d:2x2x2", "data=2,2d:q=2",
+/// e.g. "2d:q=3", "1d:p=4", "3d:2x2x2", "data=2,2d:q=2", "data=4:zero=1,1d:p=2",
 /// "2d:q=2,panel=128,overlap=off", "3d:1x1x4,overlap=oar+ors+oag".
 /// Each scheme's options are its own type (Megatron1DSpec, Summa2DSpec,
 /// Axonn3DSpec in schemes/<scheme>/spec.hpp), read with spec.as<...>().
@@ -61,6 +64,11 @@ struct SchemeSpec {
   /// The scheme: its registry row's tag ("1d", "2d", "3d"; schemes/registry.hpp).
   std::string scheme;
   int data = 1;  ///< data-parallel groups
+  /// Sharding of the data axis (ZeRO level): 0 none, 1 the optimizer state
+  /// split over the data groups (docs/training.md, "Sharded data
+  /// parallelism"). parse() refuses levels above 1 and a level > 0 with
+  /// data = 1.
+  int zero = 0;
 
   SchemeSpec() = default;
   /// The scheme `tag` with its options `options` (that scheme's type) and
@@ -69,7 +77,10 @@ struct SchemeSpec {
   requires std::is_base_of_v<SchemeOptions, O> SchemeSpec(std::string tag, O options, int data = 1)
       : scheme(std::move(tag)), data(data), options_(std::make_unique<O>(std::move(options))) {}
   SchemeSpec(const SchemeSpec& o)
-      : scheme(o.scheme), data(o.data), options_(o.options_ ? o.options_->clone() : nullptr) {}
+      : scheme(o.scheme),
+        data(o.data),
+        zero(o.zero),
+        options_(o.options_ ? o.options_->clone() : nullptr) {}
   SchemeSpec(SchemeSpec&&) noexcept = default;
   SchemeSpec& operator=(const SchemeSpec& o) {
     if (this != &o) *this = SchemeSpec(o);
@@ -108,12 +119,13 @@ struct SchemeSpec {
   /// All ranks: data · tensor_ranks() (64-bit; parse() refuses a spec whose
   /// product exceeds what an MPI communicator holds).
   std::int64_t ranks() const { return static_cast<std::int64_t>(data) * tensor_ranks(); }
-  /// Canonical text, parseable back ("data=2,2d:q=2"; "data=1" omitted).
+  /// Canonical text, parseable back ("data=2,2d:q=2", "data=2:zero=1,...";
+  /// "data=1" and "zero=0" omitted).
   std::string str() const;
   /// Throws summa::Error naming the offending item and the grammar.
   static SchemeSpec parse(std::string_view text);
   friend bool operator==(const SchemeSpec& a, const SchemeSpec& b) {
-    return a.scheme == b.scheme && a.data == b.data &&
+    return a.scheme == b.scheme && a.data == b.data && a.zero == b.zero &&
            (a.options_ == nullptr ? b.options_ == nullptr
                                   : b.options_ != nullptr && a.options_->equals(*b.options_));
   }
