@@ -43,3 +43,11 @@ run_block(out rc --seed 99999999999999999999)
 if(rc EQUAL 0 OR NOT out MATCHES "'99999999999999999999' is not an integer in \\[0, 18446744073709551615\\]")
   message(FATAL_ERROR "--seed 99999999999999999999 was not refused")
 endif()
+# A sharded data axis is refused by name: the example keeps its optimizer
+# whole (zero=1 shards summa::Trainer's), rather than ignoring ':zero=1'.
+execute_process(COMMAND ${MPIEXEC} -np 4 ${flags} ${EXE} --scheme data=2:zero=1,1d:p=2 --steps 2
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message("--scheme data=2:zero=1,1d:p=2: ${out}${err}")
+if(rc EQUAL 0 OR NOT "${out}${err}" MATCHES "keeps its optimizer whole")
+  message(FATAL_ERROR "custom_model --scheme data=2:zero=1,1d:p=2 was not refused")
+endif()

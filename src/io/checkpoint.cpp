@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -1331,19 +1332,26 @@ class WholeState {
   using M = master_t<T>;
   WholeState(Optimizer<T>& optimizer, ProcessGrid& grid)
       : optimizer_(&optimizer),
-        padded_(static_cast<std::size_t>(optimizer.store().padded_elements())),
-        arena_("optimizer state, whole (a checkpoint of a sharded data axis)",
-               optimizer.store().backend(),
-               (optimizer.state_names().size() + 1) * Arena::rounded(padded_ * sizeof(M))) {
+        padded_(static_cast<std::size_t>(optimizer.store().padded_elements())) {
+    // The range and the allocation agreed first: a rank that cannot take
+    // part fails with the others instead of leaving them in the all-gather.
+    const std::size_t buffers =
+        optimizer.state_names().size() + (optimizer.master() != nullptr ? 1 : 0);
+    grid.agree(CommAxis::world, capture([&] {
+                 require_data_chunk(optimizer, grid, "checkpoint of a sharded data axis");
+                 arena_ = std::make_unique<Arena>(
+                     "optimizer state, whole (a checkpoint of a sharded data axis)",
+                     optimizer.store().backend(), buffers * Arena::rounded(padded_ * sizeof(M)));
+               }));
     const std::vector<StateSlot> chunks = optimizer_slots(optimizer);
     const auto count = static_cast<std::size_t>(optimizer.range().count);
     for (const StateSlot& chunk : chunks) {
-      M* whole = arena_.take<M>(padded_);
+      M* whole = arena_->take<M>(padded_);
       grid.data().all_gather(static_cast<const M*>(chunk.data), whole, count);
       slots_.push_back({.name = chunk.name, .dtype = chunk.dtype, .data = whole});
     }
     if (optimizer.master() != nullptr) {
-      master_ = arena_.take<M>(padded_);
+      master_ = arena_->take<M>(padded_);
       grid.data().all_gather(optimizer.master(), master_, count);
     }
   }
@@ -1365,7 +1373,7 @@ class WholeState {
  private:
   Optimizer<T>* optimizer_;
   std::size_t padded_;
-  Arena arena_;
+  std::unique_ptr<Arena> arena_;
   std::vector<StateSlot> slots_;
   M* master_ = nullptr;
 };

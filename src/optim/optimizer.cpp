@@ -108,7 +108,7 @@ Optimizer<T>::Optimizer(const OptimizerOptions& options, ParameterStore<T>& stor
       store_(&store),
       state_names_(std::move(state_names)),
       range_(resolved(range, store)),
-      partial_(range_.begin != 0 || range_.count != store.local_elements()),
+      partial_(range.count >= 0),  // the caller's choice, alike on every rank
       elements_(range_.count),
       slot_stride_(slot_stride<master_type>(elements_)),
       state_("optimizer state", store.values().backend(),
@@ -263,18 +263,25 @@ std::unique_ptr<Optimizer<T>> make_optimizer(const OptimizerOptions& options,
 }
 
 template <class T>
-void all_gather_updates(Optimizer<T>& optimizer, ProcessGrid& grid) {
-  if (!optimizer.partial()) return;
-  Communicator& data = grid.data();
+void require_data_chunk(const Optimizer<T>& optimizer, ProcessGrid& grid, const char* who) {
+  const Communicator& data = grid.data();
   const ElementRange r = optimizer.range();
   require(r.begin == static_cast<index_t>(data.rank()) * r.count &&
               r.count * data.size() == optimizer.store().padded_elements(),
           [&] {
             return fmt::format(
-                "all_gather_updates: the optimizer's elements [{}, {}) are not data rank {}'s "
-                "chunk of {} (data_chunk)",
-                r.begin, r.begin + r.count, data.rank(), optimizer.store().padded_elements());
+                "{}: the optimizer's elements [{}, {}) are not data rank {}'s chunk of {} "
+                "(data_chunk)",
+                who, r.begin, r.begin + r.count, data.rank(), optimizer.store().padded_elements());
           });
+}
+
+template <class T>
+void all_gather_updates(Optimizer<T>& optimizer, ProcessGrid& grid) {
+  if (!optimizer.partial()) return;
+  require_data_chunk(optimizer, grid, "all_gather_updates");
+  Communicator& data = grid.data();
+  const ElementRange r = optimizer.range();
   T* values = optimizer.store().values_base();
   data.all_gather(values + r.begin, values, static_cast<std::size_t>(r.count));
 }
@@ -338,6 +345,9 @@ double clip_grad_norm(ParameterStore<T>& store, ProcessGrid& grid, double max_no
 template ElementRange data_chunk(const ParameterStore<float>&, int, int);
 template ElementRange data_chunk(const ParameterStore<double>&, int, int);
 template ElementRange data_chunk(const ParameterStore<bf16>&, int, int);
+template void require_data_chunk(const Optimizer<float>&, ProcessGrid&, const char*);
+template void require_data_chunk(const Optimizer<double>&, ProcessGrid&, const char*);
+template void require_data_chunk(const Optimizer<bf16>&, ProcessGrid&, const char*);
 template void all_gather_updates(Optimizer<float>&, ProcessGrid&);
 template void all_gather_updates(Optimizer<double>&, ProcessGrid&);
 template void all_gather_updates(Optimizer<bf16>&, ProcessGrid&);

@@ -150,8 +150,11 @@ double require_memory_fits(MPI_Comm comm, const SchemeSpec& spec, Backend& backe
           prefix(program), batch, seq);
     agree_on(comm, error);
   }
+  MemoryBudget sharded = budget;  // the lower bound with the state as this rank keeps it
+  sharded.state_bytes_per_parameter =
+      budget.state_bytes_per_parameter / (spec.zero > 0 ? spec.data : 1);
   const double bound = require_lower_bound_fits(comm, spec.tensor_ranks(), config, sizeof(T),
-                                                training, budget, program);
+                                                training, sharded, program);
   if (budget.bytes <= 0) return bound;
 
   const auto state_of = [&](const MemoryReport& r) {

@@ -158,7 +158,9 @@ class Optimizer {
   index_t state_elements() const { return elements_; }
   /// The packed elements this optimizer updates (begin, count >= 0).
   ElementRange range() const { return range_; }
-  /// True when range() is not the whole store (a data-axis chunk).
+  /// True when make_optimizer was given a range (a data-axis chunk), even
+  /// one that covers every element: alike on every rank, so the collectives
+  /// that follow (all_gather_updates, checkpoints) are too.
   bool partial() const { return partial_; }
 
   /// The fp32 master weights of bf16 parameters: state_elements() values
@@ -218,6 +220,11 @@ template <class T>
 std::unique_ptr<Optimizer<T>> make_optimizer(const OptimizerOptions& options,
                                              ParameterStore<T>& store, ElementRange range = {});
 
+/// Throws summa::Error (`who` naming the caller) unless `optimizer` covers
+/// data rank grid.data().rank()'s chunk (data_chunk) of its store.
+template <class T>
+void require_data_chunk(const Optimizer<T>& optimizer, ProcessGrid& grid, const char* who);
+
 /// ZeRO's all-gather: after step() of an optimizer over data group d's chunk
 /// (make_optimizer with data_chunk(store, grid.data().rank(), D)), every
 /// group's updated chunk gathered over grid.data() (in place in
@@ -252,6 +259,9 @@ double clip_grad_norm(ParameterStore<T>& store, ProcessGrid& grid, double max_no
 extern template ElementRange data_chunk(const ParameterStore<float>&, int, int);
 extern template ElementRange data_chunk(const ParameterStore<double>&, int, int);
 extern template ElementRange data_chunk(const ParameterStore<bf16>&, int, int);
+extern template void require_data_chunk(const Optimizer<float>&, ProcessGrid&, const char*);
+extern template void require_data_chunk(const Optimizer<double>&, ProcessGrid&, const char*);
+extern template void require_data_chunk(const Optimizer<bf16>&, ProcessGrid&, const char*);
 extern template void all_gather_updates(Optimizer<float>&, ProcessGrid&);
 extern template void all_gather_updates(Optimizer<double>&, ProcessGrid&);
 extern template void all_gather_updates(Optimizer<bf16>&, ProcessGrid&);
