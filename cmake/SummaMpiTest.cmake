@@ -29,8 +29,9 @@ function(summa_add_mpi_test name target ranks)
   endif()
 endfunction()
 
-# ---- sanitizer settings of a checked build (SUMMA_SANITIZE), on every test
-# so that a plain `ctest` runs them right:
+# ---- the environment of every test, so that a plain `ctest` runs them right:
+# the sanitizer settings of a checked build (SUMMA_SANITIZE) and Open MPI's
+# kill delay.
 # - LeakSanitizer: leaks inside the MPI stack are suppressed (tests/lsan.supp);
 #   use_tls=0 because GCC 12's LSan reads a bogus dynamic-TLS range under
 #   glibc 2.36 in some MPI processes and its tracer then segfaults at exit
@@ -42,18 +43,24 @@ endfunction()
 #   protect (no `cuda` test runs here, but a CUDA-component program may probe
 #   for a device).
 # - every sanitizer report is fatal.
-# summa_apply_sanitizer_env(): on every test of the calling directory (called
-# last in tests/ and bench/).
-function(summa_apply_sanitizer_env)
-  if(NOT SUMMA_SANITIZE)
-    return()
+# - Open MPI ends a job whose rank exited non-zero by SIGTERM, then SIGKILL
+#   odls_base_sigkill_timeout seconds later (default 1): 1-2 s of idle wait
+#   for every launch that fails on purpose (the fault suites' ~300 error
+#   cases, the refusal tests). Every rank of summa's programs ends on its own
+#   with the agreed error, so the tests set 0 (other MPIs ignore the
+#   variable); a user's mpirun keeps Open MPI's default.
+# summa_apply_test_env(): on every test of the calling directory (called last
+# in tests/ and bench/).
+function(summa_apply_test_env)
+  set(_test_env "OMPI_MCA_odls_base_sigkill_timeout=0")
+  if(SUMMA_SANITIZE)
+    list(APPEND _test_env
+      "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_odr_violation=0:protect_shadow_gap=0:allocator_may_return_null=1"
+      "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/lsan.supp:print_suppressions=0:use_tls=0"
+      "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
   endif()
-  set(_sanitizer_env
-    "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_odr_violation=0:protect_shadow_gap=0:allocator_may_return_null=1"
-    "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/lsan.supp:print_suppressions=0:use_tls=0"
-    "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
   get_property(_tests DIRECTORY PROPERTY TESTS)
   foreach(t IN LISTS _tests)
-    set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT ${_sanitizer_env})
+    set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT ${_test_env})
   endforeach()
 endfunction()

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -211,12 +212,9 @@ template <class T>
 std::vector<T> gather_global(const Param<T>& p, ProcessGrid& grid, bool grad) {
   const ParamShard& s = p.shard;
   const index_t cols = s.global_cols(), total = s.global_size();
-  // Assembled and reduced in acc_t<T> (bf16 widened exactly: the sum has one
-  // nonzero term, so rounding back is exact too), so that no bf16 collective
-  // is needed and the owner counts stay exact (bf16 counts only to 256).
+  // Sent and placed in acc_t<T> (bf16 widened exactly, and back), so that
+  // no bf16 collective is needed.
   using G = acc_t<T>;
-  std::vector<G> global(static_cast<std::size_t>(total), G(0));
-  std::vector<G> count(static_cast<std::size_t>(total), G(0));
   std::optional<std::string> error;
   const T* local = grad ? p.grad : p.value;
   if (p.held() && local == nullptr)
@@ -228,6 +226,10 @@ std::vector<T> gather_global(const Param<T>& p, ProcessGrid& grid, bool grad) {
     p.backend->download(host.data(), local, host.size() * sizeof(T));
     local = host.data();
   }
+  // This rank's contribution: its owned pieces (global row, column, rows,
+  // columns) and their elements, piece by piece, row by row.
+  std::vector<index_t> mine;
+  std::vector<G> values;
   for (const ShardPiece& piece : s.pieces) {
     if (error || !s.owner) break;
     if (piece.global_row < 0 || piece.global_col < 0 || piece.rows < 0 || piece.cols < 0 ||
@@ -237,26 +239,55 @@ std::vector<T> gather_global(const Param<T>& p, ProcessGrid& grid, bool grad) {
       error = fmt::format("gather_global '{}': a shard piece lies outside the tensor", s.name);
       break;
     }
-    for (index_t r = 0; r < piece.rows; ++r)
-      for (index_t c = 0; c < piece.cols; ++c) {
-        const auto g =
-            static_cast<std::size_t>((piece.global_row + r) * cols + piece.global_col + c);
-        global[g] =
-            static_cast<G>(local[(piece.local_row + r) * s.local_cols + piece.local_col + c]);
-        count[g] += G(1);
-      }
+    mine.insert(mine.end(), {piece.global_row, piece.global_col, piece.rows, piece.cols});
+    for (index_t r = 0; r < piece.rows; ++r) {
+      const T* row = local + (piece.local_row + r) * s.local_cols + piece.local_col;
+      for (index_t c = 0; c < piece.cols; ++c) values.push_back(static_cast<G>(row[c]));
+    }
   }
   grid.agree(CommAxis::tensor, error);
+  // Every rank gathers every rank's pieces and elements (padded to the
+  // group's largest) and places them: one all-gather of about the tensor's
+  // size, and the ownership check (each element exactly once) made locally.
+  // Piece fields travel as doubles: exact, as every offset and extent of a
+  // tensor that fits a rank is below 2^53.
   Communicator& group = grid.tensor();
-  group.all_reduce(global.data(), global.data(), global.size());
-  group.all_reduce(count.data(), count.data(), count.size());
-  for (std::size_t k = 0; k < count.size(); ++k)
-    require(count[k] == G(1), [&] {
-      return fmt::format(
-          "gather_global '{}': element {} is held by {} ranks (every element needs exactly one "
-          "owner)",
-          s.name, k, static_cast<double>(count[k]));
-    });
+  const auto n = static_cast<std::size_t>(group.size());
+  double sizes[2] = {static_cast<double>(mine.size()), static_cast<double>(values.size())};
+  group.all_reduce(sizes, sizes, 2, ReduceOp::max);
+  const auto meta_count = static_cast<std::size_t>(sizes[0]) + 1;  // + the field count
+  const auto value_count = static_cast<std::size_t>(sizes[1]);
+  std::vector<double> meta(meta_count, 0.0), all_meta(n * meta_count);
+  meta[0] = static_cast<double>(mine.size());
+  for (std::size_t k = 0; k < mine.size(); ++k) meta[k + 1] = static_cast<double>(mine[k]);
+  group.all_gather(meta.data(), all_meta.data(), meta_count);
+  values.resize(value_count, G(0));
+  std::vector<G> all_values(n * value_count);
+  group.all_gather(values.data(), all_values.data(), value_count);
+  std::vector<G> global(static_cast<std::size_t>(total), G(0));
+  std::vector<std::uint32_t> count(static_cast<std::size_t>(total), 0);
+  for (std::size_t r = 0; r < n; ++r) {
+    const double* f = all_meta.data() + r * meta_count;
+    const G* v = all_values.data() + r * value_count;
+    const auto fields = static_cast<std::size_t>(f[0]);
+    for (std::size_t k = 0; k + 4 <= fields; k += 4) {
+      const auto row0 = static_cast<index_t>(f[1 + k]), col0 = static_cast<index_t>(f[2 + k]);
+      const auto rows = static_cast<index_t>(f[3 + k]), width = static_cast<index_t>(f[4 + k]);
+      for (index_t i = 0; i < rows; ++i) {
+        const auto at = static_cast<std::size_t>((row0 + i) * cols + col0);
+        std::copy(v, v + width, global.begin() + static_cast<std::ptrdiff_t>(at));
+        for (index_t c = 0; c < width; ++c) ++count[at + static_cast<std::size_t>(c)];
+        v += width;
+      }
+    }
+  }
+  const auto bad = std::find_if(count.begin(), count.end(), [](std::uint32_t c) { return c != 1; });
+  require(bad == count.end(), [&] {
+    return fmt::format(
+        "gather_global '{}': element {} is held by {} ranks (every element needs exactly one "
+        "owner)",
+        s.name, bad - count.begin(), *bad);
+  });
   if constexpr (std::is_same_v<G, T>) {
     return global;
   } else {

@@ -21,6 +21,7 @@
 //
 // Backend: test_backend() (SUMMA_TEST_BACKEND=cpu|cuda) with its
 // communicators (test_grid_options()).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -119,6 +120,32 @@ TEST(Layers1D, SplitsAndReplicas) {
     } else {
       EXPECT_EQ(s.local_size() * p, s.global_size()) << s.name;
     }
+  }
+}
+
+// gather_global places the owners' pieces and checks that they cover each
+// element exactly once: a replica every rank claims (held p times) or none
+// claims (held 0 times) is the same error on every rank.
+TEST(Layers1D, GatherGlobalNeedsExactlyOneOwner) {
+  LineEnv& e = line_env();
+  const int p = group_size();
+  Megatron1DContext<double> scheme(e.grid, e.backend);
+  Gpt<double> model(scheme, test_config(), 3, 4);
+  model.init(fresh_seed());
+  Param<double> replica = model.parameters_store().find("ln_f.weight");
+  const auto n = static_cast<std::size_t>(replica.shard.global_size());
+  EXPECT_EQ(gather_global(replica, e.grid), std::vector<double>(replica.value, replica.value + n));
+  const Param<double>& split = model.parameters_store().find("h.0.mlp.c_fc.weight");
+  EXPECT_EQ(gather_global(split, e.grid).size(),
+            static_cast<std::size_t>(split.shard.global_size()));
+  for (const bool owner : {true, false}) {
+    replica.shard.owner = owner;
+    const int held = owner ? p : 0;
+    if (held == 1) continue;  // one rank: claimed once, no error
+    const std::string msg = agreed_error_of([&] { (void)gather_global(replica, e.grid); });
+    EXPECT_NE(msg.find(fmt::format("'ln_f.weight': element 0 is held by {} ranks", held)),
+              std::string::npos)
+        << msg;
   }
 }
 
