@@ -334,7 +334,7 @@ TEST(Checksum64, MatchesXxh64ReferenceVectors) {
 
 // Save under every scheme of this world size, load under every scheme. Every
 // load checks every local element (owners and replicas) of values and slots;
-// the gathered tensors (gather_global, 2 all-reduces per tensor) are checked
+// the gathered tensors (gather_global, two all-gathers per tensor) are checked
 // for every pair up to 4 ranks (15 schemes) and, to keep 8 ranks (26 schemes,
 // 676 pairs) in seconds, for every fifth pair there (each checkpoint under 5
 // or 6 loading schemes).

@@ -3,7 +3,8 @@
 // makes on every axis in one training step, read from the counters, equal
 // the closed form of
 // summa::model::predict_step_traffic exactly — float and double,
-// checkpointing on and off, with and without a data axis. One launch of 9
+// checkpointing on and off, with and without a data axis (bf16: the covering
+// subset, representative_schemes). One launch of 9
 // ranks covers every rank count on sub-communicators (for_each_group:
 // [9], then [8, 1], then [4, 2] at once); a smaller launch covers the
 // counts that fit.
@@ -12,7 +13,7 @@
 // decoding step (forward_cached, next_tokens) of every scheme make no
 // agreement (summa::agreements_made(): the control all-reduces that are not
 // on the traffic counters); with GridOptions::check_calls (the debug mode)
-// every such step makes some.
+// such steps make some (the first scheme of each rank count).
 #include <gtest/gtest.h>
 
 #include <random>
@@ -60,13 +61,15 @@ Step small_step(int ranks, index_t positions) {
   return s;
 }
 
-template <class T>
+// `all`: every scheme of the rank count, else the covering subset
+// (representative_schemes).
+template <class T, bool all = true>
 void step_bytes_match(MPI_Comm comm, int ranks, bool checkpoint) {
   const Step step = small_step(ranks, 7);  // uneven position chunks at q = 2, 3
   const auto& [config, batch, seq, tokens, targets] = step;
   CpuBackend backend;
   int tested = 0;
-  for (const SchemeSpec& spec : schemes_for(ranks)) {
+  for (const SchemeSpec& spec : all ? schemes_for(ranks) : representative_schemes(ranks)) {
     SCOPED_TRACE(spec.str());
     const GptOptions options{.checkpoint = checkpoint};
     ParallelGpt<T> run(comm, spec, backend, config, batch, seq, options);
@@ -94,9 +97,11 @@ TEST(Traffic, StepBytesMatchClosedFormFloat) {
 TEST(Traffic, StepBytesMatchClosedFormDoubleNoCheckpoint) {
   for_each_group(kRankCounts, [](MPI_Comm c, int n) { step_bytes_match<double>(c, n, false); });
 }
-// bf16: 2-byte activations and parameters, 4-byte (fp32) row statistics.
+// bf16: 2-byte activations and parameters, 4-byte (fp32) row statistics; the
+// covering subset (every scheme's algebra is the float and double tests';
+// bf16 changes the element sizes, which every scheme takes from one place).
 TEST(Traffic, StepBytesMatchClosedFormBf16) {
-  for_each_group(kRankCounts, [](MPI_Comm c, int n) { step_bytes_match<bf16>(c, n, true); });
+  for_each_group(kRankCounts, [](MPI_Comm c, int n) { step_bytes_match<bf16, false>(c, n, true); });
 }
 
 // The agreements one call of `step` makes on this process.
@@ -113,8 +118,12 @@ void steady_steps_agree_nothing(MPI_Comm comm, int ranks) {
   const std::vector<std::int32_t> window(tokens.begin(), tokens.begin() + batch);
   const std::vector<index_t> positions(static_cast<std::size_t>(batch), 0);
   CpuBackend backend;
-  for (const SchemeSpec& spec : representative_schemes(ranks))
+  const std::vector<SchemeSpec> specs = representative_schemes(ranks);
+  for (const SchemeSpec& spec : specs)
     for (bool debug : {false, true}) {
+      // the debug mode's agreements (that the counter sees them) on the
+      // first scheme of the rank count
+      if (debug && &spec != &specs.front()) continue;
       SCOPED_TRACE(spec.str() + (debug ? " check_calls" : ""));
       GridOptions grid;
       grid.check_calls = debug;

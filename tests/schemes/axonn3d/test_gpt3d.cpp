@@ -295,7 +295,8 @@ TEST(Layers3D, ConfigErrors) {
 
 // ---------------------------------------------------------------- the model
 
-// The overlap switches (OAR, ORS, OAG: every combination, with and without
+// The overlap switches (OAR, ORS, OAG: every combination where there is a Z
+// axis, OAR alone and all three without one; with and without
 // checkpointing) change when collectives complete, never what is computed
 // or sent: two steps (the second accumulating, so OAG replays a recorded
 // order and ORS takes its accumulate path) give the same loss and gradients
@@ -319,6 +320,9 @@ TEST(Gpt3D, OverlapSwitchesAgree) {
       double want_loss[2] = {0, 0};
       TrafficCounters want_traffic{};
       for (int bits = 0; bits < 8; ++bits) {
+        // without a Z axis ORS and OAG have nothing to defer or prefetch:
+        // their combinations reduce to OAR's, so only all on is run there
+        if (!Z && (bits & 6) != 0 && bits != 7) continue;
         const Axonn3DOptions o{.overlap_all_reduce = (bits & 1) != 0,
                                .overlap_reduce_scatter = (bits & 2) != 0,
                                .overlap_all_gather = (bits & 4) != 0};
