@@ -226,10 +226,10 @@ std::vector<T> gather_global(const Param<T>& p, ProcessGrid& grid, bool grad) {
     p.backend->download(host.data(), local, host.size() * sizeof(T));
     local = host.data();
   }
-  // This rank's contribution: its owned pieces (global row, column, rows,
-  // columns) and their elements, piece by piece, row by row.
+  // This rank's owned pieces (global row, column, rows, columns), placed
+  // into a zeroed whole tensor.
+  std::vector<G> global(static_cast<std::size_t>(total), G(0));
   std::vector<index_t> mine;
-  std::vector<G> values;
   for (const ShardPiece& piece : s.pieces) {
     if (error || !s.owner) break;
     if (piece.global_row < 0 || piece.global_col < 0 || piece.rows < 0 || piece.cols < 0 ||
@@ -242,51 +242,52 @@ std::vector<T> gather_global(const Param<T>& p, ProcessGrid& grid, bool grad) {
     mine.insert(mine.end(), {piece.global_row, piece.global_col, piece.rows, piece.cols});
     for (index_t r = 0; r < piece.rows; ++r) {
       const T* row = local + (piece.local_row + r) * s.local_cols + piece.local_col;
-      for (index_t c = 0; c < piece.cols; ++c) values.push_back(static_cast<G>(row[c]));
+      G* to = global.data() + (piece.global_row + r) * cols + piece.global_col;
+      for (index_t c = 0; c < piece.cols; ++c) to[c] = static_cast<G>(row[c]);
     }
   }
   grid.agree(CommAxis::tensor, error);
-  // Every rank gathers every rank's pieces and elements (padded to the
-  // group's largest) and places them: one all-gather of about the tensor's
-  // size, and the ownership check (each element exactly once) made locally.
-  // Piece fields travel as doubles: exact, as every offset and extent of a
-  // tensor that fits a rank is below 2^53.
+  // The elements: one all-reduce (each has one nonzero term when the pieces
+  // tile the tensor). The ownership check needs only the pieces: every
+  // rank's are all-gathered (a few numbers each; as doubles, exact: every
+  // offset and extent of a tensor that fits a rank is below 2^53) and each
+  // element's owners counted locally.
   Communicator& group = grid.tensor();
+  group.all_reduce(global.data(), global.data(), global.size());
   const auto n = static_cast<std::size_t>(group.size());
-  double sizes[2] = {static_cast<double>(mine.size()), static_cast<double>(values.size())};
-  group.all_reduce(sizes, sizes, 2, ReduceOp::max);
-  const auto meta_count = static_cast<std::size_t>(sizes[0]) + 1;  // + the field count
-  const auto value_count = static_cast<std::size_t>(sizes[1]);
+  double most = static_cast<double>(mine.size());
+  group.all_reduce(&most, &most, 1, ReduceOp::max);
+  const auto meta_count = static_cast<std::size_t>(most) + 1;  // + the field count
   std::vector<double> meta(meta_count, 0.0), all_meta(n * meta_count);
   meta[0] = static_cast<double>(mine.size());
   for (std::size_t k = 0; k < mine.size(); ++k) meta[k + 1] = static_cast<double>(mine[k]);
   group.all_gather(meta.data(), all_meta.data(), meta_count);
-  values.resize(value_count, G(0));
-  std::vector<G> all_values(n * value_count);
-  group.all_gather(values.data(), all_values.data(), value_count);
-  std::vector<G> global(static_cast<std::size_t>(total), G(0));
-  std::vector<std::uint32_t> count(static_cast<std::size_t>(total), 0);
-  for (std::size_t r = 0; r < n; ++r) {
-    const double* f = all_meta.data() + r * meta_count;
-    const G* v = all_values.data() + r * value_count;
-    const auto fields = static_cast<std::size_t>(f[0]);
-    for (std::size_t k = 0; k + 4 <= fields; k += 4) {
-      const auto row0 = static_cast<index_t>(f[1 + k]), col0 = static_cast<index_t>(f[2 + k]);
-      const auto rows = static_cast<index_t>(f[3 + k]), width = static_cast<index_t>(f[4 + k]);
-      for (index_t i = 0; i < rows; ++i) {
-        const auto at = static_cast<std::size_t>((row0 + i) * cols + col0);
-        std::copy(v, v + width, global.begin() + static_cast<std::ptrdiff_t>(at));
-        for (index_t c = 0; c < width; ++c) ++count[at + static_cast<std::size_t>(c)];
-        v += width;
-      }
+  const auto for_each_piece = [&](auto&& body) {  // body(row0, col0, rows, cols)
+    for (std::size_t r = 0; r < n; ++r) {
+      const double* f = all_meta.data() + r * meta_count;
+      for (std::size_t k = 0; k + 4 <= static_cast<std::size_t>(f[0]); k += 4)
+        body(static_cast<index_t>(f[1 + k]), static_cast<index_t>(f[2 + k]),
+             static_cast<index_t>(f[3 + k]), static_cast<index_t>(f[4 + k]));
     }
-  }
-  const auto bad = std::find_if(count.begin(), count.end(), [](std::uint32_t c) { return c != 1; });
-  require(bad == count.end(), [&] {
+  };
+  std::vector<std::uint8_t> held(static_cast<std::size_t>(total), 0);  // saturates at 2
+  for_each_piece([&](index_t row0, index_t col0, index_t rows, index_t width) {
+    for (index_t i = 0; i < rows; ++i) {
+      std::uint8_t* h = held.data() + (row0 + i) * cols + col0;
+      for (index_t c = 0; c < width; ++c) h[c] = static_cast<std::uint8_t>(h[c] < 2 ? h[c] + 1 : 2);
+    }
+  });
+  const auto bad = std::find_if(held.begin(), held.end(), [](std::uint8_t h) { return h != 1; });
+  require(bad == held.end(), [&] {
+    const index_t k = bad - held.begin(), row = k / cols, col = k % cols;
+    long long owners = 0;  // the exact count, for the message
+    for_each_piece([&](index_t row0, index_t col0, index_t rows, index_t width) {
+      owners += row >= row0 && row < row0 + rows && col >= col0 && col < col0 + width;
+    });
     return fmt::format(
         "gather_global '{}': element {} is held by {} ranks (every element needs exactly one "
         "owner)",
-        s.name, bad - count.begin(), *bad);
+        s.name, k, owners);
   });
   if constexpr (std::is_same_v<G, T>) {
     return global;

@@ -381,7 +381,8 @@ inline std::vector<SchemeSpec> representative_schemes(int ranks) {
 /// (those larger than the world are left out). The sizes are packed into
 /// phases, largest first, each into the first phase with room (first-fit
 /// decreasing); in a phase every rank runs `body` on its group's
-/// communicator or sits the phase out, and a world barrier ends it. Nine
+/// communicator or sits the phase out, and a world barrier (waited for
+/// asleep) ends it. Nine
 /// ranks cover 1, 2, 4, 8 and 9 in three phases: [9], [8, 1], [4, 2].
 /// Returns the sizes run. Collective over MPI_COMM_WORLD.
 template <class Body>
@@ -426,7 +427,12 @@ std::vector<int> for_each_group(std::vector<int> sizes, Body&& body) {
       } group(comm);
       body(comm, size);
     }
-    MPI_Barrier(MPI_COMM_WORLD);
+    // The phase ends for everyone: a rank done early (or sitting the phase
+    // out) sleeps rather than spins in MPI, so the cores it shares with the
+    // ranks still computing stay theirs (ranks oversubscribe the cores here).
+    MPI_Request phase_done = MPI_REQUEST_NULL;
+    MPI_Ibarrier(MPI_COMM_WORLD, &phase_done);
+    wait_sleeping(phase_done, "for_each_group: the end of a phase", 0);
   }
   return sizes;
 }
