@@ -171,9 +171,9 @@ int run(const Options& o, int rank, int ranks) {
                                       static_cast<std::size_t>(rows * o.in));
     std::vector<T> local =
         summa::scatter_activation<T>(*scheme, mine, rows, o.in, ActivationLayout::outer);
-    const auto X = summa::MatrixView<T>::dense(local.data(), scheme->local_rows(rows),
-                                               scheme->local_cols(o.in, ActivationLayout::outer),
-                                               summa::Order::row_major);
+    const auto X = summa::MatrixView<T>::dense(
+        local.data(), scheme->local_rows(rows, ActivationLayout::outer),
+        scheme->local_cols(o.in, ActivationLayout::outer), summa::Order::row_major);
     summa::MatrixView<T> logits = mlp.forward(X);
     summa::StepBuffers buffers = mlp.buffers();
     double l =

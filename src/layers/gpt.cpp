@@ -92,7 +92,8 @@ Gpt<T>::Gpt(SchemeContext<T>& scheme, const GptConfig& config, index_t batch, in
   if (options.kv_cache > 0)
     for (auto& block : blocks_) block->attn().use_cache(options.kv_cache);
   scheme.finish_layers(options.plan_only);
-  finish_construction(scheme.local_rows(tokens), scheme.local_cols(h, ActivationLayout::outer));
+  finish_construction(scheme.local_rows(tokens, ActivationLayout::outer),
+                      scheme.local_cols(h, ActivationLayout::outer));
 }
 
 template <class T>

@@ -93,7 +93,7 @@ Layer<T>& LayerStack<T>::layer_norm(std::string name, double eps) {
 template <class T>
 Layer<T>& LayerStack<T>::gelu() {
   // its local block, for its price; element-wise, so a concatenation stays grouped
-  return add_stage(std::make_unique<GeLU<T>>(scheme_->backend(), local_rows(),
+  return add_stage(std::make_unique<GeLU<T>>(scheme_->backend(), local_rows(out_layout()),
                                              local_cols(out_width(), out_layout())),
                    out_width(), out_layout(), out_groups());
 }
@@ -199,15 +199,20 @@ int LayerStack<T>::out_groups() const {
 }
 
 template <class T>
+index_t LayerStack<T>::input_rows(std::size_t i) const {
+  return local_rows(i == 0 ? in_layout_ : stages_[i - 1].layout);
+}
+
+template <class T>
 index_t LayerStack<T>::input_cols(std::size_t i) const {
   return i == 0 ? local_cols(in_width_, in_layout_)
                 : local_cols(stages_[i - 1].width, stages_[i - 1].layout);
 }
 
 template <class T>
-index_t LayerStack<T>::widest_cols() const {
-  index_t widest = local_cols(in_width_, in_layout_);
-  for (const Stage& s : stages_) widest = std::max(widest, local_cols(s.width, s.layout));
+index_t LayerStack<T>::widest_elems() const {
+  index_t widest = local_elems(in_width_, in_layout_);
+  for (const Stage& s : stages_) widest = std::max(widest, local_elems(s.width, s.layout));
   return widest;
 }
 
@@ -227,26 +232,25 @@ template <class T>
 BufferNeeds Chain<T>::buffer_needs() const {
   BufferNeeds needs;
   for (const auto& s : this->stages_) needs.then(s.layer->buffer_needs());
-  const index_t rows = this->local_rows();
   ByteCount<T> kept;  // every output but the last, kept for backward
   for (std::size_t i = 0; i + 1 < this->stages_.size(); ++i)
-    kept.add(rows * this->local_cols(this->stages_[i].width, this->stages_[i].layout));
+    kept.add(this->local_elems(this->stages_[i].width, this->stages_[i].layout));
   needs.forward += kept;
   ByteCount<T> slots;  // two gradient blocks held while the layers run backward
-  slots.add(rows * this->widest_cols()).add(rows * this->widest_cols());
+  slots.add(this->widest_elems()).add(this->widest_elems());
   needs.backward += slots;
   return needs;
 }
 
 template <class T>
 void Chain<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) {
-  const index_t rows = this->local_rows();
   ConstMatrixView<T> x = X;
   const std::size_t n = this->stages_.size();
   for (std::size_t i = 0; i < n; ++i) {
     auto& s = this->stages_[i];
-    s.out =
-        i + 1 == n ? Y : take_block<T>(buffers.forward, rows, this->local_cols(s.width, s.layout));
+    s.out = i + 1 == n ? Y
+                       : take_block<T>(buffers.forward, this->local_rows(s.layout),
+                                       this->local_cols(s.width, s.layout));
     s.layer->forward(x, s.out, buffers);
     x = s.out;
   }
@@ -255,17 +259,17 @@ void Chain<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffe
 template <class T>
 void Chain<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
                         bool accumulate) {
-  const index_t rows = this->local_rows(), widest = this->widest_cols();
+  const auto widest = static_cast<std::size_t>(this->widest_elems());
   ArenaScope scope(buffers.backward);
-  T* slot[2] = {buffers.backward.take<T>(static_cast<std::size_t>(rows * widest)),
-                buffers.backward.take<T>(static_cast<std::size_t>(rows * widest))};
+  T* slot[2] = {buffers.backward.take<T>(widest), buffers.backward.take<T>(widest)};
   ConstMatrixView<T> dy = dY;
   int k = 0;
   for (std::size_t i = this->stages_.size(); i-- > 0;) {
     // dense (contiguous) in a slot: collectives take it whole; the first
     // layer writes the chain's dX
-    const MatrixView<T> dx =
-        i == 0 ? dX : MatrixView<T>::dense(slot[k], rows, this->input_cols(i), Order::row_major);
+    const MatrixView<T> dx = i == 0 ? dX
+                                    : MatrixView<T>::dense(slot[k], this->input_rows(i),
+                                                           this->input_cols(i), Order::row_major);
     this->stages_[i].layer->backward(dy, dx, buffers, accumulate);
     dy = dx;
     k = 1 - k;
@@ -292,10 +296,10 @@ BufferNeeds Parallel<T>::buffer_needs() const {
   BufferNeeds needs;
   for (const auto& b : branches_) needs.then(b->buffer_needs());
   const Chain<T>& c = *branches_.front();
-  const index_t rows = c.scheme().local_rows(c.tokens());
+  const SchemeContext<T>& s = c.scheme();
   ByteCount<T> out, in;
-  out.add(rows * c.scheme().local_cols(c.out_width(), c.out_layout()));
-  in.add(rows * c.scheme().local_cols(c.in_width(), c.in_layout()));
+  out.add(s.local_rows(c.tokens(), c.out_layout()) * s.local_cols(c.out_width(), c.out_layout()));
+  in.add(s.local_rows(c.tokens(), c.in_layout()) * s.local_cols(c.in_width(), c.in_layout()));
   if (combine_ == Combine::concat) {  // a branch's output (forward) and its dY (backward)
     needs.workspace += out;
     needs.backward += out;
@@ -309,16 +313,18 @@ BufferNeeds Parallel<T>::buffer_needs() const {
 template <class T>
 void Parallel<T>::price(cost::Tally& t, model::Phase phase) const {
   const Chain<T>& c = *branches_.front();
-  const index_t rows = c.scheme().local_rows(c.tokens());
+  const SchemeContext<T>& s = c.scheme();
   const bool backward = phase == model::Phase::backward;
   // a sum: read two blocks, write one (forward: outputs; backward: input gradients)
-  const index_t in_cols = c.scheme().local_cols(c.in_width(), c.in_layout());
-  const index_t out_cols = c.scheme().local_cols(c.out_width(), c.out_layout());
+  const index_t in_block =
+      s.local_rows(c.tokens(), c.in_layout()) * s.local_cols(c.in_width(), c.in_layout());
+  const index_t out_block =
+      s.local_rows(c.tokens(), c.out_layout()) * s.local_cols(c.out_width(), c.out_layout());
   const auto sum = [&] {
-    t.memory(3 * static_cast<cost::u64>(rows * (backward ? in_cols : out_cols)) * sizeof(T));
+    t.memory(3 * static_cast<cost::u64>(backward ? in_block : out_block) * sizeof(T));
   };
   // a branch's block copied to or from its columns: read one, write one
-  const auto copy = [&] { t.memory(2 * static_cast<cost::u64>(rows * out_cols) * sizeof(T)); };
+  const auto copy = [&] { t.memory(2 * static_cast<cost::u64>(out_block) * sizeof(T)); };
   const bool concat = combine_ == Combine::concat;
   for (std::size_t k = 0; k < branches_.size(); ++k) {
     if (concat && backward) copy();
@@ -422,24 +428,20 @@ void Sequential<T>::finish(BufferNeeds extra) {
   workspace_ = std::make_unique<Arena>("workspace", be, needs.workspace);
   forward_ = std::make_unique<Arena>("forward", be, needs.forward);
   backward_ = std::make_unique<Arena>("backward", be, needs.backward);
-  const index_t rows = local_rows();
   ByteCount<T> outs;
-  index_t widest = local_cols(in_width_, in_layout_);
-  for (const Stage& s : stages_) {
-    outs.add(rows * local_cols(s.width, s.layout));
-    widest = std::max(widest, local_cols(s.width, s.layout));
-  }
+  for (const Stage& s : stages_) outs.add(local_elems(s.width, s.layout));
   activations_ = std::make_unique<Arena>("activations", be, outs.bytes());
   for (Stage& s : stages_) {
-    const index_t cols = local_cols(s.width, s.layout);
+    const index_t rows = local_rows(s.layout), cols = local_cols(s.width, s.layout);
     s.out = MatrixView<T>::dense(activations_->take<T>(static_cast<std::size_t>(rows * cols)), rows,
                                  cols, Order::row_major);
   }
+  const index_t widest = this->widest_elems();
   ByteCount<T> slot;
-  slot.add(rows * widest);
+  slot.add(widest);
   grads_ = std::make_unique<Arena>("activation gradients", be, 2 * slot.bytes());
-  for (MatrixView<T>& g : grad_slot_)
-    g = MatrixView<T>::dense(grads_->take<T>(static_cast<std::size_t>(rows * widest)), rows, widest,
+  for (MatrixView<T>& g : grad_slot_)  // reshaped at each use (backward)
+    g = MatrixView<T>::dense(grads_->take<T>(static_cast<std::size_t>(widest)), 1, widest,
                              Order::row_major);
 }
 
@@ -463,7 +465,7 @@ StepBuffers Sequential<T>::buffers() {
 template <class T>
 MatrixView<T> Sequential<T>::forward(ConstMatrixView<T> X) {
   require_finished("forward()");
-  const index_t rows = local_rows(), cols = local_cols(in_width_, in_layout_);
+  const index_t rows = local_rows(in_layout_), cols = local_cols(in_width_, in_layout_);
   require(X.rows == rows && X.cols == cols, [&] {
     return fmt::format("Sequential: the input block is {}x{}, expected {}x{}", X.rows, X.cols, rows,
                        cols);
@@ -488,15 +490,12 @@ ConstMatrixView<T> Sequential<T>::backward(ConstMatrixView<T> dY, bool accumulat
   have_forward_ = false;
   if (!accumulate) store_->zero_grads();
   StepBuffers step = buffers();
-  const index_t rows = local_rows();
   ConstMatrixView<T> dy = dY;
   int slot = 0;
   for (std::size_t i = stages_.size(); i-- > 0;) {
-    const bool first = i == 0;
-    const index_t cols = first ? local_cols(in_width_, in_layout_)
-                               : local_cols(stages_[i - 1].width, stages_[i - 1].layout);
     // dense (contiguous) in the slot: collectives take it whole
-    const auto dx = MatrixView<T>::dense(grad_slot_[slot].data, rows, cols, Order::row_major);
+    const auto dx = MatrixView<T>::dense(grad_slot_[slot].data, this->input_rows(i),
+                                         this->input_cols(i), Order::row_major);
     stages_[i].layer->backward(dy, dx, step, true);
     dy = dx;
     slot = 1 - slot;

@@ -245,7 +245,7 @@ void Attention<T>::price(cost::Tally& t, model::Phase phase) const {
 template <class T>
 MLP<T>::MLP(SchemeContext<T>& scheme, std::string name, index_t tokens, index_t hidden)
     : name_(std::move(name)),
-      rows_(scheme.local_rows(tokens)),
+      rows_(scheme.local_rows(tokens, ActivationLayout::inner)),
       cols_(scheme.local_cols(4 * hidden, ActivationLayout::inner)),
       c_fc_(scheme.linear(name_ + ".c_fc", tokens, hidden, 4 * hidden, LinearRole::expand)),
       c_proj_(scheme.linear(name_ + ".c_proj", tokens, 4 * hidden, hidden, LinearRole::contract)),
@@ -310,7 +310,7 @@ TransformerBlock<T>::TransformerBlock(SchemeContext<T>& scheme, std::string name
                                       index_t seq, index_t hidden, index_t heads, double eps)
     : backend_(&scheme.backend()),
       name_(std::move(name)),
-      rows_(scheme.local_rows(batch * seq)),
+      rows_(scheme.local_rows(batch * seq, ActivationLayout::outer)),
       cols_(scheme.local_cols(hidden, ActivationLayout::outer)),
       ln_1_(scheme.layer_norm(name_ + ".ln_1", batch * seq, hidden, eps)),
       attn_(scheme, name_ + ".attn", batch, seq, hidden, heads),

@@ -172,6 +172,9 @@ ProcessGrid& checked_embedding(ProcessGrid& grid, const VocabLayout& l, index_t 
   else if (hidden % gh(l) != 0)
     error = fmt::format("{}: hidden={} must be divisible by {}={}", op, hidden, l.hidden.name,
                         l.hidden.size);
+  else if (l.sequence_parallel && (batch * seq) % gv(l) != 0)
+    error = fmt::format("{}: batch*seq = {}*{} must be divisible by {}={} (sequence parallelism)",
+                        op, batch, seq, l.vocab.name, l.vocab.size);
   grid.agree(l.agree_axis, error);
   return grid;
 }
@@ -197,6 +200,13 @@ VocabEmbedding<T>::VocabEmbedding(ProcessGrid& grid, Backend& backend, VocabLayo
   const auto token_rows = static_cast<std::size_t>(batch * seq / gt(layout_));
   position_ids_ = BackendIds::cyclic(backend, token_rows, seq);
   tokens_ = BackendIds(backend, token_rows);
+  require(!layout_.sequence_parallel || gt(layout_) == 1,
+          "VocabEmbedding: sequence parallelism with a tokens axis");
+  if (layout_.sequence_parallel) {
+    const index_t own = batch * seq / gv(layout_);
+    own_position_ids_ =
+        BackendIds::cyclic(backend, static_cast<std::size_t>(own), seq, layout_.vocab.rank * own);
+  }
 }
 
 template <class T>
@@ -218,8 +228,10 @@ void VocabEmbedding<T>::price(cost::Tally& t, model::Phase phase) const {
 
 template <class T>
 BufferNeeds VocabEmbedding<T>::buffer_needs() const {
-  // Without a tokens axis: gathers straight into Y and reduces in place.
+  // Without a tokens axis: gathers straight into Y and reduces in place
+  // (sequence parallelism: every token's rows, reduce-scattered into Y).
   ByteCount<T> ws;
+  if (layout_.sequence_parallel) ws.add(batch_ * seq_ * (hidden_ / gh(layout_)));
   if (gt(layout_) > 1)
     ws.add((vocab_ / gv(layout_)) * (hidden_ / gh(layout_)))
         .add(positions_ * (hidden_ / gh(layout_)));
@@ -243,6 +255,8 @@ void VocabEmbedding<T>::set_positions(std::span<const std::int32_t> positions) {
   grid_->agree_call(layout_.agree_axis, positions_error(who("Embedding", layout_), positions,
                                                         batch_ * seq_, positions_));
   position_ids_.assign(local_rows(positions, batch_ * seq_, layout_.tokens));
+  if (layout_.sequence_parallel)
+    own_position_ids_.assign(local_rows(positions, batch_ * seq_, layout_.vocab));
 }
 
 template <class T>
@@ -250,10 +264,21 @@ void VocabEmbedding<T>::forward(std::span<const std::int32_t> tokens, MatrixView
                                 StepBuffers& buffers) {
   check_ids(tokens, "token");
   const index_t m = batch_ * seq_ / gt(layout_), n = hidden_ / gh(layout_);
-  check_view(who("Embedding", layout_, "forward"), "Y", Y, m, n, true);
   Backend& be = *backend_;
   tokens_.assign(local_rows(tokens, batch_ * seq_, layout_.tokens));
   ArenaScope scope(buffers.workspace);
+  if (layout_.sequence_parallel) {  // every token's rows, reduce-scattered to the rank's
+    check_view(who("Embedding", layout_, "forward"), "Y", Y, m / gv(layout_), n, true);
+    const auto full = take_block<T>(buffers.workspace, m, n);
+    be.gather_rows(tokens_.data(), vocab_begin(), ConstMatrixView<T>(wte_.value_view()), false,
+                   full);
+    grid_->comm(layout_.vocab.axis)
+        .reduce_scatter(full.data, Y.data, static_cast<std::size_t>(Y.rows * n), dtype_v<T>,
+                        ReduceOp::sum);
+    be.gather_rows(own_position_ids_.data(), 0, wpe_.value_view(), true, Y);
+    return;
+  }
+  check_view(who("Embedding", layout_, "forward"), "Y", Y, m, n, true);
   T* buf = gt(layout_) > 1
                ? buffers.workspace.take<T>(static_cast<std::size_t>((vocab_ / gv(layout_)) * n))
                : nullptr;
@@ -273,8 +298,17 @@ void VocabEmbedding<T>::backward(ConstMatrixView<T> dY, StepBuffers& buffers, bo
   });
   const index_t m = batch_ * seq_ / gt(layout_), n = hidden_ / gh(layout_),
                 nv = vocab_ / gv(layout_);
-  check_view(who("Embedding", layout_, "backward"), "dY", dY, m, n);
   Backend& be = *backend_;
+  ArenaScope scope(buffers.workspace);
+  if (layout_.sequence_parallel) {  // every token's dY: the rows gathered
+    check_view(who("Embedding", layout_, "backward"), "dY", dY, m / gv(layout_), n, true);
+    const auto full = take_block<T>(buffers.workspace, m, n);
+    grid_->comm(layout_.vocab.axis)
+        .all_gather(dY.data, full.data, static_cast<std::size_t>(dY.rows * n), dtype_v<T>);
+    dY = full;
+  } else {
+    check_view(who("Embedding", layout_, "backward"), "dY", dY, m, n);
+  }
   if (gt(layout_) == 1) {
     if (!accumulate) {
       be.scale(A(0), wte_.grad_view());
@@ -285,7 +319,6 @@ void VocabEmbedding<T>::backward(ConstMatrixView<T> dY, StepBuffers& buffers, bo
     be.scatter_add_rows(position_ids_.data(), 0, dY, wpe_.grad_view());
     return;
   }
-  ArenaScope scope(buffers.workspace);
   T* full = buffers.workspace.take<T>(static_cast<std::size_t>(nv * n));
   T* pos = buffers.workspace.take<T>(static_cast<std::size_t>(positions_ * n));
   const auto full_view = MatrixView<T>::dense(full, nv, n, Order::row_major);
@@ -391,6 +424,9 @@ VocabLMHead<T>::VocabLMHead(ProcessGrid& grid, Backend& backend, VocabLayout lay
     error = fmt::format("{}: hidden={} must be positive and divisible by {}={}, vocab={} by {}", op,
                         hidden, layout_.hidden.name, layout_.hidden.size, vocab,
                         vocab_divisor(layout_));
+  } else if (layout_.sequence_parallel && (gt(layout_) != 1 || tokens % gv(layout_) != 0)) {
+    error = fmt::format("{}: tokens={} must be divisible by {}={} (sequence parallelism)", op,
+                        tokens, layout_.vocab.name, layout_.vocab.size);
   } else {
     const index_t rows = vocab / (gv(layout_) * gt(layout_)), cols = hidden / gh(layout_);
     if (wte.shard.local_rows != rows || wte.shard.local_cols != cols)
@@ -398,6 +434,11 @@ VocabLMHead<T>::VocabLMHead(ProcessGrid& grid, Backend& backend, VocabLayout lay
                           wte.shard.local_rows, wte.shard.local_cols, rows, cols);
   }
   grid.agree(layout_.agree_axis, error);
+}
+
+template <class T>
+index_t VocabLMHead<T>::x_rows() const {
+  return layout_.sequence_parallel ? tokens_ / gv(layout_) : tokens_ / gt(layout_);
 }
 
 template <class T>
@@ -425,6 +466,7 @@ BufferNeeds VocabLMHead<T>::buffer_needs() const {
   ByteCount<T> fwd, ws;
   fwd.add(m * nv);                      // logits
   if (gt(layout_) > 1) ws.add(nv * n);  // gathered wte block, reused for its gradient
+  if (layout_.sequence_parallel) ws.add(m * n).add(m * n);  // X gathered, the partial dX
   ws.add_bytes(scratch_bytes());
   BufferNeeds needs{.workspace = ws, .forward = fwd, .backward = 0};
   needs.then(loss_.buffer_needs());
@@ -441,11 +483,18 @@ double VocabLMHead<T>::forward(ConstMatrixView<T> X, std::span<const std::int32_
                                StepBuffers& buffers) {
   using A = acc_t<T>;
   const index_t m = tokens_ / gt(layout_), nv = vocab_ / gv(layout_), n = hidden_ / gh(layout_);
-  check_view(who("LMHead", layout_, "forward"), "X", X, m, n);
+  check_view(who("LMHead", layout_, "forward"), "X", X, x_rows(), n, layout_.sequence_parallel);
   logits_ = MatrixView<T>::dense(buffers.forward.take<T>(static_cast<std::size_t>(m * nv)), m, nv,
                                  Order::row_major);
+  x_ = X;
   {
     ArenaScope scope(buffers.workspace);
+    if (layout_.sequence_parallel) {  // every token's rows of X
+      const auto xg = take_block<T>(buffers.workspace, m, n);
+      grid_->comm(layout_.vocab.axis)
+          .all_gather(X.data, xg.data, static_cast<std::size_t>(X.rows * n), dtype_v<T>);
+      X = xg;
+    }
     T* buf =
         gt(layout_) > 1 ? buffers.workspace.take<T>(static_cast<std::size_t>(nv * n)) : nullptr;
     const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
@@ -453,7 +502,6 @@ double VocabLMHead<T>::forward(ConstMatrixView<T> X, std::span<const std::int32_
     backend_->gemm(Op::N, Op::T, A(1), X, W, A(0), logits_, scratch);
     all_reduce(*grid_, layout_.hidden, logits_.data, m * nv);
   }
-  x_ = X;
   if (targets.empty()) return 0;  // logits only (LossHead::forward)
   return loss_.forward(logits_, targets, buffers);
 }
@@ -464,8 +512,12 @@ void VocabLMHead<T>::backward(MatrixView<T> dX, StepBuffers& buffers, bool accum
   require(logits_.data != nullptr,
           [&] { return std::string(who("LMHead", layout_).text) + ": backward without forward"; });
   const index_t m = tokens_ / gt(layout_), nv = vocab_ / gv(layout_), n = hidden_ / gh(layout_);
-  check_view(who("LMHead", layout_, "backward"), "dX", dX, m, n, true);
+  check_view(who("LMHead", layout_, "backward"), "dX", dX, x_rows(), n, true);
   loss_.backward(logits_, buffers);  // logits_ now holds dL/dlogits
+  if (layout_.sequence_parallel) {
+    sequence_parallel_backward(dX, buffers, accumulate);
+    return;
+  }
   Backend& be = *backend_;
   ArenaScope scope(buffers.workspace);
   T* buf = gt(layout_) > 1 ? buffers.workspace.take<T>(static_cast<std::size_t>(nv * n)) : nullptr;
@@ -489,6 +541,31 @@ void VocabLMHead<T>::backward(MatrixView<T> dX, StepBuffers& buffers, bool accum
     scatter_wte_grad(*grid_, layout_, be, *wte_, buf, accumulate);
   }
   if (layout_.vocab.size > 1) grid_->comm(layout_.vocab.axis).wait(request);
+}
+
+// Sequence parallelism (a tokens axis of one): X's rows gathered again while
+// the partial dX = dZ wte [tokens, H] is computed, then dX reduce-scattered
+// to the rank's rows while dwte (+)= dZᵀ X_g is.
+template <class T>
+void VocabLMHead<T>::sequence_parallel_backward(MatrixView<T> dX, StepBuffers& buffers,
+                                                bool accumulate) {
+  using A = acc_t<T>;
+  const index_t m = tokens_, n = hidden_ / gh(layout_);
+  Backend& be = *backend_;
+  Communicator& vc = grid_->comm(layout_.vocab.axis);
+  ArenaScope scope(buffers.workspace);
+  const auto xg = take_block<T>(buffers.workspace, m, n);
+  const auto dxg = take_block<T>(buffers.workspace, m, n);
+  const Scratch scratch = take_scratch(buffers.workspace, scratch_bytes());
+  const auto count = static_cast<std::size_t>(dX.rows * n);
+  Request gather = vc.iall_gather(x_.data, xg.data, count, dtype_v<T>);
+  const auto dZ = ConstMatrixView<T>(logits_);
+  be.gemm(Op::N, Op::N, A(1), dZ, ConstMatrixView<T>(wte_->value_view()), A(0), dxg, scratch);
+  vc.wait(gather);
+  Request scatter = vc.ireduce_scatter(dxg.data, dX.data, count, dtype_v<T>, ReduceOp::sum);
+  be.gemm(Op::T, Op::N, A(1), dZ, ConstMatrixView<T>(xg), accumulate ? A(1) : A(0),
+          wte_->grad_view(), scratch);
+  vc.wait(scatter);
 }
 
 // ---------------------------------------------------------------- cost
@@ -519,6 +596,13 @@ void tokens_reduce_scatter(cost::Tally& t, const VocabLayout& l, u64 per_rank, u
 void embedding_forward(cost::Tally& t, const VocabLayout& l, const cost::Elements& el, u64 tokens,
                        u64 vocab, u64 hidden) {
   const u64 block = tokens / static_cast<u64>(gt(l)) * (hidden / static_cast<u64>(gh(l)));
+  if (l.sequence_parallel) {  // every token's lookup, reduce-scattered, then the position add
+    const u64 own = block / static_cast<u64>(gv(l));
+    t.memory(2 * block * el.e + own * el.e);
+    t.reduce_scatter(l.vocab.axis, own, static_cast<u64>(gv(l)), el.e);
+    t.memory(2 * own * el.e);
+    return;
+  }
   tokens_all_gather(t, l, shard(l, vocab, hidden), el.e);
   t.memory(3 * block * el.e);  // lookup and position add
   all_reduce(t, l.vocab, block, el.e);
@@ -529,6 +613,9 @@ void embedding_forward(cost::Tally& t, const VocabLayout& l, const cost::Element
 void embedding_backward(cost::Tally& t, const VocabLayout& l, const cost::Elements& el, u64 tokens,
                         u64 vocab, u64 hidden, u64 positions) {
   const u64 cols = hidden / static_cast<u64>(gh(l));
+  if (l.sequence_parallel)  // dY's rows gathered first
+    t.all_gather(l.vocab.axis, tokens / static_cast<u64>(gv(l)) * cols, static_cast<u64>(gv(l)),
+                 el.e);
   t.memory(3 * (tokens / static_cast<u64>(gt(l))) * cols * el.e);
   all_reduce(t, l.tokens, positions * cols, el.e);
   tokens_reduce_scatter(t, l, shard(l, vocab, hidden), el.e);
@@ -545,6 +632,8 @@ void lm_head_forward(cost::Tally& t, const VocabLayout& l, const cost::Elements&
                      u64 vocab, u64 hidden) {
   const u64 m = tokens / static_cast<u64>(gt(l)), v = vocab / static_cast<u64>(gv(l));
   tokens_all_gather(t, l, shard(l, vocab, hidden), el.e);
+  if (l.sequence_parallel)  // X's rows gathered
+    t.all_gather(l.vocab.axis, m / static_cast<u64>(gv(l)) * hidden, static_cast<u64>(gv(l)), el.e);
   t.gemm(m, v, hidden / static_cast<u64>(gh(l)), el.e);  // Z = X wteᵀ
   all_reduce(t, l.hidden, m * v, el.e);
   cross_entropy_forward(t, l, el, tokens, vocab);
@@ -577,6 +666,16 @@ void lm_head_backward(cost::Tally& t, const VocabLayout& l, const cost::Elements
   const u64 m = tokens / static_cast<u64>(gt(l)), v = vocab / static_cast<u64>(gv(l)),
             k = hidden / static_cast<u64>(gh(l));
   cross_entropy_backward(t, l, el, tokens, vocab);
+  if (l.sequence_parallel) {  // X gathered again, dX reduce-scattered (priced exposed, as 1D's)
+    const u64 own = m / static_cast<u64>(gv(l)) * k, g = static_cast<u64>(gv(l));
+    t.all_gather(l.vocab.axis, own, g, el.e);
+    t.gemm(m, k, v, el.e);  // dX = dZ wte
+    t.overlapped = l.price_overlap_dx;
+    t.reduce_scatter(l.vocab.axis, own, g, el.e);
+    t.overlapped = false;
+    t.gemm(v, k, m, el.e);  // dwte = dZᵀ X
+    return;
+  }
   tokens_all_gather(t, l, shard(l, vocab, hidden), el.e);
   t.gemm(m, k, v, el.e);  // dX = dZ wte
   t.overlapped = l.overlap_dx && l.price_overlap_dx;

@@ -48,6 +48,21 @@ using namespace summa::test;
 
 constexpr index_t kTokens = 72, kIn = 72, kHidden = 144, kClasses = 72;
 
+/// `specs` and, after each 1D scheme of p > 1, the same with sequence
+/// parallelism (a Sequential's outer and inner blocks then differ in rows).
+std::vector<SchemeSpec> with_sequence_parallel(const std::vector<SchemeSpec>& specs) {
+  std::vector<SchemeSpec> out;
+  for (const SchemeSpec& s : specs) {
+    out.push_back(s);
+    if (s.holds<Megatron1DSpec>() && s.as<Megatron1DSpec>().p > 1 &&
+        !s.as<Megatron1DSpec>().sequence_parallel) {
+      out.push_back(s);
+      out.back().as<Megatron1DSpec>().sequence_parallel = true;
+    }
+  }
+  return out;
+}
+
 int world_size() {
   int s = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &s);
@@ -156,7 +171,7 @@ void custom_mlp_matches_serial() {
   const Vec xd(x.begin(), x.end());
   Backend& backend = test_backend();
   int tested = 0;
-  std::vector<SchemeSpec> specs = representative_schemes(world_size());
+  std::vector<SchemeSpec> specs = with_sequence_parallel(representative_schemes(world_size()));
   for (const SchemeSpec& s : representative_schemes(world_size()))
     if (s.holds<Axonn3DSpec>() && s.as<Axonn3DSpec>().gz > 1) {  // the 3D overlaps: hooks
       SchemeSpec all = s;                                        // run by Sequential
@@ -181,7 +196,7 @@ void custom_mlp_matches_serial() {
     Arena input("input", backend, local.size() * sizeof(T));
     T* xl = input.take<T>(local.size());
     backend.upload(xl, local.data(), local.size() * sizeof(T));
-    const index_t rows = scheme->local_rows(tg),
+    const index_t rows = scheme->local_rows(tg, ActivationLayout::outer),
                   cols = scheme->local_cols(kIn, ActivationLayout::outer);
     ASSERT_EQ(static_cast<std::size_t>(rows * cols), local.size());
 
@@ -240,7 +255,7 @@ MatrixView<T> local_block(const SchemeContext<T>& scheme, Backend& backend, Aren
       scatter_activation<T>(scheme, rows, tokens, width, ActivationLayout::outer);
   T* data = arena.take<T>(local.size());
   backend.upload(data, local.data(), local.size() * sizeof(T));
-  return MatrixView<T>::dense(data, scheme.local_rows(tokens),
+  return MatrixView<T>::dense(data, scheme.local_rows(tokens, ActivationLayout::outer),
                               scheme.local_cols(width, ActivationLayout::outer), Order::row_major);
 }
 
@@ -273,7 +288,7 @@ void pre_ln_block_matches_serial() {
                                 dy = ref.activation_grad("h.0.output"), want_dx = ref.input_grad();
   Backend& backend = test_backend();
   int tested = 0;
-  for (const SchemeSpec& spec : representative_schemes(ranks)) {
+  for (const SchemeSpec& spec : with_sequence_parallel(representative_schemes(ranks))) {
     SCOPED_TRACE(spec.str());
     ProcessGrid grid = make_grid(MPI_COMM_WORLD, spec, test_grid_options());
     const std::unique_ptr<SchemeContext<T>> scheme = make_context<T>(spec, grid, backend);

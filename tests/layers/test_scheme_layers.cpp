@@ -387,7 +387,7 @@ index_t local_width(const SchemeContext<T>& ctx, index_t tokens, const Act& a) {
 template <class T, class R>
 void expect_view_close(const SchemeContext<T>& ctx, ConstMatrixView<T> local,
                        std::span<const R> global, index_t tokens, const Act& a, double bf16_tol) {
-  EXPECT_EQ(local.rows, ctx.local_rows(tokens)) << a.name;
+  EXPECT_EQ(local.rows, ctx.local_rows(tokens, a.layout)) << a.name;
   EXPECT_EQ(local.cols, local_width(ctx, tokens, a)) << a.name;
   expect_close<T>(download_view<T>(local),
                   local_of(ctx, global, tokens, a.width, a.layout, a.groups), a.name, bf16_tol);
@@ -599,10 +599,12 @@ void check_layer(SchemeContext<T>& ctx, Layer<T>& layer, const OracleOf<T>& o, c
   ParameterStore<T> store(be, layer.parameters());
   store.init_gpt(o.seed, o.config);
   Arenas arenas(be, layer.buffer_needs());
-  const index_t nt = o.tokens_n, rows = ctx.local_rows(nt);
+  const index_t nt = o.tokens_n;
+  const index_t in_rows = ctx.local_rows(nt, in.layout), out_rows = ctx.local_rows(nt, out.layout);
   const index_t in_cols = local_width(ctx, nt, in), out_cols = local_width(ctx, nt, out);
-  Local<T> x(rows, in_cols, as<T>(o.local(ctx, in))), y(rows, out_cols), dx_local(rows, in_cols);
-  Local<T> dy(rows, out_cols, as<T>(o.dlocal(ctx, out)));
+  Local<T> x(in_rows, in_cols, as<T>(o.local(ctx, in))), y(out_rows, out_cols),
+      dx_local(in_rows, in_cols);
+  Local<T> dy(out_rows, out_cols, as<T>(o.dlocal(ctx, out)));
   ctx.begin_forward();
   layer.forward(x.view(), y.view(), arenas.step);
   if (after_forward) after_forward();
@@ -762,7 +764,7 @@ void embedding(const SchemeSpec& spec) {
   store.init_gpt(o.seed, o.config);
   Arenas arenas(ctx->backend(), emb->buffer_needs());
   const Act out{"embeddings", h, kOuter};
-  const index_t rows = ctx->local_rows(nt), cols = local_width(*ctx, nt, out);
+  const index_t rows = ctx->local_rows(nt, kOuter), cols = local_width(*ctx, nt, out);
   Local<T> y(rows, cols), dy(rows, cols, as<T>(o.dlocal(*ctx, out)));
   ctx->begin_forward();
   emb->forward(o.tokens, y.view(), arenas.step);
@@ -798,7 +800,7 @@ void lm_head(const SchemeSpec& spec) {
   store.init_gpt(o.seed, o.config);
   Arenas arenas(ctx->backend(), head->buffer_needs());
   const Act in{"ln_f", h, kOuter}, logits{"logits", V, kInner};
-  const index_t rows = ctx->local_rows(nt), cols = local_width(*ctx, nt, in);
+  const index_t rows = ctx->local_rows(nt, kOuter), cols = local_width(*ctx, nt, in);
   Local<T> x(rows, cols, as<T>(o.local(*ctx, in))), dx(rows, cols);
   ctx->begin_forward();
   const double loss = head->forward(x.view(), o.targets, arenas.step);
@@ -858,17 +860,24 @@ TEST_P(SchemeLayers, AttentionConfigErrors) {
   const auto ctx = context_of<float>(GetParam());
   const int ss = ctx->sequence_split(), hs = ctx->head_split();
   const index_t hidden = 8 * hs * world_size();  // divisible by the heads and every split
+  // the ranks the outer rows are split over (1D with sp=on: p, its linears' tokens)
+  const index_t probe = 4 * ss * world_size(), row_split = probe / ctx->local_rows(probe, kOuter);
+  const index_t b0 = std::lcm(static_cast<index_t>(ss), row_split);
   const auto error = [&](index_t batch, index_t hidden_, index_t heads) {
     return agreed_error_of([&] { Attention<float> a(*ctx, "h.0.attn", batch, 4, hidden_, heads); });
   };
-  EXPECT_EQ(error(ss, hidden, 2 * hs), "");
-  EXPECT_NE(error(ss, hidden + 1, 2 * hs).find("divisible by heads"), std::string::npos);
+  EXPECT_EQ(error(b0, hidden, 2 * hs), "");
+  EXPECT_NE(error(b0, hidden + 1, 2 * hs).find("divisible by heads"), std::string::npos);
   EXPECT_NE(error(0, hidden, 2 * hs).find("must be positive"), std::string::npos);
   if (ss > 1) {
     EXPECT_NE(error(ss + 1, hidden, 2 * hs).find("batch="), std::string::npos);
   }
+  if (row_split > ss &&
+      4 % row_split != 0) {  // rows split within sequences: 4 tokens do not divide
+    EXPECT_NE(error(1, hidden, 2 * hs).find("sequence parallelism"), std::string::npos);
+  }
   if (hs > 1) {
-    EXPECT_NE(error(ss, 2 * hs * (hs + 1), hs + 1).find("heads="), std::string::npos);
+    EXPECT_NE(error(b0, 2 * hs * (hs + 1), hs + 1).find("heads="), std::string::npos);
   }
 }
 
@@ -912,7 +921,7 @@ void expect_buffers_sized_exactly(Model<T>& m, index_t tokens) {
     }
   }
   for (const BufferUsage& u : m.gpt.buffers().usage()) EXPECT_GT(u.high_water, 0u) << u.name;
-  const index_t slot = m.ctx->local_rows(tokens) * m.ctx->local_cols(config.n_embd, kOuter);
+  const index_t slot = m.ctx->local_rows(tokens, kOuter) * m.ctx->local_cols(config.n_embd, kOuter);
   EXPECT_EQ(m.gpt.buffers().checkpoint.capacity(),
             static_cast<std::size_t>(config.n_layer + 1) *
                 Arena::rounded(static_cast<std::size_t>(slot) * sizeof(T)));

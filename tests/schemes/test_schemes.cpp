@@ -187,6 +187,15 @@ TEST(Schemes, ParseAndPrint) {
   EXPECT_EQ(SchemeSpec::parse("2d:q=2,panel=0").as<Summa2DSpec>().summa.panel,
             0);  // a whole block per step
   EXPECT_EQ(SchemeSpec::parse("2d:q=2,panel=256,overlap=on").str(), "2d:q=2");  // the defaults
+  // 1D: sequence parallelism
+  const SchemeSpec h = SchemeSpec::parse("sp=on,data=2,1d:p=4");
+  EXPECT_TRUE(h.as<Megatron1DSpec>().sequence_parallel);
+  EXPECT_EQ(h.str(), "data=2,1d:p=4,sp=on");
+  EXPECT_EQ(SchemeSpec::parse(h.str()), h);
+  EXPECT_NE(SchemeSpec::parse("1d:p=4,sp=on"), SchemeSpec::parse("1d:p=4"));
+  EXPECT_EQ(SchemeSpec::parse("1d:p=4,sp=off").str(), "1d:p=4");  // the default
+  EXPECT_EQ(batch_granularity(h), 8);  // data x p: the token rows divide for any seq
+  EXPECT_EQ(batch_granularity(SchemeSpec::parse("data=2,1d:p=4")), 2);
 }
 
 TEST(Schemes, BadTextThrows) {
@@ -214,6 +223,10 @@ TEST(Schemes, BadTextThrows) {
                            "1d:p=2,panel=8",
                            "3d:1x1x2,panel=8",
                            "1d:p=2,overlap=on",
+                           "1d:p=2,sp=yes",
+                           "1d:p=2,sp=",
+                           "1d:p=2,sp=on,sp=off",
+                           "2d:q=2,sp=on",
                            "2d:q=2,slices=2",
                            "1d:q=2",
                            "2d:p=2",

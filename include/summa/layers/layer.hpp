@@ -160,10 +160,11 @@ class BackendIds {
     if (capacity_ > 0 && !planning_)
       data_ = static_cast<std::int32_t*>(backend.allocate(capacity_ * sizeof(std::int32_t)));
   }
-  /// `count` ids r % `period` for r = 0..count-1 (the position of every
-  /// token row of a batch), written in small pieces: no host copy of the
-  /// whole.
-  static BackendIds cyclic(Backend& backend, std::size_t count, std::int64_t period) {
+  /// `count` ids (first + r) % `period` for r = 0..count-1 (the position of
+  /// every token row of a batch from row `first`), written in small pieces:
+  /// no host copy of the whole.
+  static BackendIds cyclic(Backend& backend, std::size_t count, std::int64_t period,
+                           std::int64_t first = 0) {
     BackendIds ids(backend, count);
     if (ids.data_ == nullptr) return ids;
     constexpr std::size_t piece = 4096;
@@ -171,7 +172,7 @@ class BackendIds {
     for (std::size_t at = 0; at < count; at += piece) {
       const std::size_t n = std::min(piece, count - at);
       for (std::size_t k = 0; k < n; ++k)
-        host[k] = static_cast<std::int32_t>(static_cast<std::int64_t>(at + k) % period);
+        host[k] = static_cast<std::int32_t>((first + static_cast<std::int64_t>(at + k)) % period);
       backend.upload(ids.data_ + at, host, n * sizeof(std::int32_t));
     }
     ids.size_ = count;

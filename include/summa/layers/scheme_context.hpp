@@ -10,20 +10,24 @@
 /// SchemeSpec.
 ///
 /// Activation layouts. A global activation [tokens, width] sits on a rank as
-/// a local block local_rows(tokens) x local_cols(width, layout). Block inputs
+/// a local block local_rows(tokens, layout) x local_cols(width, layout). Block inputs
 /// and outputs (the residual stream, LayerNorm) are `outer`; the activations
 /// between an expanding and a contracting linear (attention's qkv and
 /// context, the MLP's 4h) are `inner`:
 ///
 ///   scheme   outer                    inner
 ///   1D       [T, w] (replicated)      [T, w/p] (columns split)
+///   1D, sp   [T/p, w] (rows split)    [T, w/p] (columns split)
 ///   2D       [T/q, w/q]               [T/q, w/q]
 ///   3D       [T/Gz, w/Gy] (Y-layout)  [T/Gz, w/Gx] (X-layout)
 ///
 /// A linear made with LinearRole::expand reads `outer` and writes `inner`
 /// (1D: column-parallel; 3D: normal orientation), one made with
 /// LinearRole::contract reads `inner` and writes `outer` (1D: row-parallel;
-/// 3D: transposed), so a pair never redistributes an activation.
+/// 3D: transposed), so a pair never redistributes an activation (1D with
+/// sequence parallelism: the expanding linear gathers its input's rows and
+/// the contracting one reduce-scatters its output, in place of 1D's
+/// all-reduces).
 ///
 /// Attention is local once qkv is `inner`: whole sequences are split over
 /// sequence_split() ranks and whole heads over head_split() ranks.
@@ -91,8 +95,9 @@ class SchemeContext {
   ProcessGrid& grid() const { return *grid_; }
   Backend& backend() const { return *backend_; }
 
-  /// Local rows of a [tokens, ...] activation on this rank.
-  virtual index_t local_rows(index_t tokens) const = 0;
+  /// Local rows of a [tokens, ...] activation in `layout` on this rank
+  /// (the layouts differ under 1D sequence parallelism only).
+  virtual index_t local_rows(index_t tokens, ActivationLayout layout) const = 0;
   /// Local columns of a [..., width] activation in `layout`.
   virtual index_t local_cols(index_t width, ActivationLayout layout) const = 0;
   /// Ranks whole sequences are split over, and the name of that factor in

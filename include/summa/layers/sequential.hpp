@@ -124,17 +124,22 @@ class LayerStack {
     MatrixView<T> out{};
     int groups = 1;
   };
-  index_t local_rows() const { return scheme_->local_rows(tokens_); }
+  index_t local_rows(ActivationLayout layout) const { return scheme_->local_rows(tokens_, layout); }
   index_t local_cols(index_t width, ActivationLayout layout) const {
     return scheme_->local_cols(width, layout);
   }
-  /// Local columns of stage i's input (the stack's input for i = 0).
+  /// Elements of the local block of a [tokens, width] activation in `layout`.
+  index_t local_elems(index_t width, ActivationLayout layout) const {
+    return local_rows(layout) * local_cols(width, layout);
+  }
+  /// Local rows and columns of stage i's input (the stack's input for i = 0).
+  index_t input_rows(std::size_t i) const;
   index_t input_cols(std::size_t i) const;
   /// Every stage's price in the order a pass runs them (backward: last
   /// first).
   void price_stages(cost::Tally& t, model::Phase phase) const;
-  /// The widest local block among the input and every stage's output.
-  index_t widest_cols() const;
+  /// The largest local block (elements) among the input and every stage's output.
+  index_t widest_elems() const;
   /// No layer may be added after this.
   void seal() { sealed_ = true; }
   /// residual() and parallel(): the branches built, checked and added.
@@ -266,6 +271,7 @@ class Sequential final : public Module<T>, public LayerStack<T> {
   using LayerStack<T>::in_layout_;
   using LayerStack<T>::local_rows;
   using LayerStack<T>::local_cols;
+  using LayerStack<T>::local_elems;
   void require_finished(const char* what) const;
 
   std::unique_ptr<ParameterStore<T>> store_;

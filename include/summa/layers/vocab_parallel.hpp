@@ -36,6 +36,13 @@ struct VocabLayout {
   bool price_overlap_dx = true;
   /// Construction- and call-time agreements run over this axis.
   CommAxis agree_axis = CommAxis::tensor;
+  /// The outer activations (the embedding's output, the LM head's input)
+  /// split by tokens over the vocabulary axis (1D sequence parallelism;
+  /// needs a tokens axis of one): the embedding reduce-scatters its output
+  /// rows instead of all-reducing them and all-gathers dY in backward; the
+  /// LM head all-gathers X's rows (again in backward) and reduce-scatters dX
+  /// instead of all-reducing it.
+  bool sequence_parallel = false;
 };
 
 /// Token and position embeddings. Rank (v, h, t) holds wte rows
@@ -78,8 +85,9 @@ class VocabEmbedding : public EmbeddingModule<T> {
   VocabLayout layout_;
   index_t batch_, seq_, vocab_, hidden_, positions_;
   Param<T> wte_, wpe_;
-  BackendIds position_ids_;  // this rank's tokens' positions, uploaded once
-  BackendIds tokens_;        // the last forward's token ids (this rank's block)
+  BackendIds position_ids_;      // this rank's tokens' positions, uploaded once
+  BackendIds own_position_ids_;  // sequence parallelism: those of the rank's output rows
+  BackendIds tokens_;            // the last forward's token ids (this rank's block)
 };
 
 /// Vocabulary-parallel cross-entropy: local logits Z [tokens/Gt, V/Gv] of
@@ -142,6 +150,9 @@ class VocabLMHead : public LossHead<T> {
  private:
   std::size_t scratch_bytes() const;
   MatrixView<T> gathered_wte(T* buffer);
+  /// Rows of X and dX (tokens/Gv under sequence parallelism, else tokens/Gt).
+  index_t x_rows() const;
+  void sequence_parallel_backward(MatrixView<T> dX, StepBuffers& buffers, bool accumulate);
 
   ProcessGrid* grid_;
   Backend* backend_;

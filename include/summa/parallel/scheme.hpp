@@ -54,7 +54,8 @@ class ParallelGpt {
 };
 
 /// Sequences per data group must be a multiple of this for the scheme
-/// (2D: q, 3D: Z, 1D: 1); a global batch, of data times that.
+/// (2D: q, 3D: Z, 1D: 1; 1D with sp=on: p, so that the token rows divide
+/// for any sequence length); a global batch, of data times that.
 index_t batch_granularity(const SchemeSpec& spec);
 
 /// The memory planner: the report (capacities of parameters, gradients and

@@ -5,8 +5,8 @@
 namespace summa {
 
 template <class T>
-Megatron1DContext<T>::Megatron1DContext(ProcessGrid& grid, Backend& backend)
-    : SchemeContext<T>(grid, backend), p_(grid.tensor().size()) {}
+Megatron1DContext<T>::Megatron1DContext(ProcessGrid& grid, Backend& backend, bool sequence_parallel)
+    : SchemeContext<T>(grid, backend), p_(grid.tensor().size()), sp_(sequence_parallel && p_ > 1) {}
 
 template <class T>
 std::unique_ptr<Layer<T>> Megatron1DContext<T>::linear(std::string name, index_t tokens, index_t in,
@@ -14,13 +14,13 @@ std::unique_ptr<Layer<T>> Megatron1DContext<T>::linear(std::string name, index_t
                                                        ColumnGroups groups) {
   if (role == LinearRole::expand)
     return std::make_unique<ColumnParallelLinear1D<T>>(
-        this->grid(), this->backend(), std::move(name), tokens, in, out, has_bias, groups);
+        this->grid(), this->backend(), std::move(name), tokens, in, out, has_bias, groups, sp_);
   require(groups.out == 1, [&] {
     return fmt::format("1D linear '{}': groups.out={} (only an expanding linear has output groups)",
                        name, groups.out);
   });
   return std::make_unique<RowParallelLinear1D<T>>(this->grid(), this->backend(), std::move(name),
-                                                  tokens, in, out, has_bias, groups);
+                                                  tokens, in, out, has_bias, groups, sp_);
 }
 
 template <class T>
@@ -28,7 +28,7 @@ std::unique_ptr<EmbeddingModule<T>> Megatron1DContext<T>::embedding(index_t batc
                                                                     index_t vocab, index_t hidden,
                                                                     index_t n_positions) {
   return std::make_unique<Embedding1D<T>>(this->grid(), this->backend(), batch, seq, vocab, hidden,
-                                          n_positions);
+                                          n_positions, sp_);
 }
 
 template <class T>
@@ -36,13 +36,17 @@ std::unique_ptr<LossHead<T>> Megatron1DContext<T>::lm_head(Param<T>& wte, index_
                                                            index_t hidden, index_t vocab,
                                                            index_t normalizer) {
   return std::make_unique<LMHead1D<T>>(this->grid(), this->backend(), wte, tokens, hidden, vocab,
-                                       normalizer);
+                                       normalizer, sp_);
 }
 
 template <class T>
 ActivationBlock Megatron1DContext<T>::activation_block(index_t tokens, index_t width,
                                                        ActivationLayout layout) const {
   const int r = this->grid().tensor().rank();
+  if (layout == ActivationLayout::outer && sp_) {  // rows split (sequence parallelism)
+    const index_t rows = tokens / p_;
+    return {.row0 = r * rows, .rows = rows, .col0 = 0, .cols = width, .owner = true};
+  }
   if (layout == ActivationLayout::outer)  // replicated; rank 0 owns it
     return {.row0 = 0, .rows = tokens, .col0 = 0, .cols = width, .owner = r == 0};
   const index_t w = width / p_;

@@ -14,18 +14,39 @@ int p_of(const SchemeSpec& s) {
   return s.as<Megatron1DSpec>().p;
 }
 
+bool option(std::string_view key, std::string_view value, std::string_view item, SchemeSpec& s) {
+  if (key != "sp") return false;
+  require(value == "on" || value == "off", [&] {
+    return fmt::format("scheme item '{}': the 1d sequence parallelism is 'on' or 'off', not '{}'",
+                       item, value);
+  });
+  s.as<Megatron1DSpec>().sequence_parallel = value == "on";
+  return true;
+}
+
 }  // namespace
 
 extern constinit const SchemeRow megatron1d_row{
     // external: registry.cpp lists it
     .tag = "1d",
-    .grammar = "'1d:p=P'",
+    .grammar = "'1d:p=P' (option 'sp=on|off')",
     .parse = &parse_keyed<Megatron1DSpec, 'p'>,
-    .text = [](const SchemeSpec& s) { return fmt::format("1d:p={}", p_of(s)); },
+    .option = &option,
+    .text =
+        [](const SchemeSpec& s) {
+          return fmt::format("1d:p={}{}", p_of(s),
+                             s.as<Megatron1DSpec>().sequence_parallel ? ",sp=on" : "");
+        },
     .tensor_ranks = [](const SchemeSpec& s) { return static_cast<std::int64_t>(p_of(s)); },
+    // sequence parallelism splits a data group's token rows over p: a batch
+    // of a multiple of p sequences divides for every sequence length
+    .sequence_split =
+        [](const SchemeSpec& s) { return s.as<Megatron1DSpec>().sequence_parallel ? p_of(s) : 1; },
     .enumerate =
         [](int tensor, int data, std::vector<SchemeSpec>& out) {
           out.emplace_back("1d", Megatron1DSpec(tensor), data);
+          // sequence parallelism changes nothing on one rank
+          if (tensor > 1) out.emplace_back("1d", Megatron1DSpec(tensor, true), data);
         },
     .grid_shape =
         [](const SchemeSpec& s) {

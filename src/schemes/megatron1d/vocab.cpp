@@ -7,8 +7,9 @@ namespace summa {
 
 namespace {
 
-VocabLayout layout_1d(int p, int r) {
+VocabLayout layout_1d(int p, int r, bool sequence_parallel) {
   VocabLayout l;
+  l.sequence_parallel = sequence_parallel && p > 1;
   l.scheme = "1D";
   l.vocab = {.axis = CommAxis::tensor, .size = p, .rank = r, .name = "p"};
   l.overlap_dx = true;         // LMHead backward: dX's all-reduce overlapped with dwte
@@ -19,8 +20,8 @@ VocabLayout layout_1d(int p, int r) {
 
 }  // namespace
 
-VocabLayout megatron1d_vocab_layout(ProcessGrid& grid) {
-  return layout_1d(detail1d::group_size(grid), detail1d::group_rank(grid));
+VocabLayout megatron1d_vocab_layout(ProcessGrid& grid, bool sequence_parallel) {
+  return layout_1d(detail1d::group_size(grid), detail1d::group_rank(grid), sequence_parallel);
 }
 
 // The embedding and LM head price themselves over the same layout

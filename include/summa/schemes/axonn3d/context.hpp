@@ -32,7 +32,7 @@ class Axonn3DContext final : public SchemeContext<T> {
   /// The ORS / OAG state shared by the linears.
   Overlap3D<T>& overlap() { return *overlap_; }
 
-  index_t local_rows(index_t tokens) const override { return tokens / gz_; }
+  index_t local_rows(index_t tokens, ActivationLayout) const override { return tokens / gz_; }
   index_t local_cols(index_t width, ActivationLayout layout) const override {
     return width / (layout == ActivationLayout::outer ? gy_ : gx_);
   }

@@ -18,6 +18,18 @@
 /// row-parallel all-reduce, Megatron's g) and once in backward (the
 /// column-parallel input-gradient all-reduce, Megatron's f).
 ///
+/// Sequence parallelism (`sequence_parallel`, Korthikanti et al. 2022): the
+/// column-parallel input and the row-parallel output are split by tokens
+/// ([tokens/p, ...], rank r rows [r*tokens/p, (r+1)*tokens/p)); each
+/// all-reduce becomes a reduce-scatter and an all-gather of the same bytes:
+///   column-parallel  forward:  all-gather X's rows into the workspace
+///                    backward: all-gather X again (overlapped with dX's
+///                              GEMM), reduce-scatter dX (overlapped with dW)
+///   row-parallel     forward:  reduce-scatter Y, then the bias
+///                    backward: all-gather dY; db = column sums of the
+///                              gathered dY (the same on every rank)
+/// Only the token shard of X is kept for backward (Megatron's saved input).
+///
 /// Replicated parameters (LayerNorm gamma / beta, row-parallel biases, wpe)
 /// are held in full by every rank: rank 0 is their owner (ParamShard::owner,
 /// the copy the optimizer's bookkeeping and gather_global read), the others
@@ -77,9 +89,14 @@ class Linear1D : public Layer<T> {
  protected:
   /// `grid` checked already (its group size is p).
   Linear1D(ProcessGrid& grid, Backend& backend, const std::string& name, index_t tokens, index_t in,
-           index_t out, bool has_bias);
+           index_t out, bool has_bias, bool sequence_parallel);
   /// The local GEMM's workspace.
   virtual std::size_t scratch_bytes() const = 0;
+  /// Elements of the gathered (or to-be-scattered) activation block in the
+  /// workspace under sequence parallelism, 0 without.
+  virtual index_t gathered_elems() const = 0;
+  /// Rows of the token-split side (tokens/p under sequence parallelism).
+  index_t split_rows() const { return sp_ ? tokens_ / p_ : tokens_; }
 
   ProcessGrid* grid_;
   Backend* backend_;
@@ -87,6 +104,7 @@ class Linear1D : public Layer<T> {
   index_t tokens_, in_, out_;
   bool has_bias_;
   int p_;
+  bool sp_;
   Param<T> weight_, bias_;
   ConstMatrixView<T> x_{};
 };
@@ -106,7 +124,8 @@ class ColumnParallelLinear1D final : public Linear1D<T> {
   /// Throws summa::Error (the same on every rank) unless the sizes are
   /// positive and out is divisible by groups.out*p.
   ColumnParallelLinear1D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens,
-                         index_t in, index_t out, bool has_bias = true, ColumnGroups groups = {});
+                         index_t in, index_t out, bool has_bias = true, ColumnGroups groups = {},
+                         bool sequence_parallel = false);
 
   void price(cost::Tally& t, model::Phase phase) const override;
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
@@ -117,6 +136,10 @@ class ColumnParallelLinear1D final : public Linear1D<T> {
 
  private:
   std::size_t scratch_bytes() const override;
+  /// X gathered and the partial dX, both [tokens, in] (backward).
+  index_t gathered_elems() const override { return this->sp_ ? 2 * this->tokens_ * this->in_ : 0; }
+  void sequence_parallel_backward(ConstMatrixView<T> dY, MatrixView<T> dX, bool want_dx,
+                                  acc_t<T> beta, StepBuffers& buffers);
 };
 
 /// Y [tokens, out] = sum over ranks of X_r W_r, plus b, with X_r [tokens,
@@ -135,7 +158,8 @@ class RowParallelLinear1D final : public Linear1D<T> {
   /// Throws summa::Error (the same on every rank) unless the sizes are
   /// positive and in is divisible by p.
   RowParallelLinear1D(ProcessGrid& grid, Backend& backend, std::string name, index_t tokens,
-                      index_t in, index_t out, bool has_bias = true, ColumnGroups groups = {});
+                      index_t in, index_t out, bool has_bias = true, ColumnGroups groups = {},
+                      bool sequence_parallel = false);
 
   void price(cost::Tally& t, model::Phase phase) const override;
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
@@ -146,13 +170,16 @@ class RowParallelLinear1D final : public Linear1D<T> {
 
  private:
   std::size_t scratch_bytes() const override;
+  index_t gathered_elems() const override { return this->sp_ ? this->tokens_ * this->out_ : 0; }
 };
 
 // ---------------------------------------------------------------- layer norm, GeLU
 
 /// Megatron's LayerNorm layout (summa/layers/split_layer_norm.hpp): nothing
-/// split, the parameters replicated over the tensor group (rank 0 owns them).
-NormLayout megatron1d_norm_layout(ProcessGrid& grid);
+/// split (with `sequence_parallel`: the tokens over the tensor group, the
+/// parameter gradients all-reduced over it), the parameters replicated over
+/// the tensor group (rank 0 owns them).
+NormLayout megatron1d_norm_layout(ProcessGrid& grid, bool sequence_parallel = false);
 
 // ---------------------------------------------------------------- embedding, head, loss
 
@@ -160,7 +187,9 @@ NormLayout megatron1d_norm_layout(ProcessGrid& grid);
 /// the vocabulary split over the tensor group (p ranks, rank r holds wte
 /// rows [r*V/p, (r+1)*V/p), all h columns); the hidden columns and the
 /// tokens not split; wpe replicated (rank 0 owns it).
-VocabLayout megatron1d_vocab_layout(ProcessGrid& grid);
+/// With `sequence_parallel` the outer activations' tokens are split over the
+/// same axis (VocabLayout::sequence_parallel).
+VocabLayout megatron1d_vocab_layout(ProcessGrid& grid, bool sequence_parallel = false);
 
 /// Token and position embeddings: Y [b*s, h] = the wte rows of the tokens in
 /// this rank's vocabulary range, all-reduced over the group (b*s*h
@@ -170,9 +199,9 @@ template <class T>
 class Embedding1D final : public VocabEmbedding<T> {
  public:
   Embedding1D(ProcessGrid& grid, Backend& backend, index_t batch, index_t seq, index_t vocab,
-              index_t hidden, index_t n_positions)
-      : VocabEmbedding<T>(grid, backend, megatron1d_vocab_layout(grid), batch, seq, vocab, hidden,
-                          n_positions) {}
+              index_t hidden, index_t n_positions, bool sequence_parallel = false)
+      : VocabEmbedding<T>(grid, backend, megatron1d_vocab_layout(grid, sequence_parallel), batch,
+                          seq, vocab, hidden, n_positions) {}
 };
 
 /// Vocabulary-parallel cross-entropy (Megatron) on the logits [tokens, V/p]
@@ -194,9 +223,9 @@ template <class T>
 class LMHead1D final : public VocabLMHead<T> {
  public:
   LMHead1D(ProcessGrid& grid, Backend& backend, Param<T>& wte, index_t tokens, index_t hidden,
-           index_t vocab, index_t normalizer = 0)
-      : VocabLMHead<T>(grid, backend, megatron1d_vocab_layout(grid), wte, tokens, hidden, vocab,
-                       normalizer) {}
+           index_t vocab, index_t normalizer = 0, bool sequence_parallel = false)
+      : VocabLMHead<T>(grid, backend, megatron1d_vocab_layout(grid, sequence_parallel), wte, tokens,
+                       hidden, vocab, normalizer) {}
 };
 
 extern template class Linear1D<float>;

@@ -29,7 +29,7 @@ class Summa2DContext final : public SchemeContext<T> {
 
   std::string_view label() const override { return "2D"; }
   SummaEngine& engine() const { return *engine_; }
-  index_t local_rows(index_t tokens) const override { return tokens / q_; }
+  index_t local_rows(index_t tokens, ActivationLayout) const override { return tokens / q_; }
   index_t local_cols(index_t width, ActivationLayout) const override { return width / q_; }
   int sequence_split() const override { return q_; }
   const char* sequence_split_name() const override { return "q"; }
