@@ -48,21 +48,6 @@ using namespace summa::test;
 
 constexpr index_t kTokens = 72, kIn = 72, kHidden = 144, kClasses = 72;
 
-/// `specs` and, after each 1D scheme of p > 1, the same with sequence
-/// parallelism (a Sequential's outer and inner blocks then differ in rows).
-std::vector<SchemeSpec> with_sequence_parallel(const std::vector<SchemeSpec>& specs) {
-  std::vector<SchemeSpec> out;
-  for (const SchemeSpec& s : specs) {
-    out.push_back(s);
-    if (s.holds<Megatron1DSpec>() && s.as<Megatron1DSpec>().p > 1 &&
-        !s.as<Megatron1DSpec>().sequence_parallel) {
-      out.push_back(s);
-      out.back().as<Megatron1DSpec>().sequence_parallel = true;
-    }
-  }
-  return out;
-}
-
 int world_size() {
   int s = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &s);

@@ -83,7 +83,9 @@ Prompts reference_generation(const GptConfig& config, std::uint64_t seed, const 
 void generation_matches_the_reference(MPI_Comm comm, int ranks) {
   CpuBackend backend;
   const GptConfig config = small_config();
-  const index_t batch = common_batch(representative_schemes(ranks)), seq = 9;
+  // 1D with sequence parallelism too: its embedding's own position rows
+  const std::vector<SchemeSpec> specs = with_sequence_parallel(representative_schemes(ranks), true);
+  const index_t batch = common_batch(specs), seq = 9;
   std::mt19937_64 rng(fresh_seed());
   const std::uint64_t seed = rng();
   // prompts of 1 to 5 tokens, one fewer than the batch (a dummy row runs)
@@ -104,7 +106,6 @@ void generation_matches_the_reference(MPI_Comm comm, int ranks) {
   std::vector<Prompts> want;
   for (const GenerateOptions& o : settings)
     want.push_back(reference_generation(config, seed, prompts, o));
-  const std::vector<SchemeSpec> specs = representative_schemes(ranks);
   for (const SchemeSpec& spec : specs) {
     SCOPED_TRACE(spec.str());
     // every scheme greedy and sampled; top-k and top-p (the same gathered
@@ -135,7 +136,10 @@ void generation_matches_the_reference(MPI_Comm comm, int ranks) {
 
 // The cached decoder's logits at every position equal the whole
 // sequence's recomputed at that position (each sequence's row, where this
-// rank holds it; double: within 1e-10 of the logits' scale).
+// rank holds it; double: within 1e-10 of the logits' scale). The cached
+// model takes two positions a step, so its tokens' positions differ
+// (Gpt::forward_cached's set_positions), under 1D with sequence
+// parallelism too (the embedding's own rows of them).
 template <class T>
 void cached_logits_match_recomputed(MPI_Comm comm, int ranks) {
   // double: rounding only; bf16: the two paths round their GEMMs and
@@ -143,15 +147,16 @@ void cached_logits_match_recomputed(MPI_Comm comm, int ranks) {
   const double tolerance = std::is_same_v<T, bf16> ? 0.02 : 1e-10;
   CpuBackend backend;
   const GptConfig config = small_config();
-  const index_t batch = common_batch(representative_schemes(ranks)), seq = 10;
+  const std::vector<SchemeSpec> specs = with_sequence_parallel(representative_schemes(ranks), true);
+  const index_t batch = common_batch(specs), seq = 10, chunk = 2;
   std::mt19937_64 rng(fresh_seed());
   const std::uint64_t seed = rng();
   std::vector<std::int32_t> window(static_cast<std::size_t>(batch * seq));
   for (auto& id : window) id = static_cast<std::int32_t>(rng() % 72);
-  for (const SchemeSpec& spec : representative_schemes(ranks)) {
+  for (const SchemeSpec& spec : specs) {
     SCOPED_TRACE(spec.str());
     ParallelGpt<T> run(comm, spec, backend, config, batch, seq, {.inference = true});
-    ParallelGpt<T> cached(comm, spec, backend, config, batch, 1,
+    ParallelGpt<T> cached(comm, spec, backend, config, batch, chunk,
                           {.inference = true, .kv_cache = seq});
     run.model().init(seed);
     cached.model().init(seed);
@@ -160,18 +165,21 @@ void cached_logits_match_recomputed(MPI_Comm comm, int ranks) {
     const ConstMatrixView<T> Z = run.model().logits();
     double worst = 0, scale = 0;
     int compared = 0;
-    for (index_t t = 0; t < seq; ++t) {
-      std::vector<std::int32_t> step(static_cast<std::size_t>(batch));
+    for (index_t t = 0; t < seq; t += chunk) {
+      std::vector<std::int32_t> step(static_cast<std::size_t>(batch * chunk));
       for (index_t b = 0; b < batch; ++b)
-        step[static_cast<std::size_t>(b)] = window[static_cast<std::size_t>(b * seq + t)];
+        for (index_t j = 0; j < chunk; ++j)
+          step[static_cast<std::size_t>(b * chunk + j)] =
+              window[static_cast<std::size_t>(b * seq + t + j)];
       cached.model().forward_cached(step, t);
       const ActivationBlock one = cached.model().logits_block();
       const ConstMatrixView<T> C = cached.model().logits();
       ASSERT_EQ(one.cols, full.cols);
       ASSERT_EQ(one.col0, full.col0);
       for (index_t r = 0; r < one.rows; ++r) {
-        const index_t row = (one.row0 + r) * seq + t - full.row0;  // the data group's sequence
-        ASSERT_TRUE(row >= 0 && row < full.rows) << "sequence " << one.row0 + r;
+        const index_t token = one.row0 + r;  // of the data group's step
+        const index_t row = token / chunk * seq + t + token % chunk - full.row0;
+        ASSERT_TRUE(row >= 0 && row < full.rows) << "token " << token;
         for (index_t c = 0; c < one.cols; ++c) {
           worst = std::max(worst,
                            std::abs(static_cast<double>(C(r, c)) - static_cast<double>(Z(row, c))));

@@ -376,6 +376,26 @@ inline std::vector<SchemeSpec> representative_schemes(int ranks) {
   return out;
 }
 
+/// `specs` and, after each 1D scheme of p > 1 (`first_only`: the first
+/// one), the same with sequence parallelism ("sp=on": the outer and inner
+/// blocks then differ in rows), for the tests that take
+/// representative_schemes, which keeps 1D's plain form.
+inline std::vector<SchemeSpec> with_sequence_parallel(const std::vector<SchemeSpec>& specs,
+                                                      bool first_only = false) {
+  std::vector<SchemeSpec> out;
+  bool added = false;
+  for (const SchemeSpec& s : specs) {
+    out.push_back(s);
+    if (s.holds<Megatron1DSpec>() && s.as<Megatron1DSpec>().p > 1 &&
+        !s.as<Megatron1DSpec>().sequence_parallel && !(first_only && added)) {
+      out.push_back(s);
+      out.back().as<Megatron1DSpec>().sequence_parallel = true;
+      added = true;
+    }
+  }
+  return out;
+}
+
 /// Several rank counts in one MPI launch: runs `body(comm, size)` on
 /// disjoint sub-communicators of MPI_COMM_WORLD of every size in `sizes`
 /// (those larger than the world are left out). The sizes are packed into
