@@ -334,10 +334,11 @@ inline index_t common_batch(const std::vector<SchemeSpec>& specs) {
 /// data axis, one scheme per data factor D > 1 (3D, 2D and 1D taken in turn,
 /// the next one the tensor group allows; a 3D grid again with the most axes
 /// above 1), and the first data × 2D with q > 1 where there is one. So
-/// q = 1, 2 and 3, every family and every data factor are kept: 26 schemes
-/// of 8 ranks become 6, 15 of 9 become 5. Every scheme of every rank count
-/// is checked against the serial reference by schemes_np9 and
-/// scheme_layers_np* (schemes_for itself), and its bytes by traffic_np9.
+/// q = 1, 2 and 3, every family and every data factor are kept: 29 schemes
+/// of 8 ranks become 6, 17 of 9 become 5 (1D in its plain form: sp=on is added by
+/// with_sequence_parallel where a test wants it). Every scheme of every rank count is checked
+/// against the serial reference by schemes_np9 and scheme_layers_np* (schemes_for itself), and its
+/// bytes by traffic_np9.
 inline std::vector<SchemeSpec> representative_schemes(int ranks) {
   const std::vector<SchemeSpec> all = schemes_for(ranks);
   const auto axes = [](const SchemeSpec& s) {
