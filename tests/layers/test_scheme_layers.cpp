@@ -833,6 +833,29 @@ SCHEME_CASE_TYPES(SchemeLayers, LMHeadCrossEntropy, lm_head)
 // The shards of a whole GPT keep Hugging Face names and shapes, cover every
 // global element exactly once (gather_global throws otherwise) with the
 // reference's initial values, and replicas hold their owner's values.
+// The spec's options reach the context: the outer rows are split over the
+// ranks the scheme text names (1D: none, or p with sp=on; 2D: q; 3D: Z), so
+// an sp=on dropped on the way (the context built plain) fails here, where
+// the layer tests would pass against the layout the context reports.
+TEST_P(SchemeLayers, OuterRowsFollowTheSpec) {
+  const SchemeSpec& spec = GetParam();
+  const auto ctx = context_of<float>(spec);
+  index_t split = 1;
+  if (spec.holds<Megatron1DSpec>() && spec.as<Megatron1DSpec>().sequence_parallel)
+    split = spec.as<Megatron1DSpec>().p;
+  else if (spec.holds<Summa2DSpec>())
+    split = spec.as<Summa2DSpec>().q;
+  else if (spec.holds<Axonn3DSpec>())
+    split = spec.as<Axonn3DSpec>().gz;
+  const index_t tokens = 72 * split;
+  EXPECT_EQ(ctx->local_rows(tokens, ActivationLayout::outer), tokens / split);
+  // inner: 1D keeps every token (attention and the MLP's 4h are whole over the tokens)
+  if (spec.holds<Megatron1DSpec>()) {
+    EXPECT_EQ(ctx->local_rows(tokens, ActivationLayout::inner), tokens);
+  }
+  EXPECT_EQ(ctx->activation_block(tokens, 8, ActivationLayout::outer).rows, tokens / split);
+}
+
 TEST_P(SchemeLayers, ShardsCoverEachElementOnce) {
   const GptConfig config = test_config(1);
   const auto ctx = context_of<double>(GetParam());

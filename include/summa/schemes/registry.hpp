@@ -70,8 +70,9 @@ struct SchemeRow {
   /// Ranks of one tensor group.
   std::int64_t (*tensor_ranks)(const SchemeSpec& spec);
   /// Ranks whole sequences are split over in a data group (1, q, Z): the
-  /// batch of a data group must be a multiple of it. Default: 1 (sequences
-  /// whole on every rank).
+  /// batch of a data group must be a multiple of it (batch_granularity; 1D
+  /// with sp=on: p, its token rows split within sequences). Default: 1
+  /// (sequences whole on every rank).
   int (*sequence_split)(const SchemeSpec& spec) = &no_sequence_split;
   /// Appends every spec of this scheme with `tensor` ranks per group and
   /// `data` groups.
