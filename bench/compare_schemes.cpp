@@ -123,7 +123,7 @@ struct Settings {
   summa::reference::GptConfig config;
   index_t batch = 24, seq = 32;
   int reps = 3, warmup = 1;
-  bool checkpoint = true;
+  summa::Recompute recompute = summa::Recompute::full;
   std::string dtype = "f32";
   std::string backend = "cpu";      // "cpu" or "cuda"
   std::string comm = "mpi_staged";  // cuda: "mpi_staged" or "nccl"
@@ -244,7 +244,7 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
                   const Batch& data) {
   Result r;
   r.spec = spec;
-  const summa::GptOptions options{.checkpoint = s.checkpoint, .profile = s.breakdown};
+  const summa::GptOptions options{.recompute = s.recompute, .profile = s.breakdown};
   std::optional<summa::ParallelGpt<T>> run;
   try {
     // sizes checked before anything is built (summa/parallel/memory_check.hpp)
@@ -420,7 +420,7 @@ Json json_of(const Settings& s, const Result& r, int ranks) {
             {"dtype", s.dtype},
             {"backend", s.backend},
             {"device", s.device},
-            {"checkpoint", s.checkpoint}};
+            {"recompute", summa::to_string(s.recompute)}};
   j.update(summa::bench::model_shape_fields(s.config, s.seq, s.batch));
   j["reps"] = s.reps;
   j["warmup"] = s.warmup;
@@ -592,11 +592,12 @@ void print_prediction_summary(std::FILE* out, const Settings& s,
 void print_table(std::FILE* out, const Settings& s, const std::vector<Result>& results, int ranks) {
   std::fprintf(out,
                "\ncompare_schemes: %d ranks, layers %d, hidden %d, heads %d, seq %lld, batch %lld, "
-               "vocab %d, positions %d, %s, checkpoint %s, budget %.6g MiB/rank, max batch "
+               "vocab %d, positions %d, %s, recompute %s, budget %.6g MiB/rank, max batch "
                "%lld, backend %s%s%s\n",
                ranks, s.config.n_layer, s.config.n_embd, s.config.n_head,
                static_cast<long long>(s.seq), static_cast<long long>(s.batch), s.config.vocab_size,
-               s.config.n_positions, s.dtype.c_str(), s.checkpoint ? "on" : "off", s.budget_mib,
+               s.config.n_positions, s.dtype.c_str(),
+               std::string(summa::to_string(s.recompute)).c_str(), s.budget_mib,
                static_cast<long long>(s.max_batch), s.backend.c_str(),
                s.backend == "cuda" ? " on " : "", s.backend == "cuda" ? s.device.c_str() : "");
   std::fprintf(
@@ -675,7 +676,7 @@ std::vector<summa::SchemeSpec> auto_schemes(const Settings& s, summa::Backend& b
                                             std::FILE* text) {
   const auto budget = static_cast<std::uint64_t>(s.budget_mib * 1024 * 1024);
   const std::vector<summa::SchemeCandidate> all = summa::rank_schemes<T>(
-      MPI_COMM_WORLD, backend, s.config, s.batch, s.seq, {.checkpoint = s.checkpoint}, *s.machine,
+      MPI_COMM_WORLD, backend, s.config, s.batch, s.seq, {.recompute = s.recompute}, *s.machine,
       {.budget_bytes = budget,
        .time = {.optimizer = false, .ranks_per_device = s.ranks_per_device}},
       s.grid);
@@ -790,7 +791,7 @@ int run_plan_inference(const Settings& s, summa::Backend& backend, int rank) {
   for (const summa::SchemeSpec& spec : s.schemes) {
     std::string row = "| `" + spec.str() + "` |";
     try {
-      row += " " + planned(spec, s.seq, {.checkpoint = s.checkpoint}) + " |";
+      row += " " + planned(spec, s.seq, {.recompute = s.recompute}) + " |";
       row += " " + planned(spec, s.seq, {.inference = true}) + " |";
       row += " " + planned(spec, 1, {.inference = true, .kv_cache = s.seq}) + " |";
     } catch (const summa::Error& e) {  // identical on every rank
@@ -808,7 +809,7 @@ int run_plan_inference(const Settings& s, summa::Backend& backend, int rank) {
 template <class T>
 int run_plan(const Settings& s, summa::Backend& backend, int rank, int ranks) {
   if (s.pass == "plan-inference") return run_plan_inference<T>(s, backend, rank);
-  const summa::GptOptions options{.checkpoint = s.checkpoint};
+  const summa::GptOptions options{.recompute = s.recompute};
   const auto budget = static_cast<std::size_t>(s.budget_mib * 1024 * 1024);
   std::vector<std::string> lines, skipped;
   for (const summa::SchemeSpec& spec : s.schemes) {
@@ -893,7 +894,7 @@ int run_inference(const Settings& s, summa::Backend& backend, int rank, int rank
     Json j{{"pass", "inference"}, {"scheme", spec.str()}, {"ranks", ranks}, {"dtype", s.dtype}};
     j.update(summa::bench::model_shape_fields(s.config, s.seq, s.batch));
     try {
-      const double train_bytes = planned(spec, s.seq, {.checkpoint = s.checkpoint});
+      const double train_bytes = planned(spec, s.seq, {.recompute = s.recompute});
       summa::ParallelGpt<T> fwd(MPI_COMM_WORLD, spec, backend, s.config, s.batch, s.seq,
                                 {.inference = true}, s.grid);
       fwd.model().init(s.seed);
@@ -992,7 +993,7 @@ int run(int argc, char** argv, int rank, int ranks) {
   Settings s;
   int layers = 2, hidden = 192, heads = 24, vocab = 1536, positions = 0;
   long long batch = 24, seq = 32, max_batch = 4096;
-  std::string checkpoint = "on", schemes;
+  std::string recompute = "full", schemes;
   app.add_option("--layers", layers, "Transformer blocks")
       ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
@@ -1023,8 +1024,10 @@ int run(int argc, char** argv, int rank, int ranks) {
   app.add_option("--warmup", s.warmup, "Untimed steps before the measured one")
       ->check(CLI::Range(0, 100000))
       ->capture_default_str();
-  app.add_option("--checkpoint", checkpoint, "Activation checkpointing")
-      ->check(CLI::IsMember({"on", "off"}))
+  app.add_option("--recompute", recompute,
+                 "What backward recomputes: full (per-block activation checkpoints), selective "
+                 "(attention's probabilities only) or none")
+      ->check(CLI::IsMember({"none", "full", "selective"}))
       ->capture_default_str();
   app.add_option("--budget-mib", s.budget_mib, "Memory budget per rank for the largest batch")
       ->check(summa::flags::real_in(1e-3, 1e9))
@@ -1089,7 +1092,7 @@ int run(int argc, char** argv, int rank, int ranks) {
   s.batch = batch;
   s.seq = seq;
   s.max_batch = max_batch;
-  s.checkpoint = checkpoint == "on";
+  s.recompute = summa::parse_recompute(recompute, "--recompute");
   if (s.seq > s.config.n_positions)
     throw UsageError("--seq=" + std::to_string(s.seq) +
                      " exceeds --positions=" + std::to_string(s.config.n_positions));

@@ -328,7 +328,9 @@ bool run_gpt(Context& ctx, const Batch& data, bool checkpoint,
   const auto& c = s.config;
   const std::string_view dtype = summa::name_of(summa::dtype_v<T>);
   summa::Summa2DContext<T> scheme(*ctx.engine);
-  summa::Gpt<T> model(scheme, c, s.batch, s.seq, summa::GptOptions{.checkpoint = checkpoint});
+  summa::Gpt<T> model(
+      scheme, c, s.batch, s.seq,
+      summa::GptOptions{.recompute = checkpoint ? summa::Recompute::full : summa::Recompute::none});
   model.init(s.seed);
 
   bool ok = true;

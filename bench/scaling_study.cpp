@@ -21,7 +21,8 @@
 // PREFIX-efficiency.png (scripts/plot_scaling.py, python3-matplotlib).
 //
 // A study file: {"name": ..., "kind": "weak"|"strong", "stem_only": bool,
-// "dtype": "f32"|"bf16"|"f64", "checkpoint": bool, "placement":
+// "dtype": "f32"|"bf16"|"f64", "recompute": "full"|"selective"|"none"
+// (or the older "checkpoint": true = full, false = none), "placement":
 // "natural"|"bunched", "points": [{"gpus": 4, "scheme": "2d:q=2", "batch": 96,
 // "seq": 512, "layers": 24, "hidden": 2048, "heads": 32, "vocab": 50304,
 // "paper_fwd_per_sample_s": ..., "paper_bwd_per_sample_s": ...}, ...]}.
@@ -82,7 +83,8 @@ struct Point {
 
 struct Study {
   std::string name, kind = "weak";
-  bool stem_only = true, checkpoint = true;
+  bool stem_only = true;
+  summa::Recompute recompute = summa::Recompute::full;
   summa::DType dtype = summa::DType::f32;
   summa::Placement placement = summa::Placement::natural;
   std::vector<Point> points = {};
@@ -296,7 +298,13 @@ Study read_study(const std::string& path) {
       throw summa::Error(
           fmt::format("study file {}: kind '{}' is not weak or strong", path, s.kind));
     s.stem_only = field("stem_only", true);
-    s.checkpoint = field("checkpoint", true);
+    if (j.contains("checkpoint") && j.contains("recompute"))
+      throw summa::Error(fmt::format(
+          "study file {}: \"checkpoint\" and \"recompute\" both given; keep \"recompute\"", path));
+    s.recompute = field("checkpoint", true) ? summa::Recompute::full : summa::Recompute::none;
+    if (j.contains("recompute"))
+      s.recompute = summa::parse_recompute(field("recompute", std::string("full")),
+                                           fmt::format("study file {}: \"recompute\"", path));
     s.dtype = parse_dtype(field("dtype", std::string("f32")));
     const std::string placement = field("placement", std::string("natural"));
     if (placement != "natural" && placement != "bunched")
@@ -518,14 +526,25 @@ void require_replaceable(const std::string& path, const char* flag, OutputKind k
 
 // Model flops of one training step of the timed part (2 per multiply-add;
 // forward 24 b s h^2 + 4 b s^2 h per layer, backward twice that, the
-// checkpointed recomputation once more; the LM head 2 b s h V forward).
+// checkpointed recomputation once more, or with selective recompute
+// attention's scores once more, 2 b s^2 h per layer; the LM head 2 b s h V
+// forward).
 double step_flops(const Point& p, const Study& s) {
   const double b = static_cast<double>(p.batch), sq = static_cast<double>(p.seq),
                h = static_cast<double>(p.hidden);
   const double layer = 2 * (12 * b * sq * h * h + 2 * b * sq * sq * h);
   double fwd = static_cast<double>(p.layers) * layer;
   if (!s.stem_only) fwd += 2 * b * sq * h * static_cast<double>(p.vocab);
-  return fwd * (s.checkpoint ? 4 : 3);
+  const double scores = 2 * b * sq * sq * h * static_cast<double>(p.layers);
+  switch (s.recompute) {
+    case summa::Recompute::full:
+      return 4 * fwd;
+    case summa::Recompute::selective:
+      return 3 * fwd + scores;
+    case summa::Recompute::none:
+      break;
+  }
+  return 3 * fwd;
 }
 
 summa::GptConfig config_of(const Point& p) {
@@ -567,7 +586,7 @@ Planned plan_point(const Point& p, const Study& s, const summa::model::Machine& 
                    const summa::model::StepTimeOptions& time) {
   summa::CpuBackend backend;  // the plan's workspaces as the CPU backend sizes them
   const summa::GptConfig c = config_of(p);
-  const summa::GptOptions options{.checkpoint = s.checkpoint};
+  const summa::GptOptions options{.recompute = s.recompute};
   Planned out;
   if (p.scheme != "auto") {
     const summa::SchemeSpec spec = summa::SchemeSpec::parse(p.scheme);
@@ -576,7 +595,7 @@ Planned plan_point(const Point& p, const Study& s, const summa::model::Machine& 
     out.memory_bytes = r.report.total() + adamw_state_bytes<T>(r.report, spec);
     out.inference_bytes =
         summa::plan_memory_busiest<T>(summa::SchemeSpec::parse(p.scheme), backend, c, p.batch,
-                                      p.seq, {.checkpoint = s.checkpoint, .inference = true})
+                                      p.seq, {.recompute = s.recompute, .inference = true})
             .report.total();
     return out;
   }
@@ -607,8 +626,8 @@ Result predict(const Point& p, const Study& s, const summa::model::Machine& m, i
   const summa::model::StepTimeOptions options{
       .placement = s.placement, .optimizer = !s.stem_only, .ranks_per_device = share};
   const auto price = [&](const summa::SchemeSpec& spec, Result& r) {
-    const auto t = summa::model::predict_step_time(
-        spec, c, p.batch, p.seq, {.checkpoint = s.checkpoint}, s.dtype, m, options);
+    const auto t = summa::model::predict_step_time(spec, c, p.batch, p.seq,
+                                                   {.recompute = s.recompute}, s.dtype, m, options);
     r.fwd = r.bwd = 0;
     for (const auto& op : t.ops) {
       if (s.stem_only && !op.op.starts_with("block.")) continue;
@@ -687,7 +706,7 @@ void measure(Result& r, const Study& s, const summa::model::Machine& machine,
   if (member) {
     const summa::SchemeSpec spec = summa::SchemeSpec::parse(r.scheme);
     const summa::GptConfig c = config_of(r.point);
-    const summa::GptOptions options{.checkpoint = s.checkpoint};
+    const summa::GptOptions options{.recompute = s.recompute};
     try {
       // sizes checked before memory (summa/parallel/memory_check.hpp): a
       // point this node cannot hold is noted with the bytes, not bad_alloc
@@ -925,9 +944,12 @@ int study_main(int argc, char** argv, int rank, int world) {
   const bool any_measured = std::any_of(results.begin(), results.end(),
                                         [](const Result& r) { return r.measured_fwd.has_value(); });
   std::ostringstream table;
-  table << fmt::format("# {} on {} ({}; {})\n", study.name, machine.name,
+  table << fmt::format("# {} on {} ({}; {}{})\n", study.name, machine.name,
                        study.stem_only ? "stacked transformer layers" : "whole step",
-                       summa::name_of(study.dtype));
+                       summa::name_of(study.dtype),
+                       study.recompute == summa::Recompute::full
+                           ? std::string()
+                           : fmt::format("; recompute {}", summa::to_string(study.recompute)));
   table << fmt::format(
       "{:>5} {:>22} {:>6} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6} {:>6} {:>8}",
       "gpus", "scheme", "batch", "hidden", "heads", "fwd/smp", "paper", "bwd/smp", "paper", "thru",

@@ -5,7 +5,7 @@
 // water). Rank 0 also prints the activations the serial reference keeps for
 // the same batch (reference::Gpt stores every activation, no checkpointing).
 //
-//   mpirun -np 4 ./gpt_memory [layers hidden heads seq batch vocab [checkpoint=1|0]]
+//   mpirun -np 4 ./gpt_memory [layers hidden heads seq batch vocab [recompute=full|selective|none]]
 //
 // docs/memory.md uses it to show activation memory per rank falling as 1/q².
 #include <mpi.h>
@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "flag_checks.hpp"
@@ -26,8 +27,10 @@ int run(int argc, char** argv) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (rank == 0)
-      std::fprintf(stderr, "usage: %s [layers hidden heads seq batch vocab [checkpoint=1|0]]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [layers hidden heads seq batch vocab [recompute=full|selective|none]]\n",
+          argv[0]);
     return 2;
   }
   // Each argument a whole integer in its range (was: atol, "abc" read as 0
@@ -43,7 +46,13 @@ int run(int argc, char** argv) {
   const index_t seq = arg(4, "seq", 128, 1 << 24), batch = arg(5, "batch", 6, 1 << 30);
   config.vocab_size = static_cast<int>(arg(6, "vocab", 2304, 1 << 24));
   config.n_positions = static_cast<int>(seq);
-  const bool checkpoint = arg(7, "checkpoint", 1, 1) != 0;
+  // full, selective or none (summa::Recompute); 1 and 0, the older
+  // checkpointing on and off, read as full and none
+  const std::string_view recompute_text = argc > 7 ? argv[7] : "full";
+  const summa::Recompute recompute = recompute_text == "1" ? summa::Recompute::full
+                                     : recompute_text == "0"
+                                         ? summa::Recompute::none
+                                         : summa::parse_recompute(recompute_text, "recompute");
 
   summa::ProcessGrid grid = summa::ProcessGrid::mesh2d(MPI_COMM_WORLD);
   summa::CpuBackend backend;
@@ -52,13 +61,13 @@ int run(int argc, char** argv) {
   // Sizes checked before memory: the planner's message, not bad_alloc.
   summa::require_memory_fits<float>(
       MPI_COMM_WORLD, summa::SchemeSpec::parse("2d:q=" + std::to_string(q)), backend, config, batch,
-      seq, {.checkpoint = checkpoint}, {},
+      seq, {.recompute = recompute}, {},
       {.bytes = summa::available_memory_per_rank(MPI_COMM_WORLD, backend),
        .source = summa::available_memory_source(backend),
        .batch_option = "batch"},
       "");
   summa::Summa2DContext<float> scheme(engine);
-  summa::Gpt<float> model(scheme, config, batch, seq, {.checkpoint = checkpoint});
+  summa::Gpt<float> model(scheme, config, batch, seq, {.recompute = recompute});
   model.init(1234);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * seq));
   std::vector<std::int32_t> targets(tokens.size());
@@ -77,9 +86,10 @@ int run(int argc, char** argv) {
   if (rank == 0)
     std::printf(
         "GPT (2D) float: layers %d, hidden %d, heads %d, seq %ld, batch %ld, vocab %d, q %d, "
-        "checkpointing %s, loss %.6f\n",
+        "recompute %s, loss %.6f\n",
         config.n_layer, config.n_embd, config.n_head, static_cast<long>(seq),
-        static_cast<long>(batch), config.vocab_size, q, checkpoint ? "on" : "off", loss);
+        static_cast<long>(batch), config.vocab_size, q,
+        std::string(summa::to_string(recompute)).c_str(), loss);
   // Ranks print in order (one at a time, rank 0 first).
   for (int r = 0; r < size; ++r) {
     if (r == rank) {

@@ -88,8 +88,9 @@ struct Cli {
   std::string cpu_gemm;  // default: CpuBackend::default_gemm()
   int threads = 1;
   bool tf32 = false;
-  bool recompute = true;
-  bool profile = false;  // time the step's parts into the log
+  std::string recompute = "full";  // none | full | selective (summa::Recompute)
+  bool no_recompute = false;       // --no-recompute: recompute = none
+  bool profile = false;            // time the step's parts into the log
   std::int64_t steps = 400;
   index_t batch = 16;
   std::string optimizer = "adamw";
@@ -660,7 +661,8 @@ int train(const Cli& cli) {
                                   auto_scheme ? ranks : static_cast<int>(spec.tensor_ranks()));
   o.batch = cli.batch;
   o.seq = cli.seq;
-  o.gpt.checkpoint = cli.recompute;
+  o.gpt.recompute = cli.no_recompute ? summa::Recompute::none
+                                     : summa::parse_recompute(cli.recompute, "--recompute");
   o.gpt.profile = cli.profile;
   o.optimizer.kind = cli.optimizer;
   o.optimizer.weight_decay = cli.weight_decay;
@@ -1214,7 +1216,8 @@ int train(const Cli& cli) {
   if (root) {
     std::printf(
         "gpt_train: GPT-2 n_layer=%d n_head=%d n_embd=%d seq=%lld vocab=%d (%lld parameters) | "
-        "%s on %d ranks | %s on %s (comm %s%s%s) | batch %lld x %lld tokens | %s lr %.3g (warm-up "
+        "%s on %d ranks | %s on %s (comm %s%s%s) | batch %lld x %lld tokens, recompute %s | %s lr "
+        "%.3g (warm-up "
         "%lld, cosine to %.3g) | %zu tokens from %s\n",
         o.config.n_layer, o.config.n_head, o.config.n_embd, static_cast<long long>(o.seq),
         o.config.vocab_size, static_cast<long long>(summa::reference::parameter_count(o.config)),
@@ -1222,9 +1225,11 @@ int train(const Cli& cli) {
         summa::to_string(o.grid.comm), cli.tf32 ? ", tf32" : "",
         // read from the grid the model runs on: the flag reached it
         trainer.parallel().grid().check_calls() ? ", check-calls" : "",
-        static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.optimizer.kind.c_str(),
-        o.schedule.lr, static_cast<long long>(o.schedule.warmup), o.schedule.min_lr, n_tokens,
-        cli.data.c_str());
+        static_cast<long long>(o.batch), static_cast<long long>(o.seq),
+        // read from the model: the flag reached it
+        std::string(summa::to_string(trainer.parallel().model().options().recompute)).c_str(),
+        o.optimizer.kind.c_str(), o.schedule.lr, static_cast<long long>(o.schedule.warmup),
+        o.schedule.min_lr, n_tokens, cli.data.c_str());
     std::fflush(stdout);
   }
   const bool bar = root && progress == Progress::bar;
@@ -1519,7 +1524,15 @@ int main(int argc, char** argv) {
                  "mpi on cpu, nccl on cuda")
       ->check(CLI::IsMember({"mpi", "nccl", "mpi_staged"}));
   app.add_flag("--tf32", cli.tf32, "cuda: TF32 tensor cores in float GEMMs");
-  app.add_flag("!--no-recompute", cli.recompute, "keep every activation (no checkpointing)");
+  auto* recompute =
+      app.add_option("--recompute", cli.recompute,
+                     "what backward recomputes: full (per-block activation checkpoints), "
+                     "selective (only attention's probabilities; Korthikanti et al. 2022) or none "
+                     "(keep every activation)")
+          ->check(CLI::IsMember({"none", "full", "selective"}))
+          ->capture_default_str();
+  app.add_flag("--no-recompute", cli.no_recompute, "the same as --recompute none")
+      ->excludes(recompute);
   app.add_flag("--profile", cli.profile,
                "log each step's parts (parts_s: embedding, blocks, ln_f, lm_head forward; "
                "lm_head, ln_f, blocks recompute and backward, embedding, data-axis wait; each "

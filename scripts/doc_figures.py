@@ -92,7 +92,7 @@ def training(log):
 def gpt_memory(ranks, checkpoint):
     """build/examples/gpt_memory's output on `ranks` ranks."""
     return subprocess.run(["mpirun", "-np", str(ranks), "build/examples/gpt_memory", *MEMORY_MODEL,
-                           "1" if checkpoint else "0"], check=True, capture_output=True,
+                           "full" if checkpoint else "none"], check=True, capture_output=True,
                           text=True).stdout.split("\n")
 
 

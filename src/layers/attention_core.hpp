@@ -36,19 +36,24 @@ struct LocalAttention {
   /// What forward() (or backward()) does, for the step-time model: one
   /// strided-batched call of `heads` products per sequence, the softmax,
   /// and the copies between token-major and head-major layouts; e: the
-  /// element size.
-  void price(cost::Tally& t, bool backward, cost::u64 e) const {
+  /// element size. `recompute`: backward first forms the probabilities
+  /// again (S = Q Kᵀ and the softmax; Recompute::selective).
+  void price(cost::Tally& t, bool backward, cost::u64 e, bool recompute = false) const {
     const auto u = [](index_t v) { return static_cast<cost::u64>(v); };
     const cost::u64 s = u(seq), d = u(head_dim), sequences = u(seqs), h = u(heads);
     const cost::u64 scores = sequences * h * s * s * e, qkv = u(tokens()) * 3 * u(width()) * e;
-    if (!backward) {
-      t.memory(qkv);                                                   // head-major q, k, v
+    const auto probabilities = [&] {
       t.gemm(s, s, d, e, h, sequences);                                // S = Q Kᵀ
       t.pointwise(model::Pointwise::softmax, scores / e, 3 * scores);  // masked softmax
-      t.gemm(s, d, s, e, h, sequences);                                // O = P V
-      t.memory(2 * (qkv / 3));                                         // context, token-major
+    };
+    if (!backward) {
+      t.memory(qkv);  // head-major q, k, v
+      probabilities();
+      t.gemm(s, d, s, e, h, sequences);  // O = P V
+      t.memory(2 * (qkv / 3));           // context, token-major
     } else {
       t.memory(2 * (qkv / 3));
+      if (recompute) probabilities();
       t.gemm(s, s, d, e, h, sequences);      // dP = dO Vᵀ
       t.gemm(s, d, s, e, h, sequences);      // dV = Pᵀ dO
       t.memory(4 * scores);                  // softmax backward
@@ -63,36 +68,51 @@ struct LocalAttention {
                     be.gemm_scratch_bytes(seq, head_dim, seq, t));
   }
 
-  /// probs = softmax_causal(scale * Q Kᵀ) per sequence and head (saved for
-  /// backward), ctx = probs V. Per sequence, the heads go in one strided batch:
-  /// Q/K/V/context blocks of consecutive heads are head_dim columns apart,
-  /// probabilities seq * seq elements apart.
+  /// Sequence b's probabilities P = softmax_causal(scale * Q Kᵀ), its heads
+  /// in one strided batch into `Pb` (heads matrices s x s, s * s apart).
   template <class T>
-  void forward(Backend& be, ConstMatrixView<T> qkv, T* probs, MatrixView<T> ctx,
+  void probabilities(Backend& be, ConstMatrixView<T> qkv, index_t b, T* Pb, Scratch scratch) const {
+    using A = acc_t<T>;
+    const index_t s = seq, d = head_dim, w = width(), ss = s * s;
+    const auto Q = qkv.block(b * s, 0, s, d);
+    const auto K = qkv.block(b * s, w, s, d);
+    const auto P = MatrixView<T>::dense(Pb, s, s, Order::row_major);
+    be.gemm_strided_batched(Op::N, Op::T, A(1), Q, d, K, d, A(0), P, ss, heads, scratch);
+    for (index_t k = 0; k < heads; ++k) {
+      const auto Pk = MatrixView<T>::dense(Pb + k * ss, s, s, Order::row_major);
+      be.softmax_causal(Pk, scale(), Pk);
+    }
+  }
+
+  /// ctx = softmax_causal(scale * Q Kᵀ) V per sequence and head. Per
+  /// sequence, the heads go in one strided batch: Q/K/V/context blocks of
+  /// consecutive heads are head_dim columns apart, probabilities seq * seq
+  /// elements apart. `keep`: the probabilities stay in `probs` for backward
+  /// (probs_elems() elements); otherwise `probs` holds one sequence's
+  /// (dprobs_elems()), overwritten by the next.
+  template <class T>
+  void forward(Backend& be, ConstMatrixView<T> qkv, T* probs, bool keep, MatrixView<T> ctx,
                Scratch scratch) const {
     using A = acc_t<T>;
     const index_t s = seq, d = head_dim, w = width(), ss = s * s;
     for (index_t b = 0; b < seqs; ++b) {
-      const auto Q = qkv.block(b * s, 0, s, d);
-      const auto K = qkv.block(b * s, w, s, d);
+      T* const Pb = keep ? probs + b * heads * ss : probs;
+      probabilities(be, qkv, b, Pb, scratch);
       const auto V = qkv.block(b * s, 2 * w, s, d);
-      T* const Pb = probs + b * heads * ss;
-      const auto P = MatrixView<T>::dense(Pb, s, s, Order::row_major);
-      be.gemm_strided_batched(Op::N, Op::T, A(1), Q, d, K, d, A(0), P, ss, heads, scratch);
-      for (index_t k = 0; k < heads; ++k) {
-        const auto Pk = MatrixView<T>::dense(Pb + k * ss, s, s, Order::row_major);
-        be.softmax_causal(Pk, scale(), Pk);
-      }
-      be.gemm_strided_batched(Op::N, Op::N, A(1), ConstMatrixView<T>(P), ss, V, d, A(0),
-                              ctx.block(b * s, 0, s, d), d, heads, scratch);
+      const auto P = ConstMatrixView<T>::dense(Pb, s, s, Order::row_major);
+      be.gemm_strided_batched(Op::N, Op::N, A(1), P, ss, V, d, A(0), ctx.block(b * s, 0, s, d), d,
+                              heads, scratch);
     }
   }
 
-  /// dqkv from dctx, given forward()'s qkv and probs; dP is dprobs_elems()
-  /// elements of scratch. Overwrites all of dqkv.
+  /// dqkv from dctx, given forward()'s qkv and probabilities; dP is
+  /// dprobs_elems() elements of scratch. `recompute`: `probs` is one
+  /// sequence's room (dprobs_elems()), each sequence's probabilities formed
+  /// there again first (Recompute::selective); otherwise the probabilities
+  /// forward() kept. Overwrites all of dqkv.
   template <class T>
-  void backward(Backend& be, ConstMatrixView<T> qkv, const T* probs, ConstMatrixView<T> dctx,
-                MatrixView<T> dqkv, T* dP, Scratch scratch) const {
+  void backward(Backend& be, ConstMatrixView<T> qkv, T* probs, bool recompute,
+                ConstMatrixView<T> dctx, MatrixView<T> dqkv, T* dP, Scratch scratch) const {
     using A = acc_t<T>;
     const index_t s = seq, d = head_dim, w = width(), ss = s * s;
     const auto dPm = MatrixView<T>::dense(dP, s, s, Order::row_major);
@@ -101,7 +121,8 @@ struct LocalAttention {
       const auto K = qkv.block(b * s, w, s, d);
       const auto V = qkv.block(b * s, 2 * w, s, d);
       const auto dC = dctx.block(b * s, 0, s, d);
-      const T* const Pb = probs + b * heads * ss;
+      T* const Pb = recompute ? probs : probs + b * heads * ss;
+      if (recompute) probabilities(be, qkv, b, Pb, scratch);
       const auto P = ConstMatrixView<T>::dense(Pb, s, s, Order::row_major);
       be.gemm_strided_batched(Op::N, Op::T, A(1), dC, d, V, d, A(0), dPm, ss, heads,
                               scratch);  // dP = dC Vᵀ

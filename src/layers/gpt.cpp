@@ -65,6 +65,24 @@ ProcessGrid& checked(const std::string& what, ProcessGrid& grid, const Backend& 
 
 }  // namespace
 
+std::string_view to_string(Recompute r) {
+  switch (r) {
+    case Recompute::none:
+      return "none";
+    case Recompute::full:
+      return "full";
+    case Recompute::selective:
+      return "selective";
+  }
+  return "?";
+}
+
+Recompute parse_recompute(std::string_view text, std::string_view what) {
+  for (const Recompute r : {Recompute::none, Recompute::full, Recompute::selective})
+    if (text == to_string(r)) return r;
+  throw Error(fmt::format("{} '{}': expected none, full or selective", what, text));
+}
+
 template <class T>
 Gpt<T>::Gpt(SchemeContext<T>& scheme, const GptConfig& config, index_t batch, index_t seq,
             GptOptions options)
@@ -91,6 +109,8 @@ Gpt<T>::Gpt(SchemeContext<T>& scheme, const GptConfig& config, index_t batch, in
   head_ = scheme.lm_head(embedding_->wte(), tokens, h, config.vocab_size, batch * seq);
   if (options.kv_cache > 0)
     for (auto& block : blocks_) block->attn().use_cache(options.kv_cache);
+  if (options.recompute == Recompute::selective && !options.inference)
+    for (auto& block : blocks_) block->attn().recompute_probabilities(true);
   scheme.finish_layers(options.plan_only);
   finish_construction(scheme.local_rows(tokens, ActivationLayout::outer),
                       scheme.local_cols(h, ActivationLayout::outer));
@@ -202,7 +222,7 @@ void Gpt<T>::price(cost::Tally& t, model::Phase phase) const {
     t.begin(gpt_op::ln_f, phase);
     ln_f_->price(t, phase);
     each_block([&](const TransformerBlock<T>& b) {
-      if (options_.checkpoint) b.price(t, model::Phase::recompute);
+      if (checkpointed()) b.price(t, model::Phase::recompute);
       b.price(t, phase);
     });
     t.begin(gpt_op::embedding, phase);
@@ -243,7 +263,7 @@ BufferNeeds Gpt<T>::buffer_needs() const {
   const std::size_t head_backward = slot + head.backward;  // dL/d LN_f output
   BufferNeeds all;
   all.workspace = std::max({embedding_->buffer_needs().workspace, block.workspace, head.workspace});
-  all.forward = options_.checkpoint || options_.inference
+  all.forward = checkpointed() || options_.inference
                     ? std::max(block.forward, head.forward)
                     : static_cast<std::size_t>(config_.n_layer) * block.forward + head.forward;
   all.backward = options_.inference ? 0 : std::max(block.backward, head_backward);
@@ -407,7 +427,7 @@ double Gpt<T>::forward(std::span<const std::int32_t> tokens,
     for (std::size_t i = 0; i < blocks_.size(); ++i) {
       const std::size_t mark = B.forward.mark();
       blocks_[i]->forward(boundaries_[i], boundaries_[i + 1], step);
-      if (options_.checkpoint || options_.inference) B.forward.release(mark);
+      if (checkpointed() || options_.inference) B.forward.release(mark);
     }
   });
   lnf_ = MatrixView<T>::dense(B.forward.take<T>(static_cast<std::size_t>(rows_ * cols_)), rows_,
@@ -457,7 +477,7 @@ void Gpt<T>::backward(bool accumulate) {
   reduce_bucket(bucket++);  // LN_f's gradients are final
   int cur = 0;
   for (std::size_t i = blocks_.size(); i-- > 0;) {
-    if (options_.checkpoint) {
+    if (checkpointed()) {
       // Recompute block i from its checkpointed input; its output goes to the
       // free conjunction slot (backward does not read a block's output).
       B.forward.reset();

@@ -159,8 +159,12 @@ BufferNeeds Attention<T>::buffer_needs() const {
             .backward = 0};
   }
   ByteCount<T> fwd, bwd, ws;
-  fwd.add(nt * 3 * w).add(a.probs_elems()).add(nt * w);   // qkv, probs, context
-  bwd.add(nt * w).add(nt * 3 * w).add(a.dprobs_elems());  // dcontext, dqkv, dP
+  fwd.add(nt * 3 * w).add(recompute_ ? 0 : a.probs_elems()).add(nt * w);  // qkv, probs, context
+  bwd.add(nt * w).add(nt * 3 * w).add(a.dprobs_elems());                  // dcontext, dqkv, dP
+  if (recompute_) {  // one sequence's probabilities: formed in forward, again in backward
+    ws.add(a.dprobs_elems());
+    bwd.add(a.dprobs_elems());
+  }
   ws.add_bytes(gemm_scratch());
   return {.workspace = std::max(
               {ws.bytes(), c_attn_->buffer_needs().workspace, c_proj_->buffer_needs().workspace}),
@@ -184,11 +188,14 @@ void Attention<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& b
     buffers.timed(block_op::attn_c_proj, [&] { c_proj_->forward(ctx_, Y, buffers); });
     return;
   }
-  probs_ = fwd.take<T>(static_cast<std::size_t>(a.probs_elems()));
+  probs_ = recompute_ ? nullptr : fwd.take<T>(static_cast<std::size_t>(a.probs_elems()));
   ctx_ = take_block<T>(fwd, nt, w);
+  forwarded_ = true;
   buffers.timed(block_op::core, [&] {
     ArenaScope scope(buffers.workspace);
-    a.forward<T>(*backend_, qkv_, probs_, ctx_,
+    T* const probs =
+        recompute_ ? buffers.workspace.take<T>(static_cast<std::size_t>(a.dprobs_elems())) : probs_;
+    a.forward<T>(*backend_, qkv_, probs, !recompute_, ctx_,
                  Scratch{buffers.workspace.take_bytes(gemm_scratch()), gemm_scratch()});
   });
   buffers.timed(block_op::attn_c_proj, [&] { c_proj_->forward(ctx_, Y, buffers); });
@@ -200,7 +207,7 @@ void Attention<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers
   require(cache_length_ == 0, [&] {
     return fmt::format("Attention '{}': backward with a key/value cache (inference only)", name_);
   });
-  require(probs_ != nullptr,
+  require(forwarded_,
           [&] { return fmt::format("Attention '{}': backward without forward", name_); });
   const detail::LocalAttention a = local();
   const index_t nt = a.tokens(), w = a.width();
@@ -210,9 +217,10 @@ void Attention<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers
   buffers.timed(block_op::attn_c_proj, [&] { c_proj_->backward(dY, dctx, buffers, accumulate); });
   const auto dqkv = take_block<T>(bwd, nt, 3 * w);
   T* const dP = bwd.take<T>(static_cast<std::size_t>(a.dprobs_elems()));
+  T* const probs = recompute_ ? bwd.take<T>(static_cast<std::size_t>(a.dprobs_elems())) : probs_;
   buffers.timed(block_op::core, [&] {
     ArenaScope ws_scope(buffers.workspace);
-    a.backward<T>(*backend_, qkv_, probs_, dctx, dqkv, dP,
+    a.backward<T>(*backend_, qkv_, probs, recompute_, dctx, dqkv, dP,
                   Scratch{buffers.workspace.take_bytes(gemm_scratch()), gemm_scratch()});
   });
   buffers.timed(block_op::c_attn, [&] { c_attn_->backward(dqkv, dX, buffers, accumulate); });
@@ -223,7 +231,7 @@ void Attention<T>::price(cost::Tally& t, model::Phase phase) const {
   const bool backward = phase == model::Phase::backward;
   const auto core = [&] {
     t.begin(block_op::core, phase);
-    local().price(t, backward, sizeof(T));
+    local().price(t, backward, sizeof(T), recompute_);
   };
   if (!backward) {
     t.begin(block_op::c_attn, phase);

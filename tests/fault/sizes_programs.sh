@@ -279,6 +279,14 @@ case=study_checkpoint_text  # was: nlohmann's "type must be boolean, but is stri
 printf '{"checkpoint": "yes", "points": [{"gpus": 2, "scheme": "1d:p=2", "batch": 8, "hidden": 64, "heads": 4}]}\n' >"$W/checkpoint_text.json"
 refused "scaling_study: error: study file .*checkpoint_text.json: \"checkpoint\" is \"yes\", not true or false" \
   "$STUDY" --study "$W/checkpoint_text.json" --predict "$(dirname "$0")/../../machines/dev-2core.json"
+case=study_recompute_text
+printf '{"recompute": "partial", "points": [{"gpus": 2, "scheme": "1d:p=2", "batch": 8, "hidden": 64, "heads": 4}]}\n' >"$W/recompute_text.json"
+refused "scaling_study: error: study file .*recompute_text.json: \"recompute\" 'partial': expected none, full or selective" \
+  "$STUDY" --study "$W/recompute_text.json" --predict "$(dirname "$0")/../../machines/dev-2core.json"
+case=study_recompute_and_checkpoint
+printf '{"recompute": "none", "checkpoint": true, "points": [{"gpus": 2, "scheme": "1d:p=2", "batch": 8, "hidden": 64, "heads": 4}]}\n' >"$W/recompute_twice.json"
+refused "scaling_study: error: study file .*recompute_twice.json: \"checkpoint\" and \"recompute\" both given" \
+  "$STUDY" --study "$W/recompute_twice.json" --predict "$(dirname "$0")/../../machines/dev-2core.json"
 case=study_csv_no_folder  # was: "cannot be written", no reason
 refused "scaling_study: error: --csv .*no-such-dir/x.csv: cannot be written: No such file or directory" \
   "$STUDY" --preset local-weak --predict "$(dirname "$0")/../../machines/dev-2core.json" \

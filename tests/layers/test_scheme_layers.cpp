@@ -971,14 +971,15 @@ struct GptOracle {
 // The whole model against the reference on the same global weights; then its
 // memory report.
 template <class T>
-void gpt_matches_reference(const SchemeSpec& spec, bool checkpoint) {
+void gpt_matches_reference(const SchemeSpec& spec, Recompute recompute) {
   const GptOracle<T>& o = case_oracle<GptOracle<T>>();
   const GptConfig& config = o.config;
   const Batch& b = o.batch;
   const reference::Gpt<Ref<T>>& ref = o.ref;
   SCOPED_TRACE(seed_note(b.seed));
   const index_t nt = b.batch * b.seq, h = config.n_embd, V = config.vocab_size;
-  Model<T> m(overlapped(spec), config, b.batch, b.seq, {.checkpoint = checkpoint});
+  const bool checkpoint = recompute == Recompute::full;
+  Model<T> m(overlapped(spec), config, b.batch, b.seq, {.recompute = recompute});
   Gpt<T>& model = m.gpt;
   const SchemeContext<T>& ctx = *m.ctx;
   model.init(b.seed);
@@ -1024,25 +1025,48 @@ void gpt_matches_reference(const SchemeSpec& spec, bool checkpoint) {
                            p->shard.name, bf16_grad_tolerance(config.n_layer));
   EXPECT_EQ(replicas_differ(params, true), "") << "gradients";
   expect_buffers_sized_exactly(m, nt);
+  if (recompute == Recompute::selective) {
+    // Selective recompute keeps everything none keeps but each block's
+    // probabilities: local sequences x local heads x seq^2 (plans of both).
+    const auto capacity = [](const MemoryReport& r, const std::string& name) {
+      for (const BufferUsage& u : r.buffers)
+        if (u.name == name) return u.capacity;
+      ADD_FAILURE() << "no buffer " << name;
+      return std::size_t{0};
+    };
+    const auto forward_capacity = [&](Recompute r) {
+      auto ctx_plan = context_of<T>(spec);
+      const Gpt<T> plan(*ctx_plan, config, b.batch, b.seq, {.recompute = r, .plan_only = true});
+      return capacity(plan.memory_report(), "forward");
+    };
+    const index_t probs = b.batch / m.grid().shape().data / ctx.sequence_split() *
+                          (config.n_head / ctx.head_split()) * b.seq * b.seq;
+    EXPECT_EQ(forward_capacity(Recompute::none) - forward_capacity(Recompute::selective),
+              config.n_layer * Arena::rounded(static_cast<std::size_t>(probs) * sizeof(T)));
+    EXPECT_EQ(forward_capacity(Recompute::selective), capacity(model.memory_report(), "forward"));
+  }
 }
 
 TEST_P(SchemeGpt, MatchesReferenceDoubleCheckpointed) {
-  gpt_matches_reference<double>(GetParam(), true);
+  gpt_matches_reference<double>(GetParam(), Recompute::full);
 }
 TEST_P(SchemeGpt, MatchesReferenceDoubleNoCheckpoint) {
-  gpt_matches_reference<double>(GetParam(), false);
+  gpt_matches_reference<double>(GetParam(), Recompute::none);
+}
+TEST_P(SchemeGpt, MatchesReferenceDoubleSelectiveRecompute) {
+  gpt_matches_reference<double>(GetParam(), Recompute::selective);
 }
 TEST_P(SchemeGpt, MatchesReferenceFloatCheckpointed) {
-  gpt_matches_reference<float>(GetParam(), true);
+  gpt_matches_reference<float>(GetParam(), Recompute::full);
 }
 TEST_P(SchemeGpt, MatchesReferenceFloatNoCheckpoint) {
-  gpt_matches_reference<float>(GetParam(), false);
+  gpt_matches_reference<float>(GetParam(), Recompute::none);
 }
 TEST_P(SchemeGpt, MatchesReferenceBf16Checkpointed) {
-  gpt_matches_reference<bf16>(GetParam(), true);
+  gpt_matches_reference<bf16>(GetParam(), Recompute::full);
 }
-TEST_P(SchemeGpt, MatchesReferenceBf16NoCheckpoint) {
-  gpt_matches_reference<bf16>(GetParam(), false);
+TEST_P(SchemeGpt, MatchesReferenceBf16SelectiveRecompute) {
+  gpt_matches_reference<bf16>(GetParam(), Recompute::selective);
 }
 
 // Two steps of a checkpointed model, the second accumulating. Replicated
@@ -1058,7 +1082,7 @@ void replicas_identical(const SchemeSpec& spec) {
   const Batch b(config);
   SCOPED_TRACE(seed_note(b.seed));
   const index_t nt = b.batch * b.seq, h = config.n_embd;
-  Model<T> m(overlapped(spec), config, b.batch, b.seq, {.checkpoint = true});
+  Model<T> m(overlapped(spec), config, b.batch, b.seq, {.recompute = Recompute::full});
   const SchemeContext<T>& ctx = *m.ctx;
   const auto params = m.gpt.parameters_store().params();
   m.gpt.init(b.seed);
@@ -1073,7 +1097,7 @@ void replicas_identical(const SchemeSpec& spec) {
     const double agree = std::is_same_v<T, float> ? 1e-5 : 1e-12;
     const auto grads = globals_of(params, true);
     const auto input_grad = download_view<T>(m.gpt.input_grad());
-    Model<T> without(plain(spec), config, b.batch, b.seq, {.checkpoint = false});
+    Model<T> without(plain(spec), config, b.batch, b.seq, {.recompute = Recompute::none});
     without.gpt.init(b.seed);
     const double loss_without = without.gpt.forward(b.tokens, b.targets);
     without.gpt.backward();
@@ -1123,7 +1147,7 @@ void training_step_allocates_nothing(const SchemeSpec& spec) {
                     "launch bookkeeping): allocation counting runs on the CPU backend";
   const GptConfig config = test_config(2);
   const Batch b(config);
-  Model<T> m(overlapped(spec), config, b.batch, b.seq, {.checkpoint = true});
+  Model<T> m(overlapped(spec), config, b.batch, b.seq, {.recompute = Recompute::full});
   m.gpt.init(1);
   m.gpt.forward(b.tokens, b.targets);
   m.gpt.backward();

@@ -54,7 +54,7 @@ TEST(AutoScheme, RanksEverySchemeByPredictedStepWithinTheBudget) {
   const model::Machine m = machine();
   const GptConfig c = config(4);
   const index_t batch = 8, seq = 8;
-  const GptOptions o{.checkpoint = true};
+  const GptOptions o{.recompute = Recompute::full};
   const auto all = rank_schemes<float>(test_comm(), backend, c, batch, seq, o, m,
                                        {.budget_bytes = ~std::uint64_t{0}});
   ASSERT_EQ(all.size(), schemes_for(ranks).size());

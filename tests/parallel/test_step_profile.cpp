@@ -35,9 +35,10 @@ TEST(StepProfile, TimesEveryPartAndChangesNothing) {
     for (auto& t : *v) t = static_cast<std::int32_t>(rng() % 64);
   for (const SchemeSpec& spec : schemes_for(ranks)) {
     SCOPED_TRACE(spec.str());
-    ParallelGpt<float> plain(test_comm(), spec, backend, c, batch, seq, {.checkpoint = true});
+    ParallelGpt<float> plain(test_comm(), spec, backend, c, batch, seq,
+                             {.recompute = Recompute::full});
     ParallelGpt<float> timed(test_comm(), spec, backend, c, batch, seq,
-                             {.checkpoint = true, .profile = true});
+                             {.recompute = Recompute::full, .profile = true});
     EXPECT_TRUE(plain.model().profile().empty());
     plain.model().init(7);
     timed.model().init(7);

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <tuple>
 
+#include "summa/layers/transformer.hpp"
 #include "summa/model/step_time.hpp"
 #include "summa/model/traffic.hpp"
 #include "summa/schemes/registry.hpp"
@@ -82,11 +83,11 @@ TEST(StepTime, CommunicationIsTrafficOverBandwidthWithoutLatency) {
     for (SchemeSpec spec : schemes_for(ranks)) {
       if (spec.holds<Summa2DSpec>())  // the shape agreement is not counted traffic
         spec.as<Summa2DSpec>().summa.consensus_checks = false;
-      for (bool checkpoint : {true, false})
+      for (Recompute recompute : {Recompute::full, Recompute::none, Recompute::selective})
         for (DType dtype : {DType::f32, DType::bf16}) {
           SCOPED_TRACE(spec.str());
           const index_t batch = 2 * common_batch({spec}) * spec.data, seq = 8;
-          const GptOptions options{.checkpoint = checkpoint};
+          const GptOptions options{.recompute = recompute};
           for (const GridCoords& at : every_rank(spec)) {
             const TrafficCounters bytes =
                 model::predict_step_traffic(spec, config(), batch, seq, options, dtype, at);
@@ -136,8 +137,8 @@ TEST(StepTime, ThreeDWithXOnlyIsOneD) {
     const auto one = SchemeSpec::parse("1d:p=" + std::to_string(p));
     // 1D's dX all-reduces are priced exposed (src/schemes/megatron1d/layers.cpp)
     const auto three = SchemeSpec::parse("3d:" + std::to_string(p) + "x1x1,overlap=none");
-    for (bool checkpoint : {true, false}) {
-      const GptOptions o{.checkpoint = checkpoint};
+    for (Recompute recompute : {Recompute::full, Recompute::none, Recompute::selective}) {
+      const GptOptions o{.recompute = recompute};
       const auto a = model::predict_step_time(one, config(), 4, 16, o, DType::f32, m);
       const auto b = model::predict_step_time(three, config(), 4, 16, o, DType::f32, m);
       EXPECT_NEAR(a.step_s, b.step_s, 1e-12 * a.step_s) << p;
@@ -220,6 +221,40 @@ TEST(StepTime, Monotone) {
   }
 }
 
+// Selective recompute (Korthikanti et al. 2022) prices one more S = Q Kᵀ and
+// softmax in attention's backward and nothing else: with free links and
+// element-wise work, its backward core exceeds none's by half the forward
+// core (S = Q Kᵀ and O = P V have the same flops); every other op is none's.
+// Full recompute prices every block's forward again, so costs more still.
+TEST(StepTime, SelectiveRecomputePricesTheScoresAgain) {
+  Machine m = machine(0, 1e300, Algorithm::direct);
+  m.device.memory_bandwidth = 1e300;
+  for (const char* text : {"1d:p=4", "1d:p=4,sp=on", "2d:q=2", "3d:2x1x2", "data=2,2d:q=2"}) {
+    SCOPED_TRACE(text);
+    const SchemeSpec spec = SchemeSpec::parse(text);
+    const auto t = [&](Recompute r) {
+      return model::predict_step_time(spec, config(), 8, 16, {.recompute = r}, DType::f32, m,
+                                      {.optimizer = false});
+    };
+    const auto none = t(Recompute::none), selective = t(Recompute::selective),
+               full = t(Recompute::full);
+    const auto core = [](const model::StepTime& st, model::Phase phase) {
+      for (const auto& op : st.ops)
+        if (op.op == block_op::core && op.phase == phase)
+          return op.compute_s * static_cast<double>(op.count);
+      ADD_FAILURE() << "no attention core op";
+      return 0.0;
+    };
+    const double extra =
+        core(selective, model::Phase::backward) - core(none, model::Phase::backward);
+    EXPECT_GT(extra, 0);
+    EXPECT_NEAR(extra, core(none, model::Phase::forward) / 2, 1e-12 * extra);
+    EXPECT_NEAR(selective.step_s - none.step_s, extra, 1e-9 * selective.step_s);
+    EXPECT_EQ(selective.phase(model::Phase::recompute), 0);
+    EXPECT_GT(full.step_s, selective.step_s);
+  }
+}
+
 // An oversubscribed launch (ranks_per_device = 2) time-shares the device:
 // exactly twice each op's compute; a GeLU kernel's time is its elements at
 // the kernel's rate when that is slower than its bytes, and its bytes at
@@ -285,8 +320,8 @@ TEST(StepTime, BreakdownAddsUp) {
   EXPECT_GT(t.phase(model::Phase::recompute), 0);
   EXPECT_GT(t.comm_s[static_cast<std::size_t>(CommAxis::data)], 0);
   // no checkpointing: no recomputation
-  const auto plain =
-      model::predict_step_time(spec, config(), 8, 16, {.checkpoint = false}, DType::bf16, m);
+  const auto plain = model::predict_step_time(spec, config(), 8, 16, {.recompute = Recompute::none},
+                                              DType::bf16, m);
   EXPECT_EQ(plain.phase(model::Phase::recompute), 0);
   EXPECT_LT(plain.step_s, t.step_s);
 }

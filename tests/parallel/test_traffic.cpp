@@ -64,14 +64,14 @@ Step small_step(int ranks, index_t positions) {
 // `all`: every scheme of the rank count, else the covering subset
 // (representative_schemes).
 template <class T, bool all = true>
-void step_bytes_match(MPI_Comm comm, int ranks, bool checkpoint) {
+void step_bytes_match(MPI_Comm comm, int ranks, Recompute recompute) {
   const Step step = small_step(ranks, 7);  // uneven position chunks at q = 2, 3
   const auto& [config, batch, seq, tokens, targets] = step;
   CpuBackend backend;
   int tested = 0;
   for (const SchemeSpec& spec : all ? schemes_for(ranks) : representative_schemes(ranks)) {
     SCOPED_TRACE(spec.str());
-    const GptOptions options{.checkpoint = checkpoint};
+    const GptOptions options{.recompute = recompute};
     ParallelGpt<T> run(comm, spec, backend, config, batch, seq, options);
     run.model().init(1);
     run.grid().reset_traffic();
@@ -92,16 +92,22 @@ void step_bytes_match(MPI_Comm comm, int ranks, bool checkpoint) {
 }
 
 TEST(Traffic, StepBytesMatchClosedFormFloat) {
-  for_each_group(kRankCounts, [](MPI_Comm c, int n) { step_bytes_match<float>(c, n, true); });
+  for_each_group(kRankCounts,
+                 [](MPI_Comm c, int n) { step_bytes_match<float>(c, n, Recompute::full); });
 }
 TEST(Traffic, StepBytesMatchClosedFormDoubleNoCheckpoint) {
-  for_each_group(kRankCounts, [](MPI_Comm c, int n) { step_bytes_match<double>(c, n, false); });
+  for_each_group(kRankCounts,
+                 [](MPI_Comm c, int n) { step_bytes_match<double>(c, n, Recompute::none); });
 }
 // bf16: 2-byte activations and parameters, 4-byte (fp32) row statistics; the
 // covering subset (every scheme's algebra is the float and double tests';
-// bf16 changes the element sizes, which every scheme takes from one place).
+// bf16 changes the element sizes, which every scheme takes from one place),
+// with selective recompute (the same bytes as none: attention's recomputed
+// probabilities are local).
 TEST(Traffic, StepBytesMatchClosedFormBf16) {
-  for_each_group(kRankCounts, [](MPI_Comm c, int n) { step_bytes_match<bf16, false>(c, n, true); });
+  for_each_group(kRankCounts, [](MPI_Comm c, int n) {
+    step_bytes_match<bf16, false>(c, n, Recompute::selective);
+  });
 }
 
 // The agreements one call of `step` makes on this process.

@@ -175,6 +175,8 @@ class Gpt final : public GptModel<T> {
   void reduce_bucket(std::size_t k);
 
   void require_allocated(const char* what) const;
+  /// Per-block checkpoints (Recompute::full).
+  bool checkpointed() const { return options_.recompute == Recompute::full; }
 
   // GptOptions::profile: the parts, in step order, and their timing.
   enum Part : std::uint8_t {

@@ -16,9 +16,33 @@
 
 namespace summa {
 
+/// What a training step keeps for backward and what it recomputes instead
+/// (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+/// Transformer Models"). docs/memory.md, "Recompute", has the bytes and the
+/// cost of each.
+enum class Recompute : std::uint8_t {
+  /// Keep every activation of every block: the most memory, no recompute.
+  none,
+  /// Per-block activation checkpoints: keep only the block boundaries
+  /// x_0..x_N; backward runs each block's forward again from its boundary.
+  full,
+  /// Keep everything but attention's scores and probabilities (per block
+  /// batch x heads x seq^2, the one term that grows with seq^2): backward
+  /// recomputes softmax(Q Kᵀ) from the kept Q and K, one sequence at a time.
+  /// The results are the same arithmetic as `none`.
+  selective,
+};
+
+/// "none", "full" or "selective".
+std::string_view to_string(Recompute r);
+/// The inverse of to_string; anything else throws summa::Error naming
+/// `text` and `what` (the flag or field it came from).
+Recompute parse_recompute(std::string_view text, std::string_view what);
+
 struct GptOptions {
-  /// Per-block activation checkpointing (keep only block boundaries, recompute in backward).
-  bool checkpoint = true;
+  /// What backward recomputes (Recompute): full per-block checkpointing by
+  /// default.
+  Recompute recompute = Recompute::full;
   /// Build the layers and size every buffer, but allocate nothing: the model
   /// only answers memory_report() (capacities, high water 0). This is the
   /// memory planner (summa::plan_memory); init, forward, backward and

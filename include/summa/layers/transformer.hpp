@@ -11,7 +11,11 @@
 /// (contract). Requires hidden % heads == 0, heads % head_split() == 0 and
 /// batch % sequence_split() == 0. forward() keeps qkv, the probabilities
 /// [b_local, n_local, s, s] and the context in buffers.forward; backward()
-/// takes dcontext, dqkv and one s x s matrix from buffers.backward.
+/// takes dcontext, dqkv and one sequence's n_local x s x s from
+/// buffers.backward. With recompute_probabilities (Recompute::selective)
+/// forward keeps qkv and the context only, forming each sequence's
+/// probabilities in the workspace, and backward forms them again in a second
+/// n_local x s x s of buffers.backward.
 ///
 /// MLP: Y = c_proj(GeLU(c_fc(X))), c_fc expand (h -> 4h), c_proj contract.
 /// forward() keeps the pre- and post-GeLU inner activations; backward()
@@ -87,6 +91,12 @@ class Attention final : public Layer<T> {
   /// seq must not pass the cache length.
   void set_start(index_t start);
 
+  /// Recompute::selective, set before buffer_needs() is taken: forward
+  /// keeps no probabilities, backward forms them again from Q and K (the
+  /// same arithmetic, so the same results; one more S = Q Kᵀ and softmax).
+  void recompute_probabilities(bool on) { recompute_ = on; }
+  bool recomputes_probabilities() const { return recompute_; }
+
  private:
   void cached_forward(StepBuffers& buffers);
   detail::LocalAttention local() const;  // this rank's sequences and heads
@@ -99,6 +109,7 @@ class Attention final : public Layer<T> {
   std::unique_ptr<Layer<T>> c_attn_, c_proj_;
   MatrixView<T> qkv_{}, ctx_{};
   T* probs_ = nullptr;
+  bool recompute_ = false, forwarded_ = false;
   index_t cache_length_ = 0, start_ = 0;
   T* cache_k_ = nullptr;
   T* cache_v_ = nullptr;

@@ -329,7 +329,8 @@ TEST(Gpt3D, OverlapSwitchesAgree) {
         SCOPED_TRACE(fmt::format("OAR {} ORS {} OAG {}", o.overlap_all_reduce,
                                  o.overlap_reduce_scatter, o.overlap_all_gather));
         Axonn3DContext<double> scheme(g, env().backend, o);
-        Gpt<double> model(scheme, config, kBatch, kSeq, {.checkpoint = checkpoint});
+        Gpt<double> model(scheme, config, kBatch, kSeq,
+                          {.recompute = checkpoint ? Recompute::full : Recompute::none});
         model.init(seed);
         g.reset_traffic();
         double loss[2];
@@ -394,7 +395,7 @@ TEST(Gpt3D, DeferredReduceScatterWithDataAxis) {
   for (bool ors : {false, true}) {
     Axonn3DContext<double> scheme(g, env().backend,
                                   {.overlap_reduce_scatter = ors, .overlap_all_gather = ors});
-    Gpt<double> model(scheme, config, kBatch, kSeq, {.checkpoint = true});
+    Gpt<double> model(scheme, config, kBatch, kSeq, {.recompute = Recompute::full});
     model.init(seed);
     model.forward(tokens, targets);
     model.backward();
@@ -431,7 +432,7 @@ TEST(Gpt3D, CollectivesPerAxis) {
     SCOPED_TRACE(describe(g));
     const bool X = g.shape().rows > 1, Y = g.shape().cols > 1, Z = g.shape().depth > 1;
     Axonn3DContext<float> model_scheme(g, env().backend);
-    Gpt<float> model(model_scheme, config, kBatch, kSeq, {.checkpoint = false});
+    Gpt<float> model(model_scheme, config, kBatch, kSeq, {.recompute = Recompute::none});
     model.init(4);
     g.reset_traffic();
     model.forward(tokens, targets);

@@ -207,7 +207,8 @@ void traffic_is_megatrons() {
   const auto targets = random_ids(nt, config.vocab_size, gen);
   for (bool checkpoint : {true, false}) {
     Megatron1DContext<T> model_scheme(e.grid, e.backend);
-    Gpt<T> model(model_scheme, config, batch, seq, {.checkpoint = checkpoint});
+    Gpt<T> model(model_scheme, config, batch, seq,
+                 {.recompute = checkpoint ? Recompute::full : Recompute::none});
     model.init(2);
     const auto big = all_reduce_bytes(static_cast<std::uint64_t>(nt * h), el);
     e.grid.reset_traffic();

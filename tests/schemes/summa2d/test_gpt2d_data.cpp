@@ -62,7 +62,8 @@ void matches_reference(bool checkpoint) {
   ref.backward();
 
   Summa2DContext<T> model_scheme(e.engine);
-  Gpt<T> model(model_scheme, config, batch, seq, {.checkpoint = checkpoint});
+  Gpt<T> model(model_scheme, config, batch, seq,
+               {.recompute = checkpoint ? Recompute::full : Recompute::none});
   model.init(seed);
   const double loss = model.forward(tokens, targets);
   model.backward();
