@@ -420,6 +420,10 @@ struct Result {
   std::optional<std::uint64_t> memory_bytes = {};
   std::uint64_t inference_memory_bytes = 0;  // built for inference (no gradients, optimizer)
   std::string plan_note = {};
+  // --largest-batch: the largest global batch of the scheme within the
+  // device's memory (0: none), or why there is no figure
+  std::optional<long> largest_batch = {};
+  std::string largest_note = {};
 };
 
 struct UsageError : std::runtime_error {
@@ -620,6 +624,68 @@ Planned plan_point(const Point& p, const Study& s, const summa::model::Machine& 
   return plan_point<summa::bf16>(p, s, m, time);
 }
 
+// --largest-batch: the largest global batch of the point's scheme whose
+// plan (the busiest rank's buffers plus AdamW state, as the GiB/gpu column)
+// fits the device's memory: a multiple of the scheme's batch granularity,
+// at most 1 << 24 sequences, found by doubling then bisection (memory grows
+// with the batch); 0 when even the smallest does not fit (Optimus Fig. 9's
+// comparison).
+template <class T>
+long largest_batch(const Point& p, const std::string& scheme, const Study& s,
+                   std::uint64_t budget) {
+  summa::CpuBackend backend;
+  const summa::SchemeSpec spec = summa::SchemeSpec::parse(scheme);
+  const summa::GptConfig c = config_of(p);
+  const long step = summa::batch_granularity(spec), max_units = (1L << 24) / step;
+  const auto fits = [&](long units, bool first) {
+    try {
+      const summa::RankMemory r = summa::plan_memory_busiest<T>(spec, backend, c, units * step,
+                                                                p.seq, {.recompute = s.recompute});
+      return r.report.total() + adamw_state_bytes<T>(r.report, spec) <= budget;
+    } catch (const summa::Error&) {
+      if (first) throw;  // the scheme refuses the model: said
+      return false;      // sizes past what any machine holds
+    }
+  };
+  if (!fits(1, true)) return 0;
+  long good = 1, bad = 2;
+  while (bad <= max_units && fits(bad, false)) {
+    good = bad;
+    bad *= 2;
+  }
+  if (bad > max_units) {
+    if (fits(max_units, false)) return max_units * step;
+    bad = max_units;
+  }
+  while (bad - good > 1) {
+    const long mid = good + (bad - good) / 2;
+    (fits(mid, false) ? good : bad) = mid;
+  }
+  return good * step;
+}
+
+void find_largest_batch(Result& r, const Study& s, const summa::model::Machine& m) {
+  if (m.device.memory_bytes == 0) {
+    r.largest_note = "the machine file gives no device memory";
+    return;
+  }
+  try {
+    switch (s.dtype) {
+      case summa::DType::f32:
+        r.largest_batch = largest_batch<float>(r.point, r.scheme, s, m.device.memory_bytes);
+        return;
+      case summa::DType::f64:
+        r.largest_batch = largest_batch<double>(r.point, r.scheme, s, m.device.memory_bytes);
+        return;
+      case summa::DType::bf16:
+        break;
+    }
+    r.largest_batch = largest_batch<summa::bf16>(r.point, r.scheme, s, m.device.memory_bytes);
+  } catch (const summa::Error& e) {
+    r.largest_note = e.what();
+  }
+}
+
 // `share`: ranks per device (a --run point priced as it ran).
 Result predict(const Point& p, const Study& s, const summa::model::Machine& m, int share = 1) {
   const summa::GptConfig c = config_of(p);
@@ -796,7 +862,7 @@ int study_main(int argc, char** argv, int rank, int world) {
       "Weak and strong scaling studies: predicted by summa's step-time model, measured "
       "with --run"};
   std::string preset, study_file, machine_file, csv, plot, backend_name = "cpu", comm = "nccl";
-  bool as_json = false, run = false, tf32 = false;
+  bool as_json = false, run = false, tf32 = false, largest = false;
   int only_gpus = 0, reps = 3;
   double watchdog = 0;  // --run: seconds a collective may wait (0: off)
   app.add_option("--preset", preset,
@@ -816,6 +882,9 @@ int study_main(int argc, char** argv, int rank, int world) {
                  "naming the ranks that did not arrive (0: off)")
       ->check(summa::flags::watchdog_seconds())
       ->capture_default_str();
+  app.add_flag("--largest-batch", largest,
+               "Also the largest global batch of each point's scheme that fits the device's "
+               "memory (the planner's figure, as GiB/gpu; column maxb, JSON largest_batch)");
   app.add_flag("--json", as_json, "One JSON object per point and scheme on stdout");
   app.add_option("--csv", csv, "Also write the table as CSV to this file");
   app.add_option("--plot", plot,
@@ -891,6 +960,7 @@ int study_main(int argc, char** argv, int rank, int world) {
   for (std::size_t k = 0; k < study.points.size(); ++k) {
     try {  // named with its point (was: "GPT (1D): n_embd (hidden)=4 ...", no point or file)
       results.push_back(predict(study.points[k], study, machine));
+      if (largest) find_largest_batch(results.back(), study, machine);
     } catch (const summa::Error& e) {
       throw summa::Error(fmt::format("{}{}{}point {} (gpus={}, scheme {}): {}",
                                      study_file.empty() ? "" : "study file ", study_file,
@@ -955,6 +1025,7 @@ int study_main(int argc, char** argv, int rank, int world) {
       "gpus", "scheme", "batch", "hidden", "heads", "fwd/smp", "paper", "bwd/smp", "paper", "thru",
       "infer", "eff", "2d/1d", "TF/gpu");
   table << fmt::format(" {:>8}", "GiB/gpu");
+  if (largest) table << fmt::format(" {:>8}", "maxb");
   if (any_measured) table << fmt::format(" {:>9} {:>9} {:>7}", "pred_s", "meas_s", "err%");
   table << "\n";
   std::ofstream csv_out;
@@ -1013,6 +1084,8 @@ int study_main(int argc, char** argv, int rank, int world) {
                                                static_cast<double>(1ull << 30),
                                            fits ? " " : "!")
                              : fmt::format(" {:>8}", "-"));
+    if (largest)
+      table << fmt::format(" {:>8}", r.largest_batch ? std::to_string(*r.largest_batch) : "-");
     if (any_measured) {
       if (was_run)
         table << fmt::format(" {:>9.4f} {:>9.4f} {:>+7.1f}", whole, measured,
@@ -1030,13 +1103,15 @@ int study_main(int argc, char** argv, int rank, int world) {
           std::isnan(speedup) ? std::string() : fmt::format("{}", speedup), tflops,
           r.memory_bytes ? fmt::format("{}", *r.memory_bytes) : "",
           was_run ? fmt::format("{}", whole) : "", was_run ? fmt::format("{}", measured) : "");
-    json o{
-        {"study", study.name},      {"kind", study.kind},         {"machine", machine.name},
-        {"gpus", r.point.gpus},     {"scheme", r.scheme},         {"batch", r.point.batch},
-        {"seq", r.point.seq},       {"layers", r.point.layers},   {"hidden", r.point.hidden},
-        {"heads", r.point.heads},   {"predicted_step_s", r.step}, {"predicted_fwd_s", r.fwd},
-        {"predicted_bwd_s", r.bwd}, {"throughput", thru},         {"inference_throughput", infer},
-        {"efficiency", eff},        {"tflops_per_gpu", tflops}};
+    json o{{"study", study.name},      {"kind", study.kind},
+           {"machine", machine.name},  {"gpus", r.point.gpus},
+           {"scheme", r.scheme},       {"batch", r.point.batch},
+           {"seq", r.point.seq},       {"layers", r.point.layers},
+           {"hidden", r.point.hidden}, {"heads", r.point.heads},
+           {"vocab", r.point.vocab},   {"predicted_step_s", r.step},
+           {"predicted_fwd_s", r.fwd}, {"predicted_bwd_s", r.bwd},
+           {"throughput", thru},       {"inference_throughput", infer},
+           {"efficiency", eff},        {"tflops_per_gpu", tflops}};
     if (!std::isnan(speedup)) o["speedup_2d_1d"] = speedup;
     if (r.memory_bytes) {
       o["memory_per_gpu_bytes"] = *r.memory_bytes;
@@ -1044,6 +1119,11 @@ int study_main(int argc, char** argv, int rank, int world) {
       o["inference_memory_per_gpu_bytes"] = r.inference_memory_bytes;
     }
     if (!r.plan_note.empty()) o["plan_note"] = r.plan_note;
+    if (r.largest_batch) {
+      o["largest_batch"] = *r.largest_batch;
+      o["batch_granularity"] = summa::batch_granularity(summa::SchemeSpec::parse(r.scheme));
+    }
+    if (!r.largest_note.empty()) o["largest_batch_note"] = r.largest_note;
     if (r.point.paper_fwd && r.point.paper_bwd) {
       o["paper_fwd_per_sample_s"] = *r.point.paper_fwd;
       o["paper_bwd_per_sample_s"] = *r.point.paper_bwd;
@@ -1089,6 +1169,10 @@ int study_main(int argc, char** argv, int rank, int world) {
     if (!r.plan_note.empty())
       std::cerr << fmt::format("scaling_study: {} on {} device(s): the scheme refuses it: {}\n",
                                r.scheme, r.point.gpus, r.plan_note);
+  for (const Result& r : results)
+    if (!r.largest_note.empty() && r.plan_note.empty())
+      std::cerr << fmt::format("scaling_study: {} on {} device(s): no largest batch: {}\n",
+                               r.scheme, r.point.gpus, r.largest_note);
   if (std::any_of(results.begin(), results.end(), [&](const Result& r) {
         return r.memory_bytes && machine.device.memory_bytes > 0 &&
                *r.memory_bytes > machine.device.memory_bytes;
