@@ -3,7 +3,9 @@
 // rank, the bytes of parameters, gradients, activations (high water of the
 // forward and checkpoint buffers) and of every buffer (capacity and high
 // water). Rank 0 also prints the activations the serial reference keeps for
-// the same batch (reference::Gpt stores every activation, no checkpointing).
+// the same batch (reference::Gpt stores every activation, no checkpointing),
+// and the largest batch the mesh could train within each rank's available
+// memory (the planner's figure).
 //
 //   mpirun -np 4 ./gpt_memory [layers hidden heads seq batch vocab [recompute=full|selective|none]]
 //
@@ -59,9 +61,9 @@ int run(int argc, char** argv) {
   summa::SummaEngine engine(grid, backend);
   const int q = engine.q();
   // Sizes checked before memory: the planner's message, not bad_alloc.
+  const summa::SchemeSpec spec = summa::SchemeSpec::parse("2d:q=" + std::to_string(q));
   summa::require_memory_fits<float>(
-      MPI_COMM_WORLD, summa::SchemeSpec::parse("2d:q=" + std::to_string(q)), backend, config, batch,
-      seq, {.recompute = recompute}, {},
+      MPI_COMM_WORLD, spec, backend, config, batch, seq, {.recompute = recompute}, {},
       {.bytes = summa::available_memory_per_rank(MPI_COMM_WORLD, backend),
        .source = summa::available_memory_source(backend),
        .batch_option = "batch"},
@@ -116,6 +118,17 @@ int run(int argc, char** argv) {
     std::printf("max activations per rank: %llu B; serial reference keeps %zu B of activations\n",
                 worst, serial_bytes);
   }
+  // The largest global batch this mesh could train at this shape within the
+  // memory each rank has (the planner's figure, the check gpt_train makes;
+  // Optimus Fig. 9's comparison; bench/scaling_study --largest-batch gives
+  // it for a cluster's devices without a launch).
+  const double budget = summa::available_memory_per_rank(MPI_COMM_WORLD, backend);
+  const index_t largest = summa::largest_batch<float>(
+      MPI_COMM_WORLD, spec, backend, config, seq, {.recompute = recompute},
+      static_cast<std::size_t>(budget), index_t{1} << 24);
+  if (rank == 0)
+    std::printf("largest batch within %.2f GiB per rank (%s): %lld\n", budget / (1ull << 30),
+                summa::available_memory_source(backend), static_cast<long long>(largest));
   return 0;
 }
 
