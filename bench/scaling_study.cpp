@@ -528,27 +528,19 @@ void require_replaceable(const std::string& path, const char* flag, OutputKind k
                                     : "a plot (a PNG)"));
 }
 
-// Model flops of one training step of the timed part (2 per multiply-add;
-// forward 24 b s h^2 + 4 b s^2 h per layer, backward twice that, the
-// checkpointed recomputation once more, or with selective recompute
-// attention's scores once more, 2 b s^2 h per layer; the LM head 2 b s h V
-// forward).
+// Model flops of one training step of the timed part as Narayanan et al.
+// 2021 count them, and with them Megatron-LM and AxoNN, whose % of peak the
+// presets are compared with: 2 per multiply-add; each layer's forward,
+// 24 b s h^2 + 4 b s^2 h, four times (forward, backward twice, the
+// recomputation once: 96 b s h^2 (1 + s/6h)); the LM head's 2 b s h V
+// three times. The same count whatever the study recomputes (`recompute`),
+// so the TFLOP/s column compares the recompute modes by their step time.
 double step_flops(const Point& p, const Study& s) {
   const double b = static_cast<double>(p.batch), sq = static_cast<double>(p.seq),
                h = static_cast<double>(p.hidden);
   const double layer = 2 * (12 * b * sq * h * h + 2 * b * sq * sq * h);
-  double fwd = static_cast<double>(p.layers) * layer;
-  if (!s.stem_only) fwd += 2 * b * sq * h * static_cast<double>(p.vocab);
-  const double scores = 2 * b * sq * sq * h * static_cast<double>(p.layers);
-  switch (s.recompute) {
-    case summa::Recompute::full:
-      return 4 * fwd;
-    case summa::Recompute::selective:
-      return 3 * fwd + scores;
-    case summa::Recompute::none:
-      break;
-  }
-  return 3 * fwd;
+  const double head = s.stem_only ? 0 : 2 * b * sq * h * static_cast<double>(p.vocab);
+  return 4 * static_cast<double>(p.layers) * layer + 3 * head;
 }
 
 summa::GptConfig config_of(const Point& p) {
