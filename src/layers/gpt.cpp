@@ -109,7 +109,9 @@ Gpt<T>::Gpt(SchemeContext<T>& scheme, const GptConfig& config, index_t batch, in
   head_ = scheme.lm_head(embedding_->wte(), tokens, h, config.vocab_size, batch * seq);
   if (options.kv_cache > 0)
     for (auto& block : blocks_) block->attn().use_cache(options.kv_cache);
-  if (options.recompute == Recompute::selective && !options.inference)
+  // Selective recompute keeps no probabilities; nor does inference, which
+  // never differentiates (each sequence's formed in the workspace).
+  if (options.recompute == Recompute::selective || options.inference)
     for (auto& block : blocks_) block->attn().recompute_probabilities(true);
   scheme.finish_layers(options.plan_only);
   finish_construction(scheme.local_rows(tokens, ActivationLayout::outer),

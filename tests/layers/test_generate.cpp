@@ -235,6 +235,9 @@ TEST(Generate, InferenceModelsHoldNoTrainingBuffers) {
       EXPECT_EQ(capacity(got, "parameters"), capacity(train, "parameters"));
       // two boundary slots instead of n_layer + 1 = 3
       EXPECT_EQ(capacity(got, "checkpoint") * 3, capacity(train, "checkpoint") * 2);
+      // one block at a time as with checkpointing (train's default), but
+      // without attention's probabilities
+      EXPECT_LT(capacity(got, "forward"), capacity(train, "forward"));
       EXPECT_LT(got.total(), train.total());
       EXPECT_FALSE(run.model().parameters_store().has_gradients());
       // a cache of 12 positions: keys and values of every layer's local

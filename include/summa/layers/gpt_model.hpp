@@ -55,7 +55,8 @@ struct GptOptions {
   /// Forward only (inference, generation): no gradients, no backward or
   /// conjunction buffer, two block-boundary slots instead of n_layer + 1,
   /// each block's activations released as it finishes (as with
-  /// checkpointing); backward() throws. The memory report and the planner
+  /// checkpointing) and attention's probabilities not kept (one sequence's
+  /// at a time in the workspace); backward() throws. The memory report and the planner
   /// show it.
   bool inference = false;
   /// With `inference`: a key / value cache of this many positions per
