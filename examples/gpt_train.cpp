@@ -1496,7 +1496,7 @@ int main(int argc, char** argv) {
       ->check(integer_in(0, 1 << 24))
       ->capture_default_str();
   app.add_option("--scheme", cli.scheme,
-                 "scheme and grid: 2d:q=Q[,panel=N][,overlap=on|off], 1d:p=P[,sp=on], "
+                 "scheme and grid: 2d:q=Q[,panel=N][,overlap=on|off], 1d:p=P[,sp=on|,dc=on], "
                  "3d:XxYxZ[,overlap=oar+ors+oag], with optional data=D[:zero=1] (zero=1: the "
                  "optimizer state sharded over the D groups), or auto: the fastest "
                  "by the step-time model on --machine within the memory budget (default: 2d on "

@@ -97,6 +97,17 @@ Gpt<T>::Gpt(SchemeContext<T>& scheme, const GptConfig& config, index_t batch, in
       data_(grid_->shape().data),
       local_batch_(batch / data_) {
   grid_->agree(CommAxis::world, scheme.check_gpt(config, batch));
+  if (scheme.checkpoint_group() != nullptr && !options.inference) {
+    std::optional<std::string> error;
+    if (options.recompute != Recompute::full)
+      error = fmt::format(
+          "GPT ({}): distributed checkpoints (dc=on) split each block's checkpointed input over "
+          "the tensor group, and recompute {} keeps no per-block checkpoints (give recompute "
+          "full, or drop dc=on)",
+          scheme.label(), to_string(options.recompute));
+    grid_->agree(CommAxis::world, error);
+    ckpt_group_ = scheme.checkpoint_group();
+  }
   const BackendIds::PlanScope planning(options.plan_only);  // a plan allocates no ids
   const index_t h = config.n_embd, b = local_batch_, tokens = b * seq;
   const double eps = config.layer_norm_epsilon;
@@ -132,11 +143,25 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
   // Inference: no conjunction, and the boundaries x_0..x_N alternate
   // between two slots (nothing reads them after the next block).
   const bool inference = options_.inference;
+  // Distributed checkpoints: rank r's chunk of each of x_0..x_{N-1}, and one
+  // whole slot (x_N in forward; the gather before each recompute).
+  std::size_t checkpoint = static_cast<std::size_t>(inference ? 2 : config_.n_layer + 1) * slot;
+  if (ckpt_group_ != nullptr) {
+    const index_t g = ckpt_group_->size();
+    require(rows * cols % g == 0, [&] {
+      return fmt::format("GPT: distributed checkpoints split {}x{} boundaries over {} ranks", rows,
+                         cols, g);
+    });
+    ckpt_chunk_ = rows * cols / g;
+    ByteCount<T> chunk;
+    chunk.add(ckpt_chunk_);
+    checkpoint = static_cast<std::size_t>(config_.n_layer) * chunk + slot;
+  }
   sizes_ = {.workspace = needs.workspace,
             .forward = needs.forward,
             .backward = needs.backward,
             .conjunction = inference ? 0 : 2 * slot.bytes(),
-            .checkpoint = static_cast<std::size_t>(inference ? 2 : config_.n_layer + 1) * slot};
+            .checkpoint = checkpoint};
   parameter_bytes_ =
       ByteCount<T>()
           .add(ParameterStore<T>::padded_elements(this->parameters(), options_.parameter_multiple))
@@ -174,9 +199,19 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
     targets_.resize(tokens_.size());
     return;
   }
-  for (int i = 0; i <= config_.n_layer; ++i) boundaries_.push_back(take(buffers_->checkpoint));
   conj_[0] = take(buffers_->conjunction);
   conj_[1] = take(buffers_->conjunction);
+  if (ckpt_group_ != nullptr) {
+    for (int i = 0; i < config_.n_layer; ++i) {
+      chunks_.push_back(
+          MatrixView<T>::dense(buffers_->checkpoint.take<T>(static_cast<std::size_t>(ckpt_chunk_)),
+                               1, ckpt_chunk_, Order::row_major));
+      boundaries_.push_back(conj_[i % 2]);
+    }
+    boundaries_.push_back(take(buffers_->checkpoint));
+  } else {
+    for (int i = 0; i <= config_.n_layer; ++i) boundaries_.push_back(take(buffers_->checkpoint));
+  }
   tokens_.resize(static_cast<std::size_t>(local_batch_ * seq_));
   targets_.resize(tokens_.size());
   // Gradient buckets for the data axis, in the order backward finishes them.
@@ -224,6 +259,11 @@ void Gpt<T>::price(cost::Tally& t, model::Phase phase) const {
     t.begin(gpt_op::ln_f, phase);
     ln_f_->price(t, phase);
     each_block([&](const TransformerBlock<T>& b) {
+      if (ckpt_group_ != nullptr) {  // the block's input, gathered from its chunks
+        t.begin(gpt_op::checkpoint_gather, model::Phase::recompute);
+        t.all_gather(CommAxis::tensor, static_cast<cost::u64>(ckpt_chunk_),
+                     static_cast<cost::u64>(ckpt_group_->size()), sizeof(T));
+      }
       if (checkpointed()) b.price(t, model::Phase::recompute);
       b.price(t, phase);
     });
@@ -301,7 +341,43 @@ template <class T>
 ConstMatrixView<T> Gpt<T>::boundary(int i) const {
   require(i >= 0 && i <= config_.n_layer,
           [&] { return fmt::format("GPT boundary {}: expected 0..{}", i, config_.n_layer); });
+  require(ckpt_group_ == nullptr || i == config_.n_layer, [&] {
+    return fmt::format(
+        "GPT boundary {}: with distributed checkpoints this rank keeps 1/{} of it (use "
+        "gather_boundary)",
+        i, ckpt_group_->size());
+  });
   return boundaries_[static_cast<std::size_t>(i)];
+}
+
+template <class T>
+void Gpt<T>::gather_boundary(int i, MatrixView<T> out) {
+  require_allocated("gather_boundary");
+  require(i >= 0 && i <= config_.n_layer, [&] {
+    return fmt::format("GPT gather_boundary {}: expected 0..{}", i, config_.n_layer);
+  });
+  require(
+      out.rows == rows_ && out.cols == cols_ && out.ld == cols_ && out.order == Order::row_major,
+      [&] {
+        return fmt::format("GPT gather_boundary: out is {}x{} (ld {}), expected dense {}x{}",
+                           out.rows, out.cols, out.ld, rows_, cols_);
+      });
+  if (ckpt_group_ == nullptr || i == config_.n_layer) {
+    backend_->copy(ConstMatrixView<T>(boundaries_[static_cast<std::size_t>(i)]), out);
+    return;
+  }
+  ckpt_group_->all_gather(chunks_[static_cast<std::size_t>(i)].data, out.data,
+                          static_cast<std::size_t>(ckpt_chunk_));
+}
+
+// Distributed checkpoints: this rank's chunk of x_i (whole in boundaries_[i]).
+template <class T>
+void Gpt<T>::save_chunk(int i) {
+  if (ckpt_group_ == nullptr || i >= config_.n_layer) return;
+  const MatrixView<T>& x = boundaries_[static_cast<std::size_t>(i)];
+  const auto whole = ConstMatrixView<T>::dense(x.data, 1, rows_ * cols_, Order::row_major);
+  backend_->copy(whole.block(0, ckpt_group_->rank() * ckpt_chunk_, 1, ckpt_chunk_),
+                 chunks_[static_cast<std::size_t>(i)]);
 }
 
 template <class T>
@@ -424,11 +500,15 @@ double Gpt<T>::forward(std::span<const std::int32_t> tokens,
   B.workspace.reset();
   StepBuffers step = step_buffers();
   clock_.phase = 0;
-  timed(fwd_embedding, [&] { embedding_->forward(tokens_, boundaries_[0], step); });
+  timed(fwd_embedding, [&] {
+    embedding_->forward(tokens_, boundaries_[0], step);
+    save_chunk(0);
+  });
   timed(fwd_blocks, [&] {
     for (std::size_t i = 0; i < blocks_.size(); ++i) {
       const std::size_t mark = B.forward.mark();
       blocks_[i]->forward(boundaries_[i], boundaries_[i + 1], step);
+      save_chunk(static_cast<int>(i) + 1);
       if (checkpointed() || options_.inference) B.forward.release(mark);
     }
   });
@@ -482,9 +562,19 @@ void Gpt<T>::backward(bool accumulate) {
     if (checkpointed()) {
       // Recompute block i from its checkpointed input; its output goes to the
       // free conjunction slot (backward does not read a block's output).
+      // With distributed checkpoints its input is gathered from the chunks
+      // into x_N's slot first (LN_f's backward, done, was its last reader).
       B.forward.reset();
       clock_.phase = 1;
-      timed(rec_blocks, [&] { blocks_[i]->forward(boundaries_[i], conj_[1 - cur], step); });
+      timed(rec_blocks, [&] {
+        MatrixView<T> input = boundaries_[i];
+        if (ckpt_group_ != nullptr) {
+          input = boundaries_.back();
+          ckpt_group_->all_gather(chunks_[i].data, input.data,
+                                  static_cast<std::size_t>(ckpt_chunk_));
+        }
+        blocks_[i]->forward(input, conj_[1 - cur], step);
+      });
     }
     clock_.phase = 2;
     timed(bwd_blocks, [&] { blocks_[i]->backward(conj_[cur], conj_[1 - cur], step, true); });

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "summa/core/error.hpp"
+#include "summa/schemes/megatron1d/spec.hpp"
 #include "summa/schemes/registry.hpp"
 
 namespace summa {
@@ -22,13 +23,28 @@ int ranks_per_device(MPI_Comm comm, bool cpu_backend) {
   return share;
 }
 
+std::vector<SchemeSpec> candidate_schemes(int ranks, const GptOptions& options) {
+  std::vector<SchemeSpec> all = schemes_for(ranks);
+  if (options.recompute != Recompute::full || options.inference) return all;
+  const std::size_t listed = all.size();
+  for (std::size_t i = 0; i < listed; ++i) {
+    if (!all[i].holds<Megatron1DSpec>()) continue;
+    const Megatron1DSpec& o = all[i].as<Megatron1DSpec>();
+    if (o.p == 1 || o.sequence_parallel) continue;
+    SchemeSpec dc = all[i];
+    dc.as<Megatron1DSpec>().distribute_checkpoints = true;
+    all.push_back(std::move(dc));
+  }
+  return all;
+}
+
 template <class T>
 std::vector<SchemeCandidate> rank_schemes(int ranks, Backend& backend, const GptConfig& config,
                                           index_t batch, index_t seq, const GptOptions& options,
                                           const model::Machine& machine,
                                           const AutoSchemeOptions& auto_options) {
   std::vector<SchemeCandidate> all;
-  for (const SchemeSpec& spec : schemes_for(ranks)) {
+  for (const SchemeSpec& spec : candidate_schemes(ranks, options)) {
     SchemeCandidate c{.spec = spec, .rejected = {}, .memory_bytes = 0, .busiest = {}, .time = {}};
     try {  // the scheme's own checks, as a launch would make them
       const RankMemory plan = plan_memory_busiest<T>(spec, backend, config, batch, seq, options);

@@ -129,6 +129,7 @@
 #include <vector>
 
 #include "summa/parallel/scheme.hpp"
+#include "summa/schemes/megatron1d/spec.hpp"
 #include "summa/schemes/registry.hpp"
 #include "test_util.hpp"
 
@@ -219,9 +220,11 @@ Env& env() {
 // The grid of a scheme (whatever its options).
 ProcessGrid& grid_of(const SchemeSpec& spec) {
   Env& e = env();
+  SchemeSpec key = plain(spec);  // 1D's distributed checkpoints: the plain 1D grid
+  if (key.holds<Megatron1DSpec>()) key.as<Megatron1DSpec>().distribute_checkpoints = false;
   for (std::size_t k = 0; k < e.specs.size(); ++k) {
     const SchemeSpec& s = e.specs[k];
-    if (plain(s) == plain(spec)) return e.grids[k];  // the same scheme and grid
+    if (plain(s) == key) return e.grids[k];  // the same scheme and grid
   }
   throw Error("no grid for " + spec.str());
 }
@@ -932,7 +935,8 @@ struct Batch {
 // Buffers are sized analytically before the first step: after a step the
 // high-water marks reach (and never pass) the capacities, the workspace
 // excepted (bf16: fp32 statistics next to bf16 activations); the checkpoint
-// buffer holds the n_layer + 1 block boundaries exactly.
+// buffer holds the n_layer + 1 block boundaries exactly (with distributed
+// checkpoints: n_layer chunks and x_N whole).
 template <class T>
 void expect_buffers_sized_exactly(Model<T>& m, index_t tokens) {
   const GptConfig& config = m.gpt.config();
@@ -945,9 +949,18 @@ void expect_buffers_sized_exactly(Model<T>& m, index_t tokens) {
   }
   for (const BufferUsage& u : m.gpt.buffers().usage()) EXPECT_GT(u.high_water, 0u) << u.name;
   const index_t slot = m.ctx->local_rows(tokens, kOuter) * m.ctx->local_cols(config.n_embd, kOuter);
-  EXPECT_EQ(m.gpt.buffers().checkpoint.capacity(),
-            static_cast<std::size_t>(config.n_layer + 1) *
-                Arena::rounded(static_cast<std::size_t>(slot) * sizeof(T)));
+  const auto rounded = [](index_t n) {
+    return Arena::rounded(static_cast<std::size_t>(n) * sizeof(T));
+  };
+  if (m.gpt.distributes_checkpoints()) {  // a 1/g chunk of x_0..x_{N-1}, x_N whole
+    const index_t g = m.ctx->checkpoint_group()->size();
+    ASSERT_EQ(slot % g, 0);
+    EXPECT_EQ(m.gpt.buffers().checkpoint.capacity(),
+              static_cast<std::size_t>(config.n_layer) * rounded(slot / g) + rounded(slot));
+  } else {
+    EXPECT_EQ(m.gpt.buffers().checkpoint.capacity(),
+              static_cast<std::size_t>(config.n_layer + 1) * rounded(slot));
+  }
   EXPECT_EQ(r.activations,
             m.gpt.buffers().forward.high_water() + m.gpt.buffers().checkpoint.high_water());
   EXPECT_NE(r.to_string().find("conjunction"), std::string::npos);
@@ -998,11 +1011,25 @@ void gpt_matches_reference(const SchemeSpec& spec, Recompute recompute) {
   if constexpr (kIsBf16<T>) note_bf16("loss", loss_err);
   EXPECT_LE(loss_err, kIsBf16<T> ? kBf16Loss : model_tolerance<T>()) << loss << " vs " << o.loss;
   EXPECT_TRUE(same_value_on_all_ranks(loss)) << loss;
-  expect_view_close<T>(ctx, model.boundary(0), ref.activation("embeddings"), nt,
+  // x_i whole: with distributed checkpoints gathered from the ranks' chunks
+  // (Gpt::gather_boundary), which boundary() refuses to hand out
+  std::vector<T> gathered(
+      static_cast<std::size_t>(ctx.local_rows(nt, kOuter) * ctx.local_cols(h, kOuter)));
+  const auto whole_boundary = [&](int i) -> ConstMatrixView<T> {
+    if (!model.distributes_checkpoints()) return model.boundary(i);
+    if (i < config.n_layer) {
+      EXPECT_THROW(static_cast<void>(model.boundary(i)), Error);
+    }
+    const auto out = MatrixView<T>::dense(gathered.data(), ctx.local_rows(nt, kOuter),
+                                          ctx.local_cols(h, kOuter), Order::row_major);
+    model.gather_boundary(i, out);
+    return out;
+  };
+  expect_view_close<T>(ctx, whole_boundary(0), ref.activation("embeddings"), nt,
                        {"embeddings", h, kOuter}, kBf16Act);
   for (int i = 0; i < config.n_layer; ++i) {
     const std::string block = "h." + std::to_string(i);
-    expect_view_close<T>(ctx, model.boundary(i + 1), ref.activation(block + ".output"), nt,
+    expect_view_close<T>(ctx, whole_boundary(i + 1), ref.activation(block + ".output"), nt,
                          {block + ".output", h, kOuter}, kBf16Act);
     if (!checkpoint) {  // checkpointing releases a block's saved activations
       expect_view_close<T>(ctx, model.block(i).attn().qkv(), ref.activation(block + ".attn.c_attn"),
@@ -1067,6 +1094,38 @@ TEST_P(SchemeGpt, MatchesReferenceBf16Checkpointed) {
 }
 TEST_P(SchemeGpt, MatchesReferenceBf16SelectiveRecompute) {
   gpt_matches_reference<bf16>(GetParam(), Recompute::selective);
+}
+
+// 1D with distributed checkpoints (Megatron's --distribute-saved-activations,
+// "1d:p=P,dc=on" over every rank; the data axis: test_traffic's bytes): the loss, every boundary
+// (gathered from the chunks), the logits and every gradient against the
+// serial reference; the checkpoint buffer n_layer chunks of 1/p and x_N
+// whole (expect_buffers_sized_exactly); recompute none or selective refused
+// with one error naming dc=on.
+template <class T>
+void distributed_checkpoints_match_reference() {
+  const int n = world_size();
+  if (n < 2) GTEST_SKIP() << "distributed checkpoints need p > 1";
+  if (test_config(2).n_embd % n != 0) GTEST_SKIP() << "1d:p=" << n << " does not split the model";
+  {
+    const SchemeSpec spec = SchemeSpec::parse("1d:p=" + std::to_string(n) + ",dc=on");
+    SCOPED_TRACE(spec.str());
+    gpt_matches_reference<T>(spec, Recompute::full);
+    for (const Recompute r : {Recompute::none, Recompute::selective}) {
+      try {
+        Model<T> m(spec, test_config(2), test_batch(), kSeq, {.recompute = r});
+        ADD_FAILURE() << "recompute " << to_string(r) << " accepted with dc=on";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("dc=on"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+TEST(SchemeGptDistributedCheckpoints, MatchesReferenceDouble) {
+  distributed_checkpoints_match_reference<double>();
+}
+TEST(SchemeGptDistributedCheckpoints, MatchesReferenceBf16) {
+  distributed_checkpoints_match_reference<bf16>();
 }
 
 // Two steps of a checkpointed model, the second accumulating. Replicated

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "summa/parallel/auto_scheme.hpp"
+#include "summa/schemes/megatron1d/spec.hpp"
 #include "summa/schemes/registry.hpp"
 #include "test_util.hpp"
 
@@ -57,7 +58,7 @@ TEST(AutoScheme, RanksEverySchemeByPredictedStepWithinTheBudget) {
   const GptOptions o{.recompute = Recompute::full};
   const auto all = rank_schemes<float>(test_comm(), backend, c, batch, seq, o, m,
                                        {.budget_bytes = ~std::uint64_t{0}});
-  ASSERT_EQ(all.size(), schemes_for(ranks).size());
+  ASSERT_EQ(all.size(), candidate_schemes(ranks, o).size());
   EXPECT_TRUE(same_on_all_ranks(listing(all)));
   for (std::size_t i = 0; i < all.size(); ++i) {
     SCOPED_TRACE(all[i].spec.str());
@@ -97,6 +98,51 @@ TEST(AutoScheme, RanksEverySchemeByPredictedStepWithinTheBudget) {
   }
   EXPECT_GT(rejected, 0);
   EXPECT_LT(rejected, static_cast<int>(tight.size()));
+}
+
+// With per-block checkpoints the search also tries each plain 1D over p > 1
+// ranks with distributed checkpoints, which plans less memory: n_layer
+// boundaries of (p-1)/p of a slot less in the checkpoint buffer.
+TEST(AutoScheme, DistributedCheckpointsAreCandidatesWithFullRecompute) {
+  int ranks = 1;
+  MPI_Comm_size(test_comm(), &ranks);
+  const auto plain_1d = [](const SchemeSpec& s) {
+    return s.holds<Megatron1DSpec>() && s.as<Megatron1DSpec>().p > 1 &&
+           !s.as<Megatron1DSpec>().sequence_parallel &&
+           !s.as<Megatron1DSpec>().distribute_checkpoints;
+  };
+  std::size_t want = 0;
+  for (const SchemeSpec& s : schemes_for(ranks)) want += plain_1d(s) ? 1 : 0;
+  for (const Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+    SCOPED_TRACE(to_string(r));
+    const std::vector<SchemeSpec> list = candidate_schemes(ranks, {.recompute = r});
+    ASSERT_EQ(list.size(), schemes_for(ranks).size() + (r == Recompute::full ? want : 0));
+    for (std::size_t i = schemes_for(ranks).size(); i < list.size(); ++i)
+      EXPECT_TRUE(list[i].as<Megatron1DSpec>().distribute_checkpoints) << list[i].str();
+  }
+  if (want == 0) return;
+  CpuBackend backend;
+  const GptConfig c = config(4);
+  const index_t batch = 8, seq = 8;
+  const GptOptions o{.recompute = Recompute::full};
+  for (const SchemeSpec& dc : candidate_schemes(ranks, o)) {
+    if (!dc.holds<Megatron1DSpec>() || !dc.as<Megatron1DSpec>().distribute_checkpoints) continue;
+    SCOPED_TRACE(dc.str());
+    SchemeSpec whole = dc;
+    whole.as<Megatron1DSpec>().distribute_checkpoints = false;
+    const auto checkpoint = [&](const SchemeSpec& s) {
+      for (const BufferUsage& u :
+           plan_memory_busiest<float>(s, backend, c, batch, seq, o).report.buffers)
+        if (u.name == "checkpoint") return u.capacity;
+      ADD_FAILURE() << "no checkpoint buffer";
+      return std::size_t{0};
+    };
+    const index_t p = dc.as<Megatron1DSpec>().p;
+    const index_t slot = batch / dc.data * seq * c.n_embd;
+    EXPECT_EQ(checkpoint(whole) - checkpoint(dc),
+              static_cast<std::size_t>(c.n_layer) * (Arena::rounded(slot * sizeof(float)) -
+                                                     Arena::rounded(slot / p * sizeof(float))));
+  }
 }
 
 TEST(AutoScheme, SchemesThatRefuseTheModelAreRejectedWithTheirReason) {

@@ -3,7 +3,8 @@
 // makes on every axis in one training step, read from the counters, equal
 // the closed form of
 // summa::model::predict_step_traffic exactly — float and double,
-// checkpointing on and off, with and without a data axis (bf16: the covering
+// checkpointing on and off (on: 1D's distributed checkpoints too,
+// candidate_schemes), with and without a data axis (bf16: the covering
 // subset, representative_schemes). One launch of 9
 // ranks covers every rank count on sub-communicators (for_each_group:
 // [9], then [8, 1], then [4, 2] at once); a smaller launch covers the
@@ -23,6 +24,7 @@
 #include "fourth_scheme.hpp"
 #include "summa/comm/consensus.hpp"
 #include "summa/model/traffic.hpp"
+#include "summa/parallel/auto_scheme.hpp"
 #include "test_util.hpp"
 
 namespace summa::test {
@@ -69,9 +71,11 @@ void step_bytes_match(MPI_Comm comm, int ranks, Recompute recompute) {
   const auto& [config, batch, seq, tokens, targets] = step;
   CpuBackend backend;
   int tested = 0;
-  for (const SchemeSpec& spec : all ? schemes_for(ranks) : representative_schemes(ranks)) {
+  const GptOptions options{.recompute = recompute};
+  // (candidate_schemes: with full recompute also 1D's distributed checkpoints)
+  for (const SchemeSpec& spec :
+       all ? candidate_schemes(ranks, options) : representative_schemes(ranks)) {
     SCOPED_TRACE(spec.str());
-    const GptOptions options{.recompute = recompute};
     ParallelGpt<T> run(comm, spec, backend, config, batch, seq, options);
     run.model().init(1);
     run.grid().reset_traffic();

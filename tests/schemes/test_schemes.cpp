@@ -196,6 +196,15 @@ TEST(Schemes, ParseAndPrint) {
   EXPECT_EQ(SchemeSpec::parse("1d:p=4,sp=off").str(), "1d:p=4");  // the default
   EXPECT_EQ(batch_granularity(h), 8);  // data x p: the token rows divide for any seq
   EXPECT_EQ(batch_granularity(SchemeSpec::parse("data=2,1d:p=4")), 2);
+  // 1D: distributed checkpoints
+  const SchemeSpec dc = SchemeSpec::parse("dc=on,data=2,1d:p=4");
+  EXPECT_TRUE(dc.as<Megatron1DSpec>().distribute_checkpoints);
+  EXPECT_FALSE(dc.as<Megatron1DSpec>().sequence_parallel);
+  EXPECT_EQ(dc.str(), "data=2,1d:p=4,dc=on");
+  EXPECT_EQ(SchemeSpec::parse(dc.str()), dc);
+  EXPECT_NE(dc, SchemeSpec::parse("data=2,1d:p=4"));
+  EXPECT_EQ(SchemeSpec::parse("1d:p=4,dc=off").str(), "1d:p=4");  // the default
+  EXPECT_EQ(batch_granularity(dc), 2);                            // the tokens are not split
 }
 
 TEST(Schemes, BadTextThrows) {
@@ -226,6 +235,12 @@ TEST(Schemes, BadTextThrows) {
                            "1d:p=2,sp=yes",
                            "1d:p=2,sp=",
                            "1d:p=2,sp=on,sp=off",
+                           "1d:p=2,dc=yes",
+                           "1d:p=2,dc=on,dc=on",
+                           "1d:p=2,dc=on,sp=on",
+                           "sp=on,1d:p=2,dc=on",
+                           "2d:q=2,dc=on",
+                           "3d:1x1x2,dc=on",
                            "2d:q=2,sp=on",
                            "2d:q=2,slices=2",
                            "1d:q=2",
@@ -252,6 +267,12 @@ TEST(Schemes, BadTextThrows) {
       << message("1d:p=2,panel=8");
   EXPECT_NE(message("2d:q=2,overlap=yes").find("'on' or 'off'"), std::string::npos)
       << message("2d:q=2,overlap=yes");
+  EXPECT_NE(message("1d:p=2,dc=yes").find("distributed checkpoints is 'on' or 'off', not 'yes'"),
+            std::string::npos)
+      << message("1d:p=2,dc=yes");
+  EXPECT_NE(message("1d:p=2,sp=on,dc=on").find("sp=on and dc=on exclude each other"),
+            std::string::npos)
+      << message("1d:p=2,sp=on,dc=on");
   // a sharding level: 0-3, above 1 not yet, and only over more than one group
   EXPECT_NE(message("data=2:zero=4,2d:q=1").find("zero=4 is not a sharding level"),
             std::string::npos)

@@ -173,8 +173,9 @@ CurveCase curve_case(int steps) {
 }
 
 TEST(Train, TrainingMatchesSerialReference) {
-  const auto schemes = runnable({"2d:q=1", "2d:q=2", "1d:p=4", "3d:2x1x2", "data=2,2d:q=2",
-                                 "data=2,3d:2x1x2", "data=2,1d:p=2"});
+  const auto schemes =
+      runnable({"2d:q=1", "2d:q=2", "1d:p=4", "3d:2x1x2", "data=2,2d:q=2", "data=2,3d:2x1x2",
+                "data=2,1d:p=2", "1d:p=4,dc=on", "data=2,1d:p=2,dc=on"});
   if (schemes.empty()) GTEST_SKIP() << "no listed scheme runs on " << world_size() << " ranks";
   const int steps = 10;
   const CurveCase c = curve_case(steps);

@@ -52,6 +52,11 @@ namespace summa {
 namespace gpt_op {
 inline constexpr std::string_view embedding = "embedding", ln_f = "ln_f", lm_head = "lm_head",
                                   data_axis = "data_axis";
+/// Distributed checkpoints: a block's input all-gathered before its
+/// recompute (Phase::recompute, count n_layer). Named as a block op: it is
+/// part of each block's cost (stem-only studies, the data axis's bucket
+/// timing) and is timed inside the profile's "blocks" recompute part.
+inline constexpr std::string_view checkpoint_gather = "block.checkpoint_gather";
 }  // namespace gpt_op
 
 template <class T>
@@ -138,8 +143,21 @@ class Gpt final : public GptModel<T> {
 
   /// Local views, valid until the next forward: x_i (i = 0: the embeddings,
   /// i = n_layer: the last block's output), LN_f's output, and (until
-  /// backward) the local logits.
+  /// backward) the local logits. With distributed checkpoints
+  /// (distributes_checkpoints()) this rank keeps only its chunk of x_i for
+  /// i < n_layer: boundary(i) throws summa::Error for those (use
+  /// gather_boundary), and x_n_layer's slot serves backward's gathers (valid
+  /// until backward).
   ConstMatrixView<T> boundary(int i) const;
+  /// Writes this rank's whole local x_i (as boundary(i) would be) to `out`
+  /// (dense row-major, boundary-shaped), after a forward: with distributed
+  /// checkpoints an all-gather over SchemeContext::checkpoint_group
+  /// (collective over it for i < n_layer), else a copy.
+  void gather_boundary(int i, MatrixView<T> out);
+  /// Whether this model keeps 1/g of each checkpointed block input
+  /// (SchemeContext::checkpoint_group of g ranks, with Recompute::full;
+  /// never for inference, which keeps no checkpoints).
+  bool distributes_checkpoints() const { return ckpt_group_ != nullptr; }
   ConstMatrixView<T> final_norm() const { return lnf_; }
   ConstMatrixView<T> logits() const { return head_->logits(); }
   /// dL/dx_0 (local block of the embeddings' gradient) after backward.
@@ -222,6 +240,13 @@ class Gpt final : public GptModel<T> {
   std::unique_ptr<ParameterStore<T>> store_;
   std::unique_ptr<ModelBuffers> buffers_;
   std::vector<MatrixView<T>> boundaries_;  // x_0..x_N in the checkpoint buffer
+  // Distributed checkpoints: the group, each chunk's elements, and this
+  // rank's chunk of x_0..x_{N-1} (boundaries_[i < N] are then the
+  // conjunction slots forward runs through, boundaries_[N] the gather slot).
+  Communicator* ckpt_group_ = nullptr;
+  index_t ckpt_chunk_ = 0;
+  std::vector<MatrixView<T>> chunks_;
+  void save_chunk(int i);
   MatrixView<T> conj_[2]{};
   MatrixView<T> lnf_{};
   MatrixView<T> input_grad_{};

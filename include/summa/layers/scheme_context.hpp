@@ -166,6 +166,12 @@ class SchemeContext {
   virtual bool defers_gradients() const { return false; }
   /// Completes deferred gradient work (part of backward's completion point).
   virtual void complete_deferred() {}
+  /// Distributed activation checkpoints (1D "dc=on"): a group of the tensor
+  /// axis whose ranks all hold the same whole outer activations. The Gpt
+  /// then keeps rank r's 1/size of each checkpointed block input and
+  /// all-gathers it over this group before the block's recompute. Null
+  /// (the default): checkpoints whole.
+  virtual Communicator* checkpoint_group() const { return nullptr; }
   /// The scheme's own buffers, for memory reports.
   virtual void append_buffers(std::vector<BufferUsage>& /*out*/) const {}
 

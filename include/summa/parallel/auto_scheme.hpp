@@ -44,10 +44,17 @@ struct AutoSchemeOptions {
   model::StepTimeOptions time = {};
 };
 
-/// Every scheme of `ranks` ranks (schemes_for) for a GPT of `config` with
+/// The schemes a configuration search over `ranks` ranks considers: every
+/// one of schemes_for, and with per-block checkpoints
+/// (options.recompute == full) also each plain 1D over p > 1 ranks with
+/// distributed checkpoints ("1d:p=P,dc=on", as Megatron runs them), after
+/// the others.
+std::vector<SchemeSpec> candidate_schemes(int ranks, const GptOptions& options);
+
+/// Every scheme of `ranks` ranks (candidate_schemes) for a GPT of `config` with
 /// global `batch` sequences of `seq` tokens: planned without a launch (the
 /// busiest rank, plan_memory_busiest) and priced, the choices first,
-/// fastest first (ties in the order of schemes_for), then the rejected
+/// fastest first (ties in the order of candidate_schemes), then the rejected
 /// ones. No MPI: the same result wherever it is called, in milliseconds to
 /// seconds (every rank of one tensor group is planned).
 template <class T>

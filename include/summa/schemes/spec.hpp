@@ -15,14 +15,17 @@
 /// and the options of the chosen scheme:
 ///   1d  sp=on|off      Megatron's sequence parallelism (default off): the
 ///                      outer activations split by tokens over the P ranks
+///       dc=on|off      Megatron's distributed activation checkpoints (default
+///                      off; with recompute full, not with sp=on): each rank
+///                      keeps 1/P of every block's checkpointed input
 ///   2d  panel=N        SUMMA panel width (0: a whole block per step; default 256)
 ///       overlap=on|off SUMMA's double-buffered collectives (default on)
 ///   3d  overlap=LIST   the AxoNN overlaps on, '+'-separated from oar, ors,
 ///                      oag, or 'none' (default: oar; see Axonn3DOptions)
-/// e.g. "2d:q=3", "1d:p=4", "1d:p=4,sp=on", "3d:2x2x2", "data=2,2d:q=2", "data=4:zero=1,1d:p=2",
-/// "2d:q=2,panel=128,overlap=off", "3d:1x1x4,overlap=oar+ors+oag".
-/// Each scheme's options are its own type (Megatron1DSpec, Summa2DSpec,
-/// Axonn3DSpec in schemes/<scheme>/spec.hpp), read with spec.as<...>().
+/// e.g. "2d:q=3", "1d:p=4", "1d:p=4,sp=on", "1d:p=4,dc=on", "3d:2x2x2", "data=2,2d:q=2",
+/// "data=4:zero=1,1d:p=2", "2d:q=2,panel=128,overlap=off", "3d:1x1x4,overlap=oar+ors+oag". Each
+/// scheme's options are its own type (Megatron1DSpec, Summa2DSpec, Axonn3DSpec in
+/// schemes/<scheme>/spec.hpp), read with spec.as<...>().
 
 #include <cstdint>
 #include <memory>

@@ -5,8 +5,16 @@
 namespace summa {
 
 template <class T>
-Megatron1DContext<T>::Megatron1DContext(ProcessGrid& grid, Backend& backend, bool sequence_parallel)
-    : SchemeContext<T>(grid, backend), p_(grid.tensor().size()), sp_(sequence_parallel && p_ > 1) {}
+Megatron1DContext<T>::Megatron1DContext(ProcessGrid& grid, Backend& backend, bool sequence_parallel,
+                                        bool distribute_checkpoints)
+    : SchemeContext<T>(grid, backend),
+      p_(grid.tensor().size()),
+      sp_(sequence_parallel && p_ > 1),
+      dc_(distribute_checkpoints && p_ > 1) {
+  require(!(sequence_parallel && distribute_checkpoints),
+          "1D: sequence parallelism and distributed checkpoints exclude each other (sp splits the "
+          "checkpoints over p already)");
+}
 
 template <class T>
 std::unique_ptr<Layer<T>> Megatron1DContext<T>::linear(std::string name, index_t tokens, index_t in,

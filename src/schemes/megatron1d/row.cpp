@@ -14,13 +14,23 @@ int p_of(const SchemeSpec& s) {
   return s.as<Megatron1DSpec>().p;
 }
 
+// sp=on|off (sequence parallelism), dc=on|off (distributed checkpoints);
+// the two exclude each other (sp's checkpoints are split already).
 bool option(std::string_view key, std::string_view value, std::string_view item, SchemeSpec& s) {
-  if (key != "sp") return false;
+  if (key != "sp" && key != "dc") return false;
+  const bool sp = key == "sp";
   require(value == "on" || value == "off", [&] {
-    return fmt::format("scheme item '{}': the 1d sequence parallelism is 'on' or 'off', not '{}'",
-                       item, value);
+    return fmt::format("scheme item '{}': the 1d {} is 'on' or 'off', not '{}'", item,
+                       sp ? "sequence parallelism" : "distributed checkpoints", value);
   });
-  s.as<Megatron1DSpec>().sequence_parallel = value == "on";
+  Megatron1DSpec& o = s.as<Megatron1DSpec>();
+  (sp ? o.sequence_parallel : o.distribute_checkpoints) = value == "on";
+  require(!(o.sequence_parallel && o.distribute_checkpoints), [&] {
+    return fmt::format(
+        "scheme item '{}': 1d sp=on and dc=on exclude each other (sequence parallelism splits "
+        "the checkpoints over p already; give one of them)",
+        item);
+  });
   return true;
 }
 
@@ -29,13 +39,14 @@ bool option(std::string_view key, std::string_view value, std::string_view item,
 extern constinit const SchemeRow megatron1d_row{
     // external: registry.cpp lists it
     .tag = "1d",
-    .grammar = "'1d:p=P' (option 'sp=on|off')",
+    .grammar = "'1d:p=P' (options 'sp=on|off', 'dc=on|off')",
     .parse = &parse_keyed<Megatron1DSpec, 'p'>,
     .option = &option,
     .text =
         [](const SchemeSpec& s) {
-          return fmt::format("1d:p={}{}", p_of(s),
-                             s.as<Megatron1DSpec>().sequence_parallel ? ",sp=on" : "");
+          const Megatron1DSpec& o = s.as<Megatron1DSpec>();
+          return fmt::format("1d:p={}{}{}", p_of(s), o.sequence_parallel ? ",sp=on" : "",
+                             o.distribute_checkpoints ? ",dc=on" : "");
         },
     .tensor_ranks = [](const SchemeSpec& s) { return static_cast<std::int64_t>(p_of(s)); },
     // sequence parallelism splits a data group's token rows over p: a batch

@@ -16,6 +16,11 @@
 /// all-reduces they replace. The embedding reduce-scatters its output, the
 /// LM head all-gathers its input. The tokens of a data group must be a
 /// multiple of p.
+///
+/// With distributed checkpoints (Megatron1DSpec::distribute_checkpoints,
+/// "1d:p=P,dc=on") the outer activations stay replicated, but the Gpt keeps
+/// only rank r's 1/p of each block's checkpointed input and all-gathers it
+/// over the tensor group before the block's recompute (checkpoint_group()).
 
 #include "summa/layers/scheme_context.hpp"
 #include "summa/schemes/megatron1d/layers.hpp"
@@ -27,10 +32,12 @@ template <class T>
 class Megatron1DContext final : public SchemeContext<T> {
  public:
   /// `sequence_parallel`: see the file comment (no effect when p = 1).
-  Megatron1DContext(ProcessGrid& grid, Backend& backend, bool sequence_parallel = false);
+  /// `distribute_checkpoints`: likewise.
+  Megatron1DContext(ProcessGrid& grid, Backend& backend, bool sequence_parallel = false,
+                    bool distribute_checkpoints = false);
   /// For a "1d" scheme item (p is the grid's tensor group).
   Megatron1DContext(ProcessGrid& grid, Backend& backend, const Megatron1DSpec& spec)
-      : Megatron1DContext(grid, backend, spec.sequence_parallel) {}
+      : Megatron1DContext(grid, backend, spec.sequence_parallel, spec.distribute_checkpoints) {}
 
   std::string_view label() const override { return "1D"; }
   /// Whether the outer activations are split by tokens (sequence parallelism).
@@ -41,6 +48,8 @@ class Megatron1DContext final : public SchemeContext<T> {
   index_t local_cols(index_t width, ActivationLayout layout) const override {
     return layout == ActivationLayout::outer ? width : width / p_;
   }
+  /// The tensor group with distributed checkpoints (and p > 1), else none.
+  Communicator* checkpoint_group() const override { return dc_ ? &this->grid().tensor() : nullptr; }
   int sequence_split() const override { return 1; }
   const char* sequence_split_name() const override { return "1"; }
   int head_split() const override { return p_; }
@@ -63,6 +72,7 @@ class Megatron1DContext final : public SchemeContext<T> {
  private:
   int p_;
   bool sp_;
+  bool dc_;
 };
 
 extern template class Megatron1DContext<float>;
