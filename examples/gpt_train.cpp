@@ -1421,6 +1421,14 @@ int train(const Cli& cli) {
           loss, SUMMA_PYTHON_EXECUTABLE, SUMMA_SCRIPTS_DIR "/hf_check.py", export_dir.c_str(),
           cli.check_batch.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq));
   }
+  // The most the backend held at once on any rank (every buffer the library
+  // allocated; the plan above should equal it: docs/memory.md).
+  double peak = static_cast<double>(backend->peak_allocated_bytes());
+  {
+    MPI_Request request;
+    MPI_Iallreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_MAX, world, &request);
+    summa::wait_guarded(request, world, "gpt_train's peak memory all-reduce", sizeof peak);
+  }
   if (root) {
     const std::size_t k = std::min<std::size_t>(10, losses.size());
     const double head =
@@ -1451,7 +1459,8 @@ int train(const Cli& cli) {
     std::printf("validation loss: %.4f -> %.4f (uniform over %d tokens would be %.4f)\n",
                 val_before, val_after, o.config.vocab_size,
                 std::log(static_cast<double>(o.config.vocab_size)));
-    std::printf("memory per rank (largest): %s\n", human(mem, "B").c_str());
+    std::printf("memory per rank (largest): %s planned, %s measured peak (backend)\n",
+                human(mem, "B").c_str(), human(peak, "B").c_str());
     std::string latest = ckpt_root.string();
     try {  // `latest` may be the damaged one a resume passed over
       latest = summa::latest_checkpoint(ckpt_root).value_or(ckpt_root).string();

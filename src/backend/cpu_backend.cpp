@@ -552,9 +552,11 @@ void* CpuBackend::allocate(std::size_t bytes) {
   if (p == nullptr)
     throw OutOfMemory("CpuBackend::allocate: " + std::to_string(bytes) +
                       " bytes of host memory: out of memory");
+  note_allocated(bytes);
   return p;
 }
-void CpuBackend::deallocate(void* p, std::size_t) noexcept {
+void CpuBackend::deallocate(void* p, std::size_t bytes) noexcept {
+  if (p != nullptr) note_deallocated(bytes);
   std::free(p);
 }
 

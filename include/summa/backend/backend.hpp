@@ -389,7 +389,27 @@ class Backend {
   /// Waits until every operation issued so far has finished (no-op on CPU).
   virtual void synchronize() {}
 
+  /// Bytes this backend holds for its callers now (allocate() less
+  /// deallocate(), the bytes asked for) and the most it held at once since
+  /// construction or reset_peak_allocated(): the measured side of the memory
+  /// planner (docs/memory.md, "The planner against the measured peak"). Every
+  /// device buffer the library makes (arenas, the optimizer state, the key /
+  /// value cache, token ids, the schemes' staging) goes through allocate().
+  std::size_t allocated_bytes() const { return allocated_; }
+  std::size_t peak_allocated_bytes() const { return peak_; }
+  void reset_peak_allocated() { peak_ = allocated_; }
+
+ protected:
+  /// An implementation's allocate() and deallocate() report each success
+  /// with the caller's byte count.
+  void note_allocated(std::size_t bytes) {
+    allocated_ += bytes;
+    peak_ = std::max(peak_, allocated_);
+  }
+  void note_deallocated(std::size_t bytes) { allocated_ -= std::min(bytes, allocated_); }
+
  private:
+  std::size_t allocated_ = 0, peak_ = 0;
   // ---- Per-type hooks -----------------------------------------------------------
   // do_X is op X above for one element type, called by X once X's checks have
   // passed (and by an implementation's own hooks, on arguments already

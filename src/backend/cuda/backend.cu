@@ -498,6 +498,7 @@ void* CudaBackend::allocate(std::size_t bytes) {
                         " bytes free on the device)");
     throw Error(what);
   }
+  note_allocated(bytes);
   return p;
 }
 
@@ -532,8 +533,10 @@ double CudaBackend::memory_free_bytes() const {
   return static_cast<double>(free);
 }
 
-void CudaBackend::deallocate(void* p, std::size_t) noexcept {
-  if (p != nullptr) cudaFree(p);
+void CudaBackend::deallocate(void* p, std::size_t bytes) noexcept {
+  if (p == nullptr) return;
+  note_deallocated(bytes);
+  cudaFree(p);
 }
 
 std::size_t CudaBackend::gemm_scratch_bytes(index_t, index_t, index_t, DType) const {
