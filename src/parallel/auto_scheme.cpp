@@ -25,8 +25,15 @@ int ranks_per_device(MPI_Comm comm, bool cpu_backend) {
 
 std::vector<SchemeSpec> candidate_schemes(int ranks, const GptOptions& options) {
   std::vector<SchemeSpec> all = schemes_for(ranks);
-  if (options.recompute != Recompute::full || options.inference) return all;
+  if (options.inference) return all;  // no optimizer state, no checkpoints
   const std::size_t listed = all.size();
+  for (std::size_t i = 0; i < listed; ++i) {  // the data axis sharded (zero=1)
+    if (all[i].data == 1) continue;
+    SchemeSpec sharded = all[i];
+    sharded.zero = 1;
+    all.push_back(std::move(sharded));
+  }
+  if (options.recompute != Recompute::full) return all;
   for (std::size_t i = 0; i < listed; ++i) {
     if (!all[i].holds<Megatron1DSpec>()) continue;
     const Megatron1DSpec& o = all[i].as<Megatron1DSpec>();
@@ -48,8 +55,10 @@ std::vector<SchemeCandidate> rank_schemes(int ranks, Backend& backend, const Gpt
     SchemeCandidate c{.spec = spec, .rejected = {}, .memory_bytes = 0, .busiest = {}, .time = {}};
     try {  // the scheme's own checks, as a launch would make them
       const RankMemory plan = plan_memory_busiest<T>(spec, backend, config, batch, seq, options);
-      c.memory_bytes = plan.report.total() +
-                       plan.report.parameters / sizeof(T) * auto_options.state_bytes_per_parameter;
+      // a sharded data axis (zero=1) keeps 1/data of the optimizer state
+      c.memory_bytes = plan.report.total() + plan.report.parameters / sizeof(T) *
+                                                 auto_options.state_bytes_per_parameter /
+                                                 (spec.zero > 0 ? spec.data : 1);
       c.busiest = plan.coords;
       c.time = model::predict_step_time(spec, config, batch, seq, options, dtype_v<T>, machine,
                                         auto_options.time);

@@ -111,15 +111,26 @@ TEST(AutoScheme, DistributedCheckpointsAreCandidatesWithFullRecompute) {
            !s.as<Megatron1DSpec>().sequence_parallel &&
            !s.as<Megatron1DSpec>().distribute_checkpoints;
   };
-  std::size_t want = 0;
-  for (const SchemeSpec& s : schemes_for(ranks)) want += plain_1d(s) ? 1 : 0;
+  std::size_t want = 0, sharded = 0;
+  for (const SchemeSpec& s : schemes_for(ranks)) {
+    want += plain_1d(s) ? 1 : 0;
+    sharded += s.data > 1 ? 1 : 0;
+  }
+  const std::size_t listed = schemes_for(ranks).size();
   for (const Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
     SCOPED_TRACE(to_string(r));
     const std::vector<SchemeSpec> list = candidate_schemes(ranks, {.recompute = r});
-    ASSERT_EQ(list.size(), schemes_for(ranks).size() + (r == Recompute::full ? want : 0));
-    for (std::size_t i = schemes_for(ranks).size(); i < list.size(); ++i)
-      EXPECT_TRUE(list[i].as<Megatron1DSpec>().distribute_checkpoints) << list[i].str();
+    ASSERT_EQ(list.size(), listed + sharded + (r == Recompute::full ? want : 0));
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      SCOPED_TRACE(list[i].str());
+      const bool dc =
+          list[i].holds<Megatron1DSpec>() && list[i].as<Megatron1DSpec>().distribute_checkpoints;
+      EXPECT_EQ(list[i].zero > 0, i >= listed && i < listed + sharded);  // zero=1 next
+      EXPECT_EQ(dc, i >= listed + sharded);                              // dc=on last
+    }
   }
+  // inference: no optimizer state to shard, no checkpoints to distribute
+  EXPECT_EQ(candidate_schemes(ranks, {.inference = true}).size(), listed);
   if (want == 0) return;
   CpuBackend backend;
   const GptConfig c = config(4);
@@ -191,7 +202,8 @@ TEST(AutoScheme, LaunchFreeRankingAndOptimizerState) {
   for (const SchemeCandidate& x : with_state) {
     SCOPED_TRACE(x.spec.str());
     const RankMemory plan = plan_memory_busiest<float>(x.spec, backend, c, 8, 8);
-    EXPECT_EQ(x.memory_bytes, plan.report.total() + plan.report.parameters / sizeof(float) * 8);
+    EXPECT_EQ(x.memory_bytes, plan.report.total() + plan.report.parameters / sizeof(float) * 8 /
+                                                        (x.spec.zero > 0 ? x.spec.data : 1));
     EXPECT_EQ(x.busiest, plan.coords);
   }
 }

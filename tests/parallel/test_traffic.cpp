@@ -3,8 +3,9 @@
 // makes on every axis in one training step, read from the counters, equal
 // the closed form of
 // summa::model::predict_step_traffic exactly — float and double,
-// checkpointing on and off (on: 1D's distributed checkpoints too,
-// candidate_schemes), with and without a data axis (bf16: the covering
+// checkpointing on and off (on: the configuration search's candidates,
+// 1D's distributed checkpoints and sharded data axes too, forward and
+// backward without the optimizer's step), with and without a data axis (bf16: the covering
 // subset, representative_schemes). One launch of 9
 // ranks covers every rank count on sub-communicators (for_each_group:
 // [9], then [8, 1], then [4, 2] at once); a smaller launch covers the
@@ -81,8 +82,9 @@ void step_bytes_match(MPI_Comm comm, int ranks, Recompute recompute) {
     run.grid().reset_traffic();
     run.model().forward(tokens, targets);
     run.model().backward();
-    const TrafficCounters want = model::predict_step_traffic(spec, config, batch, seq, options,
-                                                             dtype_v<T>, run.grid().coords());
+    const TrafficCounters want =
+        model::predict_step_traffic(spec, config, batch, seq, options, dtype_v<T>,
+                                    run.grid().coords(), /*optimizer_step=*/false);
     for (std::size_t a = 0; a < comm_axis_count; ++a) {
       const auto axis = static_cast<CommAxis>(a);
       EXPECT_EQ(run.grid().traffic()[axis].bytes_sent, want[axis].bytes_sent) << name_of(axis);

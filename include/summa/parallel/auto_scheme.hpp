@@ -39,16 +39,18 @@ struct AutoSchemeOptions {
   std::uint64_t budget_bytes = 0;
   /// Optimizer state per parameter element of the rank's shards, counted
   /// with the plan against the budget: AdamW keeps two master_t<T>
-  /// moments (8 bytes), plus an fp32 master copy under bf16 (12 bytes).
+  /// moments (8 bytes), plus an fp32 master copy under bf16 (12 bytes);
+  /// divided by the data groups for a sharded data axis (zero=1).
   std::uint64_t state_bytes_per_parameter = 0;
   model::StepTimeOptions time = {};
 };
 
 /// The schemes a configuration search over `ranks` ranks considers: every
-/// one of schemes_for, and with per-block checkpoints
-/// (options.recompute == full) also each plain 1D over p > 1 ranks with
-/// distributed checkpoints ("1d:p=P,dc=on", as Megatron runs them), after
-/// the others.
+/// one of schemes_for; for training (not options.inference) also each with
+/// a data axis sharded ("data=D:zero=1,..."), and with per-block checkpoints
+/// (options.recompute == full) each plain 1D over p > 1 ranks with
+/// distributed checkpoints ("1d:p=P,dc=on", as Megatron runs them), in
+/// that order after schemes_for's.
 std::vector<SchemeSpec> candidate_schemes(int ranks, const GptOptions& options);
 
 /// Every scheme of `ranks` ranks (candidate_schemes) for a GPT of `config` with
