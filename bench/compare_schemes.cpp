@@ -203,6 +203,10 @@ struct Result {
   // axes) in the counted step, max over ranks; and the step-time model's
   // step and its exposed communication (--predict).
   double wait_s = NAN, predicted_s = NAN, predicted_exposed_s = NAN;
+  // the most the backend held during the run (max over ranks), and the
+  // recompute mode the model was built with
+  u64 measured_peak = 0;
+  std::optional<summa::Recompute> recompute;
   // --breakdown: per part of the step (GptModel::profile), the measured
   // seconds per step (mean over the timed steps, largest over ranks) and
   // the predicted ones
@@ -246,6 +250,9 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
   r.spec = spec;
   const summa::GptOptions options{.recompute = s.recompute, .profile = s.breakdown};
   std::optional<summa::ParallelGpt<T>> run;
+  // the backend's peak over this scheme's run, above what it held before
+  backend.reset_peak_allocated();
+  const std::size_t held_before = backend.allocated_bytes();
   try {
     // sizes checked before anything is built (summa/parallel/memory_check.hpp)
     summa::require_memory_fits<T>(MPI_COMM_WORLD, spec, backend, s.config, s.batch, s.seq, options,
@@ -327,7 +334,10 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
     r.prediction_note = e.what();
   }
   r.mem = memory_of(model.memory_report());
-  run.reset();  // free this model before the largest-batch one
+  r.measured_peak = max_over_ranks(static_cast<u64>(backend.peak_allocated_bytes() - held_before));
+  r.recompute = model.options().recompute;  // as the model was built
+  // free this model before the largest-batch one
+  run.reset();
 
   // Largest global batch within the budget (planner), then a real step there.
   const auto budget = static_cast<std::size_t>(s.budget_mib * 1024 * 1024);
@@ -420,7 +430,7 @@ Json json_of(const Settings& s, const Result& r, int ranks) {
             {"dtype", s.dtype},
             {"backend", s.backend},
             {"device", s.device},
-            {"recompute", summa::to_string(s.recompute)}};
+            {"recompute", summa::to_string(r.recompute.value_or(s.recompute))}};
   j.update(summa::bench::model_shape_fields(s.config, s.seq, s.batch));
   j["reps"] = s.reps;
   j["warmup"] = s.warmup;
@@ -487,6 +497,9 @@ Json json_of(const Settings& s, const Result& r, int ranks) {
                 {"total_capacity", m.total}};
   };
   j["memory_bytes_per_rank"] = mem(r.mem);
+  // the backend's peak (every buffer the library allocated) against the
+  // capacities above: the planner's truth (docs/memory.md)
+  j["measured_peak_bytes_per_rank"] = r.measured_peak;
   j["budget_mib"] = s.budget_mib;
   j["max_batch"] = s.max_batch;
   j["largest_batch"] = r.largest;
