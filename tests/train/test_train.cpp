@@ -204,8 +204,8 @@ TEST(Train, TrainingMatchesSerialReference) {
 // The memory planner against the measured peak (issue: "the planner is the
 // truth"). For the demo model (gpt_train's defaults: 4 layers, h 128, 4
 // heads, seq 64, vocab 256, batch 16) under every scheme the configuration
-// search considers at this rank count (candidate_schemes: 1D's distributed
-// checkpoints too), each recompute mode, a sharded data axis and bf16: a
+// search considers at this rank count (candidate_schemes: sharded data axes
+// and 1D's distributed checkpoints too), each recompute mode and bf16: a
 // Trainer on its own CpuBackend, one step, then the most that backend held at
 // once (Backend::peak_allocated_bytes: every buffer the library allocates)
 // against the plan (plan_memory's capacities plus the optimizer state per
@@ -253,16 +253,17 @@ TEST(Train, PlannerEqualsMeasuredPeak) {
     Recompute recompute;
     bool bf16;
   };
+  // Every configuration at 4 ranks (the issue's table, docs/memory.md); at
+  // the other rank counts each recompute mode's first and last candidate
+  // (the checked build's CI time).
   std::vector<Case> cases;
-  for (const Recompute r : {Recompute::full, Recompute::selective, Recompute::none})
-    for (const SchemeSpec& s : candidate_schemes(world_size(), {.recompute = r})) {
+  for (const Recompute r : {Recompute::full, Recompute::selective, Recompute::none}) {
+    const std::vector<SchemeSpec> list = candidate_schemes(world_size(), {.recompute = r});
+    for (const SchemeSpec& s : list) {
+      if (world_size() != 4 && !(s == list.front() || s == list.back())) continue;
       cases.push_back({s.str(), r, false});
-      if (s.data > 1 && r == Recompute::full) {
-        SchemeSpec z = s;
-        z.zero = 1;
-        cases.push_back({z.str(), r, false});
-      }
     }
+  }
   const std::vector<SchemeSpec> all = schemes_for(world_size());
   cases.push_back({all.front().str(), Recompute::full, true});
   cases.push_back({all.back().str(), Recompute::selective, true});
