@@ -343,8 +343,7 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-file", cli.prompt_file, "prompts, one per line");
   app.add_option("--scheme", cli.scheme,
                  "scheme and grid (2d:q=Q, 1d:p=P[,sp=on|,dc=on], 3d:XxYxZ, with optional data=D); "
-                 "default: 2d "
-                 "on a square rank count, else 1d");
+                 "default: 2d on a square rank count, else 1d");
   app.add_option("--max-new-tokens", cli.max_new_tokens,
                  "new tokens per prompt at most; prompt + new tokens must fit the model's "
                  "n_positions (refused otherwise, naming the largest that fits); default: 32, "

@@ -1110,6 +1110,11 @@ void distributed_checkpoints_match_reference() {
   {
     const SchemeSpec spec = SchemeSpec::parse("1d:p=" + std::to_string(n) + ",dc=on");
     SCOPED_TRACE(spec.str());
+    {  // the option reaches the model (else the checks below test plain 1D)
+      Model<T> m(spec, test_config(2), test_batch(), kSeq, {.recompute = Recompute::full});
+      ASSERT_TRUE(m.gpt.distributes_checkpoints());
+      ASSERT_EQ(m.ctx->checkpoint_group()->size(), n);
+    }
     gpt_matches_reference<T>(spec, Recompute::full);
     for (const Recompute r : {Recompute::none, Recompute::selective}) {
       try {
