@@ -294,10 +294,16 @@ namespace {
 // backend (the gradients may be device memory; a device backend waits for
 // its stream once per sum_of_squares call). Each piece is one row-major
 // block of the local shard (leading dimension local_cols), summed in one
-// call whether or not it spans whole local rows.
+// call whether or not it spans whole local rows. With a range (ZeRO-2's
+// chunk, count >= 0) only the elements of the packed gradients within it:
+// a piece's rows inside it in one call, and the (at most two) rows it cuts
+// in one call each.
 template <class T>
-double local_norm_sq(const ParameterStore<T>& store) {
+double local_norm_sq(const ParameterStore<T>& store, ElementRange range) {
   Backend& backend = store.backend();
+  const bool whole = range.count < 0;
+  const index_t lo = range.begin, hi = range.begin + range.count;
+  const auto floor_div = [](index_t a, index_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); };
   double sum = 0;
   for (const Param<T>* p : store.params()) {
     const ParamShard& s = p->shard;
@@ -305,7 +311,22 @@ double local_norm_sq(const ParameterStore<T>& store) {
     for (const ShardPiece& piece : s.pieces) {
       if (piece.rows <= 0 || piece.cols <= 0) continue;
       const T* first = p->grad + piece.local_row * s.local_cols + piece.local_col;
-      sum += backend.sum_of_squares(first, piece.rows, piece.cols, s.local_cols);
+      if (whole) {
+        sum += backend.sum_of_squares(first, piece.rows, piece.cols, s.local_cols);
+        continue;
+      }
+      const index_t ld = s.local_cols, base = first - store.grads_base();
+      // rows [full_lo, full_hi) lie inside [lo, hi)
+      const index_t full_lo = std::clamp<index_t>(-floor_div(base - lo, ld), 0, piece.rows);
+      const index_t full_hi =
+          std::clamp<index_t>(floor_div(hi - piece.cols - base, ld) + 1, full_lo, piece.rows);
+      if (full_hi > full_lo)
+        sum += backend.sum_of_squares(first + full_lo * ld, full_hi - full_lo, piece.cols, ld);
+      for (const index_t r : {full_lo - 1, full_hi}) {
+        if (r < 0 || r >= piece.rows) continue;
+        const index_t a = std::max(lo, base + r * ld), b = std::min(hi, base + r * ld + piece.cols);
+        if (a < b) sum += backend.sum_of_squares(store.grads_base() + a, 1, b - a, b - a);
+      }
     }
   }
   return sum;
@@ -314,19 +335,22 @@ double local_norm_sq(const ParameterStore<T>& store) {
 }  // namespace
 
 template <class T>
-double global_norm_sq(const ParameterStore<T>& store, ProcessGrid& grid) {
-  double sum = local_norm_sq(store);
+double global_norm_sq(const ParameterStore<T>& store, ProcessGrid& grid, ElementRange sharded) {
+  double sum = local_norm_sq(store, sharded);
   grid.tensor().all_reduce(&sum, &sum, 1);
+  if (sharded.count >= 0) grid.data().all_reduce(&sum, &sum, 1);
   return sum;
 }
 
 template <class T>
-double clip_grad_norm(ParameterStore<T>& store, ProcessGrid& grid, double max_norm) {
+double clip_grad_norm(ParameterStore<T>& store, ProcessGrid& grid, double max_norm,
+                      ElementRange sharded) {
   const bool bad = !(std::isfinite(max_norm) && max_norm >= 0);
   // The validity flag travels with the sum, so every rank of the tensor group
   // learns of a bad argument on any of them without a second collective.
-  double sums[2] = {bad ? 0.0 : local_norm_sq(store), bad ? 1.0 : 0.0};
+  double sums[2] = {bad ? 0.0 : local_norm_sq(store, sharded), bad ? 1.0 : 0.0};
   grid.tensor().all_reduce(sums, sums, 2);
+  if (sharded.count >= 0) grid.data().all_reduce(sums, sums, 2);
   require(sums[1] == 0, [&] {
     return fmt::format(
         "clip_grad_norm: max_norm must be finite and >= 0 (got {} here; invalid on {} rank(s) "
@@ -336,8 +360,12 @@ double clip_grad_norm(ParameterStore<T>& store, ProcessGrid& grid, double max_no
   const double norm = std::sqrt(sums[0]);
   if (max_norm > 0 && std::isfinite(norm)) {
     const double factor = max_norm / (norm + 1e-6);
-    if (factor < 1)
-      store.backend().scale_in_place(store.grads_base(), store.local_elements(), factor);
+    if (factor < 1) {
+      if (sharded.count < 0)
+        store.backend().scale_in_place(store.grads_base(), store.local_elements(), factor);
+      else if (sharded.count > 0)
+        store.backend().scale_in_place(store.grads_base() + sharded.begin, sharded.count, factor);
+    }
   }
   return norm;
 }
@@ -356,15 +384,15 @@ template class Optimizer<double>;
 template class Optimizer<bf16>;
 template std::unique_ptr<Optimizer<bf16>> make_optimizer(const OptimizerOptions&,
                                                          ParameterStore<bf16>&, ElementRange);
-template double global_norm_sq(const ParameterStore<bf16>&, ProcessGrid&);
-template double clip_grad_norm(ParameterStore<bf16>&, ProcessGrid&, double);
+template double global_norm_sq(const ParameterStore<bf16>&, ProcessGrid&, ElementRange);
+template double clip_grad_norm(ParameterStore<bf16>&, ProcessGrid&, double, ElementRange);
 template std::unique_ptr<Optimizer<float>> make_optimizer(const OptimizerOptions&,
                                                           ParameterStore<float>&, ElementRange);
 template std::unique_ptr<Optimizer<double>> make_optimizer(const OptimizerOptions&,
                                                            ParameterStore<double>&, ElementRange);
-template double global_norm_sq(const ParameterStore<float>&, ProcessGrid&);
-template double global_norm_sq(const ParameterStore<double>&, ProcessGrid&);
-template double clip_grad_norm(ParameterStore<float>&, ProcessGrid&, double);
-template double clip_grad_norm(ParameterStore<double>&, ProcessGrid&, double);
+template double global_norm_sq(const ParameterStore<float>&, ProcessGrid&, ElementRange);
+template double global_norm_sq(const ParameterStore<double>&, ProcessGrid&, ElementRange);
+template double clip_grad_norm(ParameterStore<float>&, ProcessGrid&, double, ElementRange);
+template double clip_grad_norm(ParameterStore<double>&, ProcessGrid&, double, ElementRange);
 
 }  // namespace summa

@@ -25,6 +25,7 @@ namespace {
 // A sharded data axis splits the parameters' packed buffers into equal chunks.
 GptOptions sharded(GptOptions options, const SchemeSpec& spec) {
   if (spec.zero > 0) options.parameter_multiple = spec.data;
+  options.shard_gradients = spec.zero >= 2;
   return options;
 }
 

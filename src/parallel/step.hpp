@@ -5,6 +5,8 @@
 // the order they run. The traffic model sums its bytes (traffic.cpp); the
 // step-time model prices its ops (step_time.cpp). Not installed.
 
+#include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "summa/grid/process_grid.hpp"
@@ -29,6 +31,33 @@ struct Buckets {
   u64 parameters = 0;
   /// SchemeContext::defers_gradients: the buckets wait for the end of backward.
   bool defers_gradients = false;
+
+  /// A bucket's local elements [offset, offset + count) in the packed
+  /// parameters (the embedding, block 0 .. N-1, ln_f), in the order
+  /// backward reduces them: ln_f, the blocks from the last to the first,
+  /// the embedding (Gpt::data_bucket_elements).
+  struct Span {
+    u64 offset, count;
+  };
+  std::vector<Span> spans(u64 n_layer) const {
+    std::vector<Span> out{{embedding + n_layer * block, ln_f}};
+    for (u64 l = n_layer; l-- > 0;) out.push_back({embedding + l * block, block});
+    out.push_back({0, embedding});
+    return out;
+  }
+  /// ZeRO-2 (GptOptions::shard_gradients): the reduces of bucket `s` onto
+  /// the data groups whose chunks (parameters / data elements each) it
+  /// meets, as {root, elements}.
+  std::vector<std::pair<u64, u64>> pieces(Span s, u64 data) const {
+    std::vector<std::pair<u64, u64>> out;
+    const u64 chunk = parameters / data;
+    for (u64 d = 0; d < data && s.count > 0; ++d) {
+      const u64 lo = std::max(s.offset, d * chunk),
+                hi = std::min(s.offset + s.count, (d + 1) * chunk);
+      if (lo < hi) out.emplace_back(d, hi - lo);
+    }
+    return out;
+  }
 };
 
 /// Adds every collective of one training step (the data axis excepted) of

@@ -436,10 +436,21 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
         data_tally.all_reduce(CommAxis::data, elements, data, u(at.data), bytes_per);
         return pricer.collective(w.front());
       };
+      // zero=2: a bucket's reduces onto the chunks' groups, one after another
+      const auto reduce = [&](detail::Buckets::Span span) {
+        std::vector<Work> w;
+        cost::Tally data_tally;
+        data_tally.log = &w;
+        for (const auto& [root, count] : buckets.pieces(span, data))
+          data_tally.reduce(CommAxis::data, count, data, root == u(at.data), e);
+        double s = 0;
+        for (const Work& x : w) s += pricer.collective(x);
+        return s;
+      };
       const double loss = all_reduce(1, sizeof(double));
-      std::vector<double> bucket = {all_reduce(buckets.ln_f, e)};
-      for (u64 l = 0; l < layers; ++l) bucket.push_back(all_reduce(buckets.block, e));
-      bucket.push_back(all_reduce(buckets.embedding, e));
+      std::vector<double> bucket;
+      for (const detail::Buckets::Span& span : buckets.spans(layers))
+        bucket.push_back(spec.zero >= 2 && data > 1 ? reduce(span) : all_reduce(span.count, e));
       double clock = 0;
       for (std::size_t k = 0; k < bucket.size(); ++k) {
         clock = std::max(clock, ready[k]) + bucket[k];
@@ -454,8 +465,8 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
     }
     if (time_options.optimizer) {
       const u64 params = buckets.ln_f + layers * buckets.block + buckets.embedding;
-      // a sharded data axis (zero=1): this rank updates its chunk, then the
-      // chunks are all-gathered (exposed: nothing runs beside it)
+      // a sharded data axis (zero=1, 2): this rank updates its chunk, then
+      // the chunks are all-gathered (exposed: nothing runs beside it)
       const bool sharded = spec.zero > 0 && data > 1;
       const u64 chunk = buckets.parameters / data;
       OpTime o{.op = "optimizer", .phase = Phase::optimizer, .count = 1};
@@ -467,7 +478,10 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
         cost::Tally gather;
         gather.log = &w;
         gather.all_gather(CommAxis::data, chunk, data, e);
-        const double s = pricer.collective(w.front());
+        // zero=2: the gradient norm summed over the data groups first
+        if (spec.zero >= 2) gather.all_reduce(CommAxis::data, 2, data, u(at.data), sizeof(double));
+        double s = 0;
+        for (const Work& x : w) s += pricer.collective(x);
         o.comm_s[axis_index(CommAxis::data)] += s;
         o.exposed_s += s;
         st.comm_s[axis_index(CommAxis::data)] += s;

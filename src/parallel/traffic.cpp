@@ -18,17 +18,23 @@ TrafficCounters predict_step_traffic(const SchemeSpec& spec, const GptConfig& co
   // The data axis: the loss and each gradient bucket (ln_f, every block,
   // the embedding) all-reduced over the data groups; a bucket this rank
   // holds no element of (2D: ln_f off mesh row 0) is not all-reduced.
+  // zero=2: each bucket reduced onto the groups whose chunks it meets.
   if (data > 1) {
-    const auto bucket = [&](cost::u64 count) {
-      if (count > 0) t.all_reduce(CommAxis::data, count, data, d, e);
-    };
     t.all_reduce(CommAxis::data, 1, data, d, sizeof(double));
-    bucket(b.ln_f);
-    for (cost::u64 l = 0; l < u(config.n_layer); ++l) bucket(b.block);
-    bucket(b.embedding);
-    // zero=1: after the optimizer's step on its chunk, every data group's
+    for (const detail::Buckets::Span& s : b.spans(u(config.n_layer))) {
+      if (s.count == 0) continue;
+      if (spec.zero < 2) {
+        t.all_reduce(CommAxis::data, s.count, data, d, e);
+        continue;
+      }
+      for (const auto& [root, count] : b.pieces(s, data))
+        t.reduce(CommAxis::data, count, data, root == d, e);
+    }
+    // zero=1, 2: after the optimizer's step on its chunk, every data group's
     // updated chunk all-gathered (Trainer, all_gather_updates)
     if (spec.zero > 0 && optimizer_step) t.all_gather(CommAxis::data, b.parameters / data, data, e);
+    // zero=2: the gradient norm's sum over the data groups (clip_grad_norm)
+    if (spec.zero >= 2 && optimizer_step) t.all_reduce(CommAxis::data, 2, data, d, sizeof(double));
   }
   return t.t;
 }

@@ -124,9 +124,10 @@ Trainer<T>::Trainer(MPI_Comm comm, const TrainerOptions& options, Backend& backe
   run_ = std::make_unique<ParallelGpt<T>>(comm, spec, backend, options_.config, options_.batch,
                                           options_.seq, options_.gpt, options_.grid);
   run_->model().init(options_.init_seed);
-  // A sharded data axis (zero=1): this data group updates, and keeps the
-  // optimizer state of, its chunk of the packed parameters; the chunks are
-  // all-gathered after each step.
+  // A sharded data axis (zero=1, 2): this data group updates, and keeps the
+  // optimizer state of, its chunk of the packed parameters (zero=2: the only
+  // gradients backward reduced onto it); the chunks are all-gathered after
+  // each step.
   ParameterStore<T>& store = run_->model().parameters_store();
   optimizer_ = make_optimizer(
       options_.optimizer, store,
@@ -146,7 +147,9 @@ StepStats Trainer<T>::train_step() {
   GptModel<T>& m = run_->model();
   s.loss = m.forward(tokens_, targets_);
   m.backward();
-  s.grad_norm = clip_grad_norm(m.parameters_store(), run_->grid(), options_.clip);
+  // zero=2: the gradients are defined in this data group's chunk only
+  s.grad_norm = clip_grad_norm(m.parameters_store(), run_->grid(), options_.clip,
+                               m.options().shard_gradients ? optimizer_->range() : ElementRange{});
   s.lr = options_.schedule.at(step_);
   // Every rank decides alike: the loss and the norm are global (all-reduced
   // over every rank), and a NaN or an infinity survives any summation order,

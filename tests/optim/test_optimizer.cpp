@@ -362,6 +362,39 @@ TEST(ClipGradNorm, CountsEveryElementOnceAndScales) {
     EXPECT_NEAR(norm, ref_norm, 1e-12 * ref_norm);
     EXPECT_EQ(max_over_ranks(norm), -max_over_ranks(-norm)) << "norm differs between ranks";
     EXPECT_LE(weights_error(run, ref, true, 1.0, 0.0), model_tolerance<double>());
+    // ... and over ranges of the packed gradients (ZeRO-2's chunks): ranges
+    // cut at random points (inside rows, pieces and parameters) add up to
+    // the whole (summed over grid.data() too, a single group here when the
+    // spec has none)
+    if (spec.data == 1) {
+      const index_t n = store.padded_elements();
+      std::vector<index_t> cuts{0, n};
+      std::uniform_int_distribution<index_t> at(0, n);
+      for (int k = 0; k < 7; ++k) cuts.push_back(at(gen));  // the same on every rank
+      std::sort(cuts.begin(), cuts.end());
+      double sum = 0;
+      for (std::size_t k = 0; k + 1 < cuts.size(); ++k)
+        sum += global_norm_sq(store, run.grid(), {cuts[k], cuts[k + 1] - cuts[k]});
+      EXPECT_NEAR(sum, ref_sq, 1e-12 * ref_sq);
+      // a clip over one range scales only it
+      const ElementRange mid{cuts[3], cuts[5] - cuts[3]};
+      const double part = std::sqrt(global_norm_sq(store, run.grid(), mid));
+      const std::vector<double> before = host_copy(store.grads_base(), store.padded_elements());
+      EXPECT_EQ(clip_grad_norm(store, run.grid(), part / 2, mid), part);
+      const std::vector<double> after = host_copy(store.grads_base(), store.padded_elements());
+      const double c = (part / 2) / (part + 1e-6);
+      long wrong = 0;
+      for (index_t i = 0; i < static_cast<index_t>(after.size()); ++i) {
+        const bool inside = i >= mid.begin && i < mid.begin + mid.count;
+        const double want =
+            inside ? before[static_cast<std::size_t>(i)] * c : before[static_cast<std::size_t>(i)];
+        if (std::abs(after[static_cast<std::size_t>(i)] - want) > 1e-15 * std::abs(want)) ++wrong;
+      }
+      EXPECT_EQ(max_over_ranks(static_cast<double>(wrong)), 0);
+      // back to the unscaled gradients for the rest of the test
+      run.model().forward(ids.tokens, ids.targets);
+      run.model().backward();
+    }
 
     // a max_norm above the norm leaves the gradients alone
     EXPECT_EQ(clip_grad_norm(store, run.grid(), 2 * norm), norm);

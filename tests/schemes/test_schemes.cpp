@@ -167,6 +167,12 @@ TEST(Schemes, ParseAndPrint) {
   EXPECT_EQ(SchemeSpec::parse(z.str()), z);
   EXPECT_NE(z, SchemeSpec::parse("data=4,1d:p=2"));                             // the level counts
   EXPECT_EQ(SchemeSpec::parse("data=4:zero=0,1d:p=2").str(), "data=4,1d:p=2");  // the default
+  // ZeRO level 2: the gradients too
+  const SchemeSpec z2 = SchemeSpec::parse("2d:q=2,data=2:zero=2");
+  EXPECT_EQ(z2.zero, 2);
+  EXPECT_EQ(z2.str(), "data=2:zero=2,2d:q=2");
+  EXPECT_EQ(SchemeSpec::parse(z2.str()), z2);
+  EXPECT_NE(z2, SchemeSpec::parse("data=2:zero=1,2d:q=2"));
   const SchemeSpec e = SchemeSpec::parse("3d:1x1x4,overlap=ors+oag");
   EXPECT_FALSE(e.as<Axonn3DSpec>().oar);
   EXPECT_TRUE(e.as<Axonn3DSpec>().ors);
@@ -251,7 +257,9 @@ TEST(Schemes, BadTextThrows) {
                            "data=2:zero=,2d:q=1",
                            "data=2:shard=1,2d:q=1",
                            "data=2:,2d:q=1",
-                           "data=1:zero=1,2d:q=1"}) {
+                           "data=1:zero=1,2d:q=1",
+                           "data=1:zero=2,2d:q=1",
+                           "data=2:zero=3,2d:q=1"}) {
     EXPECT_THROW(SchemeSpec::parse(text), Error) << text;
   }
   const auto message = [](const char* text) {
@@ -273,14 +281,17 @@ TEST(Schemes, BadTextThrows) {
   EXPECT_NE(message("1d:p=2,sp=on,dc=on").find("sp=on and dc=on exclude each other"),
             std::string::npos)
       << message("1d:p=2,sp=on,dc=on");
-  // a sharding level: 0-3, above 1 not yet, and only over more than one group
+  // a sharding level: 0-3, 3 not yet, and only over more than one group
   EXPECT_NE(message("data=2:zero=4,2d:q=1").find("zero=4 is not a sharding level"),
             std::string::npos)
       << message("data=2:zero=4,2d:q=1");
-  EXPECT_NE(message("data=2:zero=2,2d:q=1").find("zero=2 (gradients sharded"), std::string::npos)
-      << message("data=2:zero=2,2d:q=1");
+  EXPECT_NE(message("data=2:zero=3,2d:q=1").find("zero=3 (the parameters sharded"),
+            std::string::npos)
+      << message("data=2:zero=3,2d:q=1");
   EXPECT_NE(message("data=2:zero=3,2d:q=1").find("is not implemented yet"), std::string::npos)
       << message("data=2:zero=3,2d:q=1");
+  EXPECT_NE(message("data=1:zero=2,2d:q=1").find("data=1 has one"), std::string::npos)
+      << message("data=1:zero=2,2d:q=1");
   EXPECT_NE(message("data=1:zero=1,2d:q=1").find("data=1 has one"), std::string::npos)
       << message("data=1:zero=1,2d:q=1");
   EXPECT_NE(message("data=2:shard=1,2d:q=1").find("not an option of the data axis"),

@@ -185,12 +185,24 @@ class Gpt final : public GptModel<T> {
   std::unique_ptr<Layer<T>> ln_f_;
   std::unique_ptr<LossHead<T>> head_;
 
+  // A bucket's gradients and their data-axis collective: one all-reduce,
+  // or (GptOptions::shard_gradients) one in-place reduce per data chunk the
+  // bucket meets, onto the group owning the chunk.
+  struct Piece {
+    T* begin = nullptr;
+    index_t count = 0;
+    int root = 0;
+    Request request;
+  };
   struct Bucket {
     T* begin = nullptr;
     index_t count = 0;
     Request request;
+    std::vector<Piece> pieces;
   };
   void reduce_bucket(std::size_t k);
+  void issue_bucket(Bucket& b);
+  void wait_bucket(Bucket& b);
 
   void require_allocated(const char* what) const;
   /// Per-block checkpoints (Recompute::full).

@@ -69,6 +69,15 @@ struct GptOptions {
   /// groups when the data axis is sharded (SchemeSpec::zero), for equal
   /// chunks.
   index_t parameter_multiple = 1;
+  /// ZeRO-2's gradient reduction (SchemeSpec::zero >= 2, set by
+  /// ParallelGpt; needs parameter_multiple = the data groups): backward
+  /// reduces each gradient bucket over the data axis onto the data group
+  /// whose chunk of the packed gradients holds it (one reduce per chunk the
+  /// bucket meets, in place, on the same schedule as the all-reduces it
+  /// replaces), not onto every group. After backward only this group's
+  /// chunk (data_chunk) of the gradients is the global gradient; the rest
+  /// is undefined.
+  bool shard_gradients = false;
 };
 
 /// One part of a training step as GptModel::profile reports it: its name in
@@ -94,7 +103,8 @@ class GptModel : public Module<T> {
   virtual double forward(std::span<const std::int32_t> tokens,
                          std::span<const std::int32_t> targets) = 0;
   /// Gradients of the last forward's loss: overwritten, or added to with
-  /// `accumulate`.
+  /// `accumulate` (with GptOptions::shard_gradients: added to this data
+  /// group's chunk, the only part defined after a backward).
   virtual void backward(bool accumulate = false) = 0;
 
   virtual const GptConfig& config() const = 0;

@@ -18,7 +18,9 @@ namespace summa::model {
 /// forward + backward of a GPT with this configuration (calls are left 0),
 /// and with a sharded data axis (SchemeSpec::zero) and `optimizer_step` the
 /// all-gather of the updated parameter chunks that follows the optimizer's
-/// step (Trainer; compare_schemes times no optimizer and passes false).
+/// step (Trainer; compare_schemes times no optimizer and passes false),
+/// with zero=2 after the gradient norm's sum over the data groups
+/// (clip_grad_norm).
 TrafficCounters predict_step_traffic(const SchemeSpec& spec, const GptConfig& config, index_t batch,
                                      index_t seq, const GptOptions& options, DType dtype,
                                      const GridCoords& coords, bool optimizer_step = true);

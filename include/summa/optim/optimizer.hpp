@@ -238,23 +238,30 @@ void all_gather_updates(Optimizer<T>& optimizer, ProcessGrid& grid);
 /// Σ g² over the gradient of the whole model, in double: each global element
 /// counted exactly once (the pieces of owner shards only; replicas skipped),
 /// summed over grid.tensor(). Data groups hold identical gradients after the
-/// data all-reduce, so nothing is reduced over the data axis. The same on
-/// every rank of a tensor group. Collective over grid.tensor(); no heap
-/// allocation.
+/// data all-reduce, so nothing is reduced over the data axis. With
+/// `sharded` (count >= 0: ZeRO-2, GptOptions::shard_gradients, whose
+/// gradients are defined only in this data group's chunk: pass
+/// data_chunk(...) or the optimizer's range()), only the elements of the
+/// packed gradients within it, summed over grid.data() too. The same on
+/// every rank of a tensor group (of the grid with `sharded`). Collective
+/// over grid.tensor() (and grid.data()); no heap allocation.
 template <class T>
-double global_norm_sq(const ParameterStore<T>& store, ProcessGrid& grid);
+double global_norm_sq(const ParameterStore<T>& store, ProcessGrid& grid, ElementRange sharded = {});
 
-/// torch.nn.utils.clip_grad_norm_: norm = sqrt(global_norm_sq(store, grid));
-/// when max_norm > 0 and c = max_norm / (norm + 1e-6) < 1 (so whenever norm >
-/// max_norm), every local gradient (owners and replicas) is multiplied by c.
+/// torch.nn.utils.clip_grad_norm_: norm = sqrt(global_norm_sq(store, grid,
+/// sharded)); when max_norm > 0 and c = max_norm / (norm + 1e-6) < 1 (so
+/// whenever norm > max_norm), every local gradient (owners and replicas;
+/// with `sharded`, those within it) is multiplied by c.
 /// max_norm = 0 only measures. A non-finite norm (inf / NaN gradients) leaves
 /// the gradients as they are; the caller sees it in the result (and may skip
 /// the step). Returns the pre-clip norm, the same on every rank.
-/// Collective over grid.tensor() (one all-reduce of 2 doubles); throws
-/// summa::Error on every rank of the tensor group if max_norm is negative
-/// or not finite on any of them. No heap allocation unless it throws.
+/// Collective over grid.tensor() (one all-reduce of 2 doubles; with
+/// `sharded`, one over grid.data() too); throws summa::Error on every rank
+/// of the tensor group if max_norm is negative or not finite on any of
+/// them. No heap allocation unless it throws.
 template <class T>
-double clip_grad_norm(ParameterStore<T>& store, ProcessGrid& grid, double max_norm);
+double clip_grad_norm(ParameterStore<T>& store, ProcessGrid& grid, double max_norm,
+                      ElementRange sharded = {});
 
 extern template ElementRange data_chunk(const ParameterStore<float>&, int, int);
 extern template ElementRange data_chunk(const ParameterStore<double>&, int, int);
@@ -277,12 +284,12 @@ extern template std::unique_ptr<Optimizer<double>> make_optimizer(const Optimize
 extern template std::unique_ptr<Optimizer<bf16>> make_optimizer(const OptimizerOptions&,
                                                                 ParameterStore<bf16>&,
                                                                 ElementRange);
-extern template double global_norm_sq(const ParameterStore<float>&, ProcessGrid&);
-extern template double global_norm_sq(const ParameterStore<double>&, ProcessGrid&);
-extern template double global_norm_sq(const ParameterStore<bf16>&, ProcessGrid&);
-extern template double clip_grad_norm(ParameterStore<float>&, ProcessGrid&, double);
-extern template double clip_grad_norm(ParameterStore<double>&, ProcessGrid&, double);
-extern template double clip_grad_norm(ParameterStore<bf16>&, ProcessGrid&, double);
+extern template double global_norm_sq(const ParameterStore<float>&, ProcessGrid&, ElementRange);
+extern template double global_norm_sq(const ParameterStore<double>&, ProcessGrid&, ElementRange);
+extern template double global_norm_sq(const ParameterStore<bf16>&, ProcessGrid&, ElementRange);
+extern template double clip_grad_norm(ParameterStore<float>&, ProcessGrid&, double, ElementRange);
+extern template double clip_grad_norm(ParameterStore<double>&, ProcessGrid&, double, ElementRange);
+extern template double clip_grad_norm(ParameterStore<bf16>&, ProcessGrid&, double, ElementRange);
 
 namespace optim {
 extern template void adamw_update(float*, const float*, float*, float*, index_t,

@@ -11,7 +11,9 @@
 ///   data=D          D data-parallel groups on top (default 1)
 ///   data=D:zero=Z   ... with the data axis sharded (ZeRO): Z = 0 none
 ///                   (default), 1 the optimizer state (and bf16's fp32
-///                   master weights) split over the D groups; needs D > 1
+///                   master weights) split over the D groups, 2 the
+///                   gradients reduced to their chunk's group too (ZeRO-2's
+///                   communication); needs D > 1
 /// and the options of the chosen scheme:
 ///   1d  sp=on|off      Megatron's sequence parallelism (default off): the
 ///                      outer activations split by tokens over the P ranks
