@@ -96,6 +96,7 @@ struct Cli {
   std::string optimizer = "adamw";
   double lr = 2e-3, min_lr = -1, weight_decay = 0.1, beta2 = 0.95, momentum = 0.9, clip = 1.0;
   std::int64_t warmup = 20;
+  std::int64_t offload_bucket = 0;  // --offload-bucket: 0 keeps the optimizer on the backend
   std::uint64_t seed = 1234, data_seed = 1234;
   std::string data = SUMMA_DEFAULT_CORPUS;
   double val_fraction = 0.1;
@@ -550,6 +551,7 @@ std::unique_ptr<summa::Backend> make_backend(const Cli& cli, summa::GridOptions&
 // momentum: 1) and, under bf16, the fp32 master weights, in master_t<T>.
 template <class T>
 std::uint64_t state_bytes_per_parameter(const summa::OptimizerOptions& opt) {
+  if (opt.offload_bucket > 0) return 0;  // in the host pool: offload_staging_bytes instead
   const std::uint64_t slots = opt.kind == "adamw" ? 2 : (opt.momentum > 0 ? 1 : 0);
   return sizeof(summa::master_t<T>) * (slots + (std::is_same_v<T, summa::bf16> ? 1 : 0));
 }
@@ -575,6 +577,7 @@ summa::SchemeSpec choose_scheme(const Cli& cli, const summa::TrainerOptions& o,
       MPI_COMM_WORLD, backend, o.config, o.batch, o.seq, o.gpt, machine,
       {.budget_bytes = budget,
        .state_bytes_per_parameter = state_bytes_per_parameter<T>(o.optimizer),
+       .state_bytes_fixed = summa::offload_staging_bytes<T>(o.optimizer),
        .time = {.ranks_per_device = summa::ranks_per_device(MPI_COMM_WORLD, cli.backend == "cpu")}},
       o.grid);
   if (all.empty() || !all.front().rejected.empty())  // ranked alike on every rank
@@ -668,6 +671,7 @@ int train(const Cli& cli) {
   o.optimizer.weight_decay = cli.weight_decay;
   o.optimizer.beta2 = cli.beta2;
   o.optimizer.momentum = cli.momentum;
+  o.optimizer.offload_bucket = cli.offload_bucket;
   o.schedule = {.lr = cli.lr,
                 .warmup = std::min(cli.warmup, cli.steps),
                 .total = cli.steps,
@@ -1113,7 +1117,8 @@ int train(const Cli& cli) {
   const summa::MemoryBudget budget{
       .bytes = budget_given ? cli.memory_budget_gib * double(1 << 30) : available,
       .source = budget_given ? "of --memory-budget" : summa::available_memory_source(*backend),
-      .state_bytes_per_parameter = static_cast<double>(state_bytes_per_parameter<T>(o.optimizer))};
+      .state_bytes_per_parameter = static_cast<double>(state_bytes_per_parameter<T>(o.optimizer)),
+      .state_bytes_fixed = static_cast<double>(summa::offload_staging_bytes<T>(o.optimizer))};
   if (auto_scheme)  // before ranking schemes; the most optimistic group: all ranks
     summa::require_lower_bound_fits(world, ranks, o.config, sizeof(T), true, budget, "gpt_train");
   if (auto_scheme) {
@@ -1175,13 +1180,17 @@ int train(const Cli& cli) {
   if (resume) trainer.load(*resume);
   summa::Watchdog* watchdog = trainer.parallel().grid().watchdog();
 
-  // Memory per rank: the model's buffers plus the optimizer state (fixed
-  // after construction; the largest over ranks).
+  // Memory per rank: the model's buffers plus the optimizer state on the
+  // backend (its slots and bf16's master; offloaded: the staging buffers)
+  // (fixed after construction; the largest over ranks).
   const summa::MemoryReport report = trainer.model().memory_report();
-  double mem = static_cast<double>(report.total()) +
-               static_cast<double>(trainer.optimizer().state_names().size()) *
-                   static_cast<double>(trainer.optimizer().state_elements()) *
-                   sizeof(summa::master_t<T>);
+  const summa::Optimizer<T>& opt = trainer.optimizer();
+  double mem =
+      static_cast<double>(report.total()) +
+      (opt.offloaded()
+           ? static_cast<double>(summa::offload_staging_bytes<T>(o.optimizer))
+           : static_cast<double>(opt.state_names().size() + (opt.master() != nullptr ? 1 : 0)) *
+                 static_cast<double>(opt.state_elements()) * sizeof(summa::master_t<T>));
   {  // under the watchdog (was a raw MPI_Allreduce: a rank stopped here hung the job)
     MPI_Request request;
     MPI_Iallreduce(MPI_IN_PLACE, &mem, 1, MPI_DOUBLE, MPI_MAX, world, &request);
@@ -1423,12 +1432,14 @@ int train(const Cli& cli) {
   }
   // The most the backend held at once on any rank (every buffer the library
   // allocated; the plan above should equal it: docs/memory.md).
-  double peak = static_cast<double>(backend->peak_allocated_bytes());
+  double peaks[2] = {static_cast<double>(backend->peak_allocated_bytes()),
+                     static_cast<double>(backend->host_peak_allocated_bytes())};
   {
     MPI_Request request;
-    MPI_Iallreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_MAX, world, &request);
-    summa::wait_guarded(request, world, "gpt_train's peak memory all-reduce", sizeof peak);
+    MPI_Iallreduce(MPI_IN_PLACE, peaks, 2, MPI_DOUBLE, MPI_MAX, world, &request);
+    summa::wait_guarded(request, world, "gpt_train's peak memory all-reduce", sizeof peaks);
   }
+  const double peak = peaks[0], host_peak = peaks[1];
   if (root) {
     const std::size_t k = std::min<std::size_t>(10, losses.size());
     const double head =
@@ -1461,6 +1472,11 @@ int train(const Cli& cli) {
                 std::log(static_cast<double>(o.config.vocab_size)));
     std::printf("memory per rank (largest): %s planned, %s measured peak (backend)\n",
                 human(mem, "B").c_str(), human(peak, "B").c_str());
+    if (o.optimizer.offload_bucket > 0)
+      std::printf(
+          "optimizer offload: %s of state in host memory per rank (largest), buckets of "
+          "%lld elements\n",
+          human(host_peak, "B").c_str(), static_cast<long long>(o.optimizer.offload_bucket));
     std::string latest = ckpt_root.string();
     try {  // `latest` may be the damaged one a resume passed over
       latest = summa::latest_checkpoint(ckpt_root).value_or(ckpt_root).string();
@@ -1572,6 +1588,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--momentum", cli.momentum, "SGD momentum")
       ->check(real_in(0, 1, /*below_hi=*/true))
+      ->capture_default_str();
+  app.add_option("--offload-bucket", cli.offload_bucket,
+                 "optimizer offload: keep the optimizer state (and bf16's fp32 master weights) "
+                 "in host memory, streamed through the update in buckets of N elements (0: on "
+                 "the backend; docs/training.md, \"Optimizer offload\")")
+      ->check(integer_in(0, 1e15))
       ->capture_default_str();
   app.add_option("--clip", cli.clip, "gradient global-norm clip (0: off)")
       ->check(real_in(0, 1e30))

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 
@@ -706,6 +707,25 @@ void Backend::scatter_add_rows(const std::int32_t* ids, index_t row0, ConstMatri
 void Backend::upload(void* dst, const void* host_src, std::size_t bytes) {
   check_transfer("upload", dst, "dst", host_src, "host_src", bytes);
   do_upload(dst, host_src, bytes);
+}
+void* Backend::allocate_host(std::size_t bytes) {
+  const std::size_t size = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, size == 0 ? 64 : size);
+  if (p == nullptr)
+    throw OutOfMemory("Backend::allocate_host: " + std::to_string(bytes) +
+                      " bytes of host memory: out of memory");
+  note_host_allocated(bytes);
+  return p;
+}
+void Backend::deallocate_host(void* p, std::size_t bytes) noexcept {
+  if (p != nullptr) note_host_deallocated(bytes);
+  std::free(p);
+}
+void Backend::stage_in(void* dst, const void* host_src, std::size_t bytes) {
+  upload(dst, host_src, bytes);
+}
+void Backend::stage_out(void* host_dst, const void* src, std::size_t bytes) {
+  download(host_dst, src, bytes);
 }
 void Backend::download(void* host_dst, const void* src, std::size_t bytes) {
   check_transfer("download", host_dst, "host_dst", src, "src", bytes);

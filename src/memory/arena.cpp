@@ -6,13 +6,19 @@
 
 namespace summa {
 
-Arena::Arena(std::string name, Backend& backend, std::size_t capacity)
-    : name_(std::move(name)), backend_(&backend), capacity_(rounded(capacity)) {
-  if (capacity_ > 0) base_ = static_cast<std::byte*>(backend_->allocate(capacity_));
+Arena::Arena(std::string name, Backend& backend, std::size_t capacity, Pool pool)
+    : name_(std::move(name)), backend_(&backend), pool_(pool), capacity_(rounded(capacity)) {
+  if (capacity_ > 0)
+    base_ = static_cast<std::byte*>(pool_ == Pool::host ? backend_->allocate_host(capacity_)
+                                                        : backend_->allocate(capacity_));
 }
 
 Arena::~Arena() {
-  if (base_ != nullptr) backend_->deallocate(base_, capacity_);
+  if (base_ == nullptr) return;
+  if (pool_ == Pool::host)
+    backend_->deallocate_host(base_, capacity_);
+  else
+    backend_->deallocate(base_, capacity_);
 }
 
 void* Arena::take_bytes(std::size_t bytes) {

@@ -61,6 +61,11 @@ void OptimizerOptions::validate() const {
   require(std::isfinite(weight_decay) && weight_decay >= 0, [&] {
     return fmt::format("OptimizerOptions: weight_decay={} must be finite and >= 0", weight_decay);
   });
+  require(offload_bucket >= 0, [&] {
+    return fmt::format(
+        "OptimizerOptions: offload_bucket={} must be >= 0 (elements per bucket; 0: no offload)",
+        offload_bucket);
+  });
 }
 
 // ---------------------------------------------------------------- optimizers
@@ -102,6 +107,15 @@ ElementRange data_chunk(const ParameterStore<T>& store, int rank, int groups) {
 }
 
 template <class T>
+std::size_t offload_staging_bytes(const OptimizerOptions& options) {
+  if (options.offload_bucket <= 0) return 0;
+  using M = master_t<T>;
+  const std::size_t slots = options.kind == "adamw" ? 2 : 1;
+  const std::size_t buffers = slots + (std::is_same_v<T, M> ? 0 : 1);
+  return 2 * buffers * Arena::rounded(static_cast<std::size_t>(options.offload_bucket) * sizeof(M));
+}
+
+template <class T>
 Optimizer<T>::Optimizer(const OptimizerOptions& options, ParameterStore<T>& store,
                         std::vector<std::string> state_names, ElementRange range)
     : options_(options),
@@ -111,9 +125,22 @@ Optimizer<T>::Optimizer(const OptimizerOptions& options, ParameterStore<T>& stor
       partial_(range.count >= 0),  // the caller's choice, alike on every rank
       elements_(range_.count),
       slot_stride_(slot_stride<master_type>(elements_)),
-      state_("optimizer state", store.values().backend(),
-             (state_names_.size() + (keeps_master ? 1 : 0)) * slot_stride_ * sizeof(master_type)) {
+      state_(options.offload_bucket > 0 ? "optimizer state (offloaded: the host pool)"
+                                        : "optimizer state",
+             store.values().backend(),
+             (state_names_.size() + (keeps_master ? 1 : 0)) * slot_stride_ * sizeof(master_type),
+             options.offload_bucket > 0 ? Arena::Pool::host : Arena::Pool::backend) {
   options_.validate();
+  if (offloaded()) {
+    const std::size_t buffers = state_names_.size() + (keeps_master ? 1 : 0);
+    bucket_stride_ =
+        Arena::rounded(static_cast<std::size_t>(options_.offload_bucket) * sizeof(master_type)) /
+        sizeof(master_type);
+    staging_ =
+        std::make_unique<Arena>("optimizer offload staging (two buckets)", store.values().backend(),
+                                offload_staging_bytes<T>(options_));
+    for (master_type*& set : staged_) set = staging_->take<master_type>(buffers * bucket_stride_);
+  }
   // Segments in params() order, each parameter's part within the range; a
   // parameter's offset is where the store put its value, so the state slots
   // share the packing of values_base() (from range_.begin on).
@@ -132,7 +159,10 @@ Optimizer<T>::Optimizer(const OptimizerOptions& options, ParameterStore<T>& stor
     state_base_ = state_.take<master_type>(state_names_.size() * slot_stride_);
     auto all = MatrixView<master_type>::dense(
         state_base_, 1, static_cast<index_t>(state_names_.size() * slot_stride_), Order::row_major);
-    state_.backend().scale(master_type(0), all);
+    if (offloaded())  // the host pool: host code writes it
+      std::fill_n(state_base_, state_names_.size() * slot_stride_, master_type(0));
+    else
+      state_.backend().scale(master_type(0), all);
     if constexpr (keeps_master) {
       master_ = state_.take<master_type>(slot_stride_);
       refresh_master();
@@ -144,6 +174,19 @@ template <class T>
 void Optimizer<T>::refresh_master() {
   if constexpr (keeps_master) {
     if (master_ == nullptr) return;
+    if (offloaded()) {  // converted on the backend a bucket at a time, then copied out
+      Backend& backend = state_.backend();
+      master_type* buffer = staged_[0] + state_names_.size() * bucket_stride_;
+      for (index_t lo = 0; lo < elements_; lo += options_.offload_bucket) {
+        const index_t n = std::min(options_.offload_bucket, elements_ - lo);
+        backend.convert(MatrixView<const T>::dense(store_->values_base() + range_.begin + lo, 1, n,
+                                                   Order::row_major),
+                        MatrixView<master_type>::dense(buffer, 1, n, Order::row_major));
+        backend.stage_out(master_ + lo, buffer, static_cast<std::size_t>(n) * sizeof(master_type));
+        backend.stage_wait();
+      }
+      return;
+    }
     // The parameters are packed without padding, so one conversion of the
     // whole packed range sets every element's master.
     state_.backend().convert(
@@ -162,7 +205,56 @@ void Optimizer<T>::step(double lr) {
     return fmt::format("Optimizer::step ({}): lr={} must be finite and >= 0", kind(), lr);
   });
   ++steps_;
-  update(lr);
+  const std::size_t slots = state_names_.size();
+  if (!offloaded()) {
+    Staged all;
+    for (std::size_t k = 0; k < slots && state_base_ != nullptr; ++k)
+      all.slots[k] = state_base_ + k * slot_stride_;
+    all.master = master_;
+    all.hi = elements_;
+    update(lr, all);
+    return;
+  }
+  if (elements_ == 0) return;
+  // Two buckets' buffers, bucket j in staged_[j % 2]: bucket j + 1 copied in
+  // and bucket j - 1 copied out while bucket j is updated (docs/training.md,
+  // "Optimizer offload").
+  Backend& backend = state_.backend();
+  const index_t size = options_.offload_bucket;
+  const index_t buckets = (elements_ + size - 1) / size;
+  const std::size_t buffers = slots + (keeps_master ? 1 : 0);
+  const auto at = [&](index_t j) {
+    Staged s;
+    master_type* set = staged_[j % 2];
+    for (std::size_t k = 0; k < slots; ++k) s.slots[k] = set + k * bucket_stride_;
+    s.master = keeps_master ? set + slots * bucket_stride_ : nullptr;
+    s.lo = j * size;
+    s.hi = std::min(s.lo + size, elements_);
+    return s;
+  };
+  const auto move = [&](index_t j, bool in) {
+    const Staged s = at(j);
+    const auto bytes = static_cast<std::size_t>(s.hi - s.lo) * sizeof(master_type);
+    for (std::size_t k = 0; k < buffers; ++k) {
+      master_type* host = (k < slots ? state_base_ + k * slot_stride_ : master_) + s.lo;
+      master_type* staged = staged_[j % 2] + k * bucket_stride_;
+      if (in)
+        backend.stage_in(staged, host, bytes);
+      else
+        backend.stage_out(host, staged, bytes);
+    }
+  };
+  move(0, true);
+  backend.stage_fence();
+  for (index_t j = 0; j < buckets; ++j) {
+    update(lr, at(j));
+    if (j + 1 < buckets) {
+      move(j + 1, true);
+      backend.stage_fence();  // bucket j + 1's update waits for its copy in only
+    }
+    move(j, false);  // after bucket j's update
+  }
+  backend.stage_wait();
 }
 
 template <class T>
@@ -196,7 +288,7 @@ class AdamW final : public Optimizer<T> {
   std::string_view kind() const override { return "adamw"; }
 
  protected:
-  void update(double lr) override {
+  void update(double lr, const typename Optimizer<T>::Staged& at) override {
     const OptimizerOptions& o = this->options();
     const auto t = static_cast<double>(this->steps());
     optim::AdamWCoefficients c;
@@ -209,16 +301,16 @@ class AdamW final : public Optimizer<T> {
     Backend& backend = this->store().backend();
     T* values = this->store().values_base();
     const T* grads = this->store().grads_base();
-    auto* exp_avg = this->state(0);
-    auto* exp_avg_sq = this->state(1);
     for (const auto& s : this->segments()) {
+      const index_t a = std::max(s.state, at.lo), b = std::min(s.state + s.count, at.hi);
+      if (a >= b) continue;
+      const index_t p = s.offset + (a - s.state), i = a - at.lo;
       c.weight_decay = s.decay ? o.weight_decay : 0.0;
       if constexpr (std::is_same_v<T, typename Optimizer<T>::master_type>)
-        backend.adamw_update(values + s.offset, grads + s.offset, exp_avg + s.state,
-                             exp_avg_sq + s.state, s.count, c);
+        backend.adamw_update(values + p, grads + p, at.slots[0] + i, at.slots[1] + i, b - a, c);
       else
-        backend.adamw_update(values + s.offset, grads + s.offset, exp_avg + s.state,
-                             exp_avg_sq + s.state, this->master() + s.state, s.count, c);
+        backend.adamw_update(values + p, grads + p, at.slots[0] + i, at.slots[1] + i, at.master + i,
+                             b - a, c);
     }
   }
 };
@@ -231,7 +323,7 @@ class Sgd final : public Optimizer<T> {
   std::string_view kind() const override { return "sgd"; }
 
  protected:
-  void update(double lr) override {
+  void update(double lr, const typename Optimizer<T>::Staged& at) override {
     const OptimizerOptions& o = this->options();
     optim::SgdCoefficients c;
     c.lr = lr;
@@ -240,14 +332,15 @@ class Sgd final : public Optimizer<T> {
     Backend& backend = this->store().backend();
     T* values = this->store().values_base();
     const T* grads = this->store().grads_base();
-    auto* buffer = this->state(0);
     for (const auto& s : this->segments()) {
+      const index_t a = std::max(s.state, at.lo), b = std::min(s.state + s.count, at.hi);
+      if (a >= b) continue;
+      const index_t p = s.offset + (a - s.state), i = a - at.lo;
       c.weight_decay = s.decay ? o.weight_decay : 0.0;
       if constexpr (std::is_same_v<T, typename Optimizer<T>::master_type>)
-        backend.sgd_update(values + s.offset, grads + s.offset, buffer + s.state, s.count, c);
+        backend.sgd_update(values + p, grads + p, at.slots[0] + i, b - a, c);
       else
-        backend.sgd_update(values + s.offset, grads + s.offset, buffer + s.state,
-                           this->master() + s.state, s.count, c);
+        backend.sgd_update(values + p, grads + p, at.slots[0] + i, at.master + i, b - a, c);
     }
   }
 };
@@ -379,6 +472,9 @@ template void require_data_chunk(const Optimizer<bf16>&, ProcessGrid&, const cha
 template void all_gather_updates(Optimizer<float>&, ProcessGrid&);
 template void all_gather_updates(Optimizer<double>&, ProcessGrid&);
 template void all_gather_updates(Optimizer<bf16>&, ProcessGrid&);
+template std::size_t offload_staging_bytes<float>(const OptimizerOptions&);
+template std::size_t offload_staging_bytes<double>(const OptimizerOptions&);
+template std::size_t offload_staging_bytes<bf16>(const OptimizerOptions&);
 template class Optimizer<float>;
 template class Optimizer<double>;
 template class Optimizer<bf16>;

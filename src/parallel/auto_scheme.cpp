@@ -56,9 +56,10 @@ std::vector<SchemeCandidate> rank_schemes(int ranks, Backend& backend, const Gpt
     try {  // the scheme's own checks, as a launch would make them
       const RankMemory plan = plan_memory_busiest<T>(spec, backend, config, batch, seq, options);
       // a sharded data axis (zero=1) keeps 1/data of the optimizer state
-      c.memory_bytes = plan.report.total() + plan.report.parameters / sizeof(T) *
-                                                 auto_options.state_bytes_per_parameter /
-                                                 (spec.zero > 0 ? spec.data : 1);
+      c.memory_bytes = plan.report.total() +
+                       plan.report.parameters / sizeof(T) * auto_options.state_bytes_per_parameter /
+                           (spec.zero > 0 ? spec.data : 1) +
+                       auto_options.state_bytes_fixed;
       c.busiest = plan.coords;
       c.time = model::predict_step_time(spec, config, batch, seq, options, dtype_v<T>, machine,
                                         auto_options.time);

@@ -109,7 +109,8 @@ double require_lower_bound_fits(MPI_Comm comm, std::int64_t tensor_ranks, const 
   double bound = 0;
   try {
     bound = memory_lower_bound(tensor_ranks, config, element_bytes, training,
-                               budget.state_bytes_per_parameter);
+                               budget.state_bytes_per_parameter) +
+            (training ? budget.state_bytes_fixed : 0);
   } catch (const Error& e) {
     error = prefix(program) + e.what();
   }
@@ -120,8 +121,9 @@ double require_lower_bound_fits(MPI_Comm comm, std::int64_t tensor_ranks, const 
         "fewer layers, a smaller hidden size or vocabulary, or more ranks",
         prefix(program), config.n_layer, config.n_embd, config.vocab_size, config.n_positions,
         human_bytes(bound),
-        training ? (budget.state_bytes_per_parameter > 0 ? ", gradients and optimizer state"
-                                                         : " and gradients")
+        training ? (budget.state_bytes_per_parameter + budget.state_bytes_fixed > 0
+                        ? ", gradients and optimizer state"
+                        : " and gradients")
                  : "",
         tensor_ranks, human_bytes(budget.bytes), budget.source);
   agree_on(comm, error);
@@ -158,7 +160,8 @@ double require_memory_fits(MPI_Comm comm, const SchemeSpec& spec, Backend& backe
   if (budget.bytes <= 0) return bound;
 
   const auto state_of = [&](const MemoryReport& r) {
-    return static_cast<double>(r.parameters / sizeof(T)) * state;
+    return static_cast<double>(r.parameters / sizeof(T)) * state +
+           (training ? budget.state_bytes_fixed : 0);
   };
   const MemoryReport plan = plan_memory<T>(comm, spec, backend, config, batch, seq, options, grid);
   const double need = reduce_over(comm, static_cast<double>(plan.total()) + state_of(plan), MPI_MAX,
@@ -171,7 +174,8 @@ double require_memory_fits(MPI_Comm comm, const SchemeSpec& spec, Backend& backe
         "{}this configuration needs about {} per rank (parameters, {}activations for {} {}, "
         "seq {}{}), more than the {} per rank {}; {}",
         prefix(program), human_bytes(need), training ? "gradients, " : "", budget.batch_option,
-        batch, seq, state > 0 ? ", optimizer state" : "", human_bytes(budget.bytes), budget.source,
+        batch, seq, state_of(MemoryReport{}) + state > 0 ? ", optimizer state" : "",
+        human_bytes(budget.bytes), budget.source,
         fits > 0 ? fmt::format("the largest {} that fits is {}", budget.batch_option, fits)
                  : std::string("even the smallest batch does not fit: use fewer layers, a "
                                "smaller hidden size, or more ranks")));

@@ -16,7 +16,10 @@
 //    the same weights;
 //  - the state slots are packed like the parameter values;
 //  - bad options and arguments throw summa::Error (on every rank);
-//  - step() and clip_grad_norm() allocate nothing once warmed up.
+//  - step() and clip_grad_norm() allocate nothing once warmed up (offloaded
+//    optimizers too);
+//  - an offloaded optimizer steps as the plain one, bit for bit, and keeps
+//    its state in the host pool.
 //
 // Tolerances (double): the norm is one sum of ~2.6·10⁴ squares whose order
 // differs between layouts, so its relative error is ~1e-15; we ask 1e-12.
@@ -583,6 +586,23 @@ TEST(Optimizer, ArithmeticStateLayoutAndResume) {
   }
 }
 
+// A matrix (decayed), a bias and a LayerNorm weight: 35 + 7 + 11 = 53
+// elements (a store of them padded for 3 chunks holds 54).
+template <class T>
+std::vector<Param<T>> three_params() {
+  std::vector<Param<T>> p(3);
+  p[0].shard = split_shard("w", {5, 7}, {}, {});
+  p[1].shard = split_shard("b", {7}, {}, {});
+  p[2].shard = split_shard("ln", {11}, {}, {});
+  return p;
+}
+template <class T>
+std::vector<Param<T>*> pointers(std::vector<Param<T>>& p) {
+  std::vector<Param<T>*> out;
+  for (Param<T>& x : p) out.push_back(&x);
+  return out;
+}
+
 // An optimizer over a range of the packed elements (ZeRO's data-axis chunk,
 // data_chunk) updates exactly those elements as the whole-store optimizer
 // does, and keeps state for them only: three chunk optimizers of a store
@@ -594,22 +614,9 @@ void chunked_optimizers_update_as_one() {
   Backend& backend = test_backend();
   std::mt19937_64 gen(fresh_seed());
   std::uniform_real_distribution<double> u(-1, 1);
-  // a matrix (decayed), a bias and a LayerNorm weight: 35 + 7 + 11 = 53
-  // elements, padded to 54: chunks [0, 18) [18, 36) [36, 54) cut the matrix
-  // and the bias
-  const auto params = [] {
-    std::vector<Param<T>> p(3);
-    p[0].shard = split_shard("w", {5, 7}, {}, {});
-    p[1].shard = split_shard("b", {7}, {}, {});
-    p[2].shard = split_shard("ln", {11}, {}, {});
-    return p;
-  };
-  std::vector<Param<T>> whole_params = params(), chunked_params = params();
-  const auto pointers = [](std::vector<Param<T>>& p) {
-    std::vector<Param<T>*> out;
-    for (Param<T>& x : p) out.push_back(&x);
-    return out;
-  };
+  // chunks [0, 18) [18, 36) [36, 54) of the padded store cut the matrix and
+  // the bias
+  std::vector<Param<T>> whole_params = three_params<T>(), chunked_params = three_params<T>();
   ParameterStore<T> whole(backend, pointers(whole_params));
   ParameterStore<T> chunked(backend, pointers(chunked_params), true, 3);
   ASSERT_EQ(whole.local_elements(), 53);
@@ -652,6 +659,89 @@ TEST(Optimizer, ChunkedOptimizersUpdateAsOne) {
 }
 TEST(OptimizerBf16, ChunkedOptimizersUpdateAsOne) {
   chunked_optimizers_update_as_one<bf16>();
+}
+
+// Optimizer offload (OptimizerOptions::offload_bucket): the state and the
+// bf16 master weights in the backend's host pool, streamed through two
+// buckets of backend buffers. The arithmetic is the plain optimizer's, so an
+// offloaded optimizer beside a plain one on a copy of the same store gives
+// the same values, state and master bit for bit over three steps, for every
+// bucket size (1 element; ones that cut parameters; one bucket; larger than
+// the elements), over the whole store and over a data chunk that cuts
+// parameters (ZeRO's zero=1, 2 with offload). Its memory: the host pool holds
+// exactly the state the plain optimizer keeps on the backend, and the
+// backend only offload_staging_bytes.
+template <class T>
+void offloaded_optimizer_steps_as_on_backend() {
+  using M = master_t<T>;
+  Backend& backend = test_backend();
+  std::mt19937_64 gen(fresh_seed());
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<Param<T>> plain_params = three_params<T>(), offload_params = three_params<T>();
+  ParameterStore<T> plain(backend, pointers(plain_params), true, 3);
+  ParameterStore<T> offload(backend, pointers(offload_params), true, 3);
+  std::vector<T> values(53), grads(53);
+  for (const OptimizerOptions& base :
+       {OptimizerOptions{.kind = "adamw", .weight_decay = 0.1},
+        OptimizerOptions{.kind = "sgd", .momentum = 0.9, .nesterov = true, .weight_decay = 0.1}})
+    for (const ElementRange range : {ElementRange{}, data_chunk(plain, 1, 3)})
+      for (const index_t bucket : {1, 5, 18, 53, 64}) {
+        SCOPED_TRACE(fmt::format("{}, range [{}, +{}), bucket {}", base.kind, range.begin,
+                                 range.count, bucket));
+        for (T& v : values) v = static_cast<T>(static_cast<float>(u(gen)));
+        for (ParameterStore<T>* st : {&plain, &offload})
+          backend.upload(st->values_base(), values.data(), values.size() * sizeof(T));
+        OptimizerOptions options = base;
+        options.offload_bucket = bucket;
+        auto on_backend = make_optimizer(base, plain, range);
+        const std::size_t device0 = backend.allocated_bytes(),
+                          host0 = backend.host_allocated_bytes();
+        auto offloaded = make_optimizer(options, offload, range);
+        EXPECT_TRUE(offloaded->offloaded());
+        EXPECT_FALSE(on_backend->offloaded());
+        const std::size_t buffers =
+            offloaded->state_names().size() + (std::is_same_v<T, M> ? 0 : 1);
+        EXPECT_EQ(backend.allocated_bytes() - device0, offload_staging_bytes<T>(options));
+        EXPECT_EQ(offload_staging_bytes<T>(options),
+                  2 * buffers * Arena::rounded(static_cast<std::size_t>(bucket) * sizeof(M)));
+        EXPECT_EQ(backend.host_allocated_bytes() - host0,
+                  buffers * Arena::rounded(static_cast<std::size_t>(offloaded->state_elements()) *
+                                           sizeof(M)));
+        const index_t n = offloaded->state_elements();
+        for (int step = 0; step < 3; ++step) {
+          for (T& g : grads) g = static_cast<T>(static_cast<float>(u(gen)));
+          for (ParameterStore<T>* st : {&plain, &offload})
+            backend.upload(st->grads_base(), grads.data(), grads.size() * sizeof(T));
+          on_backend->step(1e-2);
+          offloaded->step(1e-2);
+          EXPECT_EQ(host_copy(offload.values_base(), 53), host_copy(plain.values_base(), 53))
+              << "step " << step;
+          for (std::size_t k = 0; k < offloaded->state_names().size(); ++k)
+            EXPECT_EQ(host_copy(offloaded->state(k), n), host_copy(on_backend->state(k), n))
+                << offloaded->state_names()[k] << ", step " << step;
+          if constexpr (!std::is_same_v<T, M>) {
+            EXPECT_EQ(host_copy(offloaded->master(), n), host_copy(on_backend->master(), n))
+                << "master, step " << step;
+          }
+        }
+        if constexpr (!std::is_same_v<T, M>) {  // refresh_master through the buckets
+          for (T& v : values) v = static_cast<T>(static_cast<float>(u(gen)));
+          for (ParameterStore<T>* st : {&plain, &offload})
+            backend.upload(st->values_base(), values.data(), values.size() * sizeof(T));
+          on_backend->refresh_master();
+          offloaded->refresh_master();
+          EXPECT_EQ(host_copy(offloaded->master(), n), host_copy(on_backend->master(), n));
+        }
+      }
+  EXPECT_THROW(make_optimizer<T>({.offload_bucket = -1}, plain), Error);
+}
+
+TEST(Optimizer, OffloadedStepsAsOnBackend) {
+  offloaded_optimizer_steps_as_on_backend<double>();
+  offloaded_optimizer_steps_as_on_backend<float>();
+}
+TEST(OptimizerBf16, OffloadedStepsAsOnBackend) {
+  offloaded_optimizer_steps_as_on_backend<bf16>();
 }
 
 // The fp32 kernels against the same formulas in double (relative error of
@@ -1061,45 +1151,49 @@ TEST(Optimizer, StepAndClipAllocateNothing) {
     run.model().init(1);
     run.model().forward(ids.tokens, ids.targets);
     run.model().backward();
-    for (const char* kind : {"adamw", "sgd"}) {
-      auto opt = make_optimizer<float>({.kind = kind}, store);
-      clip_grad_norm(store, run.grid(), 1.0);  // warm-up
-      opt->step(1e-3);
-      std::uint64_t count = 0;
-      std::string caller;
-      {
-        CountAllocations counter;
-        const double norm = clip_grad_norm(store, run.grid(), 0.5);
-        global_norm_sq(store, run.grid());
+    for (const index_t offload : {index_t{0}, index_t{100}})
+      for (const char* kind : {"adamw", "sgd"}) {
+        auto opt = make_optimizer<float>({.kind = kind, .offload_bucket = offload}, store);
+        clip_grad_norm(store, run.grid(), 1.0);  // warm-up
         opt->step(1e-3);
-        count = counter.count();
-        caller = counter.first_caller();
-        EXPECT_TRUE(std::isfinite(norm));
+        std::uint64_t count = 0;
+        std::string caller;
+        {
+          CountAllocations counter;
+          const double norm = clip_grad_norm(store, run.grid(), 0.5);
+          global_norm_sq(store, run.grid());
+          opt->step(1e-3);
+          count = counter.count();
+          caller = counter.first_caller();
+          EXPECT_TRUE(std::isfinite(norm));
+        }
+        EXPECT_EQ(count, 0u) << kind << ", offload " << offload << ": first allocation from "
+                             << caller;
       }
-      EXPECT_EQ(count, 0u) << kind << ": first allocation from " << caller;
-    }
     // bf16 parameters with fp32 master weights, on the same layout
     CopiedStore<bf16> b16(store);
     b16.set(random_globals(store, 1.0, gen), false);
     b16.set(random_globals(store, 1.0, gen), true);
-    for (const char* kind : {"adamw", "sgd"}) {
-      auto opt = make_optimizer<bf16>({.kind = kind}, *b16.store);
-      clip_grad_norm(*b16.store, run.grid(), 1.0);  // warm-up
-      opt->step(1e-3);
-      std::uint64_t count = 0;
-      std::string caller;
-      {
-        CountAllocations counter;
-        const double norm = clip_grad_norm(*b16.store, run.grid(), 0.5);
-        global_norm_sq(*b16.store, run.grid());
+    for (const index_t offload : {index_t{0}, index_t{100}})
+      for (const char* kind : {"adamw", "sgd"}) {
+        auto opt = make_optimizer<bf16>({.kind = kind, .offload_bucket = offload}, *b16.store);
+        clip_grad_norm(*b16.store, run.grid(), 1.0);  // warm-up
         opt->step(1e-3);
-        opt->refresh_master();
-        count = counter.count();
-        caller = counter.first_caller();
-        EXPECT_TRUE(std::isfinite(norm));
+        std::uint64_t count = 0;
+        std::string caller;
+        {
+          CountAllocations counter;
+          const double norm = clip_grad_norm(*b16.store, run.grid(), 0.5);
+          global_norm_sq(*b16.store, run.grid());
+          opt->step(1e-3);
+          opt->refresh_master();
+          count = counter.count();
+          caller = counter.first_caller();
+          EXPECT_TRUE(std::isfinite(norm));
+        }
+        EXPECT_EQ(count, 0u) << kind << " (bf16), offload " << offload << ": first allocation from "
+                             << caller;
       }
-      EXPECT_EQ(count, 0u) << kind << " (bf16): first allocation from " << caller;
-    }
   }
 }
 

@@ -348,6 +348,32 @@ class Backend {
   /// issued before it has finished; `host_dst` holds the data on return.
   void download(void* host_dst, const void* src, std::size_t bytes);
 
+  // ---- The host pool and staged copies (optimizer offload) --------------------
+  // Memory outside the backend's own, for what is kept off the device
+  // (OptimizerOptions::offload_bucket: the optimizer state and fp32 master
+  // weights). Host code may dereference it and the backend's ops may read
+  // and write it (CudaBackend: pinned, mapped host memory, reached over the
+  // bus), so it serves where backend memory is expected, only slower.
+  // Counted apart from allocate()'s bytes (host_allocated_bytes).
+
+  /// `bytes` of host-pool memory, 64-byte aligned; throws OutOfMemory.
+  virtual void* allocate_host(std::size_t bytes);
+  virtual void deallocate_host(void* p, std::size_t bytes) noexcept;
+  /// Copies `bytes` from host-pool memory to backend memory `dst` on the
+  /// backend's copy queue, after the stage_out()s issued before it (it may
+  /// run while the compute work issued before it does: CudaBackend's copy
+  /// stream). Neither side may be touched until stage_fence() or
+  /// stage_wait(). CpuBackend: a plain copy, done on return.
+  virtual void stage_in(void* dst, const void* host_src, std::size_t bytes);
+  /// Copies `bytes` of backend memory `src` to host-pool memory on the copy
+  /// queue, after the compute work issued before it.
+  virtual void stage_out(void* host_dst, const void* src, std::size_t bytes);
+  /// Compute work issued after this waits for the copies issued before it.
+  virtual void stage_fence() {}
+  /// Returns once every copy issued has finished (host-pool memory may be
+  /// read).
+  virtual void stage_wait() {}
+
   // ---- Optimizer arithmetic (summa/optim/optimizer.hpp) -----------------------
   // Per-element formulas of summa::optim::adamw_update / sgd_update on n
   // elements of backend memory; state in master precision (fp32 for float,
@@ -398,6 +424,9 @@ class Backend {
   std::size_t allocated_bytes() const { return allocated_; }
   std::size_t peak_allocated_bytes() const { return peak_; }
   void reset_peak_allocated() { peak_ = allocated_; }
+  /// The same for the host pool (allocate_host).
+  std::size_t host_allocated_bytes() const { return host_allocated_; }
+  std::size_t host_peak_allocated_bytes() const { return host_peak_; }
 
  protected:
   /// An implementation's allocate() and deallocate() report each success
@@ -407,9 +436,16 @@ class Backend {
     peak_ = std::max(peak_, allocated_);
   }
   void note_deallocated(std::size_t bytes) { allocated_ -= std::min(bytes, allocated_); }
+  void note_host_allocated(std::size_t bytes) {
+    host_allocated_ += bytes;
+    host_peak_ = std::max(host_peak_, host_allocated_);
+  }
+  void note_host_deallocated(std::size_t bytes) {
+    host_allocated_ -= std::min(bytes, host_allocated_);
+  }
 
  private:
-  std::size_t allocated_ = 0, peak_ = 0;
+  std::size_t allocated_ = 0, peak_ = 0, host_allocated_ = 0, host_peak_ = 0;
   // ---- Per-type hooks -----------------------------------------------------------
   // do_X is op X above for one element type, called by X once X's checks have
   // passed (and by an implementation's own hooks, on arguments already

@@ -188,6 +188,22 @@ class CudaBackend final : public Backend {
   /// cudaStreamSynchronize(stream()).
   void synchronize() override;
 
+  /// The host pool: cudaHostAlloc(portable | mapped), pinned so the staged
+  /// copies run at the bus's rate and mapped so kernels and copies may
+  /// reach it directly (unified addressing).
+  void* allocate_host(std::size_t bytes) override;
+  void deallocate_host(void* p, std::size_t bytes) noexcept override;
+  /// cudaMemcpyAsync on a copy stream of its own (created on first use),
+  /// ordered after the compute stream's work issued before (stage_out) or
+  /// after the copies issued before (stage_in), so a bucket's copies run
+  /// while another bucket's update does.
+  void stage_in(void* dst, const void* host_src, std::size_t bytes) override;
+  void stage_out(void* host_dst, const void* src, std::size_t bytes) override;
+  /// The compute stream waits for the copy stream (an event).
+  void stage_fence() override;
+  /// cudaStreamSynchronize of the copy stream.
+  void stage_wait() override;
+
  private:
   // The hooks of Backend's ops (backend.hpp documents each op, the list above
   // what it does here). Arguments arrive checked; a hook checks only what is

@@ -17,8 +17,13 @@ class Arena {
  public:
   static constexpr std::size_t alignment = 64;
 
+  /// Where an arena's memory comes from: the backend's own (allocate) or its
+  /// host pool (allocate_host: what an offloaded optimizer keeps off the
+  /// device).
+  enum class Pool { backend, host };
+
   /// Allocates `capacity` bytes from `backend` (rounded up to the alignment).
-  Arena(std::string name, Backend& backend, std::size_t capacity);
+  Arena(std::string name, Backend& backend, std::size_t capacity, Pool pool = Pool::backend);
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -42,6 +47,7 @@ class Arena {
   std::size_t used() const { return used_; }
   std::size_t high_water() const { return high_water_; }
   Backend& backend() const { return *backend_; }
+  Pool pool() const { return pool_; }
   /// Start of the arena's memory.
   void* base() const { return base_; }
 
@@ -53,6 +59,7 @@ class Arena {
  private:
   std::string name_;
   Backend* backend_;
+  Pool pool_ = Pool::backend;
   std::byte* base_ = nullptr;
   std::size_t capacity_ = 0;
   std::size_t used_ = 0;

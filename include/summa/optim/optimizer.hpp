@@ -23,8 +23,9 @@
 /// fed the same gradients is bit-identical to the float optimizer's values.
 ///
 /// The state lives in the store's backend memory (device memory on a
-/// CudaBackend), and every update, norm and scaling runs through that
-/// backend's seam ops (Backend::adamw_update, sgd_update, sum_of_squares,
+/// CudaBackend), or with OptimizerOptions::offload_bucket in the backend's
+/// host pool, streamed through backend buffers bucket by bucket; every update, norm and scaling
+/// runs through that backend's seam ops (Backend::adamw_update, sgd_update, sum_of_squares,
 /// scale_in_place), so the optimizer never dereferences parameter, gradient
 /// or state memory on the host. The per-element formulas are the small free
 /// functions on host pointers in namespace summa::optim: CpuBackend calls
@@ -91,6 +92,17 @@ struct OptimizerOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;  ///< adamw: betas in [0, 1), eps > 0
   double weight_decay = 0.0;                     ///< >= 0
   bool decay_vectors = false;                    ///< also decay 1-D parameters (biases, LayerNorm)
+  /// Optimizer offload (AxoNN's asynchronous framework, section V; ZeRO-
+  /// Offload): > 0 keeps the state slots and (bf16) the fp32 master weights
+  /// in the backend's host pool (Backend::allocate_host) and streams them
+  /// through the update in buckets of this many elements, two buckets'
+  /// buffers on the backend reused across buckets, the next bucket's copy in
+  /// and the last one's copy out running while the update does (CudaBackend:
+  /// a copy stream). Backend memory then holds 2 x slots x bucket state
+  /// elements instead of slots x parameters (offload_staging_bytes). 0 (the
+  /// default): everything on the backend. The arithmetic is the same either
+  /// way: an offloaded step equals the plain one bit for bit.
+  index_t offload_bucket = 0;
 
   /// Throws summa::Error naming the option and its value when one is out of
   /// range, non-finite, or the kind is unknown.
@@ -143,13 +155,17 @@ class Optimizer {
   const OptimizerOptions& options() const { return options_; }
   ParameterStore<T>& store() const { return *store_; }
 
+  /// True when the state lives in the host pool (options().offload_bucket > 0).
+  bool offloaded() const { return options_.offload_bucket > 0; }
+
   /// Names of the state slots: AdamW {"exp_avg", "exp_avg_sq"}, SGD
   /// {"momentum_buffer"} (PyTorch's state keys).
   const std::vector<std::string>& state_names() const { return state_names_; }
   /// Slot `slot` (an index into state_names()): state_elements() values
   /// packed like store().values_base() from range().begin on, in the memory
   /// of store().backend()
-  /// (device memory on a device backend: read it with Backend::download).
+  /// (device memory on a device backend: read it with Backend::download;
+  /// offloaded(): the backend's host pool, which host code may read too).
   /// Starts at zero. Throws summa::Error for a slot out of range. Null when
   /// the rank holds no elements.
   master_type* state(std::size_t slot);
@@ -189,8 +205,18 @@ class Optimizer {
 
   Optimizer(const OptimizerOptions& options, ParameterStore<T>& store,
             std::vector<std::string> state_names, ElementRange range);
-  /// The update itself, with steps() already incremented.
-  virtual void update(double lr) = 0;
+  /// Where the update finds the state of elements [lo, hi) of the range
+  /// (state indices, Segment::state): slot k's element i at slots[k][i - lo],
+  /// the master's (bf16) at master[i - lo]. The whole state when not
+  /// offloaded; one staged bucket when it is.
+  struct Staged {
+    master_type* slots[2] = {nullptr, nullptr};
+    master_type* master = nullptr;
+    index_t lo = 0, hi = 0;
+  };
+  /// The update of the elements `at` holds, with steps() already
+  /// incremented (called once per bucket when offloaded).
+  virtual void update(double lr, const Staged& at) = 0;
 
   const std::vector<Segment>& segments() const { return segments_; }
 
@@ -205,10 +231,23 @@ class Optimizer {
   index_t elements_ = 0;
   std::size_t slot_stride_ = 0;  ///< elements between consecutive slots in state_
   Arena state_;                  ///< the state slots, then (T != master_type) the master weights
+  /// offloaded(): two buckets' buffers on the backend, each the slots then
+  /// the master, bucket_stride_ elements apart
+  std::unique_ptr<Arena> staging_;
+  master_type* staged_[2] = {nullptr, nullptr};
+  std::size_t bucket_stride_ = 0;
   master_type* state_base_ = nullptr;
   master_type* master_ = nullptr;
   std::int64_t steps_ = 0;
 };
+
+/// Backend memory an offloaded optimizer of `options` over elements of type
+/// T keeps for its staging buffers (0 unless options.offload_bucket > 0):
+/// two buckets of every state slot and, for bf16, the master weights, each
+/// rounded up to Arena::alignment. The memory planner adds it in place of
+/// the per-parameter state (docs/memory.md).
+template <class T>
+std::size_t offload_staging_bytes(const OptimizerOptions& options);
 
 /// Validates `options` (summa::Error naming the bad option) and builds the
 /// optimizer of options.kind over `store`, with zero state and steps() = 0
@@ -272,6 +311,9 @@ extern template void require_data_chunk(const Optimizer<bf16>&, ProcessGrid&, co
 extern template void all_gather_updates(Optimizer<float>&, ProcessGrid&);
 extern template void all_gather_updates(Optimizer<double>&, ProcessGrid&);
 extern template void all_gather_updates(Optimizer<bf16>&, ProcessGrid&);
+extern template std::size_t offload_staging_bytes<float>(const OptimizerOptions&);
+extern template std::size_t offload_staging_bytes<double>(const OptimizerOptions&);
+extern template std::size_t offload_staging_bytes<bf16>(const OptimizerOptions&);
 extern template class Optimizer<float>;
 extern template class Optimizer<double>;
 extern template class Optimizer<bf16>;

@@ -42,6 +42,10 @@ struct AutoSchemeOptions {
   /// moments (8 bytes), plus an fp32 master copy under bf16 (12 bytes);
   /// divided by the data groups for a sharded data axis (zero=1).
   std::uint64_t state_bytes_per_parameter = 0;
+  /// Optimizer state bytes per rank whatever the shards: an offloaded
+  /// optimizer's staging buffers (offload_staging_bytes; its state per
+  /// element is then 0, kept in the host pool).
+  std::uint64_t state_bytes_fixed = 0;
   model::StepTimeOptions time = {};
 };
 

@@ -59,6 +59,9 @@ struct MemoryBudget {
   double bytes = 0;                      ///< per rank; 0: no budget (nothing is checked)
   std::string source;                    ///< e.g. "of --memory-budget", "available on this node"
   double state_bytes_per_parameter = 0;  ///< optimizer state per parameter element
+  /// optimizer state bytes per rank besides: an offloaded optimizer's staging
+  /// buffers (offload_staging_bytes)
+  double state_bytes_fixed = 0;
   std::string batch_option = "--batch";  ///< the program's name for the global batch
 };
 

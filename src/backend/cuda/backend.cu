@@ -128,6 +128,8 @@ struct cuda_detail::CudaState {
   double* partials = nullptr;     // kMaxPartials + 1 doubles (device)
   double* host_result = nullptr;  // 1 double (pinned host)
   cudaEvent_t start = nullptr, stop = nullptr;
+  cudaStream_t copy_stream = nullptr;  // stage_in / stage_out (created on first use)
+  cudaEvent_t computed = nullptr, copied = nullptr;
   bool tuning = true;
   std::vector<GemmTuning> tunings;  // first-seen order; capacity fixed at construction
   std::vector<std::int32_t> slots;  // open-addressing hash: index into tunings, -1 empty
@@ -142,6 +144,12 @@ struct cuda_detail::CudaState {
     if (tune_workspace != nullptr) cudaFree(tune_workspace);
     if (partials != nullptr) cudaFree(partials);
     if (host_result != nullptr) cudaFreeHost(host_result);
+    if (copy_stream != nullptr) {
+      cudaStreamSynchronize(copy_stream);
+      cudaStreamDestroy(copy_stream);
+    }
+    if (computed != nullptr) cudaEventDestroy(computed);
+    if (copied != nullptr) cudaEventDestroy(copied);
     if (own_stream && launch.stream != nullptr) cudaStreamDestroy(launch.stream);
   }
 
@@ -543,19 +551,78 @@ std::size_t CudaBackend::gemm_scratch_bytes(index_t, index_t, index_t, DType) co
   return 0;
 }
 
+namespace {
+// The copy stream and its two events, created on first use.
+void ensure_copy_stream(cuda_detail::CudaState& I) {
+  if (I.copy_stream != nullptr) return;
+  check_cuda(cudaStreamCreateWithFlags(&I.copy_stream, cudaStreamNonBlocking),
+             "cudaStreamCreateWithFlags(copy stream)");
+  check_cuda(cudaEventCreateWithFlags(&I.computed, cudaEventDisableTiming), "cudaEventCreate");
+  check_cuda(cudaEventCreateWithFlags(&I.copied, cudaEventDisableTiming), "cudaEventCreate");
+}
+}  // namespace
+
+void* CudaBackend::allocate_host(std::size_t bytes) {
+  ensure_copy_stream(*impl_);  // here, not in a step
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, bytes == 0 ? kDeviceAlign : bytes,
+                                      cudaHostAllocPortable | cudaHostAllocMapped);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw OutOfMemory("CudaBackend::allocate_host: cudaHostAlloc(" + std::to_string(bytes) +
+                      " bytes) failed: " + cudaGetErrorString(e));
+  }
+  note_host_allocated(bytes);
+  return p;
+}
+
+void CudaBackend::deallocate_host(void* p, std::size_t bytes) noexcept {
+  if (p == nullptr) return;
+  note_host_deallocated(bytes);
+  cudaFreeHost(p);
+}
+
+void CudaBackend::stage_in(void* dst, const void* host_src, std::size_t bytes) {
+  if (bytes == 0) return;
+  cuda_detail::CudaState& I = *impl_;
+  ensure_copy_stream(I);
+  check_cuda(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, I.copy_stream),
+             "cudaMemcpyAsync(stage_in)");
+}
+
+void CudaBackend::stage_out(void* host_dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  cuda_detail::CudaState& I = *impl_;
+  ensure_copy_stream(I);
+  check_cuda(cudaEventRecord(I.computed, I.launch.stream), "cudaEventRecord");
+  check_cuda(cudaStreamWaitEvent(I.copy_stream, I.computed, 0), "cudaStreamWaitEvent");
+  check_cuda(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, I.copy_stream),
+             "cudaMemcpyAsync(stage_out)");
+}
+
+void CudaBackend::stage_fence() {
+  cuda_detail::CudaState& I = *impl_;
+  if (I.copy_stream == nullptr) return;
+  check_cuda(cudaEventRecord(I.copied, I.copy_stream), "cudaEventRecord");
+  check_cuda(cudaStreamWaitEvent(I.launch.stream, I.copied, 0), "cudaStreamWaitEvent");
+}
+
+void CudaBackend::stage_wait() {
+  if (impl_->copy_stream != nullptr)
+    check_cuda(cudaStreamSynchronize(impl_->copy_stream), "cudaStreamSynchronize(copy stream)");
+}
+
 void CudaBackend::do_upload(void* device_dst, const void* host_src, std::size_t bytes) {
   if (bytes == 0) return;
-  check_cuda(
-      cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, impl_->launch.stream),
-      "cudaMemcpyAsync(host to device)");
+  check_cuda(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyDefault, impl_->launch.stream),
+             "cudaMemcpyAsync(host to device)");
   check_cuda(cudaStreamSynchronize(impl_->launch.stream), "cudaStreamSynchronize");
 }
 
 void CudaBackend::do_download(void* host_dst, const void* device_src, std::size_t bytes) {
   if (bytes == 0) return;
-  check_cuda(
-      cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, impl_->launch.stream),
-      "cudaMemcpyAsync(device to host)");
+  check_cuda(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDefault, impl_->launch.stream),
+             "cudaMemcpyAsync(device to host)");
   check_cuda(cudaStreamSynchronize(impl_->launch.stream), "cudaStreamSynchronize");
 }
 
