@@ -296,6 +296,9 @@ refused "compare_schemes: error: --layers: .* \(see --help\)" "$COMPARE" --layer
 [ "$rc" = 2 ] || fail "exit $rc, expected 2"
 case=train_beta2_one  # was: accepted by the flag, then "OptimizerOptions: beta2=1 ..."
 refused "gpt_train: error: --beta2: '1' is not a finite number in \[0, 1\)" "$TRAIN" --beta2 1
+case=train_offload_negative  # the optimizer offload's bucket (elements) is refused by the flag
+refused "gpt_train: error: --offload-bucket: '-5' is not an integer in \[0, 1000000000000000\]" \
+  "$TRAIN" --offload-bucket -5
 case=train_vocab_scheme  # was: "GPT (1D): vocab_size=1 ...", naming neither flag nor scheme
 refused "gpt_train: error: the scheme 1d:p=2 \(the default for 2 ranks; see --scheme\) cannot split this model: vocab_size=1 must be divisible by p=2 \(--vocab\)" \
   "$TRAIN" --vocab 1 --steps 1 --export '' --out "$W/vocab1"
