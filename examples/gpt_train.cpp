@@ -578,7 +578,8 @@ summa::SchemeSpec choose_scheme(const Cli& cli, const summa::TrainerOptions& o,
       {.budget_bytes = budget,
        .state_bytes_per_parameter = state_bytes_per_parameter<T>(o.optimizer),
        .state_bytes_fixed = summa::offload_staging_bytes<T>(o.optimizer),
-       .time = {.ranks_per_device = summa::ranks_per_device(MPI_COMM_WORLD, cli.backend == "cpu")}},
+       .time = {.offload_bucket = o.optimizer.offload_bucket,
+                .ranks_per_device = summa::ranks_per_device(MPI_COMM_WORLD, cli.backend == "cpu")}},
       o.grid);
   if (all.empty() || !all.front().rejected.empty())  // ranked alike on every rank
     throw summa::CollectiveError(

@@ -171,6 +171,8 @@ model::Machine parse_machine(std::string_view text, std::string_view what) {
     m.device.gemm_library = d.string("gemm_library", false);
     m.device.memory_bytes = d.count("memory_bytes");
     m.device.memory_bandwidth = d.positive("memory_bandwidth");
+    if (d.find("host_bandwidth") != nullptr)  // optional: 0 (a CPU) when absent
+      m.device.host_bandwidth = d.positive("host_bandwidth", true);
     Reader g = d.object("gemm");
     bool any = false;
     for (std::size_t t = 0; t < kDTypeKeys.size(); ++t)
@@ -221,6 +223,7 @@ std::string machine_json(const model::Machine& m) {
   if (!m.device.gemm_library.empty()) device["gemm_library"] = m.device.gemm_library;
   device["memory_bytes"] = m.device.memory_bytes;
   device["memory_bandwidth"] = m.device.memory_bandwidth;
+  if (m.device.host_bandwidth > 0) device["host_bandwidth"] = m.device.host_bandwidth;
   OrderedJson gemm = OrderedJson::object();
   for (std::size_t t = 0; t < kDTypeKeys.size(); ++t) {
     const model::GemmModel& g = m.device.gemm[t];

@@ -169,6 +169,13 @@ class Pricer {
   double memory(u64 bytes) const {
     return share_ * static_cast<double>(bytes) / machine_.device.memory_bandwidth;
   }
+  // Bytes one way between the device and host memory (0: a CPU, whose
+  // host memory is its own).
+  double host_copy(u64 bytes) const {
+    const double bw = machine_.device.host_bandwidth > 0 ? machine_.device.host_bandwidth
+                                                         : machine_.device.memory_bandwidth;
+    return share_ * static_cast<double>(bytes) / bw;
+  }
   // A compute-bound kernel: its bytes, or its elements at the kernel's rate.
   double pointwise(Pointwise f, u64 elements, u64 bytes) const {
     const double rate = machine_.device.pointwise_rate(dtype_, f);
@@ -304,6 +311,12 @@ class Pricer {
   GridCoords coords_;
   double share_;  // ranks time-sharing the device
 };
+
+// Bytes of AdamW state per parameter element: the two moments and, for
+// bf16, the fp32 master (what an offloaded optimizer copies each way).
+u64 optimizer_state_bytes(DType t) {
+  return t == DType::f64 ? 2 * 8 : (t == DType::bf16 ? 3 * 4 : 2 * 4);
+}
 
 // Bytes the optimizer (AdamW) reads and writes per parameter element:
 // parameter, gradient, the two moments and, for bf16, the fp32 master.
@@ -470,7 +483,17 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
       const bool sharded = spec.zero > 0 && data > 1;
       const u64 chunk = buckets.parameters / data;
       OpTime o{.op = "optimizer", .phase = Phase::optimizer, .count = 1};
-      o.compute_s = pricer.memory((sharded ? chunk : params) * optimizer_bytes(dtype));
+      const u64 updated = sharded ? chunk : params;
+      o.compute_s = pricer.memory(updated * optimizer_bytes(dtype));
+      if (const auto bucket = static_cast<u64>(time_options.offload_bucket);
+          bucket > 0 && updated > 0) {
+        // offloaded: every bucket copied in and out while another is
+        // updated; the first copy in and the last copy out are exposed
+        const u64 state = optimizer_state_bytes(dtype);
+        const double copies = 2 * pricer.host_copy(updated * state);
+        o.compute_s =
+            std::max(o.compute_s, copies) + 2 * pricer.host_copy(std::min(bucket, updated) * state);
+      }
       st.phase_s[static_cast<std::size_t>(Phase::optimizer)] += o.compute_s;
       st.compute_s += o.compute_s;
       if (sharded) {

@@ -103,6 +103,16 @@ TEST(MachineFile, BadFilesAreRefusedByName) {
   EXPECT_EQ(back.device.pointwise_rate(DType::f64, model::Pointwise::gelu), 3e7);
   EXPECT_EQ(back.device.pointwise_rate(DType::f64, model::Pointwise::exp), 0);
   EXPECT_EQ(io::parse_machine(io::machine_json(back), "again"), back);
+  // the host link: optional (0, a CPU, when absent), read and written back
+  EXPECT_EQ(back.device.host_bandwidth, 0);
+  const std::string linked =
+      replaced(ok, "\"memory_bandwidth\": 10000000000.0",
+               "\"memory_bandwidth\": 10000000000.0, \"host_bandwidth\": 25000000000.0");
+  const model::Machine with_link = io::parse_machine(linked, "m.json");
+  EXPECT_EQ(with_link.device.host_bandwidth, 2.5e10);
+  EXPECT_EQ(io::parse_machine(io::machine_json(with_link), "again"), with_link);
+  expect(replaced(linked, "25000000000.0", "-1"),
+         "\"device\".\"host_bandwidth\" is number -1, expected a number >= 0");
   EXPECT_THROW(io::load_machine("/nonexistent/machine.json"), Error);
 }
 

@@ -13,7 +13,10 @@
 //    or fewer tokens never make a step slower; overlap never makes it
 //    slower;
 //  - groups of an axis leaving a node share its network bandwidth;
+//  - an offloaded optimizer is priced as max(update, state copies) plus one
+//    bucket's copy each way;
 //  - a 4096-device prediction runs in well under a second.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -253,6 +256,41 @@ TEST(StepTime, SelectiveRecomputePricesTheScoresAgain) {
     EXPECT_EQ(selective.phase(model::Phase::recompute), 0);
     EXPECT_GT(full.step_s, selective.step_s);
   }
+}
+
+// An offloaded optimizer (StepTimeOptions::offload_bucket): the update takes
+// max(its memory traffic, the state copied in and out over the host link)
+// plus one bucket's copy each way; nothing else changes. The elements
+// updated come from the plain update's time (28 bytes per f32 element at
+// the memory bandwidth); AdamW's f32 state is 8 bytes per element. A host
+// link of 0 (a CPU) is priced at the memory bandwidth.
+TEST(StepTime, OffloadedOptimizerStreamsItsState) {
+  for (const char* text : {"2d:q=2", "data=2:zero=1,1d:p=2", "3d:2x1x2"})
+    for (const double host : {1e9, 0.0}) {
+      SCOPED_TRACE(fmt::format("{}, host_bandwidth {}", text, host));
+      Machine m = machine(1e-6, 1e10, Algorithm::ring);
+      m.device.host_bandwidth = host;
+      const SchemeSpec spec = SchemeSpec::parse(text);
+      const auto optimizer = [](const model::StepTime& st) {
+        for (const auto& op : st.ops)
+          if (op.op == "optimizer") return op.compute_s;
+        ADD_FAILURE() << "no optimizer op";
+        return 0.0;
+      };
+      const auto plain = model::predict_step_time(spec, config(), 8, 16, {}, DType::f32, m, {});
+      const double n = optimizer(plain) * m.device.memory_bandwidth / 28;
+      ASSERT_GT(n, 1000);
+      const double bw = host > 0 ? host : m.device.memory_bandwidth;
+      for (const index_t bucket : {index_t{100}, index_t{1} << 40}) {
+        const auto off = model::predict_step_time(spec, config(), 8, 16, {}, DType::f32, m,
+                                                  {.offload_bucket = bucket});
+        const double want = std::max(optimizer(plain), 2 * n * 8 / bw) +
+                            2 * std::min(static_cast<double>(bucket), n) * 8 / bw;
+        EXPECT_NEAR(optimizer(off), want, 1e-9 * want) << "bucket " << bucket;
+        EXPECT_NEAR(off.step_s - plain.step_s, optimizer(off) - optimizer(plain),
+                    1e-9 * off.step_s);
+      }
+    }
 }
 
 // An oversubscribed launch (ranks_per_device = 2) time-shares the device:

@@ -119,6 +119,11 @@ struct DeviceModel {
   std::uint64_t memory_bytes = 0;
   /// Bytes per second read plus written by element-wise work.
   double memory_bandwidth = 0;
+  /// Bytes per second each way between the device and its host's memory
+  /// (PCIe, NVLink-C2C): what an offloaded optimizer's state streams over
+  /// (OptimizerOptions::offload_bucket). 0: the device's memory is the
+  /// host's (a CPU), priced at memory_bandwidth.
+  double host_bandwidth = 0;
   /// Per element type (DType order: f32, f64, bf16).
   std::array<GemmModel, 3> gemm{};
   /// Per element type (DType order) and Pointwise kernel: elements per

@@ -53,6 +53,13 @@ struct StepTimeOptions {
   Placement placement = Placement::natural;
   /// Price the AdamW update of the rank's parameter shards.
   bool optimizer = true;
+  /// The optimizer offloaded (OptimizerOptions::offload_bucket, elements per
+  /// bucket; 0: not): its state (AdamW's two moments, bf16's master) is
+  /// copied in and out over the device's host link
+  /// (DeviceModel::host_bandwidth) while the update runs, so the update
+  /// takes max(its memory traffic, the copies) plus one bucket's copy in
+  /// and one's copy out that nothing hides.
+  index_t offload_bucket = 0;
   /// Price this rank only (grid coordinates) instead of the slowest.
   std::optional<GridCoords> rank = {};
   /// Ranks sharing one device (an oversubscribed launch: more ranks per
