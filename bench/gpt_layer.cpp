@@ -115,7 +115,8 @@ struct Settings {
   int reps = 5, warmup = 1;
   std::vector<bool> checkpoints;
   std::vector<std::string> dtypes;
-  bool run_block = true, run_gpt = true;
+  bool run_block = true, run_gpt = true, run_optimizer = false;
+  summa::index_t offload_bucket = 1 << 22;  // --what optimizer: elements per bucket
   std::uint64_t seed = 1234;
   std::string backend = "cpu";      // "cpu" or "cuda"
   std::string comm = "mpi_staged";  // cuda: "mpi_staged" or "nccl"
@@ -397,11 +398,76 @@ bool run_gpt(Context& ctx, const Batch& data, bool checkpoint,
   return ok;
 }
 
+// ---------------------------------------------------------------- (c) the optimizer
+// AdamW over the GPT's parameters (2D) with its state on the backend and
+// offloaded (OptimizerOptions::offload_bucket = --offload-bucket: the state
+// in the backend's host pool, streamed through two buckets), their steps
+// interleaved so the ratio is paired; the gradients of one forward and
+// backward. One line: the plain step, the offloaded one and their ratio.
+template <class T>
+bool run_optimizer(Context& ctx) {
+  const Settings& s = *ctx.s;
+  const std::string_view dtype = summa::name_of(summa::dtype_v<T>);
+  summa::Summa2DContext<T> scheme(*ctx.engine);
+  summa::Gpt<T> model(scheme, s.config, s.batch, s.seq, summa::GptOptions{});
+  model.init(s.seed);
+  const Batch data = make_batch(s);
+  model.forward(data.tokens, data.targets);
+  model.backward();
+  summa::ParameterStore<T>& store = model.parameters_store();
+  const std::size_t device0 = ctx.backend->allocated_bytes();
+  auto plain = summa::make_optimizer<T>({}, store);
+  const std::size_t state_bytes = ctx.backend->allocated_bytes() - device0;
+  const std::size_t device1 = ctx.backend->allocated_bytes(),
+                    host1 = ctx.backend->host_allocated_bytes();
+  auto offloaded = summa::make_optimizer<T>({.offload_bucket = s.offload_bucket}, store);
+  const std::size_t staging = ctx.backend->allocated_bytes() - device1,
+                    host = ctx.backend->host_allocated_bytes() - host1;
+  const auto step = [&](summa::Optimizer<T>& o) {
+    return [&] {
+      o.step(1e-6);
+      ctx.backend->synchronize();  // no-op on CPU
+    };
+  };
+  for (int w = 0; w < s.warmup; ++w) {
+    step (*plain)();
+    step (*offloaded)();
+  }
+  std::vector<double> times, offload_times;
+  for (int r = 0; r < s.reps; ++r) {
+    times.push_back(time_collective(step(*plain)));
+    offload_times.push_back(time_collective(step(*offloaded)));
+  }
+  std::vector<T> values(static_cast<std::size_t>(store.local_elements()));
+  if (!values.empty())
+    ctx.backend->download(values.data(), store.values_base(), values.size() * sizeof(T));
+  const bool finite = all_ranks(all_finite(values));
+  Json j = header(ctx, "optimizer", false, dtype);
+  j["pass"] = "step";
+  j["optimizer"] = "adamw";
+  j["elements_per_rank"] = max_over_ranks(static_cast<std::uint64_t>(store.local_elements()));
+  j["median_s"] = median(times);
+  j["min_s"] = *std::min_element(times.begin(), times.end());
+  j["offload_bucket"] = s.offload_bucket;
+  j["offload_median_s"] = median(offload_times);
+  j["offload_min_s"] = *std::min_element(offload_times.begin(), offload_times.end());
+  j["offload_vs_on_backend"] = median(offload_times) / median(times);
+  j["state_bytes_per_rank"] = max_over_ranks(static_cast<std::uint64_t>(state_bytes));
+  j["offload_staging_bytes_per_rank"] = max_over_ranks(static_cast<std::uint64_t>(staging));
+  j["offload_host_bytes_per_rank"] = max_over_ranks(static_cast<std::uint64_t>(host));
+  // the host link's traffic per offloaded step: the state in and out
+  j["offload_copy_bytes_per_s"] = 2.0 * static_cast<double>(host) / median(offload_times);
+  j["finite"] = finite;
+  emit(ctx, j);
+  return finite;
+}
+
 template <class T>
 bool run_dtype(Context& ctx) {
   const Settings& s = *ctx.s;
   bool ok = true;
   if (s.run_block) ok = run_block<T>(ctx) && ok;
+  if (s.run_optimizer) ok = run_optimizer<T>(ctx) && ok;
   if (s.run_gpt) {
     const Batch data = make_batch(s);
     std::optional<summa::reference::Gpt<SerialT<T>>> serial;  // CPU f32 / f64 runs only
@@ -478,9 +544,15 @@ int run(int argc, char** argv, int rank, int ranks) {
       ->delimiter(',')
       ->check(CLI::IsMember({"on", "off", "both"}))
       ->capture_default_str();
-  app.add_option("--what", what, "What to time (list of block, gpt)")
+  app.add_option("--what", what,
+                 "What to time (list of block, gpt, optimizer: AdamW's step on the backend "
+                 "and offloaded, side by side)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"block", "gpt"}))
+      ->check(CLI::IsMember({"block", "gpt", "optimizer"}))
+      ->capture_default_str();
+  app.add_option("--offload-bucket", s.offload_bucket,
+                 "--what optimizer: elements per bucket of the offloaded optimizer")
+      ->check(CLI::Range(summa::index_t{1}, summa::index_t{1} << 40))
       ->capture_default_str();
   app.add_option("--seed", s.seed, "Seed of weights, tokens and activations")
       ->capture_default_str();
@@ -511,6 +583,7 @@ int run(int argc, char** argv, int rank, int ranks) {
   if (cuda && app.count("--what") == 0) what = {"block"};
   s.run_block = has(what, "block");
   s.run_gpt = has(what, "gpt");
+  s.run_optimizer = has(what, "optimizer");
   // The backend first: the communicators order their work with its stream.
   summa::bench::BenchBackend chosen = summa::bench::make_backend<UsageError>(
       s.backend, s.comm, s.tf32, app.count("--comm") > 0, "gpt_layer");

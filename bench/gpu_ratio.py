@@ -141,6 +141,22 @@ def block_table(rows, markdown):
     return (table(headers, out_rows, markdown) if out_rows else None), failed, unmatched, len(out_rows)
 
 
+def optimizer_table(rows, markdown):
+    """gpt_layer --what optimizer lines: AdamW on the device and offloaded."""
+    mine = [r for r in rows if r.get("bench") == "gpt_layer" and r.get("what") == "optimizer"]
+    out_rows = [[r.get("dtype"), r.get("backend"), r.get("elements_per_rank"),
+                 r.get("offload_bucket"), fmt(r.get("median_s"), ".2f", 1e3),
+                 fmt(r.get("offload_median_s"), ".2f", 1e3),
+                 fmt(r.get("offload_vs_on_backend"), ".2f"),
+                 fmt(r.get("offload_copy_bytes_per_s"), ".1f", 1e-9),
+                 fmt(r.get("state_bytes_per_rank"), ".1f", 1 / 2**20),
+                 fmt(r.get("offload_staging_bytes_per_rank"), ".1f", 1 / 2**20)] for r in mine]
+    headers = ["dtype", "backend", "elements", "bucket", "on device ms", "offloaded ms",
+               "offloaded/on device", "host link GB/s", "state MiB", "staging MiB"]
+    failed = [r for r in mine if not r.get("finite", True)]
+    return (table(headers, out_rows, markdown) if out_rows else None), failed
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -153,7 +169,8 @@ def main():
     rows = read_lines(args.files)
     gemm_text, gemm_failed, n_gemm = gemm_table(rows, args.threshold, args.markdown)
     block_text, block_failed, unmatched, n_block = block_table(rows, args.markdown)
-    if n_gemm == 0 and n_block == 0:
+    optimizer_text, optimizer_failed = optimizer_table(rows, args.markdown)
+    if n_gemm == 0 and n_block == 0 and not optimizer_text:
         print("gpu_ratio: no usable cuda lines of summa_gemm or gpt_layer in "
               + ", ".join(args.files), file=sys.stderr)
         return 2
@@ -167,6 +184,11 @@ def main():
         print(block_text + "\n")
     if unmatched:
         print(f"({len(unmatched)} torch_block line(s) without a matching gpt_layer line)\n")
+    if optimizer_text:
+        print("AdamW step (gpt_layer --what optimizer): the state on the device against offloaded "
+              "to pinned host memory (--offload-bucket), paired\n")
+        print(optimizer_text + "\n")
+    block_failed = block_failed + optimizer_failed
     if gemm_failed or block_failed:
         print(f"gpu_ratio: {len(gemm_failed)} GEMM line(s) below {args.threshold} of cuBLAS at "
               f"q = 1 or without a time; {len(block_failed)} block line(s) without a finite "

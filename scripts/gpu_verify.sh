@@ -28,7 +28,8 @@
 #          same run (acceptance: vs_cublas >= 0.85), plus a checked q = 2 run
 #          (4 ranks sharing the GPU over mpi_staged)
 #   block  bench/gpt_layer --backend cuda --what block for the configurations below
-#          (f32, TF32, bf16); without --quick also the whole GPT on 4 ranks and
+#          (f32, TF32, bf16), AdamW's step on the GPU and offloaded (--what
+#          optimizer, bf16, 235 M parameters); without --quick also the whole GPT on 4 ranks and
 #          compare_schemes --backend cuda (bf16, every 4-rank scheme: bytes per
 #          axis equal to the closed form)
 #   torch  bench/torch_block.py --device cuda for the same configurations
@@ -435,6 +436,9 @@ elif [ "$build_ok" = 1 ] && [ -x "$LAYER" ]; then
     bench "block_h$1_tf32" 45 "${MPIRUN[@]}" -np 1 "$LAYER" --backend cuda --tf32 --what block --hidden "$1" --heads "$2" --seq "$3" --batch "$4" --dtype f32 --reps 10 --warmup 2; rcs+=($?)
     bench "block_h$1_bf16" 45 "${MPIRUN[@]}" -np 1 "$LAYER" --backend cuda --what block --hidden "$1" --heads "$2" --seq "$3" --batch "$4" --dtype bf16 --reps 10 --warmup 2; rcs+=($?)
   done
+  # AdamW's step with the state on the GPU against offloaded to pinned host
+  # memory (OptimizerOptions::offload_bucket; issue 27): 235 M parameters.
+  bench optimizer_offload 60 "${MPIRUN[@]}" -np 1 "$LAYER" --backend cuda --what optimizer --layers 4 --hidden 2048 --heads 16 --seq 128 --batch 2 --vocab 16384 --dtype bf16 --reps 5 --warmup 1 --offload-bucket 4194304; rcs+=($?)
   # The whole model on the GPU (GPT2D, 4 ranks sharing it): informative, needs the layers' port.
   [ "$QUICK" = 1 ] || { bench gpt_q2 45 "${MPIRUN[@]}" -np 4 "$LAYER" --backend cuda --what gpt --layers 2 --hidden 256 --heads 8 --seq 128 --batch 8 --vocab 2048 --checkpoint both --reps 3 --warmup 1; rcs+=($?); }
   # Every 4-rank scheme on the GPU (mpi_staged): bytes per axis must equal the closed form.
