@@ -547,12 +547,13 @@ std::unique_ptr<summa::Backend> make_backend(const Cli& cli, summa::GridOptions&
 // --scheme auto: every scheme of the rank count planned and priced on
 // --machine (summa::rank_schemes, docs/scaling.md), the --top best printed,
 // the fastest within the memory budget chosen.
-// Optimizer state per parameter element: the moments (AdamW: 2, SGD with
-// momentum: 1) and, under bf16, the fp32 master weights, in master_t<T>.
+// Optimizer state per parameter element: the moments (AdamW: 2, SGD: its
+// momentum buffer, kept with momentum 0 too) and, under bf16, the fp32
+// master weights, in master_t<T>.
 template <class T>
 std::uint64_t state_bytes_per_parameter(const summa::OptimizerOptions& opt) {
   if (opt.offload_bucket > 0) return 0;  // in the host pool: offload_staging_bytes instead
-  const std::uint64_t slots = opt.kind == "adamw" ? 2 : (opt.momentum > 0 ? 1 : 0);
+  const std::uint64_t slots = opt.kind == "adamw" ? 2 : 1;
   return sizeof(summa::master_t<T>) * (slots + (std::is_same_v<T, summa::bf16> ? 1 : 0));
 }
 
