@@ -23,7 +23,8 @@
 // A study file: {"name": ..., "kind": "weak"|"strong", "stem_only": bool,
 // "dtype": "f32"|"bf16"|"f64", "recompute": "full"|"selective"|"none"
 // (or the older "checkpoint": true = full, false = none), "placement":
-// "natural"|"bunched", "points": [{"gpus": 4, "scheme": "2d:q=2", "batch": 96,
+// "natural"|"bunched", "offload_bucket": elements (0: the optimizer state
+// on the device), "points": [{"gpus": 4, "scheme": "2d:q=2", "batch": 96,
 // "seq": 512, "layers": 24, "hidden": 2048, "heads": 32, "vocab": 50304,
 // "paper_fwd_per_sample_s": ..., "paper_bwd_per_sample_s": ...}, ...]}.
 // "scheme" may be "auto": every scheme of the point's rank count, planned
@@ -87,6 +88,9 @@ struct Study {
   summa::Recompute recompute = summa::Recompute::full;
   summa::DType dtype = summa::DType::f32;
   summa::Placement placement = summa::Placement::natural;
+  /// The optimizer offloaded (OptimizerOptions::offload_bucket, elements per
+  /// bucket; 0: not): its state off the device, priced over the host link.
+  long offload_bucket = 0;
   std::vector<Point> points = {};
 };
 
@@ -311,6 +315,14 @@ Study read_study(const std::string& path) {
       throw summa::Error(
           fmt::format("study file {}: placement '{}' is not natural or bunched", path, placement));
     s.placement = placement == "bunched" ? summa::Placement::bunched : summa::Placement::natural;
+    if (j.contains("offload_bucket")) {
+      const json& v = j.at("offload_bucket");
+      if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() > (1LL << 40))
+        throw summa::Error(
+            fmt::format("study file {}: \"offload_bucket\" is {}, not an integer between 0 and {}",
+                        path, v.dump(), 1LL << 40));
+      s.offload_bucket = static_cast<long>(v.get<long long>());
+    }
     if (!j.contains("points") || !j.at("points").is_array())
       throw summa::Error(fmt::format("study file {}: no \"points\" array", path));
     for (const json& p : j.at("points")) {
@@ -560,9 +572,13 @@ template <class T>
 constexpr std::uint64_t adamw_bytes_per_parameter = sizeof(summa::master_t<T>) *
                                                     (std::is_same_v<T, summa::bf16> ? 3 : 2);
 
-// AdamW's state of a rank's parameters (a sharded data axis, zero=1: its chunk).
+// AdamW's state of a rank's parameters on the device (a sharded data axis,
+// zero=1: its chunk; offloaded: the two buckets' staging buffers alone).
 template <class T>
-std::uint64_t adamw_state_bytes(const summa::MemoryReport& plan, const summa::SchemeSpec& spec) {
+std::uint64_t adamw_state_bytes(const summa::MemoryReport& plan, const summa::SchemeSpec& spec,
+                                const Study& s) {
+  if (s.offload_bucket > 0)
+    return summa::offload_staging_bytes<T>({.offload_bucket = s.offload_bucket});
   const std::uint64_t shards = spec.zero > 0 ? static_cast<std::uint64_t>(spec.data) : 1;
   return plan.parameters / sizeof(T) / shards * adamw_bytes_per_parameter<T>;
 }
@@ -588,7 +604,7 @@ Planned plan_point(const Point& p, const Study& s, const summa::model::Machine& 
     const summa::SchemeSpec spec = summa::SchemeSpec::parse(p.scheme);
     const summa::RankMemory r =
         summa::plan_memory_busiest<T>(spec, backend, c, p.batch, p.seq, options);
-    out.memory_bytes = r.report.total() + adamw_state_bytes<T>(r.report, spec);
+    out.memory_bytes = r.report.total() + adamw_state_bytes<T>(r.report, spec, s);
     out.inference_bytes =
         summa::plan_memory_busiest<T>(summa::SchemeSpec::parse(p.scheme), backend, c, p.batch,
                                       p.seq, {.recompute = s.recompute, .inference = true})
@@ -596,10 +612,12 @@ Planned plan_point(const Point& p, const Study& s, const summa::model::Machine& 
     return out;
   }
   const std::uint64_t budget = m.device.memory_bytes > 0 ? m.device.memory_bytes : ~0ull;
-  out.ranking = summa::rank_schemes<T>(p.gpus, backend, c, p.batch, p.seq, options, m,
-                                       {.budget_bytes = budget,
-                                        .state_bytes_per_parameter = adamw_bytes_per_parameter<T>,
-                                        .time = time});
+  out.ranking = summa::rank_schemes<T>(
+      p.gpus, backend, c, p.batch, p.seq, options, m,
+      {.budget_bytes = budget,
+       .state_bytes_per_parameter = s.offload_bucket > 0 ? 0 : adamw_bytes_per_parameter<T>,
+       .state_bytes_fixed = summa::offload_staging_bytes<T>({.offload_bucket = s.offload_bucket}),
+       .time = time});
   return out;
 }
 
@@ -633,7 +651,7 @@ long largest_batch(const Point& p, const std::string& scheme, const Study& s,
     try {
       const summa::RankMemory r = summa::plan_memory_busiest<T>(spec, backend, c, units * step,
                                                                 p.seq, {.recompute = s.recompute});
-      return r.report.total() + adamw_state_bytes<T>(r.report, spec) <= budget;
+      return r.report.total() + adamw_state_bytes<T>(r.report, spec, s) <= budget;
     } catch (const summa::Error&) {
       if (first) throw;  // the scheme refuses the model: said
       return false;      // sizes past what any machine holds
@@ -681,8 +699,10 @@ void find_largest_batch(Result& r, const Study& s, const summa::model::Machine& 
 // `share`: ranks per device (a --run point priced as it ran).
 Result predict(const Point& p, const Study& s, const summa::model::Machine& m, int share = 1) {
   const summa::GptConfig c = config_of(p);
-  const summa::model::StepTimeOptions options{
-      .placement = s.placement, .optimizer = !s.stem_only, .ranks_per_device = share};
+  const summa::model::StepTimeOptions options{.placement = s.placement,
+                                              .optimizer = !s.stem_only,
+                                              .offload_bucket = s.offload_bucket,
+                                              .ranks_per_device = share};
   const auto price = [&](const summa::SchemeSpec& spec, Result& r) {
     const auto t = summa::model::predict_step_time(spec, c, p.batch, p.seq,
                                                    {.recompute = s.recompute}, s.dtype, m, options);
@@ -856,7 +876,8 @@ int study_main(int argc, char** argv, int rank, int world) {
   std::string preset, study_file, machine_file, csv, plot, backend_name = "cpu", comm = "nccl";
   bool as_json = false, run = false, tf32 = false, largest = false;
   int only_gpus = 0, reps = 3;
-  double watchdog = 0;  // --run: seconds a collective may wait (0: off)
+  long offload_bucket = -1;  // --offload-bucket: -1 keeps the study's
+  double watchdog = 0;       // --run: seconds a collective may wait (0: off)
   app.add_option("--preset", preset,
                  "optimus-weak | optimus-strong | axonn-weak | local-weak | local-strong");
   app.add_option("--study", study_file, "A study file (JSON; see the source's header)");
@@ -877,6 +898,12 @@ int study_main(int argc, char** argv, int rank, int world) {
   app.add_flag("--largest-batch", largest,
                "Also the largest global batch of each point's scheme that fits the device's "
                "memory (the planner's figure, as GiB/gpu; column maxb, JSON largest_batch)");
+  app.add_option("--offload-bucket", offload_bucket,
+                 "The optimizer state offloaded to host memory in buckets of N elements (0: on "
+                 "the device; default: the study file's \"offload_bucket\", else 0): memory "
+                 "per device without it, the step with its copies over the machine's "
+                 "host_bandwidth")
+      ->check(CLI::Range(0L, 1L << 40));
   app.add_flag("--json", as_json, "One JSON object per point and scheme on stdout");
   app.add_option("--csv", csv, "Also write the table as CSV to this file");
   app.add_option("--plot", plot,
@@ -908,6 +935,7 @@ int study_main(int argc, char** argv, int rank, int world) {
                     preset));
   else
     study = read_study(study_file);
+  if (offload_bucket >= 0) study.offload_bucket = offload_bucket;
   if (only_gpus > 0)
     std::erase_if(study.points, [&](const Point& p) { return p.gpus != only_gpus; });
   if (study.points.empty()) throw UsageError(fmt::format("no point has --gpus {}", only_gpus));
@@ -1006,12 +1034,15 @@ int study_main(int argc, char** argv, int rank, int world) {
   const bool any_measured = std::any_of(results.begin(), results.end(),
                                         [](const Result& r) { return r.measured_fwd.has_value(); });
   std::ostringstream table;
-  table << fmt::format("# {} on {} ({}; {}{})\n", study.name, machine.name,
-                       study.stem_only ? "stacked transformer layers" : "whole step",
-                       summa::name_of(study.dtype),
-                       study.recompute == summa::Recompute::full
-                           ? std::string()
-                           : fmt::format("; recompute {}", summa::to_string(study.recompute)));
+  table << fmt::format(
+      "# {} on {} ({}; {}{})\n", study.name, machine.name,
+      study.stem_only ? "stacked transformer layers" : "whole step", summa::name_of(study.dtype),
+      (study.recompute == summa::Recompute::full
+           ? std::string()
+           : fmt::format("; recompute {}", summa::to_string(study.recompute))) +
+          (study.offload_bucket > 0
+               ? fmt::format("; optimizer offloaded, buckets of {}", study.offload_bucket)
+               : std::string()));
   table << fmt::format(
       "{:>5} {:>22} {:>6} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6} {:>6} {:>8}",
       "gpus", "scheme", "batch", "hidden", "heads", "fwd/smp", "paper", "bwd/smp", "paper", "thru",
