@@ -537,11 +537,19 @@ std::string sharded(const std::string& text, int level = 1) {
 }
 
 // The data-axis schemes of every family the world size runs (with the batch
-// of options_for), unsharded.
+// of options_for), unsharded; at 9 ranks data=9 (with a batch of 9: see
+// data_options; not in CTest, run by hand: mpirun -np 9).
 std::vector<std::string> data_schemes() {
   return runnable({"data=2,2d:q=1", "data=2,1d:p=2", "data=4,2d:q=1", "data=2,3d:2x1x1",
                    "data=2,2d:q=2", "data=2,3d:2x1x2,overlap=oar+ors", "data=2,1d:p=4",
-                   "data=8,2d:q=1"});
+                   "data=8,2d:q=1", "data=9,2d:q=1"});
+}
+
+// options_for(scheme), with a batch the data axis divides (9 for data=9).
+TrainerOptions data_options(const std::string& scheme, std::uint64_t seed) {
+  TrainerOptions o = options_for(scheme, seed);
+  if (SchemeSpec::parse(scheme).data % 3 == 0) o.batch = 9;
+  return o;
 }
 
 // Each sharding level (zero=1, 2, and zero=2 with the optimizer offloaded:
@@ -550,32 +558,41 @@ std::vector<std::string> data_schemes() {
 // zero=1 does the unsharded arithmetic (the same all-reduce, each element's
 // update on one rank): equal within `tol` (1e-12; in practice equal).
 // zero=2 reduces each gradient onto one group instead of all-reducing it.
-// Open MPI adds the groups' terms in the same order for both (measured: the
-// bf16 runs at 4 and 8 ranks are equal), so `tol` holds for it too: a
-// reduce onto the wrong group moves the loss by 1e-3. NCCL's reduce and
-// all-reduce may add them in another order (not with 2 groups, whose sum
+// Open MPI adds the groups' terms in the same order for both when the groups
+// are a power of two (measured: the bf16 runs at 4 and 8 ranks are equal),
+// so `tol` holds for it too: a reduce onto the wrong group moves the loss by
+// 1e-3. With 9 groups its reduce and all-reduce add in different orders:
+// double stays within 1e-12, but bf16's norms are 5.6e-4 apart after one
+// step and its weights drift apart (0.07 to 0.7 relative after 10 steps,
+// measured), so the bf16 run skips data=9. NCCL's reduce and all-reduce may
+// add in another order on any count (not with 2 groups, whose sum
 // commutes): on a device backend bf16 then differs by its rounding,
 // amplified by Adam, and `tol2` is 5e-2 on the loss and norm and 1.6e-2
-// (2 bf16 ulps) on the weights.
+// (2 bf16 ulps) on the weights (not yet run on a GPU).
 template <class T>
 void sharded_trains_as_unsharded(int steps) {
-  const auto schemes = data_schemes();
+  constexpr bool low = std::is_same_v<T, bf16>;
+  auto schemes = data_schemes();
+  if (low)  // 9 groups: double only (see above)
+    std::erase_if(schemes, [](const std::string& t) {
+      const int data = SchemeSpec::parse(t).data;
+      return (data & (data - 1)) != 0;
+    });
   if (schemes.empty()) GTEST_SKIP() << "no data axis listed for " << world_size() << " ranks";
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed_note(seed));
   const auto tokens = random_tokens(seed, 32, 1500);
   Backend& backend = test_backend();
   constexpr double tol = 1e-12;
-  constexpr bool low = std::is_same_v<T, bf16>;
   for (const std::string& scheme : schemes) {
     SCOPED_TRACE(scheme);
     const int data = SchemeSpec::parse(scheme).data;
     const bool reordered = low && data > 2 && backend.asynchronous();
     const double tol2 = reordered ? 5e-2 : tol, weight_tol2 = reordered ? 1.6e-2 : tol;
-    Trainer<T> plain(MPI_COMM_WORLD, options_for(scheme, seed), backend, tokens);
+    Trainer<T> plain(MPI_COMM_WORLD, data_options(scheme, seed), backend, tokens);
     std::vector<std::unique_ptr<Trainer<T>>> zero;
     for (const int level : {1, 2, 3}) {  // 3: zero=2 with the optimizer offloaded
-      TrainerOptions o = options_for(sharded(scheme, std::min(level, 2)), seed);
+      TrainerOptions o = data_options(sharded(scheme, std::min(level, 2)), seed);
       if (level == 3) o.optimizer.offload_bucket = 37;  // cuts parameters and chunks
       zero.push_back(std::make_unique<Trainer<T>>(MPI_COMM_WORLD, o, backend, tokens));
       EXPECT_EQ(zero.back()->optimizer().offloaded(), level == 3);
