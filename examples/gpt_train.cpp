@@ -582,11 +582,17 @@ summa::SchemeSpec choose_scheme(const Cli& cli, const summa::TrainerOptions& o,
        .time = {.offload_bucket = o.optimizer.offload_bucket,
                 .ranks_per_device = summa::ranks_per_device(MPI_COMM_WORLD, cli.backend == "cpu")}},
       o.grid);
-  if (all.empty() || !all.front().rejected.empty())  // ranked alike on every rank
+  if (all.empty() || !all.front().rejected.empty()) {  // ranked alike on every rank
+    char mib[32];                                      // as the candidates' reasons print it
+    std::snprintf(mib, sizeof mib, "%.1f", static_cast<double>(budget) / (1 << 20));
     throw summa::CollectiveError(
         "--scheme auto: no scheme of " + std::to_string(world_size()) +
-        " ranks fits the model within " + std::to_string(budget / (1024 * 1024)) + " MiB per rank" +
-        (all.empty() ? "" : " (" + all.front().spec.str() + ": " + all.front().rejected + ")"));
+        " ranks fits the model within " + mib + " MiB per rank" +
+        (all.empty() ? "" : " (" + all.front().spec.str() + ": " + all.front().rejected + ")") +
+        (o.optimizer.offload_bucket > 0
+             ? std::string()
+             : "; --offload-bucket N keeps the optimizer state in host memory instead"));
+  }
   if (root) {
     std::printf(
         "gpt_train: --scheme auto on %s (step with the optimizer; memory planned per rank):\n",
