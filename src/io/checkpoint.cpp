@@ -1357,13 +1357,17 @@ class WholeState {
   }
   std::span<const StateSlot> slots() const { return slots_; }
   M* master() const { return master_; }
-  /// This rank's chunk of every whole buffer back into the optimizer.
+  /// This rank's chunk of every whole buffer back into the optimizer (an
+  /// offloaded one's state is host memory: downloaded into it).
   void put_back() const {
     Backend& backend = optimizer_->store().backend();
     const ElementRange r = optimizer_->range();
     const auto chunk = [&](const M* whole, M* into) {
-      backend.copy(MatrixView<const M>::dense(whole + r.begin, 1, r.count, Order::row_major),
-                   MatrixView<M>::dense(into, 1, r.count, Order::row_major));
+      if (optimizer_->offloaded())
+        backend.download(into, whole + r.begin, static_cast<std::size_t>(r.count) * sizeof(M));
+      else
+        backend.copy(MatrixView<const M>::dense(whole + r.begin, 1, r.count, Order::row_major),
+                     MatrixView<M>::dense(into, 1, r.count, Order::row_major));
     };
     for (std::size_t k = 0; k < slots_.size(); ++k)
       chunk(static_cast<const M*>(slots_[k].data), optimizer_->state(k));

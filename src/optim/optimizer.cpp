@@ -220,6 +220,9 @@ void Optimizer<T>::step(double lr) {
   // and bucket j - 1 copied out while bucket j is updated (docs/training.md,
   // "Optimizer offload").
   Backend& backend = state_.backend();
+  // The copies run beside the compute queue: work issued before the step
+  // that wrote the host pool there (a checkpoint's load) must be done first.
+  backend.synchronize();
   const index_t size = options_.offload_bucket;
   const index_t buckets = (elements_ + size - 1) / size;
   const std::size_t buffers = slots + (keeps_master ? 1 : 0);

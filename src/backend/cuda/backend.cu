@@ -553,12 +553,23 @@ std::size_t CudaBackend::gemm_scratch_bytes(index_t, index_t, index_t, DType) co
 
 namespace {
 // The copy stream and its two events, created on first use.
+// All three or none: a failure part way leaves nothing half made.
 void ensure_copy_stream(cuda_detail::CudaState& I) {
   if (I.copy_stream != nullptr) return;
-  check_cuda(cudaStreamCreateWithFlags(&I.copy_stream, cudaStreamNonBlocking),
-             "cudaStreamCreateWithFlags(copy stream)");
-  check_cuda(cudaEventCreateWithFlags(&I.computed, cudaEventDisableTiming), "cudaEventCreate");
-  check_cuda(cudaEventCreateWithFlags(&I.copied, cudaEventDisableTiming), "cudaEventCreate");
+  cudaStream_t stream = nullptr;
+  cudaEvent_t computed = nullptr, copied = nullptr;
+  cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&computed, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&copied, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    if (copied != nullptr) cudaEventDestroy(copied);
+    if (computed != nullptr) cudaEventDestroy(computed);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    check_cuda(e, "creating the copy stream and its events (optimizer offload)");
+  }
+  I.copy_stream = stream;
+  I.computed = computed;
+  I.copied = copied;
 }
 }  // namespace
 
@@ -569,8 +580,11 @@ void* CudaBackend::allocate_host(std::size_t bytes) {
                                       cudaHostAllocPortable | cudaHostAllocMapped);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    throw OutOfMemory("CudaBackend::allocate_host: cudaHostAlloc(" + std::to_string(bytes) +
-                      " bytes) failed: " + cudaGetErrorString(e));
+    const std::string what = "CudaBackend::allocate_host: cudaHostAlloc(" + std::to_string(bytes) +
+                             " bytes) failed: " + cudaGetErrorString(e);
+    // like allocate: out of memory is a std::bad_alloc naming the bytes
+    if (e == cudaErrorMemoryAllocation) throw OutOfMemory(what);
+    throw Error(what);
   }
   note_host_allocated(bytes);
   return p;
