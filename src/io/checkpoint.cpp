@@ -1324,7 +1324,8 @@ std::vector<StateSlot> optimizer_slots(Optimizer<T>& optimizer) {
 // A data-axis chunk's optimizer (zero=1: Optimizer::partial()) as whole-store
 // state, so a checkpoint is the same whatever the sharding: its slots and
 // (bf16) master all-gathered over grid.data() into buffers of the store's
-// padded elements (allocated here, outside the steps); put_back() copies this
+// padded elements (allocated here, outside the steps: on the backend, or in
+// its host pool when the optimizer is offloaded); put_back() copies this
 // rank's chunk of them back into the optimizer after a load.
 template <class T>
 class WholeState {
@@ -1339,9 +1340,11 @@ class WholeState {
         optimizer.state_names().size() + (optimizer.master() != nullptr ? 1 : 0);
     grid.agree(CommAxis::world, capture([&] {
                  require_data_chunk(optimizer, grid, "checkpoint of a sharded data axis");
+                 // beside the offloaded state (the host pool) when it is offloaded
                  arena_ = std::make_unique<Arena>(
                      "optimizer state, whole (a checkpoint of a sharded data axis)",
-                     optimizer.store().backend(), buffers * Arena::rounded(padded_ * sizeof(M)));
+                     optimizer.store().backend(), buffers * Arena::rounded(padded_ * sizeof(M)),
+                     optimizer.offloaded() ? Arena::Pool::host : Arena::Pool::backend);
                }));
     const std::vector<StateSlot> chunks = optimizer_slots(optimizer);
     const auto count = static_cast<std::size_t>(optimizer.range().count);
