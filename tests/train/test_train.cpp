@@ -371,9 +371,13 @@ TEST(Train, PlannerEqualsMeasuredPeak) {
 // is rounded to bf16 (u = 2^-8), so the two runs drift apart slowly; the
 // observed worst over 10 steps, ~50 seeds and 1, 4 and 8 ranks is 1.3e-3
 // (loss) and 8.6e-2 (norm: late in the run the gradient is small and
-// dominated by a few cancelling column-sum gradients) — the bounds are
-// about 4x and 3x that; a broken update or gradient is off by O(1).
-constexpr double kBf16LossTol = 5e-3, kBf16NormTol = 0.25;
+// dominated by a few cancelling column-sum gradients) in the Release build;
+// the checked build (-O1, sanitizers: other rounding of the fp32 paths)
+// once gave 0.30 on the norm (seed 3536373092752973542, 3d:2x1x2 at 4 ranks,
+// step 7; the Release build gives less with that seed). The bounds are
+// about 4x the loss's and 1.3x that norm; a broken update or gradient is
+// off by O(1) from the first steps.
+constexpr double kBf16LossTol = 5e-3, kBf16NormTol = 0.4;
 
 TEST(Train, Bf16FollowsTheReferenceCurve) {
   const auto schemes = runnable({"2d:q=1", "2d:q=2", "1d:p=4", "3d:2x1x2", "data=2,2d:q=2"});
