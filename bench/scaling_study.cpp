@@ -580,7 +580,7 @@ std::uint64_t adamw_state_bytes(const summa::MemoryReport& plan, const summa::Sc
   if (s.offload_bucket > 0)
     return summa::offload_staging_bytes<T>({.offload_bucket = s.offload_bucket});
   const std::uint64_t shards = spec.zero > 0 ? static_cast<std::uint64_t>(spec.data) : 1;
-  return plan.parameters / sizeof(T) / shards * adamw_bytes_per_parameter<T>;
+  return plan.parameter_elements / shards * adamw_bytes_per_parameter<T>;
 }
 
 // The memory plan of the point's busiest rank (launch-free: a plan-only

@@ -1530,9 +1530,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--scheme", cli.scheme,
                  "scheme and grid: 2d:q=Q[,panel=N][,overlap=on|off], 1d:p=P[,sp=on|,dc=on], "
-                 "3d:XxYxZ[,overlap=oar+ors+oag], with optional data=D[:zero=1|2] (zero=1: the "
-                 "optimizer state sharded over the D groups; zero=2: each gradient reduced "
-                 "onto its chunk's group too), or auto: the fastest "
+                 "3d:XxYxZ[,overlap=oar+ors+oag], with optional data=D[:zero=1|2|3] (zero=1: "
+                 "the optimizer state sharded over the D groups; zero=2: each gradient reduced "
+                 "onto its chunk's group too; zero=3: the parameters and gradients sharded "
+                 "too, each block gathered ahead of its use), or auto: the fastest "
                  "by the step-time model on --machine within the memory budget (default: 2d on "
                  "a square rank count, else 1d)");
   app.add_option("--machine", cli.machine,

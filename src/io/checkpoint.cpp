@@ -1211,6 +1211,8 @@ void save_impl(const fs::path& root, ParameterStore<T>& store, std::span<const S
                                       info.step, name_of(dtype_v<T>), slot_list(slots)),
                           "save_checkpoint: the arguments (root, step, slots)");
 
+  // zero=3: the values whole for the save (each group's chunk gathered)
+  const typename ParameterStore<T>::WholeValues whole(store, /*write_back=*/false);
   const std::string name = step_dir_name(info.step);
   const fs::path final_dir = root / name;
   fs::path tmp = final_dir;
@@ -1279,6 +1281,8 @@ CheckpointInfo load_impl(const fs::path& path_or_root, ParameterStore<T>& store,
   check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
   grid.agree(CommAxis::world,
              capture([&] { check_slots(slots, store.local_elements(), "load_checkpoint"); }));
+  // zero=3: loaded into the whole values, this group's chunk kept at the end
+  const typename ParameterStore<T>::WholeValues whole(store, /*write_back=*/true);
   // 1. rank 0 finds and reads the manifest; every rank parses the same text
   std::string dir_text, text;
   grid.agree(CommAxis::world, rank != 0 ? std::nullopt : capture([&] {

@@ -162,10 +162,22 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
             .backward = needs.backward,
             .conjunction = inference ? 0 : 2 * slot.bytes(),
             .checkpoint = checkpoint};
-  parameter_bytes_ =
-      ByteCount<T>()
-          .add(ParameterStore<T>::padded_elements(this->parameters(), options_.parameter_multiple))
-          .bytes();
+  parameter_elements_ =
+      ParameterStore<T>::padded_elements(this->parameters(), options_.parameter_multiple);
+  sharded_values_ = options_.shard_parameters && !inference;
+  if (sharded_values_) {
+    block_value_slots_ = scheme_->prefetches_weights() ? 3 : 2;
+    const ShardedStoreBytes b = ParameterStore<T>::sharded_bytes(
+        this->parameters(), true, options_.parameter_multiple, data_, parameter_units());
+    parameter_bytes_ = b.values;
+    gradient_bytes_ = b.gradients;
+  } else {
+    parameter_bytes_ = ByteCount<T>()
+                           .add(ParameterStore<T>::padded_elements(this->parameters(),
+                                                                   options_.parameter_multiple))
+                           .bytes();
+    gradient_bytes_ = inference ? 0 : parameter_bytes_;
+  }
   ByteCount<T> kv;  // each block's keys, then its values
   if (options_.kv_cache > 0)
     for (const auto& block : blocks_)
@@ -184,8 +196,13 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
         MatrixView<T>::dense(static_cast<T*>(kv_->base()), 1,
                              static_cast<index_t>(kv_->capacity() / sizeof(T)), Order::row_major));
   }
-  store_ = std::make_unique<ParameterStore<T>>(*backend_, this->parameters(), !inference,
-                                               options_.parameter_multiple);
+  if (sharded_values_)
+    store_ = std::make_unique<ParameterStore<T>>(
+        *backend_, this->parameters(), true, options_.parameter_multiple,
+        ValueSharding{.data = &grid_->data(), .units = parameter_units()});
+  else
+    store_ = std::make_unique<ParameterStore<T>>(*backend_, this->parameters(), !inference,
+                                                 options_.parameter_multiple);
   buffers_ = std::make_unique<ModelBuffers>(*backend_, sizes_);
   const auto take = [&](Arena& a) {
     return MatrixView<T>::dense(a.take<T>(static_cast<std::size_t>(rows * cols)), rows, cols,
@@ -228,7 +245,7 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
   buckets_.push_back(bucket_of(*ln_f_));
   for (std::size_t i = blocks_.size(); i-- > 0;) buckets_.push_back(bucket_of(*blocks_[i]));
   buckets_.push_back(bucket_of(*embedding_));
-  if (options_.shard_gradients && data_ > 1) {
+  if (options_.shard_gradients && data_ > 1 && !sharded_values_) {
     // ZeRO-2: each bucket reduced onto the data groups whose chunks it meets
     require(store_->padded_elements() % data_ == 0, [&] {
       return fmt::format(
@@ -403,8 +420,50 @@ void Gpt<T>::save_chunk(int i) {
 
 template <class T>
 void Gpt<T>::reduce_bucket(std::size_t k) {
-  if (data_ == 1 || scheme_->defers_gradients()) return;  // deferred: all at the end
+  if (scheme_->defers_gradients()) return;  // deferred: all at the end
+  if (sharded_values_) {  // bucket k: LN_f, the blocks from the last, the embedding
+    const auto n = static_cast<std::size_t>(config_.n_layer);
+    store_->reduce_unit_grads(k == 0   ? ln_f_unit()
+                              : k <= n ? block_unit(static_cast<index_t>(n - k))
+                                       : 0);
+    return;
+  }
+  if (data_ == 1) return;
   issue_bucket(buckets_[k]);
+}
+
+template <class T>
+std::vector<ParameterUnit> Gpt<T>::parameter_units() const {
+  // The parameters in collect_parameters' order: the embedding's, each
+  // block's, LN_f's (the tied head has none of its own).
+  const index_t n = config_.n_layer;
+  const index_t grad_slots = scheme_->defers_gradients() ? n : std::min<index_t>(2, n);
+  std::vector<ParameterUnit> units;
+  std::size_t at = 0;
+  const auto add = [&](std::size_t count, int value_slot, int grad_slot) {
+    units.push_back(
+        {.first = at, .last = at + count, .value_slot = value_slot, .grad_slot = grad_slot});
+    at += count;
+  };
+  add(embedding_->parameters().size(), 0, 0);
+  for (index_t i = 0; i < n; ++i)
+    add(blocks_[static_cast<std::size_t>(i)]->parameters().size(),
+        static_cast<int>(2 + i % block_value_slots_), static_cast<int>(2 + i % grad_slots));
+  add(ln_f_->parameters().size(), 1, 1);
+  return units;
+}
+
+template <class T>
+void Gpt<T>::stage_blocks(index_t i, index_t step) {
+  const index_t n = config_.n_layer;
+  for (index_t k = 0; k < block_value_slots_; ++k) {
+    const index_t j = i + k * step;
+    if (j >= 0 && j < n) store_->gather_unit(block_unit(j));
+  }
+  for (index_t k = 0; k + 1 < block_value_slots_; ++k) {
+    const index_t j = i + k * step;
+    if (j >= 0 && j < n) store_->wait_unit(block_unit(j));
+  }
 }
 
 template <class T>
@@ -538,6 +597,13 @@ double Gpt<T>::forward(std::span<const std::int32_t> tokens,
   B.workspace.reset();
   StepBuffers step = step_buffers();
   clock_.phase = 0;
+  if (sharded_values_) {  // ZeRO-3: the values may have changed since (a step, a load)
+    store_->forget_gathered();
+    store_->gather_unit(0);
+    store_->gather_unit(ln_f_unit());
+    stage_blocks(-1, 1);
+    store_->wait_unit(0);
+  }
   timed(fwd_embedding, [&] {
     embedding_->forward(tokens_, boundaries_[0], step);
     save_chunk(0);
@@ -545,6 +611,7 @@ double Gpt<T>::forward(std::span<const std::int32_t> tokens,
   timed(fwd_blocks, [&] {
     for (std::size_t i = 0; i < blocks_.size(); ++i) {
       const std::size_t mark = B.forward.mark();
+      if (sharded_values_) stage_blocks(static_cast<index_t>(i), 1);
       blocks_[i]->forward(boundaries_[i], boundaries_[i + 1], step);
       save_chunk(static_cast<int>(i) + 1);
       if (checkpointed() || options_.inference) B.forward.release(mark);
@@ -552,6 +619,7 @@ double Gpt<T>::forward(std::span<const std::int32_t> tokens,
   });
   lnf_ = MatrixView<T>::dense(B.forward.take<T>(static_cast<std::size_t>(rows_ * cols_)), rows_,
                               cols_, Order::row_major);
+  if (sharded_values_) store_->wait_unit(ln_f_unit());
   timed(fwd_ln_f, [&] { ln_f_->forward(boundaries_.back(), lnf_, step); });
   double loss = 0;
   timed(fwd_lm_head, [&] {
@@ -577,10 +645,21 @@ void Gpt<T>::backward(bool accumulate) {
   ModelBuffers& B = *buffers_;
   StepBuffers step = step_buffers();
   const index_t total = store_->local_elements();
-  const auto all_grads = MatrixView<T>::dense(store_->grads_base(), 1, total, Order::row_major);
-  if (!accumulate) {
+  if (sharded_values_) {
+    // ZeRO-3: the embedding and LN_f (kept since forward, or gathered
+    // again), the last blocks staged, the outer units' gradient slots ready.
+    if (!accumulate) store_->zero_grads();
+    store_->gather_unit(0);
+    store_->gather_unit(ln_f_unit());
+    store_->wait_unit(0);
+    store_->wait_unit(ln_f_unit());
+    store_->begin_unit_grads(0, accumulate);
+    store_->begin_unit_grads(ln_f_unit(), accumulate);
+    stage_blocks(config_.n_layer, -1);
+  } else if (!accumulate) {
     store_->zero_grads();
   } else if (data_ > 1 && total > 0 && options_.shard_gradients) {
+    const auto all_grads = MatrixView<T>::dense(store_->grads_base(), 1, total, Order::row_major);
     // Only this group's chunk holds the accumulated sum, and the reduce
     // onto it adds every group's buffer: zero the rest here, so the sum
     // counts it once.
@@ -592,6 +671,7 @@ void Gpt<T>::backward(bool accumulate) {
   } else if (data_ > 1 && total > 0) {
     // The data-axis sum below would count the accumulated (already summed,
     // identical) gradients once per group: pre-scale them by 1/data.
+    const auto all_grads = MatrixView<T>::dense(store_->grads_base(), 1, total, Order::row_major);
     backend_->scale(acc_t<T>(1) / static_cast<acc_t<T>>(data_), all_grads);
   }
   {
@@ -606,6 +686,10 @@ void Gpt<T>::backward(bool accumulate) {
   reduce_bucket(bucket++);  // LN_f's gradients are final
   int cur = 0;
   for (std::size_t i = blocks_.size(); i-- > 0;) {
+    if (sharded_values_) {
+      stage_blocks(static_cast<index_t>(i), -1);
+      store_->begin_unit_grads(block_unit(static_cast<index_t>(i)), accumulate);
+    }
     if (checkpointed()) {
       // Recompute block i from its checkpointed input; its output goes to the
       // free conjunction slot (backward does not read a block's output).
@@ -635,6 +719,13 @@ void Gpt<T>::backward(bool accumulate) {
   // data-axis buckets (issued here when gradients were deferred).
   timed(bwd_data_axis, [&] {
     scheme_->complete_deferred();
+    if (sharded_values_) {
+      for (std::size_t u = 0; u < store_->unit_count(); ++u) {
+        if (scheme_->defers_gradients()) store_->reduce_unit_grads(u);
+      }
+      for (std::size_t u = 0; u < store_->unit_count(); ++u) store_->wait_unit_grads(u);
+      return;
+    }
     if (data_ > 1 && scheme_->defers_gradients())
       for (Bucket& b : buckets_) issue_bucket(b);
     for (Bucket& b : buckets_) wait_bucket(b);
@@ -750,8 +841,9 @@ template <class T>
 MemoryReport Gpt<T>::memory_report() const {
   MemoryReport r;
   if (options_.plan_only) {
-    const std::size_t gradient_bytes = options_.inference ? 0 : parameter_bytes_;
+    const std::size_t gradient_bytes = gradient_bytes_;
     r.parameters = parameter_bytes_;
+    r.parameter_elements = static_cast<std::size_t>(parameter_elements_);
     r.gradients = gradient_bytes;
     r.activations = sizes_.forward + sizes_.checkpoint;
     r.buffers = {{"parameters", parameter_bytes_, 0}, {"gradients", gradient_bytes, 0},
@@ -763,6 +855,7 @@ MemoryReport Gpt<T>::memory_report() const {
     return r;
   }
   r.parameters = store_->values().capacity();
+  r.parameter_elements = static_cast<std::size_t>(store_->padded_elements());
   r.gradients = store_->grads().capacity();
   r.activations = buffers_->forward.high_water() + buffers_->checkpoint.high_water();
   r.buffers.push_back({"parameters", store_->values().capacity(), store_->values().high_water()});

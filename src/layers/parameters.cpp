@@ -90,23 +90,320 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
   const auto total = static_cast<std::size_t>(padded_);
   T* values = values_.take<T>(total);
   T* grads = gradients ? grads_.take<T>(total) : nullptr;
-  index_t offset = 0;
-  for (Param<T>* p : params_) {
-    require(p != nullptr, "ParameterStore: null parameter");
-    p->backend = &backend;
-    if (!p->held()) {
-      p->value = p->grad = nullptr;
-      continue;
-    }
-    p->value = values + offset;
-    p->grad = gradients ? grads + offset : nullptr;
-    offset += p->shard.local_size();
-  }
+  bind_whole(values, grads);
   const auto all = MatrixView<T>::dense(values, 1, static_cast<index_t>(total), Order::row_major);
   backend.scale(acc_t<T>(0), all);
   if (gradients)
     backend.scale(acc_t<T>(0),
                   MatrixView<T>::dense(grads, 1, static_cast<index_t>(total), Order::row_major));
+}
+
+namespace {
+
+// The elements of each slot: the largest unit it takes.
+template <class T>
+std::vector<index_t> slot_elements(const std::vector<Param<T>*>& params,
+                                   const std::vector<ParameterUnit>& units, bool values) {
+  std::vector<index_t> out;
+  for (const ParameterUnit& u : units) {
+    require(u.first <= u.last && u.last <= params.size() && u.value_slot >= 0 && u.grad_slot >= 0,
+            "ParameterStore: a unit's parameters or slots are out of range");
+    index_t n = 0;
+    for (std::size_t k = u.first; k < u.last; ++k) n += params[k]->shard.local_size();
+    const auto slot = static_cast<std::size_t>(values ? u.value_slot : u.grad_slot);
+    if (out.size() <= slot) out.resize(slot + 1, 0);
+    out[slot] = std::max(out[slot], n);
+  }
+  return out;
+}
+
+int data_groups_of(const ValueSharding& sharding) {
+  require(sharding.data != nullptr, "ParameterStore: a sharded store needs the data communicator");
+  return sharding.data->size();
+}
+
+}  // namespace
+
+template <class T>
+ShardedStoreBytes ParameterStore<T>::sharded_bytes(const std::vector<Param<T>*>& params,
+                                                   bool gradients, index_t multiple,
+                                                   int data_groups,
+                                                   const std::vector<ParameterUnit>& units) {
+  const index_t padded = padded_elements(params, multiple);
+  require(data_groups >= 1 && padded % data_groups == 0, [&] {
+    return fmt::format(
+        "ParameterStore: {} padded elements do not split into {} equal chunks (multiple = {})",
+        padded, data_groups, multiple);
+  });
+  ShardedStoreBytes b;
+  ByteCount<T> values, grads;
+  values.add(padded / data_groups);
+  grads.add(padded / data_groups);
+  for (index_t n : slot_elements(params, units, true)) values.add(n);
+  for (index_t n : slot_elements(params, units, false)) grads.add(n);
+  b.values = values.bytes();
+  b.gradients = gradients ? grads.bytes() : 0;
+  return b;
+}
+
+template <class T>
+ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> params, bool gradients,
+                                  index_t multiple, const ValueSharding& sharding)
+    : params_(std::move(params)),
+      backend_(&backend),
+      has_gradients_(gradients),
+      padded_(padded_elements(params_, multiple)),
+      values_("parameters (this data group's chunk and the unit slots)", backend,
+              sharded_bytes(params_, gradients, multiple, data_groups_of(sharding), sharding.units)
+                  .values),
+      grads_("gradients (this data group's chunk and the unit slots)", backend,
+             sharded_bytes(params_, gradients, multiple, data_groups_of(sharding), sharding.units)
+                 .gradients),
+      data_(sharding.data) {
+  const int groups = data_->size();
+  chunk_ = padded_ / groups;
+  lo_ = data_->rank() * chunk_;
+  bind_whole(nullptr, nullptr);  // the offsets
+  // Every parameter in exactly one unit, the units in params() order.
+  std::vector<int> covered(params_.size(), 0);
+  for (const ParameterUnit& u : sharding.units)
+    for (std::size_t k = u.first; k < u.last && k < covered.size(); ++k) ++covered[k];
+  require(std::all_of(covered.begin(), covered.end(), [](int c) { return c == 1; }),
+          "ParameterStore: the units of a sharded store must cover every parameter once");
+  chunk_values_ = values_.take<T>(static_cast<std::size_t>(chunk_));
+  if (gradients) chunk_grads_ = grads_.take<T>(static_cast<std::size_t>(chunk_));
+  for (index_t n : slot_elements(params_, sharding.units, true))
+    value_slots_.push_back(values_.take<T>(static_cast<std::size_t>(n)));
+  if (gradients)
+    for (index_t n : slot_elements(params_, sharding.units, false))
+      grad_slots_.push_back(grads_.take<T>(static_cast<std::size_t>(n)));
+  resident_.assign(value_slots_.size(), -1);
+  const index_t total = local_elements();
+  for (const ParameterUnit& pu : sharding.units) {
+    Unit u;
+    u.begin = pu.first < params_.size() ? offsets_[pu.first] : total;
+    u.count = (pu.last < params_.size() ? offsets_[pu.last] : total) - u.begin;
+    u.value_slot = pu.value_slot;
+    u.grad_slot = pu.grad_slot;
+    for (int d = 0; d < groups; ++d) {
+      const index_t a = std::max(u.begin, d * chunk_);
+      const index_t b = std::min(u.begin + u.count, (d + 1) * chunk_);
+      if (a < b) u.pieces.push_back({.begin = a, .count = b - a, .root = d});
+    }
+    u.gathers.resize(u.pieces.size());
+    u.reduces.resize(u.pieces.size());
+    units_.push_back(std::move(u));
+  }
+  bind_slots();
+  const auto zero = [&](T* p, index_t n) {
+    if (n > 0) backend.scale(acc_t<T>(0), MatrixView<T>::dense(p, 1, n, Order::row_major));
+  };
+  zero(chunk_values_, chunk_);
+  if (gradients) zero(chunk_grads_, chunk_);
+}
+
+template <class T>
+ParameterStore<T>::~ParameterStore() {
+  // Requests still in flight (a forward without its backward) complete
+  // here: every group issued them.
+  if (data_ == nullptr) return;
+  try {
+    forget_gathered();
+    for (std::size_t u = 0; u < units_.size(); ++u) wait_unit_grads(u);
+  } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw
+  }
+}
+
+template <class T>
+void ParameterStore<T>::bind_whole(T* values, T* grads) {
+  offsets_.assign(params_.size(), 0);
+  index_t offset = 0;
+  for (std::size_t k = 0; k < params_.size(); ++k) {
+    Param<T>* p = params_[k];
+    require(p != nullptr, "ParameterStore: null parameter");
+    p->backend = backend_;
+    offsets_[k] = offset;
+    if (!p->held()) {
+      p->value = p->grad = nullptr;
+      continue;
+    }
+    p->value = values != nullptr ? values + offset : nullptr;
+    p->grad = grads != nullptr ? grads + offset : nullptr;
+    offset += p->shard.local_size();
+  }
+}
+
+template <class T>
+void ParameterStore<T>::bind_slots() {
+  for (const Unit& u : units_)
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      Param<T>* p = params_[k];
+      if (!p->held() || offsets_[k] < u.begin || offsets_[k] >= u.begin + u.count) continue;
+      const index_t at = offsets_[k] - u.begin;
+      p->value = value_slots_[static_cast<std::size_t>(u.value_slot)] + at;
+      p->grad = has_gradients_ ? grad_slots_[static_cast<std::size_t>(u.grad_slot)] + at : nullptr;
+    }
+}
+
+template <class T>
+void ParameterStore<T>::require_whole(const char* what) const {
+  require(data_ == nullptr || whole_ != nullptr, [&] {
+    return fmt::format(
+        "ParameterStore::{}: the values are sharded over the data axis (zero=3); only a "
+        "WholeValues scope holds them whole",
+        what);
+  });
+}
+
+template <class T>
+T* ParameterStore<T>::values_base() const {
+  if (data_ == nullptr) return static_cast<T*>(values_.base());
+  require_whole("values_base");
+  return static_cast<T*>(whole_->base());
+}
+
+template <class T>
+T* ParameterStore<T>::grads_base() const {
+  require(data_ == nullptr,
+          "ParameterStore::grads_base: the gradients are sharded over the data axis (zero=3): "
+          "grad_at() reaches this group's chunk");
+  return static_cast<T*>(grads_.base());
+}
+
+template <class T>
+T* ParameterStore<T>::value_at(index_t v) const {
+  if (data_ == nullptr || whole_ != nullptr) return values_base() + v;
+  require(v >= lo_ && v <= lo_ + chunk_, [&] {
+    return fmt::format("ParameterStore::value_at({}): this data group holds [{}, {})", v, lo_,
+                       lo_ + chunk_);
+  });
+  return chunk_values_ + (v - lo_);
+}
+
+template <class T>
+T* ParameterStore<T>::grad_at(index_t v) const {
+  if (data_ == nullptr) return grads_base() + v;
+  require(v >= lo_ && v <= lo_ + chunk_, [&] {
+    return fmt::format("ParameterStore::grad_at({}): this data group holds [{}, {})", v, lo_,
+                       lo_ + chunk_);
+  });
+  return chunk_grads_ + (v - lo_);
+}
+
+template <class T>
+index_t ParameterStore<T>::offset_of(const Param<T>& p) const {
+  for (std::size_t k = 0; k < params_.size(); ++k)
+    if (params_[k] == &p) return offsets_[k];
+  throw Error(fmt::format("ParameterStore: '{}' is not one of its parameters", p.shard.name));
+}
+
+template <class T>
+void ParameterStore<T>::gather_unit(std::size_t k) {
+  Unit& u = units_.at(k);
+  const auto slot = static_cast<std::size_t>(u.value_slot);
+  if (resident_[slot] == static_cast<int>(k)) return;
+  // The slot's previous unit is done with (the caller's schedule); its
+  // gather, if still in flight, completes first.
+  if (resident_[slot] >= 0) wait_unit(static_cast<std::size_t>(resident_[slot]));
+  resident_[slot] = static_cast<int>(k);
+  T* to = value_slots_[slot];
+  for (std::size_t i = 0; i < u.pieces.size(); ++i) {
+    const Piece& p = u.pieces[i];
+    T* at = to + (p.begin - u.begin);
+    if (p.root == data_->rank())
+      backend_->copy(
+          ConstMatrixView<T>::dense(chunk_values_ + (p.begin - lo_), 1, p.count, Order::row_major),
+          MatrixView<T>::dense(at, 1, p.count, Order::row_major));
+    u.gathers[i] = data_->ibroadcast(at, static_cast<std::size_t>(p.count), dtype_v<T>, p.root);
+  }
+}
+
+template <class T>
+void ParameterStore<T>::wait_unit(std::size_t k) {
+  for (Request& r : units_.at(k).gathers) data_->wait(r);
+}
+
+template <class T>
+void ParameterStore<T>::forget_gathered() {
+  for (std::size_t k = 0; k < units_.size(); ++k) wait_unit(k);
+  std::fill(resident_.begin(), resident_.end(), -1);
+}
+
+template <class T>
+void ParameterStore<T>::begin_unit_grads(std::size_t k, bool accumulate) {
+  Unit& u = units_.at(k);
+  for (std::size_t j = 0; j < units_.size(); ++j)  // the slot's earlier units' reduces
+    if (units_[j].grad_slot == u.grad_slot) wait_unit_grads(j);
+  if (u.count == 0) return;
+  T* slot = grad_slots_[static_cast<std::size_t>(u.grad_slot)];
+  backend_->scale(acc_t<T>(0), MatrixView<T>::dense(slot, 1, u.count, Order::row_major));
+  if (!accumulate) return;
+  for (const Piece& p : u.pieces)
+    if (p.root == data_->rank())
+      backend_->copy(
+          ConstMatrixView<T>::dense(chunk_grads_ + (p.begin - lo_), 1, p.count, Order::row_major),
+          MatrixView<T>::dense(slot + (p.begin - u.begin), 1, p.count, Order::row_major));
+}
+
+template <class T>
+void ParameterStore<T>::reduce_unit_grads(std::size_t k) {
+  Unit& u = units_.at(k);
+  T* slot = grad_slots_[static_cast<std::size_t>(u.grad_slot)];
+  for (std::size_t i = 0; i < u.pieces.size(); ++i) {
+    const Piece& p = u.pieces[i];
+    T* send = slot + (p.begin - u.begin);
+    T* recv = p.root == data_->rank() ? chunk_grads_ + (p.begin - lo_) : send;
+    u.reduces[i] = data_->ireduce(send, recv, static_cast<std::size_t>(p.count), dtype_v<T>,
+                                  ReduceOp::sum, p.root);
+  }
+}
+
+template <class T>
+void ParameterStore<T>::wait_unit_grads(std::size_t k) {
+  for (Request& r : units_.at(k).reduces) data_->wait(r);
+}
+
+template <class T>
+ParameterStore<T>::WholeValues::WholeValues(ParameterStore& store, bool write_back) {
+  if (store.data_ == nullptr) return;
+  store_ = &store;
+  if (store.whole_depth_++ > 0) return;  // an outer scope holds them
+  outer_ = true;
+  write_back_ = write_back;
+  try {
+    store.forget_gathered();
+    store.whole_ = std::make_unique<Arena>("parameters (whole, WholeValues)", *store.backend_,
+                                           ByteCount<T>().add(store.padded_).bytes());
+    T* whole = store.whole_->take<T>(static_cast<std::size_t>(store.padded_));
+    store.data_->all_gather(store.chunk_values_, whole, static_cast<std::size_t>(store.chunk_),
+                            dtype_v<T>);
+    for (std::size_t k = 0; k < store.params_.size(); ++k)
+      if (store.params_[k]->held()) store.params_[k]->value = whole + store.offsets_[k];
+  } catch (...) {
+    store.whole_.reset();
+    --store.whole_depth_;
+    store.bind_slots();
+    throw;
+  }
+}
+
+template <class T>
+ParameterStore<T>::WholeValues::~WholeValues() {
+  if (store_ == nullptr) return;
+  --store_->whole_depth_;
+  if (!outer_) return;
+  ParameterStore& s = *store_;
+  if (write_back_ && s.chunk_ > 0) {
+    try {
+      s.backend_->copy(ConstMatrixView<T>::dense(static_cast<T*>(s.whole_->base()) + s.lo_, 1,
+                                                 s.chunk_, Order::row_major),
+                       MatrixView<T>::dense(s.chunk_values_, 1, s.chunk_, Order::row_major));
+    } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw
+    }
+  }
+  s.whole_.reset();
+  s.bind_slots();
+  std::fill(s.resident_.begin(), s.resident_.end(), -1);
 }
 
 template <class T>
@@ -117,20 +414,54 @@ Param<T>& ParameterStore<T>::find(std::string_view name) const {
 }
 
 template <class T>
+void ParameterStore<T>::read_local(std::size_t k, T* host) const {
+  const Param<T>& p = *params_[k];
+  const index_t n = p.shard.local_size();
+  if (data_ == nullptr) {
+    backend_->download(host, p.value, static_cast<std::size_t>(n) * sizeof(T));
+    return;
+  }
+  // sharded: the part in this group's chunk; zero elsewhere (not kept here)
+  std::fill_n(host, n, T(0));
+  const index_t a = std::max(offsets_[k], lo_), b = std::min(offsets_[k] + n, lo_ + chunk_);
+  if (a < b)
+    backend_->download(host + (a - offsets_[k]), chunk_values_ + (a - lo_),
+                       static_cast<std::size_t>(b - a) * sizeof(T));
+}
+
+template <class T>
+void ParameterStore<T>::write_local(std::size_t k, const T* host) {
+  const Param<T>& p = *params_[k];
+  const index_t n = p.shard.local_size();
+  if (data_ == nullptr) {
+    backend_->upload(p.value, host, static_cast<std::size_t>(n) * sizeof(T));
+    return;
+  }
+  const index_t a = std::max(offsets_[k], lo_), b = std::min(offsets_[k] + n, lo_ + chunk_);
+  if (a < b)
+    backend_->upload(chunk_values_ + (a - lo_), host + (a - offsets_[k]),
+                     static_cast<std::size_t>(b - a) * sizeof(T));
+}
+
+// A sharded store (zero=3) initialises its chunk only, each parameter
+// through a host image: no whole copy of the values on the backend.
+template <class T>
 void ParameterStore<T>::init_gpt(std::uint64_t seed, const GptConfig& config) {
+  require(whole_ == nullptr, "ParameterStore::init_gpt inside a WholeValues scope");
   if constexpr (std::is_same_v<T, bf16>) {
     // bf16: the reference value rounded to float, then to bf16 (the rounding
     // of bf16(double)), through a float host image of each parameter: the
     // reference fills float, never bf16.
     std::vector<bf16> narrow;
     std::vector<float> wide;
-    for (Param<T>* p : params_) {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const Param<T>* p = params_[i];
       if (!p->held()) continue;
       const auto n = static_cast<std::size_t>(p->shard.local_size());
       narrow.resize(n);
       wide.resize(n);
       // Elements outside the pieces keep their values.
-      backend_->download(narrow.data(), p->value, n * sizeof(bf16));
+      read_local(i, narrow.data());
       for (std::size_t k = 0; k < n; ++k) wide[k] = float(narrow[k]);
       const auto local = MatrixView<float>::dense(wide.data(), p->shard.local_rows,
                                                   p->shard.local_cols, Order::row_major);
@@ -139,18 +470,19 @@ void ParameterStore<T>::init_gpt(std::uint64_t seed, const GptConfig& config) {
             seed, p->shard.name, piece.global_row, piece.global_col,
             local.block(piece.local_row, piece.local_col, piece.rows, piece.cols), config);
       for (std::size_t k = 0; k < n; ++k) narrow[k] = bf16(wide[k]);
-      backend_->upload(p->value, narrow.data(), n * sizeof(bf16));
+      write_local(i, narrow.data());
     }
   } else {
-    const bool direct = backend_->host_accessible();
+    const bool direct = backend_->host_accessible() && data_ == nullptr;
     std::vector<T> staging;  // a device backend's values are filled on the host, then uploaded
-    for (Param<T>* p : params_) {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const Param<T>* p = params_[i];
       if (!p->held()) continue;
       MatrixView<T> local = p->value_view();
       if (!direct) {
         // Elements outside the pieces keep their values, as on the host.
         staging.resize(static_cast<std::size_t>(p->shard.local_size()));
-        backend_->download(staging.data(), p->value, staging.size() * sizeof(T));
+        read_local(i, staging.data());
         local = MatrixView<T>::dense(staging.data(), p->shard.local_rows, p->shard.local_cols,
                                      Order::row_major);
       }
@@ -158,9 +490,10 @@ void ParameterStore<T>::init_gpt(std::uint64_t seed, const GptConfig& config) {
         init_fill_block<T>(seed, p->shard.name, piece.global_row, piece.global_col,
                            local.block(piece.local_row, piece.local_col, piece.rows, piece.cols),
                            config);
-      if (!direct) backend_->upload(p->value, staging.data(), staging.size() * sizeof(T));
+      if (!direct) write_local(i, staging.data());
     }
   }
+  if (data_ != nullptr) forget_gathered();  // the slots hold old values
 }
 
 double uniform_init_value(std::uint64_t seed, std::string_view name, index_t index, double scale) {
@@ -176,12 +509,14 @@ double uniform_init_value(std::uint64_t seed, std::string_view name, index_t ind
 
 template <class T>
 void ParameterStore<T>::init_uniform(std::uint64_t seed, double scale) {
+  require(whole_ == nullptr, "ParameterStore::init_uniform inside a WholeValues scope");
   std::vector<T> host;  // through the host, whatever the backend's memory
-  for (Param<T>* p : params_) {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Param<T>* p = params_[i];
     if (!p->held()) continue;
     const ParamShard& s = p->shard;
     host.resize(static_cast<std::size_t>(s.local_size()));
-    backend_->download(host.data(), p->value, host.size() * sizeof(T));
+    read_local(i, host.data());
     for (const ShardPiece& piece : s.pieces)
       for (index_t r = 0; r < piece.rows; ++r)
         for (index_t c = 0; c < piece.cols; ++c) {
@@ -190,12 +525,18 @@ void ParameterStore<T>::init_uniform(std::uint64_t seed, double scale) {
                                         c)] =
               static_cast<T>(static_cast<float>(uniform_init_value(seed, s.name, global, scale)));
         }
-    backend_->upload(p->value, host.data(), host.size() * sizeof(T));
+    write_local(i, host.data());
   }
+  if (data_ != nullptr) forget_gathered();  // the slots hold old values
 }
 
 template <class T>
 void ParameterStore<T>::zero_grads() {
+  if (data_ != nullptr) {  // this group's chunk
+    if (chunk_grads_ != nullptr && chunk_ > 0)
+      backend_->scale(acc_t<T>(0), MatrixView<T>::dense(chunk_grads_, 1, chunk_, Order::row_major));
+    return;
+  }
   const index_t total = local_elements();
   if (total > 0 && has_gradients_)
     backend_->scale(acc_t<T>(0), MatrixView<T>::dense(grads_base(), 1, total, Order::row_major));

@@ -144,11 +144,10 @@ Optimizer<T>::Optimizer(const OptimizerOptions& options, ParameterStore<T>& stor
   // Segments in params() order, each parameter's part within the range; a
   // parameter's offset is where the store put its value, so the state slots
   // share the packing of values_base() (from range_.begin on).
-  const T* base = store.values_base();
   const index_t lo = range_.begin, hi = range_.begin + range_.count;
   for (const Param<T>* p : store.params()) {
     if (!p->held()) continue;
-    const auto offset = static_cast<index_t>(p->value - base);
+    const index_t offset = store.offset_of(*p);
     const index_t a = std::max(lo, offset), b = std::min(hi, offset + p->shard.local_size());
     if (a >= b) continue;
     const bool matrix = p->shard.global_shape.size() == 2;
@@ -179,9 +178,9 @@ void Optimizer<T>::refresh_master() {
       master_type* buffer = staged_[0] + state_names_.size() * bucket_stride_;
       for (index_t lo = 0; lo < elements_; lo += options_.offload_bucket) {
         const index_t n = std::min(options_.offload_bucket, elements_ - lo);
-        backend.convert(MatrixView<const T>::dense(store_->values_base() + range_.begin + lo, 1, n,
-                                                   Order::row_major),
-                        MatrixView<master_type>::dense(buffer, 1, n, Order::row_major));
+        backend.convert(
+            MatrixView<const T>::dense(store_->value_at(range_.begin + lo), 1, n, Order::row_major),
+            MatrixView<master_type>::dense(buffer, 1, n, Order::row_major));
         backend.stage_out(master_ + lo, buffer, static_cast<std::size_t>(n) * sizeof(master_type));
         backend.stage_wait();
       }
@@ -190,8 +189,7 @@ void Optimizer<T>::refresh_master() {
     // The parameters are packed without padding, so one conversion of the
     // whole packed range sets every element's master.
     state_.backend().convert(
-        MatrixView<const T>::dense(store_->values_base() + range_.begin, 1, elements_,
-                                   Order::row_major),
+        MatrixView<const T>::dense(store_->value_at(range_.begin), 1, elements_, Order::row_major),
         MatrixView<master_type>::dense(master_, 1, elements_, Order::row_major));
   }
 }
@@ -302,18 +300,18 @@ class AdamW final : public Optimizer<T> {
     c.step_size = lr / (1.0 - std::pow(o.beta1, t));
     c.bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, t));
     Backend& backend = this->store().backend();
-    T* values = this->store().values_base();
-    const T* grads = this->store().grads_base();
+    ParameterStore<T>& store = this->store();
     for (const auto& s : this->segments()) {
       const index_t a = std::max(s.state, at.lo), b = std::min(s.state + s.count, at.hi);
       if (a >= b) continue;
       const index_t p = s.offset + (a - s.state), i = a - at.lo;
       c.weight_decay = s.decay ? o.weight_decay : 0.0;
       if constexpr (std::is_same_v<T, typename Optimizer<T>::master_type>)
-        backend.adamw_update(values + p, grads + p, at.slots[0] + i, at.slots[1] + i, b - a, c);
-      else
-        backend.adamw_update(values + p, grads + p, at.slots[0] + i, at.slots[1] + i, at.master + i,
+        backend.adamw_update(store.value_at(p), store.grad_at(p), at.slots[0] + i, at.slots[1] + i,
                              b - a, c);
+      else
+        backend.adamw_update(store.value_at(p), store.grad_at(p), at.slots[0] + i, at.slots[1] + i,
+                             at.master + i, b - a, c);
     }
   }
 };
@@ -333,17 +331,17 @@ class Sgd final : public Optimizer<T> {
     c.momentum = o.momentum;
     c.nesterov = o.nesterov;
     Backend& backend = this->store().backend();
-    T* values = this->store().values_base();
-    const T* grads = this->store().grads_base();
+    ParameterStore<T>& store = this->store();
     for (const auto& s : this->segments()) {
       const index_t a = std::max(s.state, at.lo), b = std::min(s.state + s.count, at.hi);
       if (a >= b) continue;
       const index_t p = s.offset + (a - s.state), i = a - at.lo;
       c.weight_decay = s.decay ? o.weight_decay : 0.0;
       if constexpr (std::is_same_v<T, typename Optimizer<T>::master_type>)
-        backend.sgd_update(values + p, grads + p, at.slots[0] + i, b - a, c);
+        backend.sgd_update(store.value_at(p), store.grad_at(p), at.slots[0] + i, b - a, c);
       else
-        backend.sgd_update(values + p, grads + p, at.slots[0] + i, at.master + i, b - a, c);
+        backend.sgd_update(store.value_at(p), store.grad_at(p), at.slots[0] + i, at.master + i,
+                           b - a, c);
     }
   }
 };
@@ -374,7 +372,8 @@ void require_data_chunk(const Optimizer<T>& optimizer, ProcessGrid& grid, const 
 
 template <class T>
 void all_gather_updates(Optimizer<T>& optimizer, ProcessGrid& grid) {
-  if (!optimizer.partial()) return;
+  // zero=3: the values stay sharded; the next forward gathers them.
+  if (!optimizer.partial() || optimizer.store().shards_values()) return;
   require_data_chunk(optimizer, grid, "all_gather_updates");
   Communicator& data = grid.data();
   const ElementRange r = optimizer.range();
@@ -401,27 +400,29 @@ double local_norm_sq(const ParameterStore<T>& store, ElementRange range) {
   const index_t lo = range.begin, hi = range.begin + range.count;
   const auto floor_div = [](index_t a, index_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); };
   double sum = 0;
-  for (const Param<T>* p : store.params()) {
+  for (std::size_t k = 0; k < store.params().size(); ++k) {
+    const Param<T>* p = store.params()[k];
     const ParamShard& s = p->shard;
     if (!s.owner || !p->held()) continue;
     for (const ShardPiece& piece : s.pieces) {
       if (piece.rows <= 0 || piece.cols <= 0) continue;
-      const T* first = p->grad + piece.local_row * s.local_cols + piece.local_col;
+      const index_t ld = s.local_cols,
+                    base = store.offset(k) + piece.local_row * ld + piece.local_col;
       if (whole) {
-        sum += backend.sum_of_squares(first, piece.rows, piece.cols, s.local_cols);
+        sum += backend.sum_of_squares(store.grad_at(base), piece.rows, piece.cols, ld);
         continue;
       }
-      const index_t ld = s.local_cols, base = first - store.grads_base();
       // rows [full_lo, full_hi) lie inside [lo, hi)
       const index_t full_lo = std::clamp<index_t>(-floor_div(base - lo, ld), 0, piece.rows);
       const index_t full_hi =
           std::clamp<index_t>(floor_div(hi - piece.cols - base, ld) + 1, full_lo, piece.rows);
       if (full_hi > full_lo)
-        sum += backend.sum_of_squares(first + full_lo * ld, full_hi - full_lo, piece.cols, ld);
+        sum += backend.sum_of_squares(store.grad_at(base + full_lo * ld), full_hi - full_lo,
+                                      piece.cols, ld);
       for (const index_t r : {full_lo - 1, full_hi}) {
         if (r < 0 || r >= piece.rows) continue;
         const index_t a = std::max(lo, base + r * ld), b = std::min(hi, base + r * ld + piece.cols);
-        if (a < b) sum += backend.sum_of_squares(store.grads_base() + a, 1, b - a, b - a);
+        if (a < b) sum += backend.sum_of_squares(store.grad_at(a), 1, b - a, b - a);
       }
     }
   }
@@ -460,7 +461,7 @@ double clip_grad_norm(ParameterStore<T>& store, ProcessGrid& grid, double max_no
       if (sharded.count < 0)
         store.backend().scale_in_place(store.grads_base(), store.local_elements(), factor);
       else if (sharded.count > 0)
-        store.backend().scale_in_place(store.grads_base() + sharded.begin, sharded.count, factor);
+        store.backend().scale_in_place(store.grad_at(sharded.begin), sharded.count, factor);
     }
   }
   return norm;

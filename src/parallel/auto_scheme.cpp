@@ -27,12 +27,15 @@ std::vector<SchemeSpec> candidate_schemes(int ranks, const GptOptions& options) 
   std::vector<SchemeSpec> all = schemes_for(ranks);
   if (options.inference) return all;  // no optimizer state, no checkpoints
   const std::size_t listed = all.size();
-  for (std::size_t i = 0; i < listed; ++i) {  // the data axis sharded (zero=1)
-    if (all[i].data == 1) continue;
-    SchemeSpec sharded = all[i];
-    sharded.zero = 1;
-    all.push_back(std::move(sharded));
-  }
+  // the data axis sharded: the optimizer state (zero=1), then the
+  // parameters and gradients too (zero=3); zero=2 plans as zero=1
+  for (const int level : {1, 3})
+    for (std::size_t i = 0; i < listed; ++i) {
+      if (all[i].data == 1) continue;
+      SchemeSpec sharded = all[i];
+      sharded.zero = level;
+      all.push_back(std::move(sharded));
+    }
   if (options.recompute != Recompute::full) return all;
   for (std::size_t i = 0; i < listed; ++i) {
     if (!all[i].holds<Megatron1DSpec>()) continue;
@@ -55,9 +58,9 @@ std::vector<SchemeCandidate> rank_schemes(int ranks, Backend& backend, const Gpt
     SchemeCandidate c{.spec = spec, .rejected = {}, .memory_bytes = 0, .busiest = {}, .time = {}};
     try {  // the scheme's own checks, as a launch would make them
       const RankMemory plan = plan_memory_busiest<T>(spec, backend, config, batch, seq, options);
-      // a sharded data axis (zero=1) keeps 1/data of the optimizer state
+      // a sharded data axis (zero=1, 2, 3) keeps 1/data of the optimizer state
       c.memory_bytes = plan.report.total() +
-                       plan.report.parameters / sizeof(T) * auto_options.state_bytes_per_parameter /
+                       plan.report.parameter_elements * auto_options.state_bytes_per_parameter /
                            (spec.zero > 0 ? spec.data : 1) +
                        auto_options.state_bytes_fixed;
       c.busiest = plan.coords;

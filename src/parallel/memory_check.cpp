@@ -136,7 +136,7 @@ double require_memory_fits(MPI_Comm comm, const SchemeSpec& spec, Backend& backe
                            const GptOptions& options, const GridOptions& grid,
                            const MemoryBudget& budget, const std::string& program) {
   const bool training = !options.inference;
-  // a sharded data axis (zero=1) keeps 1/data of the optimizer state per rank
+  // a sharded data axis (zero=1, 2, 3) keeps 1/data of the optimizer state per rank
   const double state =
       training ? budget.state_bytes_per_parameter / (spec.zero > 0 ? spec.data : 1) : 0;
   {
@@ -152,15 +152,20 @@ double require_memory_fits(MPI_Comm comm, const SchemeSpec& spec, Backend& backe
           prefix(program), batch, seq);
     agree_on(comm, error);
   }
-  MemoryBudget sharded = budget;  // the lower bound with the state as this rank keeps it
+  // The lower bound with the state as this rank keeps it: zero=1, 2 divide
+  // the state over the data groups; zero=3 the parameters and gradients
+  // too, so its bound counts everything over tensor x data ranks.
+  MemoryBudget sharded = budget;
+  const bool all_sharded = spec.zero >= 3;
   sharded.state_bytes_per_parameter =
-      budget.state_bytes_per_parameter / (spec.zero > 0 ? spec.data : 1);
-  const double bound = require_lower_bound_fits(comm, spec.tensor_ranks(), config, sizeof(T),
-                                                training, sharded, program);
+      budget.state_bytes_per_parameter / (spec.zero > 0 && !all_sharded ? spec.data : 1);
+  const double bound =
+      require_lower_bound_fits(comm, spec.tensor_ranks() * (all_sharded ? spec.data : 1), config,
+                               sizeof(T), training, sharded, program);
   if (budget.bytes <= 0) return bound;
 
   const auto state_of = [&](const MemoryReport& r) {
-    return static_cast<double>(r.parameters / sizeof(T)) * state +
+    return static_cast<double>(r.parameter_elements) * state +
            (training ? budget.state_bytes_fixed : 0);
   };
   const MemoryReport plan = plan_memory<T>(comm, spec, backend, config, batch, seq, options, grid);

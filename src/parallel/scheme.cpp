@@ -26,6 +26,7 @@ namespace {
 GptOptions sharded(GptOptions options, const SchemeSpec& spec) {
   if (spec.zero > 0) options.parameter_multiple = spec.data;
   options.shard_gradients = spec.zero >= 2;
+  options.shard_parameters = spec.zero >= 3;
   return options;
 }
 

@@ -28,7 +28,8 @@ Buckets walk(const SchemeSpec& spec, const GptConfig& config, index_t batch, ind
           .embedding = b.back(),
           .parameters =
               static_cast<u64>(ParameterStore<T>::padded_elements(model.parameters(), multiple)),
-          .defers_gradients = context->defers_gradients()};
+          .defers_gradients = context->defers_gradients(),
+          .block_value_slots = context->prefetches_weights() ? 3U : 2U};
 }
 }  // namespace
 

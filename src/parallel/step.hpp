@@ -31,6 +31,14 @@ struct Buckets {
   u64 parameters = 0;
   /// SchemeContext::defers_gradients: the buckets wait for the end of backward.
   bool defers_gradients = false;
+  /// zero=3: the blocks' value slots (Gpt: 3 when the scheme prefetches
+  /// weights, else 2); the last this many blocks of forward are still
+  /// gathered when backward starts.
+  u64 block_value_slots = 2;
+  /// zero=3: the blocks whose values backward gathers again.
+  u64 regathered_blocks(u64 n_layer) const {
+    return n_layer > block_value_slots ? n_layer - block_value_slots : 0;
+  }
 
   /// A bucket's local elements [offset, offset + count) in the packed
   /// parameters (the embedding, block 0 .. N-1, ln_f), in the order
@@ -47,7 +55,8 @@ struct Buckets {
   }
   /// ZeRO-2 (GptOptions::shard_gradients): the reduces of bucket `s` onto
   /// the data groups whose chunks (parameters / data elements each) it
-  /// meets, as {root, elements}.
+  /// meets, as {root, elements}; ZeRO-3's gathers broadcast the same
+  /// pieces from those groups.
   std::vector<std::pair<u64, u64>> pieces(Span s, u64 data) const {
     std::vector<std::pair<u64, u64>> out;
     const u64 chunk = parameters / data;

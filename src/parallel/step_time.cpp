@@ -475,11 +475,64 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
       st.exposed_s += d.exposed_s;
       st.comm_s[axis_index(CommAxis::data)] += d.comm_s[axis_index(CommAxis::data)];
       st.ops.push_back(d);
+      if (spec.zero >= 3) {
+        // zero=3: each unit's values broadcast piece by piece from the
+        // chunks' groups. The embedding's gather is exposed; LN_f's runs
+        // beside the blocks; each block's beside the block before it (the
+        // embedding for block 0) in forward, and the blocks backward gathers
+        // again beside the block above them.
+        const auto gather = [&](detail::Buckets::Span span) {
+          std::vector<Work> w;
+          cost::Tally data_tally;
+          data_tally.log = &w;
+          for (const auto& [root, count] : buckets.pieces(span, data))
+            data_tally.broadcast(CommAxis::data, count, data, root == u(at.data), e);
+          double s = 0;
+          for (const Work& x : w) s += pricer.collective(x);
+          return s;
+        };
+        const auto phase_block_s = [&](Phase p) {
+          return std::accumulate(st.ops.begin(), st.ops.end(), 0.0, [&](double s, const OpTime& t) {
+            return t.op.starts_with("block.") && t.phase == p ? s + t.seconds() : s;
+          });
+        };
+        const auto op_s = [&](std::string_view name, Phase p) {
+          double s = 0;
+          for (const OpTime& t : st.ops)
+            if (t.op == name && t.phase == p) s += t.seconds();
+          return s;
+        };
+        const std::vector<detail::Buckets::Span> spans = buckets.spans(layers);
+        const double forward_block = phase_block_s(Phase::forward);
+        OpTime f{.op = "data_axis.gather", .phase = Phase::forward, .count = 1};
+        OpTime b{.op = "data_axis.gather", .phase = Phase::backward, .count = 1};
+        const double embedding = gather(spans.back());
+        f.comm_s[axis_index(CommAxis::data)] += embedding + gather(spans.front());
+        f.exposed_s = embedding;
+        for (u64 l = 0; l < layers; ++l) {  // spans[1 + (layers - 1 - l)] is block l
+          const double g = gather(spans[static_cast<std::size_t>(layers - l)]);
+          f.comm_s[axis_index(CommAxis::data)] += g;
+          f.exposed_s +=
+              std::max(0.0, g - (l == 0 ? op_s("embedding", Phase::forward) : forward_block));
+        }
+        const double backward_block = block_s;
+        for (u64 k = 0, again = buckets.regathered_blocks(layers); k < again; ++k) {
+          const double g = gather(spans[static_cast<std::size_t>(layers - k)]);
+          b.comm_s[axis_index(CommAxis::data)] += g;
+          b.exposed_s += std::max(0.0, g - backward_block);
+        }
+        for (OpTime* o : {&f, &b}) {
+          st.phase_s[static_cast<std::size_t>(o->phase)] += o->exposed_s;
+          st.exposed_s += o->exposed_s;
+          st.comm_s[axis_index(CommAxis::data)] += o->comm_s[axis_index(CommAxis::data)];
+          st.ops.push_back(*o);
+        }
+      }
     }
     if (time_options.optimizer) {
       const u64 params = buckets.ln_f + layers * buckets.block + buckets.embedding;
-      // a sharded data axis (zero=1, 2): this rank updates its chunk, then
-      // the chunks are all-gathered (exposed: nothing runs beside it)
+      // a sharded data axis (zero=1, 2, 3): this rank updates its chunk, then
+      // (zero=1, 2) the chunks are all-gathered (exposed: nothing runs beside it)
       const bool sharded = spec.zero > 0 && data > 1;
       const u64 chunk = buckets.parameters / data;
       OpTime o{.op = "optimizer", .phase = Phase::optimizer, .count = 1};
@@ -500,7 +553,8 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
         std::vector<Work> w;
         cost::Tally gather;
         gather.log = &w;
-        gather.all_gather(CommAxis::data, chunk, data, e);
+        // zero=3 keeps the values sharded: the next forward gathers them
+        if (spec.zero < 3) gather.all_gather(CommAxis::data, chunk, data, e);
         // zero=2: the gradient norm summed over the data groups first
         if (spec.zero >= 2) gather.all_reduce(CommAxis::data, 2, data, u(at.data), sizeof(double));
         double s = 0;

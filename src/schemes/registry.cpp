@@ -39,7 +39,8 @@ std::string grammar() {
   }
   return fmt::format(
       "expected comma-separated items: one scheme of {}, optionally 'data=D' (or 'data=D:zero=1', "
-      "the optimizer state sharded over the D groups, or 'data=D:zero=2', the gradients too) and "
+      "the optimizer state sharded over the D groups, 'data=D:zero=2', the gradients too, or "
+      "'data=D:zero=3', the parameters too) and "
       "that scheme's options (e.g. "
       "'data=2,2d:q=2', '2d:q=2,panel=128,overlap=off', '3d:2x1x2,overlap=oar+ors')",
       schemes);
@@ -152,12 +153,6 @@ SchemeSpec SchemeSpec::parse(std::string_view text) {
         require(ec == std::errc() && end == level.data() + level.size() && v >= 0 && v <= 3, [&] {
           return fmt::format("scheme item '{}': zero={} is not a sharding level (0, 1, 2 or 3); {}",
                              item, level, grammar());
-        });
-        require(v <= 2, [&] {
-          return fmt::format(
-              "scheme item '{}': zero=3 (the parameters sharded over the data axis) is not "
-              "implemented yet; zero=1 shards the optimizer state, zero=2 the gradients too",
-              item);
         });
         require(v == 0 || spec.data > 1, [&] {
           return fmt::format(

@@ -120,13 +120,16 @@ TEST(AutoScheme, DistributedCheckpointsAreCandidatesWithFullRecompute) {
   for (const Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
     SCOPED_TRACE(to_string(r));
     const std::vector<SchemeSpec> list = candidate_schemes(ranks, {.recompute = r});
-    ASSERT_EQ(list.size(), listed + sharded + (r == Recompute::full ? want : 0));
+    ASSERT_EQ(list.size(), listed + 2 * sharded + (r == Recompute::full ? want : 0));
     for (std::size_t i = 0; i < list.size(); ++i) {
       SCOPED_TRACE(list[i].str());
       const bool dc =
           list[i].holds<Megatron1DSpec>() && list[i].as<Megatron1DSpec>().distribute_checkpoints;
-      EXPECT_EQ(list[i].zero > 0, i >= listed && i < listed + sharded);  // zero=1 next
-      EXPECT_EQ(dc, i >= listed + sharded);                              // dc=on last
+      // zero=1 next, then zero=3, dc=on last
+      EXPECT_EQ(list[i].zero, i < listed || i >= listed + 2 * sharded ? 0
+                              : i < listed + sharded                  ? 1
+                                                                      : 3);
+      EXPECT_EQ(dc, i >= listed + 2 * sharded);
     }
   }
   // inference: no optimizer state to shard, no checkpoints to distribute
@@ -202,7 +205,7 @@ TEST(AutoScheme, LaunchFreeRankingAndOptimizerState) {
   for (const SchemeCandidate& x : with_state) {
     SCOPED_TRACE(x.spec.str());
     const RankMemory plan = plan_memory_busiest<float>(x.spec, backend, c, 8, 8);
-    EXPECT_EQ(x.memory_bytes, plan.report.total() + plan.report.parameters / sizeof(float) * 8 /
+    EXPECT_EQ(x.memory_bytes, plan.report.total() + plan.report.parameter_elements * 8 /
                                                         (x.spec.zero > 0 ? x.spec.data : 1));
     EXPECT_EQ(x.busiest, plan.coords);
   }

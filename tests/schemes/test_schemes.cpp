@@ -173,6 +173,9 @@ TEST(Schemes, ParseAndPrint) {
   EXPECT_EQ(z2.str(), "data=2:zero=2,2d:q=2");
   EXPECT_EQ(SchemeSpec::parse(z2.str()), z2);
   EXPECT_NE(z2, SchemeSpec::parse("data=2:zero=1,2d:q=2"));
+  const SchemeSpec z3 = SchemeSpec::parse("3d:2x1x1,data=2:zero=3");
+  EXPECT_EQ(z3.zero, 3);
+  EXPECT_EQ(z3.str(), "data=2:zero=3,3d:2x1x1");
   const SchemeSpec e = SchemeSpec::parse("3d:1x1x4,overlap=ors+oag");
   EXPECT_FALSE(e.as<Axonn3DSpec>().oar);
   EXPECT_TRUE(e.as<Axonn3DSpec>().ors);
@@ -259,7 +262,7 @@ TEST(Schemes, BadTextThrows) {
                            "data=2:,2d:q=1",
                            "data=1:zero=1,2d:q=1",
                            "data=1:zero=2,2d:q=1",
-                           "data=2:zero=3,2d:q=1"}) {
+                           "data=1:zero=3,2d:q=1"}) {
     EXPECT_THROW(SchemeSpec::parse(text), Error) << text;
   }
   const auto message = [](const char* text) {
@@ -281,15 +284,12 @@ TEST(Schemes, BadTextThrows) {
   EXPECT_NE(message("1d:p=2,sp=on,dc=on").find("sp=on and dc=on exclude each other"),
             std::string::npos)
       << message("1d:p=2,sp=on,dc=on");
-  // a sharding level: 0-3, 3 not yet, and only over more than one group
+  // a sharding level: 0-3, and only over more than one group
   EXPECT_NE(message("data=2:zero=4,2d:q=1").find("zero=4 is not a sharding level"),
             std::string::npos)
       << message("data=2:zero=4,2d:q=1");
-  EXPECT_NE(message("data=2:zero=3,2d:q=1").find("zero=3 (the parameters sharded"),
-            std::string::npos)
-      << message("data=2:zero=3,2d:q=1");
-  EXPECT_NE(message("data=2:zero=3,2d:q=1").find("is not implemented yet"), std::string::npos)
-      << message("data=2:zero=3,2d:q=1");
+  EXPECT_NE(message("data=1:zero=3,2d:q=1").find("data=1 has one"), std::string::npos)
+      << message("data=1:zero=3,2d:q=1");
   EXPECT_NE(message("data=1:zero=2,2d:q=1").find("data=1 has one"), std::string::npos)
       << message("data=1:zero=2,2d:q=1");
   EXPECT_NE(message("data=1:zero=1,2d:q=1").find("data=1 has one"), std::string::npos)

@@ -204,6 +204,19 @@ class Gpt final : public GptModel<T> {
   void issue_bucket(Bucket& b);
   void wait_bucket(Bucket& b);
 
+  // ZeRO-3 (GptOptions::shard_parameters, training): the store's units are
+  // the embedding (0), block i (1 + i) and LN_f (n_layer + 1).
+  std::vector<ParameterUnit> parameter_units() const;
+  std::size_t block_unit(index_t i) const { return static_cast<std::size_t>(1 + i); }
+  std::size_t ln_f_unit() const { return static_cast<std::size_t>(config_.n_layer) + 1; }
+  // Before block i runs (i = -1: the embedding; n_layer: the head in
+  // backward), in the direction `step` (+1 forward, -1 backward): the
+  // gathers of the blocks i .. i + (slots - 1) step issued, the first
+  // slots - 1 of them completed.
+  void stage_blocks(index_t i, index_t step);
+  bool sharded_values_ = false;
+  index_t block_value_slots_ = 2;
+
   void require_allocated(const char* what) const;
   /// Per-block checkpoints (Recompute::full).
   bool checkpointed() const { return options_.recompute == Recompute::full; }
@@ -248,7 +261,8 @@ class Gpt final : public GptModel<T> {
 
   index_t rows_ = 0, cols_ = 0;  // local activation block
   ModelBuffers::Sizes sizes_{};  // of every step buffer
-  std::size_t parameter_bytes_ = 0;
+  std::size_t parameter_bytes_ = 0, gradient_bytes_ = 0;
+  index_t parameter_elements_ = 0;  // padded, as the store's
   std::unique_ptr<ParameterStore<T>> store_;
   std::unique_ptr<ModelBuffers> buffers_;
   std::vector<MatrixView<T>> boundaries_;  // x_0..x_N in the checkpoint buffer

@@ -78,6 +78,19 @@ struct GptOptions {
   /// chunk (data_chunk) of the gradients is the global gradient; the rest
   /// is undefined.
   bool shard_gradients = false;
+  /// ZeRO-3 (SchemeSpec::zero = 3, set by ParallelGpt with shard_gradients
+  /// and parameter_multiple = the data groups): the parameters too are
+  /// sharded over the data axis. Each data group keeps its chunk of the
+  /// packed values and gradients (ParameterStore's sharded constructor);
+  /// the embedding and LN_f are gathered at the start of each forward and
+  /// kept to the end of backward, each block is gathered into one of two
+  /// rotating value slots (three when the scheme prefetches weights, 3D's
+  /// OAG) ahead of its use, the next one in flight while a block runs, and
+  /// again in backward; each block's gradients are formed in one of two
+  /// rotating gradient slots (one per block when the scheme defers its
+  /// gradients, 3D's ORS) and reduced onto the chunks' groups as zero=2's.
+  /// Training only: a model built for inference ignores it.
+  bool shard_parameters = false;
 };
 
 /// One part of a training step as GptModel::profile reports it: its name in

@@ -10,15 +10,45 @@
 /// reusing one layer-sized gradient buffer is left to the optimizer.
 
 #include <cstdint>
+#include <memory>
 #include <string_view>
 #include <vector>
 
+#include "summa/comm/communicator.hpp"
 #include "summa/grid/process_grid.hpp"
 #include "summa/layers/layer.hpp"
 #include "summa/model/config.hpp"
 #include "summa/model/init.hpp"
 
 namespace summa {
+
+/// ZeRO-3 (GptOptions::shard_parameters): a run of consecutive parameters
+/// (params()[first, last), a module's, e.g. one transformer block) gathered
+/// over the data axis into a value slot ahead of its use and whose gradients
+/// are formed in a gradient slot and reduced onto the data groups whose
+/// chunks hold them. Units sharing a slot take turns in it.
+struct ParameterUnit {
+  std::size_t first = 0, last = 0;
+  int value_slot = 0, grad_slot = 0;
+};
+
+/// How a ParameterStore shards its values over the data axis (ZeRO-3):
+/// the data groups' communicator and the units covering every parameter.
+/// The packed layout (values_base() order, padded to a multiple of the
+/// data groups) is split into equal chunks as ZeRO-1's (data_chunk): data
+/// group d keeps chunk d of the values and of the gradients, and the units
+/// are gathered into, and their gradients formed in, slots.
+struct ValueSharding {
+  Communicator* data = nullptr;
+  std::vector<ParameterUnit> units;
+};
+
+/// Bytes of a sharded store's values and gradients arenas: this rank's
+/// chunk of the padded packed layout plus each slot (the largest unit it
+/// takes). `gradients` false: no gradient arena.
+struct ShardedStoreBytes {
+  std::size_t values = 0, gradients = 0;
+};
 
 template <class T>
 class ParameterStore {
@@ -33,6 +63,14 @@ class ParameterStore {
   /// into equal chunks (ZeRO; padded_elements()).
   ParameterStore(Backend& backend, std::vector<Param<T>*> params, bool gradients = true,
                  index_t multiple = 1);
+  /// ZeRO-3: values and gradients sharded over `sharding.data`'s groups
+  /// (`multiple` a multiple of their count). Every parameter of a unit is
+  /// bound to the unit's value and gradient slots, at its offset within the
+  /// unit; the slots hold nothing until gather_unit / begin_unit_grads.
+  /// Values and gradients start at zero.
+  ParameterStore(Backend& backend, std::vector<Param<T>*> params, bool gradients, index_t multiple,
+                 const ValueSharding& sharding);
+  ~ParameterStore();
   /// False for a store built without gradients.
   bool has_gradients() const { return has_gradients_; }
   ParameterStore(const ParameterStore&) = delete;
@@ -59,8 +97,65 @@ class ParameterStore {
   void zero_grads();
   /// All local values / gradients, packed in the order of params() (each
   /// parameter's local elements follow the previous one's, no padding).
-  T* values_base() const { return static_cast<T*>(values_.base()); }
-  T* grads_base() const { return static_cast<T*>(grads_.base()); }
+  /// A store with sharded values (shards_values()) has them whole only
+  /// inside a WholeValues scope (values_base()) and never whole gradients:
+  /// both throw summa::Error outside it.
+  T* values_base() const;
+  T* grads_base() const;
+  /// Element `v` of the packed layout: values_base() + v, and with sharded
+  /// values (outside a WholeValues scope) this data group's chunk's copy,
+  /// `v` within it (data_chunk; throws summa::Error elsewhere).
+  T* value_at(index_t v) const;
+  T* grad_at(index_t v) const;
+  /// Where parameter `p` (one of params()) starts in the packed layout;
+  /// offset(k): where params()[k] does.
+  index_t offset_of(const Param<T>& p) const;
+  index_t offset(std::size_t k) const { return offsets_.at(k); }
+
+  /// ZeRO-3 (the second constructor): the values (and gradients) are
+  /// sharded over the data groups.
+  bool shards_values() const { return data_ != nullptr; }
+  std::size_t unit_count() const { return units_.size(); }
+  /// Issues the all-gather of unit `u`'s values into its value slot (one
+  /// broadcast per chunk the unit meets, from the group holding it), unless
+  /// the slot already holds the unit; wait_unit completes it. Collective
+  /// over the data axis, in the same order on every group.
+  void gather_unit(std::size_t u);
+  void wait_unit(std::size_t u);
+  /// Forgets what the value slots hold (after the values changed: an
+  /// optimizer step, a load), completing any gather in flight.
+  void forget_gathered();
+  /// Zeroes unit `u`'s gradient slot, and with `accumulate` puts this
+  /// group's chunk of its gradients (the sum so far) back in its place,
+  /// so that reduce_unit_grads adds to it.
+  void begin_unit_grads(std::size_t u, bool accumulate);
+  /// Issues the reduces of unit `u`'s gradient slot onto the chunks' groups
+  /// (their gradient chunks); wait_unit_grads completes them.
+  void reduce_unit_grads(std::size_t u);
+  void wait_unit_grads(std::size_t u);
+  /// The bytes the sharded constructor allocates, without allocating.
+  static ShardedStoreBytes sharded_bytes(const std::vector<Param<T>*>& params, bool gradients,
+                                         index_t multiple, int data_groups,
+                                         const std::vector<ParameterUnit>& units);
+
+  /// RAII: the whole values in a temporary buffer (allocates
+  /// padded_elements(); for init, checkpoints and exports, never in a
+  /// step), each parameter bound to it, values_base() its start; with
+  /// `write_back`, this group's chunk is copied back from it at the end
+  /// (after a load). Collective over the data axis (an all-gather). Nests:
+  /// only the outermost scope gathers (and writes back if it was asked
+  /// to). A no-op for a store whose values are not sharded.
+  class WholeValues {
+   public:
+    WholeValues(ParameterStore& store, bool write_back);
+    ~WholeValues();
+    WholeValues(const WholeValues&) = delete;
+    WholeValues& operator=(const WholeValues&) = delete;
+
+   private:
+    ParameterStore* store_ = nullptr;  // null: not sharded, nothing to undo
+    bool outer_ = false, write_back_ = false;
+  };
 
   /// Bytes of local values (equal to the bytes of gradients), rounded up to
   /// the arena alignment.
@@ -77,11 +172,41 @@ class ParameterStore {
 
  private:
   static std::size_t bytes_for(const std::vector<Param<T>*>& params, index_t multiple);
+  void bind_whole(T* values, T* grads);
+  // Parameter k's local values through host memory `host` (local_size()
+  // elements): a sharded store reads its chunk's part (zero elsewhere) and
+  // writes only that part.
+  void read_local(std::size_t k, T* host) const;
+  void write_local(std::size_t k, const T* host);
+  void bind_slots();
+  void require_whole(const char* what) const;
   std::vector<Param<T>*> params_;
   Backend* backend_;
   bool has_gradients_;
   index_t padded_;
   Arena values_, grads_;
+  std::vector<index_t> offsets_;  // each parameter's start in the packed layout
+
+  // ZeRO-3 (null data_: not sharded).
+  struct Piece {
+    index_t begin = 0, count = 0;  // in the packed layout
+    int root = 0;                  // the data group whose chunk holds it
+  };
+  struct Unit {
+    index_t begin = 0, count = 0;  // in the packed layout
+    int value_slot = 0, grad_slot = 0;
+    std::vector<Piece> pieces;
+    std::vector<Request> gathers, reduces;
+  };
+  Communicator* data_ = nullptr;
+  index_t chunk_ = 0, lo_ = 0;  // this group's chunk: [lo_, lo_ + chunk_)
+  T* chunk_values_ = nullptr;
+  T* chunk_grads_ = nullptr;
+  std::vector<T*> value_slots_, grad_slots_;
+  std::vector<int> resident_;  // per value slot: the unit it holds (or is gathering), -1 none
+  std::vector<Unit> units_;
+  std::unique_ptr<Arena> whole_;  // WholeValues' buffer
+  int whole_depth_ = 0;
 };
 
 /// The global tensor (row-major, global_size() elements) of a parameter's

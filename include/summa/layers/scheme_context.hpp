@@ -166,6 +166,10 @@ class SchemeContext {
   virtual bool defers_gradients() const { return false; }
   /// Completes deferred gradient work (part of backward's completion point).
   virtual void complete_deferred() {}
+  /// True when a layer may read the next layer's weights before that
+  /// layer runs (3D's OAG prefetch, across block boundaries too): ZeRO-3
+  /// then gathers two blocks ahead, not one.
+  virtual bool prefetches_weights() const { return false; }
   /// Distributed activation checkpoints (1D "dc=on"): a group of the tensor
   /// axis whose ranks all hold the same whole outer activations. The Gpt
   /// then keeps rank r's 1/size of each checkpointed block input and

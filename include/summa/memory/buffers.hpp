@@ -102,9 +102,14 @@ struct BufferUsage {
 
 /// Per-rank memory of a model, in bytes.
 struct MemoryReport {
-  std::size_t parameters = 0;        ///< local parameter shards (the "parameters" arena)
-  std::size_t gradients = 0;         ///< the parameter-gradient buffer
-  std::size_t activations = 0;       ///< high water of forward + checkpoint (saved activations)
+  std::size_t parameters = 0;   ///< local parameter shards (the "parameters" arena)
+  std::size_t gradients = 0;    ///< the parameter-gradient buffer
+  std::size_t activations = 0;  ///< high water of forward + checkpoint (saved activations)
+  /// The local parameter elements, padded (ParameterStore::padded_elements):
+  /// what an optimizer keeps state for, or with a sharded data axis
+  /// (zero=1, 2, 3) D chunks of it. With zero=3 `parameters` holds only a
+  /// chunk of them and the slots.
+  std::size_t parameter_elements = 0;
   std::vector<BufferUsage> buffers;  ///< every arena, parameters and gradients included
   /// Sum of all capacities.
   std::size_t total() const;

@@ -59,6 +59,7 @@ class Axonn3DContext final : public SchemeContext<T> {
   void begin_forward() override { overlap_->begin_step(); }
   bool defers_gradients() const override { return overlap_->deferring(); }
   void complete_deferred() override { overlap_->complete(); }
+  bool prefetches_weights() const override { return overlap_->prefetching(); }
   void append_buffers(std::vector<BufferUsage>& out) const override;
 
  private:
