@@ -1335,9 +1335,14 @@ template <class T>
 class WholeState {
  public:
   using M = master_t<T>;
+  // A sharded store's (zero=3) chunks are pieces of every unit: gathered
+  // into the whole values' order (ParameterStore::gather_whole), which needs
+  // whole_elements().
   WholeState(Optimizer<T>& optimizer, ProcessGrid& grid)
       : optimizer_(&optimizer),
-        padded_(static_cast<std::size_t>(optimizer.store().padded_elements())) {
+        padded_(static_cast<std::size_t>(optimizer.store().shards_values()
+                                             ? optimizer.store().whole_elements()
+                                             : optimizer.store().padded_elements())) {
     // The range and the allocation agreed first: a rank that cannot take
     // part fails with the others instead of leaving them in the all-gather.
     const std::size_t buffers =
@@ -1352,14 +1357,21 @@ class WholeState {
                }));
     const std::vector<StateSlot> chunks = optimizer_slots(optimizer);
     const auto count = static_cast<std::size_t>(optimizer.range().count);
+    const ParameterStore<T>& store = optimizer.store();
+    const auto gather = [&](const M* chunk, M* whole) {
+      if (store.shards_values())
+        store.gather_whole(chunk, whole, dtype_v<M>);
+      else
+        grid.data().all_gather(chunk, whole, count);
+    };
     for (const StateSlot& chunk : chunks) {
       M* whole = arena_->take<M>(padded_);
-      grid.data().all_gather(static_cast<const M*>(chunk.data), whole, count);
+      gather(static_cast<const M*>(chunk.data), whole);
       slots_.push_back({.name = chunk.name, .dtype = chunk.dtype, .data = whole});
     }
     if (optimizer.master() != nullptr) {
       master_ = arena_->take<M>(padded_);
-      grid.data().all_gather(optimizer.master(), master_, count);
+      gather(optimizer.master(), master_);
     }
   }
   std::span<const StateSlot> slots() const { return slots_; }
@@ -1369,12 +1381,32 @@ class WholeState {
   void put_back() const {
     Backend& backend = optimizer_->store().backend();
     const ElementRange r = optimizer_->range();
-    const auto chunk = [&](const M* whole, M* into) {
+    const ParameterStore<T>& store = optimizer_->store();
+    const auto copy = [&](const M* from, M* to, index_t n) {
       if (optimizer_->offloaded())
-        backend.download(into, whole + r.begin, static_cast<std::size_t>(r.count) * sizeof(M));
+        backend.download(to, from, static_cast<std::size_t>(n) * sizeof(M));
       else
-        backend.copy(MatrixView<const M>::dense(whole + r.begin, 1, r.count, Order::row_major),
-                     MatrixView<M>::dense(into, 1, r.count, Order::row_major));
+        backend.copy(MatrixView<const M>::dense(from, 1, n, Order::row_major),
+                     MatrixView<M>::dense(to, 1, n, Order::row_major));
+    };
+    const auto chunk = [&](const M* whole, M* into) {
+      if (!store.shards_values()) {
+        copy(whole + r.begin, into, r.count);
+        return;
+      }
+      // zero=3: this group's piece of each unit (its padding: zeros, as
+      // the whole buffer's elements past the last unit are)
+      std::vector<M> zeros;
+      store.for_each_piece([&](index_t at, index_t from, index_t kept, index_t piece) {
+        if (kept > 0) copy(whole + from, into + at, kept);
+        if (kept < piece) {
+          zeros.assign(static_cast<std::size_t>(piece - kept), M(0));
+          if (optimizer_->offloaded())
+            std::copy(zeros.begin(), zeros.end(), into + at + kept);
+          else
+            backend.upload(into + at + kept, zeros.data(), zeros.size() * sizeof(M));
+        }
+      });
     };
     for (std::size_t k = 0; k < slots_.size(); ++k)
       chunk(static_cast<const M*>(slots_[k].data), optimizer_->state(k));

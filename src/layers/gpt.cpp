@@ -171,6 +171,7 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
         this->parameters(), true, options_.parameter_multiple, data_, parameter_units());
     parameter_bytes_ = b.values;
     gradient_bytes_ = b.gradients;
+    parameter_elements_ = b.padded_elements;
   } else {
     parameter_bytes_ = ByteCount<T>()
                            .add(ParameterStore<T>::padded_elements(this->parameters(),

@@ -100,49 +100,63 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
 
 namespace {
 
-// The elements of each slot: the largest unit it takes.
-template <class T>
-std::vector<index_t> slot_elements(const std::vector<Param<T>*>& params,
-                                   const std::vector<ParameterUnit>& units, bool values) {
-  std::vector<index_t> out;
-  for (const ParameterUnit& u : units) {
-    require(u.first <= u.last && u.last <= params.size() && u.value_slot >= 0 && u.grad_slot >= 0,
-            "ParameterStore: a unit's parameters or slots are out of range");
-    index_t n = 0;
-    for (std::size_t k = u.first; k < u.last; ++k) n += params[k]->shard.local_size();
-    const auto slot = static_cast<std::size_t>(values ? u.value_slot : u.grad_slot);
-    if (out.size() <= slot) out.resize(slot + 1, 0);
-    out[slot] = std::max(out[slot], n);
-  }
-  return out;
-}
-
 int data_groups_of(const ValueSharding& sharding) {
   require(sharding.data != nullptr, "ParameterStore: a sharded store needs the data communicator");
   return sharding.data->size();
 }
 
+// The elements of each slot: the largest padded unit (D pieces) it takes.
+std::vector<index_t> slot_elements(const std::vector<ParameterUnit>& units,
+                                   const std::vector<index_t>& pieces, int groups, bool values) {
+  std::vector<index_t> out;
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    const auto slot = static_cast<std::size_t>(values ? units[i].value_slot : units[i].grad_slot);
+    if (out.size() <= slot) out.resize(slot + 1, 0);
+    out[slot] = std::max(out[slot], groups * pieces[i]);
+  }
+  return out;
+}
+
 }  // namespace
 
 template <class T>
+typename ParameterStore<T>::Layout ParameterStore<T>::layout_of(
+    const std::vector<Param<T>*>& params, const std::vector<ParameterUnit>& units, int groups) {
+  require(groups >= 1, "ParameterStore: a sharded store needs at least one data group");
+  Layout l;
+  std::size_t next = 0;  // the units cover params() once, in order
+  for (const ParameterUnit& u : units) {
+    require(u.first == next && u.first <= u.last && u.last <= params.size() && u.value_slot >= 0 &&
+                u.grad_slot >= 0,
+            "ParameterStore: the units of a sharded store must cover every parameter once, in "
+            "order, with slots >= 0");
+    index_t n = 0;
+    for (std::size_t k = u.first; k < u.last; ++k) n += params[k]->shard.local_size();
+    l.counts.push_back(n);
+    l.pieces.push_back((n + groups - 1) / groups);
+    l.chunk += l.pieces.back();
+    next = u.last;
+  }
+  require(next == params.size(),
+          "ParameterStore: the units of a sharded store must cover every parameter once");
+  return l;
+}
+
+template <class T>
 ShardedStoreBytes ParameterStore<T>::sharded_bytes(const std::vector<Param<T>*>& params,
-                                                   bool gradients, index_t multiple,
+                                                   bool gradients, index_t /*multiple*/,
                                                    int data_groups,
                                                    const std::vector<ParameterUnit>& units) {
-  const index_t padded = padded_elements(params, multiple);
-  require(data_groups >= 1 && padded % data_groups == 0, [&] {
-    return fmt::format(
-        "ParameterStore: {} padded elements do not split into {} equal chunks (multiple = {})",
-        padded, data_groups, multiple);
-  });
+  const Layout l = layout_of(params, units, data_groups);
   ShardedStoreBytes b;
   ByteCount<T> values, grads;
-  values.add(padded / data_groups);
-  grads.add(padded / data_groups);
-  for (index_t n : slot_elements(params, units, true)) values.add(n);
-  for (index_t n : slot_elements(params, units, false)) grads.add(n);
+  values.add(l.chunk);
+  grads.add(l.chunk);
+  for (index_t n : slot_elements(units, l.pieces, data_groups, true)) values.add(n);
+  for (index_t n : slot_elements(units, l.pieces, data_groups, false)) grads.add(n);
   b.values = values.bytes();
   b.gradients = gradients ? grads.bytes() : 0;
+  b.padded_elements = data_groups * l.chunk;
   return b;
 }
 
@@ -152,7 +166,7 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
     : params_(std::move(params)),
       backend_(&backend),
       has_gradients_(gradients),
-      padded_(padded_elements(params_, multiple)),
+      padded_(0),
       values_("parameters (this data group's chunk and the unit slots)", backend,
               sharded_bytes(params_, gradients, multiple, data_groups_of(sharding), sharding.units)
                   .values),
@@ -161,38 +175,33 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
                  .gradients),
       data_(sharding.data) {
   const int groups = data_->size();
-  chunk_ = padded_ / groups;
+  const Layout l = layout_of(params_, sharding.units, groups);
+  chunk_ = l.chunk;
+  padded_ = groups * chunk_;
   lo_ = data_->rank() * chunk_;
   bind_whole(nullptr, nullptr);  // the offsets
-  // Every parameter in exactly one unit, the units in params() order.
-  std::vector<int> covered(params_.size(), 0);
-  for (const ParameterUnit& u : sharding.units)
-    for (std::size_t k = u.first; k < u.last && k < covered.size(); ++k) ++covered[k];
-  require(std::all_of(covered.begin(), covered.end(), [](int c) { return c == 1; }),
-          "ParameterStore: the units of a sharded store must cover every parameter once");
   chunk_values_ = values_.take<T>(static_cast<std::size_t>(chunk_));
   if (gradients) chunk_grads_ = grads_.take<T>(static_cast<std::size_t>(chunk_));
-  for (index_t n : slot_elements(params_, sharding.units, true))
+  for (index_t n : slot_elements(sharding.units, l.pieces, groups, true))
     value_slots_.push_back(values_.take<T>(static_cast<std::size_t>(n)));
   if (gradients)
-    for (index_t n : slot_elements(params_, sharding.units, false))
+    for (index_t n : slot_elements(sharding.units, l.pieces, groups, false))
       grad_slots_.push_back(grads_.take<T>(static_cast<std::size_t>(n)));
   resident_.assign(value_slots_.size(), -1);
-  const index_t total = local_elements();
-  for (const ParameterUnit& pu : sharding.units) {
+  unit_of_.assign(params_.size(), 0);
+  index_t at = 0;
+  for (std::size_t i = 0; i < sharding.units.size(); ++i) {
+    const ParameterUnit& pu = sharding.units[i];
     Unit u;
-    u.begin = pu.first < params_.size() ? offsets_[pu.first] : total;
-    u.count = (pu.last < params_.size() ? offsets_[pu.last] : total) - u.begin;
+    u.begin = pu.first < params_.size() ? offsets_[pu.first] : local_elements();
+    u.count = l.counts[i];
+    u.piece = l.pieces[i];
+    u.at = at;
+    at += u.piece;
     u.value_slot = pu.value_slot;
     u.grad_slot = pu.grad_slot;
-    for (int d = 0; d < groups; ++d) {
-      const index_t a = std::max(u.begin, d * chunk_);
-      const index_t b = std::min(u.begin + u.count, (d + 1) * chunk_);
-      if (a < b) u.pieces.push_back({.begin = a, .count = b - a, .root = d});
-    }
-    u.gathers.resize(u.pieces.size());
-    u.reduces.resize(u.pieces.size());
-    units_.push_back(std::move(u));
+    for (std::size_t k = pu.first; k < pu.last; ++k) unit_of_[k] = i;
+    units_.push_back(u);
   }
   bind_slots();
   const auto zero = [&](T* p, index_t n) {
@@ -200,6 +209,9 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
   };
   zero(chunk_values_, chunk_);
   if (gradients) zero(chunk_grads_, chunk_);
+  // the slots' padding past a unit's elements is reduce-scattered: zero
+  for (std::size_t i = 0; i < grad_slots_.size(); ++i)
+    zero(grad_slots_[i], slot_elements(sharding.units, l.pieces, groups, false)[i]);
 }
 
 template <class T>
@@ -291,13 +303,6 @@ T* ParameterStore<T>::grad_at(index_t v) const {
 }
 
 template <class T>
-index_t ParameterStore<T>::offset_of(const Param<T>& p) const {
-  for (std::size_t k = 0; k < params_.size(); ++k)
-    if (params_[k] == &p) return offsets_[k];
-  throw Error(fmt::format("ParameterStore: '{}' is not one of its parameters", p.shard.name));
-}
-
-template <class T>
 void ParameterStore<T>::gather_unit(std::size_t k) {
   Unit& u = units_.at(k);
   const auto slot = static_cast<std::size_t>(u.value_slot);
@@ -306,21 +311,14 @@ void ParameterStore<T>::gather_unit(std::size_t k) {
   // gather, if still in flight, completes first.
   if (resident_[slot] >= 0) wait_unit(static_cast<std::size_t>(resident_[slot]));
   resident_[slot] = static_cast<int>(k);
-  T* to = value_slots_[slot];
-  for (std::size_t i = 0; i < u.pieces.size(); ++i) {
-    const Piece& p = u.pieces[i];
-    T* at = to + (p.begin - u.begin);
-    if (p.root == data_->rank())
-      backend_->copy(
-          ConstMatrixView<T>::dense(chunk_values_ + (p.begin - lo_), 1, p.count, Order::row_major),
-          MatrixView<T>::dense(at, 1, p.count, Order::row_major));
-    u.gathers[i] = data_->ibroadcast(at, static_cast<std::size_t>(p.count), dtype_v<T>, p.root);
-  }
+  if (u.piece == 0) return;  // nothing held here (2D: LN_f off mesh row 0)
+  u.gather = data_->iall_gather(chunk_values_ + u.at, value_slots_[slot],
+                                static_cast<std::size_t>(u.piece), dtype_v<T>);
 }
 
 template <class T>
 void ParameterStore<T>::wait_unit(std::size_t k) {
-  for (Request& r : units_.at(k).gathers) data_->wait(r);
+  data_->wait(units_.at(k).gather);
 }
 
 template <class T>
@@ -334,33 +332,49 @@ void ParameterStore<T>::begin_unit_grads(std::size_t k, bool accumulate) {
   Unit& u = units_.at(k);
   for (std::size_t j = 0; j < units_.size(); ++j)  // the slot's earlier units' reduces
     if (units_[j].grad_slot == u.grad_slot) wait_unit_grads(j);
-  if (u.count == 0) return;
+  if (u.piece == 0) return;
   T* slot = grad_slots_[static_cast<std::size_t>(u.grad_slot)];
-  backend_->scale(acc_t<T>(0), MatrixView<T>::dense(slot, 1, u.count, Order::row_major));
+  const index_t padded = data_->size() * u.piece;
+  backend_->scale(acc_t<T>(0), MatrixView<T>::dense(slot, 1, padded, Order::row_major));
   if (!accumulate) return;
-  for (const Piece& p : u.pieces)
-    if (p.root == data_->rank())
-      backend_->copy(
-          ConstMatrixView<T>::dense(chunk_grads_ + (p.begin - lo_), 1, p.count, Order::row_major),
-          MatrixView<T>::dense(slot + (p.begin - u.begin), 1, p.count, Order::row_major));
+  backend_->copy(
+      ConstMatrixView<T>::dense(chunk_grads_ + u.at, 1, u.piece, Order::row_major),
+      MatrixView<T>::dense(slot + data_->rank() * u.piece, 1, u.piece, Order::row_major));
 }
 
 template <class T>
 void ParameterStore<T>::reduce_unit_grads(std::size_t k) {
   Unit& u = units_.at(k);
-  T* slot = grad_slots_[static_cast<std::size_t>(u.grad_slot)];
-  for (std::size_t i = 0; i < u.pieces.size(); ++i) {
-    const Piece& p = u.pieces[i];
-    T* send = slot + (p.begin - u.begin);
-    T* recv = p.root == data_->rank() ? chunk_grads_ + (p.begin - lo_) : send;
-    u.reduces[i] = data_->ireduce(send, recv, static_cast<std::size_t>(p.count), dtype_v<T>,
-                                  ReduceOp::sum, p.root);
-  }
+  if (u.piece == 0) return;
+  u.reduce = data_->ireduce_scatter(grad_slots_[static_cast<std::size_t>(u.grad_slot)],
+                                    chunk_grads_ + u.at, static_cast<std::size_t>(u.piece),
+                                    dtype_v<T>, ReduceOp::sum);
 }
 
 template <class T>
 void ParameterStore<T>::wait_unit_grads(std::size_t k) {
-  for (Request& r : units_.at(k).reduces) data_->wait(r);
+  data_->wait(units_.at(k).reduce);
+}
+
+template <class T>
+index_t ParameterStore<T>::whole_elements() const {
+  if (data_ == nullptr) return padded_;
+  index_t n = local_elements();
+  for (const Unit& u : units_) n = std::max(n, u.begin + data_->size() * u.piece);
+  return n;
+}
+
+template <class T>
+void ParameterStore<T>::gather_whole(const void* chunk, void* whole, DType type) const {
+  require(data_ != nullptr, "ParameterStore::gather_whole: the values are not sharded");
+  const std::size_t e = size_of(type);
+  // In order: a unit's padding lands on the next unit's first elements,
+  // which that unit's gather then writes.
+  for (const Unit& u : units_)
+    if (u.piece > 0)
+      data_->all_gather(static_cast<const char*>(chunk) + static_cast<std::size_t>(u.at) * e,
+                        static_cast<char*>(whole) + static_cast<std::size_t>(u.begin) * e,
+                        static_cast<std::size_t>(u.piece), type);
 }
 
 template <class T>
@@ -372,11 +386,11 @@ ParameterStore<T>::WholeValues::WholeValues(ParameterStore& store, bool write_ba
   write_back_ = write_back;
   try {
     store.forget_gathered();
+    const auto n = static_cast<std::size_t>(store.whole_elements());
     store.whole_ = std::make_unique<Arena>("parameters (whole, WholeValues)", *store.backend_,
-                                           ByteCount<T>().add(store.padded_).bytes());
-    T* whole = store.whole_->take<T>(static_cast<std::size_t>(store.padded_));
-    store.data_->all_gather(store.chunk_values_, whole, static_cast<std::size_t>(store.chunk_),
-                            dtype_v<T>);
+                                           ByteCount<T>().add(static_cast<index_t>(n)).bytes());
+    T* whole = store.whole_->take<T>(n);
+    store.gather_whole(store.chunk_values_, whole, dtype_v<T>);
     for (std::size_t k = 0; k < store.params_.size(); ++k)
       if (store.params_[k]->held()) store.params_[k]->value = whole + store.offsets_[k];
   } catch (...) {
@@ -393,11 +407,17 @@ ParameterStore<T>::WholeValues::~WholeValues() {
   --store_->whole_depth_;
   if (!outer_) return;
   ParameterStore& s = *store_;
-  if (write_back_ && s.chunk_ > 0) {
-    try {
-      s.backend_->copy(ConstMatrixView<T>::dense(static_cast<T*>(s.whole_->base()) + s.lo_, 1,
-                                                 s.chunk_, Order::row_major),
-                       MatrixView<T>::dense(s.chunk_values_, 1, s.chunk_, Order::row_major));
+  if (write_back_) {
+    try {  // this group's piece of every unit, the padding zero
+      const T* whole = static_cast<const T*>(s.whole_->base());
+      s.for_each_piece([&](index_t at, index_t from, index_t kept, index_t piece) {
+        if (kept > 0)
+          s.backend_->copy(ConstMatrixView<T>::dense(whole + from, 1, kept, Order::row_major),
+                           MatrixView<T>::dense(s.chunk_values_ + at, 1, kept, Order::row_major));
+        if (kept < piece)
+          s.backend_->scale(acc_t<T>(0), MatrixView<T>::dense(s.chunk_values_ + at + kept, 1,
+                                                              piece - kept, Order::row_major));
+      });
     } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw
     }
   }
@@ -423,24 +443,23 @@ void ParameterStore<T>::read_local(std::size_t k, T* host) const {
   }
   // sharded: the part in this group's chunk; zero elsewhere (not kept here)
   std::fill_n(host, n, T(0));
-  const index_t a = std::max(offsets_[k], lo_), b = std::min(offsets_[k] + n, lo_ + chunk_);
-  if (a < b)
-    backend_->download(host + (a - offsets_[k]), chunk_values_ + (a - lo_),
-                       static_cast<std::size_t>(b - a) * sizeof(T));
+  for_each_run(k, lo_, chunk_, [&](index_t x, index_t v, index_t count) {
+    backend_->download(host + x, chunk_values_ + (v - lo_),
+                       static_cast<std::size_t>(count) * sizeof(T));
+  });
 }
 
 template <class T>
 void ParameterStore<T>::write_local(std::size_t k, const T* host) {
   const Param<T>& p = *params_[k];
-  const index_t n = p.shard.local_size();
   if (data_ == nullptr) {
-    backend_->upload(p.value, host, static_cast<std::size_t>(n) * sizeof(T));
+    backend_->upload(p.value, host, static_cast<std::size_t>(p.shard.local_size()) * sizeof(T));
     return;
   }
-  const index_t a = std::max(offsets_[k], lo_), b = std::min(offsets_[k] + n, lo_ + chunk_);
-  if (a < b)
-    backend_->upload(chunk_values_ + (a - lo_), host + (a - offsets_[k]),
-                     static_cast<std::size_t>(b - a) * sizeof(T));
+  for_each_run(k, lo_, chunk_, [&](index_t x, index_t v, index_t count) {
+    backend_->upload(chunk_values_ + (v - lo_), host + x,
+                     static_cast<std::size_t>(count) * sizeof(T));
+  });
 }
 
 // A sharded store (zero=3) initialises its chunk only, each parameter

@@ -144,15 +144,17 @@ Optimizer<T>::Optimizer(const OptimizerOptions& options, ParameterStore<T>& stor
   // Segments in params() order, each parameter's part within the range; a
   // parameter's offset is where the store put its value, so the state slots
   // share the packing of values_base() (from range_.begin on).
-  const index_t lo = range_.begin, hi = range_.begin + range_.count;
-  for (const Param<T>* p : store.params()) {
+  // (A sharded store's packed layout is its data groups' chunks: a
+  // parameter's elements in this range may be a part of it.)
+  const index_t lo = range_.begin;
+  for (std::size_t k = 0; k < store.params().size(); ++k) {
+    const Param<T>* p = store.params()[k];
     if (!p->held()) continue;
-    const index_t offset = store.offset_of(*p);
-    const index_t a = std::max(lo, offset), b = std::min(hi, offset + p->shard.local_size());
-    if (a >= b) continue;
     const bool matrix = p->shard.global_shape.size() == 2;
-    segments_.push_back(Segment{
-        .offset = a, .count = b - a, .decay = matrix || options_.decay_vectors, .state = a - lo});
+    store.for_each_run(k, range_.begin, range_.count, [&](index_t, index_t v, index_t n) {
+      segments_.push_back(Segment{
+          .offset = v, .count = n, .decay = matrix || options_.decay_vectors, .state = v - lo});
+    });
   }
   if (elements_ > 0) {
     state_base_ = state_.take<master_type>(state_names_.size() * slot_stride_);
@@ -396,35 +398,35 @@ namespace {
 template <class T>
 double local_norm_sq(const ParameterStore<T>& store, ElementRange range) {
   Backend& backend = store.backend();
-  const bool whole = range.count < 0;
-  const index_t lo = range.begin, hi = range.begin + range.count;
   const auto floor_div = [](index_t a, index_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); };
   double sum = 0;
   for (std::size_t k = 0; k < store.params().size(); ++k) {
     const Param<T>* p = store.params()[k];
     const ParamShard& s = p->shard;
     if (!s.owner || !p->held()) continue;
-    for (const ShardPiece& piece : s.pieces) {
-      if (piece.rows <= 0 || piece.cols <= 0) continue;
-      const index_t ld = s.local_cols,
-                    base = store.offset(k) + piece.local_row * ld + piece.local_col;
-      if (whole) {
-        sum += backend.sum_of_squares(store.grad_at(base), piece.rows, piece.cols, ld);
-        continue;
+    // Each run of the parameter's local elements [x0, x0 + n) in the range
+    // sits at packed positions from v0 on; a piece's rows inside it in one
+    // call, the (at most two) rows it cuts in one call each.
+    store.for_each_run(k, range.begin, range.count, [&](index_t x0, index_t v0, index_t n) {
+      const index_t lo = x0, hi = x0 + n;
+      const auto at = [&](index_t x) { return store.grad_at(v0 + (x - x0)); };
+      for (const ShardPiece& piece : s.pieces) {
+        if (piece.rows <= 0 || piece.cols <= 0) continue;
+        const index_t ld = s.local_cols, base = piece.local_row * ld + piece.local_col;
+        // rows [full_lo, full_hi) lie inside [lo, hi)
+        const index_t full_lo = std::clamp<index_t>(-floor_div(base - lo, ld), 0, piece.rows);
+        const index_t full_hi =
+            std::clamp<index_t>(floor_div(hi - piece.cols - base, ld) + 1, full_lo, piece.rows);
+        if (full_hi > full_lo)
+          sum += backend.sum_of_squares(at(base + full_lo * ld), full_hi - full_lo, piece.cols, ld);
+        for (const index_t r : {full_lo - 1, full_hi}) {
+          if (r < 0 || r >= piece.rows) continue;
+          const index_t a = std::max(lo, base + r * ld),
+                        b = std::min(hi, base + r * ld + piece.cols);
+          if (a < b) sum += backend.sum_of_squares(at(a), 1, b - a, b - a);
+        }
       }
-      // rows [full_lo, full_hi) lie inside [lo, hi)
-      const index_t full_lo = std::clamp<index_t>(-floor_div(base - lo, ld), 0, piece.rows);
-      const index_t full_hi =
-          std::clamp<index_t>(floor_div(hi - piece.cols - base, ld) + 1, full_lo, piece.rows);
-      if (full_hi > full_lo)
-        sum += backend.sum_of_squares(store.grad_at(base + full_lo * ld), full_hi - full_lo,
-                                      piece.cols, ld);
-      for (const index_t r : {full_lo - 1, full_hi}) {
-        if (r < 0 || r >= piece.rows) continue;
-        const index_t a = std::max(lo, base + r * ld), b = std::min(hi, base + r * ld + piece.cols);
-        if (a < b) sum += backend.sum_of_squares(store.grad_at(a), 1, b - a, b - a);
-      }
-    }
+    });
   }
   return sum;
 }

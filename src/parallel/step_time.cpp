@@ -462,8 +462,23 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
       };
       const double loss = all_reduce(1, sizeof(double));
       std::vector<double> bucket;
+      // zero=3: a unit's gradients reduce-scattered, its values all-gathered
+      const auto unit = [&](detail::Buckets::Span span, bool gather) {
+        if (span.count == 0) return 0.0;
+        std::vector<Work> w;
+        cost::Tally data_tally;
+        data_tally.log = &w;
+        const u64 piece = detail::Buckets::piece(span, data);
+        if (gather)
+          data_tally.all_gather(CommAxis::data, piece, data, e);
+        else
+          data_tally.reduce_scatter(CommAxis::data, piece, data, e);
+        return pricer.collective(w.front());
+      };
       for (const detail::Buckets::Span& span : buckets.spans(layers))
-        bucket.push_back(spec.zero >= 2 && data > 1 ? reduce(span) : all_reduce(span.count, e));
+        bucket.push_back(spec.zero >= 3   ? unit(span, false)
+                         : spec.zero == 2 ? reduce(span)
+                                          : all_reduce(span.count, e));
       double clock = 0;
       for (std::size_t k = 0; k < bucket.size(); ++k) {
         clock = std::max(clock, ready[k]) + bucket[k];
@@ -476,21 +491,11 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
       st.comm_s[axis_index(CommAxis::data)] += d.comm_s[axis_index(CommAxis::data)];
       st.ops.push_back(d);
       if (spec.zero >= 3) {
-        // zero=3: each unit's values broadcast piece by piece from the
-        // chunks' groups. The embedding's gather is exposed; LN_f's runs
-        // beside the blocks; each block's beside the block before it (the
-        // embedding for block 0) in forward, and the blocks backward gathers
-        // again beside the block above them.
-        const auto gather = [&](detail::Buckets::Span span) {
-          std::vector<Work> w;
-          cost::Tally data_tally;
-          data_tally.log = &w;
-          for (const auto& [root, count] : buckets.pieces(span, data))
-            data_tally.broadcast(CommAxis::data, count, data, root == u(at.data), e);
-          double s = 0;
-          for (const Work& x : w) s += pricer.collective(x);
-          return s;
-        };
+        // zero=3: each unit's values all-gathered. The embedding's gather is
+        // exposed; LN_f's runs beside the blocks; each block's beside the
+        // block before it (the embedding for block 0) in forward, and the
+        // blocks backward gathers again beside the block above them.
+        const auto gather = [&](detail::Buckets::Span span) { return unit(span, true); };
         const auto phase_block_s = [&](Phase p) {
           return std::accumulate(st.ops.begin(), st.ops.end(), 0.0, [&](double s, const OpTime& t) {
             return t.op.starts_with("block.") && t.phase == p ? s + t.seconds() : s;

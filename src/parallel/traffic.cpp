@@ -19,32 +19,28 @@ TrafficCounters predict_step_traffic(const SchemeSpec& spec, const GptConfig& co
   // the embedding) all-reduced over the data groups; a bucket this rank
   // holds no element of (2D: ln_f off mesh row 0) is not all-reduced.
   // zero=2: each bucket reduced onto the groups whose chunks it meets.
+  // zero=3: each bucket (a unit, padded to D pieces) reduce-scattered, and
+  // every unit's values all-gathered in forward, the blocks not still held
+  // from forward again in backward.
   if (data > 1) {
     t.all_reduce(CommAxis::data, 1, data, d, sizeof(double));
-    for (const detail::Buckets::Span& s : b.spans(u(config.n_layer))) {
+    const std::vector<detail::Buckets::Span> spans = b.spans(u(config.n_layer));
+    for (const detail::Buckets::Span& s : spans) {
       if (s.count == 0) continue;
-      if (spec.zero < 2) {
-        t.all_reduce(CommAxis::data, s.count, data, d, e);
-        continue;
-      }
-      for (const auto& [root, count] : b.pieces(s, data))
-        t.reduce(CommAxis::data, count, data, root == d, e);
-    }
-    // zero=3: every unit's values gathered in forward (one broadcast per
-    // piece, from its chunk's group), and the blocks not still held from
-    // forward again in backward
-    if (spec.zero >= 3) {
-      const std::vector<detail::Buckets::Span> spans = b.spans(u(config.n_layer));
-      const auto gather = [&](const detail::Buckets::Span& s) {
+      if (spec.zero >= 3) {
+        t.reduce_scatter(CommAxis::data, detail::Buckets::piece(s, data), data, e);
+        t.all_gather(CommAxis::data, detail::Buckets::piece(s, data), data, e);
+      } else if (spec.zero == 2) {
         for (const auto& [root, count] : b.pieces(s, data))
-          t.broadcast(CommAxis::data, count, data, root == d, e);
-      };
-      for (const detail::Buckets::Span& s : spans) gather(s);
-      // spans: ln_f, block n-1 .. 0, the embedding; backward gathers the
-      // blocks below the last block_value_slots again
-      const cost::u64 again = b.regathered_blocks(u(config.n_layer));
-      for (cost::u64 k = 0; k < again; ++k) gather(spans[spans.size() - 2 - k]);
+          t.reduce(CommAxis::data, count, data, root == d, e);
+      } else {
+        t.all_reduce(CommAxis::data, s.count, data, d, e);
+      }
     }
+    if (spec.zero >= 3)  // spans: ln_f, block n-1 .. 0, the embedding
+      for (cost::u64 k = 0, again = b.regathered_blocks(u(config.n_layer)); k < again; ++k)
+        t.all_gather(CommAxis::data, detail::Buckets::piece(spans[spans.size() - 2 - k], data),
+                     data, e);
     // zero=1, 2: after the optimizer's step on its chunk, every data group's
     // updated chunk all-gathered (Trainer, all_gather_updates)
     if (spec.zero > 0 && spec.zero < 3 && optimizer_step)

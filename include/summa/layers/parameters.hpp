@@ -9,6 +9,7 @@
 /// trick of updating a layer's parameters right after its backward and
 /// reusing one layer-sized gradient buffer is left to the optimizer.
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string_view>
@@ -33,11 +34,15 @@ struct ParameterUnit {
 };
 
 /// How a ParameterStore shards its values over the data axis (ZeRO-3):
-/// the data groups' communicator and the units covering every parameter.
-/// The packed layout (values_base() order, padded to a multiple of the
-/// data groups) is split into equal chunks as ZeRO-1's (data_chunk): data
-/// group d keeps chunk d of the values and of the gradients, and the units
-/// are gathered into, and their gradients formed in, slots.
+/// the data groups' communicator and the units covering every parameter
+/// (in params() order). Each unit is padded to a multiple of the D data
+/// groups and split into D equal pieces (FSDP's flat parameters): data group
+/// d keeps piece d of every unit, the pieces one after another, as its
+/// chunk of the values and of the gradients. The store's packed layout
+/// (padded_elements() = D chunks; value_at, grad_at, an optimizer's range)
+/// is the D chunks side by side; a unit is gathered into its value slot with
+/// one all-gather and its gradients reduce-scattered from its gradient slot
+/// with one reduce-scatter.
 struct ValueSharding {
   Communicator* data = nullptr;
   std::vector<ParameterUnit> units;
@@ -48,6 +53,8 @@ struct ValueSharding {
 /// takes). `gradients` false: no gradient arena.
 struct ShardedStoreBytes {
   std::size_t values = 0, gradients = 0;
+  /// The store's padded_elements(): the D chunks' elements.
+  index_t padded_elements = 0;
 };
 
 template <class T>
@@ -103,14 +110,39 @@ class ParameterStore {
   T* values_base() const;
   T* grads_base() const;
   /// Element `v` of the packed layout: values_base() + v, and with sharded
-  /// values (outside a WholeValues scope) this data group's chunk's copy,
-  /// `v` within it (data_chunk; throws summa::Error elsewhere).
+  /// values (whose packed layout is the data groups' chunks side by side)
+  /// this data group's chunk's element, `v` within it (data_chunk; throws
+  /// summa::Error elsewhere).
   T* value_at(index_t v) const;
   T* grad_at(index_t v) const;
-  /// Where parameter `p` (one of params()) starts in the packed layout;
-  /// offset(k): where params()[k] does.
-  index_t offset_of(const Param<T>& p) const;
+  /// Where params()[k] starts among values_base()'s elements (whole values:
+  /// the parameters one after another).
   index_t offset(std::size_t k) const { return offsets_.at(k); }
+  /// Calls fn(x, v, n) for each run of params()[k]'s local elements
+  /// [x, x + n) that lies at packed positions [v, v + n) within
+  /// [lo, lo + count) (count < 0: everywhere), in increasing x: one run for
+  /// an unsharded store, at most one per data group for a sharded one.
+  /// Allocates nothing.
+  template <class F>
+  void for_each_run(std::size_t k, index_t lo, index_t count, F&& fn) const {
+    const index_t n = params_[k]->shard.local_size(), hi = count < 0 ? padded_ : lo + count;
+    if (n == 0) return;
+    if (data_ == nullptr) {
+      const index_t a = std::max(offsets_[k], lo), b = std::min(offsets_[k] + n, hi);
+      if (a < b) fn(a - offsets_[k], a, b - a);
+      return;
+    }
+    const Unit& u = units_[unit_of_[k]];
+    const index_t q = offsets_[k] - u.begin;  // the parameter within its unit
+    if (u.piece == 0) return;
+    const int groups = data_->size();
+    for (int e = static_cast<int>(q / u.piece); e < groups && e * u.piece < q + n; ++e) {
+      const index_t x0 = std::max(q, e * u.piece), x1 = std::min(q + n, (e + 1) * u.piece);
+      const index_t v0 = e * chunk_ + u.at + (x0 - e * u.piece);  // packed position of x0
+      const index_t a = std::max(v0, lo), b = std::min(v0 + (x1 - x0), hi);
+      if (a < b) fn(x0 - q + (a - v0), a, b - a);
+    }
+  }
 
   /// ZeRO-3 (the second constructor): the values (and gradients) are
   /// sharded over the data groups.
@@ -133,6 +165,25 @@ class ParameterStore {
   /// (their gradient chunks); wait_unit_grads completes them.
   void reduce_unit_grads(std::size_t u);
   void wait_unit_grads(std::size_t u);
+  /// Elements a buffer packed like the whole values needs for
+  /// gather_whole (the last unit's padding past padded elements).
+  index_t whole_elements() const;
+  /// zero=3, for checkpoints: all-gathers `chunk` (laid out as this group's
+  /// chunk, chunk elements of `type`) over the data axis into `whole`
+  /// (whole_elements() of `type`), packed as the whole values
+  /// (values_base()'s order), one all-gather per unit. Collective.
+  void gather_whole(const void* chunk, void* whole, DType type) const;
+  /// zero=3: fn(chunk_offset, whole_offset, kept, piece) for each unit:
+  /// this group's piece of `piece` elements sits at chunk_offset of its
+  /// chunk and holds whole-values elements [whole_offset, + kept), the
+  /// rest (piece - kept) padding.
+  template <class F>
+  void for_each_piece(F&& fn) const {
+    const index_t d = data_->rank();
+    for (const Unit& u : units_)
+      fn(u.at, u.begin + d * u.piece, std::clamp<index_t>(u.count - d * u.piece, 0, u.piece),
+         u.piece);
+  }
   /// The bytes the sharded constructor allocates, without allocating.
   static ShardedStoreBytes sharded_bytes(const std::vector<Param<T>*>& params, bool gradients,
                                          index_t multiple, int data_groups,
@@ -163,7 +214,8 @@ class ParameterStore {
   /// Local elements held.
   index_t local_elements() const;
   /// local_elements() rounded up to the constructor's `multiple`: the
-  /// elements values_base() and grads_base() hold.
+  /// elements values_base() and grads_base() hold; with sharded values the
+  /// D chunks' elements (each unit padded to a multiple of D).
   index_t padded_elements() const { return padded_; }
   /// What padded_elements() would be for `params` and `multiple`.
   static index_t padded_elements(const std::vector<Param<T>*>& params, index_t multiple);
@@ -172,6 +224,13 @@ class ParameterStore {
 
  private:
   static std::size_t bytes_for(const std::vector<Param<T>*>& params, index_t multiple);
+  // The sharded layout: each unit's elements and piece, the chunk.
+  struct Layout {
+    std::vector<index_t> counts, pieces;
+    index_t chunk = 0;
+  };
+  static Layout layout_of(const std::vector<Param<T>*>& params,
+                          const std::vector<ParameterUnit>& units, int groups);
   void bind_whole(T* values, T* grads);
   // Parameter k's local values through host memory `host` (local_size()
   // elements): a sharded store reads its chunk's part (zero elsewhere) and
@@ -188,15 +247,12 @@ class ParameterStore {
   std::vector<index_t> offsets_;  // each parameter's start in the packed layout
 
   // ZeRO-3 (null data_: not sharded).
-  struct Piece {
-    index_t begin = 0, count = 0;  // in the packed layout
-    int root = 0;                  // the data group whose chunk holds it
-  };
   struct Unit {
-    index_t begin = 0, count = 0;  // in the packed layout
+    index_t begin = 0, count = 0;  // its elements among the whole values
+    index_t piece = 0;             // ceil(count / D): each group's piece
+    index_t at = 0;                // the piece's offset in a chunk
     int value_slot = 0, grad_slot = 0;
-    std::vector<Piece> pieces;
-    std::vector<Request> gathers, reduces;
+    Request gather, reduce;
   };
   Communicator* data_ = nullptr;
   index_t chunk_ = 0, lo_ = 0;  // this group's chunk: [lo_, lo_ + chunk_)
@@ -205,7 +261,8 @@ class ParameterStore {
   std::vector<T*> value_slots_, grad_slots_;
   std::vector<int> resident_;  // per value slot: the unit it holds (or is gathering), -1 none
   std::vector<Unit> units_;
-  std::unique_ptr<Arena> whole_;  // WholeValues' buffer
+  std::vector<std::size_t> unit_of_;  // per parameter
+  std::unique_ptr<Arena> whole_;      // WholeValues' buffer
   int whole_depth_ = 0;
 };
 
