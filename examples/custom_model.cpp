@@ -82,8 +82,8 @@ int run(const Options& o, int rank, int ranks) {
       summa::SchemeSpec::parse(o.scheme.empty() ? "1d:p=" + std::to_string(ranks) : o.scheme);
   if (spec.zero > 0)  // the same text everywhere: the same error on every rank
     throw summa::CollectiveError("--scheme " + spec.str() +
-                                 ": this example keeps its optimizer whole (zero=1 and 2 "
-                                 "shard summa::Trainer's); drop ':zero=Z'");
+                                 ": this example keeps its optimizer whole (zero=1, 2 and "
+                                 "3 shard summa::Trainer's GPT); drop ':zero=Z'");
   // Sizes checked before memory, in floating point (no overflow): the
   // weights with their gradients and AdamW state and the hidden layer's
   // activations, split over the tensor group, plus the whole batch each rank

@@ -1212,7 +1212,7 @@ void save_impl(const fs::path& root, ParameterStore<T>& store, std::span<const S
                           "save_checkpoint: the arguments (root, step, slots)");
 
   // zero=3: the values whole for the save (each group's chunk gathered)
-  const typename ParameterStore<T>::WholeValues whole(store, /*write_back=*/false);
+  const typename ParameterStore<T>::WholeValues whole(store, /*write_back=*/false, &grid);
   const std::string name = step_dir_name(info.step);
   const fs::path final_dir = root / name;
   fs::path tmp = final_dir;
@@ -1282,7 +1282,7 @@ CheckpointInfo load_impl(const fs::path& path_or_root, ParameterStore<T>& store,
   grid.agree(CommAxis::world,
              capture([&] { check_slots(slots, store.local_elements(), "load_checkpoint"); }));
   // zero=3: loaded into the whole values, this group's chunk kept at the end
-  const typename ParameterStore<T>::WholeValues whole(store, /*write_back=*/true);
+  const typename ParameterStore<T>::WholeValues whole(store, /*write_back=*/true, &grid);
   // 1. rank 0 finds and reads the manifest; every rank parses the same text
   std::string dir_text, text;
   grid.agree(CommAxis::world, rank != 0 ? std::nullopt : capture([&] {

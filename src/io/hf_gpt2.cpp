@@ -247,7 +247,7 @@ void export_hf_gpt2(GptModel<T>& model, const fs::path& dir, DTypeOut dtype) {
   }
   grid.agree(CommAxis::world, error);
   // zero=3: the values whole for the export (each group's chunk gathered)
-  const typename ParameterStore<T>::WholeValues whole(*store, /*write_back=*/false);
+  const typename ParameterStore<T>::WholeValues whole(*store, /*write_back=*/false, &grid);
 
   // The world's rank 0 writes; data group 0's copy is as good as any other,
   // since every data group gathers the same global tensors.
@@ -387,7 +387,7 @@ void import_hf_gpt2(GptModel<T>& model, const fs::path& dir) {
   }
   grid.agree(CommAxis::world, error);
   // zero=3: read into the whole values, this group's chunk kept at the end
-  const typename ParameterStore<T>::WholeValues whole(*store, /*write_back=*/true);
+  const typename ParameterStore<T>::WholeValues whole(*store, /*write_back=*/true, &grid);
 
   // Stage the local shards (starting from the current values, so anything
   // no piece covers keeps its value), then copy in only once every rank has

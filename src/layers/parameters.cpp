@@ -378,7 +378,8 @@ void ParameterStore<T>::gather_whole(const void* chunk, void* whole, DType type)
 }
 
 template <class T>
-ParameterStore<T>::WholeValues::WholeValues(ParameterStore& store, bool write_back) {
+ParameterStore<T>::WholeValues::WholeValues(ParameterStore& store, bool write_back,
+                                            const ProcessGrid* grid) {
   if (store.data_ == nullptr) return;
   store_ = &store;
   if (store.whole_depth_++ > 0) return;  // an outer scope holds them
@@ -387,8 +388,17 @@ ParameterStore<T>::WholeValues::WholeValues(ParameterStore& store, bool write_ba
   try {
     store.forget_gathered();
     const auto n = static_cast<std::size_t>(store.whole_elements());
-    store.whole_ = std::make_unique<Arena>("parameters (whole, WholeValues)", *store.backend_,
-                                           ByteCount<T>().add(static_cast<index_t>(n)).bytes());
+    std::optional<std::string> error;
+    try {
+      store.whole_ = std::make_unique<Arena>("parameters (whole, WholeValues)", *store.backend_,
+                                             ByteCount<T>().add(static_cast<index_t>(n)).bytes());
+    } catch (const std::exception& e) {
+      error = fmt::format("the whole parameters for a checkpoint or export (zero=3): {}", e.what());
+    }
+    if (grid != nullptr)
+      grid->agree(CommAxis::world, error);
+    else if (error)
+      throw Error(*error);
     T* whole = store.whole_->take<T>(n);
     store.gather_whole(store.chunk_values_, whole, dtype_v<T>);
     for (std::size_t k = 0; k < store.params_.size(); ++k)

@@ -195,10 +195,13 @@ class ParameterStore {
   /// `write_back`, this group's chunk is copied back from it at the end
   /// (after a load). Collective over the data axis (an all-gather). Nests:
   /// only the outermost scope gathers (and writes back if it was asked
-  /// to). A no-op for a store whose values are not sharded.
+  /// to). A no-op for a store whose values are not sharded. With `grid`
+  /// the buffer's allocation is agreed over its world first, so a rank that
+  /// cannot hold it fails with every other instead of leaving them in the
+  /// gather (checkpoints and exports pass it).
   class WholeValues {
    public:
-    WholeValues(ParameterStore& store, bool write_back);
+    WholeValues(ParameterStore& store, bool write_back, const ProcessGrid* grid = nullptr);
     ~WholeValues();
     WholeValues(const WholeValues&) = delete;
     WholeValues& operator=(const WholeValues&) = delete;
