@@ -211,6 +211,12 @@ int run(const Cli& cli) {
   if (spec.ranks() != world_size())
     throw summa::CollectiveError(fmt::format("--scheme {} needs {} ranks, running on {}",
                                              spec.str(), spec.ranks(), world_size()));
+  if (spec.zero > 0)  // nothing of training to shard: refused, not ignored
+    throw summa::CollectiveError(fmt::format(
+        "--scheme {}: zero={} shards training state (the optimizer's, the gradients', with "
+        "zero=3 the parameters'), and generation keeps each data group's weights whole: drop "
+        "':zero={}'",
+        spec.str(), spec.zero, spec.zero));
   // Prompt + new tokens within n_positions, settled before any model is built:
   // a prompt that leaves no room is refused; --max-new-tokens beyond the room
   // of the longest prompt is refused naming the largest that fits; without it,

@@ -107,6 +107,9 @@ refused "--seed: '-1' is not an integer in \[0, " "$GENERATE" --hf "$W/nan/expor
 case=generate_seed_23_digits
 refused "--seed: '12345678901234567890123' is not an integer" "$GENERATE" --hf "$W/nan/export" \
   --prompt hi --seed 12345678901234567890123
+case=generate_zero  # was: a sharding level accepted and ignored
+refused "gpt_generate: error: --scheme data=2:zero=3,1d:p=1: zero=3 shards training state" \
+  "$GENERATE" --hf "$W/nan/export" --prompt hi --scheme data=2:zero=3,1d:p=1
 case=generate_comm  # was: one error per rank, then MPI_ABORT
 refused "--comm: carrier-pigeon not in" "$GENERATE" --hf "$W/nan/export" --prompt hi \
   --comm carrier-pigeon
