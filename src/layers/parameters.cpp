@@ -208,10 +208,7 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
     if (n > 0) backend.scale(acc_t<T>(0), MatrixView<T>::dense(p, 1, n, Order::row_major));
   };
   zero(chunk_values_, chunk_);
-  if (gradients) zero(chunk_grads_, chunk_);
-  // the slots' padding past a unit's elements is reduce-scattered: zero
-  for (std::size_t i = 0; i < grad_slots_.size(); ++i)
-    zero(grad_slots_[i], slot_elements(sharding.units, l.pieces, groups, false)[i]);
+  if (gradients) zero(chunk_grads_, chunk_);  // the slots: begin_unit_grads zeroes them
 }
 
 template <class T>

@@ -293,6 +293,40 @@ TEST(StepTime, OffloadedOptimizerStreamsItsState) {
     }
 }
 
+// zero=3 (data=4, three blocks, two value slots): every unit all-gathered in
+// forward, the block below the slots (block 0) again in backward, each
+// unit's gradients reduce-scattered, no all-gather after the step. On a
+// ring without latency an all-gather and a reduce-scatter of the same
+// pieces cost the same, so forward's gathers cost what backward's
+// reduce-scatters do (the data_axis op, less the loss's one double); zero=1
+// has no gather op and a dearer optimizer (its all-gather).
+TEST(StepTime, ZeroThreeGathersWhatItReduceScatters) {
+  const Machine m = machine(0, 1e10, Algorithm::ring);
+  const auto op = [](const model::StepTime& st, std::string_view name, model::Phase phase) {
+    for (const auto& o : st.ops)
+      if (o.op == name && o.phase == phase) return o;
+    return model::OpTime{};
+  };
+  const auto data = [](const model::OpTime& o) {
+    return o.comm_s[static_cast<std::size_t>(CommAxis::data)];
+  };
+  const auto three = model::predict_step_time(SchemeSpec::parse("data=4:zero=3,1d:p=2"), config(),
+                                              8, 16, {}, DType::f32, m, {});
+  const auto one = model::predict_step_time(SchemeSpec::parse("data=4:zero=1,1d:p=2"), config(), 8,
+                                            16, {}, DType::f32, m, {});
+  const model::OpTime forward = op(three, "data_axis.gather", model::Phase::forward);
+  const model::OpTime backward = op(three, "data_axis.gather", model::Phase::backward);
+  const model::OpTime reduces = op(three, "data_axis", model::Phase::backward);
+  ASSERT_GT(data(forward), 0);
+  EXPECT_NEAR(data(forward), data(reduces), 1e-6 * data(forward));
+  EXPECT_GT(data(backward), 0);                  // block 0 again
+  EXPECT_LT(3 * data(backward), data(forward));  // less than the three blocks and the rest
+  EXPECT_LE(forward.exposed_s, data(forward));
+  EXPECT_EQ(data(op(one, "data_axis.gather", model::Phase::forward)), 0);
+  EXPECT_LT(data(op(three, "optimizer", model::Phase::optimizer)),
+            data(op(one, "optimizer", model::Phase::optimizer)));
+}
+
 // An oversubscribed launch (ranks_per_device = 2) time-shares the device:
 // exactly twice each op's compute; a GeLU kernel's time is its elements at
 // the kernel's rate when that is slower than its bytes, and its bytes at
