@@ -62,6 +62,8 @@ std::string_view name_of(CommAxis axis) {
       return "mesh";
     case CommAxis::tensor:
       return "tensor";
+    case CommAxis::pipe:
+      return "pipe";
     case CommAxis::other:
       return "other";
   }
@@ -69,9 +71,9 @@ std::string_view name_of(CommAxis axis) {
 }
 
 const char* collective_name(int k) {
-  static const char* names[] = {"broadcast",  "reduce",         "all_reduce",
-                                "all_gather", "reduce_scatter", "barrier"};
-  return k >= 0 && k <= 5 ? names[k] : "collective";
+  static const char* names[] = {"broadcast",      "reduce", "all_reduce", "all_gather",
+                                "reduce_scatter", "send",   "recv",       "barrier"};
+  return k >= 0 && k <= 7 ? names[k] : "collective";
 }
 
 void Communicator::validate(Kind kind, const void* send, void* recv, std::size_t count,
@@ -82,9 +84,15 @@ void Communicator::validate(Kind kind, const void* send, void* recv, std::size_t
       throw Error(fmt::format("{} on axis {}: root {} outside the group [0, {})", what,
                               name_of(axis_), root, size()));
   }
+  if (kind == Kind::send || kind == Kind::recv) {
+    if (root < 0 || root >= size() || root == rank())
+      throw Error(fmt::format("{} on axis {}: peer {} is not another rank of the group [0, {})",
+                              what, name_of(axis_), root, size()));
+  }
   if (count == 0) return;
-  bool need_recv = kind != Kind::reduce || rank() == root;
-  if ((kind != Kind::broadcast && send == nullptr) || (need_recv && recv == nullptr))
+  bool need_recv = (kind != Kind::reduce || rank() == root) && kind != Kind::send;
+  if ((kind != Kind::broadcast && kind != Kind::recv && send == nullptr) ||
+      (need_recv && recv == nullptr))
     throw Error(
         fmt::format("{} on axis {}: null buffer for {} elements", what, name_of(axis_), count));
 }
@@ -114,6 +122,12 @@ void Communicator::account(Kind kind, std::size_t count, DType t, int root) {
     case Kind::reduce_scatter:  // count = elements per rank
       c.bytes_sent += (g - 1) * n * e;
       c.bytes_received += (g - 1) * n * e;
+      break;
+    case Kind::send:
+      c.bytes_sent += n * e;
+      break;
+    case Kind::recv:
+      c.bytes_received += n * e;
       break;
     case Kind::all_reduce: {
       const std::uint64_t r = static_cast<std::uint64_t>(rank());
@@ -212,6 +226,13 @@ Request Communicator::iall_gather(const void* send, void* recv, std::size_t send
 Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t,
                                       ReduceOp op) {
   return issue(Kind::reduce_scatter, send, recv, recv_count, t, op, 0);
+}
+
+Request Communicator::isend(const void* buf, std::size_t count, DType t, int peer) {
+  return issue(Kind::send, buf, nullptr, count, t, ReduceOp::sum, peer);
+}
+Request Communicator::irecv(void* buf, std::size_t count, DType t, int peer) {
+  return issue(Kind::recv, nullptr, buf, count, t, ReduceOp::sum, peer);
 }
 
 void Communicator::broadcast(void* buf, std::size_t count, DType t, int root) {

@@ -160,6 +160,12 @@ std::uintptr_t MpiCommunicator::start(Kind kind, const void* send, void* recv, s
                                           mpi_reduce_op(op, t), comm_, &r),
                 "MPI_Ireduce_scatter_block");
       break;
+    case Kind::send:
+      check_mpi(MPI_Isend(send, n, type, root, 0, comm_, &r), "MPI_Isend");
+      break;
+    case Kind::recv:
+      check_mpi(MPI_Irecv(recv, n, type, root, 0, comm_, &r), "MPI_Irecv");
+      break;
   }
   return to_token(r);
 }
@@ -194,6 +200,12 @@ void MpiCommunicator::run(Kind kind, const void* send, void* recv, std::size_t c
       check_mpi(MPI_Reduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, n, type,
                                          mpi_reduce_op(op, t), comm_),
                 "MPI_Reduce_scatter_block");
+      break;
+    case Kind::send:
+      check_mpi(MPI_Send(send, n, type, root, 0, comm_), "MPI_Send");
+      break;
+    case Kind::recv:
+      check_mpi(MPI_Recv(recv, n, type, root, 0, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
       break;
   }
 }

@@ -791,7 +791,7 @@ std::string write_shard(const fs::path& dir, ParameterStore<T>& store, const Hos
   const saved_t<T>* values = host.values();
   for (const Param<T>* p : store.params()) {
     const ParamShard& s = p->shard;
-    if (!p->held() || !s.owner) continue;
+    if (!p->held() || !s.owner || s.stage_copy) continue;
     const index_t offset = host.offset(*p);
     for (const ShardPiece& piece : s.pieces) {
       if (piece.rows <= 0 || piece.cols <= 0) continue;

@@ -108,16 +108,50 @@ Gpt<T>::Gpt(SchemeContext<T>& scheme, const GptConfig& config, index_t batch, in
     grid_->agree(CommAxis::world, error);
     ckpt_group_ = scheme.checkpoint_group();
   }
+  const PipelineStage& ps = options.pipeline;
+  if (ps.active()) {
+    std::optional<std::string> error;
+    if (ps.stage < 0 || ps.stage >= ps.stages || ps.first_block < 0 ||
+        ps.first_block >= ps.last_block || ps.last_block > config.n_layer || ps.slots < 1 ||
+        ps.loss_tokens < batch * seq)
+      error = fmt::format(
+          "GPT ({}): pipeline stage {} of {} with blocks [{}, {}) of {}, {} slots and {} loss "
+          "tokens is not a stage (each stage holds at least one block; the loss counts at least "
+          "this microbatch's {} tokens)",
+          scheme.label(), ps.stage, ps.stages, ps.first_block, ps.last_block, config.n_layer,
+          ps.slots, ps.loss_tokens, batch * seq);
+    else if (options.recompute != Recompute::full || options.inference || options.kv_cache != 0 ||
+             options.shard_gradients || options.shard_parameters ||
+             scheme.checkpoint_group() != nullptr)
+      error = fmt::format(
+          "GPT ({}): a pipeline stage runs training with recompute full, without distributed "
+          "checkpoints (dc=on) or a sharding level above 1 (got recompute {}{}{}{})",
+          scheme.label(), to_string(options.recompute), options.inference ? ", inference" : "",
+          options.shard_gradients || options.shard_parameters ? ", zero >= 2" : "",
+          scheme.checkpoint_group() != nullptr ? ", dc=on" : "");
+    grid_->agree(CommAxis::world, error);
+  }
   const BackendIds::PlanScope planning(options.plan_only);  // a plan allocates no ids
   const index_t h = config.n_embd, b = local_batch_, tokens = b * seq;
   const double eps = config.layer_norm_epsilon;
-  embedding_ = scheme.embedding(b, seq, config.vocab_size, h, config.n_positions);
-  for (int i = 0; i < config.n_layer; ++i)
+  // A pipeline's last stage keeps a copy of the embedding for the tied head.
+  if (!ps.active() || ps.first() || ps.last())
+    embedding_ = scheme.embedding(b, seq, config.vocab_size, h, config.n_positions);
+  // That copy is a replica of the first stage's (PipelineGpt keeps the two
+  // alike): the gradient norm and a checkpoint count the first stage's.
+  if (ps.active() && ps.last() && !ps.first())
+    for (Param<T>* p : embedding_->parameters()) p->shard.stage_copy = true;
+  first_block_ = ps.active() ? ps.first_block : 0;
+  const int last_block = ps.active() ? ps.last_block : config.n_layer;
+  for (int i = first_block_; i < last_block; ++i)
     blocks_.push_back(std::make_unique<TransformerBlock<T>>(scheme, fmt::format("h.{}", i), b, seq,
                                                             h, config.n_head, eps));
-  ln_f_ = scheme.layer_norm("ln_f", tokens, h, eps);
-  // The loss is normalised by the global token count (see the file comment).
-  head_ = scheme.lm_head(embedding_->wte(), tokens, h, config.vocab_size, batch * seq);
+  if (!ps.active() || ps.last()) {
+    ln_f_ = scheme.layer_norm("ln_f", tokens, h, eps);
+    // The loss is normalised by the global token count (see the file comment).
+    head_ = scheme.lm_head(embedding_->wte(), tokens, h, config.vocab_size,
+                           ps.active() ? ps.loss_tokens : batch * seq);
+  }
   if (options.kv_cache > 0)
     for (auto& block : blocks_) block->attn().use_cache(options.kv_cache);
   // Selective recompute keeps no probabilities; nor does inference, which
@@ -145,7 +179,13 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
   const bool inference = options_.inference;
   // Distributed checkpoints: rank r's chunk of each of x_0..x_{N-1}, and one
   // whole slot (x_N in forward; the gather before each recompute).
-  std::size_t checkpoint = static_cast<std::size_t>(inference ? 2 : config_.n_layer + 1) * slot;
+  // A pipeline stage: its blocks' inputs and its output, per slot, and per
+  // slot the gradient of its output (in the conjunction buffer).
+  const auto slots = static_cast<std::size_t>(options_.pipeline.slots);
+  const auto stage_blocks = static_cast<std::size_t>(blocks_.size());
+  std::size_t checkpoint =
+      staged() ? slots * (stage_blocks + 1) * slot
+               : static_cast<std::size_t>(inference ? 2 : config_.n_layer + 1) * slot;
   if (ckpt_group_ != nullptr) {
     const index_t g = ckpt_group_->size();
     require(rows * cols % g == 0, [&] {
@@ -160,7 +200,7 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
   sizes_ = {.workspace = needs.workspace,
             .forward = needs.forward,
             .backward = needs.backward,
-            .conjunction = inference ? 0 : 2 * slot.bytes(),
+            .conjunction = inference ? 0 : (2 + (staged() ? slots : 0)) * slot.bytes(),
             .checkpoint = checkpoint};
   parameter_elements_ =
       ParameterStore<T>::padded_elements(this->parameters(), options_.parameter_multiple);
@@ -219,7 +259,11 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
   }
   conj_[0] = take(buffers_->conjunction);
   conj_[1] = take(buffers_->conjunction);
-  if (ckpt_group_ != nullptr) {
+  if (staged()) {
+    for (std::size_t k = 0; k < slots; ++k) output_grads_.push_back(take(buffers_->conjunction));
+    for (std::size_t k = 0; k < slots * (stage_blocks + 1); ++k)
+      boundaries_.push_back(take(buffers_->checkpoint));
+  } else if (ckpt_group_ != nullptr) {
     for (int i = 0; i < config_.n_layer; ++i) {
       chunks_.push_back(
           MatrixView<T>::dense(buffers_->checkpoint.take<T>(static_cast<std::size_t>(ckpt_chunk_)),
@@ -230,8 +274,10 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
   } else {
     for (int i = 0; i <= config_.n_layer; ++i) boundaries_.push_back(take(buffers_->checkpoint));
   }
-  tokens_.resize(static_cast<std::size_t>(local_batch_ * seq_));
-  targets_.resize(tokens_.size());
+  // A pipeline stage keeps each slot's token ids: the embedding's backward
+  // reads them, after the other microbatches' forwards.
+  tokens_.resize(static_cast<std::size_t>(local_batch_ * seq_) * slots);
+  targets_.resize(static_cast<std::size_t>(local_batch_ * seq_));
   // Gradient buckets for the data axis, in the order backward finishes them.
   const auto bucket_of = [&](Module<T>& m) {
     Bucket b;
@@ -243,9 +289,9 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
     }
     return b;
   };
-  buckets_.push_back(bucket_of(*ln_f_));
+  if (ln_f_) buckets_.push_back(bucket_of(*ln_f_));
   for (std::size_t i = blocks_.size(); i-- > 0;) buckets_.push_back(bucket_of(*blocks_[i]));
-  buckets_.push_back(bucket_of(*embedding_));
+  if (embedding_) buckets_.push_back(bucket_of(*embedding_));
   if (options_.shard_gradients && data_ > 1 && !sharded_values_) {
     // ZeRO-2: each bucket reduced onto the data groups whose chunks it meets
     require(store_->padded_elements() % data_ == 0, [&] {
@@ -284,19 +330,28 @@ void Gpt<T>::price(cost::Tally& t, model::Phase phase) const {
     t.repeat = repeat;
     t.record = record;
   };
+  // A pipeline stage prices what it runs: the embedding on the first
+  // stage, the head on the last.
+  const bool embeds = embedding_ && (!staged() || options_.pipeline.first());
   if (phase != model::Phase::backward) {
-    t.begin(gpt_op::embedding, phase);
-    embedding_->price(t, phase);
+    if (embeds) {
+      t.begin(gpt_op::embedding, phase);
+      embedding_->price(t, phase);
+    }
     each_block([&](const TransformerBlock<T>& b) { b.price(t, phase); });
-    t.begin(gpt_op::ln_f, phase);
-    ln_f_->price(t, phase);
-    t.begin(gpt_op::lm_head, phase);
-    head_->price(t, phase);
+    if (head_) {
+      t.begin(gpt_op::ln_f, phase);
+      ln_f_->price(t, phase);
+      t.begin(gpt_op::lm_head, phase);
+      head_->price(t, phase);
+    }
   } else {
-    t.begin(gpt_op::lm_head, phase);
-    head_->price(t, phase);
-    t.begin(gpt_op::ln_f, phase);
-    ln_f_->price(t, phase);
+    if (head_) {
+      t.begin(gpt_op::lm_head, phase);
+      head_->price(t, phase);
+      t.begin(gpt_op::ln_f, phase);
+      ln_f_->price(t, phase);
+    }
     each_block([&](const TransformerBlock<T>& b) {
       if (ckpt_group_ != nullptr) {  // the block's input, gathered from its chunks
         t.begin(gpt_op::checkpoint_gather, model::Phase::recompute);
@@ -306,8 +361,10 @@ void Gpt<T>::price(cost::Tally& t, model::Phase phase) const {
       if (checkpointed()) b.price(t, model::Phase::recompute);
       b.price(t, phase);
     });
-    t.begin(gpt_op::embedding, phase);
-    embedding_->price(t, phase);
+    if (embeds) {
+      t.begin(gpt_op::embedding, phase);
+      embedding_->price(t, phase);
+    }
   }
 }
 
@@ -319,18 +376,19 @@ std::vector<std::uint64_t> Gpt<T>::data_bucket_elements() {
       if (p->held()) n += static_cast<std::uint64_t>(p->shard.local_size());
     return n;
   };
-  std::vector<std::uint64_t> out{elements(*ln_f_)};
+  std::vector<std::uint64_t> out;
+  if (ln_f_) out.push_back(elements(*ln_f_));
   for (std::size_t i = blocks_.size(); i-- > 0;) out.push_back(elements(*blocks_[i]));
-  out.push_back(elements(*embedding_));
+  if (embedding_) out.push_back(elements(*embedding_));
   return out;
 }
 
 template <class T>
 void Gpt<T>::collect_parameters(std::vector<Param<T>*>& out) {
-  embedding_->collect_parameters(out);
+  if (embedding_) embedding_->collect_parameters(out);
   for (auto& b : blocks_) b->collect_parameters(out);
-  ln_f_->collect_parameters(out);
-  head_->collect_parameters(out);  // tied: nothing of its own
+  if (ln_f_) ln_f_->collect_parameters(out);
+  if (head_) head_->collect_parameters(out);  // tied: nothing of its own
 }
 
 template <class T>
@@ -339,11 +397,13 @@ BufferNeeds Gpt<T>::buffer_needs() const {
   slot.add(rows_ * cols_);
   const BufferNeeds block = blocks_.front()->buffer_needs();
   // the head: LN_f's output and statistics, the logits and loss statistics
-  BufferNeeds head{.workspace = 0, .forward = slot, .backward = 0};
-  head.then(ln_f_->buffer_needs()).then(head_->buffer_needs());
-  const std::size_t head_backward = slot + head.backward;  // dL/d LN_f output
+  // (a pipeline stage without the head: none)
+  BufferNeeds head{.workspace = 0, .forward = head_ ? slot.bytes() : 0, .backward = 0};
+  if (head_) head.then(ln_f_->buffer_needs()).then(head_->buffer_needs());
+  const std::size_t head_backward = head_ ? slot + head.backward : 0;  // dL/d LN_f output
   BufferNeeds all;
-  all.workspace = std::max({embedding_->buffer_needs().workspace, block.workspace, head.workspace});
+  all.workspace = std::max(
+      {embedding_ ? embedding_->buffer_needs().workspace : 0, block.workspace, head.workspace});
   all.forward = checkpointed() || options_.inference
                     ? std::max(block.forward, head.forward)
                     : static_cast<std::size_t>(config_.n_layer) * block.forward + head.forward;
@@ -378,6 +438,7 @@ void Gpt<T>::init(std::uint64_t seed) {
 
 template <class T>
 ConstMatrixView<T> Gpt<T>::boundary(int i) const {
+  require_whole("boundary");
   require(i >= 0 && i <= config_.n_layer,
           [&] { return fmt::format("GPT boundary {}: expected 0..{}", i, config_.n_layer); });
   require(ckpt_group_ == nullptr || i == config_.n_layer, [&] {
@@ -392,6 +453,7 @@ ConstMatrixView<T> Gpt<T>::boundary(int i) const {
 template <class T>
 void Gpt<T>::gather_boundary(int i, MatrixView<T> out) {
   require_allocated("gather_boundary");
+  require_whole("gather_boundary");
   require(i >= 0 && i <= config_.n_layer, [&] {
     return fmt::format("GPT gather_boundary {}: expected 0..{}", i, config_.n_layer);
   });
@@ -530,6 +592,17 @@ StepBuffers Gpt<T>::step_buffers() {
   return step;
 }
 
+// A forward's start: the scheme told, every step buffer empty.
+template <class T>
+StepBuffers Gpt<T>::begin_forward_step() {
+  scheme_->begin_forward();
+  buffers_->forward.reset();
+  buffers_->backward.reset();
+  buffers_->workspace.reset();
+  clock_.phase = 0;
+  return step_buffers();
+}
+
 template <class T>
 std::span<const StepPart> Gpt<T>::profile() const {
   if (!options_.profile) return {};
@@ -561,14 +634,41 @@ void Gpt<T>::reset_profile() {
 }
 
 template <class T>
-double Gpt<T>::forward(std::span<const std::int32_t> tokens,
-                       std::span<const std::int32_t> targets) {
-  require_allocated("forward");
-  have_forward_ = have_logits_ = false;
+void Gpt<T>::require_whole(const char* what) const {
+  require(!staged(), [&] {
+    return fmt::format(
+        "GPT {}: this model is pipeline stage {} of {} (GptOptions::pipeline): run it through "
+        "stage_forward / stage_backward (PipelineGpt)",
+        what, options_.pipeline.stage, options_.pipeline.stages);
+  });
+}
+
+template <class T>
+void Gpt<T>::require_stage(const char* what, int slot) const {
+  require_allocated(what);
+  require(staged(), [&] {
+    return fmt::format("GPT {}: this model is not a pipeline stage (GptOptions::pipeline)", what);
+  });
+  require(slot >= 0 && slot < options_.pipeline.slots, [&] {
+    return fmt::format("GPT {}: slot {} outside [0, {})", what, slot, options_.pipeline.slots);
+  });
+}
+
+// Checks the ids (those asked for) on every rank and keeps this data
+// group's sequences of them.
+template <class T>
+void Gpt<T>::take_ids(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+                      bool check_tokens, bool check_targets, std::size_t slot) {
   {
     std::optional<std::string> error;
     const auto expected = static_cast<std::size_t>(batch_ * seq_);
-    for (auto [what, ids] : {std::pair{"token", tokens}, std::pair{"target", targets}}) {
+    const struct {
+      const char* what;
+      std::span<const std::int32_t> ids;
+      bool check;
+    } lists[] = {{"token", tokens, check_tokens}, {"target", targets, check_targets}};
+    for (const auto& [what, ids, check] : lists) {
+      if (!check) continue;
       if (ids.size() != expected) {
         error = fmt::format("GPT: {} ids has {} values, expected batch*seq = {}*{} = {}", what,
                             ids.size(), batch_, seq_, expected);
@@ -586,18 +686,22 @@ double Gpt<T>::forward(std::span<const std::int32_t> tokens,
     grid_->agree_call(CommAxis::world, error);
   }
   // This data group's sequences.
-  const auto first = static_cast<std::ptrdiff_t>(grid_->coords().data) *
-                     static_cast<std::ptrdiff_t>(tokens_.size());
-  std::copy_n(tokens.begin() + first, tokens_.size(), tokens_.begin());
-  std::copy_n(targets.begin() + first, targets_.size(), targets_.begin());
-  scheme_->begin_forward();
+  const std::size_t n = targets_.size();
+  const auto first =
+      static_cast<std::ptrdiff_t>(grid_->coords().data) * static_cast<std::ptrdiff_t>(n);
+  if (check_tokens) std::copy_n(tokens.begin() + first, n, tokens_.begin() + slot * n);
+  if (check_targets) std::copy_n(targets.begin() + first, n, targets_.begin());
+}
 
+template <class T>
+double Gpt<T>::forward(std::span<const std::int32_t> tokens,
+                       std::span<const std::int32_t> targets) {
+  require_allocated("forward");
+  require_whole("forward");
+  have_forward_ = have_logits_ = false;
+  take_ids(tokens, targets, true, true);
   ModelBuffers& B = *buffers_;
-  B.forward.reset();
-  B.backward.reset();
-  B.workspace.reset();
-  StepBuffers step = step_buffers();
-  clock_.phase = 0;
+  StepBuffers step = begin_forward_step();
   if (sharded_values_) {  // ZeRO-3: the values may have changed since (a step, a load)
     store_->forget_gathered();
     store_->gather_unit(0);
@@ -641,6 +745,7 @@ void Gpt<T>::backward(bool accumulate) {
   require(!options_.inference,
           "GPT backward: this model was built for inference (GptOptions::inference): it has no "
           "gradients");
+  require_whole("backward");
   require(have_forward_, "GPT backward: no forward pass to differentiate");
   have_forward_ = false;
   ModelBuffers& B = *buffers_;
@@ -728,6 +833,116 @@ void Gpt<T>::backward(bool accumulate) {
       return;
     }
     if (data_ > 1 && scheme_->defers_gradients())
+      for (Bucket& b : buckets_) issue_bucket(b);
+    for (Bucket& b : buckets_) wait_bucket(b);
+  });
+}
+
+template <class T>
+MatrixView<T> Gpt<T>::stage_input(int slot) {
+  require_stage("stage_input", slot);
+  require(!options_.pipeline.first(), "GPT stage_input: the first stage embeds its tokens");
+  return boundaries_[static_cast<std::size_t>(slot) * (blocks_.size() + 1)];
+}
+
+template <class T>
+ConstMatrixView<T> Gpt<T>::stage_output(int slot) const {
+  require_stage("stage_output", slot);
+  require(!options_.pipeline.last(), "GPT stage_output: the last stage ends in the loss");
+  return boundaries_[static_cast<std::size_t>(slot + 1) * (blocks_.size() + 1) - 1];
+}
+
+template <class T>
+MatrixView<T> Gpt<T>::stage_output_grad(int slot) {
+  require_stage("stage_output_grad", slot);
+  return output_grads_[static_cast<std::size_t>(slot)];
+}
+
+template <class T>
+double Gpt<T>::stage_forward(int slot, std::span<const std::int32_t> tokens,
+                             std::span<const std::int32_t> targets, bool differentiate) {
+  require_stage("stage_forward", slot);
+  const PipelineStage& ps = options_.pipeline;
+  const auto ids = static_cast<std::size_t>(slot);
+  take_ids(tokens, targets, ps.first(), ps.last(), ids);
+  ModelBuffers& B = *buffers_;
+  StepBuffers step = begin_forward_step();
+  const std::size_t n = blocks_.size();
+  MatrixView<T>* x = &boundaries_[static_cast<std::size_t>(slot) * (n + 1)];
+  if (ps.first())
+    timed(fwd_embedding, [&] {
+      embedding_->forward(std::span(tokens_).subspan(ids * targets_.size(), targets_.size()), x[0],
+                          step);
+    });
+  timed(fwd_blocks, [&] {
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t mark = B.forward.mark();
+      blocks_[i]->forward(x[i], x[i + 1], step);
+      B.forward.release(mark);
+    }
+  });
+  if (!ps.last()) return 0;
+  lnf_ = MatrixView<T>::dense(B.forward.take<T>(static_cast<std::size_t>(rows_ * cols_)), rows_,
+                              cols_, Order::row_major);
+  timed(fwd_ln_f, [&] { ln_f_->forward(x[n], lnf_, step); });
+  double loss = 0;
+  timed(fwd_lm_head, [&] { loss = head_->forward(lnf_, targets_, step); });
+  if (!differentiate) return loss;
+  // The head's backward at once: its statistics are not kept across
+  // microbatches (the gradients it adds are the same whenever it runs).
+  ArenaScope scope(B.backward);
+  const auto dlnf = MatrixView<T>::dense(
+      B.backward.take<T>(static_cast<std::size_t>(rows_ * cols_)), rows_, cols_, Order::row_major);
+  timed(bwd_lm_head, [&] { head_->backward(dlnf, step, true); });
+  timed(bwd_ln_f,
+        [&] { ln_f_->backward(dlnf, output_grads_[static_cast<std::size_t>(slot)], step, true); });
+  return loss;
+}
+
+template <class T>
+void Gpt<T>::stage_backward(int slot, bool final) {
+  require_stage("stage_backward", slot);
+  const PipelineStage& ps = options_.pipeline;
+  ModelBuffers& B = *buffers_;
+  StepBuffers step = step_buffers();
+  const std::size_t n = blocks_.size();
+  MatrixView<T>* x = &boundaries_[static_cast<std::size_t>(slot) * (n + 1)];
+  std::size_t bucket = 0;
+  const auto reduce_next = [&] {
+    if (final && data_ > 1 && !scheme_->defers_gradients()) issue_bucket(buckets_[bucket]);
+    ++bucket;
+  };
+  if (ln_f_) reduce_next();  // LN_f's gradients are final with the last head backward
+  MatrixView<T> dy = output_grads_[static_cast<std::size_t>(slot)];
+  int free = 0;
+  for (std::size_t i = n; i-- > 0;) {
+    // Recompute block i from its kept input into a free conjunction slot
+    // (backward does not read a block's output), then differentiate it.
+    const MatrixView<T> out = conj_[free];
+    B.forward.reset();
+    clock_.phase = 1;
+    timed(rec_blocks, [&] { blocks_[i]->forward(x[i], out, step); });
+    clock_.phase = 2;
+    timed(bwd_blocks, [&] { blocks_[i]->backward(dy, out, step, true); });
+    reduce_next();  // in flight while the blocks below run
+    dy = out;
+    free = 1 - free;
+  }
+  if (ps.first())
+    timed(bwd_embedding, [&] {
+      // this microbatch's ids (kept in its slot; the embedding holds the
+      // last forward's)
+      const std::size_t n = targets_.size();
+      embedding_->restore_tokens(
+          std::span<const std::int32_t>(tokens_).subspan(static_cast<std::size_t>(slot) * n, n));
+      embedding_->backward(dy, step, true);
+    });
+  if (embedding_) reduce_next();  // the last stage's copy: the head's gradients
+  input_grad_ = dy;
+  timed(bwd_data_axis, [&] {
+    scheme_->complete_deferred();
+    if (!final || data_ == 1) return;
+    if (scheme_->defers_gradients())
       for (Bucket& b : buckets_) issue_bucket(b);
     for (Bucket& b : buckets_) wait_bucket(b);
   });

@@ -260,6 +260,12 @@ void VocabEmbedding<T>::set_positions(std::span<const std::int32_t> positions) {
 }
 
 template <class T>
+void VocabEmbedding<T>::restore_tokens(std::span<const std::int32_t> tokens) {
+  check_ids(tokens, "token");
+  tokens_.assign(local_rows(tokens, batch_ * seq_, layout_.tokens));
+}
+
+template <class T>
 void VocabEmbedding<T>::forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
                                 StepBuffers& buffers) {
   check_ids(tokens, "token");

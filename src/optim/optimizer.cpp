@@ -403,7 +403,7 @@ double local_norm_sq(const ParameterStore<T>& store, ElementRange range) {
   for (std::size_t k = 0; k < store.params().size(); ++k) {
     const Param<T>* p = store.params()[k];
     const ParamShard& s = p->shard;
-    if (!s.owner || !p->held()) continue;
+    if (!s.owner || s.stage_copy || !p->held()) continue;
     // Each run of the parameter's local elements [x0, x0 + n) in the range
     // sits at packed positions from v0 on; a piece's rows inside it in one
     // call, the (at most two) rows it cuts in one call each.
@@ -443,13 +443,14 @@ double global_norm_sq(const ParameterStore<T>& store, ProcessGrid& grid, Element
 
 template <class T>
 double clip_grad_norm(ParameterStore<T>& store, ProcessGrid& grid, double max_norm,
-                      ElementRange sharded) {
+                      ElementRange sharded, Communicator* stages) {
   const bool bad = !(std::isfinite(max_norm) && max_norm >= 0);
   // The validity flag travels with the sum, so every rank of the tensor group
   // learns of a bad argument on any of them without a second collective.
   double sums[2] = {bad ? 0.0 : local_norm_sq(store, sharded), bad ? 1.0 : 0.0};
   grid.tensor().all_reduce(sums, sums, 2);
   if (sharded.count >= 0) grid.data().all_reduce(sums, sums, 2);
+  if (stages != nullptr) stages->all_reduce(sums, sums, 2);
   require(sums[1] == 0, [&] {
     return fmt::format(
         "clip_grad_norm: max_norm must be finite and >= 0 (got {} here; invalid on {} rank(s) "
@@ -487,14 +488,17 @@ template class Optimizer<bf16>;
 template std::unique_ptr<Optimizer<bf16>> make_optimizer(const OptimizerOptions&,
                                                          ParameterStore<bf16>&, ElementRange);
 template double global_norm_sq(const ParameterStore<bf16>&, ProcessGrid&, ElementRange);
-template double clip_grad_norm(ParameterStore<bf16>&, ProcessGrid&, double, ElementRange);
+template double clip_grad_norm(ParameterStore<bf16>&, ProcessGrid&, double, ElementRange,
+                               Communicator*);
 template std::unique_ptr<Optimizer<float>> make_optimizer(const OptimizerOptions&,
                                                           ParameterStore<float>&, ElementRange);
 template std::unique_ptr<Optimizer<double>> make_optimizer(const OptimizerOptions&,
                                                            ParameterStore<double>&, ElementRange);
 template double global_norm_sq(const ParameterStore<float>&, ProcessGrid&, ElementRange);
 template double global_norm_sq(const ParameterStore<double>&, ProcessGrid&, ElementRange);
-template double clip_grad_norm(ParameterStore<float>&, ProcessGrid&, double, ElementRange);
-template double clip_grad_norm(ParameterStore<double>&, ProcessGrid&, double, ElementRange);
+template double clip_grad_norm(ParameterStore<float>&, ProcessGrid&, double, ElementRange,
+                               Communicator*);
+template double clip_grad_norm(ParameterStore<double>&, ProcessGrid&, double, ElementRange,
+                               Communicator*);
 
 }  // namespace summa

@@ -10,13 +10,23 @@
 
 namespace summa {
 
+std::optional<std::string> pipeline_refused(const SchemeSpec& spec, std::string_view what) {
+  if (!spec.pipeline.active()) return std::nullopt;
+  return fmt::format(
+      "scheme '{}': {} does not run a pipeline axis (pipe=P:micro=M); pipelines train through "
+      "the summa::Trainer and PipelineGpt APIs for now (docs/training.md, \"Pipelines\")",
+      spec.str(), what);
+}
+
 ProcessGrid make_grid(MPI_Comm comm, const SchemeSpec& spec, GridOptions options) {
   int size = 0;
   MPI_Comm_size(comm, &size);
-  agree_on(comm, size == spec.ranks() ? std::nullopt
-                                      : std::optional<std::string>(fmt::format(
-                                            "scheme '{}' needs {} ranks, the communicator has {}",
-                                            spec.str(), spec.ranks(), size)));
+  std::optional<std::string> error =
+      pipeline_refused(spec, "a single grid (make_grid, ParallelGpt)");
+  if (!error && size != spec.ranks())
+    error = fmt::format("scheme '{}' needs {} ranks, the communicator has {}", spec.str(),
+                        spec.ranks(), size);
+  agree_on(comm, error);
   return scheme_row(spec.scheme).make_grid(comm, spec, options);
 }
 
@@ -61,6 +71,7 @@ template <class T>
 MemoryReport plan_memory(const SchemeSpec& spec, Backend& backend, const GptConfig& config,
                          index_t batch, index_t seq, const GridCoords& coords, GptOptions options) {
   options.plan_only = true;
+  if (const auto error = pipeline_refused(spec, "the memory planner")) throw Error(*error);
   ProcessGrid grid = ProcessGrid::plan(scheme_row(spec.scheme).grid_shape(spec), coords);
   const std::unique_ptr<SchemeContext<T>> context = make_context<T>(spec, grid, backend);
   const Gpt<T> model(*context, config, batch, seq, sharded(options, spec));

@@ -63,6 +63,7 @@ Varying varying(CommAxis a) {
     case CommAxis::tensor:
       return {false, true, true, true};
     case CommAxis::world:
+    case CommAxis::pipe:  // not a grid axis (parallel/pipeline.hpp): priced apart
     case CommAxis::other:
       break;
   }

@@ -2,6 +2,7 @@
 #include "summa/schemes/registry.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <charconv>
@@ -40,7 +41,9 @@ std::string grammar() {
   return fmt::format(
       "expected comma-separated items: one scheme of {}, optionally 'data=D' (or 'data=D:zero=1', "
       "the optimizer state sharded over the D groups, 'data=D:zero=2', the gradients too, or "
-      "'data=D:zero=3', the parameters too) and "
+      "'data=D:zero=3', the parameters too), optionally "
+      "'pipe=P[:micro=M][:limit=L][:schedule=axonn|gpipe|1f1b][:split=B1+B2+...]' (a pipeline "
+      "of P stages) and "
       "that scheme's options (e.g. "
       "'data=2,2d:q=2', '2d:q=2,panel=128,overlap=off', '3d:2x1x2,overlap=oar+ors')",
       schemes);
@@ -100,16 +103,98 @@ std::int64_t SchemeSpec::tensor_ranks() const {
   return scheme_row(scheme).tensor_ranks(*this);
 }
 
+std::string_view to_string(PipeSchedule s) {
+  switch (s) {
+    case PipeSchedule::axonn:
+      return "axonn";
+    case PipeSchedule::gpipe:
+      return "gpipe";
+    case PipeSchedule::one_f_one_b:
+      return "1f1b";
+  }
+  return "?";
+}
+
+PipeSchedule parse_pipe_schedule(std::string_view text, std::string_view what) {
+  for (const PipeSchedule s : {PipeSchedule::axonn, PipeSchedule::gpipe, PipeSchedule::one_f_one_b})
+    if (text == to_string(s)) return s;
+  throw Error(fmt::format("{} '{}': expected axonn, gpipe or 1f1b", what, text));
+}
+
+namespace {
+
+// pipe=P[:micro=M][:limit=L][:schedule=S][:split=B1+B2+...]
+PipelineSpec parse_pipeline(std::string_view item) {
+  PipelineSpec p;
+  std::string_view body = item.substr(5);
+  std::size_t colon = body.find(':');
+  p.stages = parse_positive(body.substr(0, colon), item);
+  std::vector<std::string_view> seen;
+  while (colon != std::string_view::npos) {
+    body = body.substr(colon + 1);
+    colon = body.find(':');
+    const std::string_view option = body.substr(0, colon);
+    const std::string_view key = option.substr(0, option.find('='));
+    require(option.find('=') != std::string_view::npos &&
+                std::find(seen.begin(), seen.end(), key) == seen.end(),
+            [&] {
+              return fmt::format(
+                  "scheme item '{}': '{}' is not an option of the pipeline (micro=M, limit=L, "
+                  "schedule=axonn|gpipe|1f1b, split=B1+B2+..., each once); {}",
+                  item, option, grammar());
+            });
+    seen.push_back(key);
+    const std::string_view value = option.substr(key.size() + 1);
+    if (key == "micro") {
+      p.micro = parse_positive(value, item);
+    } else if (key == "limit") {
+      p.limit = parse_positive(value, item);
+    } else if (key == "schedule") {
+      p.schedule = parse_pipe_schedule(value, fmt::format("scheme item '{}': schedule", item));
+    } else if (key == "split") {
+      for (std::string_view rest = value;;) {
+        const std::size_t plus = rest.find('+');
+        p.split.push_back(parse_positive(rest.substr(0, plus), item));
+        if (plus == std::string_view::npos) break;
+        rest = rest.substr(plus + 1);
+      }
+      require(static_cast<int>(p.split.size()) == p.stages, [&] {
+        return fmt::format("scheme item '{}': split gives {} stages their blocks, pipe={}", item,
+                           p.split.size(), p.stages);
+      });
+    } else {
+      throw Error(
+          fmt::format("scheme item '{}': '{}' is not an option of the pipeline (micro=M, limit=L, "
+                      "schedule=axonn|gpipe|1f1b, split=B1+B2+...); {}",
+                      item, key, grammar()));
+    }
+  }
+  return p;
+}
+
+std::string pipeline_text(const PipelineSpec& p) {
+  if (!p.active() && p.limit == 0 && p.schedule == PipeSchedule::axonn && p.split.empty())
+    return {};
+  std::string out = fmt::format("pipe={}", p.stages);
+  if (p.micro > 1) out += fmt::format(":micro={}", p.micro);
+  if (p.limit > 0) out += fmt::format(":limit={}", p.limit);
+  if (p.schedule != PipeSchedule::axonn) out += fmt::format(":schedule={}", to_string(p.schedule));
+  if (!p.split.empty()) out += fmt::format(":split={}", fmt::join(p.split, "+"));
+  return out + ",";
+}
+
+}  // namespace
+
 std::string SchemeSpec::str() const {
   return (data > 1 ? fmt::format("data={}{},", data, zero > 0 ? fmt::format(":zero={}", zero) : "")
                    : std::string()) +
-         scheme_row(scheme).text(*this);
+         pipeline_text(pipeline) + scheme_row(scheme).text(*this);
 }
 
 SchemeSpec SchemeSpec::parse(std::string_view text) {
   SchemeSpec spec;
   const SchemeRow* row = nullptr;
-  bool have_data = false;
+  bool have_data = false, have_pipe = false;
   std::vector<std::string_view> options;
   require(!text.empty(), [&] { return fmt::format("empty scheme; {}", grammar()); });
   std::string_view rest = text;
@@ -120,7 +205,12 @@ SchemeSpec SchemeSpec::parse(std::string_view text) {
     rest = more ? rest.substr(comma + 1) : std::string_view();
     require(!item.empty(), [&] { return fmt::format("scheme: an empty item; {}", grammar()); });
     const std::size_t colon = item.find(':');
-    if (colon != std::string_view::npos && !item.starts_with("data=")) {
+    if (item.starts_with("pipe=")) {
+      require(!have_pipe,
+              [&] { return fmt::format("scheme: 'pipe=' given twice; {}", grammar()); });
+      spec.pipeline = parse_pipeline(item);
+      have_pipe = true;
+    } else if (colon != std::string_view::npos && !item.starts_with("data=")) {
       const auto it = std::find_if(rows().begin(), rows().end(), [&](const SchemeRow* r) {
         return r->tag == item.substr(0, colon);
       });
@@ -184,7 +274,8 @@ SchemeSpec SchemeSpec::parse(std::string_view text) {
     });
   }
   // The whole job must fit an MPI communicator (int ranks).
-  const double total = static_cast<double>(spec.data) * static_cast<double>(spec.tensor_ranks());
+  const double total = static_cast<double>(spec.pipeline.stages) * static_cast<double>(spec.data) *
+                       static_cast<double>(spec.tensor_ranks());
   require(total <= static_cast<double>(std::numeric_limits<int>::max()), [&] {
     return fmt::format("scheme '{}': {:.4g} ranks, more than an MPI communicator holds ({})", text,
                        total, std::numeric_limits<int>::max());

@@ -121,8 +121,17 @@ Trainer<T>::Trainer(MPI_Comm comm, const TrainerOptions& options, Backend& backe
     }
     agree_on(comm, data_error);
   }
-  run_ = std::make_unique<ParallelGpt<T>>(comm, spec, backend, options_.config, options_.batch,
-                                          options_.seq, options_.gpt, options_.grid);
+  if (spec.pipeline.active()) {
+    pipeline_ =
+        std::make_unique<PipelineGpt<T>>(comm, spec, backend, options_.config, options_.batch,
+                                         options_.seq, options_.gpt, options_.grid);
+    run_ = &pipeline_->stage_run();
+  } else {
+    own_run_ =
+        std::make_unique<ParallelGpt<T>>(comm, spec, backend, options_.config, options_.batch,
+                                         options_.seq, options_.gpt, options_.grid);
+    run_ = own_run_.get();
+  }
   run_->model().init(options_.init_seed);
   // A sharded data axis (zero=1, 2): this data group updates, and keeps the
   // optimizer state of, its chunk of the packed parameters (zero=2: the only
@@ -145,11 +154,17 @@ StepStats Trainer<T>::train_step() {
   s.step = step_;
   loader_->fill(step_, io::Split::train, tokens_, targets_);
   GptModel<T>& m = run_->model();
-  s.loss = m.forward(tokens_, targets_);
-  m.backward();
-  // zero=2: the gradients are defined in this data group's chunk only
+  if (pipeline_) {
+    s.loss = pipeline_->step(tokens_, targets_);
+  } else {
+    s.loss = m.forward(tokens_, targets_);
+    m.backward();
+  }
+  // zero=2: the gradients are defined in this data group's chunk only; a
+  // pipeline's norm is summed over its stages
   s.grad_norm = clip_grad_norm(m.parameters_store(), run_->grid(), options_.clip,
-                               m.options().shard_gradients ? optimizer_->range() : ElementRange{});
+                               m.options().shard_gradients ? optimizer_->range() : ElementRange{},
+                               pipeline_ ? &pipeline_->pipe() : nullptr);
   s.lr = options_.schedule.at(step_);
   // Every rank decides alike: the loss and the norm are global (all-reduced
   // over every rank), and a NaN or an infinity survives any summation order,
@@ -192,7 +207,8 @@ double Trainer<T>::evaluate(int batches) {
   double sum = 0;
   for (int b = 0; b < batches; ++b) {
     loader_->fill(b, split, tokens_, targets_);
-    sum += run_->model().forward(tokens_, targets_);
+    sum += pipeline_ ? pipeline_->evaluate(tokens_, targets_)
+                     : run_->model().forward(tokens_, targets_);
   }
   return sum / batches;
 }
@@ -226,7 +242,18 @@ std::map<std::string, std::string> Trainer<T>::checkpoint_meta() const {
 }
 
 template <class T>
+void Trainer<T>::require_unpipelined(const char* what) const {
+  require(!pipeline_, [&] {
+    return fmt::format(
+        "trainer {}: the run is pipelined ({}); its checkpoints and Hugging Face files are not "
+        "written or read yet (train it without pipe=, or keep it in memory)",
+        what, options_.scheme);
+  });
+}
+
+template <class T>
 void Trainer<T>::save(const std::filesystem::path& root) {
+  require_unpipelined("save");
   // Through the optimizer: its state slots, and for bf16 the fp32 master
   // weights as the parameter values.
   save_checkpoint<T>(root, *optimizer_, CheckpointInfo{.step = step_, .meta = checkpoint_meta()},
@@ -235,6 +262,7 @@ void Trainer<T>::save(const std::filesystem::path& root) {
 
 template <class T>
 void Trainer<T>::load(const std::filesystem::path& path_or_root) {
+  require_unpipelined("load");
   MPI_Comm comm = run_->grid().native(CommAxis::world);
   const CheckpointInfo head = read_checkpoint_info(path_or_root, comm);
   // What must match before the tensors are read (the shapes are checked by
@@ -260,11 +288,13 @@ void Trainer<T>::load(const std::filesystem::path& path_or_root) {
 
 template <class T>
 void Trainer<T>::export_hf(const std::filesystem::path& dir) {
+  require_unpipelined("export_hf");
   io::export_hf_gpt2(run_->model(), dir);
 }
 
 template <class T>
 void Trainer<T>::import_hf(const std::filesystem::path& dir) {
+  require_unpipelined("import_hf");
   io::import_hf_gpt2(run_->model(), dir);
   optimizer_->refresh_master();  // bf16: the master follows the imported weights
 }

@@ -145,6 +145,7 @@ AxisPosition axis_position(CommAxis axis, const GridShape& s, const GridCoords& 
       return {s.rows * s.cols, c.row * s.cols + c.col};
     case CommAxis::tensor:
       return {s.depth * s.rows * s.cols, (c.depth * s.rows + c.row) * s.cols + c.col};
+    case CommAxis::pipe:
     case CommAxis::other:
       break;
   }
@@ -178,6 +179,7 @@ GridCoords member_coords(CommAxis axis, const GridShape& s, GridCoords c, int i)
       c.row = (i / s.cols) % s.rows;
       c.col = i % s.cols;
       break;
+    case CommAxis::pipe:
     case CommAxis::other:
       break;
   }

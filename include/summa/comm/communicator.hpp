@@ -26,8 +26,9 @@ namespace summa {
 class Communicator;
 class Watchdog;
 
-/// "broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter" or
-/// "barrier" for a request's kind code (reports and error messages).
+/// "broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter",
+/// "send", "recv" or "barrier" for a request's kind code (reports and error
+/// messages).
 const char* collective_name(int kind);
 
 /// Handle of an in-flight collective. Cheap to copy; completed exactly once.
@@ -81,6 +82,12 @@ class Communicator {
   /// block r. send == recv means in place (result in the first recv_count).
   Request ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t,
                           ReduceOp op);
+  /// Point to point (pipeline stage messages): `count` elements of `buf` to
+  /// group rank `peer`, which posts the matching irecv. Messages between two
+  /// ranks arrive in the order they were sent. Counted as sent here and
+  /// received there (count elements each).
+  Request isend(const void* buf, std::size_t count, DType t, int peer);
+  Request irecv(void* buf, std::size_t count, DType t, int peer);
 
   /// Blocks until `r` completes; resets it. Waiting on an inactive request is a no-op.
   void wait(Request& r);
@@ -117,9 +124,19 @@ class Communicator {
   }
 
  protected:
-  enum class Kind : std::uint8_t { broadcast, reduce, all_reduce, all_gather, reduce_scatter };
+  /// send and recv are point to point: `root` is the peer, and send's
+  /// buffer is `send`, recv's is `recv`.
+  enum class Kind : std::uint8_t {
+    broadcast,
+    reduce,
+    all_reduce,
+    all_gather,
+    reduce_scatter,
+    send,
+    recv
+  };
   /// Request kind code of a barrier (after the Kind values; watchdog reports).
-  static constexpr std::uint8_t barrier_code = 5;
+  static constexpr std::uint8_t barrier_code = 7;
   /// Issue the operation; return an implementation token for the request.
   virtual std::uintptr_t start(Kind kind, const void* send, void* recv, std::size_t count, DType t,
                                ReduceOp op, int root) = 0;

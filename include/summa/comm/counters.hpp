@@ -32,9 +32,10 @@ enum class CommAxis : std::uint8_t {
   mesh_col,  ///< ranks in my mesh column: same (data, depth, col), row varies
   mesh,      ///< my rows x cols plane: same (data, depth)
   tensor,    ///< my depth x rows x cols model-parallel group: same data
+  pipe,      ///< pipeline stages: same rank in every stage (parallel/pipeline.hpp)
   other,     ///< communicators made by the user outside a grid
 };
-inline constexpr std::size_t comm_axis_count = 8;
+inline constexpr std::size_t comm_axis_count = 9;
 
 std::string_view name_of(CommAxis axis);
 

@@ -137,6 +137,47 @@ class Gpt final : public GptModel<T> {
                                         std::span<const std::uint64_t> steps,
                                         index_t vocab_limit = 0);
 
+  // ---- a pipeline stage (GptOptions::pipeline active) ----------------------
+  // The model is one stage of PipelineGpt: `batch` is one microbatch's global
+  // sequences and every call names the activation slot (0 .. slots - 1) the
+  // microbatch occupies from its forward until its backward.
+  /// The microbatch's forward on this stage: the embedding of `tokens` (the
+  /// first stage; global [batch, seq] ids of the microbatch) or the input in
+  /// stage_input(slot), the stage's blocks (each block's input kept in the
+  /// slot), and on the last stage LN_f, the head's loss against `targets`
+  /// and at once the head's and LN_f's backward into stage_output_grad(slot)
+  /// (their state is not kept across microbatches). Returns the last stage's
+  /// loss share of this data group (normalised by loss_tokens, not reduced
+  /// over the data axis); 0 elsewhere. The ids a stage does not use may be
+  /// empty. `differentiate` false (evaluation): no head backward, no
+  /// gradient touched.
+  double stage_forward(int slot, std::span<const std::int32_t> tokens,
+                       std::span<const std::int32_t> targets, bool differentiate = true);
+  /// The microbatch's backward on this stage from stage_output_grad(slot):
+  /// each block recomputed from its kept input and differentiated, then the
+  /// embedding's backward (first stage) or dL/d input in stage_input_grad().
+  /// Gradients are always added to (zero them at the start of a batch).
+  /// `final` (the batch's last microbatch): the data-axis buckets are
+  /// issued as each block finishes and completed before it returns, as
+  /// backward() does.
+  void stage_backward(int slot, bool final);
+  /// Where the previous stage's output lands (not on the first stage).
+  MatrixView<T> stage_input(int slot);
+  /// The stage's output after stage_forward (not on the last stage); kept
+  /// until the slot's backward.
+  ConstMatrixView<T> stage_output(int slot) const;
+  /// dL/d stage output: where the next stage's gradient lands (the last
+  /// stage's head writes it).
+  MatrixView<T> stage_output_grad(int slot);
+  /// dL/d stage input after stage_backward (not on the first stage); valid
+  /// until the next stage_backward.
+  ConstMatrixView<T> stage_input_grad() const { return input_grad_; }
+  /// The blocks [first, last) this model holds (the whole model: 0, n_layer).
+  int first_block() const { return first_block_; }
+  int last_block() const { return first_block_ + static_cast<int>(blocks_.size()); }
+  bool has_embedding() const { return embedding_ != nullptr; }
+  bool has_head() const { return head_ != nullptr; }
+
   /// Data-parallel groups and the sequences each one takes.
   int data_groups() const { return data_; }
   index_t local_batch() const { return local_batch_; }
@@ -218,6 +259,13 @@ class Gpt final : public GptModel<T> {
   index_t block_value_slots_ = 2;
 
   void require_allocated(const char* what) const;
+  bool staged() const { return options_.pipeline.active(); }
+  void require_stage(const char* what, int slot) const;
+  void require_whole(const char* what) const;
+  void take_ids(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+                bool check_tokens, bool check_targets, std::size_t slot = 0);
+  int first_block_ = 0;
+  std::vector<MatrixView<T>> output_grads_;  // pipeline: dL/d stage output, per slot
   /// Per-block checkpoints (Recompute::full).
   bool checkpointed() const { return options_.recompute == Recompute::full; }
 
@@ -258,6 +306,7 @@ class Gpt final : public GptModel<T> {
   };
   Clock clock_{*this};
   StepBuffers step_buffers();
+  StepBuffers begin_forward_step();
 
   index_t rows_ = 0, cols_ = 0;  // local activation block
   ModelBuffers::Sizes sizes_{};  // of every step buffer

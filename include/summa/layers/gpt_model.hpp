@@ -39,6 +39,29 @@ std::string_view to_string(Recompute r);
 /// `text` and `what` (the flag or field it came from).
 Recompute parse_recompute(std::string_view text, std::string_view what);
 
+/// A pipeline stage's share of the model (GptOptions::pipeline, set by
+/// PipelineGpt, parallel/pipeline.hpp): blocks [first_block, last_block)
+/// with their global names, the embedding on the first stage, LN_f and the
+/// LM head on the last (which keeps its own copy of the tied embedding, as
+/// Megatron-LM does), and activation slots for `slots` microbatches in
+/// flight. Inactive (stages = 0): the whole model, run by forward() and
+/// backward(). A pipeline of one stage is the whole model run per
+/// microbatch (gradient accumulation).
+struct PipelineStage {
+  int stage = 0;        ///< this stage, 0 .. stages - 1
+  int stages = 0;       ///< pipeline stages; 0: not a pipeline stage
+  int first_block = 0;  ///< the stage's blocks: [first_block, last_block)
+  int last_block = 0;
+  int slots = 1;  ///< microbatches whose activations this stage keeps at once
+  /// Tokens of the whole batch (all microbatches, all data groups): the
+  /// loss's normaliser, so that the microbatches' losses and gradients add
+  /// up to the batch's.
+  index_t loss_tokens = 0;
+  bool active() const { return stages > 0; }
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == stages - 1; }
+};
+
 struct GptOptions {
   /// What backward recomputes (Recompute): full per-block checkpointing by
   /// default.
@@ -91,6 +114,12 @@ struct GptOptions {
   /// gradients, 3D's ORS) and reduced onto the chunks' groups as zero=2's.
   /// Training only: a model built for inference ignores it.
   bool shard_parameters = false;
+  /// A pipeline stage (PipelineStage; set by PipelineGpt): the model holds
+  /// only the stage's modules and runs per microbatch through
+  /// Gpt::stage_forward / stage_backward (forward() and backward() throw).
+  /// Needs recompute full and training; not with distributed checkpoints,
+  /// zero >= 2 or a key/value cache.
+  PipelineStage pipeline{};
 };
 
 /// One part of a training step as GptModel::profile reports it: its name in

@@ -69,6 +69,11 @@ struct ParamShard {
   index_t local_rows = 0, local_cols = 0;
   std::vector<ShardPiece> pieces;
   bool owner = true;
+  /// A whole copy of a parameter another pipeline stage holds (the tied
+  /// embedding on a pipeline's last stage, parallel/pipeline.hpp): updated
+  /// like the original, counted by neither the gradient norm nor a
+  /// checkpoint (the original is).
+  bool stage_copy = false;
 
   index_t local_size() const { return local_rows * local_cols; }
   index_t global_size() const;
@@ -279,6 +284,13 @@ class EmbeddingModule : public Module<T> {
   virtual void forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
                        StepBuffers& buffers) = 0;
   virtual void backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate = false) = 0;
+  /// The ids the next backward scatters its gradient to, as forward(tokens)
+  /// keeps them, without the forward: a pipeline stage differentiates a
+  /// microbatch after other microbatches' forwards (parallel/pipeline.hpp).
+  /// The scheme's embeddings implement it; this default throws.
+  virtual void restore_tokens(std::span<const std::int32_t> /*tokens*/) {
+    throw Error("this embedding cannot restore its ids (restore_tokens)");
+  }
   /// The token embedding [vocab, hidden] (the tied LM head multiplies with it).
   virtual Param<T>& wte() = 0;
   /// The position of each of the layer's batch*seq tokens (its data

@@ -70,6 +70,7 @@ class VocabEmbedding : public EmbeddingModule<T> {
   void check_ids(std::span<const std::int32_t> ids, const char* what) const override;
   void price(cost::Tally& t, model::Phase phase) const override;
   void set_positions(std::span<const std::int32_t> positions) override;
+  void restore_tokens(std::span<const std::int32_t> tokens) override;
   void forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
                StepBuffers& buffers) override;
   void backward(ConstMatrixView<T> dY, StepBuffers& buffers, bool accumulate = false) override;

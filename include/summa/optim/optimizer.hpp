@@ -298,9 +298,14 @@ double global_norm_sq(const ParameterStore<T>& store, ProcessGrid& grid, Element
 /// `sharded`, one over grid.data() too); throws summa::Error on every rank
 /// of the tensor group if max_norm is negative or not finite on any of
 /// them. No heap allocation unless it throws.
+///
+/// `stages` (a pipeline's pipe communicator, PipelineGpt::pipe): the store
+/// is one stage's, and the norm is summed over the stages too (one more
+/// all-reduce of 2 doubles); the stages' copies of a parameter
+/// (ParamShard::stage_copy) count once.
 template <class T>
 double clip_grad_norm(ParameterStore<T>& store, ProcessGrid& grid, double max_norm,
-                      ElementRange sharded = {});
+                      ElementRange sharded = {}, Communicator* stages = nullptr);
 
 extern template ElementRange data_chunk(const ParameterStore<float>&, int, int);
 extern template ElementRange data_chunk(const ParameterStore<double>&, int, int);
@@ -329,9 +334,12 @@ extern template std::unique_ptr<Optimizer<bf16>> make_optimizer(const OptimizerO
 extern template double global_norm_sq(const ParameterStore<float>&, ProcessGrid&, ElementRange);
 extern template double global_norm_sq(const ParameterStore<double>&, ProcessGrid&, ElementRange);
 extern template double global_norm_sq(const ParameterStore<bf16>&, ProcessGrid&, ElementRange);
-extern template double clip_grad_norm(ParameterStore<float>&, ProcessGrid&, double, ElementRange);
-extern template double clip_grad_norm(ParameterStore<double>&, ProcessGrid&, double, ElementRange);
-extern template double clip_grad_norm(ParameterStore<bf16>&, ProcessGrid&, double, ElementRange);
+extern template double clip_grad_norm(ParameterStore<float>&, ProcessGrid&, double, ElementRange,
+                                      Communicator*);
+extern template double clip_grad_norm(ParameterStore<double>&, ProcessGrid&, double, ElementRange,
+                                      Communicator*);
+extern template double clip_grad_norm(ParameterStore<bf16>&, ProcessGrid&, double, ElementRange,
+                                      Communicator*);
 
 namespace optim {
 extern template void adamw_update(float*, const float*, float*, float*, index_t,

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,8 +20,14 @@
 namespace summa {
 
 /// The grid of a scheme on `comm` (whose size must be spec.ranks(); the same
-/// error on every rank otherwise).
+/// error on every rank otherwise). A scheme with a pipeline axis
+/// (spec.pipeline.active()) has no single grid: refused (PipelineGpt builds
+/// one per stage).
 ProcessGrid make_grid(MPI_Comm comm, const SchemeSpec& spec, GridOptions options = {});
+
+/// The error a consumer of single-grid schemes (`what`) gives a spec with a
+/// pipeline axis, or nothing.
+std::optional<std::string> pipeline_refused(const SchemeSpec& spec, std::string_view what);
 
 /// A distributed GPT under a scheme: owns the grid, the scheme's layer
 /// context (schemes/registry.hpp; for 2D with its SUMMA engine, whose options

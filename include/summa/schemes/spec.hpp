@@ -13,7 +13,14 @@
 ///                   (default), 1 the optimizer state (and bf16's fp32
 ///                   master weights) split over the D groups, 2 the
 ///                   gradients reduced to their chunk's group too (ZeRO-2's
-///                   communication); needs D > 1
+///                   communication), 3 the parameters too; needs D > 1
+///   pipe=P[:micro=M][:limit=L][:schedule=S][:split=B1+B2+...]
+///                   a pipeline of P stages (PipelineSpec;
+///                   parallel/pipeline.hpp): the batch in M microbatches
+///                   (default 1), S = axonn (the message-driven schedule,
+///                   the default, at most L microbatches in flight, default
+///                   P), gpipe or 1f1b, the blocks per stage B1..BP (default:
+///                   balanced)
 /// and the options of the chosen scheme:
 ///   1d  sp=on|off      Megatron's sequence parallelism (default off): the
 ///                      outer activations split by tokens over the P ranks
@@ -25,6 +32,7 @@
 ///   3d  overlap=LIST   the AxoNN overlaps on, '+'-separated from oar, ors,
 ///                      oag, or 'none' (default: oar; see Axonn3DOptions)
 /// e.g. "2d:q=3", "1d:p=4", "1d:p=4,sp=on", "1d:p=4,dc=on", "3d:2x2x2", "data=2,2d:q=2",
+/// "pipe=4:micro=8:limit=4,2d:q=2", "data=2,pipe=2:micro=4:schedule=1f1b,1d:p=2",
 /// "data=4:zero=1,1d:p=2", "2d:q=2,panel=128,overlap=off", "3d:1x1x4,overlap=oar+ors+oag". Each
 /// scheme's options are its own type (Megatron1DSpec, Summa2DSpec, Axonn3DSpec in
 /// schemes/<scheme>/spec.hpp), read with spec.as<...>().
@@ -67,6 +75,35 @@ class SchemeOptionsOf : public SchemeOptions {
   friend bool operator==(const SchemeOptionsOf&, const SchemeOptionsOf&) { return true; }
 };
 
+/// A pipeline's schedule (parallel/pipeline.hpp).
+enum class PipeSchedule : std::uint8_t {
+  axonn,        ///< AxoNN's message-driven schedule
+  gpipe,        ///< all forwards, then all backwards
+  one_f_one_b,  ///< PipeDream-flush (Megatron-LM's 1F1B)
+};
+
+/// "axonn", "gpipe" or "1f1b".
+std::string_view to_string(PipeSchedule s);
+/// The inverse of to_string; anything else throws summa::Error naming
+/// `text` and `what`.
+PipeSchedule parse_pipe_schedule(std::string_view text, std::string_view what);
+
+/// The pipeline axis of a scheme (the text's pipe= item; PipelineGpt).
+struct PipelineSpec {
+  int stages = 1;  ///< P
+  int micro = 1;   ///< microbatches per batch, M (the batch divides into them)
+  /// axonn: microbatches in flight at most (AxoNN's pipeline_limit); 0:
+  /// `stages`. Capped at `micro`.
+  int limit = 0;
+  PipeSchedule schedule = PipeSchedule::axonn;
+  /// Blocks per stage (P values adding up to n_layer, each >= 1); empty:
+  /// pipeline_split's balance.
+  std::vector<int> split;
+  /// More than one stage or microbatch: the model runs through PipelineGpt.
+  bool active() const { return stages > 1 || micro > 1; }
+  friend bool operator==(const PipelineSpec&, const PipelineSpec&) = default;
+};
+
 struct SchemeSpec {
   /// The scheme: its registry row's tag ("1d", "2d", "3d"; schemes/registry.hpp).
   std::string scheme;
@@ -76,6 +113,8 @@ struct SchemeSpec {
   /// parallelism"). parse() refuses levels above 1 and a level > 0 with
   /// data = 1.
   int zero = 0;
+  /// The pipeline axis (inactive by default: one stage, one microbatch).
+  PipelineSpec pipeline;
 
   SchemeSpec() = default;
   /// The scheme `tag` with its options `options` (that scheme's type) and
@@ -87,6 +126,7 @@ struct SchemeSpec {
       : scheme(o.scheme),
         data(o.data),
         zero(o.zero),
+        pipeline(o.pipeline),
         options_(o.options_ ? o.options_->clone() : nullptr) {}
   SchemeSpec(SchemeSpec&&) noexcept = default;
   SchemeSpec& operator=(const SchemeSpec& o) {
@@ -123,9 +163,17 @@ struct SchemeSpec {
 
   /// Ranks of one tensor group (P, Q², X·Y·Z).
   std::int64_t tensor_ranks() const;
-  /// All ranks: data · tensor_ranks() (64-bit; parse() refuses a spec whose
-  /// product exceeds what an MPI communicator holds).
-  std::int64_t ranks() const { return static_cast<std::int64_t>(data) * tensor_ranks(); }
+  /// All ranks: stages · data · tensor_ranks() (64-bit; parse() refuses a
+  /// spec whose product exceeds what an MPI communicator holds).
+  std::int64_t ranks() const {
+    return static_cast<std::int64_t>(pipeline.stages) * data * tensor_ranks();
+  }
+  /// The same scheme without its pipeline axis: one stage's.
+  SchemeSpec stage() const {
+    SchemeSpec s(*this);
+    s.pipeline = {};
+    return s;
+  }
   /// Canonical text, parseable back ("data=2,2d:q=2", "data=2:zero=1,...";
   /// "data=1" and "zero=0" omitted).
   std::string str() const;
@@ -133,6 +181,7 @@ struct SchemeSpec {
   static SchemeSpec parse(std::string_view text);
   friend bool operator==(const SchemeSpec& a, const SchemeSpec& b) {
     return a.scheme == b.scheme && a.data == b.data && a.zero == b.zero &&
+           a.pipeline == b.pipeline &&
            (a.options_ == nullptr ? b.options_ == nullptr
                                   : b.options_ != nullptr && a.options_->equals(*b.options_));
   }

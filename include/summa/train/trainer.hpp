@@ -31,6 +31,7 @@
 #include "summa/io/checkpoint.hpp"
 #include "summa/io/data.hpp"
 #include "summa/optim/optimizer.hpp"
+#include "summa/parallel/pipeline.hpp"
 #include "summa/parallel/scheme.hpp"
 
 namespace summa {
@@ -38,7 +39,10 @@ namespace summa {
 struct TrainerOptions {
   GptConfig config;
   /// Scheme text (SchemeSpec::parse); its rank count must equal the
-  /// communicator's size.
+  /// communicator's size. With a pipeline axis (pipe=P:micro=M) the model
+  /// trains through PipelineGpt; saving, loading and the Hugging Face
+  /// export / import of a pipelined run are not supported yet (they throw
+  /// summa::Error on every rank).
   std::string scheme = "2d:q=1";
   index_t batch = 8;  ///< global sequences per step
   index_t seq = 32;   ///< tokens per sequence
@@ -133,16 +137,23 @@ class Trainer {
   void import_hf(const std::filesystem::path& dir);
 
   const TrainerOptions& options() const { return options_; }
+  /// The model's ParallelGpt: with a pipeline, this rank's stage's.
   ParallelGpt<T>& parallel() { return *run_; }
   GptModel<T>& model() { return run_->model(); }
+  /// The pipeline (a scheme with pipe=P:micro=M), or null.
+  PipelineGpt<T>* pipeline() { return pipeline_.get(); }
   Optimizer<T>& optimizer() { return *optimizer_; }
   const io::TokenLoader& loader() const { return *loader_; }
   /// The metadata a checkpoint of this trainer carries.
   std::map<std::string, std::string> checkpoint_meta() const;
 
  private:
+  void require_unpipelined(const char* what) const;
+
   TrainerOptions options_;
-  std::unique_ptr<ParallelGpt<T>> run_;
+  std::unique_ptr<PipelineGpt<T>> pipeline_;  // a scheme with a pipeline axis
+  std::unique_ptr<ParallelGpt<T>> own_run_;   // else
+  ParallelGpt<T>* run_ = nullptr;             // the stage's, or own_run_
   std::unique_ptr<Optimizer<T>> optimizer_;
   std::unique_ptr<io::TokenLoader> loader_;
   std::vector<std::int32_t> tokens_, targets_;

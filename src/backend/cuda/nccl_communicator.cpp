@@ -290,6 +290,12 @@ std::uintptr_t NcclCommunicator::start(Kind kind, const void* send, void* recv, 
         case Kind::reduce_scatter:
           h.reduce_scatter(send, recv, count, t, op);
           break;
+        case Kind::send:
+        case Kind::recv:  // a blocking host send could wait on its own peer's send
+          throw Error(fmt::format(
+              "{}: point-to-point messages of host buffers are not supported here; pass "
+              "device buffers",
+              where_of(m.axis)));
       }
       return host_token;
     }
@@ -345,6 +351,12 @@ std::uintptr_t NcclCommunicator::start(Kind kind, const void* send, void* recv, 
           }
           break;
         }
+        case Kind::send:
+          m.check(ncclSend(send, count, type, root, m.nccl, s), "ncclSend");
+          break;
+        case Kind::recv:
+          m.check(ncclRecv(recv, count, type, root, m.nccl, s), "ncclRecv");
+          break;
       }
     }
     m.cuda(cudaEventRecord(m.events[static_cast<std::size_t>(slot)], m.comm_stream),

@@ -129,6 +129,12 @@ struct StagedCommunicator::Impl {
       case Kind::reduce_scatter:
         p = {all, send, 0, all, recv, bytes};
         break;
+      case Kind::send:
+        p = {bytes, send, 0, bytes, nullptr, 0};
+        break;
+      case Kind::recv:
+        p = {bytes, nullptr, 0, 0, recv, bytes};
+        break;
     }
     if (count == 0) p = Plan{};
     return p;
@@ -139,8 +145,8 @@ struct StagedCommunicator::Impl {
     const std::size_t begin = align_up(top);
     const bool fits = begin <= capacity && p.stage_bytes <= capacity - begin;
     require(fits || p.stage_bytes == 0, [&] {
-      static const char* names[] = {"broadcast", "reduce", "all_reduce", "all_gather",
-                                    "reduce_scatter"};
+      static const char* names[] = {"broadcast",      "reduce", "all_reduce", "all_gather",
+                                    "reduce_scatter", "send",   "recv"};
       return fmt::format(
           "{}: {} needs {} staging bytes but {} of the {}-byte pinned buffer are free ({} "
           "requests in flight); construct with a larger staging_bytes "
@@ -228,6 +234,18 @@ struct StagedCommunicator::Impl {
         else
           check_mpi(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, n, type, o, mpi),
                     "MPI_Reduce_scatter_block");
+        break;
+      case Kind::send:
+        if (request)
+          check_mpi(MPI_Isend(buf, n, type, root, 0, mpi, request), "MPI_Isend");
+        else
+          check_mpi(MPI_Send(buf, n, type, root, 0, mpi), "MPI_Send");
+        break;
+      case Kind::recv:
+        if (request)
+          check_mpi(MPI_Irecv(buf, n, type, root, 0, mpi, request), "MPI_Irecv");
+        else
+          check_mpi(MPI_Recv(buf, n, type, root, 0, mpi, MPI_STATUS_IGNORE), "MPI_Recv");
         break;
     }
   }

@@ -119,6 +119,12 @@ void Embedding2D<T>::set_positions(std::span<const std::int32_t> positions) {
 }
 
 template <class T>
+void Embedding2D<T>::restore_tokens(std::span<const std::int32_t> tokens) {
+  check_ids(tokens, "token");
+  tokens_.assign(tokens);
+}
+
+template <class T>
 void Embedding2D<T>::forward(std::span<const std::int32_t> tokens, MatrixView<T> Y,
                              StepBuffers& buffers) {
   check_ids(tokens, "token");

@@ -176,6 +176,7 @@ class Embedding2D final : public EmbeddingModule<T> {
   /// [0, vocab) (what = "token" or "target", for the message).
   void check_ids(std::span<const std::int32_t> ids, const char* what) const override;
   void set_positions(std::span<const std::int32_t> positions) override;
+  void restore_tokens(std::span<const std::int32_t> tokens) override;
 
   /// Y [batch*seq/q, h/q] = wte[tokens] + wpe[positions] (local block).
   /// `tokens` are host memory; they are copied to backend memory the layer

@@ -1,0 +1,167 @@
+#pragma once
+/// \file pipeline.hpp
+/// A pipeline axis over any tensor scheme and data axis (issue 28): the
+/// model's blocks split into P contiguous stages, each stage a ParallelGpt
+/// of the tensor scheme (its own grid of data x tensor ranks), the batch cut
+/// into M microbatches that flow through the stages and are flushed every
+/// batch, so the gradients are exactly the whole batch's.
+///
+/// Ranks: P x spec.ranks(); rank r is in stage r / spec.ranks() (a stage's
+/// ranks are consecutive, so a tensor group stays inside a node), and the
+/// pipe communicator (CommAxis::pipe) joins the ranks with the same place
+/// in every stage. Stage messages (a microbatch's activations forward, their
+/// gradient backward) are non-blocking point-to-point calls on it, counted
+/// by its traffic counter and guarded by the grid's watchdog settings.
+///
+/// Schedules (PipeSchedule):
+///  - axonn: AxoNN's message-driven schedule (Singh and Bhatele, IPDPS 2022,
+///    section IV): every stage keeps a receive posted from each neighbour and
+///    acts on whichever message arrives first, forward from the previous
+///    stage or backward from the next; the first stage injects a new
+///    microbatch whenever fewer than `limit` are in flight; the last stage
+///    runs a microbatch's backward as soon as its forward is done.
+///  - gpipe: every forward, then every backward (Huang et al. 2019).
+///  - one_f_one_b: PipeDream-flush as Megatron-LM runs it: P - 1 - s
+///    warm-up forwards on stage s, then one forward and one backward in
+///    turn, then the remaining backwards.
+/// Every schedule runs each stage's backwards in microbatch order, so the
+/// gradients are the same bits whatever the schedule.
+///
+/// Tied embedding: the last stage keeps its own copy of the embedding (the
+/// token embedding for the LM head, as Megatron-LM does, and the unused
+/// position embedding); after the flush the two copies' gradients are
+/// exchanged and added over the pipe communicator, so both copies take the
+/// same update and stay equal bit for bit.
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "summa/comm/mpi_communicator.hpp"
+#include "summa/comm/watchdog.hpp"
+#include "summa/memory/arena.hpp"
+#include "summa/parallel/scheme.hpp"
+
+namespace summa {
+
+/// The pipeline's options: the scheme text's pipe= item (schemes/spec.hpp).
+using PipelineOptions = PipelineSpec;
+
+/// Blocks per stage: options.split checked (summa::Error naming it), or
+/// n_layer spread as evenly as it divides, the remainder given to the
+/// middle stages first (the first stage also embeds, the last also runs the
+/// LM head and the loss). Throws summa::Error when a stage would hold no
+/// block (n_layer < stages) or the options are not positive.
+std::vector<int> pipeline_split(const GptConfig& config, const PipelineOptions& options);
+
+/// One operation of a stage: the forward or the backward of a microbatch.
+struct PipeOp {
+  bool forward = true;
+  int micro = 0;
+  friend bool operator==(const PipeOp&, const PipeOp&) = default;
+};
+
+/// The static order of stage `stage`'s operations under gpipe or
+/// one_f_one_b (axonn has none: it follows the messages); throws
+/// summa::Error for axonn.
+std::vector<PipeOp> pipeline_order(PipeSchedule schedule, int stage, int stages, int micro);
+
+/// Activation slots stage `stage` needs: the most microbatches it holds at
+/// once (gpipe: M; 1f1b: min(M, P - s); axonn: min(M, limit)).
+int pipeline_slots(const PipelineOptions& options, int stage);
+
+/// A GPT trained through a pipeline of stages (see the file comment): the
+/// scheme `spec` with its pipeline axis (spec.pipeline; every stage runs
+/// spec.stage()). Collective over `comm`, whose size must be spec.ranks().
+/// The stage models use MPI communicators (GridOptions::comm = mpi).
+template <class T>
+class PipelineGpt {
+ public:
+  /// `batch`: the global batch (sequences); each microbatch takes batch / M
+  /// consecutive sequences of it, which must divide over the data groups.
+  /// Throws the same summa::Error on every rank for a bad combination.
+  PipelineGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& backend, const GptConfig& config,
+              index_t batch, index_t seq, GptOptions options = {}, GridOptions grid = {});
+  ~PipelineGpt();
+  PipelineGpt(const PipelineGpt&) = delete;
+  PipelineGpt& operator=(const PipelineGpt&) = delete;
+
+  /// Initialises every stage's weights (the global weights of
+  /// reference::Gpt(config, seed), both embedding copies alike).
+  void init(std::uint64_t seed);
+  /// Forward and backward of the whole batch (global [batch, seq] ids, the
+  /// same on every rank) through the schedule, flushed: this stage's
+  /// gradients of the batch's mean loss in its store (overwritten), the
+  /// data axis reduced, the embedding copies' gradients added. Returns the
+  /// mean loss on every rank.
+  double step(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets);
+  /// The batch's mean loss without gradients (evaluation): the microbatches'
+  /// forwards one after another through the stages; the gradients are left
+  /// as they are. On every rank.
+  double evaluate(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets);
+
+  int stage() const { return stage_; }
+  int stages() const { return options_.stages; }
+  const PipelineOptions& options() const { return options_; }
+  /// This stage's blocks [first, last).
+  int first_block() const { return model().first_block(); }
+  int last_block() const { return model().last_block(); }
+  ParallelGpt<T>& stage_run() { return *run_; }
+  Gpt<T>& model() const { return run_->model(); }
+  ProcessGrid& grid() { return run_->grid(); }
+  Communicator& pipe() { return *pipe_; }
+  /// Bytes and calls of the stage messages (and the embedding exchange and
+  /// the loss's broadcast) on this rank since construction or the reset.
+  const TrafficCounter& pipe_traffic() const { return pipe_counter_; }
+  void reset_pipe_traffic() { pipe_counter_ = {}; }
+  /// The operations this stage ran in the last step, in order.
+  std::span<const PipeOp> trace() const { return trace_; }
+  /// The most microbatches this stage held at once in the last step.
+  int peak_in_flight() const { return peak_in_flight_; }
+
+ private:
+  void check_ids(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets) const;
+  double reduce_loss(double loss);
+  // One microbatch's ids.
+  std::span<const std::int32_t> micro_ids(std::span<const std::int32_t> ids, int m) const;
+  void forward_micro(int m, int slot);
+  void backward_micro(int m);
+  void post_receives();
+  void run_static();
+  void run_message_driven();
+  void exchange_embedding_grads();
+
+  PipelineOptions options_;
+  int stage_ = 0;
+  index_t batch_ = 0, seq_ = 0, micro_batch_ = 0;
+  std::unique_ptr<ParallelGpt<T>> run_;
+  TrafficCounter pipe_counter_;
+  std::unique_ptr<Watchdog> watchdog_;  // outlives the communicator it guards
+  std::unique_ptr<MpiCommunicator> pipe_;
+  std::unique_ptr<Arena> scratch_;  // the other embedding copy's gradients
+  T* peer_grads_ = nullptr;
+  T* embedding_grads_ = nullptr;  // this copy's (wte, then wpe)
+  std::size_t embedding_count_ = 0;
+
+  // A step's state.
+  std::span<const std::int32_t> tokens_, targets_;
+  std::vector<int> free_slots_, slot_of_;
+  std::vector<Request> forward_sends_;  // per slot
+  Request input_grad_send_, forward_recv_, backward_recv_;
+  int forward_recv_micro_ = -1, forward_recv_slot_ = -1, backward_recv_micro_ = -1;
+  int next_forward_ = 0, next_backward_ = 0, next_recv_forward_ = 0, next_recv_backward_ = 0;
+  std::vector<char> received_;  // per micro: its gradient (or input) has arrived
+  double loss_ = 0;
+  std::vector<PipeOp> trace_;
+  int in_flight_ = 0, peak_in_flight_ = 0;
+};
+
+extern template class PipelineGpt<float>;
+extern template class PipelineGpt<double>;
+extern template class PipelineGpt<bf16>;
+
+}  // namespace summa

@@ -1,0 +1,438 @@
+#include "summa/parallel/pipeline.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "summa/comm/consensus.hpp"
+
+namespace summa {
+
+std::vector<int> pipeline_split(const GptConfig& config, const PipelineOptions& o) {
+  require(o.stages >= 1 && o.micro >= 1 && o.limit >= 0, [&] {
+    return fmt::format(
+        "pipeline: stages={}, micro={} and limit={} must be positive (limit 0: the stages)",
+        o.stages, o.micro, o.limit);
+  });
+  const int stages = o.stages, n = config.n_layer;
+  if (!o.split.empty()) {
+    const bool positive = std::all_of(o.split.begin(), o.split.end(), [](int b) { return b >= 1; });
+    const long long sum = std::accumulate(o.split.begin(), o.split.end(), 0LL);
+    require(static_cast<int>(o.split.size()) == stages && positive && sum == n, [&] {
+      return fmt::format(
+          "pipeline: split {} must give each of the {} stages at least one block and add up to "
+          "n_layer={}",
+          fmt::join(o.split, "+"), stages, n);
+    });
+    return o.split;
+  }
+  require(n >= stages, [&] {
+    return fmt::format("pipeline: {} stages need at least one block each; the model has n_layer={}",
+                       stages, n);
+  });
+  std::vector<int> split(static_cast<std::size_t>(stages), n / stages);
+  int extra = n % stages;
+  // The middle stages first: the first stage also embeds, the last also
+  // runs LN_f, the LM head and the loss.
+  std::vector<int> order;
+  for (int s = 1; s + 1 < stages; ++s) order.push_back(s);
+  order.push_back(0);
+  if (stages > 1) order.push_back(stages - 1);
+  for (const int s : order)
+    if (extra > 0) {
+      ++split[static_cast<std::size_t>(s)];
+      --extra;
+    }
+  return split;
+}
+
+std::vector<PipeOp> pipeline_order(PipeSchedule schedule, int stage, int stages, int micro) {
+  require(stage >= 0 && stage < stages && micro >= 1, [&] {
+    return fmt::format("pipeline_order: stage {} of {} with {} microbatches", stage, stages, micro);
+  });
+  std::vector<PipeOp> ops;
+  switch (schedule) {
+    case PipeSchedule::gpipe:
+      for (int m = 0; m < micro; ++m) ops.push_back({true, m});
+      for (int m = 0; m < micro; ++m) ops.push_back({false, m});
+      break;
+    case PipeSchedule::one_f_one_b: {
+      const int warm = std::min(stages - 1 - stage, micro);
+      for (int m = 0; m < warm; ++m) ops.push_back({true, m});
+      for (int i = 0; i < micro - warm; ++i) {
+        ops.push_back({true, warm + i});
+        ops.push_back({false, i});
+      }
+      for (int m = micro - warm; m < micro; ++m) ops.push_back({false, m});
+      break;
+    }
+    case PipeSchedule::axonn:
+      throw Error(
+          "pipeline_order: the axonn schedule has no static order (it follows the messages)");
+  }
+  return ops;
+}
+
+int pipeline_slots(const PipelineOptions& o, int stage) {
+  switch (o.schedule) {
+    case PipeSchedule::gpipe:
+      return o.micro;
+    case PipeSchedule::one_f_one_b:
+      return std::min(o.micro, o.stages - stage);
+    case PipeSchedule::axonn:
+      return std::min(o.micro, o.limit > 0 ? o.limit : o.stages);
+  }
+  return o.micro;
+}
+
+template <class T>
+PipelineGpt<T>::PipelineGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
+                            const GptConfig& config, index_t batch, index_t seq, GptOptions options,
+                            GridOptions grid)
+    : options_(spec.pipeline), batch_(batch), seq_(seq) {
+  const PipelineOptions& pipeline = spec.pipeline;
+  int size = 0, rank = 0;
+  check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  std::optional<std::string> error;
+  std::vector<int> split;
+  try {
+    split = pipeline_split(config, pipeline);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  const SchemeSpec stage_spec = spec.stage();
+  const std::int64_t per_stage = stage_spec.ranks();
+  if (!error && per_stage * pipeline.stages != size)
+    error = fmt::format(
+        "pipeline: {} stages of scheme '{}' ({} ranks each) need {} ranks, the communicator has {}",
+        pipeline.stages, stage_spec.str(), per_stage, per_stage * pipeline.stages, size);
+  else if (!error && (batch <= 0 || batch % pipeline.micro != 0))
+    error = fmt::format("pipeline: batch={} does not divide into micro={} microbatches", batch,
+                        pipeline.micro);
+  else if (!error && grid.comm != CommBackend::mpi)
+    error = fmt::format(
+        "pipeline: the stage messages run on MPI communicators (GridOptions::comm = mpi); got {}",
+        to_string(grid.comm));
+  agree_on(comm, error);
+  if (options_.limit == 0) options_.limit = options_.stages;
+  stage_ = rank / static_cast<int>(per_stage);
+  micro_batch_ = batch / pipeline.micro;
+  MPI_Comm stage_comm = MPI_COMM_NULL, pipe_comm = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split(comm, stage_, rank, &stage_comm), "MPI_Comm_split (pipeline stage)");
+  check_mpi(MPI_Comm_split(comm, rank % static_cast<int>(per_stage), stage_, &pipe_comm),
+            "MPI_Comm_split (pipe)");
+  const int first = std::accumulate(split.begin(), split.begin() + stage_, 0);
+  options.pipeline = {.stage = stage_,
+                      .stages = pipeline.stages,
+                      .first_block = first,
+                      .last_block = first + split[static_cast<std::size_t>(stage_)],
+                      .slots = pipeline_slots(options_, stage_),
+                      .loss_tokens = batch * seq};
+  // A stage's refusal reaches every stage (the others would wait for its
+  // messages).
+  std::optional<std::string> stage_error;
+  try {
+    run_ = std::make_unique<ParallelGpt<T>>(stage_comm, stage_spec, backend, config, micro_batch_,
+                                            seq, options, grid);
+  } catch (const Error& e) {
+    stage_error = e.what();
+  }
+  MPI_Comm_free(&stage_comm);
+  try {
+    agree_on(comm, stage_error);
+  } catch (...) {
+    MPI_Comm_free(&pipe_comm);
+    throw;
+  }
+  watchdog_ = std::make_unique<Watchdog>(comm, grid.watchdog);
+  pipe_ = std::make_unique<MpiCommunicator>(pipe_comm, true, CommAxis::pipe, &pipe_counter_);
+  watchdog_->attach(*pipe_, pipe_comm);
+  // The embedding's gradients (wte and wpe, contiguous in the store) are
+  // exchanged between the first and the last stage.
+  Gpt<T>& g = model();
+  if (options_.stages > 1 && (g.options().pipeline.first() || g.options().pipeline.last())) {
+    for (Param<T>* p : g.embedding().parameters()) {
+      if (!p->held()) continue;
+      if (embedding_grads_ == nullptr) embedding_grads_ = p->grad;
+      require(p->grad == embedding_grads_ + embedding_count_,
+              "pipeline: the embedding's gradients are not contiguous");
+      embedding_count_ += static_cast<std::size_t>(p->shard.local_size());
+    }
+    if (embedding_count_ > 0) {
+      scratch_ = std::make_unique<Arena>("pipeline", backend, embedding_count_ * sizeof(T));
+      peer_grads_ = scratch_->take<T>(embedding_count_);
+    }
+  }
+}
+
+template <class T>
+PipelineGpt<T>::~PipelineGpt() = default;
+
+template <class T>
+void PipelineGpt<T>::init(std::uint64_t seed) {
+  model().init(seed);
+}
+
+template <class T>
+std::span<const std::int32_t> PipelineGpt<T>::micro_ids(std::span<const std::int32_t> ids,
+                                                        int m) const {
+  const auto n = static_cast<std::size_t>(micro_batch_ * seq_);
+  return ids.subspan(static_cast<std::size_t>(m) * n, n);
+}
+
+template <class T>
+void PipelineGpt<T>::forward_micro(int m, int slot) {
+  Gpt<T>& g = model();
+  slot_of_[static_cast<std::size_t>(m)] = slot;
+  trace_.push_back({true, m});
+  peak_in_flight_ = std::max(peak_in_flight_, ++in_flight_);
+  loss_ += g.stage_forward(slot, micro_ids(tokens_, m), micro_ids(targets_, m));
+  ++next_forward_;
+  if (g.options().pipeline.last()) return;
+  const ConstMatrixView<T> out = g.stage_output(slot);
+  forward_sends_[static_cast<std::size_t>(slot)] =
+      pipe_->isend(out.data, static_cast<std::size_t>(out.rows * out.cols), dtype_v<T>, stage_ + 1);
+}
+
+template <class T>
+void PipelineGpt<T>::backward_micro(int m) {
+  Gpt<T>& g = model();
+  const int slot = slot_of_[static_cast<std::size_t>(m)];
+  // The slot's output has left, and the previous input gradient too (the
+  // backward below overwrites its buffer).
+  pipe_->wait(forward_sends_[static_cast<std::size_t>(slot)]);
+  pipe_->wait(input_grad_send_);
+  trace_.push_back({false, m});
+  g.stage_backward(slot, m == options_.micro - 1);
+  ++next_backward_;
+  if (!g.options().pipeline.first()) {
+    const ConstMatrixView<T> dx = g.stage_input_grad();
+    input_grad_send_ =
+        pipe_->isend(dx.data, static_cast<std::size_t>(dx.rows * dx.cols), dtype_v<T>, stage_ - 1);
+  }
+  free_slots_.push_back(slot);
+  --in_flight_;
+}
+
+// Keeps a receive posted from each neighbour while one is due: the next
+// microbatch's input into a free slot, the next gradient into its
+// microbatch's slot once its forward has run here.
+template <class T>
+void PipelineGpt<T>::post_receives() {
+  Gpt<T>& g = model();
+  const PipelineStage& ps = g.options().pipeline;
+  if (!ps.first() && !forward_recv_.active() && next_recv_forward_ < options_.micro &&
+      !free_slots_.empty()) {
+    forward_recv_slot_ = free_slots_.back();
+    free_slots_.pop_back();
+    forward_recv_micro_ = next_recv_forward_++;
+    const MatrixView<T> in = g.stage_input(forward_recv_slot_);
+    forward_recv_ =
+        pipe_->irecv(in.data, static_cast<std::size_t>(in.rows * in.cols), dtype_v<T>, stage_ - 1);
+  }
+  if (!ps.last() && !backward_recv_.active() && next_recv_backward_ < next_forward_) {
+    backward_recv_micro_ = next_recv_backward_++;
+    const MatrixView<T> dy =
+        g.stage_output_grad(slot_of_[static_cast<std::size_t>(backward_recv_micro_)]);
+    backward_recv_ =
+        pipe_->irecv(dy.data, static_cast<std::size_t>(dy.rows * dy.cols), dtype_v<T>, stage_ + 1);
+  }
+}
+
+template <class T>
+void PipelineGpt<T>::run_static() {
+  const PipelineStage& ps = model().options().pipeline;
+  for (const PipeOp& op :
+       pipeline_order(options_.schedule, stage_, options_.stages, options_.micro)) {
+    post_receives();
+    if (op.forward) {
+      int slot = 0;
+      if (ps.first()) {
+        require(!free_slots_.empty(), "pipeline: no free activation slot (a schedule bug)");
+        slot = free_slots_.back();
+        free_slots_.pop_back();
+      } else {
+        require(forward_recv_micro_ == op.micro, "pipeline: the input posted is not the next");
+        pipe_->wait(forward_recv_);
+        slot = forward_recv_slot_;
+      }
+      forward_micro(op.micro, slot);
+    } else {
+      if (!ps.last()) {
+        post_receives();
+        require(backward_recv_micro_ == op.micro, "pipeline: the gradient posted is not the next");
+        pipe_->wait(backward_recv_);
+      }
+      backward_micro(op.micro);
+    }
+  }
+}
+
+template <class T>
+void PipelineGpt<T>::run_message_driven() {
+  const PipelineStage& ps = model().options().pipeline;
+  const double limit_s = watchdog_->enabled() ? watchdog_->options().timeout_s : 0;
+  while (next_backward_ < options_.micro) {
+    if (ps.first() && next_forward_ < options_.micro && in_flight_ < options_.limit &&
+        !free_slots_.empty()) {  // inject a microbatch
+      const int slot = free_slots_.back();
+      free_slots_.pop_back();
+      const int m = next_forward_;
+      forward_micro(m, slot);
+      if (ps.last()) backward_micro(m);
+      continue;
+    }
+    post_receives();
+    const bool forward_due = forward_recv_.active(), backward_due = backward_recv_.active();
+    require(forward_due || backward_due, "pipeline: no message due (a schedule bug)");
+    // Whichever message arrives first.
+    bool forward = forward_due;
+    if (forward_due && backward_due) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (;;) {
+        if (pipe_->test(forward_recv_)) break;
+        if (pipe_->test(backward_recv_)) {
+          forward = false;
+          break;
+        }
+        const double waited =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (limit_s > 0 && waited > limit_s) {  // the guarded wait names the stalled stage
+          pipe_->wait(forward_recv_);
+          break;
+        }
+        std::this_thread::yield();
+      }
+    } else {
+      pipe_->wait(forward_due ? forward_recv_ : backward_recv_);
+    }
+    if (forward) {
+      const int m = forward_recv_micro_;
+      forward_micro(m, forward_recv_slot_);
+      if (ps.last()) backward_micro(m);
+    } else {
+      backward_micro(backward_recv_micro_);
+    }
+  }
+}
+
+template <class T>
+void PipelineGpt<T>::exchange_embedding_grads() {
+  if (peer_grads_ == nullptr) return;
+  const std::size_t n = embedding_count_;
+  const int peer = stage_ == 0 ? options_.stages - 1 : 0;
+  Request sent = pipe_->isend(embedding_grads_, n, dtype_v<T>, peer);
+  Request got = pipe_->irecv(peer_grads_, n, dtype_v<T>, peer);
+  pipe_->wait(got);
+  pipe_->wait(sent);
+  const auto shape = [&](T* p) {
+    return MatrixView<T>::dense(p, 1, static_cast<index_t>(n), Order::row_major);
+  };
+  run_->scheme().backend().axpby(acc_t<T>(1), ConstMatrixView<T>(shape(peer_grads_)), acc_t<T>(1),
+                                 shape(embedding_grads_));
+}
+
+template <class T>
+void PipelineGpt<T>::check_ids(std::span<const std::int32_t> tokens,
+                               std::span<const std::int32_t> targets) const {
+  const GptConfig& c = model().config();
+  {
+    // Every stage checks every id: a stage that refused alone would leave
+    // the others waiting for its messages.
+    std::optional<std::string> error;
+    const auto expected = static_cast<std::size_t>(batch_ * seq_);
+    for (const auto& [what, ids] : {std::pair{"token", tokens}, std::pair{"target", targets}}) {
+      if (ids.size() != expected) {
+        error = fmt::format("pipeline: {} ids has {} values, expected batch*seq = {}*{} = {}", what,
+                            ids.size(), batch_, seq_, expected);
+        break;
+      }
+      const auto bad = std::find_if(ids.begin(), ids.end(),
+                                    [&](std::int32_t id) { return id < 0 || id >= c.vocab_size; });
+      if (bad != ids.end()) {
+        error = fmt::format("pipeline: {} id {} at position {} is outside [0, vocab={})", what,
+                            *bad, bad - ids.begin(), c.vocab_size);
+        break;
+      }
+    }
+    // The same ids on every rank (as the Trainer passes them): the same
+    // error everywhere, without a collective.
+    if (error) throw Error(*error);
+  }
+}
+
+// The last stage's sum over the microbatches, over the data axis too, and
+// then on every stage.
+template <class T>
+double PipelineGpt<T>::reduce_loss(double loss) {
+  if (model().options().pipeline.last() && model().data_groups() > 1)
+    grid().data().all_reduce(&loss, &loss, 1, DType::f64, ReduceOp::sum);
+  if (options_.stages > 1) pipe_->broadcast(&loss, 1, DType::f64, options_.stages - 1);
+  return loss;
+}
+
+template <class T>
+double PipelineGpt<T>::evaluate(std::span<const std::int32_t> tokens,
+                                std::span<const std::int32_t> targets) {
+  check_ids(tokens, targets);
+  Gpt<T>& g = model();
+  const PipelineStage& ps = g.options().pipeline;
+  double loss = 0;
+  for (int m = 0; m < options_.micro; ++m) {
+    if (!ps.first()) {
+      const MatrixView<T> in = g.stage_input(0);
+      Request r = pipe_->irecv(in.data, static_cast<std::size_t>(in.rows * in.cols), dtype_v<T>,
+                               stage_ - 1);
+      pipe_->wait(r);
+    }
+    loss += g.stage_forward(0, micro_ids(tokens, m), micro_ids(targets, m), false);
+    if (!ps.last()) {
+      const ConstMatrixView<T> out = g.stage_output(0);
+      Request r = pipe_->isend(out.data, static_cast<std::size_t>(out.rows * out.cols), dtype_v<T>,
+                               stage_ + 1);
+      pipe_->wait(r);
+    }
+  }
+  return reduce_loss(loss);
+}
+
+template <class T>
+double PipelineGpt<T>::step(std::span<const std::int32_t> tokens,
+                            std::span<const std::int32_t> targets) {
+  Gpt<T>& g = model();
+  check_ids(tokens, targets);
+  tokens_ = tokens;
+  targets_ = targets;
+  const int slots = g.options().pipeline.slots;
+  free_slots_.clear();
+  for (int s = slots; s-- > 0;) free_slots_.push_back(s);
+  slot_of_.assign(static_cast<std::size_t>(options_.micro), -1);
+  forward_sends_.assign(static_cast<std::size_t>(slots), Request{});
+  next_forward_ = next_backward_ = next_recv_forward_ = next_recv_backward_ = 0;
+  forward_recv_micro_ = backward_recv_micro_ = -1;
+  trace_.clear();
+  in_flight_ = peak_in_flight_ = 0;
+  loss_ = 0;
+  g.parameters_store().zero_grads();
+  if (options_.schedule == PipeSchedule::axonn)
+    run_message_driven();
+  else
+    run_static();
+  for (Request& r : forward_sends_) pipe_->wait(r);
+  pipe_->wait(input_grad_send_);
+  exchange_embedding_grads();
+  return reduce_loss(loss_);
+}
+
+template class PipelineGpt<float>;
+template class PipelineGpt<double>;
+template class PipelineGpt<bf16>;
+
+}  // namespace summa

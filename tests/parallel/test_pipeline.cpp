@@ -1,0 +1,392 @@
+// The pipeline axis (parallel/pipeline.hpp): the stage split and the static
+// schedules' orders as properties; then PipelineGpt under every schedule,
+// composed with tensor schemes and a data axis, against the serial
+// reference on fresh data: the loss and every parameter gradient of every
+// stage (both copies of the tied embedding), the stage messages' bytes
+// against their count, the traces (each stage's backwards in microbatch
+// order, never more in flight than the slots or the limit), and the same
+// gradient bits under every schedule. Tolerance model_tolerance<double>()
+// (1e-9 relative per tensor, test_util.hpp: microbatching only reorders
+// the sums of the batch's gradients). One launch of 8 ranks covers 8, 4, 3,
+// 2 and 1 ranks on sub-communicators (for_each_group).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "summa/parallel/pipeline.hpp"
+#include "summa/reference/gpt.hpp"
+#include "summa/train/trainer.hpp"
+#include "test_util.hpp"
+
+namespace summa::test {
+namespace {
+
+TEST(Pipeline, SplitBalancesAndChecks) {
+  GptConfig config;
+  for (int layers = 1; layers <= 9; ++layers)
+    for (int stages = 1; stages <= layers; ++stages) {
+      config.n_layer = layers;
+      PipelineOptions o;
+      o.stages = stages;
+      const std::vector<int> split = pipeline_split(config, o);
+      ASSERT_EQ(static_cast<int>(split.size()), stages);
+      EXPECT_EQ(std::accumulate(split.begin(), split.end(), 0), layers);
+      const auto [lo, hi] = std::minmax_element(split.begin(), split.end());
+      EXPECT_GE(*lo, 1);
+      EXPECT_LE(*hi - *lo, 1) << layers << " over " << stages;
+      // the extra blocks go to the middle stages before the ends
+      if (stages > 2 && layers % stages != 0 && layers % stages <= stages - 2) {
+        EXPECT_EQ(split.front(), layers / stages);
+        EXPECT_EQ(split.back(), layers / stages);
+      }
+    }
+  config.n_layer = 4;
+  PipelineOptions o;
+  o.stages = 2;
+  o.split = {3, 1};
+  EXPECT_EQ(pipeline_split(config, o), (std::vector<int>{3, 1}));
+  for (const std::vector<int>& bad : std::vector<std::vector<int>>{{4, 0}, {2, 1}, {1, 1, 2}}) {
+    o.split = bad;
+    EXPECT_THROW((void)pipeline_split(config, o), Error);
+  }
+  o.split.clear();
+  o.stages = 5;
+  EXPECT_THROW((void)pipeline_split(config, o), Error);  // a stage without a block
+  o.stages = 2;
+  o.micro = 0;
+  EXPECT_THROW((void)pipeline_split(config, o), Error);
+  EXPECT_EQ(parse_pipe_schedule("1f1b", "schedule"), PipeSchedule::one_f_one_b);
+  EXPECT_THROW((void)parse_pipe_schedule("zb", "schedule"), Error);
+}
+
+// Every microbatch's forward, then its backward, once each, backwards in
+// order; 1F1B's warm-up is P - 1 - s forwards; the most in flight is the
+// slots pipeline_slots gives.
+TEST(Pipeline, SchemeTextTakesThePipeline) {
+  const SchemeSpec s =
+      SchemeSpec::parse("data=2,pipe=4:micro=8:limit=3:schedule=1f1b:split=1+2+2+1,1d:p=2");
+  EXPECT_EQ(s.pipeline.stages, 4);
+  EXPECT_EQ(s.pipeline.micro, 8);
+  EXPECT_EQ(s.pipeline.limit, 3);
+  EXPECT_EQ(s.pipeline.schedule, PipeSchedule::one_f_one_b);
+  EXPECT_EQ(s.pipeline.split, (std::vector<int>{1, 2, 2, 1}));
+  EXPECT_EQ(s.ranks(), 16);
+  EXPECT_EQ(s.stage().ranks(), 4);
+  EXPECT_FALSE(s.stage().pipeline.active());
+  EXPECT_EQ(SchemeSpec::parse(s.str()), s);
+  EXPECT_EQ(SchemeSpec::parse("pipe=1:micro=4,2d:q=1").ranks(), 1);  // accumulation
+  EXPECT_TRUE(SchemeSpec::parse("pipe=1:micro=4,2d:q=1").pipeline.active());
+  EXPECT_EQ(SchemeSpec::parse("pipe=2,2d:q=1").str(), "pipe=2,2d:q=1");
+  for (const char* bad :
+       {"pipe=0,2d:q=1", "pipe=2:micro=0,2d:q=1", "pipe=2:schedule=zb,2d:q=1",
+        "pipe=2:split=1+1+1,2d:q=1", "pipe=2:micro=2:micro=3,2d:q=1", "pipe=2:depth=2,2d:q=1",
+        "pipe=2,pipe=2,2d:q=1", "pipe=2:split=1+0,2d:q=1"})
+    EXPECT_THROW((void)SchemeSpec::parse(bad), Error) << bad;
+}
+
+TEST(Pipeline, StaticOrdersAreFlushedSchedules) {
+  for (const PipeSchedule schedule : {PipeSchedule::gpipe, PipeSchedule::one_f_one_b})
+    for (int stages = 1; stages <= 5; ++stages)
+      for (int micro = 1; micro <= 7; ++micro)
+        for (int s = 0; s < stages; ++s) {
+          SCOPED_TRACE(std::string(to_string(schedule)) + " stage " + std::to_string(s) + "/" +
+                       std::to_string(stages) + " micro " + std::to_string(micro));
+          const std::vector<PipeOp> ops = pipeline_order(schedule, s, stages, micro);
+          ASSERT_EQ(static_cast<int>(ops.size()), 2 * micro);
+          std::vector<int> forwarded(static_cast<std::size_t>(micro), 0);
+          int next_backward = 0, in_flight = 0, peak = 0, warm = 0;
+          bool warming = true;
+          for (const PipeOp& op : ops) {
+            if (op.forward) {
+              EXPECT_EQ(forwarded[static_cast<std::size_t>(op.micro)]++, 0);
+              peak = std::max(peak, ++in_flight);
+              if (warming) ++warm;
+            } else {
+              warming = false;
+              EXPECT_EQ(op.micro, next_backward++);
+              EXPECT_EQ(forwarded[static_cast<std::size_t>(op.micro)], 1);
+              --in_flight;
+            }
+          }
+          PipelineOptions o;
+          o.stages = stages;
+          o.micro = micro;
+          o.schedule = schedule;
+          EXPECT_EQ(peak, pipeline_slots(o, s));
+          if (schedule == PipeSchedule::one_f_one_b)
+            EXPECT_EQ(warm, std::min(micro, stages - s));
+          else
+            EXPECT_EQ(warm, micro);
+        }
+  EXPECT_THROW((void)pipeline_order(PipeSchedule::axonn, 0, 2, 2), Error);
+}
+
+struct Case {
+  int stages;
+  const char* scheme;
+  int micro;
+  int limit;
+};
+
+// Per rank count: pipelines over 1D, 2D and 3D, with and without a data
+// axis (sharded too), 1 to 4 stages.
+std::vector<Case> cases_for(int ranks) {
+  switch (ranks) {
+    case 1:
+      return {{1, "2d:q=1", 4, 2}};
+    case 2:
+      return {{2, "2d:q=1", 4, 0}, {2, "2d:q=1", 3, 1}, {1, "1d:p=2", 2, 1}};
+    case 3:
+      return {{3, "1d:p=1", 4, 2}};
+    case 4:
+      return {{2, "1d:p=2", 4, 0},
+              {2, "data=2,2d:q=1", 2, 0},
+              {4, "2d:q=1", 5, 3},
+              {2, "data=2:zero=1,1d:p=1", 4, 2}};
+    case 8:
+      return {{2, "2d:q=2", 2, 0}, {2, "3d:1x2x2", 2, 1}, {4, "data=2,1d:p=1", 4, 0}};
+    default:
+      return {};
+  }
+}
+
+void pipeline_matches_reference(MPI_Comm comm, int ranks) {
+  GptConfig config;
+  config.n_layer = 4;
+  config.n_head = 4;
+  config.n_embd = 16;
+  config.n_positions = 8;
+  config.vocab_size = 24;
+  const index_t seq = 4;
+  for (const Case& c : cases_for(ranks)) {
+    const index_t batch = c.micro * batch_granularity(SchemeSpec::parse(c.scheme));
+    SCOPED_TRACE(std::string(c.scheme) + " x pipe " + std::to_string(c.stages) + ", micro " +
+                 std::to_string(c.micro));
+    const std::uint64_t seed = fresh_seed();
+    SCOPED_TRACE(seed_note(seed));
+    std::mt19937_64 gen(seed);
+    std::uniform_int_distribution<int> dist(0, config.vocab_size - 1);
+    std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * seq)), targets(tokens.size());
+    for (auto& t : tokens) t = dist(gen);
+    for (auto& t : targets) t = dist(gen);
+    reference::Gpt<double> ref(config, seed);
+    const double ref_loss = ref.forward(tokens, targets, batch, seq);
+    ref.backward();
+
+    std::vector<std::vector<double>> first_grads;  // of the first schedule
+    for (const PipeSchedule schedule :
+         {PipeSchedule::axonn, PipeSchedule::gpipe, PipeSchedule::one_f_one_b}) {
+      SCOPED_TRACE(to_string(schedule));
+      // through the scheme text, as every program takes it
+      const std::string text = "pipe=" + std::to_string(c.stages) +
+                               ":micro=" + std::to_string(c.micro) +
+                               (c.limit > 0 ? ":limit=" + std::to_string(c.limit) : std::string()) +
+                               ":schedule=" + std::string(to_string(schedule)) + "," + c.scheme;
+      const SchemeSpec spec = SchemeSpec::parse(text);
+      const PipelineOptions& o = spec.pipeline;
+      EXPECT_EQ(o.stages, c.stages);
+      EXPECT_EQ(o.schedule, schedule);
+      EXPECT_EQ(SchemeSpec::parse(spec.str()), spec);
+      PipelineGpt<double> pipe(comm, spec, test_backend(), config, batch, seq, {},
+                               test_grid_options());
+      pipe.init(seed);
+      const double loss = pipe.step(tokens, targets);
+      EXPECT_NEAR(loss, ref_loss, model_tolerance<double>() * std::abs(ref_loss));
+      Gpt<double>& g = pipe.model();
+      const PipelineStage& ps = g.options().pipeline;
+      // every parameter this stage holds, against the reference's gradient
+      std::vector<std::vector<double>> grads;
+      double worst = 0;
+      for (Param<double>* p : g.parameters_store().params()) {
+        // the last stage's embedding copy: the norm and checkpoints count
+        // the first stage's
+        EXPECT_EQ(p->shard.stage_copy, ps.last() && !ps.first() && p->shard.name.starts_with("w"))
+            << p->shard.name;
+        grads.push_back(gather_global(*p, pipe.grid(), true));
+        worst = std::max(worst, rel_error(grads.back(), ref.grad(p->shard.name)));
+        EXPECT_LE(rel_error(grads.back(), ref.grad(p->shard.name)), model_tolerance<double>())
+            << p->shard.name;
+      }
+      EXPECT_LE(max_over_ranks(worst), model_tolerance<double>());
+      // The same bits under every schedule: each parameter's gradients are
+      // added in microbatch order. Not with one stage, whose tied embedding
+      // takes the head's and the embedding's terms in the schedule's order.
+      if (first_grads.empty()) {
+        first_grads = grads;
+      } else if (c.stages > 1) {
+        EXPECT_EQ(grads, first_grads);
+      }
+      // the stage's blocks and where they sit
+      const std::vector<int> split = pipeline_split(config, o);
+      EXPECT_EQ(g.first_block(), std::accumulate(split.begin(), split.begin() + pipe.stage(), 0));
+      EXPECT_EQ(g.last_block() - g.first_block(), split[static_cast<std::size_t>(pipe.stage())]);
+      EXPECT_EQ(g.has_embedding(), ps.first() || ps.last());
+      EXPECT_EQ(g.has_head(), ps.last());
+      // the trace: every microbatch forward then backward, backwards in order
+      std::vector<int> backwards;
+      int in_flight = 0, peak = 0;
+      for (const PipeOp& op : pipe.trace()) {
+        if (op.forward) {
+          peak = std::max(peak, ++in_flight);
+        } else {
+          --in_flight;
+          backwards.push_back(op.micro);
+        }
+      }
+      std::vector<int> order(static_cast<std::size_t>(c.micro));
+      std::iota(order.begin(), order.end(), 0);
+      EXPECT_EQ(backwards, order);
+      EXPECT_EQ(peak, pipe.peak_in_flight());
+      EXPECT_LE(peak, ps.slots);
+      if (schedule == PipeSchedule::axonn) {
+        EXPECT_LE(peak, c.limit > 0 ? c.limit : c.stages);
+      } else {
+        std::vector<PipeOp> want = pipeline_order(schedule, pipe.stage(), c.stages, c.micro);
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), pipe.trace().begin(), pipe.trace().end()));
+      }
+      // the stage messages: a microbatch's activations forward and their
+      // gradient backward, the embedding copies' gradients (wte and wpe),
+      // the loss
+      const MatrixView<double> x = ps.last() ? g.stage_output_grad(0) : MatrixView<double>{};
+      const auto activation = static_cast<std::uint64_t>(
+          ps.last() ? x.rows * x.cols : g.stage_output(0).rows * g.stage_output(0).cols);
+      std::uint64_t wte = 0;
+      if (c.stages > 1 && (ps.first() || ps.last()))
+        for (const Param<double>* p : g.embedding().parameters())
+          wte += static_cast<std::uint64_t>(p->shard.local_size());
+      const std::uint64_t m = static_cast<std::uint64_t>(c.micro), e = sizeof(double);
+      const std::uint64_t neighbours =
+          (ps.first() ? 0 : 1) + (ps.last() ? 0 : 1);  // a message each way per microbatch
+      const std::uint64_t loss_sent = c.stages > 1 && ps.last() ? (c.stages - 1) * e : 0;
+      const std::uint64_t loss_received = c.stages > 1 && !ps.last() ? e : 0;
+      EXPECT_EQ(pipe.pipe_traffic().bytes_sent,
+                neighbours * m * activation * e + wte * e + loss_sent);
+      EXPECT_EQ(pipe.pipe_traffic().bytes_received,
+                neighbours * m * activation * e + wte * e + loss_received);
+    }
+  }
+}
+
+TEST(Pipeline, EveryScheduleMatchesReference) {
+  for_each_group({8, 4, 3, 2, 1}, pipeline_matches_reference);
+}
+
+// The Trainer through a pipeline: the same losses, gradient norms (summed
+// over the stages, the tied embedding once), validation losses and final
+// weights as the unpipelined scheme whose data groups take the
+// microbatches' sequences (the tensor groups are the same ranks), within
+// 1e-12 relative over 10 AdamW steps with clipping, in double (only the
+// order of the batch's sums differs). A pipelined run's checkpoints are
+// refused, on every rank.
+void trainer_matches_unpipelined(MPI_Comm comm, int ranks) {
+  struct Pair {
+    const char* pipelined;
+    const char* plain;
+  };
+  std::vector<Pair> pairs;
+  if (ranks == 2) pairs = {{"pipe=2:micro=2,2d:q=1", "data=2,2d:q=1"}};
+  if (ranks == 4)
+    pairs = {{"pipe=2:micro=4:schedule=1f1b,1d:p=2", "data=2,1d:p=2"},
+             {"data=2:zero=1,pipe=2:micro=2:schedule=gpipe,2d:q=1", "data=4,2d:q=1"}};
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  std::vector<std::uint16_t> tokens(1500);
+  for (auto& t : tokens) t = static_cast<std::uint16_t>(gen() % 32);
+  for (const auto& [pipelined, plain] : pairs) {
+    SCOPED_TRACE(pipelined);
+    TrainerOptions o;
+    o.config.n_layer = 3;
+    o.config.n_head = 4;
+    o.config.n_embd = 16;
+    o.config.n_positions = 8;
+    o.config.vocab_size = 32;
+    o.batch = 8;
+    o.seq = 8;
+    o.optimizer.weight_decay = 0.1;
+    o.schedule = {.lr = 1e-2, .warmup = 3, .total = 10, .min_lr = 1e-3};
+    o.clip = 0.5;  // clips some steps
+    o.init_seed = seed;
+    o.data_seed = seed ^ 0x5eedULL;
+    o.grid = test_grid_options();
+    o.scheme = plain;
+    Trainer<double> a(comm, o, test_backend(), tokens);
+    o.scheme = pipelined;
+    Trainer<double> b(comm, o, test_backend(), tokens);
+    ASSERT_NE(b.pipeline(), nullptr);
+    EXPECT_EQ(a.pipeline(), nullptr);
+    constexpr double tol = 1e-12;
+    double worst = 0;
+    for (int step = 0; step < 10; ++step) {
+      const StepStats x = a.train_step(), y = b.train_step();
+      worst = std::max({worst, std::abs(y.loss - x.loss) / std::abs(x.loss),
+                        std::abs(y.grad_norm - x.grad_norm) / x.grad_norm});
+      EXPECT_NEAR(y.loss, x.loss, tol * std::abs(x.loss)) << "step " << step;
+      EXPECT_NEAR(y.grad_norm, x.grad_norm, tol * x.grad_norm) << "step " << step;
+    }
+    const double va = a.evaluate(2), vb = b.evaluate(2);
+    EXPECT_NEAR(vb, va, tol * std::abs(va));
+    for (Param<double>* p : b.model().parameters_store().params())
+      EXPECT_LE(rel_error(gather_global(*p, b.parallel().grid()),
+                          gather_global(a.model().parameters_store().find(p->shard.name),
+                                        a.parallel().grid())),
+                tol)
+          << p->shard.name;
+    testing::Test::RecordProperty("worst_relative_difference",
+                                  std::to_string(max_over_ranks(worst)));
+    EXPECT_THROW(b.save("/nonexistent/pipelined"), Error);
+  }
+}
+
+TEST(Pipeline, TrainerTrainsAsUnpipelined) {
+  for_each_group({4, 2}, trainer_matches_unpipelined);
+}
+
+// A refusal on one stage is everyone's: the same error on every rank.
+TEST(Pipeline, BadOptionsThrowEverywhere) {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size < 2) GTEST_SKIP() << "needs 2 ranks";
+  for_each_group({2}, [](MPI_Comm comm, int) {
+    GptConfig config;
+    config.n_layer = 2;
+    config.n_head = 2;
+    config.n_embd = 8;
+    config.n_positions = 4;
+    config.vocab_size = 8;
+    const auto build = [&](const char* text, index_t batch, GptOptions g = {}) {
+      PipelineGpt<double> p(comm, SchemeSpec::parse(text), test_backend(), config, batch, 2, g,
+                            test_grid_options());
+    };
+    EXPECT_THROW(build("pipe=2:micro=2,2d:q=1", 3), Error);  // 3 sequences in 2 microbatches
+    EXPECT_THROW(build("pipe=3:micro=2,2d:q=1", 2), Error);  // 3 stages on 2 ranks
+    EXPECT_THROW(build("pipe=2:micro=2:split=2+1,2d:q=1", 2), Error);  // 3 blocks of 2
+    GptOptions none;
+    none.recompute = Recompute::none;
+    EXPECT_THROW(build("pipe=2:micro=2,2d:q=1", 2, none), Error);  // stages keep only inputs
+    EXPECT_THROW(build("pipe=2:micro=2:split=1+1,data=2,2d:q=1", 2), Error);  // 4 ranks
+    // a single grid refuses a pipeline, naming it
+    try {
+      ParallelGpt<double> run(comm, SchemeSpec::parse("pipe=2,2d:q=1"), test_backend(), config, 2,
+                              2);
+      ADD_FAILURE() << "ParallelGpt took a pipeline";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("pipe"), std::string::npos) << e.what();
+    }
+    PipelineGpt<double> p(comm, SchemeSpec::parse("pipe=2:micro=2,2d:q=1"), test_backend(), config,
+                          2, 2, {}, test_grid_options());
+    std::vector<std::int32_t> ids(4, 1), bad(4, 1);
+    bad[3] = 8;  // outside the vocabulary: refused on every stage before any message
+    EXPECT_THROW((void)p.step(ids, bad), Error);
+    EXPECT_THROW((void)p.step(ids, std::vector<std::int32_t>(3, 1)), Error);
+    EXPECT_NO_THROW((void)p.step(ids, ids));
+  });
+}
+
+}  // namespace
+}  // namespace summa::test
