@@ -1238,8 +1238,8 @@ int train(const Cli& cli) {
         "%lld, cosine to %.3g) | %zu tokens from %s\n",
         o.config.n_layer, o.config.n_head, o.config.n_embd, static_cast<long long>(o.seq),
         o.config.vocab_size, static_cast<long long>(summa::reference::parameter_count(o.config)),
-        trainer.parallel().spec().str().c_str(), ranks, cli.dtype.c_str(), backend_text.c_str(),
-        summa::to_string(o.grid.comm), cli.tf32 ? ", tf32" : "",
+        summa::SchemeSpec::parse(trainer.options().scheme).str().c_str(), ranks, cli.dtype.c_str(),
+        backend_text.c_str(), summa::to_string(o.grid.comm), cli.tf32 ? ", tf32" : "",
         // read from the grid the model runs on: the flag reached it
         trainer.parallel().grid().check_calls() ? ", check-calls" : "",
         static_cast<long long>(o.batch), static_cast<long long>(o.seq),

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string_view>
 #include <utility>
@@ -963,7 +964,7 @@ void load_pieces(const fs::path& dir, const Manifest& m, ParameterStore<T>& stor
 template <class T>
 void match_manifest(const fs::path& dir, const Manifest& m, const ParameterStore<T>& store,
                     std::span<const StateSlot> slots, std::vector<std::size_t>& slot_stream,
-                    bool parameters_only) {
+                    bool parameters_only, bool one_stage = false) {
   const std::string where = quoted(dir);
   for (const Param<T>* p : store.params()) {
     const auto it = m.param_index.find(p->shard.name);
@@ -979,7 +980,7 @@ void match_manifest(const fs::path& dir, const Manifest& m, const ParameterStore
           "checkpoint {} but {} in the model",
           p->shard.name, shape_text(saved.shape), where, shape_text(p->shard.global_shape)));
   }
-  if (m.params.size() != store.params().size()) {
+  if (!one_stage && m.params.size() != store.params().size()) {
     for (const SavedParam& saved : m.params) {
       const bool found =
           std::any_of(store.params().begin(), store.params().end(),
@@ -1194,18 +1195,28 @@ void kill_if_injected(std::int64_t step, int rank) {
   }
 }
 
+// Agreement over the saving or loading ranks: the grid's world, or every
+// stage of a pipeline.
+std::function<void(const std::optional<std::string>&)> agreement(ProcessGrid& grid,
+                                                                 const CheckpointStages* stages) {
+  if (stages == nullptr)
+    return [&grid](const std::optional<std::string>& e) { grid.agree(CommAxis::world, e); };
+  return [comm = stages->world](const std::optional<std::string>& e) { agree_on(comm, e); };
+}
+
 template <class T>
 void save_impl(const fs::path& root, ParameterStore<T>& store, std::span<const StateSlot> slots,
-               const CheckpointInfo& info, ProcessGrid& grid, saved_t<T>* master) {
-  const MPI_Comm comm = grid.native(CommAxis::world);
+               const CheckpointInfo& info, ProcessGrid& grid, saved_t<T>* master,
+               const CheckpointStages* stages = nullptr) {
+  const MPI_Comm comm = stages != nullptr ? stages->world : grid.native(CommAxis::world);
+  const auto agree = agreement(grid, stages);
   int rank = 0;
   check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
-  grid.agree(CommAxis::world, capture([&] {
-               check_slots(slots, store.local_elements(), "save_checkpoint");
-               if (info.step < 0)
-                 throw Error(fmt::format("save_checkpoint: step {} is negative", info.step));
-               if (root.empty()) throw Error("save_checkpoint: empty checkpoint root");
-             }));
+  agree(capture([&] {
+    check_slots(slots, store.local_elements(), "save_checkpoint");
+    if (info.step < 0) throw Error(fmt::format("save_checkpoint: step {} is negative", info.step));
+    if (root.empty()) throw Error("save_checkpoint: empty checkpoint root");
+  }));
   require_same_everywhere(comm,
                           fmt::format("root {}, step {}, values {}, slots {}", root.string(),
                                       info.step, name_of(dtype_v<T>), slot_list(slots)),
@@ -1219,98 +1230,115 @@ void save_impl(const fs::path& root, ParameterStore<T>& store, std::span<const S
   tmp += ".tmp";
   // 1. a fresh temporary directory (stale ones, and temporary `latest` files,
   // are leftovers of crashed saves)
-  grid.agree(
-      CommAxis::world, rank != 0 ? std::nullopt : capture([&] {
-        fs::create_directories(root);
-        for (const auto& entry : fs::directory_iterator(root)) {
-          const std::string n = entry.path().filename().string();
-          if ((n.size() > 4 && n.ends_with(".tmp") && is_step_name(n.substr(0, n.size() - 4))) ||
-              n.starts_with(std::string(kLatestName) + ".tmp"))
-            fs::remove_all(entry.path());
-        }
-        fs::create_directory(tmp);
-      }));
+  agree(rank != 0 ? std::nullopt : capture([&] {
+    fs::create_directories(root);
+    for (const auto& entry : fs::directory_iterator(root)) {
+      const std::string n = entry.path().filename().string();
+      if ((n.size() > 4 && n.ends_with(".tmp") && is_step_name(n.substr(0, n.size() - 4))) ||
+          n.starts_with(std::string(kLatestName) + ".tmp"))
+        fs::remove_all(entry.path());
+    }
+    fs::create_directory(tmp);
+  }));
   // 2. the shards: data group 0 only (the other groups hold identical copies)
-  std::string lines;
-  grid.agree(CommAxis::world, grid.coords().data != 0 ? std::nullopt : capture([&] {
-               // device memory is staged through host copies (HostImage)
-               const HostImage<T> host(store, slots, master);
-               lines = write_shard(tmp, store, host, grid, grid.tensor().rank());
-             }));
+  // (a pipeline: stage s's files after the earlier stages')
+  std::string lines, params;
+  const int file = grid.tensor().rank() + (stages ? stages->stage * grid.tensor().size() : 0);
+  agree(grid.coords().data != 0 ? std::nullopt : capture([&] {
+    // device memory is staged through host copies (HostImage)
+    const HostImage<T> host(store, slots, master);
+    lines = write_shard(tmp, store, host, grid, file);
+  }));
   kill_if_injected(info.step, rank);
   lines = gather_on_root(comm, lines);
+  // the parameter list: each stage's (its first rank's), in stage order
+  if (grid.coords().data == 0 && grid.tensor().rank() == 0)
+    for (const Param<T>* p : store.params()) {
+      if (p->shard.stage_copy) continue;
+      params += "param " + encode(p->shard.name);
+      for (index_t d : p->shard.global_shape) params += fmt::format(" {}", d);
+      params += '\n';
+    }
+  params = gather_on_root(comm, params);
   // 3. the manifest, last; then the rename and `latest`
-  grid.agree(CommAxis::world, rank != 0 ? std::nullopt : capture([&] {
-               std::string text =
-                   fmt::format("{} {}\nstep {}\n", kManifestMagic, kVersion, info.step);
-               for (const auto& [key, value] : info.meta)
-                 text += fmt::format("meta {} {}\n", encode(key), encode(value));
-               const GridShape& g = grid.shape();
-               text += fmt::format("grid data={} depth={} rows={} cols={}\n", g.data, g.depth,
-                                   g.rows, g.cols);
-               text += fmt::format("values {}\n", name_of(dtype_v<saved_t<T>>));
-               for (const StateSlot& slot : slots)
-                 text += fmt::format("slot {} {}\n", encode(slot.name), name_of(slot.dtype));
-               for (const Param<T>* p : store.params()) {
-                 text += "param " + encode(p->shard.name);
-                 for (index_t d : p->shard.global_shape) text += fmt::format(" {}", d);
-                 text += '\n';
-               }
-               text += lines;
-               text += fmt::format("checksum {:016x}\n", checksum64(text.data(), text.size()));
-               // parse it back: what is written must load
-               (void)parse_manifest(text, tmp / kManifestName);
-               {
-                 OutFile out(tmp / kManifestName);
-                 out.write(text.data(), text.size());
-                 out.finish();  // fsyncs tmp/ as well
-               }
-               install_directory(tmp, final_dir);
-               io::sync_directory(root);
-               write_latest(root, name);
-             }));
+  agree(rank != 0 ? std::nullopt : capture([&] {
+    std::string text = fmt::format("{} {}\nstep {}\n", kManifestMagic, kVersion, info.step);
+    for (const auto& [key, value] : info.meta)
+      text += fmt::format("meta {} {}\n", encode(key), encode(value));
+    const GridShape& g = grid.shape();
+    text += fmt::format("grid data={} depth={} rows={} cols={}\n", g.data, g.depth, g.rows, g.cols);
+    text += fmt::format("values {}\n", name_of(dtype_v<saved_t<T>>));
+    for (const StateSlot& slot : slots)
+      text += fmt::format("slot {} {}\n", encode(slot.name), name_of(slot.dtype));
+    text += params;
+    text += lines;
+    text += fmt::format("checksum {:016x}\n", checksum64(text.data(), text.size()));
+    // parse it back: what is written must load
+    (void)parse_manifest(text, tmp / kManifestName);
+    {
+      OutFile out(tmp / kManifestName);
+      out.write(text.data(), text.size());
+      out.finish();  // fsyncs tmp/ as well
+    }
+    install_directory(tmp, final_dir);
+    io::sync_directory(root);
+    write_latest(root, name);
+  }));
 }
 
 template <class T>
 CheckpointInfo load_impl(const fs::path& path_or_root, ParameterStore<T>& store,
                          std::span<const StateSlot> slots, ProcessGrid& grid, saved_t<T>* master,
-                         bool parameters_only = false) {
-  const MPI_Comm comm = grid.native(CommAxis::world);
+                         bool parameters_only = false, const CheckpointStages* stages = nullptr) {
+  const MPI_Comm comm = stages != nullptr ? stages->world : grid.native(CommAxis::world);
+  const auto agree = agreement(grid, stages);
   int rank = 0, size = 1;
   check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
-  grid.agree(CommAxis::world,
-             capture([&] { check_slots(slots, store.local_elements(), "load_checkpoint"); }));
+  agree(capture([&] { check_slots(slots, store.local_elements(), "load_checkpoint"); }));
   // zero=3: loaded into the whole values, this group's chunk kept at the end
   const typename ParameterStore<T>::WholeValues whole(store, /*write_back=*/true, &grid);
   // 1. rank 0 finds and reads the manifest; every rank parses the same text
   std::string dir_text, text;
-  grid.agree(CommAxis::world, rank != 0 ? std::nullopt : capture([&] {
-               auto read = read_manifest_text(path_or_root);
-               dir_text = read.first.string();
-               text = std::move(read.second);
-             }));
+  agree(rank != 0 ? std::nullopt : capture([&] {
+    auto read = read_manifest_text(path_or_root);
+    dir_text = read.first.string();
+    text = std::move(read.second);
+  }));
   broadcast_text(comm, dir_text);
   broadcast_text(comm, text);
   const fs::path dir = dir_text;
   Manifest m;
   std::vector<std::size_t> slot_stream;
-  grid.agree(CommAxis::world, capture([&] {
-               m = parse_manifest(text, dir / kManifestName);
-               match_manifest(dir, m, store, slots, slot_stream, parameters_only);
-             }));
+  std::size_t held = 0;  // a pipeline: the parameters this stage saves
+  for (const Param<T>* p : store.params()) held += p->shard.stage_copy ? 0 : 1;
+  agree(capture([&] {
+    m = parse_manifest(text, dir / kManifestName);
+    match_manifest(dir, m, store, slots, slot_stream, parameters_only, stages != nullptr);
+  }));
+  if (stages != nullptr) {  // every stage's parameters together are the checkpoint's
+    unsigned long long all = held;
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, stages->pipe),
+              "MPI_Allreduce");
+    agree(all == m.params.size()
+              ? std::nullopt
+              : std::optional<std::string>(fmt::format(
+                    "load_checkpoint: parameter list mismatch: checkpoint {} has {} parameters, "
+                    "the pipeline's stages {}",
+                    quoted(dir), m.params.size(), all)));
+  }
   // 2. every shard file is checked (exists, size, header) by one rank, and
   // every rank reads the saved pieces its local pieces need
-  grid.agree(CommAxis::world, capture([&] {
-               for (std::size_t k = static_cast<std::size_t>(rank); k < m.shards.size();
-                    k += static_cast<std::size_t>(size))
-                 (void)open_shard(dir, m.shards[k]);
-               // device memory: read into host copies of the current
-               // contents, then uploaded
-               const HostImage<T> host(store, slots, master);
-               load_pieces(dir, m, store, host, slot_stream);
-               host.write_back(slots);
-             }));
+  agree(capture([&] {
+    for (std::size_t k = static_cast<std::size_t>(rank); k < m.shards.size();
+         k += static_cast<std::size_t>(size))
+      (void)open_shard(dir, m.shards[k]);
+    // device memory: read into host copies of the current
+    // contents, then uploaded
+    const HostImage<T> host(store, slots, master);
+    load_pieces(dir, m, store, host, slot_stream);
+    host.write_back(slots);
+  }));
   return m.info;
 }
 
@@ -1444,30 +1472,30 @@ CheckpointInfo load_parameters(const fs::path& path_or_root, ParameterStore<T>& 
 
 template <class T>
 void save_checkpoint(const fs::path& root, Optimizer<T>& optimizer, const CheckpointInfo& info,
-                     ProcessGrid& grid) {
+                     ProcessGrid& grid, const CheckpointStages* stages) {
   if (optimizer.partial()) {  // zero=1: saved as the whole store's state
     const WholeState<T> whole(optimizer, grid);
-    save_impl(root, optimizer.store(), whole.slots(), info, grid, whole.master());
+    save_impl(root, optimizer.store(), whole.slots(), info, grid, whole.master(), stages);
     return;
   }
   const std::vector<StateSlot> slots = optimizer_slots(optimizer);
   save_impl(root, optimizer.store(), std::span<const StateSlot>(slots), info, grid,
-            optimizer.master());
+            optimizer.master(), stages);
 }
 
 template <class T>
 CheckpointInfo load_checkpoint(const fs::path& path_or_root, Optimizer<T>& optimizer,
-                               ProcessGrid& grid) {
+                               ProcessGrid& grid, const CheckpointStages* stages) {
   if (optimizer.partial()) {  // zero=1: loaded as the whole store's state, then chunked
     const WholeState<T> whole(optimizer, grid);
-    const CheckpointInfo info =
-        load_impl(path_or_root, optimizer.store(), whole.slots(), grid, whole.master());
+    const CheckpointInfo info = load_impl(path_or_root, optimizer.store(), whole.slots(), grid,
+                                          whole.master(), false, stages);
     whole.put_back();
     return info;
   }
   const std::vector<StateSlot> slots = optimizer_slots(optimizer);
   return load_impl(path_or_root, optimizer.store(), std::span<const StateSlot>(slots), grid,
-                   optimizer.master());
+                   optimizer.master(), false, stages);
 }
 
 template void save_checkpoint<float>(const fs::path&, ParameterStore<float>&,
@@ -1486,14 +1514,17 @@ template void save_checkpoint<bf16>(const fs::path&, ParameterStore<bf16>&,
 template CheckpointInfo load_checkpoint<bf16>(const fs::path&, ParameterStore<bf16>&,
                                               std::span<const StateSlot>, ProcessGrid&);
 template void save_checkpoint<float>(const fs::path&, Optimizer<float>&, const CheckpointInfo&,
-                                     ProcessGrid&);
+                                     ProcessGrid&, const CheckpointStages*);
 template void save_checkpoint<double>(const fs::path&, Optimizer<double>&, const CheckpointInfo&,
-                                      ProcessGrid&);
+                                      ProcessGrid&, const CheckpointStages*);
 template void save_checkpoint<bf16>(const fs::path&, Optimizer<bf16>&, const CheckpointInfo&,
-                                    ProcessGrid&);
-template CheckpointInfo load_checkpoint<float>(const fs::path&, Optimizer<float>&, ProcessGrid&);
-template CheckpointInfo load_checkpoint<double>(const fs::path&, Optimizer<double>&, ProcessGrid&);
-template CheckpointInfo load_checkpoint<bf16>(const fs::path&, Optimizer<bf16>&, ProcessGrid&);
+                                    ProcessGrid&, const CheckpointStages*);
+template CheckpointInfo load_checkpoint<float>(const fs::path&, Optimizer<float>&, ProcessGrid&,
+                                               const CheckpointStages*);
+template CheckpointInfo load_checkpoint<double>(const fs::path&, Optimizer<double>&, ProcessGrid&,
+                                                const CheckpointStages*);
+template CheckpointInfo load_checkpoint<bf16>(const fs::path&, Optimizer<bf16>&, ProcessGrid&,
+                                              const CheckpointStages*);
 template <class T>
 void require_finite_values(const ParameterStore<T>& store, ProcessGrid& grid,
                            const std::string& what) {

@@ -66,7 +66,8 @@ std::string shape_text(const std::vector<index_t>& shape) {
 /// The model's parameters must be exactly parameter_list(config)
 /// (names and shapes), each once: what the file format assumes.
 template <class T>
-void check_parameters(const ParameterStore<T>& store, const GptConfig& config) {
+void check_parameters(const ParameterStore<T>& store, const GptConfig& config,
+                      bool one_stage = false) {
   std::map<std::string, std::vector<index_t>> want;
   for (const ParamInfo& info : parameter_list(config)) want.emplace(info.name, info.shape);
   std::set<std::string> seen;
@@ -80,6 +81,7 @@ void check_parameters(const ParameterStore<T>& store, const GptConfig& config) {
     if (!seen.insert(p->shard.name).second)
       throw Error(fmt::format("parameter '{}' appears twice", p->shard.name));
   }
+  if (one_stage) return;  // a pipeline stage holds some of them
   for (const auto& [name, shape] : want)
     if (!seen.contains(name)) throw Error(fmt::format("the model has no parameter '{}'", name));
 }
@@ -233,25 +235,91 @@ using io_t = acc_t<T>;
 
 // ---------------------------------------------------------------- export
 
+// A pipeline's parameters on its rank 0: each stage's (its first rank's
+// names and shapes), in stage order, the stage copies left out.
 template <class T>
-void export_hf_gpt2(GptModel<T>& model, const fs::path& dir, DTypeOut dtype) {
+std::vector<TensorSpec> pipeline_specs(const ParameterStore<T>& store, ProcessGrid& grid,
+                                       MPI_Comm pipe, DTypeOut dtype, std::vector<int>& stage_of) {
+  std::vector<double> mine;  // per parameter: rank, the dimensions
+  for (const Param<T>* p : store.params()) {
+    if (p->shard.stage_copy) continue;
+    mine.push_back(static_cast<double>(p->shard.global_shape.size()));
+    for (index_t d : p->shard.global_shape) mine.push_back(static_cast<double>(d));
+  }
+  std::string names;
+  for (const Param<T>* p : store.params())
+    if (!p->shard.stage_copy) names += p->shard.name + '\n';
+  std::vector<TensorSpec> specs;
+  if (grid.rank() != 0) return specs;  // the stages' first ranks take part
+  int size = 0, rank = 0;
+  MPI_Comm_size(pipe, &size);
+  MPI_Comm_rank(pipe, &rank);
+  for (int s = 0; s < size; ++s) {
+    std::vector<double> shapes = mine;
+    std::string text = names;
+    if (s > 0 && rank == s) {
+      const int n = static_cast<int>(shapes.size()), k = static_cast<int>(text.size());
+      MPI_Send(&n, 1, MPI_INT, 0, 1, pipe);
+      MPI_Send(shapes.data(), n, MPI_DOUBLE, 0, 2, pipe);
+      MPI_Send(&k, 1, MPI_INT, 0, 3, pipe);
+      MPI_Send(text.data(), k, MPI_CHAR, 0, 4, pipe);
+    }
+    if (rank != 0) continue;
+    if (s > 0) {
+      int n = 0, k = 0;
+      MPI_Recv(&n, 1, MPI_INT, s, 1, pipe, MPI_STATUS_IGNORE);
+      shapes.resize(static_cast<std::size_t>(n));
+      MPI_Recv(shapes.data(), n, MPI_DOUBLE, s, 2, pipe, MPI_STATUS_IGNORE);
+      MPI_Recv(&k, 1, MPI_INT, s, 3, pipe, MPI_STATUS_IGNORE);
+      text.resize(static_cast<std::size_t>(k));
+      MPI_Recv(text.data(), k, MPI_CHAR, s, 4, pipe, MPI_STATUS_IGNORE);
+    }
+    std::size_t at = 0, line = 0;
+    while (at < shapes.size()) {
+      const auto dims = static_cast<std::size_t>(shapes[at++]);
+      std::vector<index_t> shape;
+      for (std::size_t d = 0; d < dims; ++d) shape.push_back(static_cast<index_t>(shapes[at++]));
+      const std::size_t end = text.find('\n', line);
+      specs.push_back({text.substr(line, end - line), std::move(shape), tensor_dtype(dtype)});
+      stage_of.push_back(s);
+      line = end + 1;
+    }
+  }
+  return specs;
+}
+
+template <class T>
+void export_hf_gpt2(GptModel<T>& model, const fs::path& dir, DTypeOut dtype,
+                    const CheckpointStages* stages) {
   const std::string where = "export_hf_gpt2 " + quoted(dir);
   ProcessGrid& grid = model.grid();
+  const auto agree = [&](const std::optional<std::string>& e) {
+    if (stages != nullptr)
+      agree_on(stages->world, e);
+    else
+      grid.agree(CommAxis::world, e);
+  };
   std::optional<std::string> error;
   ParameterStore<T>* store = nullptr;
   try {
     store = &model.parameters_store();
-    check_parameters(*store, model.config());
+    check_parameters(*store, model.config(), stages != nullptr);
   } catch (const Error& e) {
     error = fmt::format("{}: {}", where, e.what());
   }
-  grid.agree(CommAxis::world, error);
+  agree(error);
   // zero=3: the values whole for the export (each group's chunk gathered)
   const typename ParameterStore<T>::WholeValues whole(*store, /*write_back=*/false, &grid);
 
   // The world's rank 0 writes; data group 0's copy is as good as any other,
-  // since every data group gathers the same global tensors.
-  const bool writes = grid.rank() == 0;
+  // since every data group gathers the same global tensors. A pipeline: the
+  // first stage's rank 0, which receives the other stages' tensors.
+  const bool writes = grid.rank() == 0 && (stages == nullptr || stages->stage == 0);
+  const bool sends = stages != nullptr && stages->stage > 0 && grid.rank() == 0;
+  std::vector<int> stage_of;  // a pipeline: each tensor's stage
+  const std::vector<TensorSpec> all =
+      stages != nullptr ? pipeline_specs(*store, grid, stages->pipe, dtype, stage_of)
+                        : std::vector<TensorSpec>();
   std::unique_ptr<SafetensorsWriter> writer;
   if (writes) {
     try {
@@ -260,9 +328,10 @@ void export_hf_gpt2(GptModel<T>& model, const fs::path& dir, DTypeOut dtype) {
       if (ec || !fs::is_directory(dir))
         throw Error(fmt::format("cannot create the directory: {}",
                                 ec ? ec.message() : "a file of that name exists"));
-      std::vector<TensorSpec> specs;
-      for (const Param<T>* p : store->params())
-        specs.push_back({p->shard.name, p->shard.global_shape, tensor_dtype(dtype)});
+      std::vector<TensorSpec> specs = all;
+      if (stages == nullptr)
+        for (const Param<T>* p : store->params())
+          specs.push_back({p->shard.name, p->shard.global_shape, tensor_dtype(dtype)});
       writer = std::make_unique<SafetensorsWriter>(
           dir / "model.safetensors", std::move(specs),
           std::map<std::string, std::string>{{"format", "pt"}, {"producer", "summa"}});
@@ -270,27 +339,47 @@ void export_hf_gpt2(GptModel<T>& model, const fs::path& dir, DTypeOut dtype) {
       error = fmt::format("{}: {}", where, e.what());
     }
   }
-  grid.agree(CommAxis::world, error);
+  agree(error);
 
   // One global tensor at a time; a failed write is remembered and reported
   // after the loop, so every rank still takes part in every gather.
   // gather_global downloads the local shard when the store's backend keeps
   // it in device memory (Param::backend).
-  for (const Param<T>* p : store->params()) {
-    const std::vector<T> global = gather_global(*p, grid);
-    if (writes && !error) {
-      try {
-        if constexpr (std::is_same_v<T, io_t<T>>) {
-          writer->write<T>(p->shard.name, global);
-        } else {
-          std::vector<io_t<T>> wide(global.size());
-          std::transform(global.begin(), global.end(), wide.begin(),
-                         [](T v) { return static_cast<io_t<T>>(v); });
-          writer->write<io_t<T>>(p->shard.name, wide);
-        }
-      } catch (const std::exception& e) {
-        error = fmt::format("{}: {}", where, e.what());
+  const auto write = [&](const std::string& name, const std::vector<T>& global) {
+    if (!writes || error) return;
+    try {
+      if constexpr (std::is_same_v<T, io_t<T>>) {
+        writer->write<T>(name, global);
+      } else {
+        std::vector<io_t<T>> wide(global.size());
+        std::transform(global.begin(), global.end(), wide.begin(),
+                       [](T v) { return static_cast<io_t<T>>(v); });
+        writer->write<io_t<T>>(name, wide);
       }
+    } catch (const std::exception& e) {
+      error = fmt::format("{}: {}", where, e.what());
+    }
+  };
+  for (const Param<T>* p : store->params()) {
+    if (p->shard.stage_copy) continue;
+    const std::vector<T> global = gather_global(*p, grid);
+    if (sends)  // to the writer, in the order of its list
+      check_mpi(MPI_Send(global.data(), static_cast<int>(global.size() * sizeof(T)), MPI_BYTE, 0, 5,
+                         stages->pipe),
+                "MPI_Send (export)");
+    write(p->shard.name, global);
+  }
+  if (writes && stages != nullptr) {  // the later stages' tensors, in their order
+    std::vector<T> global;
+    for (std::size_t k = 0; k < all.size(); ++k) {
+      if (stage_of[k] == 0) continue;  // written above
+      index_t n = 1;
+      for (index_t d : all[k].shape) n *= d;
+      global.resize(static_cast<std::size_t>(n));
+      check_mpi(MPI_Recv(global.data(), static_cast<int>(global.size() * sizeof(T)), MPI_BYTE,
+                         stage_of[k], 5, stages->pipe, MPI_STATUS_IGNORE),
+                "MPI_Recv (export)");
+      write(all[k].name, global);
     }
   }
   if (writes && !error) {
@@ -302,15 +391,21 @@ void export_hf_gpt2(GptModel<T>& model, const fs::path& dir, DTypeOut dtype) {
     }
   }
   writer.reset();  // removes the temporary file unless committed
-  grid.agree(CommAxis::world, error);
+  agree(error);
 }
 
 // ---------------------------------------------------------------- import
 
 template <class T>
-void import_hf_gpt2(GptModel<T>& model, const fs::path& dir) {
+void import_hf_gpt2(GptModel<T>& model, const fs::path& dir, const CheckpointStages* stages) {
   const std::string where = "import_hf_gpt2 " + quoted(dir);
   ProcessGrid& grid = model.grid();
+  const auto agree = [&](const std::optional<std::string>& e) {
+    if (stages != nullptr)
+      agree_on(stages->world, e);
+    else
+      grid.agree(CommAxis::world, e);
+  };
   std::optional<std::string> error;
   ParameterStore<T>* store = nullptr;
   std::unique_ptr<SafetensorsFile> file;
@@ -319,7 +414,7 @@ void import_hf_gpt2(GptModel<T>& model, const fs::path& dir) {
   try {
     store = &model.parameters_store();
     const GptConfig& have = model.config();
-    check_parameters(*store, have);
+    check_parameters(*store, have, stages != nullptr);
     const GptConfig got = read_hf_gpt2_config(dir / "config.json");
     const auto same = [&](const char* key, int file_value, int model_value) {
       if (file_value != model_value)
@@ -370,8 +465,11 @@ void import_hf_gpt2(GptModel<T>& model, const fs::path& dir) {
       used.insert(name);
       sources.push_back(t.name);
     }
+    std::set<std::string, std::less<>> other_stages;  // a pipeline stage's: the rest of GPT-2
+    if (stages != nullptr)
+      for (const ParamInfo& info : parameter_list(have)) other_stages.insert(info.name);
     for (const auto& [name, t] : by_name)
-      if (!used.contains(name))
+      if (!used.contains(name) && !other_stages.contains(name))
         throw Error(fmt::format("{}: unexpected tensor '{}' (not a parameter of this GPT-2)",
                                 quoted(file->path()), t->name));
     if (lm_head) {
@@ -385,7 +483,7 @@ void import_hf_gpt2(GptModel<T>& model, const fs::path& dir) {
   } catch (const Error& e) {
     error = fmt::format("{}: {}", where, e.what());
   }
-  grid.agree(CommAxis::world, error);
+  agree(error);
   // zero=3: read into the whole values, this group's chunk kept at the end
   const typename ParameterStore<T>::WholeValues whole(*store, /*write_back=*/true, &grid);
 
@@ -428,7 +526,7 @@ void import_hf_gpt2(GptModel<T>& model, const fs::path& dir) {
   } catch (const std::exception& e) {
     error = fmt::format("{}: {}", where, e.what());
   }
-  grid.agree(CommAxis::world, error);
+  agree(error);
 
   if (!backend.host_accessible()) {
     if (!staged.empty())
@@ -442,11 +540,14 @@ void import_hf_gpt2(GptModel<T>& model, const fs::path& dir) {
   }
 }
 
-template void export_hf_gpt2<float>(GptModel<float>&, const fs::path&, DTypeOut);
-template void export_hf_gpt2<double>(GptModel<double>&, const fs::path&, DTypeOut);
-template void import_hf_gpt2<float>(GptModel<float>&, const fs::path&);
-template void import_hf_gpt2<double>(GptModel<double>&, const fs::path&);
-template void export_hf_gpt2<bf16>(GptModel<bf16>&, const fs::path&, DTypeOut);
-template void import_hf_gpt2<bf16>(GptModel<bf16>&, const fs::path&);
+template void export_hf_gpt2<float>(GptModel<float>&, const fs::path&, DTypeOut,
+                                    const CheckpointStages*);
+template void export_hf_gpt2<double>(GptModel<double>&, const fs::path&, DTypeOut,
+                                     const CheckpointStages*);
+template void import_hf_gpt2<float>(GptModel<float>&, const fs::path&, const CheckpointStages*);
+template void import_hf_gpt2<double>(GptModel<double>&, const fs::path&, const CheckpointStages*);
+template void export_hf_gpt2<bf16>(GptModel<bf16>&, const fs::path&, DTypeOut,
+                                   const CheckpointStages*);
+template void import_hf_gpt2<bf16>(GptModel<bf16>&, const fs::path&, const CheckpointStages*);
 
 }  // namespace summa::io

@@ -224,7 +224,16 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
     for (const auto& block : blocks_)
       kv.add(block->attn().cache_elements()).add(block->attn().cache_elements());
   kv_bytes_ = kv.bytes();
+  // A pipeline's first and last stage: room for the other copy's embedding
+  // gradients (PipelineGpt adds them after the batch).
+  exchange_elements_ = 0;
+  if (staged() && options_.pipeline.stages > 1 && embedding_)
+    for (Param<T>* p : embedding_->parameters())
+      exchange_elements_ += static_cast<std::size_t>(p->shard.local_size());
+  exchange_bytes_ = ByteCount<T>().add(static_cast<index_t>(exchange_elements_)).bytes();
   if (options_.plan_only) return;
+  if (exchange_bytes_ > 0)
+    exchange_ = std::make_unique<Arena>("pipeline", *backend_, exchange_bytes_);
   if (kv_bytes_ > 0) {
     kv_ = std::make_unique<Arena>("kv_cache", *backend_, kv_bytes_);
     for (auto& block : blocks_) {
@@ -853,6 +862,29 @@ ConstMatrixView<T> Gpt<T>::stage_output(int slot) const {
 }
 
 template <class T>
+std::span<T> Gpt<T>::stage_embedding_grads() {
+  require_stage("stage_embedding_grads", 0);
+  if (exchange_elements_ == 0) return {};
+  T* begin = nullptr;
+  std::size_t count = 0;
+  for (Param<T>* p : embedding_->parameters()) {
+    if (!p->held()) continue;
+    if (begin == nullptr) begin = p->grad;
+    require(p->grad == begin + count, "GPT: the embedding's gradients are not contiguous");
+    count += static_cast<std::size_t>(p->shard.local_size());
+  }
+  return {begin, count};
+}
+
+template <class T>
+std::span<T> Gpt<T>::stage_exchange() {
+  require_stage("stage_exchange", 0);
+  if (exchange_elements_ == 0) return {};
+  exchange_->reset();
+  return {exchange_->take<T>(exchange_elements_), exchange_elements_};
+}
+
+template <class T>
 MatrixView<T> Gpt<T>::stage_output_grad(int slot) {
   require_stage("stage_output_grad", slot);
   return output_grads_[static_cast<std::size_t>(slot)];
@@ -1067,6 +1099,7 @@ MemoryReport Gpt<T>::memory_report() const {
                  {"backward", sizes_.backward, 0},    {"conjunction", sizes_.conjunction, 0},
                  {"checkpoint", sizes_.checkpoint, 0}};
     if (kv_bytes_ > 0) r.buffers.push_back({"kv_cache", kv_bytes_, 0});
+    if (exchange_bytes_ > 0) r.buffers.push_back({"pipeline", exchange_bytes_, 0});
     scheme_->append_buffers(r.buffers);
     return r;
   }
@@ -1078,6 +1111,7 @@ MemoryReport Gpt<T>::memory_report() const {
   r.buffers.push_back({"gradients", store_->grads().capacity(), store_->grads().high_water()});
   for (BufferUsage& u : buffers_->usage()) r.buffers.push_back(std::move(u));
   if (kv_) r.buffers.push_back({"kv_cache", kv_->capacity(), kv_->high_water()});
+  if (exchange_) r.buffers.push_back({"pipeline", exchange_->capacity(), exchange_->high_water()});
   scheme_->append_buffers(r.buffers);
   return r;
 }

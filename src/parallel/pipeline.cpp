@@ -91,6 +91,30 @@ int pipeline_slots(const PipelineOptions& o, int stage) {
   return o.micro;
 }
 
+PipelineStage pipeline_stage(const SchemeSpec& spec, const GptConfig& config, index_t batch,
+                             index_t seq, int stage) {
+  const PipelineSpec& p = spec.pipeline;
+  const std::vector<int> split = pipeline_split(config, p);
+  require(batch > 0 && batch % p.micro == 0, [&] {
+    return fmt::format("pipeline: batch={} does not divide into micro={} microbatches", batch,
+                       p.micro);
+  });
+  require(stage >= 0 && stage < p.stages,
+          [&] { return fmt::format("pipeline: stage {} of {}", stage, p.stages); });
+  const int first = std::accumulate(split.begin(), split.begin() + stage, 0);
+  return {.stage = stage,
+          .stages = p.stages,
+          .first_block = first,
+          .last_block = first + split[static_cast<std::size_t>(stage)],
+          .slots = pipeline_slots(p, stage),
+          .loss_tokens = batch * seq};
+}
+
+template <class T>
+MemoryReport PipelineGpt<T>::memory_report() const {
+  return model().memory_report();
+}
+
 template <class T>
 PipelineGpt<T>::PipelineGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
                             const GptConfig& config, index_t batch, index_t seq, GptOptions options,
@@ -101,9 +125,8 @@ PipelineGpt<T>::PipelineGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& back
   check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
   check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   std::optional<std::string> error;
-  std::vector<int> split;
   try {
-    split = pipeline_split(config, pipeline);
+    (void)pipeline_stage(spec, config, batch, seq, 0);  // the split and the batch
   } catch (const Error& e) {
     error = e.what();
   }
@@ -113,9 +136,6 @@ PipelineGpt<T>::PipelineGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& back
     error = fmt::format(
         "pipeline: {} stages of scheme '{}' ({} ranks each) need {} ranks, the communicator has {}",
         pipeline.stages, stage_spec.str(), per_stage, per_stage * pipeline.stages, size);
-  else if (!error && (batch <= 0 || batch % pipeline.micro != 0))
-    error = fmt::format("pipeline: batch={} does not divide into micro={} microbatches", batch,
-                        pipeline.micro);
   else if (!error && grid.comm != CommBackend::mpi)
     error = fmt::format(
         "pipeline: the stage messages run on MPI communicators (GridOptions::comm = mpi); got {}",
@@ -128,13 +148,7 @@ PipelineGpt<T>::PipelineGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& back
   check_mpi(MPI_Comm_split(comm, stage_, rank, &stage_comm), "MPI_Comm_split (pipeline stage)");
   check_mpi(MPI_Comm_split(comm, rank % static_cast<int>(per_stage), stage_, &pipe_comm),
             "MPI_Comm_split (pipe)");
-  const int first = std::accumulate(split.begin(), split.begin() + stage_, 0);
-  options.pipeline = {.stage = stage_,
-                      .stages = pipeline.stages,
-                      .first_block = first,
-                      .last_block = first + split[static_cast<std::size_t>(stage_)],
-                      .slots = pipeline_slots(options_, stage_),
-                      .loss_tokens = batch * seq};
+  options.pipeline = pipeline_stage(spec, config, batch, seq, stage_);
   // A stage's refusal reaches every stage (the others would wait for its
   // messages).
   std::optional<std::string> stage_error;
@@ -151,29 +165,18 @@ PipelineGpt<T>::PipelineGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& back
     MPI_Comm_free(&pipe_comm);
     throw;
   }
+  check_mpi(MPI_Comm_dup(comm, &world_), "MPI_Comm_dup (pipeline)");
   watchdog_ = std::make_unique<Watchdog>(comm, grid.watchdog);
   pipe_ = std::make_unique<MpiCommunicator>(pipe_comm, true, CommAxis::pipe, &pipe_counter_);
   watchdog_->attach(*pipe_, pipe_comm);
-  // The embedding's gradients (wte and wpe, contiguous in the store) are
-  // exchanged between the first and the last stage.
-  Gpt<T>& g = model();
-  if (options_.stages > 1 && (g.options().pipeline.first() || g.options().pipeline.last())) {
-    for (Param<T>* p : g.embedding().parameters()) {
-      if (!p->held()) continue;
-      if (embedding_grads_ == nullptr) embedding_grads_ = p->grad;
-      require(p->grad == embedding_grads_ + embedding_count_,
-              "pipeline: the embedding's gradients are not contiguous");
-      embedding_count_ += static_cast<std::size_t>(p->shard.local_size());
-    }
-    if (embedding_count_ > 0) {
-      scratch_ = std::make_unique<Arena>("pipeline", backend, embedding_count_ * sizeof(T));
-      peer_grads_ = scratch_->take<T>(embedding_count_);
-    }
-  }
 }
 
 template <class T>
-PipelineGpt<T>::~PipelineGpt() = default;
+PipelineGpt<T>::~PipelineGpt() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && world_ != MPI_COMM_NULL) MPI_Comm_free(&world_);
+}
 
 template <class T>
 void PipelineGpt<T>::init(std::uint64_t seed) {
@@ -325,18 +328,20 @@ void PipelineGpt<T>::run_message_driven() {
 
 template <class T>
 void PipelineGpt<T>::exchange_embedding_grads() {
-  if (peer_grads_ == nullptr) return;
-  const std::size_t n = embedding_count_;
+  const std::span<T> mine = model().stage_embedding_grads();
+  if (mine.empty()) return;
+  const std::span<T> theirs = model().stage_exchange();
+  const std::size_t n = mine.size();
   const int peer = stage_ == 0 ? options_.stages - 1 : 0;
-  Request sent = pipe_->isend(embedding_grads_, n, dtype_v<T>, peer);
-  Request got = pipe_->irecv(peer_grads_, n, dtype_v<T>, peer);
+  Request sent = pipe_->isend(mine.data(), n, dtype_v<T>, peer);
+  Request got = pipe_->irecv(theirs.data(), n, dtype_v<T>, peer);
   pipe_->wait(got);
   pipe_->wait(sent);
   const auto shape = [&](T* p) {
     return MatrixView<T>::dense(p, 1, static_cast<index_t>(n), Order::row_major);
   };
-  run_->scheme().backend().axpby(acc_t<T>(1), ConstMatrixView<T>(shape(peer_grads_)), acc_t<T>(1),
-                                 shape(embedding_grads_));
+  run_->scheme().backend().axpby(acc_t<T>(1), ConstMatrixView<T>(shape(theirs.data())), acc_t<T>(1),
+                                 shape(mine.data()));
 }
 
 template <class T>

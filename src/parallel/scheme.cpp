@@ -6,6 +6,7 @@
 #include <optional>
 #include <vector>
 
+#include "summa/parallel/pipeline.hpp"
 #include "summa/schemes/registry.hpp"
 
 namespace summa {
@@ -55,7 +56,8 @@ template <class T>
 ParallelGpt<T>::~ParallelGpt() = default;
 
 index_t batch_granularity(const SchemeSpec& spec) {
-  return static_cast<index_t>(spec.data) * scheme_row(spec.scheme).sequence_split(spec);
+  return static_cast<index_t>(spec.pipeline.micro) * spec.data *
+         scheme_row(spec.scheme).sequence_split(spec);
 }
 
 template <class T>
@@ -63,6 +65,10 @@ MemoryReport plan_memory(MPI_Comm comm, const SchemeSpec& spec, Backend& backend
                          const GptConfig& config, index_t batch, index_t seq, GptOptions options,
                          GridOptions grid) {
   options.plan_only = true;
+  if (spec.pipeline.active()) {  // this rank's stage
+    const PipelineGpt<T> pipe(comm, spec, backend, config, batch, seq, options, grid);
+    return pipe.memory_report();
+  }
   ParallelGpt<T> run(comm, spec, backend, config, batch, seq, options, grid);
   return run.model().memory_report();
 }
@@ -95,6 +101,18 @@ template <class T>
 RankMemory plan_memory_busiest(const SchemeSpec& spec, Backend& backend, const GptConfig& config,
                                index_t batch, index_t seq, GptOptions options,
                                std::int64_t every_rank_up_to) {
+  if (spec.pipeline.active()) {  // each stage's busiest rank; the busiest of them
+    std::optional<RankMemory> busiest;
+    for (int s = 0; s < spec.pipeline.stages; ++s) {
+      GptOptions stage = options;
+      stage.pipeline = pipeline_stage(spec, config, batch, seq, s);
+      RankMemory r = plan_memory_busiest<T>(
+          spec.stage(), backend, config, batch / spec.pipeline.micro, seq, stage, every_rank_up_to);
+      r.stage = s;
+      if (!busiest || r.report.total() > busiest->report.total()) busiest = std::move(r);
+    }
+    return std::move(*busiest);
+  }
   const GridShape shape = scheme_row(spec.scheme).grid_shape(spec);
   const bool every =
       static_cast<std::int64_t>(shape.depth) * shape.rows * shape.cols <= every_rank_up_to;

@@ -2,6 +2,7 @@
 
 #include "summa/backend/cpu_backend.hpp"
 #include "summa/layers/gpt.hpp"
+#include "summa/parallel/scheme.hpp"
 #include "summa/schemes/registry.hpp"
 
 namespace summa::model::detail {
@@ -36,6 +37,8 @@ Buckets walk(const SchemeSpec& spec, const GptConfig& config, index_t batch, ind
 Buckets walk_step(const SchemeSpec& spec, const GptConfig& config, index_t batch, index_t seq,
                   GptOptions options, DType dtype, const GridCoords& coords, cost::Tally& t,
                   std::vector<StepOp>* ops) {
+  if (const auto error = pipeline_refused(spec, "the traffic and step-time models"))
+    throw Error(*error);
   if (dtype == DType::f64) return walk<double>(spec, config, batch, seq, options, coords, t, ops);
   if (dtype == DType::bf16) return walk<bf16>(spec, config, batch, seq, options, coords, t, ops);
   return walk<float>(spec, config, batch, seq, options, coords, t, ops);

@@ -217,7 +217,7 @@ template <class T>
 std::map<std::string, std::string> Trainer<T>::checkpoint_meta() const {
   const GptConfig& c = options_.config;
   std::map<std::string, std::string> meta{
-      {"scheme", run_->spec().str()},
+      {"scheme", SchemeSpec::parse(options_.scheme).str()},
       {"config", config_text(c)},
       {"n_layer", std::to_string(c.n_layer)},
       {"n_head", std::to_string(c.n_head)},
@@ -242,28 +242,30 @@ std::map<std::string, std::string> Trainer<T>::checkpoint_meta() const {
 }
 
 template <class T>
-void Trainer<T>::require_unpipelined(const char* what) const {
-  require(!pipeline_, [&] {
-    return fmt::format(
-        "trainer {}: the run is pipelined ({}); its checkpoints and Hugging Face files are not "
-        "written or read yet (train it without pipe=, or keep it in memory)",
-        what, options_.scheme);
-  });
+std::optional<CheckpointStages> Trainer<T>::stages() const {
+  if (!pipeline_) return std::nullopt;
+  return CheckpointStages{
+      .world = pipeline_->world(), .pipe = pipeline_->pipe_native(), .stage = pipeline_->stage()};
+}
+
+template <class T>
+MPI_Comm Trainer<T>::world() const {
+  return pipeline_ ? pipeline_->world() : run_->grid().native(CommAxis::world);
 }
 
 template <class T>
 void Trainer<T>::save(const std::filesystem::path& root) {
-  require_unpipelined("save");
+  const std::optional<CheckpointStages> st = stages();
   // Through the optimizer: its state slots, and for bf16 the fp32 master
   // weights as the parameter values.
   save_checkpoint<T>(root, *optimizer_, CheckpointInfo{.step = step_, .meta = checkpoint_meta()},
-                     run_->grid());
+                     run_->grid(), st ? &*st : nullptr);
 }
 
 template <class T>
 void Trainer<T>::load(const std::filesystem::path& path_or_root) {
-  require_unpipelined("load");
-  MPI_Comm comm = run_->grid().native(CommAxis::world);
+  const std::optional<CheckpointStages> st = stages();
+  MPI_Comm comm = world();
   const CheckpointInfo head = read_checkpoint_info(path_or_root, comm);
   // What must match before the tensors are read (the shapes are checked by
   // load_checkpoint as well, naming the tensor).
@@ -281,21 +283,22 @@ void Trainer<T>::load(const std::filesystem::path& path_or_root) {
   // the saved run's stream.
   want("data_seed", std::to_string(options_.data_seed));
   agree_on(comm, error);
-  const CheckpointInfo info = load_checkpoint<T>(path_or_root, *optimizer_, run_->grid());
+  const CheckpointInfo info =
+      load_checkpoint<T>(path_or_root, *optimizer_, run_->grid(), st ? &*st : nullptr);
   step_ = info.step;
   optimizer_->set_steps(info.step);
 }
 
 template <class T>
 void Trainer<T>::export_hf(const std::filesystem::path& dir) {
-  require_unpipelined("export_hf");
-  io::export_hf_gpt2(run_->model(), dir);
+  const std::optional<CheckpointStages> st = stages();
+  io::export_hf_gpt2(run_->model(), dir, io::DTypeOut::f32, st ? &*st : nullptr);
 }
 
 template <class T>
 void Trainer<T>::import_hf(const std::filesystem::path& dir) {
-  require_unpipelined("import_hf");
-  io::import_hf_gpt2(run_->model(), dir);
+  const std::optional<CheckpointStages> st = stages();
+  io::import_hf_gpt2(run_->model(), dir, st ? &*st : nullptr);
   optimizer_->refresh_master();  // bf16: the master follows the imported weights
 }
 

@@ -109,13 +109,28 @@ template <class T>
 CheckpointInfo load_checkpoint(const std::filesystem::path& path_or_root, ParameterStore<T>& store,
                                std::span<const StateSlot> slots, ProcessGrid& grid);
 
+/// A pipeline's stages (parallel/pipeline.hpp) saving or loading one
+/// checkpoint together: each rank's store is its stage's. The shard files of
+/// stage s are numbered s x (tensor group size) + tensor rank, the manifest
+/// lists every stage's parameters (a stage's copy of another's,
+/// ParamShard::stage_copy, is not saved, and is loaded from the original's
+/// pieces), and every agreement runs over `world`. A checkpoint saved so is
+/// the same format as any other: it loads under any scheme, pipelined or
+/// not, and a pipelined run loads any checkpoint of the model.
+struct CheckpointStages {
+  MPI_Comm world = MPI_COMM_NULL;  ///< every rank of every stage
+  MPI_Comm pipe = MPI_COMM_NULL;   ///< the ranks with this rank's place in every stage
+  int stage = 0;
+};
+
 /// save_checkpoint of `optimizer.store()` with the optimizer's state slots
 /// (state_names(), master_t<T>) — for bf16 parameters with the values taken
 /// from optimizer.master() (fp32), so nothing of the run is rounded away.
 /// Collective and throwing as the store overload.
 template <class T>
 void save_checkpoint(const std::filesystem::path& root, Optimizer<T>& optimizer,
-                     const CheckpointInfo& info, ProcessGrid& grid);
+                     const CheckpointInfo& info, ProcessGrid& grid,
+                     const CheckpointStages* stages = nullptr);
 
 /// load_checkpoint into `optimizer.store()` and the optimizer's state slots
 /// (the saved slots must be named like state_names()); for bf16 parameters
@@ -126,7 +141,7 @@ void save_checkpoint(const std::filesystem::path& root, Optimizer<T>& optimizer,
 /// throwing as the store overload.
 template <class T>
 CheckpointInfo load_checkpoint(const std::filesystem::path& path_or_root, Optimizer<T>& optimizer,
-                               ProcessGrid& grid);
+                               ProcessGrid& grid, const CheckpointStages* stages = nullptr);
 
 /// The parameter values alone of a checkpoint (a directory or a root, as
 /// for load_checkpoint), whatever optimizer slots it also holds (they are
@@ -229,17 +244,22 @@ extern template CheckpointInfo load_checkpoint<bf16>(const std::filesystem::path
                                                      ParameterStore<bf16>&,
                                                      std::span<const StateSlot>, ProcessGrid&);
 extern template void save_checkpoint<float>(const std::filesystem::path&, Optimizer<float>&,
-                                            const CheckpointInfo&, ProcessGrid&);
+                                            const CheckpointInfo&, ProcessGrid&,
+                                            const CheckpointStages*);
 extern template void save_checkpoint<double>(const std::filesystem::path&, Optimizer<double>&,
-                                             const CheckpointInfo&, ProcessGrid&);
+                                             const CheckpointInfo&, ProcessGrid&,
+                                             const CheckpointStages*);
 extern template void save_checkpoint<bf16>(const std::filesystem::path&, Optimizer<bf16>&,
-                                           const CheckpointInfo&, ProcessGrid&);
+                                           const CheckpointInfo&, ProcessGrid&,
+                                           const CheckpointStages*);
 extern template CheckpointInfo load_checkpoint<float>(const std::filesystem::path&,
-                                                      Optimizer<float>&, ProcessGrid&);
+                                                      Optimizer<float>&, ProcessGrid&,
+                                                      const CheckpointStages*);
 extern template CheckpointInfo load_checkpoint<double>(const std::filesystem::path&,
-                                                       Optimizer<double>&, ProcessGrid&);
+                                                       Optimizer<double>&, ProcessGrid&,
+                                                       const CheckpointStages*);
 extern template CheckpointInfo load_checkpoint<bf16>(const std::filesystem::path&, Optimizer<bf16>&,
-                                                     ProcessGrid&);
+                                                     ProcessGrid&, const CheckpointStages*);
 
 extern template void require_finite_values<float>(const ParameterStore<float>&, ProcessGrid&,
                                                   const std::string&);

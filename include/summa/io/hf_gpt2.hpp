@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <string>
 
+#include "summa/io/checkpoint.hpp"
 #include "summa/layers/gpt_model.hpp"
 #include "summa/model/config.hpp"
 
@@ -56,9 +57,15 @@ GptConfig read_hf_gpt2_config(const std::filesystem::path& path);
 /// is exact for all three, f32 for float and bf16, bf16 rounds to nearest
 /// even (exact for a bf16 model). A bf16 model writes its bf16 parameters,
 /// not the optimizer's fp32 master weights (checkpoints keep those).
+///
+/// `stages` (a pipeline, io/checkpoint.hpp's CheckpointStages): `model` is
+/// one stage's; every stage's parameters go to the one file (the last
+/// stage's copy of the embedding is skipped), each stage's gathered on its
+/// first rank and sent to the pipeline's rank 0, which writes. Collective
+/// over every rank of every stage.
 template <class T>
 void export_hf_gpt2(GptModel<T>& model, const std::filesystem::path& dir,
-                    DTypeOut dtype = DTypeOut::f32);
+                    DTypeOut dtype = DTypeOut::f32, const CheckpointStages* stages = nullptr);
 
 /// Loads <dir>/config.json and <dir>/model.safetensors into `model`, whatever
 /// its scheme. The config must match model.config() exactly in n_layer,
@@ -75,16 +82,25 @@ void export_hf_gpt2(GptModel<T>& model, const std::filesystem::path& dir,
 /// that already has an optimizer, call Optimizer::refresh_master(). Collective
 /// over the model's whole grid; every rank throws the same summa::Error on
 /// failure, and the parameters are then left unchanged.
+///
+/// `stages` (a pipeline): `model` is one stage's and takes the file's
+/// tensors of its own parameters (the embedding copy too); collective over
+/// every rank of every stage.
 template <class T>
-void import_hf_gpt2(GptModel<T>& model, const std::filesystem::path& dir);
+void import_hf_gpt2(GptModel<T>& model, const std::filesystem::path& dir,
+                    const CheckpointStages* stages = nullptr);
 
-extern template void export_hf_gpt2<float>(GptModel<float>&, const std::filesystem::path&,
-                                           DTypeOut);
+extern template void export_hf_gpt2<float>(GptModel<float>&, const std::filesystem::path&, DTypeOut,
+                                           const CheckpointStages*);
 extern template void export_hf_gpt2<double>(GptModel<double>&, const std::filesystem::path&,
-                                            DTypeOut);
-extern template void import_hf_gpt2<float>(GptModel<float>&, const std::filesystem::path&);
-extern template void import_hf_gpt2<double>(GptModel<double>&, const std::filesystem::path&);
-extern template void export_hf_gpt2<bf16>(GptModel<bf16>&, const std::filesystem::path&, DTypeOut);
-extern template void import_hf_gpt2<bf16>(GptModel<bf16>&, const std::filesystem::path&);
+                                            DTypeOut, const CheckpointStages*);
+extern template void import_hf_gpt2<float>(GptModel<float>&, const std::filesystem::path&,
+                                           const CheckpointStages*);
+extern template void import_hf_gpt2<double>(GptModel<double>&, const std::filesystem::path&,
+                                            const CheckpointStages*);
+extern template void export_hf_gpt2<bf16>(GptModel<bf16>&, const std::filesystem::path&, DTypeOut,
+                                          const CheckpointStages*);
+extern template void import_hf_gpt2<bf16>(GptModel<bf16>&, const std::filesystem::path&,
+                                          const CheckpointStages*);
 
 }  // namespace summa::io

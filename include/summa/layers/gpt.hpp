@@ -169,6 +169,12 @@ class Gpt final : public GptModel<T> {
   /// dL/d stage output: where the next stage's gradient lands (the last
   /// stage's head writes it).
   MatrixView<T> stage_output_grad(int slot);
+  /// The embedding's gradients (wte, then wpe: contiguous) on a pipeline's
+  /// first or last stage (P > 1), and as many elements of room ("pipeline"
+  /// buffer) for the other copy's: PipelineGpt exchanges and adds them.
+  /// Empty elsewhere.
+  std::span<T> stage_embedding_grads();
+  std::span<T> stage_exchange();
   /// dL/d stage input after stage_backward (not on the first stage); valid
   /// until the next stage_backward.
   ConstMatrixView<T> stage_input_grad() const { return input_grad_; }
@@ -265,6 +271,8 @@ class Gpt final : public GptModel<T> {
   void take_ids(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
                 bool check_tokens, bool check_targets, std::size_t slot = 0);
   int first_block_ = 0;
+  std::size_t exchange_elements_ = 0, exchange_bytes_ = 0;
+  std::unique_ptr<Arena> exchange_;          // pipeline: the other embedding copy's gradients
   std::vector<MatrixView<T>> output_grads_;  // pipeline: dL/d stage output, per slot
   /// Per-block checkpoints (Recompute::full).
   bool checkpointed() const { return options_.recompute == Recompute::full; }

@@ -43,7 +43,6 @@
 
 #include "summa/comm/mpi_communicator.hpp"
 #include "summa/comm/watchdog.hpp"
-#include "summa/memory/arena.hpp"
 #include "summa/parallel/scheme.hpp"
 
 namespace summa {
@@ -73,6 +72,14 @@ std::vector<PipeOp> pipeline_order(PipeSchedule schedule, int stage, int stages,
 /// Activation slots stage `stage` needs: the most microbatches it holds at
 /// once (gpipe: M; 1f1b: min(M, P - s); axonn: min(M, limit)).
 int pipeline_slots(const PipelineOptions& options, int stage);
+
+/// What stage `stage` of `spec`'s pipeline holds (GptOptions::pipeline) for
+/// a global batch of `batch` sequences: its blocks (pipeline_split), its
+/// slots (pipeline_slots) and the loss's token count. Throws summa::Error
+/// for a split that does not fit the model or a batch that does not divide
+/// into the microbatches.
+PipelineStage pipeline_stage(const SchemeSpec& spec, const GptConfig& config, index_t batch,
+                             index_t seq, int stage);
 
 /// A GPT trained through a pipeline of stages (see the file comment): the
 /// scheme `spec` with its pipeline axis (spec.pipeline; every stage runs
@@ -107,6 +114,9 @@ class PipelineGpt {
   int stage() const { return stage_; }
   int stages() const { return options_.stages; }
   const PipelineOptions& options() const { return options_; }
+  /// This rank's memory: its stage model's (with GptOptions::plan_only, the
+  /// plan), the embedding exchange's "pipeline" buffer included.
+  MemoryReport memory_report() const;
   /// This stage's blocks [first, last).
   int first_block() const { return model().first_block(); }
   int last_block() const { return model().last_block(); }
@@ -114,6 +124,10 @@ class PipelineGpt {
   Gpt<T>& model() const { return run_->model(); }
   ProcessGrid& grid() { return run_->grid(); }
   Communicator& pipe() { return *pipe_; }
+  /// The MPI communicators of every rank of every stage (a duplicate of the
+  /// constructor's) and of the pipe axis (for checkpoints and exports).
+  MPI_Comm world() const { return world_; }
+  MPI_Comm pipe_native() const { return pipe_->native(); }
   /// Bytes and calls of the stage messages (and the embedding exchange and
   /// the loss's broadcast) on this rank since construction or the reset.
   const TrafficCounter& pipe_traffic() const { return pipe_counter_; }
@@ -138,14 +152,11 @@ class PipelineGpt {
   PipelineOptions options_;
   int stage_ = 0;
   index_t batch_ = 0, seq_ = 0, micro_batch_ = 0;
+  MPI_Comm world_ = MPI_COMM_NULL;
   std::unique_ptr<ParallelGpt<T>> run_;
   TrafficCounter pipe_counter_;
   std::unique_ptr<Watchdog> watchdog_;  // outlives the communicator it guards
   std::unique_ptr<MpiCommunicator> pipe_;
-  std::unique_ptr<Arena> scratch_;  // the other embedding copy's gradients
-  T* peer_grads_ = nullptr;
-  T* embedding_grads_ = nullptr;  // this copy's (wte, then wpe)
-  std::size_t embedding_count_ = 0;
 
   // A step's state.
   std::span<const std::int32_t> tokens_, targets_;

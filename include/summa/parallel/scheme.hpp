@@ -62,7 +62,8 @@ class ParallelGpt {
 
 /// Sequences per data group must be a multiple of this for the scheme
 /// (2D: q, 3D: Z, 1D: 1; 1D with sp=on: p, so that the token rows divide
-/// for any sequence length); a global batch, of data times that.
+/// for any sequence length); a global batch, of data times that (times the
+/// microbatches with a pipeline axis).
 index_t batch_granularity(const SchemeSpec& spec);
 
 /// The memory planner: the report (capacities of parameters, gradients and
@@ -70,7 +71,8 @@ index_t batch_granularity(const SchemeSpec& spec);
 /// from the layers' analytic sizes without allocating them
 /// (GptOptions::plan_only). Collective over `comm`. `grid` as for
 /// ParallelGpt (the plan does not depend on it; an mpi_staged grid allocates
-/// its pinned staging buffers while the plan is made).
+/// its pinned staging buffers while the plan is made). With a pipeline axis,
+/// this rank's stage's (a plan-only PipelineGpt).
 template <class T>
 MemoryReport plan_memory(MPI_Comm comm, const SchemeSpec& spec, Backend& backend,
                          const GptConfig& config, index_t batch, index_t seq,
@@ -88,8 +90,9 @@ MemoryReport plan_memory(const SchemeSpec& spec, Backend& backend, const GptConf
 
 /// The rank with the largest planned total and its report.
 struct RankMemory {
-  GridCoords coords;
+  GridCoords coords;  ///< in its stage's grid
   MemoryReport report;
+  int stage = 0;  ///< its pipeline stage (0 without a pipeline)
 };
 
 /// Tensor groups up to this many ranks are planned rank by rank.
@@ -104,7 +107,9 @@ inline constexpr std::int64_t plan_every_rank_up_to = 64;
 /// not divide) and whose replicated pieces (biases, LayerNorm) sit on an
 /// axis's first or last rank: tests/schemes/test_schemes.cpp checks it
 /// against a launch of 1 to 9 ranks. Roughly 0.2-0.5 ms a rank for a large
-/// GPT. Throws as plan_memory.
+/// GPT. With a pipeline axis: each stage's busiest rank (the stage's model
+/// for one microbatch and its slots), and the busiest of those, with its
+/// stage in RankMemory::stage. Throws as plan_memory.
 template <class T>
 RankMemory plan_memory_busiest(const SchemeSpec& spec, Backend& backend, const GptConfig& config,
                                index_t batch, index_t seq, GptOptions options = {},

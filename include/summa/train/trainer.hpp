@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,9 +41,8 @@ struct TrainerOptions {
   GptConfig config;
   /// Scheme text (SchemeSpec::parse); its rank count must equal the
   /// communicator's size. With a pipeline axis (pipe=P:micro=M) the model
-  /// trains through PipelineGpt; saving, loading and the Hugging Face
-  /// export / import of a pipelined run are not supported yet (they throw
-  /// summa::Error on every rank).
+  /// trains through PipelineGpt; its checkpoints and Hugging Face files are
+  /// the same as any other run's (every stage saves its part together).
   std::string scheme = "2d:q=1";
   index_t batch = 8;  ///< global sequences per step
   index_t seq = 32;   ///< tokens per sequence
@@ -148,7 +148,8 @@ class Trainer {
   std::map<std::string, std::string> checkpoint_meta() const;
 
  private:
-  void require_unpipelined(const char* what) const;
+  std::optional<CheckpointStages> stages() const;  // a pipeline's, for checkpoints and exports
+  MPI_Comm world() const;                          // every rank of the run
 
   TrainerOptions options_;
   std::unique_ptr<PipelineGpt<T>> pipeline_;  // a scheme with a pipeline axis
