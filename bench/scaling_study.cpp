@@ -605,10 +605,11 @@ Planned plan_point(const Point& p, const Study& s, const summa::model::Machine& 
     const summa::RankMemory r =
         summa::plan_memory_busiest<T>(spec, backend, c, p.batch, p.seq, options);
     out.memory_bytes = r.report.total() + adamw_state_bytes<T>(r.report, spec, s);
-    out.inference_bytes =
-        summa::plan_memory_busiest<T>(summa::SchemeSpec::parse(p.scheme), backend, c, p.batch,
-                                      p.seq, {.recompute = s.recompute, .inference = true})
-            .report.total();
+    if (!spec.pipeline.active())  // a pipeline trains only (no inference plan)
+      out.inference_bytes =
+          summa::plan_memory_busiest<T>(spec, backend, c, p.batch, p.seq,
+                                        {.recompute = s.recompute, .inference = true})
+              .report.total();
     return out;
   }
   const std::uint64_t budget = m.device.memory_bytes > 0 ? m.device.memory_bytes : ~0ull;
@@ -704,6 +705,19 @@ Result predict(const Point& p, const Study& s, const summa::model::Machine& m, i
                                               .offload_bucket = s.offload_bucket,
                                               .ranks_per_device = share};
   const auto price = [&](const summa::SchemeSpec& spec, Result& r) {
+    if (spec.pipeline.active()) {  // the schedule's span, split by the stages' shares
+      const auto t = summa::model::predict_pipeline_step_time(
+          spec, c, p.batch, p.seq, {.recompute = s.recompute}, s.dtype, m, options);
+      double f = 0, b = 0;
+      for (const auto& stage : t.stages) {
+        f += stage.forward_s;
+        b += stage.backward_s;
+      }
+      r.step = s.stem_only ? t.pipeline_s : t.step_s;
+      r.fwd = f + b > 0 ? t.pipeline_s * f / (f + b) : 0;
+      r.bwd = r.step - r.fwd;
+      return;
+    }
     const auto t = summa::model::predict_step_time(spec, c, p.batch, p.seq,
                                                    {.recompute = s.recompute}, s.dtype, m, options);
     r.fwd = r.bwd = 0;

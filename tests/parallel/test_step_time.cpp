@@ -415,6 +415,68 @@ TEST(StepTime, ThousandsOfDevicesInMilliseconds) {
   testing::Test::RecordProperty("seconds", std::to_string(s));
 }
 
+// A pipelined step (predict_pipeline_step_time): the stages split the
+// unpipelined microbatch's forward and backward exactly (every op on one
+// stage); the flushed schedules take the first microbatch's way through the
+// stages and back plus M - 1 times the slowest stage, so the bubble is the
+// slowest stage's idle share and falls with more microbatches; the
+// message-driven schedule with one microbatch in flight takes M round
+// trips; the messages cross a node's link only when two stages do not fit
+// a node; a scheme without a pipeline is refused.
+TEST(StepTime, PipelineSchedulesPriceTheirBubble) {
+  GptConfig c = config(8);
+  c.n_layer = 6;
+  const Machine m = machine(1e-5, 1e10, Algorithm::ring, 8);
+  const index_t seq = 16, micro_batch = 2;
+  const auto predict = [&](const std::string& text, int micro,
+                           const Machine& on = machine(1e-5, 1e10, Algorithm::ring, 8)) {
+    return model::predict_pipeline_step_time(SchemeSpec::parse(text), c, micro * micro_batch, seq,
+                                             {}, DType::f32, on);
+  };
+  const model::StepTime one = model::predict_step_time(SchemeSpec::parse("data=2,2d:q=1"), c,
+                                                       micro_batch, seq, {}, DType::f32, m);
+  const model::PipelineStepTime t = predict("pipe=3:micro=4:schedule=gpipe,data=2,2d:q=1", 4);
+  ASSERT_EQ(t.stages.size(), 3u);
+  double forward = 0, backward = 0, way = 0, slowest = 0;
+  for (const model::PipelineStageTime& s : t.stages) {
+    forward += s.forward_s;
+    backward += s.backward_s;
+    way += s.forward_s + s.backward_s;
+    slowest = std::max(slowest, s.forward_s + s.backward_s);
+  }
+  EXPECT_EQ(t.stages.front().first_block, 0);
+  EXPECT_EQ(t.stages.back().last_block, c.n_layer);
+  EXPECT_NEAR(forward, one.phase(model::Phase::forward), 1e-12 * forward);
+  double data_wait = 0;  // the data axis's exposed wait is once per batch, not per microbatch
+  for (const model::OpTime& o : one.ops)
+    if (o.op == "data_axis") data_wait += o.seconds() * static_cast<double>(o.count);
+  EXPECT_NEAR(backward + data_wait,
+              one.phase(model::Phase::backward) + one.phase(model::Phase::recompute),
+              1e-12 * backward);
+  EXPECT_GT(t.message_s, 0);
+  EXPECT_NEAR(t.pipeline_s, way + 4 * t.message_s + 3 * slowest, 1e-12 * t.pipeline_s);
+  EXPECT_NEAR(t.bubble, 1 - 4 * slowest / t.pipeline_s, 1e-12);
+  EXPECT_GT(t.bubble, 0);
+  EXPECT_NEAR(t.step_s, t.pipeline_s + t.data_axis_s + t.embedding_s + t.optimizer_s,
+              1e-12 * t.step_s);
+  // more microbatches of the same size: a smaller bubble; 1F1B the same time
+  EXPECT_LT(predict("pipe=3:micro=8:schedule=gpipe,data=2,2d:q=1", 8).bubble, t.bubble);
+  EXPECT_EQ(predict("pipe=3:micro=4:schedule=1f1b,data=2,2d:q=1", 4).pipeline_s, t.pipeline_s);
+  // AxoNN's schedule with one microbatch in flight: M round trips
+  const model::PipelineStepTime one_at_a_time = predict("pipe=3:micro=4:limit=1,data=2,2d:q=1", 4);
+  EXPECT_NEAR(one_at_a_time.pipeline_s, 4 * (way + 4 * t.message_s), 1e-12 * t.pipeline_s);
+  EXPECT_EQ(predict("pipe=3:micro=4:limit=3,data=2,2d:q=1", 4).pipeline_s, t.pipeline_s);
+  // two stages of 2 ranks on a node of 8: the node's link; of 4, the network's
+  const double near = predict("pipe=2:micro=2,data=2,2d:q=1", 2).message_s;
+  const double far =
+      predict("pipe=2:micro=2,data=2,2d:q=1", 2, machine(1e-5, 1e10, Algorithm::ring, 2)).message_s;
+  EXPECT_GT(far, near);
+  EXPECT_THROW((void)model::predict_pipeline_step_time(SchemeSpec::parse("2d:q=1"), c, 4, seq, {},
+                                                       DType::f32, m),
+               Error);
+  EXPECT_THROW((void)predict("pipe=2:micro=3,2d:q=1", 1), Error);  // 2 sequences in 3
+}
+
 TEST(StepTime, Errors) {
   Machine m = machine(5e-6, 5e9, Algorithm::ring);
   m.device.gemm_of(DType::bf16).peak_flops = 0;

@@ -95,6 +95,53 @@ StepTime predict_step_time(const SchemeSpec& spec, const GptConfig& config, inde
                            index_t seq, const GptOptions& options, DType dtype,
                            const Machine& machine, const StepTimeOptions& time_options = {});
 
+/// One pipeline stage's share of a pipelined step (predict_pipeline_step_time):
+/// per microbatch its forward and its backward (recompute included) on its
+/// critical rank, and its part of the once-per-batch work.
+struct PipelineStageTime {
+  int first_block = 0, last_block = 0;   ///< its blocks [first, last)
+  double forward_s = 0, backward_s = 0;  ///< per microbatch
+  double data_axis_s = 0;                ///< the data axis's exposed reduction, once per batch
+  double optimizer_s = 0;                ///< its optimizer step
+};
+
+/// A pipelined training step (spec.pipeline active): the stages' work per
+/// microbatch, the schedule's span, and what follows the flush.
+struct PipelineStepTime {
+  double step_s = 0;
+  /// From the first microbatch's forward to the last one's backward: for
+  /// the flushed schedules (gpipe, 1f1b) the first microbatch's way through
+  /// every stage and back, plus M - 1 times the slowest stage's forward and
+  /// backward; for axonn with a limit L below M the larger of that and
+  /// ceil(M / L) round trips (L microbatches circulate).
+  double pipeline_s = 0;
+  /// The slowest stage's idle share of pipeline_s: 1 - M x its work / span
+  /// ((P - 1) / (M + P - 1) for balanced stages and free messages).
+  double bubble = 0;
+  /// One stage message (a microbatch's activations, or their gradient)
+  /// between neighbouring stages, by the link level they span.
+  double message_s = 0;
+  double data_axis_s = 0;  ///< the slowest stage's, after the flush
+  double optimizer_s = 0;  ///< the slowest stage's
+  double embedding_s = 0;  ///< the tied embedding's gradients between the end stages
+  std::vector<PipelineStageTime> stages;
+  int busiest_stage = 0;  ///< the largest forward + backward per microbatch
+};
+
+/// The step of `spec` with its pipeline axis (spec.pipeline.active()) on
+/// `machine`. Each stage is priced from one step of the unpipelined scheme
+/// (spec.stage()) for one microbatch: per block, the embedding, the head,
+/// the data axis and the optimizer (those two shared by the stages by their
+/// parameters); the messages by the link level neighbouring stages span
+/// under natural placement (a stage's ranks are consecutive). The stages
+/// run their microbatches as the schedule orders them (PipelineStepTime).
+/// Throws summa::Error as predict_step_time does, and for a spec without a
+/// pipeline or a batch that does not divide into the microbatches.
+PipelineStepTime predict_pipeline_step_time(const SchemeSpec& spec, const GptConfig& config,
+                                            index_t batch, index_t seq, const GptOptions& options,
+                                            DType dtype, const Machine& machine,
+                                            const StepTimeOptions& time_options = {});
+
 /// One local GEMM shape of a step: `batch` products m x n x k in one call.
 struct GemmShape {
   index_t m = 0, n = 0, k = 0, batch = 1;
