@@ -774,7 +774,7 @@ class HostImage {
 // returns its manifest lines ("shard ..." then one "piece ..." per piece).
 template <class T>
 std::string write_shard(const fs::path& dir, ParameterStore<T>& store, const HostImage<T>& host,
-                        const ProcessGrid& grid, int tensor_rank) {
+                        int tensor_rank, int files) {
   const std::span<const StateSlot> slots = host.slots();
   const std::string file_name = shard_file_name(tensor_rank);
   OutFile out(dir / file_name);
@@ -785,7 +785,7 @@ std::string write_shard(const fs::path& dir, ParameterStore<T>& store, const Hos
   };
   put32(8, kVersion);
   put32(12, static_cast<std::uint32_t>(tensor_rank));
-  put32(16, static_cast<std::uint32_t>(grid.shape().depth * grid.shape().rows * grid.shape().cols));
+  put32(16, static_cast<std::uint32_t>(files));
   out.write(header, kHeaderBytes);
 
   std::string pieces;
@@ -1247,7 +1247,8 @@ void save_impl(const fs::path& root, ParameterStore<T>& store, std::span<const S
   agree(grid.coords().data != 0 ? std::nullopt : capture([&] {
     // device memory is staged through host copies (HostImage)
     const HostImage<T> host(store, slots, master);
-    lines = write_shard(tmp, store, host, grid, file);
+    lines = write_shard(tmp, store, host, file,
+                        grid.tensor().size() * (stages != nullptr ? stages->stages : 1));
   }));
   kill_if_injected(info.step, rank);
   lines = gather_on_root(comm, lines);
@@ -1366,7 +1367,7 @@ class WholeState {
   // A sharded store's (zero=3) chunks are pieces of every unit: gathered
   // into the whole values' order (ParameterStore::gather_whole), which needs
   // whole_elements().
-  WholeState(Optimizer<T>& optimizer, ProcessGrid& grid)
+  WholeState(Optimizer<T>& optimizer, ProcessGrid& grid, const CheckpointStages* stages)
       : optimizer_(&optimizer),
         padded_(static_cast<std::size_t>(optimizer.store().shards_values()
                                              ? optimizer.store().whole_elements()
@@ -1375,14 +1376,16 @@ class WholeState {
     // part fails with the others instead of leaving them in the all-gather.
     const std::size_t buffers =
         optimizer.state_names().size() + (optimizer.master() != nullptr ? 1 : 0);
-    grid.agree(CommAxis::world, capture([&] {
-                 require_data_chunk(optimizer, grid, "checkpoint of a sharded data axis");
-                 // beside the offloaded state (the host pool) when it is offloaded
-                 arena_ = std::make_unique<Arena>(
-                     "optimizer state, whole (a checkpoint of a sharded data axis)",
-                     optimizer.store().backend(), buffers * Arena::rounded(padded_ * sizeof(M)),
-                     optimizer.offloaded() ? Arena::Pool::host : Arena::Pool::backend);
-               }));
+    // (over every stage of a pipeline: a stage failing alone would leave the
+    // others in the save's agreements)
+    agreement(grid, stages)(capture([&] {
+      require_data_chunk(optimizer, grid, "checkpoint of a sharded data axis");
+      // beside the offloaded state (the host pool) when it is offloaded
+      arena_ = std::make_unique<Arena>(
+          "optimizer state, whole (a checkpoint of a sharded data axis)",
+          optimizer.store().backend(), buffers * Arena::rounded(padded_ * sizeof(M)),
+          optimizer.offloaded() ? Arena::Pool::host : Arena::Pool::backend);
+    }));
     const std::vector<StateSlot> chunks = optimizer_slots(optimizer);
     const auto count = static_cast<std::size_t>(optimizer.range().count);
     const ParameterStore<T>& store = optimizer.store();
@@ -1474,7 +1477,7 @@ template <class T>
 void save_checkpoint(const fs::path& root, Optimizer<T>& optimizer, const CheckpointInfo& info,
                      ProcessGrid& grid, const CheckpointStages* stages) {
   if (optimizer.partial()) {  // zero=1: saved as the whole store's state
-    const WholeState<T> whole(optimizer, grid);
+    const WholeState<T> whole(optimizer, grid, stages);
     save_impl(root, optimizer.store(), whole.slots(), info, grid, whole.master(), stages);
     return;
   }
@@ -1487,7 +1490,7 @@ template <class T>
 CheckpointInfo load_checkpoint(const fs::path& path_or_root, Optimizer<T>& optimizer,
                                ProcessGrid& grid, const CheckpointStages* stages) {
   if (optimizer.partial()) {  // zero=1: loaded as the whole store's state, then chunked
-    const WholeState<T> whole(optimizer, grid);
+    const WholeState<T> whole(optimizer, grid, stages);
     const CheckpointInfo info = load_impl(path_or_root, optimizer.store(), whole.slots(), grid,
                                           whole.master(), false, stages);
     whole.put_back();

@@ -235,6 +235,15 @@ using io_t = acc_t<T>;
 
 // ---------------------------------------------------------------- export
 
+// `bytes` from `data` in pieces an MPI count holds (1 GiB each).
+template <class F>
+void for_each_chunk(const void* data, std::size_t bytes, F&& f) {
+  constexpr std::size_t chunk = std::size_t{1} << 30;
+  char* at = static_cast<char*>(const_cast<void*>(data));
+  for (std::size_t done = 0; done < bytes; done += chunk)
+    f(at + done, static_cast<int>(std::min(chunk, bytes - done)));
+}
+
 // A pipeline's parameters on its rank 0: each stage's (its first rank's
 // names and shapes), in stage order, the stage copies left out.
 template <class T>
@@ -259,20 +268,22 @@ std::vector<TensorSpec> pipeline_specs(const ParameterStore<T>& store, ProcessGr
     std::string text = names;
     if (s > 0 && rank == s) {
       const int n = static_cast<int>(shapes.size()), k = static_cast<int>(text.size());
-      MPI_Send(&n, 1, MPI_INT, 0, 1, pipe);
-      MPI_Send(shapes.data(), n, MPI_DOUBLE, 0, 2, pipe);
-      MPI_Send(&k, 1, MPI_INT, 0, 3, pipe);
-      MPI_Send(text.data(), k, MPI_CHAR, 0, 4, pipe);
+      check_mpi(MPI_Send(&n, 1, MPI_INT, 0, 1, pipe), "MPI_Send (export)");
+      check_mpi(MPI_Send(shapes.data(), n, MPI_DOUBLE, 0, 2, pipe), "MPI_Send (export)");
+      check_mpi(MPI_Send(&k, 1, MPI_INT, 0, 3, pipe), "MPI_Send (export)");
+      check_mpi(MPI_Send(text.data(), k, MPI_CHAR, 0, 4, pipe), "MPI_Send (export)");
     }
     if (rank != 0) continue;
     if (s > 0) {
       int n = 0, k = 0;
-      MPI_Recv(&n, 1, MPI_INT, s, 1, pipe, MPI_STATUS_IGNORE);
+      check_mpi(MPI_Recv(&n, 1, MPI_INT, s, 1, pipe, MPI_STATUS_IGNORE), "MPI_Recv (export)");
       shapes.resize(static_cast<std::size_t>(n));
-      MPI_Recv(shapes.data(), n, MPI_DOUBLE, s, 2, pipe, MPI_STATUS_IGNORE);
-      MPI_Recv(&k, 1, MPI_INT, s, 3, pipe, MPI_STATUS_IGNORE);
+      check_mpi(MPI_Recv(shapes.data(), n, MPI_DOUBLE, s, 2, pipe, MPI_STATUS_IGNORE),
+                "MPI_Recv (export)");
+      check_mpi(MPI_Recv(&k, 1, MPI_INT, s, 3, pipe, MPI_STATUS_IGNORE), "MPI_Recv (export)");
       text.resize(static_cast<std::size_t>(k));
-      MPI_Recv(text.data(), k, MPI_CHAR, s, 4, pipe, MPI_STATUS_IGNORE);
+      check_mpi(MPI_Recv(text.data(), k, MPI_CHAR, s, 4, pipe, MPI_STATUS_IGNORE),
+                "MPI_Recv (export)");
     }
     std::size_t at = 0, line = 0;
     while (at < shapes.size()) {
@@ -364,9 +375,9 @@ void export_hf_gpt2(GptModel<T>& model, const fs::path& dir, DTypeOut dtype,
     if (p->shard.stage_copy) continue;
     const std::vector<T> global = gather_global(*p, grid);
     if (sends)  // to the writer, in the order of its list
-      check_mpi(MPI_Send(global.data(), static_cast<int>(global.size() * sizeof(T)), MPI_BYTE, 0, 5,
-                         stages->pipe),
-                "MPI_Send (export)");
+      for_each_chunk(global.data(), global.size() * sizeof(T), [&](char* at, int bytes) {
+        check_mpi(MPI_Send(at, bytes, MPI_BYTE, 0, 5, stages->pipe), "MPI_Send (export)");
+      });
     write(p->shard.name, global);
   }
   if (writes && stages != nullptr) {  // the later stages' tensors, in their order
@@ -376,9 +387,10 @@ void export_hf_gpt2(GptModel<T>& model, const fs::path& dir, DTypeOut dtype,
       index_t n = 1;
       for (index_t d : all[k].shape) n *= d;
       global.resize(static_cast<std::size_t>(n));
-      check_mpi(MPI_Recv(global.data(), static_cast<int>(global.size() * sizeof(T)), MPI_BYTE,
-                         stage_of[k], 5, stages->pipe, MPI_STATUS_IGNORE),
-                "MPI_Recv (export)");
+      for_each_chunk(global.data(), global.size() * sizeof(T), [&](char* at, int bytes) {
+        check_mpi(MPI_Recv(at, bytes, MPI_BYTE, stage_of[k], 5, stages->pipe, MPI_STATUS_IGNORE),
+                  "MPI_Recv (export)");
+      });
       write(all[k].name, global);
     }
   }

@@ -165,9 +165,12 @@ PipelineGpt<T>::PipelineGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& back
     MPI_Comm_free(&pipe_comm);
     throw;
   }
-  check_mpi(MPI_Comm_dup(comm, &world_), "MPI_Comm_dup (pipeline)");
-  watchdog_ = std::make_unique<Watchdog>(comm, grid.watchdog);
+  // the pipe communicator owned first, so that nothing leaks if what
+  // follows throws (it is destroyed before the watchdog, declared first)
   pipe_ = std::make_unique<MpiCommunicator>(pipe_comm, true, CommAxis::pipe, &pipe_counter_);
+  grid_checks_calls_ = grid.check_calls;
+  watchdog_ = std::make_unique<Watchdog>(comm, grid.watchdog);
+  check_mpi(MPI_Comm_dup(comm, &world_), "MPI_Comm_dup (pipeline)");
   watchdog_->attach(*pipe_, pipe_comm);
 }
 
@@ -295,24 +298,40 @@ void PipelineGpt<T>::run_message_driven() {
     post_receives();
     const bool forward_due = forward_recv_.active(), backward_due = backward_recv_.active();
     require(forward_due || backward_due, "pipeline: no message due (a schedule bug)");
-    // Whichever message arrives first.
+    // Whichever message arrives first: as the stage's tensor group's first
+    // rank sees it (each rank has its own pipe communicator and its own
+    // arrival times; the group's collectives need one choice), broadcast to
+    // the group, whose other ranks then wait for that message, which their
+    // neighbours' same choices send.
     bool forward = forward_due;
     if (forward_due && backward_due) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (;;) {
-        if (pipe_->test(forward_recv_)) break;
-        if (pipe_->test(backward_recv_)) {
-          forward = false;
-          break;
+      Communicator& tensor = grid().tensor();
+      int choice = 1;  // 1: the forward, 0: the backward
+      if (tensor.rank() == 0) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (;;) {
+          if (pipe_->test(forward_recv_)) break;
+          if (pipe_->test(backward_recv_)) {
+            choice = 0;
+            break;
+          }
+          const double waited =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (limit_s > 0 && waited > limit_s) {  // the guarded wait names the stalled stage
+            pipe_->wait(forward_recv_);
+            break;
+          }
+          std::this_thread::yield();
         }
-        const double waited =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (limit_s > 0 && waited > limit_s) {  // the guarded wait names the stalled stage
-          pipe_->wait(forward_recv_);
-          break;
-        }
-        std::this_thread::yield();
       }
+      if (tensor.size() > 1) {
+        const MPI_Comm group = grid().native(CommAxis::tensor);
+        MPI_Request r = MPI_REQUEST_NULL;
+        check_mpi(MPI_Ibcast(&choice, 1, MPI_INT, 0, group, &r), "MPI_Ibcast (pipeline schedule)");
+        watchdog_->wait(r, group, "the pipeline schedule's choice of message", sizeof(int));
+      }
+      forward = choice == 1;
+      if (tensor.rank() != 0) pipe_->wait(forward ? forward_recv_ : backward_recv_);
     } else {
       pipe_->wait(forward_due ? forward_recv_ : backward_recv_);
     }
@@ -368,8 +387,12 @@ void PipelineGpt<T>::check_ids(std::span<const std::int32_t> tokens,
       }
     }
     // The same ids on every rank (as the Trainer passes them): the same
-    // error everywhere, without a collective.
-    if (error) throw Error(*error);
+    // error everywhere, without a collective; agreed over every stage in the
+    // debug mode (GridOptions::check_calls).
+    if (grid_checks_calls_)
+      agree_on(world_, error);
+    else if (error)
+      throw Error(*error);
   }
 }
 

@@ -244,8 +244,10 @@ std::map<std::string, std::string> Trainer<T>::checkpoint_meta() const {
 template <class T>
 std::optional<CheckpointStages> Trainer<T>::stages() const {
   if (!pipeline_) return std::nullopt;
-  return CheckpointStages{
-      .world = pipeline_->world(), .pipe = pipeline_->pipe_native(), .stage = pipeline_->stage()};
+  return CheckpointStages{.world = pipeline_->world(),
+                          .pipe = pipeline_->pipe_native(),
+                          .stage = pipeline_->stage(),
+                          .stages = pipeline_->stages()};
 }
 
 template <class T>

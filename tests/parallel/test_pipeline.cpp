@@ -153,7 +153,12 @@ std::vector<Case> cases_for(int ranks) {
               {4, "2d:q=1", 5, 3},
               {2, "data=2:zero=1,1d:p=1", 4, 2}};
     case 8:
-      return {{2, "2d:q=2", 2, 0}, {2, "3d:1x2x2", 2, 1}, {4, "data=2,1d:p=1", 4, 0}};
+      // middle stages of tensor groups of 2 (the message-driven schedule's
+      // choice of message agreed over the group)
+      return {{2, "2d:q=2", 2, 0},
+              {2, "3d:1x2x2", 2, 1},
+              {4, "data=2,1d:p=1", 4, 0},
+              {4, "1d:p=2", 6, 2}};
     default:
       return {};
   }

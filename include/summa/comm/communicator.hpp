@@ -85,7 +85,9 @@ class Communicator {
   /// Point to point (pipeline stage messages): `count` elements of `buf` to
   /// group rank `peer`, which posts the matching irecv. Messages between two
   /// ranks arrive in the order they were sent. Counted as sent here and
-  /// received there (count elements each).
+  /// received there (count elements each). NCCL issues each call on its own
+  /// (no group): two ranks that both send to each other before receiving
+  /// can deadlock there; MPI buffers or progresses them.
   Request isend(const void* buf, std::size_t count, DType t, int peer);
   Request irecv(void* buf, std::size_t count, DType t, int peer);
 

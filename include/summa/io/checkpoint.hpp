@@ -121,6 +121,7 @@ struct CheckpointStages {
   MPI_Comm world = MPI_COMM_NULL;  ///< every rank of every stage
   MPI_Comm pipe = MPI_COMM_NULL;   ///< the ranks with this rank's place in every stage
   int stage = 0;
+  int stages = 1;  ///< the pipeline's stages
 };
 
 /// save_checkpoint of `optimizer.store()` with the optimizer's state slots

@@ -17,9 +17,14 @@
 ///  - axonn: AxoNN's message-driven schedule (Singh and Bhatele, IPDPS 2022,
 ///    section IV): every stage keeps a receive posted from each neighbour and
 ///    acts on whichever message arrives first, forward from the previous
-///    stage or backward from the next; the first stage injects a new
-///    microbatch whenever fewer than `limit` are in flight; the last stage
-///    runs a microbatch's backward as soon as its forward is done.
+///    stage or backward from the next (as the stage's tensor group's first
+///    rank sees them: it broadcasts its choice to the group, whose
+///    collectives need one order); the first stage injects a new microbatch
+///    whenever fewer than `limit` are in flight; the last stage runs a
+///    microbatch's backward as soon as its forward is done. While both are
+///    due the first rank polls; past the watchdog's limit it waits, guarded,
+///    for the forward message (so a stalled backward is reported as the
+///    forward's neighbour, a known imprecision).
 ///  - gpipe: every forward, then every backward (Huang et al. 2019).
 ///  - one_f_one_b: PipeDream-flush as Megatron-LM runs it: P - 1 - s
 ///    warm-up forwards on stage s, then one forward and one backward in
@@ -104,7 +109,10 @@ class PipelineGpt {
   /// same on every rank) through the schedule, flushed: this stage's
   /// gradients of the batch's mean loss in its store (overwritten), the
   /// data axis reduced, the embedding copies' gradients added. Returns the
-  /// mean loss on every rank.
+  /// mean loss on every rank. Bad ids throw before any message, the same on
+  /// every rank (agreed over every stage in the debug mode,
+  /// GridOptions::check_calls); any other failure inside a step leaves
+  /// messages in flight: the pipeline is then unusable (build another).
   double step(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets);
   /// The batch's mean loss without gradients (evaluation): the microbatches'
   /// forwards one after another through the stages; the gradients are left
@@ -157,6 +165,7 @@ class PipelineGpt {
   TrafficCounter pipe_counter_;
   std::unique_ptr<Watchdog> watchdog_;  // outlives the communicator it guards
   std::unique_ptr<MpiCommunicator> pipe_;
+  bool grid_checks_calls_ = false;
 
   // A step's state.
   std::span<const std::int32_t> tokens_, targets_;
