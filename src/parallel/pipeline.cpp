@@ -171,6 +171,13 @@ PipelineGpt<T>::PipelineGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& back
   grid_checks_calls_ = grid.check_calls;
   watchdog_ = std::make_unique<Watchdog>(comm, grid.watchdog);
   check_mpi(MPI_Comm_dup(comm, &world_), "MPI_Comm_dup (pipeline)");
+  if (options_.schedule != PipeSchedule::axonn)
+    order_ = pipeline_order(options_.schedule, stage_, options_.stages, options_.micro);
+  trace_.reserve(static_cast<std::size_t>(2 * options_.micro));
+  if (!options.plan_only) {
+    embedding_grads_ = model().stage_embedding_grads();
+    exchange_ = model().stage_exchange();
+  }
   watchdog_->attach(*pipe_, pipe_comm);
 }
 
@@ -255,8 +262,7 @@ void PipelineGpt<T>::post_receives() {
 template <class T>
 void PipelineGpt<T>::run_static() {
   const PipelineStage& ps = model().options().pipeline;
-  for (const PipeOp& op :
-       pipeline_order(options_.schedule, stage_, options_.stages, options_.micro)) {
+  for (const PipeOp& op : order_) {
     post_receives();
     if (op.forward) {
       int slot = 0;
@@ -347,9 +353,8 @@ void PipelineGpt<T>::run_message_driven() {
 
 template <class T>
 void PipelineGpt<T>::exchange_embedding_grads() {
-  const std::span<T> mine = model().stage_embedding_grads();
+  const std::span<T> mine = embedding_grads_, theirs = exchange_;
   if (mine.empty()) return;
-  const std::span<T> theirs = model().stage_exchange();
   const std::size_t n = mine.size();
   const int peer = stage_ == 0 ? options_.stages - 1 : 0;
   Request sent = pipe_->isend(mine.data(), n, dtype_v<T>, peer);

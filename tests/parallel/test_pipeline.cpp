@@ -326,7 +326,7 @@ void trainer_matches_unpipelined(MPI_Comm comm, int ranks) {
   if (ranks == 2) pairs = {{"pipe=2:micro=2,2d:q=1", "data=2,2d:q=1", "1d:p=2"}};
   if (ranks == 4)
     pairs = {{"pipe=2:micro=4:schedule=1f1b,1d:p=2", "data=2,1d:p=2",
-              "data=2,pipe=2:micro=2:schedule=gpipe:split=2+1,2d:q=1"},
+              "data=2,pipe=2:micro=2:schedule=gpipe:split=1+2,2d:q=1"},
              {"data=2:zero=1,pipe=2:micro=2:schedule=gpipe,2d:q=1", "data=4,2d:q=1",
               "pipe=2:micro=4:split=1+2,1d:p=2"}};
   const std::uint64_t seed = fresh_seed();
@@ -388,6 +388,12 @@ void trainer_matches_unpipelined(MPI_Comm comm, int ranks) {
       Trainer<double> c(comm, o, test_backend(), tokens);
       c.load(dir.path / "checkpoints");
       EXPECT_EQ(c.step(), 5);
+      if (const PipelineGpt<double>* pl = c.pipeline()) {  // a given split reaches the stages
+        const std::vector<int>& split = pl->options().split;
+        ASSERT_FALSE(split.empty());  // 1+2: not the balance (2+1)
+        EXPECT_EQ(pl->last_block() - pl->first_block(),
+                  split[static_cast<std::size_t>(pl->stage())]);
+      }
       for (int step = 5; step < 10; ++step) {
         const StepStats z = c.train_step();
         EXPECT_NEAR(z.loss, losses[static_cast<std::size_t>(step)],

@@ -177,6 +177,11 @@ class PipelineGpt {
   std::vector<char> received_;  // per micro: its gradient (or input) has arrived
   double loss_ = 0;
   std::vector<PipeOp> trace_;
+  // Fixed at construction (no allocation in a step): the static schedule's
+  // order (gpipe, 1f1b), and on the end stages the embedding's gradients and
+  // the room for the other copy's.
+  std::vector<PipeOp> order_;
+  std::span<T> embedding_grads_, exchange_;
   int in_flight_ = 0, peak_in_flight_ = 0;
 };
 
