@@ -9,6 +9,7 @@
 //   scaling_study --study my_study.json --predict machines/h100-cluster.json --csv out.csv
 //   mpirun -np 4 scaling_study --preset local-weak --predict machines/dev-2core.json --run
 //   scaling_study --preset optimus-weak --predict machines/frontera-rtx.json --plot /tmp/opt
+//   scaling_study --preset axonn-summit-weak --predict machines/summit.json
 //
 // --run measures every point whose device count fits the launch, one after
 // the other on the first `gpus` ranks (a sub-communicator; the others
@@ -26,7 +27,11 @@
 // "natural"|"bunched", "offload_bucket": elements (0: the optimizer state
 // on the device), "points": [{"gpus": 4, "scheme": "2d:q=2", "batch": 96,
 // "seq": 512, "layers": 24, "hidden": 2048, "heads": 32, "vocab": 50304,
-// "paper_fwd_per_sample_s": ..., "paper_bwd_per_sample_s": ...}, ...]}.
+// "paper_fwd_per_sample_s": ..., "paper_bwd_per_sample_s": ..., "framework":
+// "AxoNN", "paper_percent_of_peak": 52.1 or [49.4, 54.78], "offload_bucket":
+// this point's (else the study's)}, ...]}. A study with a framework or a
+// paper's % of peak on any point prints the columns framework, %peak (the
+// model flops per GPU over the machine's peak for the dtype) and paper%.
 // "scheme" may be "auto": every scheme of the point's rank count, planned
 // (the scheme's own checks; its memory within the device's) and ranked by
 // predicted step time (the best is reported, the top 3 in --json's "top").
@@ -80,6 +85,13 @@ struct Point {
   std::string scheme;
   long batch = 1, seq = 512, layers = 24, hidden = 1024, heads = 16, vocab = 50304;
   std::optional<double> paper_fwd = {}, paper_bwd = {};  // seconds per sample
+  /// The system a point stands for ("AxoNN", "Megatron-LM": a paper's
+  /// configuration of it; empty: none), and the % of the device's peak the
+  /// paper reports for it, a figure or a range (low, high).
+  std::string framework = {};
+  std::optional<double> paper_peak_low = {}, paper_peak_high = {};
+  /// This point's optimizer offload (elements per bucket), else the study's.
+  std::optional<long> offload_bucket = {};
 };
 
 struct Study {
@@ -201,6 +213,79 @@ Study axonn_weak() {
                         .layers = r.layers,
                         .hidden = r.h,
                         .heads = r.heads});
+  return s;
+}
+
+// AxoNN (Singh and Bhatele, IPDPS 2022) on Summit (machines/summit.json):
+// the Table I models (sequence 512, vocabulary 51200, half precision) in
+// each framework's Table II configuration, G_intra x G_inter x G_data as
+// tensor (1D) x pipe x data with its microbatch size, whole training steps.
+// Weak: batch 16384 at 48-384 GPUs. Strong: the 12B model, batch 4096 at
+// 48 GPUs to 32768 at 384, the same G_intra and G_inter and G_data scaled
+// with the GPUs (section VII-C). AxoNN: no tensor parallelism, the
+// message-driven schedule, its optimizer offloaded in buckets of bsize = 4
+// million (section VI-C); Megatron-LM: 1F1B; DeepSpeed: 1F1B with ZeRO
+// (zero=1). The paper gives % of peak as ranges per framework (section
+// VII-B: AxoNN 49.4-54.78, DeepSpeed 39-42, Megatron-LM 21-41; its
+// Figure 9 is not in the text); each point carries its framework's range.
+// A stage's pipeline limit is AxoNN's default here (the stage count; the
+// paper does not give it); Megatron pads the vocabulary to a multiple of
+// 128 G_intra.
+Study axonn_summit(const std::string& kind) {
+  Study s{.name = fmt::format("AxoNN {} scaling (Summit; Singh and Bhatele 2022)", kind),
+          .kind = kind};
+  s.stem_only = false;
+  s.dtype = summa::DType::bf16;
+  struct Model {
+    int gpus;
+    long layers, h, heads;
+  };
+  const Model models[] = {
+      {48, 48, 4512, 24}, {96, 48, 6336, 36}, {192, 96, 6528, 48}, {384, 96, 9360, 60}};
+  struct Config {  // Table II: framework, microbatch size, G_intra, G_inter, G_data
+    const char* framework;
+    long micro_batch;
+    int intra, inter, data;
+  };
+  const Config table2[4][3] = {
+      {{"AxoNN", 8, 1, 6, 8}, {"DeepSpeed", 2, 3, 2, 8}, {"Megatron-LM", 8, 3, 16, 1}},
+      {{"AxoNN", 4, 1, 12, 8}, {"DeepSpeed", 2, 3, 4, 8}, {"Megatron-LM", 1, 3, 16, 2}},
+      {{"AxoNN", 4, 1, 24, 8}, {"DeepSpeed", 1, 3, 16, 4}, {"Megatron-LM", 8, 6, 32, 1}},
+      {{"AxoNN", 2, 1, 48, 8}, {"DeepSpeed", 1, 3, 32, 4}, {"Megatron-LM", 4, 12, 32, 1}}};
+  const auto vocab = [](int p) {  // 51200 padded to a multiple of 128 p
+    const long unit = 128L * p;
+    return (51200 + unit - 1) / unit * unit;
+  };
+  const auto range = [](const std::string& f) {
+    if (f == "AxoNN") return std::pair{49.4, 54.78};
+    if (f == "DeepSpeed") return std::pair{39.0, 42.0};
+    return std::pair{21.0, 41.0};
+  };
+  for (int gpus : {48, 96, 192, 384}) {
+    const int row = kind == "weak" ? (gpus == 48 ? 0 : gpus == 96 ? 1 : gpus == 192 ? 2 : 3) : 0;
+    const Model& m = models[row];
+    const long batch = kind == "weak" ? 16384 : 4096L * gpus / 48;
+    for (const Config& c : table2[row]) {
+      const int data = kind == "weak" ? c.data : c.data * gpus / 48;
+      const long micro = batch / (c.micro_batch * data);
+      const bool axonn = std::string_view(c.framework) == "AxoNN";
+      const std::string zero = std::string_view(c.framework) == "DeepSpeed" ? ":zero=1" : "";
+      Point pt{.gpus = gpus,
+               .scheme = fmt::format("{}pipe={}:micro={}:schedule={},1d:p={}",
+                                     data > 1 ? fmt::format("data={}{},", data, zero) : "", c.inter,
+                                     micro, axonn ? "axonn" : "1f1b", c.intra),
+               .batch = batch,
+               .seq = 512,
+               .layers = m.layers,
+               .hidden = m.h,
+               .heads = m.heads,
+               .vocab = vocab(c.intra),
+               .framework = c.framework};
+      if (kind == "weak") std::tie(pt.paper_peak_low, pt.paper_peak_high) = range(c.framework);
+      if (axonn) pt.offload_bucket = 4000000;
+      s.points.push_back(pt);
+    }
+  }
   return s;
 }
 
@@ -353,6 +438,38 @@ Study read_study(const std::string& path) {
       };
       seconds("paper_fwd_per_sample_s", pt.paper_fwd);
       seconds("paper_bwd_per_sample_s", pt.paper_bwd);
+      if (p.contains("framework")) {
+        if (!p.at("framework").is_string())
+          throw summa::Error(fmt::format("study file {}: point {}: framework is {}, not a string",
+                                         path, k, p.at("framework").dump()));
+        pt.framework = p.at("framework").get<std::string>();
+      }
+      // a percentage, or a range [low, high]
+      if (p.contains("paper_percent_of_peak")) {
+        const json& v = p.at("paper_percent_of_peak");
+        const auto percent = [](const json& x) {
+          return x.is_number() && std::isfinite(x.get<double>()) && x.get<double>() > 0 &&
+                 x.get<double>() <= 100;
+        };
+        const bool one = percent(v), two = v.is_array() && v.size() == 2 && percent(v[0]) &&
+                                           percent(v[1]) &&
+                                           v[0].get<double>() <= v[1].get<double>();
+        if (!one && !two)
+          throw summa::Error(fmt::format(
+              "study file {}: point {}: paper_percent_of_peak is {}, not a percentage in (0, "
+              "100] or a range [low, high]",
+              path, k, v.dump()));
+        pt.paper_peak_low = one ? v.get<double>() : v[0].get<double>();
+        pt.paper_peak_high = one ? v.get<double>() : v[1].get<double>();
+      }
+      if (p.contains("offload_bucket")) {
+        const json& v = p.at("offload_bucket");
+        if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() > (1LL << 40))
+          throw summa::Error(fmt::format(
+              "study file {}: point {}: offload_bucket is {}, not an integer between 0 and {}",
+              path, k, v.dump(), 1LL << 40));
+        pt.offload_bucket = static_cast<long>(v.get<long long>());
+      }
       s.points.push_back(pt);
       ++k;
     }
@@ -574,11 +691,14 @@ constexpr std::uint64_t adamw_bytes_per_parameter = sizeof(summa::master_t<T>) *
 
 // AdamW's state of a rank's parameters on the device (a sharded data axis,
 // zero=1: its chunk; offloaded: the two buckets' staging buffers alone).
+long offload_of(const Point& p, const Study& s) {
+  return p.offload_bucket.value_or(s.offload_bucket);
+}
+
 template <class T>
 std::uint64_t adamw_state_bytes(const summa::MemoryReport& plan, const summa::SchemeSpec& spec,
-                                const Study& s) {
-  if (s.offload_bucket > 0)
-    return summa::offload_staging_bytes<T>({.offload_bucket = s.offload_bucket});
+                                long offload) {
+  if (offload > 0) return summa::offload_staging_bytes<T>({.offload_bucket = offload});
   const std::uint64_t shards = spec.zero > 0 ? static_cast<std::uint64_t>(spec.data) : 1;
   return plan.parameter_elements / shards * adamw_bytes_per_parameter<T>;
 }
@@ -604,7 +724,7 @@ Planned plan_point(const Point& p, const Study& s, const summa::model::Machine& 
     const summa::SchemeSpec spec = summa::SchemeSpec::parse(p.scheme);
     const summa::RankMemory r =
         summa::plan_memory_busiest<T>(spec, backend, c, p.batch, p.seq, options);
-    out.memory_bytes = r.report.total() + adamw_state_bytes<T>(r.report, spec, s);
+    out.memory_bytes = r.report.total() + adamw_state_bytes<T>(r.report, spec, offload_of(p, s));
     if (!spec.pipeline.active())  // a pipeline trains only (no inference plan)
       out.inference_bytes =
           summa::plan_memory_busiest<T>(spec, backend, c, p.batch, p.seq,
@@ -616,8 +736,8 @@ Planned plan_point(const Point& p, const Study& s, const summa::model::Machine& 
   out.ranking = summa::rank_schemes<T>(
       p.gpus, backend, c, p.batch, p.seq, options, m,
       {.budget_bytes = budget,
-       .state_bytes_per_parameter = s.offload_bucket > 0 ? 0 : adamw_bytes_per_parameter<T>,
-       .state_bytes_fixed = summa::offload_staging_bytes<T>({.offload_bucket = s.offload_bucket}),
+       .state_bytes_per_parameter = offload_of(p, s) > 0 ? 0 : adamw_bytes_per_parameter<T>,
+       .state_bytes_fixed = summa::offload_staging_bytes<T>({.offload_bucket = offload_of(p, s)}),
        .time = time});
   return out;
 }
@@ -652,7 +772,7 @@ long largest_batch(const Point& p, const std::string& scheme, const Study& s,
     try {
       const summa::RankMemory r = summa::plan_memory_busiest<T>(spec, backend, c, units * step,
                                                                 p.seq, {.recompute = s.recompute});
-      return r.report.total() + adamw_state_bytes<T>(r.report, spec, s) <= budget;
+      return r.report.total() + adamw_state_bytes<T>(r.report, spec, offload_of(p, s)) <= budget;
     } catch (const summa::Error&) {
       if (first) throw;  // the scheme refuses the model: said
       return false;      // sizes past what any machine holds
@@ -702,7 +822,7 @@ Result predict(const Point& p, const Study& s, const summa::model::Machine& m, i
   const summa::GptConfig c = config_of(p);
   const summa::model::StepTimeOptions options{.placement = s.placement,
                                               .optimizer = !s.stem_only,
-                                              .offload_bucket = s.offload_bucket,
+                                              .offload_bucket = offload_of(p, s),
                                               .ranks_per_device = share};
   const auto price = [&](const summa::SchemeSpec& spec, Result& r) {
     if (spec.pipeline.active()) {  // the schedule's span, split by the stages' shares
@@ -893,7 +1013,8 @@ int study_main(int argc, char** argv, int rank, int world) {
   long offload_bucket = -1;  // --offload-bucket: -1 keeps the study's
   double watchdog = 0;       // --run: seconds a collective may wait (0: off)
   app.add_option("--preset", preset,
-                 "optimus-weak | optimus-strong | axonn-weak | local-weak | local-strong");
+                 "optimus-weak | optimus-strong | axonn-weak | axonn-summit-weak | "
+                 "axonn-summit-strong | local-weak | local-strong");
   app.add_option("--study", study_file, "A study file (JSON; see the source's header)");
   app.add_option("--predict", machine_file, "Machine file (machines/*.json)")->required();
   app.add_flag("--run", run,
@@ -938,18 +1059,25 @@ int study_main(int argc, char** argv, int rank, int world) {
     study = optimus_strong();
   else if (preset == "axonn-weak")
     study = axonn_weak();
+  else if (preset == "axonn-summit-weak")
+    study = axonn_summit("weak");
+  else if (preset == "axonn-summit-strong")
+    study = axonn_summit("strong");
   else if (preset == "local-weak" || preset == "local")
     study = local("weak");
   else if (preset == "local-strong")
     study = local("strong");
   else if (!preset.empty())
     throw UsageError(
-        fmt::format("--preset '{}' is not optimus-weak, optimus-strong, axonn-weak, local-weak or "
-                    "local-strong",
+        fmt::format("--preset '{}' is not optimus-weak, optimus-strong, axonn-weak, "
+                    "axonn-summit-weak, axonn-summit-strong, local-weak or local-strong",
                     preset));
   else
     study = read_study(study_file);
-  if (offload_bucket >= 0) study.offload_bucket = offload_bucket;
+  if (offload_bucket >= 0) {  // every point's
+    study.offload_bucket = offload_bucket;
+    for (Point& p : study.points) p.offload_bucket.reset();
+  }
   if (only_gpus > 0)
     std::erase_if(study.points, [&](const Point& p) { return p.gpus != only_gpus; });
   if (study.points.empty()) throw UsageError(fmt::format("no point has --gpus {}", only_gpus));
@@ -1038,13 +1166,28 @@ int study_main(int argc, char** argv, int rank, int world) {
 
   // efficiency against the first point of the same scheme family, and
   // 2D / 1D throughput at equal GPU counts
+  // (a point standing for a framework: that framework's first point)
+  const auto family = [](const Result& r) {
+    return r.point.framework.empty() ? scheme_family(r.scheme) : r.point.framework;
+  };
   std::map<std::string, const Result*> first;
   std::map<int, std::map<std::string, double>> throughput_at;
   for (const Result& r : results) {
-    first.emplace(scheme_family(r.scheme), &r);
+    first.emplace(family(r), &r);
     throughput_at[r.point.gpus][scheme_family(r.scheme)] =
         static_cast<double>(r.point.batch) / r.step;
   }
+  // % of the device's peak for the study's element type (the model flops
+  // per GPU over the machine file's peak_flops), beside the paper's
+  const bool peaks = std::any_of(results.begin(), results.end(), [](const Result& r) {
+    return !r.point.framework.empty() || r.point.paper_peak_low.has_value();
+  });
+  const double peak = machine.device.gemm_of(study.dtype).peak_flops;
+  const auto paper_peak = [](const Point& p) {
+    if (!p.paper_peak_low) return std::string("-");
+    if (*p.paper_peak_high == *p.paper_peak_low) return fmt::format("{:.1f}", *p.paper_peak_low);
+    return fmt::format("{:g}-{:g}", *p.paper_peak_low, *p.paper_peak_high);
+  };
   const bool any_measured = std::any_of(results.begin(), results.end(),
                                         [](const Result& r) { return r.measured_fwd.has_value(); });
   std::ostringstream table;
@@ -1056,6 +1199,11 @@ int study_main(int argc, char** argv, int rank, int world) {
            : fmt::format("; recompute {}", summa::to_string(study.recompute))) +
           (study.offload_bucket > 0
                ? fmt::format("; optimizer offloaded, buckets of {}", study.offload_bucket)
+               : std::string()) +
+          (std::any_of(
+               results.begin(), results.end(),
+               [&](const Result& r) { return offload_of(r.point, study) != study.offload_bucket; })
+               ? std::string("; offload per point: *")
                : std::string()));
   table << fmt::format(
       "{:>5} {:>22} {:>6} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6} {:>6} {:>8}",
@@ -1063,6 +1211,7 @@ int study_main(int argc, char** argv, int rank, int world) {
       "infer", "eff", "2d/1d", "TF/gpu");
   table << fmt::format(" {:>8}", "GiB/gpu");
   if (largest) table << fmt::format(" {:>8}", "maxb");
+  if (peaks) table << fmt::format(" {:>12} {:>6} {:>11}", "framework", "%peak", "paper%");
   if (any_measured) table << fmt::format(" {:>9} {:>9} {:>7}", "pred_s", "meas_s", "err%");
   table << "\n";
   std::ofstream csv_out;
@@ -1087,7 +1236,7 @@ int study_main(int argc, char** argv, int rank, int world) {
   for (const Result& r : results) {
     const double b = static_cast<double>(r.point.batch);
     const double thru = b / r.step, infer = b / r.fwd;
-    const Result& f = *first.at(scheme_family(r.scheme));
+    const Result& f = *first.at(family(r));
     const double f_thru = static_cast<double>(f.point.batch) / f.step;
     // Efficiency against the first point of the scheme family: weak, the
     // model flop/s per GPU relative to the first's; strong (the same
@@ -1123,6 +1272,12 @@ int study_main(int argc, char** argv, int rank, int world) {
                              : fmt::format(" {:>8}", "-"));
     if (largest)
       table << fmt::format(" {:>8}", r.largest_batch ? std::to_string(*r.largest_batch) : "-");
+    const double percent = peak > 0 ? 100 * tflops * 1e12 / peak : std::nan("");
+    if (peaks)
+      table << fmt::format(" {:>12} {:>6.1f} {:>11}",
+                           (r.point.framework.empty() ? std::string("-") : r.point.framework) +
+                               (offload_of(r.point, study) != study.offload_bucket ? "*" : ""),
+                           percent, paper_peak(r.point));
     if (any_measured) {
       if (was_run)
         table << fmt::format(" {:>9.4f} {:>9.4f} {:>+7.1f}", whole, measured,
@@ -1150,6 +1305,13 @@ int study_main(int argc, char** argv, int rank, int world) {
            {"throughput", thru},       {"inference_throughput", infer},
            {"efficiency", eff},        {"tflops_per_gpu", tflops}};
     if (!std::isnan(speedup)) o["speedup_2d_1d"] = speedup;
+    if (!std::isnan(percent)) o["percent_of_peak"] = percent;
+    if (!r.point.framework.empty()) o["framework"] = r.point.framework;
+    if (r.point.paper_peak_low) {
+      o["paper_percent_of_peak_low"] = *r.point.paper_peak_low;
+      o["paper_percent_of_peak_high"] = *r.point.paper_peak_high;
+    }
+    if (offload_of(r.point, study) > 0) o["offload_bucket"] = offload_of(r.point, study);
     if (r.memory_bytes) {
       o["memory_per_gpu_bytes"] = *r.memory_bytes;
       o["memory_fits"] = fits;

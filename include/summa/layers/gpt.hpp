@@ -175,6 +175,12 @@ class Gpt final : public GptModel<T> {
   /// Empty elsewhere.
   std::span<T> stage_embedding_grads();
   std::span<T> stage_exchange();
+  /// Elements of one stage message on this rank (known to a plan_only
+  /// model too): a microbatch's activations (stage_input, stage_output) or
+  /// their gradient; and of the tied embedding's gradients the end stages
+  /// exchange once per batch (0 elsewhere).
+  index_t stage_message_elements() const { return rows_ * cols_; }
+  std::size_t stage_exchange_elements() const { return exchange_elements_; }
   /// dL/d stage input after stage_backward (not on the first stage); valid
   /// until the next stage_backward.
   ConstMatrixView<T> stage_input_grad() const { return input_grad_; }

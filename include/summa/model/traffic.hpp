@@ -20,9 +20,14 @@ namespace summa::model {
 /// all-gather of the updated parameter chunks that follows the optimizer's
 /// step (Trainer; compare_schemes times no optimizer and passes false),
 /// with zero=2 after the gradient norm's sum over the data groups
-/// (clip_grad_norm).
+/// (clip_grad_norm). A pipelined scheme (spec.pipeline): the rank at
+/// `coords` of pipeline stage `stage` in one PipelineGpt::step of the
+/// global `batch` (its M microbatches through the stage's model, the data
+/// axis once, and CommAxis::pipe: the stage messages, the tied embedding's
+/// gradients between the end stages, the loss's broadcast from the last).
 TrafficCounters predict_step_traffic(const SchemeSpec& spec, const GptConfig& config, index_t batch,
                                      index_t seq, const GptOptions& options, DType dtype,
-                                     const GridCoords& coords, bool optimizer_step = true);
+                                     const GridCoords& coords, bool optimizer_step = true,
+                                     int stage = 0);
 
 }  // namespace summa::model
