@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -36,10 +38,11 @@ std::vector<int> pipeline_split(const GptConfig& config, const PipelineOptions& 
     return fmt::format("pipeline: {} stages need at least one block each; the model has n_layer={}",
                        stages, n);
   });
+  // By block count: n_layer spread as evenly as it divides, the remainder
+  // to the middle stages first (the first stage also embeds, the last also
+  // runs LN_f, the LM head and the loss).
   std::vector<int> split(static_cast<std::size_t>(stages), n / stages);
   int extra = n % stages;
-  // The middle stages first: the first stage also embeds, the last also
-  // runs LN_f, the LM head and the loss.
   std::vector<int> order;
   for (int s = 1; s + 1 < stages; ++s) order.push_back(s);
   order.push_back(0);
@@ -49,7 +52,65 @@ std::vector<int> pipeline_split(const GptConfig& config, const PipelineOptions& 
       ++split[static_cast<std::size_t>(s)];
       --extra;
     }
+  // By cost: the least cost any contiguous split's costliest stage can
+  // have (dynamic programming over the blocks), taken where the count's
+  // split exceeds it.
+  const PipelineCosts c = pipeline_costs(config);
+  if (stages == 1 || c.block <= 0) return split;
+  const auto fixed = [&](int stage) {
+    return (stage == 0 ? c.embedding : 0) + (stage == stages - 1 ? c.head : 0);
+  };
+  const auto S = static_cast<std::size_t>(stages), N = static_cast<std::size_t>(n);
+  // best[s][i]: the least costliest stage of stages 0..s holding blocks [0, i)
+  std::vector<std::vector<double>> best(S, std::vector<double>(N + 1, 0));
+  for (std::size_t i = 1; i <= N; ++i) best[0][i] = static_cast<double>(i) * c.block + fixed(0);
+  for (std::size_t s = 1; s < S; ++s)
+    for (std::size_t i = s + 1; i <= N; ++i) {
+      double v = std::numeric_limits<double>::infinity();
+      for (std::size_t j = s; j < i; ++j)
+        v = std::min(v, std::max(best[s - 1][j], static_cast<double>(i - j) * c.block +
+                                                     fixed(static_cast<int>(s))));
+      best[s][i] = v;
+    }
+  const double optimum = best[S - 1][N] * (1 + 1e-12);
+  double count_worst = 0;
+  for (int s = 0; s < stages; ++s)
+    count_worst = std::max(count_worst, split[static_cast<std::size_t>(s)] * c.block + fixed(s));
+  if (count_worst <= optimum) return split;
+  // Each stage's most blocks within the optimum; the blocks then spread as
+  // evenly as those caps allow (every stage up to a level, the rest one
+  // each to the stages that take one more, the middle stages first).
+  std::vector<int> cap(S);
+  for (int s = 0; s < stages; ++s)
+    cap[static_cast<std::size_t>(s)] =
+        std::max(1, static_cast<int>(std::floor((optimum - fixed(s)) / c.block + 1e-9)));
+  int level = 1;
+  const auto held = [&](int l) {
+    int sum = 0;
+    for (const int k : cap) sum += std::min(k, l);
+    return sum;
+  };
+  while (held(level) < n) ++level;
+  for (int s = 0; s < stages; ++s)
+    split[static_cast<std::size_t>(s)] = std::min(cap[static_cast<std::size_t>(s)], level - 1);
+  int rest = n - std::accumulate(split.begin(), split.end(), 0);
+  for (const int s : order)
+    if (rest > 0 && cap[static_cast<std::size_t>(s)] >= level) {
+      ++split[static_cast<std::size_t>(s)];
+      --rest;
+    }
   return split;
+}
+
+PipelineCosts pipeline_costs(const GptConfig& config) {
+  const double h = config.n_embd, sq = config.n_positions, v = config.vocab_size;
+  // per token: a block's forward 24 h^2 + 4 s h, run three times over
+  // (forward, recompute, backward at twice); the embedding's lookup and
+  // position add and its backward's scatter-add; LN_f and the head's
+  // logits h V forward, twice that backward, and the loss over V
+  return {.embedding = 3 * 2 * h,
+          .block = 4 * (24 * h * h + 4 * sq * h),
+          .head = 6 * h * v + 3 * 10 * h + 3 * 5 * v};
 }
 
 std::vector<PipeOp> pipeline_order(PipeSchedule schedule, int stage, int stages, int micro) {

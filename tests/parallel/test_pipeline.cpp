@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -52,6 +53,56 @@ TEST(Pipeline, SplitBalancesAndChecks) {
         EXPECT_EQ(split.back(), layers / stages);
       }
     }
+  // By cost (GPT-2 small: the LM head's 6 h V per token is 3.4 blocks):
+  // the split's costliest stage costs the least any contiguous split
+  // achieves (every split enumerated), and the last stage, which runs the
+  // head, holds fewer blocks than the others.
+  config = {.n_layer = 0, .n_head = 12, .n_embd = 768, .n_positions = 1024, .vocab_size = 50257};
+  const PipelineCosts c = pipeline_costs(config);
+  EXPECT_GT(c.head, 3 * c.block);
+  EXPECT_LT(c.embedding, c.block / 1000);
+  for (int layers = 1; layers <= 12; ++layers)
+    for (int stages = 1; stages <= layers; ++stages) {
+      config.n_layer = layers;
+      PipelineOptions o;
+      o.stages = stages;
+      const auto worst = [&](const std::vector<int>& split) {
+        double w = 0;
+        for (int s = 0; s < stages; ++s)
+          w = std::max(w, split[static_cast<std::size_t>(s)] * c.block +
+                              (s == 0 ? c.embedding : 0) + (s == stages - 1 ? c.head : 0));
+        return w;
+      };
+      double least = std::numeric_limits<double>::infinity();
+      std::vector<int> parts;  // every composition of `layers` into `stages` parts
+      const auto each = [&](auto&& self, int left) -> void {
+        if (static_cast<int>(parts.size()) == stages - 1) {
+          if (left < 1) return;
+          parts.push_back(left);
+          least = std::min(least, worst(parts));
+          parts.pop_back();
+          return;
+        }
+        for (int b = 1; b < left; ++b) {
+          parts.push_back(b);
+          self(self, left - b);
+          parts.pop_back();
+        }
+      };
+      each(each, layers);
+      const std::vector<int> split = pipeline_split(config, o);
+      EXPECT_EQ(std::accumulate(split.begin(), split.end(), 0), layers);
+      EXPECT_LE(worst(split), least * (1 + 1e-9)) << layers << " over " << stages;
+      if (stages > 1 && layers >= 4 * stages) {
+        EXPECT_LT(split.back(), split.front()) << layers << " over " << stages;
+      }
+    }
+  config.n_layer = 12;
+  PipelineOptions four;
+  four.stages = 4;
+  EXPECT_EQ(pipeline_split(config, four), (std::vector<int>{3, 4, 4, 1}));  // the rest even
+
+  config = {};
   config.n_layer = 4;
   PipelineOptions o;
   o.stages = 2;

@@ -55,12 +55,26 @@ namespace summa {
 /// The pipeline's options: the scheme text's pipe= item (schemes/spec.hpp).
 using PipelineOptions = PipelineSpec;
 
-/// Blocks per stage: options.split checked (summa::Error naming it), or
-/// n_layer spread as evenly as it divides, the remainder given to the
-/// middle stages first (the first stage also embeds, the last also runs the
-/// LM head and the loss). Throws summa::Error when a stage would hold no
-/// block (n_layer < stages) or the options are not positive.
+/// Blocks per stage: options.split checked (summa::Error naming it), or the
+/// stages balanced by the modules' cost (pipeline_costs): the contiguous
+/// split whose costliest stage costs least, the first stage also
+/// embedding and the last also running LN_f, the LM head and the loss.
+/// Where spreading n_layer as evenly as it divides (the remainder to the
+/// middle stages first) is as good, that split. Throws summa::Error when a
+/// stage would hold no block (n_layer < stages) or the options are not
+/// positive.
 std::vector<int> pipeline_split(const GptConfig& config, const PipelineOptions& options);
+
+/// The modules' cost pipeline_split balances: flops per token of a step
+/// (forward, the block's recompute, backward), attention at n_positions
+/// tokens: a block 4 (24 h^2 + 4 s h); the embedding 6 h (lookup and
+/// position add, the backward's scatter-add); LN_f, the LM head and the
+/// loss 6 h V (logits, their backward at twice) plus their element-wise
+/// work.
+struct PipelineCosts {
+  double embedding = 0, block = 0, head = 0;
+};
+PipelineCosts pipeline_costs(const GptConfig& config);
 
 /// One operation of a stage: the forward or the backward of a microbatch.
 struct PipeOp {
