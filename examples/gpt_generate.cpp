@@ -211,6 +211,18 @@ int run(const Cli& cli) {
   if (spec.ranks() != world_size())
     throw summa::CollectiveError(fmt::format("--scheme {} needs {} ranks, running on {}",
                                              spec.str(), spec.ranks(), world_size()));
+  if (spec.pipeline.active()) {  // refused with why, and the scheme that runs instead
+    summa::SchemeSpec flat = spec.stage();
+    flat.data = spec.data * spec.pipeline.stages;
+    flat.zero = 0;
+    throw summa::CollectiveError(fmt::format(
+        "--scheme {}: gpt_generate runs no pipeline: decoding takes one token at a time through "
+        "every block with a key/value cache per block, so each new token would wait on {} stages "
+        "in turn (one stage busy at a time); a pipelined run's checkpoint loads under any "
+        "unpipelined scheme of the same model, e.g. --scheme {} on these {} ranks "
+        "(docs/inference.md)",
+        spec.str(), spec.pipeline.stages, flat.str(), world_size()));
+  }
   if (spec.zero > 0)  // nothing of training to shard: refused, not ignored
     throw summa::CollectiveError(fmt::format(
         "--scheme {}: zero={} shards training state (the optimizer's, the gradients', with "

@@ -110,6 +110,9 @@ refused "--seed: '12345678901234567890123' is not an integer" "$GENERATE" --hf "
 case=generate_zero  # was: a sharding level accepted and ignored
 refused "gpt_generate: error: --scheme data=2:zero=3,1d:p=1: zero=3 shards training state" \
   "$GENERATE" --hf "$W/nan/export" --prompt hi --scheme data=2:zero=3,1d:p=1
+case=generate_pipe  # a pipeline: why not, and the scheme that runs instead
+refused "gpt_generate: error: --scheme pipe=2:micro=2,2d:q=1: gpt_generate runs no pipeline.*--scheme data=2,2d:q=1" \
+  "$GENERATE" --hf "$W/nan/export" --prompt hi --scheme pipe=2:micro=2,2d:q=1
 case=generate_comm  # was: one error per rank, then MPI_ABORT
 refused "--comm: carrier-pigeon not in" "$GENERATE" --hf "$W/nan/export" --prompt hi \
   --comm carrier-pigeon
