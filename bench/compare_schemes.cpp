@@ -146,6 +146,7 @@ struct Settings {
   std::uint64_t seed = 1234;
   std::string pass = "train";  // --pass: train (the step) or inference
   double watchdog = 0;         // --watchdog: seconds a collective may wait (0: off)
+  std::string timeline;        // --timeline: a pipeline's operations per rank, as JSON lines
 };
 
 // The same tokens on every rank: ids uniform in [0, vocab), targets the next
@@ -216,6 +217,11 @@ struct Result {
   };
   std::vector<Part> parts;
   std::array<u64, 5> sent{}, received{};  // kAxes, max over ranks
+  // a pipeline: its stage messages' bytes (max over ranks), its schedule,
+  // and this rank's operations with when they ran (--timeline)
+  u64 pipe_sent = 0;
+  std::string schedule;
+  std::vector<std::pair<summa::PipeOp, summa::PipeTiming>> timeline;
   bool have_prediction = false, prediction_matches = false;
   std::array<u64, 5> predicted_sent{}, predicted_received{};
   std::string prediction_note;
@@ -234,14 +240,61 @@ struct Result {
   }
 };
 
-// One training step's forward and backward; over when the backend is (the
-// synchronisation is a no-op on the CPU).
+// A scheme's model: one grid (ParallelGpt), or a pipeline of stages
+// (PipelineGpt, a scheme text with pipe=).
 template <class T>
-void one_step(summa::GptModel<T>& model, summa::Backend& backend, const Batch& b, double& loss) {
-  loss = model.forward(b.tokens, b.targets);
-  model.backward();
-  backend.synchronize();
-}
+class Runner {
+ public:
+  Runner(const summa::SchemeSpec& spec, summa::Backend& backend, const Settings& s, index_t batch,
+         const summa::GptOptions& options)
+      : backend_(backend) {
+    if (spec.pipeline.active())
+      pipe_.emplace(MPI_COMM_WORLD, spec, backend, s.config, batch, s.seq, options, s.grid);
+    else
+      plain_.emplace(MPI_COMM_WORLD, spec, backend, s.config, batch, s.seq, options, s.grid);
+  }
+  summa::Gpt<T>& model() { return pipe_ ? pipe_->model() : plain_->model(); }
+  summa::ProcessGrid& grid() { return pipe_ ? pipe_->grid() : plain_->grid(); }
+  summa::PipelineGpt<T>* pipeline() { return pipe_ ? &*pipe_ : nullptr; }
+  int stage() const { return pipe_ ? pipe_->stage() : 0; }
+  void init(std::uint64_t seed) {
+    if (pipe_)
+      pipe_->init(seed);
+    else
+      plain_->model().init(seed);
+  }
+  // One training step's forward and backward (a pipeline's whole flushed
+  // batch); over when the backend is (a no-op on the CPU).
+  double step(const Batch& b) {
+    double loss = 0;
+    if (pipe_) {
+      loss = pipe_->step(b.tokens, b.targets);
+    } else {
+      loss = plain_->model().forward(b.tokens, b.targets);
+      plain_->model().backward();
+    }
+    backend_.synchronize();
+    return loss;
+  }
+  void reset_traffic() {
+    grid().reset_traffic();
+    if (pipe_) pipe_->reset_pipe_traffic();
+  }
+  // The grid's axes, and the stage messages on CommAxis::pipe.
+  summa::TrafficCounters traffic() {
+    summa::TrafficCounters t = grid().traffic();
+    if (pipe_) t[CommAxis::pipe] = pipe_->pipe_traffic();
+    return t;
+  }
+  summa::MemoryReport memory_report() {
+    return pipe_ ? pipe_->memory_report() : plain_->model().memory_report();
+  }
+
+ private:
+  summa::Backend& backend_;
+  std::optional<summa::ParallelGpt<T>> plain_;
+  std::optional<summa::PipelineGpt<T>> pipe_;
+};
 
 template <class T>
 Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backend& backend,
@@ -249,7 +302,7 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
   Result r;
   r.spec = spec;
   const summa::GptOptions options{.recompute = s.recompute, .profile = s.breakdown};
-  std::optional<summa::ParallelGpt<T>> run;
+  std::optional<Runner<T>> run;
   // the backend's peak over this scheme's run, above what it held before
   backend.reset_peak_allocated();
   const std::size_t held_before = backend.allocated_bytes();
@@ -258,30 +311,40 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
     summa::require_memory_fits<T>(MPI_COMM_WORLD, spec, backend, s.config, s.batch, s.seq, options,
                                   s.grid,
                                   {.bytes = s.available_bytes, .source = s.available_source}, "");
-    run.emplace(MPI_COMM_WORLD, spec, backend, s.config, s.batch, s.seq, options, s.grid);
+    run.emplace(spec, backend, s, s.batch, options);
   } catch (const summa::Error& e) {  // identical on every rank
     r.skipped = e.what();
     return r;
   }
-  summa::GptModel<T>& model = run->model();
+  summa::Gpt<T>& model = run->model();
   summa::ProcessGrid& grid = run->grid();
-  model.init(s.seed);
+  run->init(s.seed);
 
   // Warm-up, then the measured step (traffic), then the timed steps.
   double loss = 0;
   bool finite = true;
   const auto step = [&] {
-    one_step(model, backend, data, loss);
+    loss = run->step(data);
     finite = finite && std::isfinite(loss);
   };
   for (int w = 0; w < s.warmup; ++w) step();
-  grid.reset_traffic();
+  run->reset_traffic();
   step();
-  const summa::TrafficCounters measured = grid.traffic();
+  const summa::TrafficCounters measured = run->traffic();
+
   std::vector<double> times;
   model.reset_profile();
   for (int k = 0; k < s.reps; ++k) times.push_back(time_collective(step));
-  for (const summa::StepPart& p : model.profile()) {
+  // a pipeline: its messages, and when each stage ran what in the last
+  // timed step (it began after a barrier on every rank)
+  if (const summa::PipelineGpt<T>* p = run->pipeline()) {
+    r.pipe_sent = max_over_ranks(measured[CommAxis::pipe].bytes_sent);
+    r.schedule = std::string(summa::to_string(spec.pipeline.schedule));
+    for (std::size_t k = 0; k < p->trace().size(); ++k)
+      r.timeline.push_back({p->trace()[k], p->timings()[k]});
+  }
+  for (const summa::StepPart& p :
+       run->pipeline() ? std::vector<summa::StepPart>() : model.profile()) {
     const double per_step = reduce_world(p.seconds / s.reps, MPI_DOUBLE, MPI_MAX);
     r.parts.push_back({std::string(p.op), std::string(p.phase), per_step, 0});
   }
@@ -297,7 +360,12 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
   for (std::size_t a = 0; a < summa::comm_axis_count; ++a)
     wait += measured[static_cast<CommAxis>(a)].wait_seconds;
   r.wait_s = reduce_world(wait, MPI_DOUBLE, MPI_MAX);
-  if (s.machine) {  // forward + backward, as timed: no optimizer
+  if (s.machine && spec.pipeline.active()) {  // the schedule's span and the batch's data axis
+    const summa::model::PipelineStepTime t = summa::model::predict_pipeline_step_time(
+        spec, s.config, s.batch, s.seq, options, summa::dtype_v<T>, *s.machine,
+        {.optimizer = false, .ranks_per_device = s.ranks_per_device});
+    r.predicted_s = t.step_s;
+  } else if (s.machine) {  // forward + backward, as timed: no optimizer
     const summa::model::StepTime t = summa::model::predict_step_time(
         spec, s.config, s.batch, s.seq, options, summa::dtype_v<T>, *s.machine,
         {.optimizer = false, .ranks_per_device = s.ranks_per_device});
@@ -316,8 +384,8 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
   // The closed form for this rank; a scheme without a model throws on every rank.
   try {
     const summa::TrafficCounters want = summa::model::predict_step_traffic(
-        spec, s.config, s.batch, s.seq, options, summa::dtype_v<T>, grid.coords(),
-        false);  // forward + backward: no optimizer
+        spec, s.config, s.batch, s.seq, options, summa::dtype_v<T>, grid.coords(), false,
+        run->stage());  // forward + backward: no optimizer
     bool match = true;
     for (std::size_t a = 0; a < summa::comm_axis_count; ++a) {
       const auto axis = static_cast<CommAxis>(a);
@@ -333,7 +401,7 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
   } catch (const summa::Error& e) {
     r.prediction_note = e.what();
   }
-  r.mem = memory_of(model.memory_report());
+  r.mem = memory_of(run->memory_report());
   r.measured_peak = max_over_ranks(static_cast<u64>(backend.peak_allocated_bytes() - held_before));
   r.recompute = model.options().recompute;  // as the model was built
   // free this model before the largest-batch one
@@ -369,13 +437,12 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
     return r;
   }
   try {
-    summa::ParallelGpt<T> big(MPI_COMM_WORLD, spec, backend, s.config, r.largest, s.seq, options,
-                              s.grid);
-    big.model().init(s.seed);
+    Runner<T> big(spec, backend, s, r.largest, options);
+    big.init(s.seed);
     const Batch big_data = make_batch(s, r.largest);
     double big_loss = 0;
-    r.largest_step_s = time_collective([&] { one_step(big.model(), backend, big_data, big_loss); });
-    r.largest_mem = memory_of(big.model().memory_report());
+    r.largest_step_s = time_collective([&] { big_loss = big.step(big_data); });
+    r.largest_mem = memory_of(big.memory_report());
     const bool finite = all_ranks(std::isfinite(big_loss));
     r.confirmed = r.largest_mem.within_capacity && r.largest_mem.total <= budget && finite;
     // why not, said (was: "largest batch not confirmed", no reason)
@@ -397,9 +464,8 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
   if (!r.capped) {
     // The next batch really exceeds the budget: built (allocated), not run.
     try {
-      summa::ParallelGpt<T> over(MPI_COMM_WORLD, spec, backend, s.config, next, s.seq, options,
-                                 s.grid);
-      r.maximal = max_over_ranks(over.model().memory_report().total()) > budget;
+      Runner<T> over(spec, backend, s, next, options);
+      r.maximal = max_over_ranks(over.memory_report().total()) > budget;
     } catch (const summa::Error&) {
       r.maximal = true;  // cannot even be built at that batch
     }
@@ -475,6 +541,12 @@ Json json_of(const Settings& s, const Result& r, int ranks) {
     received[name] = r.received[a];
     psent[name] = r.predicted_sent[a];
     preceived[name] = r.predicted_received[a];
+  }
+  if (r.spec.pipeline.active()) {
+    j["pipe_bytes_sent_per_rank"] = r.pipe_sent;
+    j["stages"] = r.spec.pipeline.stages;
+    j["micro"] = r.spec.pipeline.micro;
+    j["schedule"] = r.schedule;
   }
   j["axis_roles"] = roles;
   j["bytes_sent_per_rank"] = sent;
@@ -624,6 +696,10 @@ void print_table(std::FILE* out, const Settings& s, const std::vector<Result>& r
   if (s.machine)
     for (const char* h : {"pred_s", "err%", "rank"}) head.emplace_back(h);
   for (const char* a : kAxisHeads) head.emplace_back(a);
+  const bool pipes = std::any_of(results.begin(), results.end(), [](const Result& r) {
+    return r.skipped.empty() && r.spec.pipeline.active();
+  });
+  if (pipes) head.emplace_back("pipe:stages");
   for (const char* h : {"pred", "param", "grad", "act", "total", "largest"}) head.emplace_back(h);
   t.row(head);
   for (const Result& r : results) {
@@ -647,6 +723,7 @@ void print_table(std::FILE* out, const Settings& s, const std::vector<Result>& r
       const std::string_view what = role(r.spec, kAxes[a]);
       row.push_back(r.sent[a] == 0 && what.empty() ? "-" : kib(r.sent[a]));
     }
+    if (pipes) row.push_back(r.spec.pipeline.active() ? kib(r.pipe_sent) : "-");
     row.emplace_back(!r.have_prediction ? "-" : r.prediction_matches ? "=" : "!=");
     row.push_back(mib(r.mem.parameters));
     row.push_back(mib(r.mem.gradients));
@@ -715,6 +792,45 @@ std::vector<summa::SchemeSpec> auto_schemes(const Settings& s, summa::Backend& b
   return chosen;
 }
 
+// --timeline: every rank's operations of a pipeline's timed step, gathered
+// on rank 0 and written one JSON line each.
+void write_timeline(std::FILE* out, const Result& r, const summa::SchemeSpec& spec, int rank,
+                    int ranks) {
+  std::vector<double> mine;  // forward, micro, start, end per operation
+  for (const auto& [op, when] : r.timeline)
+    mine.insert(mine.end(),
+                {op.forward ? 1.0 : 0.0, static_cast<double>(op.micro), when.start_s, when.end_s});
+  const int count = static_cast<int>(mine.size());
+  std::vector<int> counts(static_cast<std::size_t>(ranks)), offsets(counts.size());
+  MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  int total = 0;
+  for (std::size_t k = 0; k < counts.size(); ++k) {
+    offsets[k] = total;
+    total += counts[k];
+  }
+  std::vector<double> all(rank == 0 ? static_cast<std::size_t>(total) : 0);
+  MPI_Gatherv(mine.data(), count, MPI_DOUBLE, all.data(), counts.data(), offsets.data(), MPI_DOUBLE,
+              0, MPI_COMM_WORLD);
+  if (rank != 0) return;
+  const int per_stage = spec.stage().ranks();
+  for (int k = 0; k < ranks; ++k)
+    for (int i = offsets[static_cast<std::size_t>(k)];
+         i < offsets[static_cast<std::size_t>(k)] + counts[static_cast<std::size_t>(k)]; i += 4) {
+      const Json j = {{"scheme", spec.str()},
+                      {"schedule", r.schedule},
+                      {"stages", spec.pipeline.stages},
+                      {"micro", spec.pipeline.micro},
+                      {"rank", k},
+                      {"stage", k / per_stage},
+                      {"forward", all[static_cast<std::size_t>(i)] == 1.0},
+                      {"microbatch", static_cast<int>(all[static_cast<std::size_t>(i) + 1])},
+                      {"start_s", all[static_cast<std::size_t>(i) + 2]},
+                      {"end_s", all[static_cast<std::size_t>(i) + 3]}};
+      std::fprintf(out, "%s\n", j.dump().c_str());
+    }
+  std::fflush(out);
+}
+
 template <class T>
 int run_all(const Settings& given, summa::Backend& backend, int rank, int ranks) {
   Settings s = given;
@@ -732,10 +848,18 @@ int run_all(const Settings& given, summa::Backend& backend, int rank, int ranks)
   std::FILE* text = s.format == "json" ? stderr : stdout;
   if (s.auto_schemes) s.schemes = auto_schemes<T>(s, backend, rank, text);
   std::vector<Result> results;
+  std::FILE* timeline = nullptr;
+  if (!s.timeline.empty()) {  // opened (or not) on rank 0, agreed
+    if (rank == 0) timeline = std::fopen(s.timeline.c_str(), "w");
+    if (!all_ranks(rank != 0 || timeline != nullptr))
+      throw summa::CollectiveError("--timeline " + s.timeline + ": cannot be written");
+  }
   for (const summa::SchemeSpec& spec : s.schemes) {
     const auto t0 = std::chrono::steady_clock::now();
     results.push_back(run_scheme<T>(s, spec, backend, data));
     const Result& r = results.back();
+    if (!s.timeline.empty() && r.skipped.empty() && spec.pipeline.active())
+      write_timeline(timeline, r, spec, rank, ranks);
     if (rank != 0) continue;
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s.format != "json") {
@@ -750,6 +874,7 @@ int run_all(const Settings& given, summa::Backend& backend, int rank, int ranks)
     std::fflush(stdout);
     std::fflush(stderr);
   }
+  if (timeline != nullptr) std::fclose(timeline);
   bool failed = false;
   int ran = 0;
   for (const Result& r : results) {
@@ -1087,6 +1212,11 @@ int run(int argc, char** argv, int rank, int ranks) {
   summa::bench::add_device_options(app, s.backend, s.comm, s.tf32,
                                    "; --budget-mib is then device memory per rank",
                                    "cuda: TF32 tensor cores in f32 GEMMs");
+  app.add_option("--timeline", s.timeline,
+                 "Write each pipelined scheme's timed step to this file, one JSON line per "
+                 "operation of every rank: scheme, rank, stage, forward or backward, "
+                 "microbatch, start and end in seconds since the step began "
+                 "(scripts/plot_pipeline.py draws it)");
   app.add_option("--watchdog", s.watchdog,
                  "seconds a collective may wait before the job is ended with a report naming "
                  "the ranks that did not arrive (0: off)")
@@ -1112,6 +1242,8 @@ int run(int argc, char** argv, int rank, int ranks) {
   s.config.validate();  // summa::Error
   s.schemes = parse_schemes(schemes, ranks);
   s.auto_schemes = schemes == "auto";
+  if (!s.timeline.empty() && s.pass != "train")
+    throw UsageError("--timeline records a training step: not with --pass " + s.pass);
   if (s.auto_schemes && s.machine_path.empty())
     throw UsageError("--schemes auto needs --predict MACHINE (the step-time model ranks them)");
   if (!s.machine_path.empty()) {

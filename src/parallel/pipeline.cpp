@@ -235,6 +235,7 @@ PipelineGpt<T>::PipelineGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& back
   if (options_.schedule != PipeSchedule::axonn)
     order_ = pipeline_order(options_.schedule, stage_, options_.stages, options_.micro);
   trace_.reserve(static_cast<std::size_t>(2 * options_.micro));
+  timings_.reserve(static_cast<std::size_t>(2 * options_.micro));
   if (!options.plan_only) {
     embedding_grads_ = model().stage_embedding_grads();
     exchange_ = model().stage_exchange();
@@ -262,12 +263,19 @@ std::span<const std::int32_t> PipelineGpt<T>::micro_ids(std::span<const std::int
 }
 
 template <class T>
+double PipelineGpt<T>::since_start() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+}
+
+template <class T>
 void PipelineGpt<T>::forward_micro(int m, int slot) {
   Gpt<T>& g = model();
   slot_of_[static_cast<std::size_t>(m)] = slot;
   trace_.push_back({true, m});
+  timings_.push_back({since_start(), 0});
   peak_in_flight_ = std::max(peak_in_flight_, ++in_flight_);
   loss_ += g.stage_forward(slot, micro_ids(tokens_, m), micro_ids(targets_, m));
+  timings_.back().end_s = since_start();
   ++next_forward_;
   if (g.options().pipeline.last()) return;
   const ConstMatrixView<T> out = g.stage_output(slot);
@@ -284,7 +292,9 @@ void PipelineGpt<T>::backward_micro(int m) {
   pipe_->wait(forward_sends_[static_cast<std::size_t>(slot)]);
   pipe_->wait(input_grad_send_);
   trace_.push_back({false, m});
+  timings_.push_back({since_start(), 0});
   g.stage_backward(slot, m == options_.micro - 1);
+  timings_.back().end_s = since_start();
   ++next_backward_;
   if (!g.options().pipeline.first()) {
     const ConstMatrixView<T> dx = g.stage_input_grad();
@@ -512,6 +522,8 @@ double PipelineGpt<T>::step(std::span<const std::int32_t> tokens,
   next_forward_ = next_backward_ = next_recv_forward_ = next_recv_backward_ = 0;
   forward_recv_micro_ = backward_recv_micro_ = -1;
   trace_.clear();
+  timings_.clear();
+  started_ = std::chrono::steady_clock::now();
   in_flight_ = peak_in_flight_ = 0;
   loss_ = 0;
   g.parameters_store().zero_grads();

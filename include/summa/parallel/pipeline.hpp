@@ -40,6 +40,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -81,6 +82,12 @@ struct PipeOp {
   bool forward = true;
   int micro = 0;
   friend bool operator==(const PipeOp&, const PipeOp&) = default;
+};
+
+/// When a stage ran one of its operations: seconds since its step began
+/// (PipelineGpt::step's entry on this rank, a host clock).
+struct PipeTiming {
+  double start_s = 0, end_s = 0;
 };
 
 /// The static order of stage `stage`'s operations under gpipe or
@@ -156,6 +163,10 @@ class PipelineGpt {
   void reset_pipe_traffic() { pipe_counter_ = {}; }
   /// The operations this stage ran in the last step, in order.
   std::span<const PipeOp> trace() const { return trace_; }
+  /// When each of trace()'s operations ran (the stage's forward or
+  /// backward of the microbatch, its messages' waits outside), for a
+  /// timeline of the step (compare_schemes --timeline).
+  std::span<const PipeTiming> timings() const { return timings_; }
   /// The most microbatches this stage held at once in the last step.
   int peak_in_flight() const { return peak_in_flight_; }
 
@@ -191,6 +202,9 @@ class PipelineGpt {
   std::vector<char> received_;  // per micro: its gradient (or input) has arrived
   double loss_ = 0;
   std::vector<PipeOp> trace_;
+  std::vector<PipeTiming> timings_;
+  std::chrono::steady_clock::time_point started_;
+  double since_start() const;
   // Fixed at construction (no allocation in a step): the static schedule's
   // order (gpipe, 1f1b), and on the end stages the embedding's gradients and
   // the room for the other copy's.
