@@ -97,7 +97,6 @@ PipelineStepTime predict_pipeline_step_time(const SchemeSpec& spec, const GptCon
       slowest = work;
       t.busiest_stage = s;
     }
-    t.data_axis_s = std::max(t.data_axis_s, st.data_axis_s);
     t.optimizer_s = std::max(t.optimizer_s, st.optimizer_s);
     t.stages.push_back(st);
   }
@@ -117,6 +116,17 @@ PipelineStepTime predict_pipeline_step_time(const SchemeSpec& spec, const GptCon
   else
     bytes = message_bytes<float>(spec, config, batch, seq, options);
   t.message_s = stages > 1 ? message(bytes) : 0;
+  // The data axis: a stage issues its buckets with its final backward,
+  // which ends before the flush does by the backwards of the stages
+  // before it and the messages between (the gradient still travelling to
+  // stage 0); its reduction is exposed only past that lead.
+  for (int s = 0; s < stages; ++s) {
+    double lead = 0;
+    for (int k = 0; k < s; ++k)
+      lead += t.stages[static_cast<std::size_t>(k)].backward_s + t.message_s;
+    t.data_axis_s = std::max(
+        t.data_axis_s, std::max(0.0, t.stages[static_cast<std::size_t>(s)].data_axis_s - lead));
+  }
   const double round_trip = first_way + 2.0 * (stages - 1) * t.message_s;
   const double m = p.micro;
   t.pipeline_s = round_trip + (m - 1) * slowest;

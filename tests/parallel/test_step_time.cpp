@@ -459,6 +459,14 @@ TEST(StepTime, PipelineSchedulesPriceTheirBubble) {
   EXPECT_GT(t.bubble, 0);
   EXPECT_NEAR(t.step_s, t.pipeline_s + t.data_axis_s + t.embedding_s + t.optimizer_s,
               1e-12 * t.step_s);
+  // the data axis: stage 0's reduction starts last, so all of it is
+  // exposed; a later stage's overlaps the backwards below it, so none
+  // exposes more than its own
+  double most = 0;
+  for (const model::PipelineStageTime& s : t.stages) most = std::max(most, s.data_axis_s);
+  EXPECT_GT(t.stages.front().data_axis_s, 0);
+  EXPECT_GE(t.data_axis_s, t.stages.front().data_axis_s);
+  EXPECT_LE(t.data_axis_s, most);
   // more microbatches of the same size: a smaller bubble; 1F1B the same time
   EXPECT_LT(predict("pipe=3:micro=8:schedule=gpipe,data=2,2d:q=1", 8).bubble, t.bubble);
   EXPECT_EQ(predict("pipe=3:micro=4:schedule=1f1b,data=2,2d:q=1", 4).pipeline_s, t.pipeline_s);

@@ -121,7 +121,11 @@ struct PipelineStepTime {
   /// One stage message (a microbatch's activations, or their gradient)
   /// between neighbouring stages, by the link level they span.
   double message_s = 0;
-  double data_axis_s = 0;  ///< the slowest stage's, after the flush
+  /// The data axis exposed after the flush: each stage's reduction is
+  /// issued with its final backward, and overlaps the backwards of the
+  /// stages before it (and the messages between) still to run; the
+  /// largest remainder over the stages.
+  double data_axis_s = 0;
   double optimizer_s = 0;  ///< the slowest stage's
   double embedding_s = 0;  ///< the tied embedding's gradients between the end stages
   std::vector<PipelineStageTime> stages;
