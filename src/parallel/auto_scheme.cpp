@@ -48,13 +48,42 @@ std::vector<SchemeSpec> candidate_schemes(int ranks, const GptOptions& options) 
   return all;
 }
 
+std::vector<SchemeSpec> candidate_pipelines(int ranks, const GptConfig& config, index_t batch,
+                                            const GptOptions& options,
+                                            const AutoSchemeOptions& auto_options) {
+  std::vector<SchemeSpec> out;
+  if (!auto_options.pipelines || options.inference || options.recompute != Recompute::full)
+    return out;
+  for (int p = 2; p <= std::min({ranks, auto_options.max_stages, config.n_layer}); ++p) {
+    if (ranks % p != 0) continue;
+    for (const SchemeSpec& stage : candidate_schemes(ranks / p, options)) {
+      if (stage.zero > 1) continue;  // what a stage runs
+      if (stage.holds<Megatron1DSpec>() && stage.as<Megatron1DSpec>().distribute_checkpoints)
+        continue;
+      const index_t unit = batch_granularity(stage);
+      for (const int m : {4 * p, 2 * p, p})
+        if (batch % (unit * m) == 0) {
+          SchemeSpec spec = stage;
+          spec.pipeline.stages = p;
+          spec.pipeline.micro = m;
+          out.push_back(std::move(spec));
+          break;
+        }
+    }
+  }
+  return out;
+}
+
 template <class T>
 std::vector<SchemeCandidate> rank_schemes(int ranks, Backend& backend, const GptConfig& config,
                                           index_t batch, index_t seq, const GptOptions& options,
                                           const model::Machine& machine,
                                           const AutoSchemeOptions& auto_options) {
+  std::vector<SchemeSpec> specs = candidate_schemes(ranks, options);
+  for (SchemeSpec& p : candidate_pipelines(ranks, config, batch, options, auto_options))
+    specs.push_back(std::move(p));
   std::vector<SchemeCandidate> all;
-  for (const SchemeSpec& spec : candidate_schemes(ranks, options)) {
+  for (const SchemeSpec& spec : specs) {
     SchemeCandidate c{.spec = spec, .rejected = {}, .memory_bytes = 0, .busiest = {}, .time = {}};
     try {  // the scheme's own checks, as a launch would make them
       const RankMemory plan = plan_memory_busiest<T>(spec, backend, config, batch, seq, options);
@@ -64,8 +93,14 @@ std::vector<SchemeCandidate> rank_schemes(int ranks, Backend& backend, const Gpt
                            (spec.zero > 0 ? spec.data : 1) +
                        auto_options.state_bytes_fixed;
       c.busiest = plan.coords;
-      c.time = model::predict_step_time(spec, config, batch, seq, options, dtype_v<T>, machine,
-                                        auto_options.time);
+      if (spec.pipeline.active()) {
+        c.pipeline = model::predict_pipeline_step_time(spec, config, batch, seq, options,
+                                                       dtype_v<T>, machine, auto_options.time);
+        c.time.step_s = c.pipeline->step_s;
+      } else {
+        c.time = model::predict_step_time(spec, config, batch, seq, options, dtype_v<T>, machine,
+                                          auto_options.time);
+      }
       if (c.memory_bytes > auto_options.budget_bytes)
         c.rejected = fmt::format("{:.1f} MiB per rank exceeds the budget of {:.1f} MiB",
                                  static_cast<double>(c.memory_bytes) / (1 << 20),

@@ -58,7 +58,8 @@ TEST(AutoScheme, RanksEverySchemeByPredictedStepWithinTheBudget) {
   const GptOptions o{.recompute = Recompute::full};
   const auto all = rank_schemes<float>(test_comm(), backend, c, batch, seq, o, m,
                                        {.budget_bytes = ~std::uint64_t{0}});
-  ASSERT_EQ(all.size(), candidate_schemes(ranks, o).size());
+  ASSERT_EQ(all.size(), candidate_schemes(ranks, o).size() +
+                            candidate_pipelines(ranks, c, batch, o, {}).size());
   EXPECT_TRUE(same_on_all_ranks(listing(all)));
   for (std::size_t i = 0; i < all.size(); ++i) {
     SCOPED_TRACE(all[i].spec.str());
@@ -66,8 +67,15 @@ TEST(AutoScheme, RanksEverySchemeByPredictedStepWithinTheBudget) {
     if (i > 0) {
       EXPECT_LE(all[i - 1].time.step_s, all[i].time.step_s);
     }
-    EXPECT_EQ(all[i].time.step_s,
-              model::predict_step_time(all[i].spec, c, batch, seq, o, DType::f32, m).step_s);
+    if (all[i].spec.pipeline.active()) {
+      ASSERT_TRUE(all[i].pipeline.has_value());
+      EXPECT_EQ(
+          all[i].time.step_s,
+          model::predict_pipeline_step_time(all[i].spec, c, batch, seq, o, DType::f32, m).step_s);
+    } else {
+      EXPECT_EQ(all[i].time.step_s,
+                model::predict_step_time(all[i].spec, c, batch, seq, o, DType::f32, m).step_s);
+    }
     unsigned long long want =
         plan_memory<float>(test_comm(), all[i].spec, backend, c, batch, seq, o).total();
     MPI_Allreduce(MPI_IN_PLACE, &want, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, test_comm());
@@ -98,6 +106,46 @@ TEST(AutoScheme, RanksEverySchemeByPredictedStepWithinTheBudget) {
   }
   EXPECT_GT(rejected, 0);
   EXPECT_LT(rejected, static_cast<int>(tight.size()));
+}
+
+// Pipelines are candidates: P stages for each P dividing the ranks up to
+// min(max_stages, n_layer), each stage every training candidate of ranks / P
+// but zero >= 2 and dc=on, over 4P, 2P or P microbatches (the first the
+// batch divides into); none with another recompute mode or for inference.
+// On links so slow that the tensor and data collectives dominate, a
+// pipeline of single-rank stages (only its activations travel) is the
+// fastest.
+TEST(AutoScheme, PipelinesAreCandidates) {
+  int ranks = 1;
+  MPI_Comm_size(test_comm(), &ranks);
+  if (ranks < 2) GTEST_SKIP() << "a pipeline needs 2 ranks";
+  GptConfig c = config(4);
+  c.n_layer = 4;
+  const GptOptions o{.recompute = Recompute::full};
+  const std::vector<SchemeSpec> pipes = candidate_pipelines(ranks, c, 16, o, {});
+  ASSERT_FALSE(pipes.empty());
+  for (const SchemeSpec& p : pipes) {
+    SCOPED_TRACE(p.str());
+    EXPECT_EQ(ranks % p.pipeline.stages, 0);
+    EXPECT_LE(p.pipeline.stages, std::min(ranks, c.n_layer));
+    EXPECT_LE(p.zero, 1);
+    EXPECT_EQ(16 % (p.pipeline.micro * batch_granularity(p.stage())), 0);
+    EXPECT_GE(p.pipeline.micro, p.pipeline.stages);
+    EXPECT_EQ(p.ranks(), ranks);
+  }
+  EXPECT_TRUE(candidate_pipelines(ranks, c, 16, {.recompute = Recompute::none}, {}).empty());
+  EXPECT_TRUE(candidate_pipelines(ranks, c, 16, o, {.pipelines = false}).empty());
+  EXPECT_TRUE(candidate_pipelines(ranks, c, 16, o, {.max_stages = 1}).empty());
+  model::Machine slow = machine();
+  for (model::Collective k : model::all_collectives) {
+    slow.intra_node[k].beta_bytes_s = 1e5;
+    slow.inter_node[k].beta_bytes_s = 1e5;
+  }
+  CpuBackend backend;
+  const auto all = rank_schemes<float>(test_comm(), backend, c, 16, 8, o, slow,
+                                       {.budget_bytes = ~std::uint64_t{0}});
+  EXPECT_TRUE(all.front().spec.pipeline.active()) << listing(all);
+  EXPECT_EQ(all.front().spec.pipeline.stages, std::min(ranks, c.n_layer)) << listing(all);
 }
 
 // With per-block checkpoints the search also tries each plain 1D over p > 1

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <optional>
+
 #include "summa/backend/backend.hpp"
 #include "summa/grid/process_grid.hpp"
 #include "summa/model/step_time.hpp"
@@ -30,8 +32,10 @@ struct SchemeCandidate {
   /// The rank with that total (grid coordinates; data group 0).
   GridCoords busiest{};
   /// The predicted step (forward, backward, recomputation and, when
-  /// asked, the optimizer); 0 when rejected by the scheme.
+  /// asked, the optimizer); 0 when rejected by the scheme. For a pipeline,
+  /// step_s alone (the schedule's step, `pipeline` has its parts).
   model::StepTime time;
+  std::optional<model::PipelineStepTime> pipeline = {};
 };
 
 struct AutoSchemeOptions {
@@ -47,6 +51,14 @@ struct AutoSchemeOptions {
   /// element is then 0, kept in the host pool).
   std::uint64_t state_bytes_fixed = 0;
   model::StepTimeOptions time = {};
+  /// Also pipelines (rank_schemes): P stages for every P dividing the
+  /// ranks, 2 <= P <= min(max_stages, n_layer), each stage any training
+  /// candidate of ranks / P (zero <= 1, no dc=on: what a stage runs), the
+  /// message-driven schedule over M = 4P, 2P or P microbatches (the first
+  /// the batch divides into); with per-block checkpoints only
+  /// (Recompute::full, what a stage keeps).
+  bool pipelines = true;
+  int max_stages = 8;
 };
 
 /// The schemes a configuration search over `ranks` ranks considers: every
@@ -57,7 +69,15 @@ struct AutoSchemeOptions {
 /// that order after schemes_for's.
 std::vector<SchemeSpec> candidate_schemes(int ranks, const GptOptions& options);
 
-/// Every scheme of `ranks` ranks (candidate_schemes) for a GPT of `config` with
+/// The pipelines rank_schemes adds to candidate_schemes (see
+/// AutoSchemeOptions::pipelines) for a GPT of `config` and a global batch
+/// of `batch` sequences, in order of P, then of the stage's candidates.
+std::vector<SchemeSpec> candidate_pipelines(int ranks, const GptConfig& config, index_t batch,
+                                            const GptOptions& options,
+                                            const AutoSchemeOptions& auto_options);
+
+/// Every scheme of `ranks` ranks (candidate_schemes, then
+/// candidate_pipelines) for a GPT of `config` with
 /// global `batch` sequences of `seq` tokens: planned without a launch (the
 /// busiest rank, plan_memory_busiest) and priced, the choices first,
 /// fastest first (ties in the order of candidate_schemes), then the rejected
