@@ -25,7 +25,8 @@
 // "dtype": "f32"|"bf16"|"f64", "recompute": "full"|"selective"|"none"
 // (or the older "checkpoint": true = full, false = none), "placement":
 // "natural"|"bunched", "offload_bucket": elements (0: the optimizer state
-// on the device), "points": [{"gpus": 4, "scheme": "2d:q=2", "batch": 96,
+// on the device), "max_stages": the most pipeline stages "auto" tries
+// (default 8), "points": [{"gpus": 4, "scheme": "2d:q=2", "batch": 96,
 // "seq": 512, "layers": 24, "hidden": 2048, "heads": 32, "vocab": 50304,
 // "paper_fwd_per_sample_s": ..., "paper_bwd_per_sample_s": ..., "framework":
 // "AxoNN", "paper_percent_of_peak": 52.1 or [49.4, 54.78], "offload_bucket":
@@ -103,6 +104,9 @@ struct Study {
   /// The optimizer offloaded (OptimizerOptions::offload_bucket, elements per
   /// bucket; 0: not): its state off the device, priced over the host link.
   long offload_bucket = 0;
+  /// "auto": pipelines of up to this many stages in the search
+  /// (AutoSchemeOptions::max_stages).
+  int max_stages = 8;
   std::vector<Point> points = {};
 };
 
@@ -289,6 +293,29 @@ Study axonn_summit(const std::string& kind) {
   return s;
 }
 
+// The configuration search on the same weak-scaling points: "auto" ranks
+// every scheme, data axis and pipeline of up to n_layer stages (this
+// library's implementation of each), with AxoNN's optimizer offload
+// (bsize 4 million) so that its memory is the one AxoNN planned for.
+Study axonn_summit_search() {
+  Study s = axonn_summit("weak");
+  s.name = "AxoNN weak scaling (Summit), configuration search";
+  s.max_stages = 96;
+  s.offload_bucket = 4000000;
+  std::vector<Point> points;
+  for (const Point& p : s.points)
+    if (p.framework == "AxoNN") {
+      Point q = p;
+      q.scheme = "auto";
+      q.framework = "search";
+      q.vocab = 51200;
+      q.offload_bucket.reset();
+      points.push_back(q);
+    }
+  s.points = points;
+  return s;
+}
+
 // A small study that fits this machine's launch (1, 2 and 4 ranks).
 Study local(const std::string& kind) {
   Study s{.name = "local " + kind, .kind = kind};
@@ -407,6 +434,14 @@ Study read_study(const std::string& path) {
             fmt::format("study file {}: \"offload_bucket\" is {}, not an integer between 0 and {}",
                         path, v.dump(), 1LL << 40));
       s.offload_bucket = static_cast<long>(v.get<long long>());
+    }
+    if (j.contains("max_stages")) {
+      const json& v = j.at("max_stages");
+      if (!v.is_number_integer() || v.get<long long>() < 1 || v.get<long long>() > 4096)
+        throw summa::Error(
+            fmt::format("study file {}: \"max_stages\" is {}, not an integer between 1 and 4096",
+                        path, v.dump()));
+      s.max_stages = static_cast<int>(v.get<long long>());
     }
     if (!j.contains("points") || !j.at("points").is_array())
       throw summa::Error(fmt::format("study file {}: no \"points\" array", path));
@@ -738,7 +773,8 @@ Planned plan_point(const Point& p, const Study& s, const summa::model::Machine& 
       {.budget_bytes = budget,
        .state_bytes_per_parameter = offload_of(p, s) > 0 ? 0 : adamw_bytes_per_parameter<T>,
        .state_bytes_fixed = summa::offload_staging_bytes<T>({.offload_bucket = offload_of(p, s)}),
-       .time = time});
+       .time = time,
+       .max_stages = s.max_stages});
   return out;
 }
 
@@ -1014,7 +1050,7 @@ int study_main(int argc, char** argv, int rank, int world) {
   double watchdog = 0;       // --run: seconds a collective may wait (0: off)
   app.add_option("--preset", preset,
                  "optimus-weak | optimus-strong | axonn-weak | axonn-summit-weak | "
-                 "axonn-summit-strong | local-weak | local-strong");
+                 "axonn-summit-strong | axonn-summit-search | local-weak | local-strong");
   app.add_option("--study", study_file, "A study file (JSON; see the source's header)");
   app.add_option("--predict", machine_file, "Machine file (machines/*.json)")->required();
   app.add_flag("--run", run,
@@ -1063,6 +1099,8 @@ int study_main(int argc, char** argv, int rank, int world) {
     study = axonn_summit("weak");
   else if (preset == "axonn-summit-strong")
     study = axonn_summit("strong");
+  else if (preset == "axonn-summit-search")
+    study = axonn_summit_search();
   else if (preset == "local-weak" || preset == "local")
     study = local("weak");
   else if (preset == "local-strong")
@@ -1070,7 +1108,8 @@ int study_main(int argc, char** argv, int rank, int world) {
   else if (!preset.empty())
     throw UsageError(
         fmt::format("--preset '{}' is not optimus-weak, optimus-strong, axonn-weak, "
-                    "axonn-summit-weak, axonn-summit-strong, local-weak or local-strong",
+                    "axonn-summit-weak, axonn-summit-strong, axonn-summit-search, local-weak or "
+                    "local-strong",
                     preset));
   else
     study = read_study(study_file);

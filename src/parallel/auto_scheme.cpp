@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <thread>
 
 #include "summa/core/error.hpp"
@@ -60,15 +61,19 @@ std::vector<SchemeSpec> candidate_pipelines(int ranks, const GptConfig& config, 
       if (stage.zero > 1) continue;  // what a stage runs
       if (stage.holds<Megatron1DSpec>() && stage.as<Megatron1DSpec>().distribute_checkpoints)
         continue;
+      // microbatches of k times the stage's granularity (k sequences per
+      // data group and batch split), the largest k of 8, 4, 2, 1 that
+      // leaves at least 2P of them (at most a third of the flush idle)
       const index_t unit = batch_granularity(stage);
-      for (const int m : {4 * p, 2 * p, p})
-        if (batch % (unit * m) == 0) {
-          SchemeSpec spec = stage;
-          spec.pipeline.stages = p;
-          spec.pipeline.micro = m;
-          out.push_back(std::move(spec));
-          break;
-        }
+      for (const index_t k : {8, 4, 2, 1}) {
+        const index_t m = batch % (unit * k) == 0 ? batch / (unit * k) : 0;
+        if (m < 2 * p || m > std::numeric_limits<int>::max()) continue;
+        SchemeSpec spec = stage;
+        spec.pipeline.stages = p;
+        spec.pipeline.micro = static_cast<int>(m);
+        out.push_back(std::move(spec));
+        break;
+      }
     }
   }
   return out;

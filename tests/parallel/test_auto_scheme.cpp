@@ -110,8 +110,8 @@ TEST(AutoScheme, RanksEverySchemeByPredictedStepWithinTheBudget) {
 
 // Pipelines are candidates: P stages for each P dividing the ranks up to
 // min(max_stages, n_layer), each stage every training candidate of ranks / P
-// but zero >= 2 and dc=on, over 4P, 2P or P microbatches (the first the
-// batch divides into); none with another recompute mode or for inference.
+// but zero >= 2 and dc=on, over microbatches of the largest k <= 8 units
+// leaving 2P of them; none with another recompute mode or for inference.
 // On links so slow that the tensor and data collectives dominate, a
 // pipeline of single-rank stages (only its activations travel) is the
 // fastest.
@@ -129,8 +129,16 @@ TEST(AutoScheme, PipelinesAreCandidates) {
     EXPECT_EQ(ranks % p.pipeline.stages, 0);
     EXPECT_LE(p.pipeline.stages, std::min(ranks, c.n_layer));
     EXPECT_LE(p.zero, 1);
-    EXPECT_EQ(16 % (p.pipeline.micro * batch_granularity(p.stage())), 0);
-    EXPECT_GE(p.pipeline.micro, p.pipeline.stages);
+    const index_t micro_batch = 16 / p.pipeline.micro;  // sequences per microbatch
+    EXPECT_EQ(16 % p.pipeline.micro, 0);
+    EXPECT_EQ(micro_batch % batch_granularity(p.stage()), 0);
+    EXPECT_GE(p.pipeline.micro, 2 * p.pipeline.stages);
+    // the largest microbatch of at most 8 units that leaves 2P of them
+    const index_t k = micro_batch / batch_granularity(p.stage());
+    EXPECT_LE(k, 8);
+    if (k < 8) {
+      EXPECT_LT(p.pipeline.micro / 2, 2 * p.pipeline.stages);
+    }
     EXPECT_EQ(p.ranks(), ranks);
   }
   EXPECT_TRUE(candidate_pipelines(ranks, c, 16, {.recompute = Recompute::none}, {}).empty());

@@ -212,7 +212,8 @@ std::vector<Case> cases_for(int ranks) {
       return {{2, "2d:q=2", 2, 0},
               {2, "3d:1x2x2", 2, 1},
               {4, "data=2,1d:p=1", 4, 0},
-              {4, "1d:p=2", 6, 2}};
+              {4, "1d:p=2", 6, 2},
+              {4, "3d:1x1x2", 4, 2}};
     default:
       return {};
   }

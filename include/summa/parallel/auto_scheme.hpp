@@ -54,9 +54,10 @@ struct AutoSchemeOptions {
   /// Also pipelines (rank_schemes): P stages for every P dividing the
   /// ranks, 2 <= P <= min(max_stages, n_layer), each stage any training
   /// candidate of ranks / P (zero <= 1, no dc=on: what a stage runs), the
-  /// message-driven schedule over M = 4P, 2P or P microbatches (the first
-  /// the batch divides into); with per-block checkpoints only
-  /// (Recompute::full, what a stage keeps).
+  /// message-driven schedule over microbatches of k times the stage's
+  /// batch granularity, the largest k of 8, 4, 2, 1 that leaves at least
+  /// 2P microbatches (none when no k does); with per-block checkpoints
+  /// only (Recompute::full, what a stage keeps).
   bool pipelines = true;
   int max_stages = 8;
 };
