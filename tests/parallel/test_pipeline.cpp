@@ -214,6 +214,9 @@ std::vector<Case> cases_for(int ranks) {
               {4, "data=2,1d:p=1", 4, 0},
               {4, "1d:p=2", 6, 2},
               {4, "3d:1x1x2", 4, 2}};
+    case 9:
+      // three stages of 1D groups of 3, and of 3 data groups
+      return {{3, "1d:p=3", 3, 0}, {3, "data=3,2d:q=1", 3, 2}};
     default:
       return {};
   }
@@ -222,8 +225,8 @@ std::vector<Case> cases_for(int ranks) {
 void pipeline_matches_reference(MPI_Comm comm, int ranks) {
   GptConfig config;
   config.n_layer = 4;
-  config.n_head = 4;
-  config.n_embd = 16;
+  config.n_head = ranks % 3 == 0 ? 6 : 4;  // heads and hidden over 1D groups of 3
+  config.n_embd = ranks % 3 == 0 ? 24 : 16;
   config.n_positions = 8;
   config.vocab_size = 24;
   const index_t seq = 4;
@@ -359,7 +362,7 @@ void pipeline_matches_reference(MPI_Comm comm, int ranks) {
 }
 
 TEST(Pipeline, EveryScheduleMatchesReference) {
-  for_each_group({8, 4, 3, 2, 1}, pipeline_matches_reference);
+  for_each_group({9, 8, 4, 3, 2, 1}, pipeline_matches_reference);
 }
 
 // No allocation in a pipelined step (the slots, the messages' buffers, the
