@@ -62,9 +62,11 @@ std::vector<SchemeSpec> candidate_pipelines(int ranks, const GptConfig& config, 
       if (stage.holds<Megatron1DSpec>() && stage.as<Megatron1DSpec>().distribute_checkpoints)
         continue;
       // microbatches of k times the stage's granularity (k sequences per
-      // data group and batch split), the largest k of 8, 4, 2, 1 that
-      // leaves at least 2P of them (at most a third of the flush idle)
+      // data group and batch split): the two largest k of 8, 4, 2, 1 that
+      // leave at least 2P of them (at most a third of the flush idle; the
+      // smaller one holds less memory)
       const index_t unit = batch_granularity(stage);
+      int taken = 0;
       for (const index_t k : {8, 4, 2, 1}) {
         const index_t m = batch % (unit * k) == 0 ? batch / (unit * k) : 0;
         if (m < 2 * p || m > std::numeric_limits<int>::max()) continue;
@@ -72,7 +74,7 @@ std::vector<SchemeSpec> candidate_pipelines(int ranks, const GptConfig& config, 
         spec.pipeline.stages = p;
         spec.pipeline.micro = static_cast<int>(m);
         out.push_back(std::move(spec));
-        break;
+        if (++taken == 2) break;
       }
     }
   }

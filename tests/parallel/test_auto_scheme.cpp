@@ -5,6 +5,7 @@
 // by their scheme after them with the reason; every rank gets the same list.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 
 #include "summa/parallel/auto_scheme.hpp"
@@ -110,8 +111,9 @@ TEST(AutoScheme, RanksEverySchemeByPredictedStepWithinTheBudget) {
 
 // Pipelines are candidates: P stages for each P dividing the ranks up to
 // min(max_stages, n_layer), each stage every training candidate of ranks / P
-// but zero >= 2 and dc=on, over microbatches of the largest k <= 8 units
-// leaving 2P of them; none with another recompute mode or for inference.
+// but zero >= 2 and dc=on, over microbatches of the two largest k <= 8
+// units leaving 2P of them; none with another recompute mode or for
+// inference.
 // On links so slow that the tensor and data collectives dominate, a
 // pipeline of single-rank stages (only its activations travel) is the
 // fastest.
@@ -133,13 +135,24 @@ TEST(AutoScheme, PipelinesAreCandidates) {
     EXPECT_EQ(16 % p.pipeline.micro, 0);
     EXPECT_EQ(micro_batch % batch_granularity(p.stage()), 0);
     EXPECT_GE(p.pipeline.micro, 2 * p.pipeline.stages);
-    // the largest microbatch of at most 8 units that leaves 2P of them
-    const index_t k = micro_batch / batch_granularity(p.stage());
-    EXPECT_LE(k, 8);
-    if (k < 8) {
-      EXPECT_LT(p.pipeline.micro / 2, 2 * p.pipeline.stages);
-    }
     EXPECT_EQ(p.ranks(), ranks);
+  }
+  // per stage scheme and P: microbatches of the two largest k of 8, 4, 2, 1
+  // units that leave 2P of them
+  std::map<std::string, std::vector<index_t>> ks;
+  for (const SchemeSpec& p : pipes)
+    ks[p.stage().str() + " P=" + std::to_string(p.pipeline.stages)].push_back(
+        16 / p.pipeline.micro / batch_granularity(p.stage()));
+  for (const auto& [key, got] : ks) {
+    SCOPED_TRACE(key);
+    const SchemeSpec stage = SchemeSpec::parse(key.substr(0, key.find(' ')));
+    const int stages = std::stoi(key.substr(key.find("P=") + 2));
+    std::vector<index_t> want;
+    for (const index_t k : {8, 4, 2, 1}) {
+      const index_t unit = batch_granularity(stage) * k;
+      if (16 % unit == 0 && 16 / unit >= 2 * stages && want.size() < 2) want.push_back(k);
+    }
+    EXPECT_EQ(got, want);
   }
   EXPECT_TRUE(candidate_pipelines(ranks, c, 16, {.recompute = Recompute::none}, {}).empty());
   EXPECT_TRUE(candidate_pipelines(ranks, c, 16, o, {.pipelines = false}).empty());

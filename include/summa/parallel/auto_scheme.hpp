@@ -55,9 +55,9 @@ struct AutoSchemeOptions {
   /// ranks, 2 <= P <= min(max_stages, n_layer), each stage any training
   /// candidate of ranks / P (zero <= 1, no dc=on: what a stage runs), the
   /// message-driven schedule over microbatches of k times the stage's
-  /// batch granularity, the largest k of 8, 4, 2, 1 that leaves at least
-  /// 2P microbatches (none when no k does); with per-block checkpoints
-  /// only (Recompute::full, what a stage keeps).
+  /// batch granularity, for the two largest k of 8, 4, 2, 1 that leave at
+  /// least 2P microbatches (none when no k does); with per-block
+  /// checkpoints only (Recompute::full, what a stage keeps).
   bool pipelines = true;
   int max_stages = 8;
 };
