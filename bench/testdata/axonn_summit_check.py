@@ -17,14 +17,18 @@ docs/scaling.md says they print:
   - the model ranks the frameworks as the paper measured them at 384 GPUs
     (AxoNN ahead of DeepSpeed ahead of Megatron-LM in the weak study);
   - axonn-summit-search's configuration search (pipelines ranked with the
-    rest) finds AxoNN's Table II configuration at 48 GPUs.
+    rest) finds AxoNN's Table II configuration at 48 GPUs; from a study
+    file too, whose per-point framework, paper % of peak and offload reach
+    the output, and whose "max_stages" 4 keeps the 6-stage pipeline out.
 
 usage: axonn_summit_check.py SCALING_STUDY MACHINE_FILE
 """
 import json
+import os
 import re
 import subprocess
 import sys
+import tempfile
 
 TABLE1 = {48: (48, 4512, 24), 96: (48, 6336, 36), 192: (96, 6528, 48), 384: (96, 9360, 60)}
 TABLE2 = {  # framework: {gpus: (micro batch, G_intra, G_inter, G_data)}
@@ -95,6 +99,22 @@ def main():
     m = re.fullmatch(r"data=8(:zero=1)?,pipe=6:micro=256,(1d:p=1|2d:q=1|3d:1x1x1)",
                      found[0]["scheme"])
     assert m and found[0]["memory_fits"] and len(found[0]["top"]) == 3, found[0]
+    # the same point from a study file: its per-point fields reach the
+    # output, and "max_stages" the search (4 stages at most: no pipe=6)
+    point = {"gpus": 48, "scheme": "auto", "batch": 16384, "seq": 512, "layers": 48,
+             "hidden": 4512, "heads": 24, "vocab": 51200, "framework": "mine",
+             "paper_percent_of_peak": [40, 50], "offload_bucket": 4000000}
+    for stages, want in ((8, True), (4, False)):
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump({"name": "file", "stem_only": False, "dtype": "bf16",
+                       "max_stages": stages, "points": [point]}, f)
+        out = subprocess.run([exe, "--study", f.name, "--predict", machine, "--json"], check=True,
+                             capture_output=True, text=True).stdout
+        os.unlink(f.name)
+        p = [json.loads(l) for l in out.splitlines() if l.startswith("{")][0]
+        assert (p["framework"], p["paper_percent_of_peak_low"], p["paper_percent_of_peak_high"],
+                p["offload_bucket"]) == ("mine", 40, 50, 4000000), p
+        assert ("pipe=6" in p["scheme"]) == want, (stages, p["scheme"])
     print("axonn-summit presets: 24 points, Table II configurations, % of peak at 384 GPUs: " +
           ", ".join(f"{f} {v:.1f}" for f, v in at.items()))
 
