@@ -30,7 +30,14 @@
 // "seq": 512, "layers": 24, "hidden": 2048, "heads": 32, "vocab": 50304,
 // "paper_fwd_per_sample_s": ..., "paper_bwd_per_sample_s": ..., "framework":
 // "AxoNN", "paper_percent_of_peak": 52.1 or [49.4, 54.78], "offload_bucket":
-// this point's (else the study's)}, ...]}. A study with a framework or a
+// this point's (else the study's), "implementation": this point's (else
+// the study's)}, ...], "implementation": "summa" (default) | "optimus-2021"
+// | "megatron-2021" | "axonn": the code the prediction prices
+// (model/implementation.hpp); a published system's adds the columns impl
+// and summa/smp (this library's fwd+bwd per sample on the same point)}.
+// Points with a paper's forward and backward figures end the table with
+// the held-out validation: each such point's error, the rows within one
+// node (those a machine file may be fitted to) apart from the rest. A study with a framework or a
 // paper's % of peak on any point prints the columns framework, %peak (the
 // model flops per GPU over the machine's peak for the dtype) and paper%.
 // "scheme" may be "auto": every scheme of the point's rank count, planned
@@ -57,6 +64,7 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -72,6 +80,7 @@
 #include "summa/comm/mpi_init.hpp"
 #include "summa/io/files.hpp"
 #include "summa/io/machine_file.hpp"
+#include "summa/model/implementation.hpp"
 #include "summa/model/step_time.hpp"
 #include "summa/optim/optimizer.hpp"
 #include "summa/parallel/auto_scheme.hpp"
@@ -93,6 +102,9 @@ struct Point {
   std::optional<double> paper_peak_low = {}, paper_peak_high = {};
   /// This point's optimizer offload (elements per bucket), else the study's.
   std::optional<long> offload_bucket = {};
+  /// The implementation this point's prediction prices
+  /// (model/implementation.hpp), else the study's.
+  std::optional<summa::model::Implementation> implementation = {};
 };
 
 struct Study {
@@ -107,6 +119,9 @@ struct Study {
   /// "auto": pipelines of up to this many stages in the search
   /// (AutoSchemeOptions::max_stages).
   int max_stages = 8;
+  /// The implementation the points price unless a point names its own:
+  /// this library's by default, or a published system's profile.
+  summa::model::Implementation implementation = summa::model::Implementation::summa;
   std::vector<Point> points = {};
 };
 
@@ -125,7 +140,10 @@ long megatron_vocab(int p) {
 
 // Optimus (Xu et al. 2021) Tables 2 and 3: 24 layers, seq 512, the stacked
 // transformer layers timed, TACC Frontera rtx nodes (4 GPUs each), bunched
-// placement for 2D. Published forward and backward time per sample.
+// placement for 2D. Published forward and backward time per sample. The
+// paper measured its own 2021 code: the 1D rows price Megatron-LM's
+// (megatron-2021), the 2D rows Optimus's (optimus-2021); the table's
+// summa/smp column prices this library's on the same points.
 Study optimus_weak() {
   Study s{.name = "Optimus Table 2 (weak scaling)", .kind = "weak"};
   s.placement = summa::Placement::bunched;
@@ -148,14 +166,16 @@ Study optimus_weak() {
                         .heads = r.heads,
                         .vocab = megatron_vocab(r.gpus),
                         .paper_fwd = r.fwd_1d,
-                        .paper_bwd = r.bwd_1d});
+                        .paper_bwd = r.bwd_1d,
+                        .implementation = summa::model::Implementation::megatron_2021});
     s.points.push_back({.gpus = r.gpus,
                         .scheme = fmt::format("2d:q={}", r.q),
                         .batch = r.batch_2d,
                         .hidden = r.h,
                         .heads = r.heads,
                         .paper_fwd = r.fwd_2d,
-                        .paper_bwd = r.bwd_2d});
+                        .paper_bwd = r.bwd_2d,
+                        .implementation = summa::model::Implementation::optimus_2021});
   }
   return s;
 }
@@ -182,14 +202,16 @@ Study optimus_strong() {
                         .heads = r.heads_1d,
                         .vocab = megatron_vocab(r.gpus),
                         .paper_fwd = r.fwd_1d,
-                        .paper_bwd = r.bwd_1d});
+                        .paper_bwd = r.bwd_1d,
+                        .implementation = summa::model::Implementation::megatron_2021});
     s.points.push_back({.gpus = r.gpus,
                         .scheme = fmt::format("2d:q={}", r.q),
                         .batch = 24,
                         .hidden = 3072,
                         .heads = 24,
                         .paper_fwd = r.fwd_2d,
-                        .paper_bwd = r.bwd_2d});
+                        .paper_bwd = r.bwd_2d,
+                        .implementation = summa::model::Implementation::optimus_2021});
   }
   return s;
 }
@@ -443,6 +465,10 @@ Study read_study(const std::string& path) {
                         path, v.dump()));
       s.max_stages = static_cast<int>(v.get<long long>());
     }
+    if (j.contains("implementation"))
+      s.implementation = summa::model::parse_implementation(
+          field("implementation", std::string("summa")),
+          fmt::format("study file {}: \"implementation\"", path));
     if (!j.contains("points") || !j.at("points").is_array())
       throw summa::Error(fmt::format("study file {}: no \"points\" array", path));
     for (const json& p : j.at("points")) {
@@ -505,6 +531,15 @@ Study read_study(const std::string& path) {
               path, k, v.dump(), 1LL << 40));
         pt.offload_bucket = static_cast<long>(v.get<long long>());
       }
+      if (p.contains("implementation")) {
+        if (!p.at("implementation").is_string())
+          throw summa::Error(
+              fmt::format("study file {}: point {}: implementation is {}, not a string", path, k,
+                          p.at("implementation").dump()));
+        pt.implementation =
+            summa::model::parse_implementation(p.at("implementation").get<std::string>(),
+                                               fmt::format("study file {}: point {}", path, k));
+      }
       s.points.push_back(pt);
       ++k;
     }
@@ -558,6 +593,14 @@ Study read_study(const std::string& path) {
         if (p.batch % spec.data != 0)  // was: predict_step_time's message, naming no point
           throw summa::Error(fmt::format("batch={} must be divisible by the scheme's data={}",
                                          p.batch, spec.data));
+        (void)summa::model::implement(p.implementation.value_or(s.implementation), spec,
+                                      {.recompute = s.recompute}, {});
+      } else if (p.implementation.value_or(s.implementation) !=
+                 summa::model::Implementation::summa) {
+        throw summa::Error(fmt::format(
+            "scheme \"auto\" searches this library's schemes; implementation '{}' prices one "
+            "system's: give the point a scheme",
+            summa::model::to_string(p.implementation.value_or(s.implementation))));
       }
     } catch (const summa::Error& e) {
       throw summa::Error(fmt::format("study file {}: point {}: {}", path, k, e.what()));
@@ -573,6 +616,13 @@ struct Result {
   std::string scheme;                 // the one priced (auto: the best)
   double fwd = 0, bwd = 0, step = 0;  // seconds per step (of the timed part)
   double flops_per_step = 0;
+  /// The implementation priced, the scheme text as it runs it (its
+  /// profile's options set: "1d:p=4,dc=on"), and, for a published system's
+  /// profile, this library's prediction of the same point (seconds per step
+  /// of the timed part).
+  summa::model::Implementation implementation = summa::model::Implementation::summa;
+  std::string priced_scheme = {};
+  std::optional<double> summa_fwd = {}, summa_bwd = {};
   std::vector<std::pair<std::string, double>> ranked = {};  // auto: top schemes and steps
   // --run: the measured whole step (forward, backward) and the prediction
   // of that same whole step with the launch's ranks per device
@@ -832,6 +882,8 @@ long largest_batch(const Point& p, const std::string& scheme, const Study& s,
 }
 
 void find_largest_batch(Result& r, const Study& s, const summa::model::Machine& m) {
+  // the scheme as the priced implementation runs it (its plan is GiB/gpu's)
+  const std::string& planned = r.priced_scheme.empty() ? r.scheme : r.priced_scheme;
   if (m.device.memory_bytes == 0) {
     r.largest_note = "the machine file gives no device memory";
     return;
@@ -839,15 +891,15 @@ void find_largest_batch(Result& r, const Study& s, const summa::model::Machine& 
   try {
     switch (s.dtype) {
       case summa::DType::f32:
-        r.largest_batch = largest_batch<float>(r.point, r.scheme, s, m.device.memory_bytes);
+        r.largest_batch = largest_batch<float>(r.point, planned, s, m.device.memory_bytes);
         return;
       case summa::DType::f64:
-        r.largest_batch = largest_batch<double>(r.point, r.scheme, s, m.device.memory_bytes);
+        r.largest_batch = largest_batch<double>(r.point, planned, s, m.device.memory_bytes);
         return;
       case summa::DType::bf16:
         break;
     }
-    r.largest_batch = largest_batch<summa::bf16>(r.point, r.scheme, s, m.device.memory_bytes);
+    r.largest_batch = largest_batch<summa::bf16>(r.point, planned, s, m.device.memory_bytes);
   } catch (const summa::Error& e) {
     r.largest_note = e.what();
   }
@@ -860,10 +912,14 @@ Result predict(const Point& p, const Study& s, const summa::model::Machine& m, i
                                               .optimizer = !s.stem_only,
                                               .offload_bucket = offload_of(p, s),
                                               .ranks_per_device = share};
-  const auto price = [&](const summa::SchemeSpec& spec, Result& r) {
+  const auto price = [&](const summa::SchemeSpec& given, Result& r,
+                         summa::model::Implementation impl) {
+    const summa::model::Implemented run =
+        summa::model::implement(impl, given, {.recompute = s.recompute}, m, options);
+    const summa::SchemeSpec& spec = run.spec;
     if (spec.pipeline.active()) {  // the schedule's span, split by the stages' shares
       const auto t = summa::model::predict_pipeline_step_time(
-          spec, c, p.batch, p.seq, {.recompute = s.recompute}, s.dtype, m, options);
+          spec, c, p.batch, p.seq, {.recompute = s.recompute}, s.dtype, run.machine, run.time);
       double f = 0, b = 0;
       for (const auto& stage : t.stages) {
         f += stage.forward_s;
@@ -874,8 +930,8 @@ Result predict(const Point& p, const Study& s, const summa::model::Machine& m, i
       r.bwd = r.step - r.fwd;
       return;
     }
-    const auto t = summa::model::predict_step_time(spec, c, p.batch, p.seq,
-                                                   {.recompute = s.recompute}, s.dtype, m, options);
+    const auto t = summa::model::predict_step_time(
+        spec, c, p.batch, p.seq, {.recompute = s.recompute}, s.dtype, run.machine, run.time);
     r.fwd = r.bwd = 0;
     for (const auto& op : t.ops) {
       if (s.stem_only && !op.op.starts_with("block.")) continue;
@@ -886,10 +942,22 @@ Result predict(const Point& p, const Study& s, const summa::model::Machine& m, i
   };
   Result r{.point = p, .scheme = p.scheme};
   r.flops_per_step = step_flops(p, s);
+  r.implementation = p.implementation.value_or(s.implementation);
   if (p.scheme != "auto") {
-    price(summa::SchemeSpec::parse(p.scheme), r);
+    const summa::SchemeSpec given = summa::SchemeSpec::parse(p.scheme);
+    price(given, r, r.implementation);
+    Point priced = p;  // the system's own scheme options: its memory too
+    priced.scheme = r.priced_scheme =
+        summa::model::implement(r.implementation, given, {.recompute = s.recompute}, m, options)
+            .spec.str();
+    if (r.implementation != summa::model::Implementation::summa) {
+      Result ours = r;
+      price(given, ours, summa::model::Implementation::summa);
+      r.summa_fwd = ours.fwd;
+      r.summa_bwd = ours.bwd;
+    }
     try {  // the scheme's own checks of the model, as a launch makes them
-      const Planned planned = plan_point(p, s, m, options);
+      const Planned planned = plan_point(priced, s, m, options);
       r.memory_bytes = planned.memory_bytes;
       r.inference_memory_bytes = planned.inference_bytes;
     } catch (const summa::Error& e) {
@@ -905,7 +973,7 @@ Result predict(const Point& p, const Study& s, const summa::model::Machine& m, i
   for (const summa::SchemeCandidate& x : planned.ranking) {
     if (!x.rejected.empty()) continue;
     Result trial = r;
-    price(x.spec, trial);
+    price(x.spec, trial, summa::model::Implementation::summa);
     all.emplace_back(trial.step, x.spec.str(), x.memory_bytes);
   }
   if (all.empty()) {
@@ -917,8 +985,8 @@ Result predict(const Point& p, const Study& s, const summa::model::Machine& m, i
   }
   std::stable_sort(all.begin(), all.end(),
                    [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
-  r.scheme = std::get<1>(all.front());
-  price(summa::SchemeSpec::parse(r.scheme), r);
+  r.scheme = r.priced_scheme = std::get<1>(all.front());
+  price(summa::SchemeSpec::parse(r.scheme), r, summa::model::Implementation::summa);
   Point chosen = p;
   chosen.scheme = r.scheme;
   const Planned chosen_plan = plan_point(chosen, s, m, options);
@@ -1037,6 +1105,81 @@ std::string scheme_family(const std::string& scheme) {
   const auto comma = scheme.find(',');
   const std::string core = scheme.starts_with("data=") ? scheme.substr(comma + 1) : scheme;
   return core.substr(0, 2);
+}
+
+// Held-out validation (docs/scaling.md, "Held-out validation"): a point
+// within one node of the machine is a row the machine file's fitted
+// figures may have been fitted to; every other point with a paper's
+// figures is held out, predicted from figures that never saw it.
+bool within_one_node(const Result& r, const summa::model::Machine& m) {
+  return r.point.gpus <= m.devices_per_node;
+}
+
+// The paper's rows, fitted and held out, with the prediction's error on
+// the forward, the backward and their sum per sample; the held-out rows'
+// mean and worst, and whether the predicted 2D/1D ratio lies on the
+// paper's side of 1 at each device count. Empty when no point has a
+// paper's figures.
+std::string held_out_table(const std::vector<Result>& results, const summa::model::Machine& m) {
+  std::vector<const Result*> rows;
+  for (const Result& r : results)
+    if (r.point.paper_fwd && r.point.paper_bwd) rows.push_back(&r);
+  if (rows.empty()) return "";
+  std::string out = fmt::format(
+      "# held-out validation: rows within one node ({} devices) are those a machine file may be "
+      "fitted to; the others are predicted\n",
+      m.devices_per_node);
+  out += fmt::format("{:>5} {:>22} {:>13} {:>8} {:>7} {:>7} {:>7}\n", "gpus", "scheme", "impl",
+                     "role", "fwd%", "bwd%", "step%");
+  std::vector<double> fwd, bwd, step;
+  for (const Result* r : rows) {
+    const double b = static_cast<double>(r->point.batch), pf = *r->point.paper_fwd,
+                 pb = *r->point.paper_bwd;
+    const double ef = 100 * (r->fwd / b - pf) / pf, eb = 100 * (r->bwd / b - pb) / pb,
+                 es = 100 * (r->step / b - (pf + pb)) / (pf + pb);
+    const bool fit = within_one_node(*r, m);
+    out += fmt::format("{:>5} {:>22} {:>13} {:>8} {:>+7.1f} {:>+7.1f} {:>+7.1f}\n", r->point.gpus,
+                       r->scheme, summa::model::to_string(r->implementation),
+                       fit ? "fit" : "held-out", ef, eb, es);
+    if (!fit) {
+      fwd.push_back(std::abs(ef));
+      bwd.push_back(std::abs(eb));
+      step.push_back(std::abs(es));
+    }
+  }
+  const auto mean = [](const std::vector<double>& v) {
+    return v.empty() ? 0.0
+                     : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+  };
+  const auto worst = [](const std::vector<double>& v) {
+    return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
+  };
+  out += fmt::format(
+      "held-out rows: {}; mean / worst |error|: fwd {:.1f} / {:.1f} %, bwd {:.1f} / {:.1f} %, "
+      "fwd+bwd {:.1f} / {:.1f} %\n",
+      step.size(), mean(fwd), worst(fwd), mean(bwd), worst(bwd), mean(step), worst(step));
+  // 2D/1D per device count: the time per sample's ratio, predicted and published
+  std::map<int, std::map<std::string, std::pair<double, double>>> at;  // predicted, paper
+  for (const Result* r : rows)
+    at[r->point.gpus][scheme_family(r->scheme)] = {r->step / static_cast<double>(r->point.batch),
+                                                   *r->point.paper_fwd + *r->point.paper_bwd};
+  std::string sides;
+  int agree = 0, counted = 0;
+  for (const auto& [gpus, f] : at) {
+    if (!f.count("1d") || !f.count("2d")) continue;
+    const double predicted = f.at("1d").first / f.at("2d").first,
+                 paper = f.at("1d").second / f.at("2d").second;
+    const bool same = (predicted - 1) * (paper - 1) > 0;
+    agree += same ? 1 : 0;
+    ++counted;
+    sides += fmt::format("{}{} GPUs {:.2f} ({:.2f}){}", sides.empty() ? "" : ", ", gpus, predicted,
+                         paper, same ? "" : " !");
+  }
+  if (counted > 0)
+    out +=
+        fmt::format("2D/1D predicted (paper) by GPUs: {}; on the paper's side of 1 at {} of {}\n",
+                    sides, agree, counted);
+  return out;
 }
 
 int study_main(int argc, char** argv, int rank, int world) {
@@ -1229,6 +1372,11 @@ int study_main(int argc, char** argv, int rank, int world) {
   };
   const bool any_measured = std::any_of(results.begin(), results.end(),
                                         [](const Result& r) { return r.measured_fwd.has_value(); });
+  // a published system's profile on any point: its name, and this
+  // library's prediction of the same point beside it
+  const bool profiles = std::any_of(results.begin(), results.end(), [](const Result& r) {
+    return r.implementation != summa::model::Implementation::summa;
+  });
   std::ostringstream table;
   table << fmt::format(
       "# {} on {} ({}; {}{})\n", study.name, machine.name,
@@ -1251,6 +1399,7 @@ int study_main(int argc, char** argv, int rank, int world) {
   table << fmt::format(" {:>8}", "GiB/gpu");
   if (largest) table << fmt::format(" {:>8}", "maxb");
   if (peaks) table << fmt::format(" {:>12} {:>6} {:>11}", "framework", "%peak", "paper%");
+  if (profiles) table << fmt::format(" {:>13} {:>9}", "impl", "summa/smp");
   if (any_measured) table << fmt::format(" {:>9} {:>9} {:>7}", "pred_s", "meas_s", "err%");
   table << "\n";
   std::ofstream csv_out;
@@ -1317,6 +1466,10 @@ int study_main(int argc, char** argv, int rank, int world) {
                            (r.point.framework.empty() ? std::string("-") : r.point.framework) +
                                (offload_of(r.point, study) != study.offload_bucket ? "*" : ""),
                            percent, paper_peak(r.point));
+    if (profiles)
+      table << fmt::format(" {:>13} {:>9}", summa::model::to_string(r.implementation),
+                           r.summa_fwd ? fmt::format("{:.4f}", (*r.summa_fwd + *r.summa_bwd) / b)
+                                       : std::string("-"));
     if (any_measured) {
       if (was_run)
         table << fmt::format(" {:>9.4f} {:>9.4f} {:>+7.1f}", whole, measured,
@@ -1351,6 +1504,13 @@ int study_main(int argc, char** argv, int rank, int world) {
       o["paper_percent_of_peak_high"] = *r.point.paper_peak_high;
     }
     if (offload_of(r.point, study) > 0) o["offload_bucket"] = offload_of(r.point, study);
+    o["implementation"] = summa::model::to_string(r.implementation);
+    if (r.priced_scheme != r.scheme) o["priced_scheme"] = r.priced_scheme;
+    if (r.summa_fwd) {
+      o["summa_fwd_s"] = *r.summa_fwd;
+      o["summa_bwd_s"] = *r.summa_bwd;
+      o["summa_step_s"] = *r.summa_fwd + *r.summa_bwd;
+    }
     if (r.memory_bytes) {
       o["memory_per_gpu_bytes"] = *r.memory_bytes;
       o["memory_fits"] = fits;
@@ -1363,6 +1523,9 @@ int study_main(int argc, char** argv, int rank, int world) {
     }
     if (!r.largest_note.empty()) o["largest_batch_note"] = r.largest_note;
     if (r.point.paper_fwd && r.point.paper_bwd) {
+      o["validation_role"] = within_one_node(r, machine) ? "fit" : "held-out";
+      o["step_error"] = (r.step / b - (*r.point.paper_fwd + *r.point.paper_bwd)) /
+                        (*r.point.paper_fwd + *r.point.paper_bwd);
       o["paper_fwd_per_sample_s"] = *r.point.paper_fwd;
       o["paper_bwd_per_sample_s"] = *r.point.paper_bwd;
       o["paper_throughput"] = 1 / (*r.point.paper_fwd + *r.point.paper_bwd);
@@ -1401,7 +1564,7 @@ int study_main(int argc, char** argv, int rank, int world) {
     if (as_json) std::cout << o.dump() << "\n";
     if (plot_out) plot_out << o.dump() << "\n";
   }
-  if (!as_json) std::cout << table.str();
+  if (!as_json) std::cout << table.str() << held_out_table(results, machine);
   std::cout.flush();  // before the notes on stderr
   for (const Result& r : results)
     if (!r.plan_note.empty())

@@ -3,7 +3,8 @@
 every point of a preset, a study of that point at the largest batch fits the
 device (memory_fits) and one at the next multiple of the scheme's batch
 granularity does not. The preset's points must use the study file defaults
-(f32, stem only, full recompute), as optimus-weak does.
+(f32, stem only, full recompute), as optimus-weak does; each point is
+planned as the implementation it is priced as (its "implementation").
 
 usage: largest_batch_check.py SCALING_STUDY MACHINE_FILE PRESET WORKDIR
 """
@@ -34,7 +35,7 @@ def main():
             study = {"name": "check", "kind": p["kind"], "points": [
                 {"gpus": p["gpus"], "scheme": p["scheme"], "batch": batch, "seq": p["seq"],
                  "layers": p["layers"], "hidden": p["hidden"], "heads": p["heads"],
-                 "vocab": p["vocab"]}]}
+                 "vocab": p["vocab"], "implementation": p["implementation"]}]}
             path = os.path.join(work, "point.json")
             with open(path, "w") as f:
                 json.dump(study, f)

@@ -136,14 +136,16 @@ class Links {
 class Pricer {
  public:
   Pricer(const Machine& m, DType dtype, const Links& links, const GridCoords& c,
-         int ranks_per_device, std::set<GemmShape>* shapes)
+         int ranks_per_device, bool overlap, bool batch_calls, std::set<GemmShape>* shapes)
       : machine_(m),
         dtype_(dtype),
         shapes_(shapes),
         gemm_(m.device.gemm_of(dtype)),
         links_(links),
         coords_(c),
-        share_(static_cast<double>(ranks_per_device)) {}
+        share_(static_cast<double>(ranks_per_device)),
+        overlap_(overlap),
+        batch_calls_(batch_calls) {}
 
   // Collective c on axis a for this rank: the intra-node figures, or the
   // inter-node ones with β shared by the axis's groups leaving the node.
@@ -162,6 +164,10 @@ class Pricer {
   }
   // `calls` calls of `batch` products each
   double gemm(u64 m, u64 n, u64 k, u64 batch = 1, u64 calls = 1) const {
+    if (batch_calls_) {  // StepTimeOptions::batch_calls: one call of every product
+      batch *= calls;
+      calls = 1;
+    }
     const auto i = [](u64 v) { return static_cast<index_t>(v); };
     if (shapes_ != nullptr && m > 0 && n > 0 && k > 0)
       shapes_->insert({i(m), i(n), i(k), i(batch)});
@@ -293,7 +299,7 @@ class Pricer {
         case Work::Kind::collective: {
           const double c = collective(w);
           t.comm_s[axis_index(w.axis)] += c;
-          (w.overlapped ? overlapped : t.exposed_s) += c;
+          (w.overlapped && overlap_ ? overlapped : t.exposed_s) += c;
           break;
         }
       }
@@ -310,7 +316,9 @@ class Pricer {
   const GemmModel& gemm_;
   const Links& links_;
   GridCoords coords_;
-  double share_;  // ranks time-sharing the device
+  double share_;      // ranks time-sharing the device
+  bool overlap_;      // StepTimeOptions::overlap_collectives
+  bool batch_calls_;  // StepTimeOptions::batch_calls
 };
 
 // Bytes of AdamW state per parameter element: the two moments and, for
@@ -403,7 +411,8 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
     std::vector<StepOp> ops;
     const detail::Buckets buckets =
         detail::walk_step(spec, config, batch, seq, options, dtype, at, tally, &ops);
-    const Pricer pricer(machine, dtype, links, at, time_options.ranks_per_device, shapes);
+    const Pricer pricer(machine, dtype, links, at, time_options.ranks_per_device,
+                        time_options.overlap_collectives, time_options.batch_calls, shapes);
     StepTime st;
     st.critical = at;
     // Backward's timeline for the data-axis buckets: ln_f's gradients are
@@ -440,7 +449,8 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
       for (u64 l = 1; l <= layers; ++l)
         ready.push_back(after_ln_f + static_cast<double>(l) * block_s);
       ready.push_back(backward_clock);  // the embedding
-      if (buckets.defers_gradients) std::fill(ready.begin(), ready.end(), backward_clock);
+      if (buckets.defers_gradients || !time_options.overlap_data_axis)
+        std::fill(ready.begin(), ready.end(), backward_clock);
       OpTime d{.op = "data_axis", .phase = Phase::backward, .count = 1};
       const auto all_reduce = [&](u64 elements, u64 bytes_per) {
         if (elements == 0) return 0.0;  // an empty bucket is not all-reduced

@@ -67,6 +67,22 @@ struct StepTimeOptions {
   /// take this many times longer (the device is time-shared), and a node
   /// holds devices_per_node x ranks_per_device ranks.
   int ranks_per_device = 1;
+  /// Collectives an op issues non-blocking (cost::Work::overlapped: 2D's
+  /// bias broadcasts, 3D's OAR / ORS / OAG, the LM head's dX) hidden
+  /// behind the op's compute where they fit; false: each is waited for at
+  /// once and priced exposed, as an implementation that overlaps nothing
+  /// (model/implementation.hpp's 2021 profiles).
+  bool overlap_collectives = true;
+  /// The data axis's gradient buckets reduced behind backward as each
+  /// becomes final; false: all of them after backward (Megatron-LM 2021's
+  /// local DDP).
+  bool overlap_data_axis = true;
+  /// A local GEMM the model records as `calls` strided-batched calls of
+  /// `batch` products (the attention's: one call of the local heads per
+  /// sequence, as this library runs it) priced as one call of all
+  /// calls x batch products: PyTorch's bmm over the whole local batch, as
+  /// Megatron-LM's and Optimus's attention ran (the 2021 profiles).
+  bool batch_calls = false;
 };
 
 struct StepTime {
