@@ -10,13 +10,18 @@
 // - Element-wise bandwidth: axpby over arrays far larger than the caches.
 // - Collectives: broadcast, reduce, all-reduce, all-gather, reduce-scatter
 //   over the ranks of a node (intra_node) and over one rank per node
-//   (inter_node), at message sizes from 8 bytes to 4 MiB; α from the
-//   smallest message, β from the slope between the two largest, under the
-//   ring algorithm's formulas. With one node the inter-node level copies
-//   the intra-node one; with one rank no collective can be measured and the
+//   (inter_node), at 11 message sizes from 8 bytes to 4 MiB; α and β fitted
+//   to all of them by least squares on the relative error under the ring
+//   algorithm's formulas. With one node the inter-node level copies the
+//   intra-node one; with one rank no collective can be measured and the
 //   links keep placeholder figures (the file's "source" says which).
-// Every figure is the median over ranks of each rank's best of a few
-// repetitions. Under a minute on a 2-core machine.
+// Every figure is the median over ranks of each rank's median of --reps
+// repetitions (default 5); its spread (the interquartile range over the
+// median, the worst rank's) goes to the file's "spread", is printed, and
+// above 10 % (or --max-spread, which then refuses to write) is reported as
+// a loaded or noisy machine, as is a load average beyond these ranks. A
+// prediction's interval prices the file at both ends of its spreads
+// (model::at_spread). About a minute on a 2-core machine.
 #include <mpi.h>
 
 #include <fmt/format.h>
@@ -26,6 +31,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -77,27 +83,61 @@ double median_over(MPI_Comm comm, double v) {
   return all[all.size() / 2];
 }
 
-// Best seconds per call of f over `batches` batches of calls lasting at
-// least `min_s` each (after one timed warm-up call). The ranks of `comm`
-// agree on the number of calls (f may be a collective) and start each
-// batch together.
+// The largest over the ranks of `comm` of a per-rank value.
+double max_over(MPI_Comm comm, double v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return v;
+}
+
+// How each measurement is timed: batches of calls lasting at least min_s,
+// `reps` batches (--min-seconds, --reps).
+struct Timer {
+  double min_s = 0.02;
+  int reps = 5;
+};
+
+// A measurement on every rank: the median over the ranks of each rank's
+// median seconds per call over the batches, and the largest over the
+// ranks of each rank's spread (the interquartile range of its batches over
+// their median): how much the figure moved from one repetition to the next.
+struct Timing {
+  double seconds = 0, spread = 0;
+};
+
+// f timed in `timer.reps` batches of calls lasting at least timer.min_s
+// each (after one timed warm-up call). The ranks of `comm` agree on the
+// number of calls (f may be a collective) and start each batch together.
 template <class F>
-double best_seconds(MPI_Comm comm, F&& f, double min_s, int batches = 3) {
+Timing timed(MPI_Comm comm, F&& f, const Timer& timer, double scale = 1) {
+  const double min_s = timer.min_s * scale;
   MPI_Barrier(comm);
   auto t0 = std::chrono::steady_clock::now();
   f();
   double once = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   MPI_Allreduce(MPI_IN_PLACE, &once, 1, MPI_DOUBLE, MPI_MAX, comm);
   const int calls = static_cast<int>(std::clamp(std::ceil(min_s / std::max(once, 1e-9)), 1.0, 1e6));
-  double best = 1e300;
-  for (int b = 0; b < batches; ++b) {
+  std::vector<double> batches;
+  for (int b = 0; b < timer.reps; ++b) {
     MPI_Barrier(comm);
     t0 = std::chrono::steady_clock::now();
     for (int c = 0; c < calls; ++c) f();
-    best = std::min(
-        best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls);
+    batches.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                      calls);
   }
-  return best;
+  std::sort(batches.begin(), batches.end());
+  const std::size_t n = batches.size();
+  const double median = n % 2 ? batches[n / 2] : 0.5 * (batches[n / 2 - 1] + batches[n / 2]);
+  const double iqr = batches[(3 * n) / 4 < n ? (3 * n) / 4 : n - 1] - batches[n / 4];
+  return {.seconds = median_over(comm, median),
+          .spread = max_over(comm, median > 0 ? iqr / median : 0)};
+}
+
+// The median of a list (the spreads of a sweep's shapes).
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
 struct Buffer {
@@ -121,8 +161,10 @@ struct Buffer {
 // a batched product timed as one strided-batched call, as the layers make
 // it, and its rate per product).
 template <class T>
-summa::model::GemmModel measure_gemm(summa::Backend& be, double min_s, summa::index_t max_size,
-                                     const std::vector<summa::model::GemmShape>& extra) {
+summa::model::GemmModel measure_gemm(summa::Backend& be, const Timer& timer,
+                                     summa::index_t max_size,
+                                     const std::vector<summa::model::GemmShape>& extra,
+                                     double& spread) {
   using A = summa::acc_t<T>;
   using summa::model::GemmShape;
   std::vector<GemmShape> shapes;
@@ -139,7 +181,7 @@ summa::model::GemmModel measure_gemm(summa::Backend& be, double min_s, summa::in
         }) == shapes.end())
       shapes.push_back(sh);
   summa::model::GemmModel g{.peak_flops = 0, .max_efficiency = 1, .half_flops = 0, .table = {}};
-  std::vector<double> rates;
+  std::vector<double> rates, spreads;
   const std::size_t e = sizeof(T);
   for (const auto& [m, n, k, batch] : shapes) {
     const auto count = [&](summa::index_t r, summa::index_t c) {
@@ -155,7 +197,7 @@ summa::model::GemmModel measure_gemm(summa::Backend& be, double min_s, summa::in
     const auto A_ = summa::ConstMatrixView<T>(view(a.data, m, k));
     const auto B_ = summa::ConstMatrixView<T>(view(b.data, k, n));
     const auto C_ = view(c.data, m, n);
-    const double s = best_seconds(
+    const Timing s = timed(
         MPI_COMM_WORLD,
         [&, batch = batch] {
           if (batch == 1)
@@ -165,10 +207,11 @@ summa::model::GemmModel measure_gemm(summa::Backend& be, double min_s, summa::in
                                     C_, m * n, batch, sc);
           be.synchronize();
         },
-        min_s);
-    const double rate = median_over(
-        MPI_COMM_WORLD, 2.0 * static_cast<double>(m * n * k) * static_cast<double>(batch) / s);
+        timer);
+    const double rate =
+        2.0 * static_cast<double>(m * n * k) * static_cast<double>(batch) / s.seconds;
     rates.push_back(rate);
+    spreads.push_back(s.spread);
     g.peak_flops = std::max(g.peak_flops, rate);
   }
   for (std::size_t i = 0; i < shapes.size(); ++i)
@@ -176,6 +219,7 @@ summa::model::GemmModel measure_gemm(summa::Backend& be, double min_s, summa::in
                        .n = shapes[i].n,
                        .k = shapes[i].k,
                        .efficiency = std::max(1e-6, rates[i] / g.peak_flops)});
+  spread = median_of(spreads);
   return g;
 }
 
@@ -294,7 +338,8 @@ std::vector<summa::model::GemmShape> gpt_shapes(const std::vector<GptPoint>& gpt
 // kernels).
 template <class T>
 std::array<double, summa::model::pointwise_count> measure_pointwise(summa::Backend& be,
-                                                                    double min_s) {
+                                                                    const Timer& timer,
+                                                                    double& spread) {
   using A = summa::acc_t<T>;
   using summa::model::Pointwise;
   std::array<double, summa::model::pointwise_count> rate{};
@@ -304,15 +349,17 @@ std::array<double, summa::model::pointwise_count> measure_pointwise(summa::Backe
   const auto cview = [&](void* p, summa::index_t r, summa::index_t c) {
     return summa::ConstMatrixView<T>(view(p, r, c));
   };
+  spread = 0;
   const auto per_second = [&](double elements, auto&& kernel) {
-    const double sec = best_seconds(
+    const Timing t = timed(
         MPI_COMM_WORLD,
         [&] {
           kernel();
           be.synchronize();
         },
-        min_s);
-    return median_over(MPI_COMM_WORLD, elements / sec);
+        timer);
+    spread = std::max(spread, t.spread);  // the worst kernel's
+    return elements / t.seconds;
   };
   const summa::index_t rows = 1024, cols = 1024, n = rows * cols, s = 64;
   Buffer x(be, static_cast<std::size_t>(n) * sizeof(T)),
@@ -388,38 +435,83 @@ std::array<double, summa::model::pointwise_count> measure_pointwise(summa::Backe
   return rate;
 }
 
-double measure_bandwidth(summa::Backend& be, double min_s) {
+double measure_bandwidth(summa::Backend& be, const Timer& timer, double& spread) {
   const summa::index_t n = summa::index_t{1} << 22;  // 16 MiB of floats per array
   Buffer x(be, static_cast<std::size_t>(n) * 4), y(be, static_cast<std::size_t>(n) * 4);
   const auto view = [&](void* p) {
     return summa::MatrixView<float>::dense(static_cast<float*>(p), 1, n, summa::Order::row_major);
   };
-  const double s = best_seconds(
+  const Timing s = timed(
       MPI_COMM_WORLD,
       [&] {
         be.axpby(1.0f, summa::ConstMatrixView<float>(view(x.data)), 0.5f, view(y.data));
         be.synchronize();
       },
-      min_s);
-  return median_over(MPI_COMM_WORLD, 3.0 * 4.0 * static_cast<double>(n) / s);
+      timer);
+  spread = s.spread;
+  return 3.0 * 4.0 * static_cast<double>(n) / s.seconds;
 }
 
-// α and β of each collective on `comm` (its own counter), ring formulas.
+// t = a + b n fitted to the measured (n, t) by least squares on the
+// relative error (weights 1 / t²: the small messages fix a, the large
+// ones b), a >= 0 and b > 0; and the fit's relative RMS residual.
+struct LineFit {
+  double a = 0, b = 0, residual = 0;
+};
+LineFit fit_line(const std::vector<double>& n, const std::vector<double>& t) {
+  double sw = 0, sn = 0, st = 0, snn = 0, snt = 0;
+  for (std::size_t i = 0; i < n.size(); ++i) {
+    const double w = 1 / (t[i] * t[i]);
+    sw += w;
+    sn += w * n[i];
+    st += w * t[i];
+    snn += w * n[i] * n[i];
+    snt += w * n[i] * t[i];
+  }
+  LineFit f;
+  const double det = sw * snn - sn * sn;
+  f.b = det > 0 ? (sw * snt - sn * st) / det : 0;
+  f.a = det > 0 ? (st - f.b * sn) / sw : 0;
+  if (f.a < 0) {  // through the origin
+    f.a = 0;
+    f.b = snt / snn;
+  }
+  if (f.b <= 0) {  // no slope measured: the largest message's rate
+    f.b = t.back() / n.back();
+    f.a = 0;
+  }
+  double r2 = 0;
+  for (std::size_t i = 0; i < n.size(); ++i) {
+    const double e = (f.a + f.b * n[i] - t[i]) / t[i];
+    r2 += e * e;
+  }
+  f.residual = std::sqrt(r2 / static_cast<double>(n.size()));
+  return f;
+}
+
+// α and β of each collective on `comm` (its own counter): timed at message
+// sizes from 8 B to 4 MiB (the median of the repetitions), and the ring
+// formula t = steps α + factor n / β fitted over all of them by least
+// squares (fit_line). `spread`: the worst over the collectives of the
+// sizes' median timing spread and the fit's residual.
 summa::model::LinkLevel measure_links(summa::Communicator& comm, MPI_Comm mpi, summa::Backend& be,
-                                      double min_s) {
+                                      const Timer& timer, double& spread) {
   summa::model::LinkLevel level;
   const auto g = static_cast<double>(comm.size());
-  const std::vector<std::size_t> sizes = {8, 1 << 16, 1 << 20, 1 << 22};  // bytes per buffer
+  std::vector<std::size_t> sizes;  // bytes per buffer: 8 B to 4 MiB by factors of 4
+  for (std::size_t b = 8; b <= (std::size_t{1} << 22); b *= 4) sizes.push_back(b);
+  if (sizes.back() != (std::size_t{1} << 22)) sizes.push_back(std::size_t{1} << 22);
   Buffer send(be, sizes.back() * static_cast<std::size_t>(comm.size())),
       recv(be, sizes.back() * static_cast<std::size_t>(comm.size()));
+  spread = 0;
   for (Collective c : summa::model::all_collectives) {
-    std::vector<double> t;
+    std::vector<double> t, n, spreads;
     for (std::size_t bytes : sizes) {
       const std::size_t count = std::max<std::size_t>(bytes / 4, 1);
       // all-gather / reduce-scatter: `bytes` is the whole buffer (the model's n)
       const std::size_t per_rank =
           std::max<std::size_t>(count / static_cast<std::size_t>(comm.size()), 1);
-      const double s = best_seconds(
+      const Timing s = timed(
           mpi,
           [&] {
             switch (c) {
@@ -442,21 +534,22 @@ summa::model::LinkLevel measure_links(summa::Communicator& comm, MPI_Comm mpi, s
             }
             be.synchronize();
           },
-          min_s / 4);
-      t.push_back(median_over(mpi, s));
+          timer, 0.25);
+      t.push_back(s.seconds);
+      n.push_back(static_cast<double>(bytes));
+      spreads.push_back(s.spread);
     }
     // ring: t = steps α + factor n / β
     const double steps = c == Collective::all_reduce ? 2 * (g - 1) : g - 1;
     const double factor = c == Collective::all_reduce                             ? 2 * (g - 1) / g
                           : c == Collective::broadcast || c == Collective::reduce ? 1.0
                                                                                   : (g - 1) / g;
-    const double n1 = static_cast<double>(sizes[sizes.size() - 2]),
-                 n2 = static_cast<double>(sizes.back());
-    const double slope = (t.back() - t[t.size() - 2]) / (n2 - n1);
+    const LineFit f = fit_line(n, t);
     summa::model::CollectiveCost& cost = level[c];
     cost.algorithm = Algorithm::ring;
-    cost.alpha_s = std::max(0.0, t.front() / steps);
-    cost.beta_bytes_s = slope > 0 ? factor / slope : factor * n2 / t.back();
+    cost.alpha_s = f.a / steps;
+    cost.beta_bytes_s = factor / f.b;
+    spread = std::max({spread, median_of(spreads), f.residual});
   }
   return level;
 }
@@ -470,7 +563,8 @@ int main(int argc, char** argv) {
     CLI::App app{"Measures this machine for summa's step-time model and writes a machine file"};
     std::string out, name = "this machine", backend = "cpu", comm = "nccl", dtypes = "f32,f64,bf16";
     bool tf32 = false;
-    double min_s = 0.02;
+    double min_s = 0.02, max_spread = 0;
+    int reps = 5;
     summa::index_t max_size = 768;
     app.add_option("--out", out, "Machine file to write (JSON)")->required();
     app.add_option("--name", name, "The machine's name in the file")->capture_default_str();
@@ -496,6 +590,16 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--min-seconds", min_s, "Shortest timed batch per measurement")
         ->check(summa::flags::real_in(1e-4, 60))
+        ->capture_default_str();
+    app.add_option("--reps", reps,
+                   "Timed batches per measurement: each figure is their median, its spread "
+                   "their interquartile range over it")
+        ->check(summa::flags::integer_in(3, 1000))
+        ->capture_default_str();
+    app.add_option("--max-spread", max_spread,
+                   "Refuse to write the file when a figure's spread exceeds this fraction (a "
+                   "loaded or noisy machine; 0: warn above 0.1 and write)")
+        ->check(summa::flags::real_in(0, 1))
         ->capture_default_str();
     std::vector<std::string> gpt_texts;
     std::vector<int> gpt_ranks;
@@ -557,6 +661,7 @@ int main(int argc, char** argv) {
         }
       });
       const auto t0 = std::chrono::steady_clock::now();
+      const Timer timer{.min_s = min_s, .reps = reps};
       auto dev = summa::bench::make_backend<UsageError>(backend, comm, tf32,
                                                         app.count("--comm") > 0, "calibrate");
       summa::Backend& be = *dev.backend;
@@ -589,18 +694,20 @@ int main(int argc, char** argv) {
         require_gemms_fit(extra, summa::size_of(dt), available, summa::available_memory_source(be),
                           t);
         auto& pw = m.device.pointwise[static_cast<std::size_t>(dt)];
+        double& gemm_spread = m.spread.gemm[static_cast<std::size_t>(dt)];
+        double& pointwise_spread = m.spread.pointwise[static_cast<std::size_t>(dt)];
         if (dt == DType::f32) {
-          m.device.gemm_of(dt) = measure_gemm<float>(be, min_s, max_size, extra);
-          pw = measure_pointwise<float>(be, min_s);
+          m.device.gemm_of(dt) = measure_gemm<float>(be, timer, max_size, extra, gemm_spread);
+          pw = measure_pointwise<float>(be, timer, pointwise_spread);
         } else if (dt == DType::f64) {
-          m.device.gemm_of(dt) = measure_gemm<double>(be, min_s, max_size, extra);
-          pw = measure_pointwise<double>(be, min_s);
+          m.device.gemm_of(dt) = measure_gemm<double>(be, timer, max_size, extra, gemm_spread);
+          pw = measure_pointwise<double>(be, timer, pointwise_spread);
         } else {
-          m.device.gemm_of(dt) = measure_gemm<summa::bf16>(be, min_s, max_size, extra);
-          pw = measure_pointwise<summa::bf16>(be, min_s);
+          m.device.gemm_of(dt) = measure_gemm<summa::bf16>(be, timer, max_size, extra, gemm_spread);
+          pw = measure_pointwise<summa::bf16>(be, timer, pointwise_spread);
         }
       }
-      m.device.memory_bandwidth = measure_bandwidth(be, min_s);
+      m.device.memory_bandwidth = measure_bandwidth(be, timer, m.spread.memory_bandwidth);
       // memory: the host's (cpu) or the device's, as the backend reports it
       long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
       m.device.memory_bytes = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) /
@@ -609,7 +716,7 @@ int main(int argc, char** argv) {
       summa::TrafficCounter c_intra, c_inter;
       if (per_node > 1) {
         summa::MpiCommunicator intra(node, false, summa::CommAxis::other, &c_intra);
-        m.intra_node = measure_links(intra, node, be, min_s);
+        m.intra_node = measure_links(intra, node, be, timer, m.spread.intra_node);
       }
       MPI_Comm across;
       MPI_Comm_split(MPI_COMM_WORLD, local, world_rank(), &across);
@@ -617,7 +724,7 @@ int main(int argc, char** argv) {
       MPI_Comm_size(across, &nodes);
       if (nodes > 1) {
         summa::MpiCommunicator inter(across, false, summa::CommAxis::other, &c_inter);
-        m.inter_node = measure_links(inter, across, be, min_s);
+        m.inter_node = measure_links(inter, across, be, timer, m.spread.inter_node);
       }
       if (per_node == 1 && nodes == 1) {
         for (Collective c : summa::model::all_collectives)
@@ -626,9 +733,11 @@ int main(int argc, char** argv) {
         links_note = "links NOT measured (one rank): placeholder alpha 1 us, beta 10 GB/s";
       } else if (nodes == 1) {
         m.inter_node = m.intra_node;
+        m.spread.inter_node = m.spread.intra_node;
         links_note = "one node: inter_node copies intra_node";
       } else if (per_node == 1) {
         m.intra_node = m.inter_node;
+        m.spread.intra_node = m.spread.inter_node;
         links_note = "one rank per node: intra_node copies inter_node";
       } else {
         links_note = "intra_node and inter_node measured";
@@ -637,13 +746,57 @@ int main(int argc, char** argv) {
       MPI_Comm_free(&node);
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      // The spreads: each figure's movement over its repetitions. A loaded
+      // machine (another job on the cores, a noisy neighbour) shows here;
+      // so does the node's load beyond these ranks.
+      std::vector<std::pair<std::string, double>> spreads;
+      for (DType t : {DType::f32, DType::f64, DType::bf16})
+        if (m.device.gemm_of(t).peak_flops > 0) {
+          const auto k = static_cast<std::size_t>(t);
+          spreads.emplace_back(fmt::format("gemm {}", summa::name_of(t)), m.spread.gemm[k]);
+          spreads.emplace_back(fmt::format("kernels {}", summa::name_of(t)), m.spread.pointwise[k]);
+        }
+      spreads.emplace_back("element-wise bandwidth", m.spread.memory_bandwidth);
+      if (per_node > 1) spreads.emplace_back("intra-node collectives", m.spread.intra_node);
+      if (nodes > 1) spreads.emplace_back("inter-node collectives", m.spread.inter_node);
+      double load = 0;  // the node's 1-minute load average beyond these ranks, per core
+      if (double avg[1]; getloadavg(avg, 1) == 1) {
+        const double cores = static_cast<double>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+        load = std::max(0.0, avg[0] - per_node) / cores;
+      }
+      const double limit = max_spread > 0 ? max_spread : 0.1;
+      std::string noisy;
+      for (const auto& [what, v] : spreads)
+        if (v > limit)
+          noisy += fmt::format("{}{} {:.1f} %", noisy.empty() ? "" : ", ", what, 100 * v);
+      const std::string spread_note =
+          noisy.empty() ? fmt::format("every figure's spread within {:.0f} %", 100 * limit)
+                        : fmt::format("spreads above {:.0f} %: {}", 100 * limit, noisy);
       m.source = fmt::format(
           "{} on {} rank(s), {} per node, backend {}: GEMM tables "
           "measured with every rank multiplying at once ({} shapes of {} --gpt "
           "configuration(s) included), element-wise bandwidth from axpby, GeLU / softmax / exp "
-          "kernel rates, collectives from 8 B to 4 MiB (ring formulas fitted); {}; {:.1f} s",
-          kCalibrateSource, ranks, per_node, backend, gpt_shape_count, gpts.size(), links_note,
-          seconds);
+          "kernel rates, collectives from 8 B to 4 MiB (ring formulas fitted by least squares "
+          "over 11 sizes); each figure the median of {} repetitions, {} (\"spread\"); {}; {:.1f} s",
+          kCalibrateSource, ranks, per_node, backend, gpt_shape_count, gpts.size(), reps,
+          spread_note, links_note, seconds);
+      if (!noisy.empty() || load > 0.25) {
+        const std::string why = fmt::format(
+            "the figures moved between repetitions ({}){}: the machine looks loaded or noisy",
+            noisy.empty() ? spread_note : noisy,
+            load > 0.25 ? fmt::format("; load average {:.1f} per core beyond these ranks", load)
+                        : std::string());
+        if (max_spread > 0 && !noisy.empty())
+          throw UsageError(fmt::format(
+              "{}; not written (--max-spread {}): rerun on an idle machine, with more --reps "
+              "or --min-seconds, or raise --max-spread",
+              why, max_spread));
+        if (world_rank() == 0)
+          std::fprintf(stderr,
+                       "calibrate: warning: %s; predictions from this file are as "
+                       "uncertain (their interval: predicted_step_s_low/high)\n",
+                       why.c_str());
+      }
       if (world_rank() == 0) {
         summa::io::save_machine(out, m);
         std::printf("calibrate: wrote %s in %.1f s\n", out.c_str(), seconds);
@@ -656,6 +809,8 @@ int main(int argc, char** argv) {
         std::printf("  all_reduce alpha %.2f us beta %.2f GB/s (%s)\n",
                     m.intra_node[Collective::all_reduce].alpha_s * 1e6,
                     m.intra_node[Collective::all_reduce].beta_bytes_s / 1e9, links_note.c_str());
+        for (const auto& [what, v] : spreads)
+          std::printf("  spread %-24s %5.1f %%\n", what.c_str(), 100 * v);
       }
     } catch (const std::exception& e) {
       summa::flags::print_once("calibrate", e);

@@ -35,6 +35,10 @@
 // | "megatron-2021" | "axonn": the code the prediction prices
 // (model/implementation.hpp); a published system's adds the columns impl
 // and summa/smp (this library's fwd+bwd per sample on the same point)}.
+// "ranks_per_device": ranks sharing a device in the predictions (default 1;
+// 2 prices 4 ranks on a 2-core machine). Where the machine file records a
+// calibration's spreads, --json gives each point's step at both ends of
+// them (predicted_step_s_low, predicted_step_s_high).
 // Points with a paper's forward and backward figures end the table with
 // the held-out validation: each such point's error, the rows within one
 // node (those a machine file may be fitted to) apart from the rest. A study with a framework or a
@@ -122,6 +126,10 @@ struct Study {
   /// The implementation the points price unless a point names its own:
   /// this library's by default, or a published system's profile.
   summa::model::Implementation implementation = summa::model::Implementation::summa;
+  /// Ranks sharing one device in the predictions
+  /// (StepTimeOptions::ranks_per_device: an oversubscribed launch, such as
+  /// 4 ranks on this 2-core machine); --run prices as the launch ran.
+  int ranks_per_device = 1;
   std::vector<Point> points = {};
 };
 
@@ -465,6 +473,14 @@ Study read_study(const std::string& path) {
                         path, v.dump()));
       s.max_stages = static_cast<int>(v.get<long long>());
     }
+    if (j.contains("ranks_per_device")) {
+      const json& v = j.at("ranks_per_device");
+      if (!v.is_number_integer() || v.get<long long>() < 1 || v.get<long long>() > 1024)
+        throw summa::Error(fmt::format(
+            "study file {}: \"ranks_per_device\" is {}, not an integer between 1 and 1024", path,
+            v.dump()));
+      s.ranks_per_device = static_cast<int>(v.get<long long>());
+    }
     if (j.contains("implementation"))
       s.implementation = summa::model::parse_implementation(
           field("implementation", std::string("summa")),
@@ -623,6 +639,9 @@ struct Result {
   summa::model::Implementation implementation = summa::model::Implementation::summa;
   std::string priced_scheme = {};
   std::optional<double> summa_fwd = {}, summa_bwd = {};
+  /// The step priced at the fast and slow ends of the machine's spreads
+  /// (a calibration's; model::at_spread), where it records them.
+  std::optional<double> step_low = {}, step_high = {};
   std::vector<std::pair<std::string, double>> ranked = {};  // auto: top schemes and steps
   // --run: the measured whole step (forward, backward) and the prediction
   // of that same whole step with the launch's ranks per device
@@ -906,16 +925,17 @@ void find_largest_batch(Result& r, const Study& s, const summa::model::Machine& 
 }
 
 // `share`: ranks per device (a --run point priced as it ran).
-Result predict(const Point& p, const Study& s, const summa::model::Machine& m, int share = 1) {
+Result predict(const Point& p, const Study& s, const summa::model::Machine& m, int share = 0) {
+  if (share == 0) share = s.ranks_per_device;
   const summa::GptConfig c = config_of(p);
   const summa::model::StepTimeOptions options{.placement = s.placement,
                                               .optimizer = !s.stem_only,
                                               .offload_bucket = offload_of(p, s),
                                               .ranks_per_device = share};
   const auto price = [&](const summa::SchemeSpec& given, Result& r,
-                         summa::model::Implementation impl) {
+                         summa::model::Implementation impl, const summa::model::Machine& machine) {
     const summa::model::Implemented run =
-        summa::model::implement(impl, given, {.recompute = s.recompute}, m, options);
+        summa::model::implement(impl, given, {.recompute = s.recompute}, machine, options);
     const summa::SchemeSpec& spec = run.spec;
     if (spec.pipeline.active()) {  // the schedule's span, split by the stages' shares
       const auto t = summa::model::predict_pipeline_step_time(
@@ -945,14 +965,21 @@ Result predict(const Point& p, const Study& s, const summa::model::Machine& m, i
   r.implementation = p.implementation.value_or(s.implementation);
   if (p.scheme != "auto") {
     const summa::SchemeSpec given = summa::SchemeSpec::parse(p.scheme);
-    price(given, r, r.implementation);
+    price(given, r, r.implementation, m);
+    if (m.spread.any()) {  // the interval: the machine at both ends of its spreads
+      for (int end : {-1, 1}) {
+        Result bound = r;
+        price(given, bound, r.implementation, summa::model::at_spread(m, end));
+        (end < 0 ? r.step_low : r.step_high) = bound.step;
+      }
+    }
     Point priced = p;  // the system's own scheme options: its memory too
     priced.scheme = r.priced_scheme =
         summa::model::implement(r.implementation, given, {.recompute = s.recompute}, m, options)
             .spec.str();
     if (r.implementation != summa::model::Implementation::summa) {
       Result ours = r;
-      price(given, ours, summa::model::Implementation::summa);
+      price(given, ours, summa::model::Implementation::summa, m);
       r.summa_fwd = ours.fwd;
       r.summa_bwd = ours.bwd;
     }
@@ -973,7 +1000,7 @@ Result predict(const Point& p, const Study& s, const summa::model::Machine& m, i
   for (const summa::SchemeCandidate& x : planned.ranking) {
     if (!x.rejected.empty()) continue;
     Result trial = r;
-    price(x.spec, trial, summa::model::Implementation::summa);
+    price(x.spec, trial, summa::model::Implementation::summa, m);
     all.emplace_back(trial.step, x.spec.str(), x.memory_bytes);
   }
   if (all.empty()) {
@@ -986,7 +1013,7 @@ Result predict(const Point& p, const Study& s, const summa::model::Machine& m, i
   std::stable_sort(all.begin(), all.end(),
                    [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
   r.scheme = r.priced_scheme = std::get<1>(all.front());
-  price(summa::SchemeSpec::parse(r.scheme), r, summa::model::Implementation::summa);
+  price(summa::SchemeSpec::parse(r.scheme), r, summa::model::Implementation::summa, m);
   Point chosen = p;
   chosen.scheme = r.scheme;
   const Planned chosen_plan = plan_point(chosen, s, m, options);
@@ -1496,6 +1523,10 @@ int study_main(int argc, char** argv, int rank, int world) {
            {"predicted_fwd_s", r.fwd}, {"predicted_bwd_s", r.bwd},
            {"throughput", thru},       {"inference_throughput", infer},
            {"efficiency", eff},        {"tflops_per_gpu", tflops}};
+    if (r.step_low) {
+      o["predicted_step_s_low"] = *r.step_low;
+      o["predicted_step_s_high"] = *r.step_high;
+    }
     if (!std::isnan(speedup)) o["speedup_2d_1d"] = speedup;
     if (!std::isnan(percent)) o["percent_of_peak"] = percent;
     if (!r.point.framework.empty()) o["framework"] = r.point.framework;

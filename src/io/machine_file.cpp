@@ -203,6 +203,25 @@ model::Machine parse_machine(std::string_view text, std::string_view what) {
     m.inter_node = read_level(links.object("inter_node"));
     links.done();
   }
+  if (r.find("spread") != nullptr) {  // optional: a calibration's spreads (relative)
+    Reader sp = r.object("spread");
+    // a relative spread: 0.05 is 5 % (above 1 where the repetitions'
+    // quartiles lie further apart than their median)
+    const auto fraction = [&](Reader& at, std::string_view key) { return at.positive(key, true); };
+    for (const auto& [key, per_type] :
+         {std::pair{"gemm", &m.spread.gemm}, std::pair{"pointwise", &m.spread.pointwise}})
+      if (sp.find(key) != nullptr) {
+        Reader t = sp.object(key);
+        for (std::size_t k = 0; k < kDTypeKeys.size(); ++k)
+          if (t.find(kDTypeKeys[k]) != nullptr) (*per_type)[k] = fraction(t, kDTypeKeys[k]);
+        t.done();
+      }
+    for (const auto& [key, value] : {std::pair{"memory_bandwidth", &m.spread.memory_bandwidth},
+                                     std::pair{"intra_node", &m.spread.intra_node},
+                                     std::pair{"inter_node", &m.spread.inter_node}})
+      if (sp.find(key) != nullptr) *value = fraction(sp, key);
+    sp.done();
+  }
   r.done();
   return m;
 }
@@ -263,6 +282,21 @@ std::string machine_json(const model::Machine& m) {
     links[name] = l;
   }
   root["links"] = links;
+  if (m.spread.any()) {
+    OrderedJson sp;
+    for (const auto& [key, per_type] :
+         {std::pair{"gemm", &m.spread.gemm}, std::pair{"pointwise", &m.spread.pointwise}}) {
+      OrderedJson t = OrderedJson::object();
+      for (std::size_t k = 0; k < kDTypeKeys.size(); ++k)
+        if ((*per_type)[k] > 0) t[std::string(kDTypeKeys[k])] = (*per_type)[k];
+      if (!t.empty()) sp[key] = t;
+    }
+    for (const auto& [key, value] : {std::pair{"memory_bandwidth", m.spread.memory_bandwidth},
+                                     std::pair{"intra_node", m.spread.intra_node},
+                                     std::pair{"inter_node", m.spread.inter_node}})
+      if (value > 0) sp[key] = value;
+    root["spread"] = sp;
+  }
   return root.dump(2) + "\n";
 }
 

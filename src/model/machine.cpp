@@ -118,3 +118,37 @@ GemmModel& DeviceModel::gemm_of(DType t) {
 }
 
 }  // namespace summa::model
+
+namespace summa::model {
+
+bool Spread::any() const {
+  const auto positive = [](double v) { return v > 0; };
+  return std::any_of(gemm.begin(), gemm.end(), positive) ||
+         std::any_of(pointwise.begin(), pointwise.end(), positive) || memory_bandwidth > 0 ||
+         intra_node > 0 || inter_node > 0;
+}
+
+Machine at_spread(const Machine& m, int end) {
+  Machine out = m;
+  if (end == 0) return out;
+  // a rate at the slow end: divided by 1 + s; at the fast end: times it
+  const auto rate = [&](double& v, double s) {
+    const double f = 1 + std::max(0.0, s);
+    v = end > 0 ? v / f : v * f;
+  };
+  for (std::size_t t = 0; t < out.device.gemm.size(); ++t) {
+    rate(out.device.gemm[t].peak_flops, m.spread.gemm[t]);
+    for (double& r : out.device.pointwise[t]) rate(r, m.spread.pointwise[t]);
+  }
+  rate(out.device.memory_bandwidth, m.spread.memory_bandwidth);
+  for (auto [level, s] : {std::pair{&out.intra_node, m.spread.intra_node},
+                          std::pair{&out.inter_node, m.spread.inter_node}})
+    for (CollectiveCost& c : level->collectives) {
+      rate(c.beta_bytes_s, s);
+      const double f = 1 + std::max(0.0, s);  // latency: the other way
+      c.alpha_s = end > 0 ? c.alpha_s * f : c.alpha_s / f;
+    }
+  return out;
+}
+
+}  // namespace summa::model

@@ -116,6 +116,44 @@ TEST(MachineFile, BadFilesAreRefusedByName) {
   EXPECT_THROW(io::load_machine("/nonexistent/machine.json"), Error);
 }
 
+// A calibration's spreads: optional, read and written back, refused by
+// name when negative or of an unknown key; at_spread prices the machine at
+// both ends (rates divided or multiplied by 1 + spread, α the other way),
+// leaves a figure without a spread alone, and is the machine itself at 0.
+TEST(MachineFile, SpreadsAndTheirEnds) {
+  model::Machine m = io::parse_machine(valid(), "m.json");
+  EXPECT_FALSE(m.spread.any());
+  EXPECT_EQ(io::machine_json(m).find("spread"), std::string::npos);
+  m.spread.gemm[static_cast<std::size_t>(DType::f64)] = 0.1;
+  m.spread.pointwise[static_cast<std::size_t>(DType::f64)] = 0.2;
+  m.spread.memory_bandwidth = 0.05;
+  m.spread.intra_node = 1.5;  // quartiles further apart than the median: allowed
+  const std::string text = io::machine_json(m);
+  const model::Machine back = io::parse_machine(text, "m.json");
+  EXPECT_EQ(back, m);
+  EXPECT_TRUE(back.spread.any());
+  const auto expect = [&](const std::string& t, const std::string& want) {
+    const std::string got = error_of_text(t);
+    EXPECT_NE(got.find(want), std::string::npos) << got << "\n(wanted: " << want << ")";
+  };
+  expect(replaced(text, "\"memory_bandwidth\": 0.05", "\"memory_bandwidth\": -0.05"),
+         "\"spread\".\"memory_bandwidth\" is number -0.05, expected a number >= 0");
+  expect(replaced(text, "\"memory_bandwidth\": 0.05", "\"bandwidth\": 0.05"),
+         "unknown key \"bandwidth\"");
+  const std::size_t f64 = static_cast<std::size_t>(DType::f64);
+  const std::size_t gelu = static_cast<std::size_t>(model::Pointwise::gelu);
+  const model::Machine slow = model::at_spread(m, 1), fast = model::at_spread(m, -1);
+  EXPECT_EQ(model::at_spread(m, 0), m);
+  EXPECT_DOUBLE_EQ(slow.device.gemm[f64].peak_flops, 1e10 / 1.1);
+  EXPECT_DOUBLE_EQ(fast.device.gemm[f64].peak_flops, 1e10 * 1.1);
+  EXPECT_DOUBLE_EQ(slow.device.pointwise[f64][gelu], 3e7 / 1.2);
+  EXPECT_DOUBLE_EQ(slow.device.memory_bandwidth, 1e10 / 1.05);
+  EXPECT_DOUBLE_EQ(slow.intra_node[Collective::all_reduce].beta_bytes_s, 1e9 / 2.5);
+  EXPECT_DOUBLE_EQ(slow.intra_node[Collective::all_reduce].alpha_s, 1e-6 * 2.5);
+  EXPECT_DOUBLE_EQ(fast.intra_node[Collective::all_reduce].alpha_s, 1e-6 / 2.5);
+  EXPECT_EQ(slow.inter_node, m.inter_node);  // no spread recorded there
+}
+
 TEST(MachineModel, CollectiveFormulas) {
   const double n = 3e6, beta = 2e9;
   const model::CollectiveCost ring{0, beta, Algorithm::ring};

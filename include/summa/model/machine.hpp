@@ -138,13 +138,36 @@ struct DeviceModel {
   friend bool operator==(const DeviceModel&, const DeviceModel&) = default;
 };
 
+/// How far a calibration's figures moved over its repetitions, each
+/// relative to its value (calibrate: the interquartile range over the
+/// median of its timed repetitions; a GEMM the median over the shapes, the
+/// kernels the worst, a link level the worst of its collectives' timing
+/// spread and α-β fit residual). 0: not recorded (a machine file from data
+/// sheets). A prediction's interval (at_spread) prices the machine at both
+/// ends.
+struct Spread {
+  std::array<double, 3> gemm{};       ///< per element type (DType order)
+  std::array<double, 3> pointwise{};  ///< the Pointwise kernels, per element type
+  double memory_bandwidth = 0;
+  double intra_node = 0, inter_node = 0;  ///< the level's collectives (α and β)
+  bool any() const;
+  friend bool operator==(const Spread&, const Spread&) = default;
+};
+
 struct Machine {
   std::string name;
   std::string source;  ///< where the figures come from (a calibration, published specs)
   int devices_per_node = 1;
   DeviceModel device;
   LinkLevel intra_node, inter_node;
+  Spread spread;
   friend bool operator==(const Machine&, const Machine&) = default;
 };
+
+/// The machine at one end of its spread: `end` > 0 the slow end (every
+/// rate and bandwidth divided by 1 + its spread, every α multiplied by it),
+/// `end` < 0 the fast end (the inverse), 0 the machine itself. A figure
+/// without a spread is unchanged.
+Machine at_spread(const Machine& m, int end);
 
 }  // namespace summa::model
