@@ -9,8 +9,13 @@
 # did not reach the communicator, or a raw MPI call of the program waited
 # unguarded), non-zero, with rank 0's report naming rank 1.
 #
+# The cases run four at a time (SUMMA_FAULT_JOBS; each mostly waits out its
+# watchdog), each under a marker of its own, and their outputs are printed in
+# order at the end.
+#
 #   tests/fault/watchdog_programs.sh <mpiexec> "<mpiexec flags>" <gpt_train> <gpt_generate> \
 #       <custom_model> <compare_schemes> <scaling_study> <work dir>
+# shellcheck disable=SC2030,SC2031  # case and failures: each spawned case's own
 set -uo pipefail
 MPIEXEC=$1
 # shellcheck source=tests/fault/common.sh
@@ -24,18 +29,45 @@ W=$8
 MACHINE="$(cd "$(dirname "$0")/../../machines" && pwd)/dev-2core.json"
 rm -rf "$W"
 mkdir -p "$W"
-# Every process of these jobs carries the marker, so that a stopped rank left
-# behind can be found and killed (by its environment: not every program
-# takes a path argument to match).
-export SUMMA_WATCHDOG_PROGRAMS_TEST="$W"
+# Every process of a case's job carries the case's marker, so that a
+# stopped rank left behind can be found and killed (by its environment: not
+# every program takes a path argument to match), and only that case's.
+export SUMMA_WATCHDOG_PROGRAMS_TEST="$W/setup"
 # Kills what a case left: a rank still stopped, or a job the timeout missed.
 kill_leftovers() {
   local pid
   for pid in $(pgrep -f -- "$1"); do
     if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null |
-      grep -qxF "SUMMA_WATCHDOG_PROGRAMS_TEST=$W"; then
+      grep -qxF "SUMMA_WATCHDOG_PROGRAMS_TEST=$SUMMA_WATCHDOG_PROGRAMS_TEST"; then
       kill -KILL "$pid" 2>/dev/null
     fi
+  done
+}
+
+# spawn <case> <command...>: runs the case in the background (at most
+# SUMMA_FAULT_JOBS at once, default 4), its output in $W/<case>.log and its
+# failure count in $W/<case>.failures; collect prints them in order.
+spawned=()
+spawn() {
+  local name=$1
+  shift
+  while (($(jobs -rp | wc -l) >= ${SUMMA_FAULT_JOBS:-4})); do wait -n || true; done
+  (
+    case=$name
+    failures=0
+    SUMMA_WATCHDOG_PROGRAMS_TEST="$W/$name"
+    "$@"
+    echo "$failures" >"$W/$name.failures"
+  ) >"$W/$name.log" 2>&1 &
+  spawned+=("$name")
+}
+collect() {
+  wait
+  local name n
+  for name in "${spawned[@]}"; do
+    cat "$W/$name.log"
+    n=$(cat "$W/$name.failures" 2>/dev/null || echo 1)
+    failures=$((failures + n))
   done
 }
 
@@ -71,47 +103,52 @@ stopped() {
   [ "$took" -le 40 ] || fail "the job ended $took s after it started (limit 3 s + report)"
 }
 
+# with VAR=value... -- <command...>: the command with those variables set
+# (in the case's own subshell).
+with() {
+  while [ "$1" != -- ]; do
+    export "${1?}"
+    shift
+  done
+  shift
+  "$@"
+}
+
 # A checkpoint for gpt_generate (2 steps of a tiny model).
 case=checkpoint
 out=$(timeout -s KILL 90 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$TRAIN" --steps 2 --layers 1 \
   --hidden 32 --heads 4 --seq 32 --batch 8 --eval-every 0 --progress none --export '' \
   --out "$W/model" 2>&1) || fail "gpt_train could not make the checkpoint:"$'\n'"$out"
 
-case=gpt_train
-stopped 60 "$TRAIN" --steps 50 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 \
+spawn scaling_study_run stopped 40 "$STUDY" --preset local-strong --gpus 2 --run --reps 1 --json \
+  --predict "$MACHINE"  # the longest first
+spawn gpt_train stopped 60 "$TRAIN" --steps 50 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 \
   --eval-every 0 --progress none --export '' --out "$W/train"
-case=gpt_train_np4  # 2D on 4 ranks: ranks 0, 2 and 3 wait, rank 0 alone reports
-NP=4 stopped 60 "$TRAIN" --steps 50 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 \
-  --eval-every 0 --progress none --export '' --out "$W/train_np4"
+# 2D on 4 ranks: ranks 0, 2 and 3 wait, rank 0 alone reports
+spawn gpt_train_np4 with NP=4 -- stopped 60 "$TRAIN" --steps 50 --layers 1 --hidden 32 --heads 4 \
+  --seq 16 --batch 8 --eval-every 0 --progress none --export '' --out "$W/train_np4"
 # every guarded wait of gpt_train: the memory checks' reductions, the memory
 # all-reduce, the stop-signal all-reduce, the checkpoint's collectives
 for n in 1 4 5 8; do  # available memory, memory all-reduce, checkpoint, stop signal
-  case=gpt_train_guarded_$n
-  STOP_AT=guarded stopped "$n" "$TRAIN" --steps 4 --checkpoint-every 2 --layers 1 --hidden 32 \
-    --heads 4 --seq 16 --batch 8 --eval-every 0 --progress none --export '' --out "$W/train_g$n"
+  spawn "gpt_train_guarded_$n" with STOP_AT=guarded -- stopped "$n" "$TRAIN" --steps 4 \
+    --checkpoint-every 2 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 --eval-every 0 \
+    --progress none --export '' --out "$W/train_g$n"
 done
-case=gpt_generate
-stopped 40 "$GENERATE" --checkpoint "$W/model/checkpoints" --prompt "The cat" --greedy \
-  --max-new-tokens 24
-case=custom_model
-stopped 40 "$CUSTOM" --steps 20 --batch 16 --hidden 32
-case=compare_schemes
-stopped 40 "$COMPARE" --schemes "1d:p=2" --layers 1 --hidden 32 --heads 4 --seq 8 --batch 8 \
-  --vocab 64 --reps 2 --warmup 1 --max-batch 8 --format table
-case=scaling_study_run
-stopped 40 "$STUDY" --preset local-strong --gpus 2 --run --reps 1 --json --predict "$MACHINE"
+spawn gpt_generate stopped 40 "$GENERATE" --checkpoint "$W/model/checkpoints" \
+  --prompt "The cat" --greedy --max-new-tokens 24
+spawn custom_model stopped 40 "$CUSTOM" --steps 20 --batch 16 --hidden 32
+spawn compare_schemes stopped 40 "$COMPARE" --schemes "1d:p=2" --layers 1 --hidden 32 \
+  --heads 4 --seq 8 --batch 8 --vocab 64 --reps 2 --warmup 1 --max-batch 8 --format table
 # Stopped during the set-up, before any grid exists (agreement 1 builds the
 # set-up watchdog itself; 2 is the first on files: --out and its locks, the
 # checkpoint and prompts): the programs' set-up watchdog on MPI_COMM_WORLD
 # ends the job the same way.
-case=gpt_train_setup
-STOP_AT=agree stopped 2 "$TRAIN" --steps 50 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 \
-  --eval-every 0 --progress none --export '' --out "$W/train_setup"
-case=gpt_generate_setup
-STOP_AT=agree stopped 2 "$GENERATE" --checkpoint "$W/model/checkpoints" --prompt "The cat" \
-  --greedy --max-new-tokens 24
-case=custom_model_setup
-STOP_AT=agree stopped 3 "$CUSTOM" --steps 20 --batch 16 --hidden 32
+spawn gpt_train_setup with STOP_AT=agree -- stopped 2 "$TRAIN" --steps 50 --layers 1 \
+  --hidden 32 --heads 4 --seq 16 --batch 8 --eval-every 0 --progress none --export '' \
+  --out "$W/train_setup"
+spawn gpt_generate_setup with STOP_AT=agree -- stopped 2 "$GENERATE" \
+  --checkpoint "$W/model/checkpoints" --prompt "The cat" --greedy --max-new-tokens 24
+spawn custom_model_setup with STOP_AT=agree -- stopped 3 "$CUSTOM" --steps 20 --batch 16 --hidden 32
 # blocked_stop <variable> <case> <report pattern> <exe> <args...>: rank 1
 # stops at the first point <variable> names (SUMMA_FAULT_STOP_AGREE / _GRID /
 # _SPLIT / _FINALIZE=1:1), with --watchdog 3 and $EXTRA_ENV (e.g.
@@ -153,7 +190,8 @@ set_up_stop() {
     compare_schemes) args=(--schemes "1d:p=2" --layers 1 --hidden 32 --heads 4 --seq 8
       --batch 8 --vocab 64 --reps 1 --warmup 1 --max-batch 8 --format table) ;;
     esac
-    blocked_stop "$1" "$(basename "$exe")_$2" "$3" "$exe" "${args[@]}"
+    spawn "$(basename "$exe")_$2" blocked_stop "$1" "$(basename "$exe")_$2" "$3" "$exe" \
+      "${args[@]}"
   done
 }
 # Stopped before the first agreement, the set-up watchdog's own (on its
@@ -173,23 +211,25 @@ set_up_stop SUMMA_FAULT_STOP_GRID grid_setup \
 # Stopped after the work, before MPI_Finalize: the other rank waits in
 # MPI_Finalize, which finalize_mpi runs under init_mpi's limit
 # (SUMMA_INIT_TIMEOUT here): one line, status 3 (was: a hang).
-EXTRA_ENV=SUMMA_INIT_TIMEOUT=4 blocked_stop SUMMA_FAULT_STOP_FINALIZE gpt_train_finalize \
+spawn gpt_train_finalize with EXTRA_ENV=SUMMA_INIT_TIMEOUT=4 -- blocked_stop \
+  SUMMA_FAULT_STOP_FINALIZE gpt_train_finalize \
   "summa watchdog: world rank 0 has waited 4 s in MPI_Finalize" "$TRAIN" --steps 2 --layers 1 \
   --hidden 32 --heads 4 --seq 16 --batch 8 --eval-every 0 --progress none --export '' \
   --out "$W/finalize"
-EXTRA_ENV=SUMMA_INIT_TIMEOUT=4 blocked_stop SUMMA_FAULT_STOP_FINALIZE custom_model_finalize \
+spawn custom_model_finalize with EXTRA_ENV=SUMMA_INIT_TIMEOUT=4 -- blocked_stop \
+  SUMMA_FAULT_STOP_FINALIZE custom_model_finalize \
   "summa watchdog: world rank 0 has waited 4 s in MPI_Finalize" "$CUSTOM" --steps 3
 # scaling_study --run splits the launch for each point (a blocking
 # MPI_Comm_split): under --watchdog's limit (was: a hang).
-blocked_stop SUMMA_FAULT_STOP_SPLIT scaling_study_split \
+spawn scaling_study_split blocked_stop SUMMA_FAULT_STOP_SPLIT scaling_study_split \
   "summa watchdog: world rank 0 has waited 5 s in scaling_study's MPI_Comm_split" "$STUDY" \
   --preset local-strong --gpus 2 --run --reps 1 --json --predict "$MACHINE"
 
 # Stopped inside MPI_Init, before any summa communicator exists: the other
 # rank waits in Open MPI's start-up, and init_mpi's timer (SUMMA_INIT_TIMEOUT,
 # else --watchdog at least 30 s) ends it with status 4 and one line.
-for exe in "$TRAIN" "$GENERATE" "$CUSTOM" "$COMPARE" "$STUDY"; do
-  case=$(basename "$exe")_init
+init_case() {
+  local exe=$1 t0 took
   t0=$SECONDS
   out=$(SUMMA_FAULT_STOP_INIT=1 SUMMA_INIT_TIMEOUT=4 timeout -s KILL 90 "$MPIEXEC" -np 2 \
     "${FLAGS[@]}" "$exe" --watchdog 3 --help 2>&1)
@@ -208,7 +248,11 @@ for exe in "$TRAIN" "$GENERATE" "$CUSTOM" "$COMPARE" "$STUDY"; do
   [ "$(grep -c "MPI_Init did not finish" <<<"$out")" = 1 ] ||
     fail "the report is not printed once:"$'\n'"$out"
   [ "$took" -le 40 ] || fail "the job ended $took s after it started (limit 4 s)"
+}
+for exe in "$TRAIN" "$GENERATE" "$CUSTOM" "$COMPARE" "$STUDY"; do
+  spawn "$(basename "$exe")_init" init_case "$exe"
 done
+collect
 
 [ "$failures" = 0 ] || echo "outputs in $W"
 finish "every program's --watchdog ended its stopped job"
