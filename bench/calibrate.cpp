@@ -157,33 +157,37 @@ struct Buffer {
 };
 
 // The GEMM table: a sweep of square sizes and the skinny shapes of panels
-// and small local blocks, plus `extra` (the shapes of --gpt configurations,
-// a batched product timed as one strided-batched call, as the layers make
-// it, and its rate per product).
+// and small local blocks in each mode (nn, nt, tn), plus `extra` (the shapes of --gpt
+// configurations, a batched product timed as one strided-batched call, as the layers make it, and
+// its rate per product).
 template <class T>
 summa::model::GemmModel measure_gemm(summa::Backend& be, const Timer& timer,
                                      summa::index_t max_size,
                                      const std::vector<summa::model::GemmShape>& extra,
                                      double& spread) {
   using A = summa::acc_t<T>;
+  using summa::model::GemmMode;
   using summa::model::GemmShape;
   std::vector<GemmShape> shapes;
-  for (summa::index_t s : {32, 64, 128, 256, 512, 768})
-    if (s <= max_size) shapes.push_back({s, s, s, 1});
-  for (auto [a, b] :
-       {std::pair<summa::index_t, summa::index_t>{512, 64}, {512, 128}, {256, 32}, {768, 96}})
-    if (a <= max_size)
-      for (GemmShape sh : {GemmShape{a, a, b, 1}, GemmShape{a, b, a, 1}, GemmShape{b, a, a, 1}})
-        shapes.push_back(sh);
+  for (GemmMode mode : summa::model::all_gemm_modes) {  // the sweep in each mode
+    for (summa::index_t s : {32, 64, 128, 256, 512, 768})
+      if (s <= max_size) shapes.push_back({s, s, s, 1, mode});
+    for (auto [a, b] :
+         {std::pair<summa::index_t, summa::index_t>{512, 64}, {512, 128}, {256, 32}, {768, 96}})
+      if (a <= max_size)
+        for (GemmShape sh : {GemmShape{a, a, b, 1, mode}, GemmShape{a, b, a, 1, mode},
+                             GemmShape{b, a, a, 1, mode}})
+          shapes.push_back(sh);
+  }
   for (const GemmShape& sh : extra)
     if (std::find_if(shapes.begin(), shapes.end(), [&](const GemmShape& o) {
-          return o.m == sh.m && o.n == sh.n && o.k == sh.k;
+          return o.m == sh.m && o.n == sh.n && o.k == sh.k && o.mode == sh.mode;
         }) == shapes.end())
       shapes.push_back(sh);
   summa::model::GemmModel g{.peak_flops = 0, .max_efficiency = 1, .half_flops = 0, .table = {}};
   std::vector<double> rates, spreads;
   const std::size_t e = sizeof(T);
-  for (const auto& [m, n, k, batch] : shapes) {
+  for (const auto& [m, n, k, batch, mode] : shapes) {
     const auto count = [&](summa::index_t r, summa::index_t c) {
       return static_cast<std::size_t>(r * c * batch) * e;
     };
@@ -194,17 +198,21 @@ summa::model::GemmModel measure_gemm(summa::Backend& be, const Timer& timer,
     const std::size_t scratch_bytes = be.gemm_scratch_bytes(m, n, k, summa::dtype_v<T>);
     Buffer scratch(be, std::max<std::size_t>(scratch_bytes, 64));
     const summa::Scratch sc{scratch.data, scratch_bytes};
-    const auto A_ = summa::ConstMatrixView<T>(view(a.data, m, k));
-    const auto B_ = summa::ConstMatrixView<T>(view(b.data, k, n));
+    // op(A) is m x k and op(B) k x n: A stored k x m in tn, B n x k in nt
+    const summa::Op ta = mode == GemmMode::tn ? summa::Op::T : summa::Op::N,
+                    tb = mode == GemmMode::nt ? summa::Op::T : summa::Op::N;
+    const auto A_ =
+        summa::ConstMatrixView<T>(ta == summa::Op::T ? view(a.data, k, m) : view(a.data, m, k));
+    const auto B_ =
+        summa::ConstMatrixView<T>(tb == summa::Op::T ? view(b.data, n, k) : view(b.data, k, n));
     const auto C_ = view(c.data, m, n);
     const Timing s = timed(
         MPI_COMM_WORLD,
         [&, batch = batch] {
           if (batch == 1)
-            be.gemm(summa::Op::N, summa::Op::N, A(1), A_, B_, A(0), C_, sc);
+            be.gemm(ta, tb, A(1), A_, B_, A(0), C_, sc);
           else
-            be.gemm_strided_batched(summa::Op::N, summa::Op::N, A(1), A_, m * k, B_, k * n, A(0),
-                                    C_, m * n, batch, sc);
+            be.gemm_strided_batched(ta, tb, A(1), A_, m * k, B_, k * n, A(0), C_, m * n, batch, sc);
           be.synchronize();
         },
         timer);
@@ -218,7 +226,8 @@ summa::model::GemmModel measure_gemm(summa::Backend& be, const Timer& timer,
     g.table.push_back({.m = shapes[i].m,
                        .n = shapes[i].n,
                        .k = shapes[i].k,
-                       .efficiency = std::max(1e-6, rates[i] / g.peak_flops)});
+                       .efficiency = std::max(1e-6, rates[i] / g.peak_flops),
+                       .mode = shapes[i].mode});
   spread = median_of(spreads);
   return g;
 }
@@ -452,6 +461,26 @@ double measure_bandwidth(summa::Backend& be, const Timer& timer, double& spread)
   return 3.0 * 4.0 * static_cast<double>(n) / s.seconds;
 }
 
+// Seconds one kernel call costs beyond its work (DeviceModel::launch_s):
+// 64 one-element axpby calls issued back to back, then one synchronize,
+// per call (a GPU's launch overhead; a CPU's call overhead).
+double measure_launch(summa::Backend& be, const Timer& timer) {
+  constexpr int calls = 64;
+  Buffer x(be, 64), y(be, 64);
+  const auto view = [&](void* p) {
+    return summa::MatrixView<float>::dense(static_cast<float*>(p), 1, 1, summa::Order::row_major);
+  };
+  const Timing s = timed(
+      MPI_COMM_WORLD,
+      [&] {
+        for (int i = 0; i < calls; ++i)
+          be.axpby(1.0f, summa::ConstMatrixView<float>(view(x.data)), 0.5f, view(y.data));
+        be.synchronize();
+      },
+      timer);
+  return s.seconds / calls;
+}
+
 // t = a + b n fitted to the measured (n, t) by least squares on the
 // relative error (weights 1 / t²: the small messages fix a, the large
 // ones b), a >= 0 and b > 0; and the fit's relative RMS residual.
@@ -489,11 +518,45 @@ LineFit fit_line(const std::vector<double>& n, const std::vector<double>& t) {
   return f;
 }
 
+// The best split of the sizes into two lines (each over at least three
+// sizes, fit_line each): the first line's sizes are n[0 .. split), and the
+// residual is the RMS over every size. split = 0 when none beats `whole`
+// by at least half its residual (one line then fits well enough, or the
+// second adds nothing the noise does not).
+struct SplitFit {
+  std::size_t split = 0;
+  LineFit low, high;
+  double residual = 0;
+};
+SplitFit fit_two_lines(const std::vector<double>& n, const std::vector<double>& t,
+                       const LineFit& whole) {
+  SplitFit best;
+  best.residual = whole.residual;
+  for (std::size_t k = 3; k + 3 <= n.size(); ++k) {
+    const auto part = [&](std::size_t lo, std::size_t hi) {
+      return fit_line(std::vector<double>(n.begin() + static_cast<std::ptrdiff_t>(lo),
+                                          n.begin() + static_cast<std::ptrdiff_t>(hi)),
+                      std::vector<double>(t.begin() + static_cast<std::ptrdiff_t>(lo),
+                                          t.begin() + static_cast<std::ptrdiff_t>(hi)));
+    };
+    const LineFit low = part(0, k), high = part(k, n.size());
+    const double r = std::sqrt((low.residual * low.residual * static_cast<double>(k) +
+                                high.residual * high.residual * static_cast<double>(n.size() - k)) /
+                               static_cast<double>(n.size()));
+    if (r < best.residual) best = {k, low, high, r};
+  }
+  if (best.split == 0 || best.residual > 0.5 * whole.residual) return {0, {}, {}, whole.residual};
+  return best;
+}
+
 // α and β of each collective on `comm` (its own counter): timed at message
 // sizes from 8 B to 4 MiB (the median of the repetitions), and the ring
 // formula t = steps α + factor n / β fitted over all of them by least
-// squares (fit_line). `spread`: the worst over the collectives of the
-// sizes' median timing spread and the fit's residual.
+// squares (fit_line); where two lines over two size ranges fit much better
+// (fit_two_lines: an MPI's eager and rendezvous protocols), those too, as
+// the collective's size ranges (CollectiveCost::ranges; the whole line
+// stays its α and β). `spread`: the worst over the collectives of the
+// sizes' median timing spread and the residual of the fit kept.
 summa::model::LinkLevel measure_links(summa::Communicator& comm, MPI_Comm mpi, summa::Backend& be,
                                       const Timer& timer, double& spread) {
   summa::model::LinkLevel level;
@@ -549,7 +612,14 @@ summa::model::LinkLevel measure_links(summa::Communicator& comm, MPI_Comm mpi, s
     cost.algorithm = Algorithm::ring;
     cost.alpha_s = f.a / steps;
     cost.beta_bytes_s = factor / f.b;
-    spread = std::max({spread, median_of(spreads), f.residual});
+    const SplitFit two = fit_two_lines(n, t, f);
+    if (two.split > 0) {
+      // the first range up to the geometric middle of the sizes either side
+      const double edge = std::sqrt(n[two.split - 1] * n[two.split]);
+      cost.ranges = {{edge, two.low.a / steps, factor / two.low.b},
+                     {n.back(), two.high.a / steps, factor / two.high.b}};
+    }
+    spread = std::max({spread, median_of(spreads), two.residual});
   }
   return level;
 }
@@ -708,6 +778,7 @@ int main(int argc, char** argv) {
         }
       }
       m.device.memory_bandwidth = measure_bandwidth(be, timer, m.spread.memory_bandwidth);
+      m.device.launch_s = measure_launch(be, timer);
       // memory: the host's (cpu) or the device's, as the backend reports it
       long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
       m.device.memory_bytes = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) /
@@ -728,7 +799,7 @@ int main(int argc, char** argv) {
       }
       if (per_node == 1 && nodes == 1) {
         for (Collective c : summa::model::all_collectives)
-          m.intra_node[c] = {1e-6, 1e10, Algorithm::ring};
+          m.intra_node[c] = {1e-6, 1e10, Algorithm::ring, {}};
         m.inter_node = m.intra_node;
         links_note = "links NOT measured (one rank): placeholder alpha 1 us, beta 10 GB/s";
       } else if (nodes == 1) {
@@ -775,9 +846,11 @@ int main(int argc, char** argv) {
       m.source = fmt::format(
           "{} on {} rank(s), {} per node, backend {}: GEMM tables "
           "measured with every rank multiplying at once ({} shapes of {} --gpt "
-          "configuration(s) included), element-wise bandwidth from axpby, GeLU / softmax / exp "
+          "configuration(s) included), element-wise bandwidth from axpby, the per-call overhead "
+          "from 64 one-element axpby calls, GeLU / softmax / exp "
           "kernel rates, collectives from 8 B to 4 MiB (ring formulas fitted by least squares "
-          "over 11 sizes); each figure the median of {} repetitions, {} (\"spread\"); {}; {:.1f} s",
+          "over 11 sizes, by two size ranges where one line fits badly); each figure the median of "
+          "{} repetitions, {} (\"spread\"); {}; {:.1f} s",
           kCalibrateSource, ranks, per_node, backend, gpt_shape_count, gpts.size(), reps,
           spread_note, links_note, seconds);
       if (!noisy.empty() || load > 0.25) {
@@ -805,10 +878,16 @@ int main(int argc, char** argv) {
             std::printf("  gemm %-4s peak %.2f GFLOP/s per rank\n",
                         std::string(summa::name_of(t)).c_str(),
                         m.device.gemm_of(t).peak_flops / 1e9);
-        std::printf("  element-wise %.2f GB/s per rank\n", m.device.memory_bandwidth / 1e9);
+        std::printf("  element-wise %.2f GB/s per rank, %.2f us per kernel call\n",
+                    m.device.memory_bandwidth / 1e9, m.device.launch_s * 1e6);
         std::printf("  all_reduce alpha %.2f us beta %.2f GB/s (%s)\n",
                     m.intra_node[Collective::all_reduce].alpha_s * 1e6,
                     m.intra_node[Collective::all_reduce].beta_bytes_s / 1e9, links_note.c_str());
+        for (Collective c : summa::model::all_collectives)
+          for (const summa::model::CollectiveCost::Range& r : m.intra_node[c].ranges)
+            std::printf("  %-14s up to %9.0f bytes: alpha %.2f us beta %.2f GB/s\n",
+                        std::string(summa::model::name_of(c)).c_str(), r.up_to_bytes,
+                        r.alpha_s * 1e6, r.beta_bytes_s / 1e9);
         for (const auto& [what, v] : spreads)
           std::printf("  spread %-24s %5.1f %%\n", what.c_str(), 100 * v);
       }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <fstream>
 #include <set>
@@ -105,8 +106,9 @@ model::GemmModel read_gemm(Reader r) {
     for (std::size_t i = 0; i < t->size(); ++i) {
       const Json& e = (*t)[i];
       const std::string at = fmt::format("{}[{}]", r.child("table"), i);
-      if (!e.is_array() || e.size() != 4)
-        Reader::value_error(e, at, r.file(), "[m, n, k, efficiency]");
+      if (!e.is_array() || (e.size() != 4 && e.size() != 5))
+        Reader::value_error(e, at, r.file(),
+                            "[m, n, k, efficiency] or [m, n, k, efficiency, mode]");
       model::GemmModel::Point p;
       index_t* dims[3] = {&p.m, &p.n, &p.k};
       for (int d = 0; d < 3; ++d) {
@@ -118,6 +120,15 @@ model::GemmModel read_gemm(Reader r) {
       if (!e[3].is_number() || !(e[3].get<double>() > 0) || e[3].get<double>() > 1)
         Reader::value_error(e, at, r.file(), "[m, n, k, efficiency] with 0 < efficiency <= 1");
       p.efficiency = e[3].get<double>();
+      if (e.size() == 5) {
+        const auto mode = std::find_if(
+            model::all_gemm_modes.begin(), model::all_gemm_modes.end(),
+            [&](model::GemmMode x) { return e[4].is_string() && e[4] == model::name_of(x); });
+        if (mode == model::all_gemm_modes.end())
+          Reader::value_error(e, at, r.file(),
+                              "[m, n, k, efficiency, mode] with mode nn, nt or tn");
+        p.mode = *mode;
+      }
       g.table.push_back(p);
     }
   }
@@ -141,6 +152,29 @@ model::LinkLevel read_level(Reader r) {
     cost.alpha_s = cr.positive("alpha_s", true);
     cost.beta_bytes_s = cr.positive("beta_bytes_s");
     cost.algorithm = read_algorithm(cr);
+    if (const Json* t = cr.find("sizes")) {  // [[up_to_bytes, alpha_s, beta_bytes_s], ...]
+      const std::string where = cr.child("sizes");
+      const char* form =
+          "[up_to_bytes, alpha_s, beta_bytes_s] with up_to_bytes and beta > 0, "
+          "alpha >= 0";
+      if (!t->is_array() || t->empty())
+        Reader::value_error(*t, where, cr.file(), "a non-empty array");
+      for (std::size_t i = 0; i < t->size(); ++i) {
+        const Json& e = (*t)[i];
+        const std::string at = fmt::format("{}[{}]", where, i);
+        const auto number = [&](std::size_t k) { return e[k].is_number(); };
+        if (!e.is_array() || e.size() != 3 || !number(0) || !number(1) || !number(2) ||
+            !(e[0].get<double>() > 0) || !(e[1].get<double>() >= 0) || !(e[2].get<double>() > 0))
+          Reader::value_error(e, at, cr.file(), form);
+        const model::CollectiveCost::Range range{e[0].get<double>(), e[1].get<double>(),
+                                                 e[2].get<double>()};
+        if (!cost.ranges.empty() && !(range.up_to_bytes > cost.ranges.back().up_to_bytes))
+          Reader::value_error(e, at, cr.file(),
+                              fmt::format("up_to_bytes above the previous range's {}",
+                                          cost.ranges.back().up_to_bytes));
+        cost.ranges.push_back(range);
+      }
+    }
     cr.done();
   }
   r.done();
@@ -173,6 +207,8 @@ model::Machine parse_machine(std::string_view text, std::string_view what) {
     m.device.memory_bandwidth = d.positive("memory_bandwidth");
     if (d.find("host_bandwidth") != nullptr)  // optional: 0 (a CPU) when absent
       m.device.host_bandwidth = d.positive("host_bandwidth", true);
+    if (d.find("launch_s") != nullptr)  // optional: 0 (free) when absent
+      m.device.launch_s = d.positive("launch_s", true);
     Reader g = d.object("gemm");
     bool any = false;
     for (std::size_t t = 0; t < kDTypeKeys.size(); ++t)
@@ -243,6 +279,7 @@ std::string machine_json(const model::Machine& m) {
   device["memory_bytes"] = m.device.memory_bytes;
   device["memory_bandwidth"] = m.device.memory_bandwidth;
   if (m.device.host_bandwidth > 0) device["host_bandwidth"] = m.device.host_bandwidth;
+  if (m.device.launch_s > 0) device["launch_s"] = m.device.launch_s;
   OrderedJson gemm = OrderedJson::object();
   for (std::size_t t = 0; t < kDTypeKeys.size(); ++t) {
     const model::GemmModel& g = m.device.gemm[t];
@@ -253,7 +290,12 @@ std::string machine_json(const model::Machine& m) {
     o["half_flops"] = g.half_flops;
     if (!g.table.empty()) {
       OrderedJson table = OrderedJson::array();
-      for (const auto& p : g.table) table.push_back({p.m, p.n, p.k, p.efficiency});
+      for (const auto& p : g.table) {
+        if (p.mode == model::GemmMode::nn)  // the 4-entry form: as before modes
+          table.push_back({p.m, p.n, p.k, p.efficiency});
+        else
+          table.push_back({p.m, p.n, p.k, p.efficiency, model::name_of(p.mode)});
+      }
       o["table"] = table;
     }
     gemm[std::string(kDTypeKeys[t])] = o;
@@ -275,9 +317,16 @@ std::string machine_json(const model::Machine& m) {
     OrderedJson l;
     for (model::Collective c : model::all_collectives) {
       const model::CollectiveCost& cost = (*level)[c];
-      l[std::string(model::name_of(c))] = {{"alpha_s", cost.alpha_s},
-                                           {"beta_bytes_s", cost.beta_bytes_s},
-                                           {"algorithm", model::name_of(cost.algorithm)}};
+      OrderedJson one = {{"alpha_s", cost.alpha_s},
+                         {"beta_bytes_s", cost.beta_bytes_s},
+                         {"algorithm", model::name_of(cost.algorithm)}};
+      if (!cost.ranges.empty()) {
+        OrderedJson sizes = OrderedJson::array();
+        for (const model::CollectiveCost::Range& r : cost.ranges)
+          sizes.push_back({r.up_to_bytes, r.alpha_s, r.beta_bytes_s});
+        one["sizes"] = sizes;
+      }
+      l[std::string(model::name_of(c))] = one;
     }
     links[name] = l;
   }

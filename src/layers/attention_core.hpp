@@ -43,21 +43,22 @@ struct LocalAttention {
     const cost::u64 s = u(seq), d = u(head_dim), sequences = u(seqs), h = u(heads);
     const cost::u64 scores = sequences * h * s * s * e, qkv = u(tokens()) * 3 * u(width()) * e;
     const auto probabilities = [&] {
-      t.gemm(s, s, d, e, h, sequences);                                // S = Q Kᵀ
+      t.gemm(model::GemmMode::nt, s, s, d, e, h, sequences);           // S = Q Kᵀ
       t.pointwise(model::Pointwise::softmax, scores / e, 3 * scores);  // masked softmax
     };
     if (!backward) {
       t.memory(qkv);  // head-major q, k, v
       probabilities();
-      t.gemm(s, d, s, e, h, sequences);  // O = P V
-      t.memory(2 * (qkv / 3));           // context, token-major
+      t.gemm(model::GemmMode::nn, s, d, s, e, h, sequences);  // O = P V
+      t.memory(2 * (qkv / 3));                                // context, token-major
     } else {
       t.memory(2 * (qkv / 3));
       if (recompute) probabilities();
-      t.gemm(s, s, d, e, h, sequences);      // dP = dO Vᵀ
-      t.gemm(s, d, s, e, h, sequences);      // dV = Pᵀ dO
-      t.memory(4 * scores);                  // softmax backward
-      t.gemm(s, d, s, e, h, 2 * sequences);  // dQ = dS K, dK = dSᵀ Q
+      t.gemm(model::GemmMode::nt, s, s, d, e, h, sequences);  // dP = dO Vᵀ
+      t.gemm(model::GemmMode::tn, s, d, s, e, h, sequences);  // dV = Pᵀ dO
+      t.memory(4 * scores);                                   // softmax backward
+      t.gemm(model::GemmMode::nn, s, d, s, e, h, sequences);  // dQ = dS K
+      t.gemm(model::GemmMode::tn, s, d, s, e, h, sequences);  // dK = dSᵀ Q
       t.memory(qkv);
     }
   }

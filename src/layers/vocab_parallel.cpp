@@ -640,7 +640,7 @@ void lm_head_forward(cost::Tally& t, const VocabLayout& l, const cost::Elements&
   tokens_all_gather(t, l, shard(l, vocab, hidden), el.e);
   if (l.sequence_parallel)  // X's rows gathered
     t.all_gather(l.vocab.axis, m / static_cast<u64>(gv(l)) * hidden, static_cast<u64>(gv(l)), el.e);
-  t.gemm(m, v, hidden / static_cast<u64>(gh(l)), el.e);  // Z = X wteᵀ
+  t.gemm(model::GemmMode::nt, m, v, hidden / static_cast<u64>(gh(l)), el.e);  // Z = X wteᵀ
   all_reduce(t, l.hidden, m * v, el.e);
   cross_entropy_forward(t, l, el, tokens, vocab);
 }
@@ -675,19 +675,19 @@ void lm_head_backward(cost::Tally& t, const VocabLayout& l, const cost::Elements
   if (l.sequence_parallel) {  // X gathered again, dX reduce-scattered (priced exposed, as 1D's)
     const u64 own = m / static_cast<u64>(gv(l)) * k, g = static_cast<u64>(gv(l));
     t.all_gather(l.vocab.axis, own, g, el.e);
-    t.gemm(m, k, v, el.e);  // dX = dZ wte
+    t.gemm(model::GemmMode::nn, m, k, v, el.e);  // dX = dZ wte
     t.overlapped = l.price_overlap_dx;
     t.reduce_scatter(l.vocab.axis, own, g, el.e);
     t.overlapped = false;
-    t.gemm(v, k, m, el.e);  // dwte = dZᵀ X
+    t.gemm(model::GemmMode::tn, v, k, m, el.e);  // dwte = dZᵀ X
     return;
   }
   tokens_all_gather(t, l, shard(l, vocab, hidden), el.e);
-  t.gemm(m, k, v, el.e);  // dX = dZ wte
+  t.gemm(model::GemmMode::nn, m, k, v, el.e);  // dX = dZ wte
   t.overlapped = l.overlap_dx && l.price_overlap_dx;
   all_reduce(t, l.vocab, m * k, el.e);
   t.overlapped = false;
-  t.gemm(v, k, m, el.e);  // dwte = dZᵀ X
+  t.gemm(model::GemmMode::tn, v, k, m, el.e);  // dwte = dZᵀ X
   tokens_reduce_scatter(t, l, shard(l, vocab, hidden), el.e);
 }
 

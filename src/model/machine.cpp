@@ -40,6 +40,18 @@ std::string_view name_of(Pointwise f) {
   return "?";
 }
 
+std::string_view name_of(GemmMode m) {
+  switch (m) {
+    case GemmMode::nn:
+      return "nn";
+    case GemmMode::nt:
+      return "nt";
+    case GemmMode::tn:
+      return "tn";
+  }
+  return "?";
+}
+
 std::string_view name_of(Algorithm a) {
   switch (a) {
     case Algorithm::ring:
@@ -52,8 +64,26 @@ std::string_view name_of(Algorithm a) {
   return "?";
 }
 
-double collective_seconds(const CollectiveCost& cost, Collective c, std::int64_t g, double bytes) {
+CollectiveCost CollectiveCost::at(double bytes) const {
+  CollectiveCost out = *this;
+  out.ranges.clear();
+  if (ranges.empty()) return out;
+  const auto r = std::find_if(ranges.begin(), ranges.end(),
+                              [&](const Range& x) { return bytes <= x.up_to_bytes; });
+  const Range& use = r == ranges.end() ? ranges.back() : *r;
+  out.alpha_s = use.alpha_s;
+  out.beta_bytes_s = use.beta_bytes_s;
+  return out;
+}
+
+void CollectiveCost::share_bandwidth(double f) {
+  beta_bytes_s /= f;
+  for (Range& r : ranges) r.beta_bytes_s /= f;
+}
+
+double collective_seconds(const CollectiveCost& sized, Collective c, std::int64_t g, double bytes) {
   if (g <= 1) return 0;
+  const CollectiveCost cost = sized.at(bytes);
   const double a = cost.alpha_s, n = bytes / cost.beta_bytes_s, steps = static_cast<double>(g - 1);
   const double share = steps / static_cast<double>(g);
   switch (cost.algorithm) {
@@ -79,16 +109,20 @@ double collective_seconds(const CollectiveCost& cost, Collective c, std::int64_t
   return 0;
 }
 
-double direct_seconds(const CollectiveCost& cost, std::int64_t g, double sent, double received) {
+double direct_seconds(const CollectiveCost& sized, std::int64_t g, double sent, double received) {
   if (g <= 1) return 0;
+  const CollectiveCost cost = sized.at((sent + received) / 2);
   return static_cast<double>(g - 1) * cost.alpha_s + (sent + received) / (2 * cost.beta_bytes_s);
 }
 
-double GemmModel::efficiency(index_t m, index_t n, index_t k, index_t batch) const {
+double GemmModel::efficiency(index_t m, index_t n, index_t k, index_t batch, GemmMode mode) const {
   if (!table.empty()) {
     const auto l = [](index_t v) { return std::log(static_cast<double>(std::max<index_t>(v, 1))); };
     double best = std::numeric_limits<double>::infinity(), eff = table.front().efficiency;
+    const bool measured =
+        std::any_of(table.begin(), table.end(), [&](const Point& p) { return p.mode == mode; });
     for (const Point& p : table) {
+      if (measured && p.mode != mode) continue;
       const double d =
           std::pow(l(m) - l(p.m), 2) + std::pow(l(n) - l(p.n), 2) + std::pow(l(k) - l(p.k), 2);
       if (d < best) {
@@ -103,11 +137,11 @@ double GemmModel::efficiency(index_t m, index_t n, index_t k, index_t batch) con
   return max_efficiency * f / (f + half_flops);
 }
 
-double GemmModel::seconds(index_t m, index_t n, index_t k, index_t batch) const {
+double GemmModel::seconds(index_t m, index_t n, index_t k, index_t batch, GemmMode mode) const {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
   const double f = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) *
                    static_cast<double>(batch);
-  return f / (peak_flops * efficiency(m, n, k, batch));
+  return f / (peak_flops * efficiency(m, n, k, batch, mode));
 }
 
 const GemmModel& DeviceModel::gemm_of(DType t) const {
@@ -144,9 +178,13 @@ Machine at_spread(const Machine& m, int end) {
   for (auto [level, s] : {std::pair{&out.intra_node, m.spread.intra_node},
                           std::pair{&out.inter_node, m.spread.inter_node}})
     for (CollectiveCost& c : level->collectives) {
-      rate(c.beta_bytes_s, s);
       const double f = 1 + std::max(0.0, s);  // latency: the other way
+      rate(c.beta_bytes_s, s);
       c.alpha_s = end > 0 ? c.alpha_s * f : c.alpha_s / f;
+      for (CollectiveCost::Range& r : c.ranges) {
+        rate(r.beta_bytes_s, s);
+        r.alpha_s = end > 0 ? r.alpha_s * f : r.alpha_s / f;
+      }
     }
   return out;
 }

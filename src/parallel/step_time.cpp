@@ -132,6 +132,19 @@ class Links {
   std::array<std::vector<int>, comm_axis_count> flows_;  // by node
 };
 
+// The local products' mode of a SUMMA form: C = A B, A Bᵀ, Aᵀ B.
+GemmMode mode_of(Form f) {
+  switch (f) {
+    case Form::AB:
+      return GemmMode::nn;
+    case Form::ABt:
+      return GemmMode::nt;
+    case Form::AtB:
+      return GemmMode::tn;
+  }
+  return GemmMode::nn;
+}
+
 // Prices one rank's work.
 class Pricer {
  public:
@@ -152,7 +165,7 @@ class Pricer {
   CollectiveCost cost_of(CommAxis a, Collective c) const {
     if (!links_.spans_nodes(coords_, a)) return machine_.intra_node[c];
     CollectiveCost cost = machine_.inter_node[c];
-    cost.beta_bytes_s /= static_cast<double>(links_.flows(coords_, a));
+    cost.share_bandwidth(static_cast<double>(links_.flows(coords_, a)));
     return cost;
   }
   double collective(const Work& w) const {
@@ -162,17 +175,20 @@ class Pricer {
       return direct_seconds(cost, g, static_cast<double>(w.sent), static_cast<double>(w.received));
     return collective_seconds(cost, w.collective, g, static_cast<double>(w.bytes));
   }
-  // `calls` calls of `batch` products each
-  double gemm(u64 m, u64 n, u64 k, u64 batch = 1, u64 calls = 1) const {
+  // `calls` calls of `batch` products each, in `mode`
+  double gemm(GemmMode mode, u64 m, u64 n, u64 k, u64 batch = 1, u64 calls = 1) const {
     if (batch_calls_) {  // StepTimeOptions::batch_calls: one call of every product
       batch *= calls;
       calls = 1;
     }
     const auto i = [](u64 v) { return static_cast<index_t>(v); };
     if (shapes_ != nullptr && m > 0 && n > 0 && k > 0)
-      shapes_->insert({i(m), i(n), i(k), i(batch)});
-    return share_ * static_cast<double>(calls) * gemm_.seconds(i(m), i(n), i(k), i(batch));
+      shapes_->insert({i(m), i(n), i(k), i(batch), mode});
+    return share_ * static_cast<double>(calls) *
+           (gemm_.seconds(i(m), i(n), i(k), i(batch), mode) + machine_.device.launch_s);
   }
+  // One kernel call's overhead beyond its work (DeviceModel::launch_s).
+  double launch() const { return share_ * machine_.device.launch_s; }
   double memory(u64 bytes) const {
     return share_ * static_cast<double>(bytes) / machine_.device.memory_bandwidth;
   }
@@ -199,7 +215,7 @@ class Pricer {
     const u64 q = w.group, mb = w.m / q, nb = w.n / q, kb = w.k / q, e = w.element;
     Summa out;
     if (q == 1) {
-      out.gemm_s = out.total_s = gemm(w.m, w.n, w.k);
+      out.gemm_s = out.total_s = gemm(mode_of(w.form), w.m, w.n, w.k);
       return out;
     }
     // The panelled dimension and, per panel of width x: the product and the
@@ -235,13 +251,13 @@ class Pricer {
     const auto step = [&](u64 x) -> Step {
       switch (w.form) {
         case Form::AB:
-          return {slices * gemm(mb, std::max<u64>(nb / slices, 1), x),
+          return {slices * gemm(GemmMode::nn, mb, std::max<u64>(nb / slices, 1), x),
                   bcast(CommAxis::mesh_row, mb * x), bcast(CommAxis::mesh_col, x * nb)};
         case Form::ABt:
-          return {slices * gemm(mb, std::max<u64>(x / slices, 1), kb),
+          return {slices * gemm(GemmMode::nt, mb, std::max<u64>(x / slices, 1), kb),
                   reduce(CommAxis::mesh_row, mb * x), bcast(CommAxis::mesh_col, x * kb)};
         case Form::AtB:
-          return {slices * gemm(x, std::max<u64>(nb / slices, 1), kb),
+          return {slices * gemm(GemmMode::tn, x, std::max<u64>(nb / slices, 1), kb),
                   bcast(CommAxis::mesh_row, kb * x), reduce(CommAxis::mesh_col, x * nb)};
       }
       return {};
@@ -280,13 +296,13 @@ class Pricer {
     for (const Work& w : op.work) {
       switch (w.kind) {
         case Work::Kind::gemm:
-          t.compute_s += gemm(w.m, w.n, w.k, w.batch, w.calls);
+          t.compute_s += gemm(w.mode, w.m, w.n, w.k, w.batch, w.calls);
           break;
         case Work::Kind::memory:
-          t.compute_s += memory(w.bytes);
+          t.compute_s += memory(w.bytes) + launch();
           break;
         case Work::Kind::pointwise:
-          t.compute_s += pointwise(w.function, w.elements, w.bytes);
+          t.compute_s += pointwise(w.function, w.elements, w.bytes) + launch();
           break;
         case Work::Kind::summa: {
           const Summa s = summa(w);

@@ -50,8 +50,8 @@ std::string valid() {
   m.device.gemm_of(DType::f64).table.push_back({.m = 8, .n = 8, .k = 8, .efficiency = 0.25});
   m.device.pointwise[static_cast<std::size_t>(DType::f64)]
                     [static_cast<std::size_t>(model::Pointwise::gelu)] = 3e7;
-  for (Collective c : model::all_collectives) m.intra_node[c] = {1e-6, 1e9, Algorithm::ring};
-  for (Collective c : model::all_collectives) m.inter_node[c] = {1e-5, 1e8, Algorithm::tree};
+  for (Collective c : model::all_collectives) m.intra_node[c] = {1e-6, 1e9, Algorithm::ring, {}};
+  for (Collective c : model::all_collectives) m.inter_node[c] = {1e-5, 1e8, Algorithm::tree, {}};
   return io::machine_json(m);
 }
 
@@ -154,9 +154,64 @@ TEST(MachineFile, SpreadsAndTheirEnds) {
   EXPECT_EQ(slow.inter_node, m.inter_node);  // no spread recorded there
 }
 
+// A collective's size ranges (calibrate's two lines): each message takes
+// its range's α and β (one beyond the last: the last's), the ranges survive
+// a round trip, share a link's bandwidth and move with the spread; ranges
+// out of order or malformed are refused by name.
+TEST(MachineFile, CollectiveSizeRanges) {
+  model::Machine m = io::parse_machine(valid(), "m.json");
+  model::CollectiveCost& ar = m.intra_node[Collective::all_reduce];
+  ar.ranges = {{4096, 2e-6, 1e8}, {1 << 22, 5e-6, 4e9}};
+  m.spread.intra_node = 0.25;
+  const std::string text = io::machine_json(m);
+  const model::Machine back = io::parse_machine(text, "m.json");
+  EXPECT_EQ(back, m);
+  const auto ring_all_reduce = [](double alpha, double beta, std::int64_t g, double n) {
+    const auto steps = static_cast<double>(g - 1);
+    return 2 * steps * alpha + 2 * steps / static_cast<double>(g) * n / beta;
+  };
+  for (const double n : {8.0, 4096.0, 4097.0, 1e6, 1e8}) {  // 1e8: past the last range
+    const bool small = n <= 4096;
+    EXPECT_DOUBLE_EQ(model::collective_seconds(back.intra_node[Collective::all_reduce],
+                                               Collective::all_reduce, 4, n),
+                     ring_all_reduce(small ? 2e-6 : 5e-6, small ? 1e8 : 4e9, 4, n))
+        << n;
+  }
+  // the other collectives keep their one line
+  EXPECT_DOUBLE_EQ(model::collective_seconds(back.intra_node[Collective::broadcast],
+                                             Collective::broadcast, 4, 1e6),
+                   3 * 1e-6 + 1e6 / 1e9);
+  model::CollectiveCost shared = ar;
+  shared.share_bandwidth(4);
+  EXPECT_DOUBLE_EQ(shared.ranges[0].beta_bytes_s, 1e8 / 4);
+  EXPECT_DOUBLE_EQ(shared.ranges[1].beta_bytes_s, 1e9);
+  EXPECT_DOUBLE_EQ(shared.beta_bytes_s, 1e9 / 4);
+  const model::Machine slow = model::at_spread(m, 1);
+  EXPECT_DOUBLE_EQ(slow.intra_node[Collective::all_reduce].ranges[1].beta_bytes_s, 4e9 / 1.25);
+  EXPECT_DOUBLE_EQ(slow.intra_node[Collective::all_reduce].ranges[0].alpha_s, 2e-6 * 1.25);
+  const auto expect = [&](const std::string& t, const std::string& want) {
+    const std::string got = error_of_text(t);
+    EXPECT_NE(got.find(want), std::string::npos) << got << "\n(wanted: " << want << ")";
+  };
+  const auto at = text.find("\"sizes\"");
+  ASSERT_NE(at, std::string::npos) << text;
+  std::size_t end = text.find('[', at), depth = 0;  // the array's matching ']'
+  for (; end < text.size(); ++end) {
+    depth += text[end] == '[' ? 1 : 0;
+    depth -= text[end] == ']' ? 1 : 0;
+    if (depth == 0) break;
+  }
+  const std::string sizes = text.substr(at, end - at + 1);
+  expect(replaced(text, "4096.0", "8388608.0"), "\"intra_node\".\"all_reduce\".\"sizes\"[1] is");
+  expect(replaced(text, "4096.0", "8388608.0"), "up_to_bytes above the previous range's");
+  expect(replaced(text, sizes, "\"sizes\": []"), "expected a non-empty array");
+  expect(replaced(text, "4096.0", "-1.0"),
+         "expected [up_to_bytes, alpha_s, beta_bytes_s] with up_to_bytes and beta > 0");
+}
+
 TEST(MachineModel, CollectiveFormulas) {
   const double n = 3e6, beta = 2e9;
-  const model::CollectiveCost ring{0, beta, Algorithm::ring};
+  const model::CollectiveCost ring{0, beta, Algorithm::ring, {}};
   for (std::int64_t g : {2, 3, 8}) {
     const double share = static_cast<double>(g - 1) / static_cast<double>(g);
     EXPECT_DOUBLE_EQ(model::collective_seconds(ring, Collective::all_reduce, g, n),
@@ -164,13 +219,13 @@ TEST(MachineModel, CollectiveFormulas) {
     EXPECT_DOUBLE_EQ(model::collective_seconds(ring, Collective::all_gather, g, n),
                      share * n / beta);
     EXPECT_DOUBLE_EQ(model::collective_seconds(ring, Collective::broadcast, g, n), n / beta);
-    const model::CollectiveCost latency{1e-5, beta, Algorithm::ring};
+    const model::CollectiveCost latency{1e-5, beta, Algorithm::ring, {}};
     EXPECT_DOUBLE_EQ(model::collective_seconds(latency, Collective::reduce_scatter, g, 0),
                      static_cast<double>(g - 1) * 1e-5);
-    const model::CollectiveCost tree{1e-5, beta, Algorithm::tree};
+    const model::CollectiveCost tree{1e-5, beta, Algorithm::tree, {}};
     EXPECT_DOUBLE_EQ(model::collective_seconds(tree, Collective::all_reduce, g, n),
                      2 * std::ceil(std::log2(static_cast<double>(g))) * (1e-5 + n / beta));
-    const model::CollectiveCost direct{1e-5, beta, Algorithm::direct};
+    const model::CollectiveCost direct{1e-5, beta, Algorithm::direct, {}};
     EXPECT_DOUBLE_EQ(model::collective_seconds(direct, Collective::broadcast, g, n),
                      static_cast<double>(g - 1) * 1e-5 + share * n / beta);
     // a broadcast's root sends (g-1) n, the others receive n
@@ -182,7 +237,7 @@ TEST(MachineModel, CollectiveFormulas) {
   double last = 0;
   for (std::int64_t g = 2; g <= 4096; g *= 2) {
     const double t =
-        model::collective_seconds({1e-6, beta, Algorithm::ring}, Collective::all_reduce, g, n);
+        model::collective_seconds({1e-6, beta, Algorithm::ring, {}}, Collective::all_reduce, g, n);
     EXPECT_GE(t, last);
     last = t;
   }
@@ -202,6 +257,25 @@ TEST(MachineModel, GemmEfficiency) {
              {.m = 1024, .n = 1024, .k = 1024, .efficiency = 0.7}};
   EXPECT_EQ(g.efficiency(70, 60, 64), 0.3);
   EXPECT_EQ(g.efficiency(900, 2000, 1024), 0.7);
+  // a table of nn entries prices every mode; one with a mode's own entries
+  // prices that mode from them alone
+  EXPECT_EQ(g.efficiency(70, 60, 64, 1, model::GemmMode::tn), 0.3);
+  g.table.push_back(
+      {.m = 1024, .n = 1024, .k = 1024, .efficiency = 0.2, .mode = model::GemmMode::tn});
+  EXPECT_EQ(g.efficiency(70, 60, 64, 1, model::GemmMode::tn), 0.2);
+  EXPECT_EQ(g.efficiency(70, 60, 64, 1, model::GemmMode::nt), 0.3);
+  EXPECT_EQ(g.efficiency(70, 60, 64, 1, model::GemmMode::nn), 0.3);
+  EXPECT_DOUBLE_EQ(g.seconds(1024, 1024, 1024, 1, model::GemmMode::tn),
+                   2.0 * 1024 * 1024 * 1024 / (1e12 * 0.2));
+  // written with its mode, read back the same; a bad mode is refused
+  model::Machine m = io::parse_machine(valid(), "m.json");
+  m.device.gemm_of(DType::f64)
+      .table.push_back({.m = 16, .n = 8, .k = 8, .efficiency = 0.5, .mode = model::GemmMode::nt});
+  const std::string text = io::machine_json(m);
+  EXPECT_NE(text.find("\"nt\""), std::string::npos) << text;
+  EXPECT_EQ(io::parse_machine(text, "m.json"), m);
+  const std::string got = error_of_text(replaced(text, "\"nt\"", "\"tt\""));
+  EXPECT_NE(got.find("with mode nn, nt or tn"), std::string::npos) << got;
 }
 
 }  // namespace

@@ -25,8 +25,8 @@ model::Machine machine() {
   m.device.gemm_of(DType::f32) = {
       .peak_flops = 1e11, .max_efficiency = 0.9, .half_flops = 1e6, .table = {}};
   for (model::Collective c : model::all_collectives) {
-    m.intra_node[c] = {1e-6, 5e9, model::Algorithm::ring};
-    m.inter_node[c] = {5e-6, 1e9, model::Algorithm::ring};
+    m.intra_node[c] = {1e-6, 5e9, model::Algorithm::ring, {}};
+    m.inter_node[c] = {5e-6, 1e9, model::Algorithm::ring, {}};
   }
   return m;
 }

@@ -51,8 +51,8 @@ Machine machine(double alpha, double beta, Algorithm algorithm, int per_node = 4
     m.device.gemm_of(t) = {
         .peak_flops = 1e12, .max_efficiency = 0.8, .half_flops = 1e7, .table = {}};
   for (Collective c : model::all_collectives) {
-    m.intra_node[c] = {alpha, beta, algorithm};
-    m.inter_node[c] = {4 * alpha, beta / 8, algorithm};
+    m.intra_node[c] = {alpha, beta, algorithm, {}};
+    m.inter_node[c] = {4 * alpha, beta / 8, algorithm, {}};
   }
   return m;
 }
@@ -121,7 +121,7 @@ TEST(StepTime, CommunicationIsTrafficOverBandwidthWithoutLatency) {
 TEST(StepTime, GroupsLeavingANodeShareItsBandwidth) {
   const double beta = 1e9;
   Machine m = machine(0, 1e30, Algorithm::direct, 2);
-  for (Collective c : model::all_collectives) m.inter_node[c] = {0, beta, Algorithm::direct};
+  for (Collective c : model::all_collectives) m.inter_node[c] = {0, beta, Algorithm::direct, {}};
   for (m.device.gemm_of(DType::f32).peak_flops = 1e300;
        const auto& [text, axis, flows] : {std::tuple{"data=4,1d:p=2", CommAxis::data, 2},
                                           {"1d:p=8", CommAxis::tensor, 1},
@@ -371,17 +371,68 @@ TEST(StepTime, GemmShapes) {
   const auto has = [](const std::vector<model::GemmShape>& v, model::GemmShape s) {
     return std::find(v.begin(), v.end(), s) != v.end();
   };
+  using model::GemmMode;
   const auto one = model::step_gemm_shapes(SchemeSpec::parse("1d:p=1"), c, 8, 16, {}, DType::f32);
-  EXPECT_TRUE(has(one, {tokens, 3 * h, h, 1}));         // c_attn forward
-  EXPECT_TRUE(has(one, {h, 4 * h, tokens, 1}));         // c_fc weight gradient
-  EXPECT_TRUE(has(one, {16, 16, hd, c.n_head}));        // S = Q Kᵀ per head
-  EXPECT_TRUE(has(one, {tokens, c.vocab_size, h, 1}));  // logits
+  EXPECT_TRUE(has(one, {tokens, 3 * h, h, 1, GemmMode::nn}));         // c_attn forward
+  EXPECT_TRUE(has(one, {tokens, h, 3 * h, 1, GemmMode::nt}));         // its dX = dY Wᵀ
+  EXPECT_TRUE(has(one, {h, 4 * h, tokens, 1, GemmMode::tn}));         // c_fc weight gradient
+  EXPECT_TRUE(has(one, {16, 16, hd, c.n_head, GemmMode::nt}));        // S = Q Kᵀ per head
+  EXPECT_TRUE(has(one, {16, hd, 16, c.n_head, GemmMode::nn}));        // O = P V
+  EXPECT_TRUE(has(one, {16, hd, 16, c.n_head, GemmMode::tn}));        // dV = Pᵀ dO
+  EXPECT_TRUE(has(one, {tokens, c.vocab_size, h, 1, GemmMode::nt}));  // logits
+  EXPECT_FALSE(has(one, {tokens, 3 * h, h, 1, GemmMode::tn}));
   SchemeSpec two = SchemeSpec::parse("2d:q=2");
   two.as<Summa2DSpec>().summa.panel = 16;
   two.as<Summa2DSpec>().summa.progress_slices = 1;
   const auto panels = model::step_gemm_shapes(two, c, 8, 16, {}, DType::f32);
-  EXPECT_TRUE(has(panels, {tokens / 2, 3 * h / 2, 16, 1}));  // c_attn: A B panel of 16
-  EXPECT_FALSE(has(panels, {tokens, 3 * h, h, 1}));
+  EXPECT_TRUE(has(panels, {tokens / 2, 3 * h / 2, 16, 1, GemmMode::nn}));  // c_attn: A B panel
+  EXPECT_FALSE(has(panels, {tokens, 3 * h, h, 1, GemmMode::nn}));
+}
+
+// A GEMM table measured by mode prices each product at its mode's rate: a
+// step whose table makes tn products slow takes longer by their work alone.
+TEST(StepTime, GemmModesPriceTheirOwnRates) {
+  Machine m = machine(5e-6, 5e9, Algorithm::ring, 1);
+  model::GemmModel& g = m.device.gemm_of(DType::f32);
+  g.table.clear();
+  for (model::GemmMode mode : model::all_gemm_modes)
+    for (index_t s : {16, 64, 256})
+      g.table.push_back({.m = s, .n = s, .k = s, .efficiency = 0.5, .mode = mode});
+  const auto spec = SchemeSpec::parse("1d:p=1");
+  const auto even = model::predict_step_time(spec, config(), 8, 16, {}, DType::f32, m);
+  for (auto& p : g.table)
+    if (p.mode == model::GemmMode::tn) p.efficiency = 0.25;
+  const auto slow = model::predict_step_time(spec, config(), 8, 16, {}, DType::f32, m);
+  EXPECT_EQ(slow.phase(model::Phase::forward), even.phase(model::Phase::forward));  // no tn
+  EXPECT_GT(slow.phase(model::Phase::backward), even.phase(model::Phase::backward));
+  // nt products (the logits, Q Kᵀ) run in the forward
+  for (auto& p : g.table) p.efficiency = p.mode == model::GemmMode::nt ? 0.25 : 0.5;
+  const auto slow_nt = model::predict_step_time(spec, config(), 8, 16, {}, DType::f32, m);
+  EXPECT_GT(slow_nt.phase(model::Phase::forward), even.phase(model::Phase::forward));
+}
+
+// DeviceModel::launch_s: every kernel call of a step (its GEMM calls,
+// element-wise passes and pointwise kernels) costs it once, on the compute
+// side: the step grows by a whole number of launches, and fewer when the
+// implementation batches its per-sequence calls (StepTimeOptions::batch_calls).
+TEST(StepTime, LaunchOverheadPerKernelCall) {
+  Machine m = machine(5e-6, 5e9, Algorithm::ring, 1);
+  const auto spec = SchemeSpec::parse("1d:p=1");
+  const double launch = 1e-3;
+  const auto calls = [&](const model::StepTimeOptions& o) {
+    m.device.launch_s = 0;
+    const auto base = model::predict_step_time(spec, config(), 8, 16, {}, DType::f32, m, o);
+    m.device.launch_s = launch;
+    const auto with = model::predict_step_time(spec, config(), 8, 16, {}, DType::f32, m, o);
+    EXPECT_NEAR(with.compute_s - base.compute_s, with.step_s - base.step_s, 1e-9);
+    return (with.step_s - base.step_s) / launch;
+  };
+  const double each = calls({});
+  EXPECT_GT(each, 20);
+  EXPECT_NEAR(each, std::round(each), 1e-6 * each);
+  const double batched = calls({.batch_calls = true});
+  EXPECT_NEAR(batched, std::round(batched), 1e-6 * batched);
+  EXPECT_LT(batched, each);  // 8 sequences' attention products in one call each
 }
 
 TEST(StepTime, BreakdownAddsUp) {

@@ -51,8 +51,9 @@ struct Work {
   /// whole gathered one); memory: bytes read plus written.
   u64 bytes = 0;
   u64 m = 0, n = 0, k = 0, batch = 1, calls = 1;
-  u64 elements = 0;  ///< pointwise: the kernel's elements
-  u64 element = 0;   ///< element size of a gemm or summa
+  model::GemmMode mode = model::GemmMode::nn;  ///< gemm: how it takes its operands
+  u64 elements = 0;                            ///< pointwise: the kernel's elements
+  u64 element = 0;                             ///< element size of a gemm or summa
   /// summa: the options of the engine that runs the call (its panels,
   /// overlap, progress slices, shape agreement).
   SummaOptions summa{};
@@ -166,8 +167,8 @@ class Tally {
                       .summa = o});
   }
   /// `calls` strided-batched calls of `batch` local products m x n x k of
-  /// elements of e bytes (compute only).
-  void gemm(u64 m, u64 n, u64 k, u64 e, u64 batch = 1, u64 calls = 1) {
+  /// elements of e bytes in `mode` (compute only).
+  void gemm(model::GemmMode mode, u64 m, u64 n, u64 k, u64 e, u64 batch = 1, u64 calls = 1) {
     if (log != nullptr)
       log->push_back({.kind = Work::Kind::gemm,
                       .m = m,
@@ -175,6 +176,7 @@ class Tally {
                       .k = k,
                       .batch = batch,
                       .calls = calls,
+                      .mode = mode,
                       .element = e});
   }
   /// Element-wise work reading and writing `bytes` in all (compute only).

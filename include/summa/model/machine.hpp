@@ -64,6 +64,23 @@ struct CollectiveCost {
   double alpha_s = 0;         ///< seconds per message step
   double beta_bytes_s = 1e9;  ///< bytes per second per rank
   Algorithm algorithm = Algorithm::ring;
+  /// α and β by message size where they were measured so (calibrate: a
+  /// line per size range where one line over every size fits badly, e.g.
+  /// an MPI's eager and rendezvous protocols), ascending in up_to_bytes: a
+  /// message of n bytes (collective_seconds' `bytes`) takes the first range
+  /// with n <= up_to_bytes, one beyond the last range the last. Empty: α
+  /// and β above for every size.
+  struct Range {
+    double up_to_bytes = 0;
+    double alpha_s = 0;
+    double beta_bytes_s = 1e9;
+    friend bool operator==(const Range&, const Range&) = default;
+  };
+  std::vector<Range> ranges;
+  /// The cost for a message of `bytes`: α and β of its range, if any.
+  CollectiveCost at(double bytes) const;
+  /// Every β (the ranges' too) divided by `f`: a link shared by f flows.
+  void share_bandwidth(double f);
   friend bool operator==(const CollectiveCost&, const CollectiveCost&) = default;
 };
 
@@ -73,7 +90,8 @@ struct CollectiveCost {
 /// for g <= 1.
 /// Under Algorithm::direct: the volume averaged over the group's ranks.
 double collective_seconds(const CollectiveCost& cost, Collective c, std::int64_t g, double bytes);
-/// Algorithm::direct for one rank that sends and receives these bytes.
+/// Algorithm::direct for one rank that sends and receives these bytes (the
+/// size range of their mean).
 double direct_seconds(const CollectiveCost& cost, std::int64_t g, double sent, double received);
 
 /// One level of the network (within a node, across nodes).
@@ -86,9 +104,20 @@ struct LinkLevel {
   friend bool operator==(const LinkLevel&, const LinkLevel&) = default;
 };
 
+/// How a GEMM C = op(A) op(B) takes its operands: nn (C = A B: a forward
+/// product), nt (C = A Bᵀ: dX = dY Wᵀ, attention's Q Kᵀ) or tn (C = Aᵀ B:
+/// dW = Xᵀ dY). Libraries pack and stream the three differently, so their
+/// rates at one shape can differ.
+enum class GemmMode : std::uint8_t { nn, nt, tn };
+inline constexpr std::array<GemmMode, 3> all_gemm_modes = {GemmMode::nn, GemmMode::nt,
+                                                           GemmMode::tn};
+std::string_view name_of(GemmMode m);
+
 /// A GEMM m x n x k (2mnk flops) of one element type: peak rate times an
 /// efficiency. Where `table` has entries (a calibration's measurements) the
-/// efficiency is that of the entry nearest in log(m), log(n), log(k);
+/// efficiency is that of the entry nearest in log(m), log(n), log(k) among
+/// the entries of the product's mode (GemmMode; all entries where the table
+/// has none of that mode: a table measured in nn only prices every mode);
 /// otherwise the saturation curve max_efficiency · f / (f + half_flops),
 /// f = 2mnk · batch, which reaches half of max_efficiency at f =
 /// half_flops. A strided-batched call of `batch` products fills the device
@@ -102,12 +131,15 @@ struct GemmModel {
   struct Point {
     index_t m = 0, n = 0, k = 0;
     double efficiency = 0;
+    GemmMode mode = GemmMode::nn;
     friend bool operator==(const Point&, const Point&) = default;
   };
   std::vector<Point> table;
   /// Seconds for one call of `batch` m x n x k products (0 when any size is 0).
-  double seconds(index_t m, index_t n, index_t k, index_t batch = 1) const;
-  double efficiency(index_t m, index_t n, index_t k, index_t batch = 1) const;
+  double seconds(index_t m, index_t n, index_t k, index_t batch = 1,
+                 GemmMode mode = GemmMode::nn) const;
+  double efficiency(index_t m, index_t n, index_t k, index_t batch = 1,
+                    GemmMode mode = GemmMode::nn) const;
   friend bool operator==(const GemmModel&, const GemmModel&) = default;
 };
 
@@ -124,6 +156,10 @@ struct DeviceModel {
   /// (OptimizerOptions::offload_bucket). 0: the device's memory is the
   /// host's (a CPU), priced at memory_bandwidth.
   double host_bandwidth = 0;
+  /// Seconds each kernel call costs beyond its work (a GPU's launch
+  /// overhead, ~3-5 us for CUDA; a CPU's call overhead): every GEMM call,
+  /// element-wise pass and pointwise kernel of a step pays it. 0: free.
+  double launch_s = 0;
   /// Per element type (DType order: f32, f64, bf16).
   std::array<GemmModel, 3> gemm{};
   /// Per element type (DType order) and Pointwise kernel: elements per

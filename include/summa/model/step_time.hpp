@@ -162,9 +162,11 @@ PipelineStepTime predict_pipeline_step_time(const SchemeSpec& spec, const GptCon
                                             DType dtype, const Machine& machine,
                                             const StepTimeOptions& time_options = {});
 
-/// One local GEMM shape of a step: `batch` products m x n x k in one call.
+/// One local GEMM shape of a step: `batch` products m x n x k in one call,
+/// in `mode`.
 struct GemmShape {
   index_t m = 0, n = 0, k = 0, batch = 1;
+  GemmMode mode = GemmMode::nn;
   friend auto operator<=>(const GemmShape&, const GemmShape&) = default;
 };
 

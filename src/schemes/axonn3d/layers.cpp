@@ -231,14 +231,14 @@ void Linear3D<T>::price(cost::Tally& t, model::Phase phase) const {
   };
   over_z(true, options_.overlap_all_gather);  // the weight, in forward and again in backward
   if (phase != model::Phase::backward) {
-    t.gemm(m, n, k, e);
+    t.gemm(model::GemmMode::nn, m, n, k, e);
     all_reduce(A, m * n, false);
     if (has_bias_) t.memory(2 * m * n * e);
     return;
   }
-  t.gemm(m, k, n, e);  // dX = dY Wᵀ
+  t.gemm(model::GemmMode::nt, m, k, n, e);  // dX = dY Wᵀ
   all_reduce(B, m * k, options_.overlap_all_reduce);
-  t.gemm(k, n, m, e);  // dW = Xᵀ dY
+  t.gemm(model::GemmMode::tn, k, n, m, e);  // dW = Xᵀ dY
   over_z(false, options_.overlap_reduce_scatter);
   if (has_bias_) {
     t.memory(m * n * e);

@@ -269,27 +269,27 @@ void price_linear(cost::Tally& t, model::Phase phase, ProcessGrid& grid, cost::u
     const cost::u64 own = tokens / p;
     if (phase != model::Phase::backward) {
       if (column) t.all_gather(CommAxis::tensor, own * in, p, e);
-      t.gemm(tokens, n, k, e);
+      t.gemm(model::GemmMode::nn, tokens, n, k, e);
       if (!column) t.reduce_scatter(CommAxis::tensor, own * out, p, e);
       if (bias) t.memory(2 * (column ? tokens : own) * n * e);
       return;
     }
     t.all_gather(CommAxis::tensor, own * (column ? in : out), p, e);  // X again, or dY
-    t.gemm(tokens, k, n, e);                                          // dX = dY Wᵀ
+    t.gemm(model::GemmMode::nt, tokens, k, n, e);                     // dX = dY Wᵀ
     if (column) t.reduce_scatter(CommAxis::tensor, own * in, p, e);
-    t.gemm(k, n, tokens, e);  // dW = Xᵀ dY
+    t.gemm(model::GemmMode::tn, k, n, tokens, e);  // dW = Xᵀ dY
     if (bias) t.memory(tokens * n * e);
     return;
   }
   if (phase != model::Phase::backward) {
-    t.gemm(tokens, n, k, e);
+    t.gemm(model::GemmMode::nn, tokens, n, k, e);
     if (!column) t.all_reduce(CommAxis::tensor, tokens * out, p, r, e);
     if (bias) t.memory(2 * tokens * n * e);
     return;
   }
-  t.gemm(tokens, k, n, e);  // dX = dY Wᵀ
+  t.gemm(model::GemmMode::nt, tokens, k, n, e);  // dX = dY Wᵀ
   if (column) t.all_reduce(CommAxis::tensor, tokens * in, p, r, e);
-  t.gemm(k, n, tokens, e);  // dW = Xᵀ dY
+  t.gemm(model::GemmMode::tn, k, n, tokens, e);  // dW = Xᵀ dY
   if (bias) t.memory(tokens * n * e);
 }
 }  // namespace
