@@ -624,6 +624,84 @@ summa::model::LinkLevel measure_links(summa::Communicator& comm, MPI_Comm mpi, s
   return level;
 }
 
+// The contention of overlap (Machine::contention), as the library overlaps:
+// a GEMM cut into 8 column slices, the all-reduce polled (test) between
+// them. Two pairs: compute-bound (the all-reduce about a third of the
+// GEMM), whose extra time over the GEMM alone is the compute's slowdown
+// times the all-reduce (compute = (both - gemm) / all-reduce); and
+// comm-bound (about three GEMMs), whose time over the all-reduce alone is
+// the collective's (comm = both / all-reduce - 1, when the pair is still
+// bound by the collective). Each at least 0.
+summa::model::Contention measure_contention(summa::Communicator& comm, MPI_Comm mpi,
+                                            summa::Backend& be, const Timer& timer) {
+  const summa::index_t s = 384;
+  const auto e = sizeof(float);
+  Buffer a(be, static_cast<std::size_t>(s * s) * e), b(be, static_cast<std::size_t>(s * s) * e),
+      c(be, static_cast<std::size_t>(s * s) * e);
+  const auto view = [&](void* p) {
+    return summa::MatrixView<float>::dense(static_cast<float*>(p), s, s, summa::Order::row_major);
+  };
+  const std::size_t scratch_bytes = be.gemm_scratch_bytes(s, s / 8, s, DType::f32);
+  Buffer scratch(be, std::max<std::size_t>(scratch_bytes, 64));
+  const summa::Scratch sc{scratch.data, scratch_bytes};
+  const auto A_ = summa::ConstMatrixView<float>(view(a.data));
+  const auto B_ = summa::ConstMatrixView<float>(view(b.data));
+  const auto C_ = view(c.data);
+  summa::Request pending;
+  bool in_flight = false;
+  const auto sliced_gemm = [&] {
+    for (summa::index_t x = 0; x < s; x += s / 8) {
+      be.gemm(summa::Op::N, summa::Op::N, 1.0f, A_, B_.block(0, x, s, s / 8), 0.0f,
+              C_.block(0, x, s, s / 8), sc);
+      if (in_flight) static_cast<void>(comm.test(pending));
+    }
+    be.synchronize();
+  };
+  const double gemm = timed(mpi, sliced_gemm, timer).seconds;
+  // message sizes whose all-reduce takes about gemm / 3 and 3 gemm
+  std::size_t small = 256, large = 0;
+  Buffer send(be, std::size_t{64} << 20), recv(be, std::size_t{64} << 20);
+  const auto all_reduce_s = [&](std::size_t bytes) {
+    return timed(
+               mpi,
+               [&] {
+                 comm.all_reduce(send.data, recv.data, bytes / 4, DType::f32, summa::ReduceOp::sum);
+                 be.synchronize();
+               },
+               timer)
+        .seconds;
+  };
+  double t_small = all_reduce_s(small), t_large = 0;
+  while (t_small < gemm / 3 && small < (std::size_t{16} << 20)) t_small = all_reduce_s(small *= 4);
+  large = small;
+  t_large = t_small;
+  while (t_large < 3 * gemm && large < (std::size_t{64} << 20)) t_large = all_reduce_s(large *= 4);
+  const auto both = [&](std::size_t bytes) {
+    return timed(
+               mpi,
+               [&] {
+                 pending = comm.iall_reduce(send.data, recv.data, bytes / 4, DType::f32,
+                                            summa::ReduceOp::sum);
+                 in_flight = true;
+                 sliced_gemm();
+                 comm.wait(pending);
+                 in_flight = false;
+                 be.synchronize();
+               },
+               timer)
+        .seconds;
+  };
+  summa::model::Contention out;
+  const double pair_small = both(small), pair_large = both(large);
+  out.compute = std::max(0.0, (pair_small - gemm) / std::max(t_small, 1e-12));
+  if (pair_large >= gemm * (1 + out.compute))  // still bound by the collective
+    out.comm = std::max(0.0, pair_large / std::max(t_large, 1e-12) - 1);
+  // the same figures on every rank (the slowest's)
+  MPI_Allreduce(MPI_IN_PLACE, &out.compute, 1, MPI_DOUBLE, MPI_MAX, mpi);
+  MPI_Allreduce(MPI_IN_PLACE, &out.comm, 1, MPI_DOUBLE, MPI_MAX, mpi);
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -797,6 +875,16 @@ int main(int argc, char** argv) {
         summa::MpiCommunicator inter(across, false, summa::CommAxis::other, &c_inter);
         m.inter_node = measure_links(inter, across, be, timer, m.spread.inter_node);
       }
+      // overlap's contention: on the node's links where there are some
+      if (per_node > 1) {
+        summa::TrafficCounter c_overlap;
+        summa::MpiCommunicator intra(node, false, summa::CommAxis::other, &c_overlap);
+        m.contention = measure_contention(intra, node, be, timer);
+      } else if (nodes > 1) {
+        summa::TrafficCounter c_overlap;
+        summa::MpiCommunicator inter(across, false, summa::CommAxis::other, &c_overlap);
+        m.contention = measure_contention(inter, across, be, timer);
+      }
       if (per_node == 1 && nodes == 1) {
         for (Collective c : summa::model::all_collectives)
           m.intra_node[c] = {1e-6, 1e10, Algorithm::ring, {}};
@@ -878,6 +966,11 @@ int main(int argc, char** argv) {
             std::printf("  gemm %-4s peak %.2f GFLOP/s per rank\n",
                         std::string(summa::name_of(t)).c_str(),
                         m.device.gemm_of(t).peak_flops / 1e9);
+        if (m.contention.any() || ranks > 1)
+          std::printf(
+              "  overlap: compute %.0f %% slower beside a collective, the collective "
+              "%.0f %% slower beside compute\n",
+              100 * m.contention.compute, 100 * m.contention.comm);
         std::printf("  element-wise %.2f GB/s per rank, %.2f us per kernel call\n",
                     m.device.memory_bandwidth / 1e9, m.device.launch_s * 1e6);
         std::printf("  all_reduce alpha %.2f us beta %.2f GB/s (%s)\n",

@@ -258,6 +258,12 @@ model::Machine parse_machine(std::string_view text, std::string_view what) {
       if (sp.find(key) != nullptr) *value = fraction(sp, key);
     sp.done();
   }
+  if (r.find("contention") != nullptr) {  // optional: overlap's slowdowns (relative)
+    Reader c = r.object("contention");
+    m.contention.compute = c.positive("compute", true);
+    m.contention.comm = c.positive("comm", true);
+    c.done();
+  }
   r.done();
   return m;
 }
@@ -346,6 +352,8 @@ std::string machine_json(const model::Machine& m) {
       if (value > 0) sp[key] = value;
     root["spread"] = sp;
   }
+  if (m.contention.any())
+    root["contention"] = {{"compute", m.contention.compute}, {"comm", m.contention.comm}};
   return root.dump(2) + "\n";
 }
 

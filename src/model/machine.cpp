@@ -144,6 +144,11 @@ double GemmModel::seconds(index_t m, index_t n, index_t k, index_t batch, GemmMo
   return f / (peak_flops * efficiency(m, n, k, batch, mode));
 }
 
+double overlapped_seconds(const Contention& c, double compute_s, double comm_s) {
+  const double comm = comm_s * (1 + c.comm);
+  return std::max(compute_s + c.compute * std::min(compute_s, comm), comm);
+}
+
 const GemmModel& DeviceModel::gemm_of(DType t) const {
   return gemm[static_cast<std::size_t>(t)];
 }

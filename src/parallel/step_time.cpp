@@ -272,7 +272,7 @@ class Pricer {
       out.gemm_s += n * s.gemm;
       out.row_s += n * s.row;
       out.col_s += n * s.col;
-      pipelined += n * std::max(s.gemm, comm);
+      pipelined += n * overlapped_seconds(machine_.contention, s.gemm, comm);
       fill = std::min(fill, std::min(s.gemm, comm));
     }
     out.total_s = o.overlap ? pipelined + fill : out.gemm_s + out.row_s + out.col_s;
@@ -320,8 +320,10 @@ class Pricer {
         }
       }
     }
-    // Overlapped collectives hide behind the op's compute.
-    t.exposed_s += std::max(0.0, overlapped - t.compute_s);
+    // Overlapped collectives hide behind the op's compute (slowing it and
+    // slowed by it as the machine's contention says).
+    if (overlapped > 0)
+      t.exposed_s += overlapped_seconds(machine_.contention, t.compute_s, overlapped) - t.compute_s;
     return t;
   }
 
@@ -506,13 +508,21 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
         bucket.push_back(spec.zero >= 3   ? unit(span, false)
                          : spec.zero == 2 ? reduce(span)
                                           : all_reduce(span.count, e));
-      double clock = 0;
+      // Each bucket when it is ready and the one before it is done; one that
+      // starts during the backward runs 1 + contention.comm slower, and the
+      // backward itself contention.compute times the time they overlap.
+      double clock = 0, beside = 0;
       for (std::size_t k = 0; k < bucket.size(); ++k) {
-        clock = std::max(clock, ready[k]) + bucket[k];
+        const double start = std::max(clock, ready[k]);
+        const double run =
+            start < backward_clock ? bucket[k] * (1 + machine.contention.comm) : bucket[k];
+        clock = start + run;
+        beside += std::max(0.0, std::min(clock, backward_clock) - start);
         d.comm_s[axis_index(CommAxis::data)] += bucket[k];
       }
       d.comm_s[axis_index(CommAxis::data)] += loss;
-      d.exposed_s = loss + std::max(0.0, clock - backward_clock);
+      d.exposed_s =
+          loss + std::max(0.0, clock - backward_clock) + machine.contention.compute * beside;
       st.phase_s[static_cast<std::size_t>(Phase::backward)] += d.exposed_s;
       st.exposed_s += d.exposed_s;
       st.comm_s[axis_index(CommAxis::data)] += d.comm_s[axis_index(CommAxis::data)];
@@ -544,14 +554,14 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
         for (u64 l = 0; l < layers; ++l) {  // spans[1 + (layers - 1 - l)] is block l
           const double g = gather(spans[static_cast<std::size_t>(layers - l)]);
           f.comm_s[axis_index(CommAxis::data)] += g;
-          f.exposed_s +=
-              std::max(0.0, g - (l == 0 ? op_s("embedding", Phase::forward) : forward_block));
+          const double behind = l == 0 ? op_s("embedding", Phase::forward) : forward_block;
+          f.exposed_s += overlapped_seconds(machine.contention, behind, g) - behind;
         }
         const double backward_block = block_s;
         for (u64 k = 0, again = buckets.regathered_blocks(layers); k < again; ++k) {
           const double g = gather(spans[static_cast<std::size_t>(layers - k)]);
           b.comm_s[axis_index(CommAxis::data)] += g;
-          b.exposed_s += std::max(0.0, g - backward_block);
+          b.exposed_s += overlapped_seconds(machine.contention, backward_block, g) - backward_block;
         }
         for (OpTime* o : {&f, &b}) {
           st.phase_s[static_cast<std::size_t>(o->phase)] += o->exposed_s;

@@ -209,6 +209,30 @@ TEST(MachineFile, CollectiveSizeRanges) {
          "expected [up_to_bytes, alpha_s, beta_bytes_s] with up_to_bytes and beta > 0");
 }
 
+// Overlap's contention: read and written back, refused when negative; the
+// span of a pair is max(compute + compute-slowdown x overlap, slowed
+// collective), max(compute, comm) without contention.
+TEST(MachineFile, ContentionAndOverlappedSeconds) {
+  model::Machine m = io::parse_machine(valid(), "m.json");
+  EXPECT_FALSE(m.contention.any());
+  EXPECT_EQ(io::machine_json(m).find("contention"), std::string::npos);
+  m.contention = {.compute = 0.5, .comm = 0.25};
+  const std::string text = io::machine_json(m);
+  EXPECT_EQ(io::parse_machine(text, "m.json"), m);
+  const std::string got = error_of_text(replaced(text, "\"compute\": 0.5", "\"compute\": -0.5"));
+  EXPECT_NE(got.find("\"contention\".\"compute\" is number -0.5, expected a number >= 0"),
+            std::string::npos)
+      << got;
+  const model::Contention none{};
+  EXPECT_DOUBLE_EQ(model::overlapped_seconds(none, 3, 2), 3);
+  EXPECT_DOUBLE_EQ(model::overlapped_seconds(none, 2, 3), 3);
+  // compute-bound: 3 + 0.5 x min(3, 2 x 1.25)
+  EXPECT_DOUBLE_EQ(model::overlapped_seconds(m.contention, 3, 2), 3 + 0.5 * 2.5);
+  // comm-bound: the slowed collective, 8 x 1.25 = 10 > 1 + 0.5
+  EXPECT_DOUBLE_EQ(model::overlapped_seconds(m.contention, 1, 8), 10);
+  EXPECT_DOUBLE_EQ(model::overlapped_seconds(m.contention, 4, 0), 4);
+}
+
 TEST(MachineModel, CollectiveFormulas) {
   const double n = 3e6, beta = 2e9;
   const model::CollectiveCost ring{0, beta, Algorithm::ring, {}};

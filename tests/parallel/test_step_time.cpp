@@ -435,6 +435,26 @@ TEST(StepTime, LaunchOverheadPerKernelCall) {
   EXPECT_LT(batched, each);  // 8 sequences' attention products in one call each
 }
 
+// Machine::contention reaches every overlap the model prices: SUMMA's
+// pipelined panels, an op's overlapped collectives (3D's OAR / ORS / OAG)
+// and the data axis's buckets beside the backward; a step that overlaps
+// nothing (1D without a data axis) is unchanged.
+TEST(StepTime, ContentionSlowsEveryOverlap) {
+  Machine m = machine(5e-6, 2e9, Algorithm::ring, 4);
+  const auto step = [&](const char* text, const model::Contention& c) {
+    m.contention = c;
+    return model::predict_step_time(SchemeSpec::parse(text), config(), 8, 16, {}, DType::f32, m)
+        .step_s;
+  };
+  const model::Contention none{}, both{.compute = 0.5, .comm = 0.5};
+  for (const char* text : {"2d:q=2", "3d:2x2x1,overlap=oar+ors+oag", "data=2,1d:p=2"}) {
+    SCOPED_TRACE(text);
+    EXPECT_GT(step(text, both), step(text, none));
+    EXPECT_GT(step(text, {.compute = 0.5, .comm = 0}), step(text, none));
+  }
+  EXPECT_EQ(step("1d:p=4", both), step("1d:p=4", none));
+}
+
 TEST(StepTime, BreakdownAddsUp) {
   const Machine m = machine(5e-6, 5e9, Algorithm::ring, 2);
   const auto spec = SchemeSpec::parse("data=2,3d:2x2x2,overlap=oar+ors+oag");

@@ -190,6 +190,19 @@ struct Spread {
   friend bool operator==(const Spread&, const Spread&) = default;
 };
 
+/// What running a collective beside compute costs (calibrate measures it
+/// where it runs: a sliced GEMM polling a non-blocking all-reduce, as the
+/// library overlaps them): while the two overlap, the compute runs
+/// 1 + `compute` times slower and the collective 1 + `comm` times slower
+/// (a CPU's cores copy the messages; a GPU's kernels share memory
+/// bandwidth and SMs with NCCL's). 0, 0: overlap is free (the default).
+struct Contention {
+  double compute = 0;
+  double comm = 0;
+  bool any() const { return compute > 0 || comm > 0; }
+  friend bool operator==(const Contention&, const Contention&) = default;
+};
+
 struct Machine {
   std::string name;
   std::string source;  ///< where the figures come from (a calibration, published specs)
@@ -197,8 +210,17 @@ struct Machine {
   DeviceModel device;
   LinkLevel intra_node, inter_node;
   Spread spread;
+  Contention contention;
   friend bool operator==(const Machine&, const Machine&) = default;
 };
+
+/// Seconds for `compute_s` of compute and `comm_s` of a collective run
+/// side by side under `c`: the collective takes comm_s (1 + c.comm), the
+/// compute compute_s plus c.compute times the time they overlap:
+///   max(compute_s + c.compute · min(compute_s, comm'), comm'),
+///   comm' = comm_s (1 + c.comm).
+/// With no contention: max(compute_s, comm_s).
+double overlapped_seconds(const Contention& c, double compute_s, double comm_s);
 
 /// The machine at one end of its spread: `end` > 0 the slow end (every
 /// rate and bandwidth divided by 1 + its spread, every α multiplied by it),
