@@ -204,6 +204,9 @@ struct Result {
   // axes) in the counted step, max over ranks; and the step-time model's
   // step and its exposed communication (--predict).
   double wait_s = NAN, predicted_s = NAN, predicted_exposed_s = NAN;
+  // the prediction at the fast and slow ends of the calibration's spreads
+  // (model::at_spread; NAN where the machine file records none)
+  double predicted_low_s = NAN, predicted_high_s = NAN;
   // the most the backend held during the run (max over ranks), and the
   // recompute mode the model was built with
   u64 measured_peak = 0;
@@ -360,12 +363,25 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
   for (std::size_t a = 0; a < summa::comm_axis_count; ++a)
     wait += measured[static_cast<CommAxis>(a)].wait_seconds;
   r.wait_s = reduce_world(wait, MPI_DOUBLE, MPI_MAX);
-  if (s.machine && spec.pipeline.active()) {  // the schedule's span and the batch's data axis
-    const summa::model::PipelineStepTime t = summa::model::predict_pipeline_step_time(
-        spec, s.config, s.batch, s.seq, options, summa::dtype_v<T>, *s.machine,
-        {.optimizer = false, .ranks_per_device = s.ranks_per_device});
-    r.predicted_s = t.step_s;
-  } else if (s.machine) {  // forward + backward, as timed: no optimizer
+  // the step on `machine`, as timed: forward + backward, no optimizer
+  const auto predicted_step = [&](const summa::model::Machine& machine) {
+    const summa::model::StepTimeOptions o{.optimizer = false,
+                                          .ranks_per_device = s.ranks_per_device};
+    if (spec.pipeline.active())  // the schedule's span and the batch's data axis
+      return summa::model::predict_pipeline_step_time(spec, s.config, s.batch, s.seq, options,
+                                                      summa::dtype_v<T>, machine, o)
+          .step_s;
+    return summa::model::predict_step_time(spec, s.config, s.batch, s.seq, options,
+                                           summa::dtype_v<T>, machine, o)
+        .step_s;
+  };
+  if (s.machine && s.machine->spread.any()) {
+    r.predicted_low_s = predicted_step(summa::model::at_spread(*s.machine, -1));
+    r.predicted_high_s = predicted_step(summa::model::at_spread(*s.machine, 1));
+  }
+  if (s.machine && spec.pipeline.active()) {
+    r.predicted_s = predicted_step(*s.machine);
+  } else if (s.machine) {
     const summa::model::StepTime t = summa::model::predict_step_time(
         spec, s.config, s.batch, s.seq, options, summa::dtype_v<T>, *s.machine,
         {.optimizer = false, .ranks_per_device = s.ranks_per_device});
@@ -531,6 +547,12 @@ Json json_of(const Settings& s, const Result& r, int ranks) {
     j["predicted_step_s"] = r.predicted_s;
     j["predicted_exposed_comm_s"] = r.predicted_exposed_s;
     j["prediction_error"] = (r.predicted_s - r.step_s) / r.step_s;
+    if (!std::isnan(r.predicted_low_s)) {  // the calibration's interval, and the measurement in it
+      j["predicted_step_s_low"] = r.predicted_low_s;
+      j["predicted_step_s_high"] = r.predicted_high_s;
+      j["measured_within_interval"] =
+          r.step_s >= r.predicted_low_s && r.step_s <= r.predicted_high_s;
+    }
   }
   Json roles, sent, received, psent, preceived;
   for (std::size_t a = 0; a < kAxes.size(); ++a) {

@@ -1014,6 +1014,14 @@ Result predict(const Point& p, const Study& s, const summa::model::Machine& m, i
                    [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
   r.scheme = r.priced_scheme = std::get<1>(all.front());
   price(summa::SchemeSpec::parse(r.scheme), r, summa::model::Implementation::summa, m);
+  if (m.spread.any()) {  // the chosen scheme's interval (the choice itself held fixed)
+    for (int end : {-1, 1}) {
+      Result bound = r;
+      price(summa::SchemeSpec::parse(r.scheme), bound, summa::model::Implementation::summa,
+            summa::model::at_spread(m, end));
+      (end < 0 ? r.step_low : r.step_high) = bound.step;
+    }
+  }
   Point chosen = p;
   chosen.scheme = r.scheme;
   const Planned chosen_plan = plan_point(chosen, s, m, options);

@@ -603,6 +603,25 @@ summa::SchemeSpec choose_scheme(const Cli& cli, const summa::TrainerOptions& o,
                   static_cast<double>(all[k].memory_bytes) / (1024 * 1024),
                   k == 0 ? "  <- chosen" : "");
   }
+  if (machine.spread.any()) {  // the chosen step at both ends of the calibration's spreads
+    const summa::model::StepTimeOptions time{
+        .offload_bucket = o.optimizer.offload_bucket,
+        .ranks_per_device = summa::ranks_per_device(MPI_COMM_WORLD, cli.backend == "cpu")};
+    const summa::SchemeSpec& spec = all.front().spec;
+    const auto step = [&](int end) {
+      const summa::model::Machine at = summa::model::at_spread(machine, end);
+      return spec.pipeline.active()
+                 ? summa::model::predict_pipeline_step_time(spec, o.config, o.batch, o.seq, o.gpt,
+                                                            summa::dtype_v<T>, at, time)
+                       .step_s
+                 : summa::model::predict_step_time(spec, o.config, o.batch, o.seq, o.gpt,
+                                                   summa::dtype_v<T>, at, time)
+                       .step_s;
+    };
+    const double low = step(-1), high = step(1);
+    if (root)
+      std::printf("  the chosen step from the machine file's spreads: %.4f to %.4f s\n", low, high);
+  }
   return all.front().spec;
 }
 
