@@ -626,15 +626,13 @@ summa::model::LinkLevel measure_links(summa::Communicator& comm, MPI_Comm mpi, s
 
 // The contention of overlap (Machine::contention), as the library overlaps:
 // a GEMM cut into 8 column slices, the all-reduce polled (test) between
-// them. Two pairs: compute-bound (the all-reduce about a third of the
-// GEMM), whose extra time over the GEMM alone is the compute's slowdown
-// times the all-reduce (compute = (both - gemm) / all-reduce); and
-// comm-bound (about three GEMMs), whose time over the all-reduce alone is
-// the collective's (comm = both / all-reduce - 1, when the pair is still
-// bound by the collective). Each at least 0.
+// them. Two pairs: compute-bound (the all-reduce about half the GEMM), whose extra time over the
+// GEMM alone is the compute's slowdown times the all-reduce (compute = (both - gemm) / all-reduce);
+// and comm-bound (about three GEMMs), whose time over the all-reduce alone is the collective's
+// (comm = both / all-reduce - 1, when the pair is still bound by the collective). Each at least 0.
 summa::model::Contention measure_contention(summa::Communicator& comm, MPI_Comm mpi,
                                             summa::Backend& be, const Timer& timer) {
-  const summa::index_t s = 384;
+  const summa::index_t s = 512;  // a few milliseconds: the differences below stand out of the noise
   const auto e = sizeof(float);
   Buffer a(be, static_cast<std::size_t>(s * s) * e), b(be, static_cast<std::size_t>(s * s) * e),
       c(be, static_cast<std::size_t>(s * s) * e);
@@ -658,7 +656,7 @@ summa::model::Contention measure_contention(summa::Communicator& comm, MPI_Comm 
     be.synchronize();
   };
   const double gemm = timed(mpi, sliced_gemm, timer).seconds;
-  // message sizes whose all-reduce takes about gemm / 3 and 3 gemm
+  // message sizes whose all-reduce takes about gemm / 2 and 3 gemm
   std::size_t small = 256, large = 0;
   Buffer send(be, std::size_t{64} << 20), recv(be, std::size_t{64} << 20);
   const auto all_reduce_s = [&](std::size_t bytes) {
@@ -672,7 +670,7 @@ summa::model::Contention measure_contention(summa::Communicator& comm, MPI_Comm 
         .seconds;
   };
   double t_small = all_reduce_s(small), t_large = 0;
-  while (t_small < gemm / 3 && small < (std::size_t{16} << 20)) t_small = all_reduce_s(small *= 4);
+  while (t_small < gemm / 2 && small < (std::size_t{16} << 20)) t_small = all_reduce_s(small *= 2);
   large = small;
   t_large = t_small;
   while (t_large < 3 * gemm && large < (std::size_t{64} << 20)) t_large = all_reduce_s(large *= 4);

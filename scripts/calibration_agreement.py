@@ -99,6 +99,8 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--out", default="/tmp/summa-agreement")
     ap.add_argument("--limit", type=float, default=0.05)
+    ap.add_argument("--calibrate-args", default="",
+                    help="more calibrate flags, e.g. '--min-seconds 0.1 --reps 7'")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1,
                     help="cores of the machine the predictions are for (ranks beyond share)")
     a = ap.parse_args()
@@ -114,6 +116,7 @@ def main():
                "--dtype", "f32", "--ranks", "1,2,4"]
         for _, m in MODELS:
             cmd += ["--gpt", ",".join(f"{k}={v}" for k, v in m.items())]
+        cmd += a.calibrate_args.split()
         print(f"calibration_agreement: calibration {k + 1}: {' '.join(cmd)}", flush=True)
         p = subprocess.run(cmd, env=env, text=True, capture_output=True)
         sys.stdout.write(p.stdout)
