@@ -21,7 +21,7 @@
 // above 10 % (or --max-spread, which then refuses to write) is reported as
 // a loaded or noisy machine, as is a load average beyond these ranks. A
 // prediction's interval prices the file at both ends of its spreads
-// (model::at_spread). About a minute on a 2-core machine.
+// (model::at_spread). About three minutes on a 2-core machine.
 #include <mpi.h>
 
 #include <fmt/format.h>
@@ -92,8 +92,8 @@ double max_over(MPI_Comm comm, double v) {
 // How each measurement is timed: batches of calls lasting at least min_s,
 // `reps` batches (--min-seconds, --reps).
 struct Timer {
-  double min_s = 0.02;
-  int reps = 5;
+  double min_s = 0.06;
+  int reps = 7;
 };
 
 // A measurement on every rank: the median over the ranks of each rank's
@@ -709,8 +709,10 @@ int main(int argc, char** argv) {
     CLI::App app{"Measures this machine for summa's step-time model and writes a machine file"};
     std::string out, name = "this machine", backend = "cpu", comm = "nccl", dtypes = "f32,f64,bf16";
     bool tf32 = false;
-    double min_s = 0.02, max_spread = 0;
-    int reps = 5;
+    // longer batches than the 0.02 s x 5 of before: two calibrations in a
+    // row agree about five times better here (docs/scaling.md)
+    double min_s = 0.06, max_spread = 0;
+    int reps = 7;
     summa::index_t max_size = 768;
     app.add_option("--out", out, "Machine file to write (JSON)")->required();
     app.add_option("--name", name, "The machine's name in the file")->capture_default_str();
