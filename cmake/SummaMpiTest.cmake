@@ -49,14 +49,14 @@ endfunction()
 #   cases, the refusal tests). Every rank of summa's programs ends on its own
 #   with the agreed error, so the tests set 0 (other MPIs ignore the
 #   variable); a user's mpirun keeps Open MPI's default.
-# - A program started without mpirun (a singleton: the serial bench tests,
-#   fit_machine.py's hundred scaling_study runs) skips Open MPI's helper
-#   daemon (ess_singleton_isolated: 0.25 s instead of 0.4 s a start here);
-#   summa never spawns processes, which that would forbid.
+# - Not ess_singleton_isolated (a singleton start without Open MPI's helper
+#   daemon, 0.25 s instead of 0.4 s): every isolated singleton takes the
+#   same session directory, so two at once (ctest -j) remove each other's
+#   (seen: "A call to mkdir was unable to create ... jf.0/1").
 # summa_apply_test_env(): on every test of the calling directory (called last
 # in tests/ and bench/).
 function(summa_apply_test_env)
-  set(_test_env "OMPI_MCA_odls_base_sigkill_timeout=0" "OMPI_MCA_ess_singleton_isolated=1")
+  set(_test_env "OMPI_MCA_odls_base_sigkill_timeout=0")
   if(SUMMA_SANITIZE)
     list(APPEND _test_env
       "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_odr_violation=0:protect_shadow_gap=0:allocator_may_return_null=1"
