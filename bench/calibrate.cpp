@@ -27,12 +27,16 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -132,12 +136,93 @@ Timing timed(MPI_Comm comm, F&& f, const Timer& timer, double scale = 1) {
           .spread = max_over(comm, median > 0 ? iqr / median : 0)};
 }
 
+// When and where a calibration ran, for the machine file's source: the UTC
+// time and the host's CPU model (/proc/cpuinfo's "model name", as lscpu
+// prints it) and online cores; figures from one CPU mean little on another.
+std::string when_and_where() {
+  const std::time_t now = std::time(nullptr);
+  char when[32] = "unknown time";
+  if (const std::tm* t = std::gmtime(&now); t != nullptr)
+    std::strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", t);
+  std::string cpu = "unknown CPU";
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);)
+    if (line.starts_with("model name")) {
+      if (const auto colon = line.find(':'); colon != std::string::npos) {
+        cpu = line.substr(colon + 1);
+        cpu.erase(0, cpu.find_first_not_of(" \t"));
+      }
+      break;
+    }
+  return fmt::format("measured {} on {} ({} cores online)", when, cpu,
+                     std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
 // The median of a list (the spreads of a sweep's shapes).
 double median_of(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   const std::size_t h = v.size() / 2;
   return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+// The interquartile range of a list over its median (0 for fewer than two).
+double relative_iqr(std::vector<double> v) {
+  if (v.size() < 2) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  const double m = median_of(v);
+  return m > 0 ? (v[(3 * n) / 4 < n ? (3 * n) / 4 : n - 1] - v[n / 4]) / m : 0;
+}
+
+// Several functions timed round robin: each repetition times every one of
+// `fs` in turn, in an order that alternates between repetitions, each a
+// batch of calls lasting at least timer.min_s; so a drift of the machine
+// (another tenant's load, the clock) over the seconds they take moves them
+// all alike, which timing one after the other in blocks (timed) does not.
+// Returns, per repetition, each function's seconds per call: the slowest
+// rank's (the ranks agree on the calls and start each batch together).
+std::vector<std::vector<double>> round_robin(MPI_Comm comm,
+                                             const std::vector<std::function<void()>>& fs,
+                                             const Timer& timer, int reps) {
+  const std::size_t n = fs.size();
+  std::vector<int> calls(n);
+  for (std::size_t i = 0; i < n; ++i) {  // one warm-up call each sets its batch
+    MPI_Barrier(comm);
+    const auto t0 = std::chrono::steady_clock::now();
+    fs[i]();
+    double once = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    MPI_Allreduce(MPI_IN_PLACE, &once, 1, MPI_DOUBLE, MPI_MAX, comm);
+    calls[i] =
+        static_cast<int>(std::clamp(std::ceil(timer.min_s / std::max(once, 1e-9)), 1.0, 1e6));
+  }
+  std::vector<std::vector<double>> out(static_cast<std::size_t>(reps), std::vector<double>(n));
+  for (int r = 0; r < reps; ++r)
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::size_t i = r % 2 ? n - 1 - j : j;
+      MPI_Barrier(comm);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int c = 0; c < calls[i]; ++c) fs[i]();
+      double t =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls[i];
+      MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm);
+      out[static_cast<std::size_t>(r)][i] = t;
+    }
+  return out;
+}
+
+// round_robin's figures: each function's median over the repetitions and
+// its spread (relative interquartile range).
+std::vector<Timing> round_robin_timings(MPI_Comm comm, const std::vector<std::function<void()>>& fs,
+                                        const Timer& timer) {
+  const auto t = round_robin(comm, fs, timer, timer.reps);
+  std::vector<Timing> out(fs.size());
+  for (std::size_t i = 0; i < fs.size(); ++i) {
+    std::vector<double> v;
+    for (const auto& rep : t) v.push_back(rep[i]);
+    out[i] = {.seconds = median_of(v), .spread = relative_iqr(v)};
+  }
+  return out;
 }
 
 struct Buffer {
@@ -359,23 +444,31 @@ std::array<double, summa::model::pointwise_count> measure_pointwise(summa::Backe
     return summa::ConstMatrixView<T>(view(p, r, c));
   };
   spread = 0;
-  const auto per_second = [&](double elements, auto&& kernel) {
-    const Timing t = timed(
-        MPI_COMM_WORLD,
-        [&] {
-          kernel();
-          be.synchronize();
-        },
-        timer);
-    spread = std::max(spread, t.spread);  // the worst kernel's
-    return elements / t.seconds;
+  // The kernels are timed round robin (one batch of each per repetition):
+  // each `per_second` registers a kernel and the slot its rate goes to,
+  // filled in by `run` below.
+  std::vector<std::function<void()>> kernels;
+  std::vector<std::pair<double*, double>> slots;  // rate, elements per call
+  const auto per_second = [&](double* slot, double elements, auto kernel) {
+    kernels.emplace_back([&be, kernel] {
+      kernel();
+      be.synchronize();
+    });
+    slots.emplace_back(slot, elements);
   };
   const summa::index_t rows = 1024, cols = 1024, n = rows * cols, s = 64;
   Buffer x(be, static_cast<std::size_t>(n) * sizeof(T)),
       y(be, static_cast<std::size_t>(n) * sizeof(T)),
       dy(be, static_cast<std::size_t>(n) * sizeof(T));
+  // Each kernel has its own inputs, which no other kernel writes: timed
+  // round robin, a kernel reading another's output would see arguments
+  // that change with the order (exp's speed depends on them).
+  Buffer logits(be, static_cast<std::size_t>(n) * sizeof(T));  // cross_entropy_grad's, in place
   Buffer max(be, static_cast<std::size_t>(rows) * sizeof(A)),
       sum(be, static_cast<std::size_t>(rows) * sizeof(A)),
+      ln_mean(be, static_cast<std::size_t>(rows) * sizeof(A)),
+      ln_rstd(be, static_cast<std::size_t>(rows) * sizeof(A)),
+      ln_scratch(be, static_cast<std::size_t>(rows) * sizeof(A)),
       gamma(be, static_cast<std::size_t>(2 * cols) * sizeof(T)),
       partial(be, static_cast<std::size_t>(2 * cols) * sizeof(T)),
       ab(be, static_cast<std::size_t>(2 * rows) * sizeof(A));
@@ -387,16 +480,30 @@ std::array<double, summa::model::pointwise_count> measure_pointwise(summa::Backe
     for (T& v : host) v = T(normal(rng));
     be.upload(x.data, host.data(), host.size() * sizeof(T));
     be.upload(dy.data, host.data(), host.size() * sizeof(T));
+    be.upload(logits.data, host.data(), host.size() * sizeof(T));
+    // the exp passes' row maxima and sums of x (a softmax's)
+    std::vector<A> row_max(static_cast<std::size_t>(rows)), row_sum(row_max.size());
+    for (summa::index_t r = 0; r < rows; ++r) {
+      const T* row = host.data() + r * cols;
+      A mx = static_cast<A>(static_cast<float>(row[0])), sm = 0;
+      for (summa::index_t c = 1; c < cols; ++c)
+        mx = std::max(mx, static_cast<A>(static_cast<float>(row[c])));
+      for (summa::index_t c = 0; c < cols; ++c)
+        sm += std::exp(static_cast<A>(static_cast<float>(row[c])) - mx);
+      row_max[static_cast<std::size_t>(r)] = mx;
+      row_sum[static_cast<std::size_t>(r)] = sm;
+    }
+    be.upload(max.data, row_max.data(), row_max.size() * sizeof(A));
+    be.upload(sum.data, row_sum.data(), row_sum.size() * sizeof(A));
   }
   auto& at = rate;
-  at[static_cast<std::size_t>(Pointwise::gelu)] = per_second(static_cast<double>(n), [&] {
-    be.gelu_forward(cview(x.data, rows, cols), view(y.data, rows, cols));
-  });
-  at[static_cast<std::size_t>(Pointwise::gelu_grad)] = per_second(static_cast<double>(n), [&] {
+  per_second(&at[static_cast<std::size_t>(Pointwise::gelu)], static_cast<double>(n),
+             [&] { be.gelu_forward(cview(x.data, rows, cols), view(y.data, rows, cols)); });
+  per_second(&at[static_cast<std::size_t>(Pointwise::gelu_grad)], static_cast<double>(n), [&] {
     be.gelu_backward(cview(x.data, rows, cols), cview(dy.data, rows, cols),
                      view(y.data, rows, cols));
   });
-  at[static_cast<std::size_t>(Pointwise::softmax)] = per_second(static_cast<double>(n), [&] {
+  per_second(&at[static_cast<std::size_t>(Pointwise::softmax)], static_cast<double>(n), [&] {
     for (summa::index_t b = 0; b < n / (s * s); ++b) {
       T* const block = static_cast<T*>(x.data) + b * s * s;
       T* const out = static_cast<T*>(y.data) + b * s * s;
@@ -406,32 +513,32 @@ std::array<double, summa::model::pointwise_count> measure_pointwise(summa::Backe
   std::vector<std::int32_t> host_targets(static_cast<std::size_t>(rows), 3);
   Buffer targets(be, host_targets.size() * sizeof(std::int32_t));
   be.upload(targets.data, host_targets.data(), host_targets.size() * sizeof(std::int32_t));
-  // One exp pass each: row_sum_exp, and cross_entropy_grad (on a copy of
-  // the logits, in place).
-  const double sum_exp =
-      1.0 / per_second(static_cast<double>(n), [&] {
-        be.row_sum_exp(cview(x.data, rows, cols), static_cast<const A*>(max.data),
-                       static_cast<A*>(sum.data));
-      });
-  const double grad =
-      1.0 / per_second(static_cast<double>(n), [&] {
-        be.cross_entropy_grad(view(y.data, rows, cols), static_cast<const A*>(max.data),
-                              static_cast<const A*>(sum.data),
-                              static_cast<const std::int32_t*>(targets.data), 0, 1.0);
-      });
-  at[static_cast<std::size_t>(Pointwise::exp)] = 2.0 / (sum_exp + grad);
-  const A* mean = static_cast<const A*>(max.data);
-  const A* rstd = static_cast<const A*>(sum.data);
+  // One exp pass each: row_sum_exp (into its own row sums), and
+  // cross_entropy_grad (on its own copy of the logits, in place).
+  double sum_exp = 0, grad = 0;  // rates of the two exp passes
+  per_second(&sum_exp, static_cast<double>(n), [&] {
+    be.row_sum_exp(cview(x.data, rows, cols), static_cast<const A*>(max.data),
+                   static_cast<A*>(ln_scratch.data));
+  });
+  per_second(&grad, static_cast<double>(n), [&] {
+    be.cross_entropy_grad(view(logits.data, rows, cols), static_cast<const A*>(max.data),
+                          static_cast<const A*>(sum.data),
+                          static_cast<const std::int32_t*>(targets.data), 0, 1.0);
+  });
+  const A* mean = static_cast<const A*>(ln_mean.data);
+  const A* rstd = static_cast<const A*>(ln_rstd.data);
   const T* g = static_cast<const T*>(gamma.data);
-  at[static_cast<std::size_t>(Pointwise::layernorm)] = per_second(static_cast<double>(n), [&] {
-    be.layernorm_partial_sums(cview(x.data, rows, cols), nullptr, static_cast<A*>(max.data));
-    be.layernorm_mean(rows, cols, mean, static_cast<A*>(max.data));
-    be.layernorm_partial_sums(cview(x.data, rows, cols), mean, static_cast<A*>(sum.data));
-    be.layernorm_rstd(rows, cols, 1e-5, rstd, static_cast<A*>(sum.data));
+  per_second(&at[static_cast<std::size_t>(Pointwise::layernorm)], static_cast<double>(n), [&] {
+    A* const mean_out = static_cast<A*>(ln_mean.data);
+    A* const rstd_out = static_cast<A*>(ln_rstd.data);
+    be.layernorm_partial_sums(cview(x.data, rows, cols), nullptr, mean_out);
+    be.layernorm_mean(rows, cols, mean_out, mean_out);
+    be.layernorm_partial_sums(cview(x.data, rows, cols), mean, rstd_out);
+    be.layernorm_rstd(rows, cols, 1e-5, rstd_out, rstd_out);
     be.layernorm_apply(cview(x.data, rows, cols), mean, rstd, g, g + cols,
                        view(y.data, rows, cols));
   });
-  at[static_cast<std::size_t>(Pointwise::layernorm_grad)] = per_second(static_cast<double>(n), [&] {
+  per_second(&at[static_cast<std::size_t>(Pointwise::layernorm_grad)], static_cast<double>(n), [&] {
     T* const p = static_cast<T*>(partial.data);
     A* const a = static_cast<A*>(ab.data);
     be.layernorm_param_partials(cview(x.data, rows, cols), cview(dy.data, rows, cols), mean, rstd,
@@ -441,6 +548,12 @@ std::array<double, summa::model::pointwise_count> measure_pointwise(summa::Backe
     be.layernorm_backward_apply(cview(x.data, rows, cols), cview(dy.data, rows, cols), mean, rstd,
                                 g, a, a + rows, cols, view(y.data, rows, cols));
   });
+  const std::vector<Timing> t = round_robin_timings(MPI_COMM_WORLD, kernels, timer);
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    *slots[i].first = slots[i].second / t[i].seconds;
+    spread = std::max(spread, t[i].spread);  // the worst kernel's
+  }
+  at[static_cast<std::size_t>(Pointwise::exp)] = 2.0 / (1.0 / sum_exp + 1.0 / grad);
   return rate;
 }
 
@@ -459,6 +572,42 @@ double measure_bandwidth(summa::Backend& be, const Timer& timer, double& spread)
       timer);
   spread = s.spread;
   return 3.0 * 4.0 * static_cast<double>(n) / s.seconds;
+}
+
+// The machine's drift over a calibration: a probe (the element-wise
+// bandwidth and GeLU's rate, the figures that move most on a shared
+// machine) timed at the start and again at the end; its relative change,
+// the larger of the two, is how far the machine itself moved while the
+// figures were taken (a noisy neighbour's memory traffic, the host's clock).
+struct Probe {
+  double bandwidth = 0, gelu = 0;
+};
+Probe probe(summa::Backend& be, const Timer& timer) {
+  Probe out;
+  double ignored = 0;
+  out.bandwidth = measure_bandwidth(be, timer, ignored);
+  const summa::index_t n = 1024;
+  Buffer x(be, static_cast<std::size_t>(n * n) * 4), y(be, static_cast<std::size_t>(n * n) * 4);
+  {
+    std::mt19937_64 rng(11);
+    std::normal_distribution<float> normal;
+    std::vector<float> host(static_cast<std::size_t>(n * n));
+    for (float& v : host) v = normal(rng);
+    be.upload(x.data, host.data(), host.size() * sizeof(float));
+  }
+  const auto view = [&](void* p) {
+    return summa::MatrixView<float>::dense(static_cast<float*>(p), n, n, summa::Order::row_major);
+  };
+  const auto gelu = [&] {
+    be.gelu_forward(summa::ConstMatrixView<float>(view(x.data)), view(y.data));
+    be.synchronize();
+  };
+  out.gelu = static_cast<double>(n * n) / timed(MPI_COMM_WORLD, gelu, timer).seconds;
+  return out;
+}
+double drift_between(const Probe& a, const Probe& b) {
+  const auto rel = [](double x, double y) { return x > 0 ? std::abs(y / x - 1) : 0.0; };
+  return std::max(rel(a.bandwidth, b.bandwidth), rel(a.gelu, b.gelu));
 }
 
 // Seconds one kernel call costs beyond its work (DeviceModel::launch_s):
@@ -626,12 +775,23 @@ summa::model::LinkLevel measure_links(summa::Communicator& comm, MPI_Comm mpi, s
 
 // The contention of overlap (Machine::contention), as the library overlaps:
 // a GEMM cut into 8 column slices, the all-reduce polled (test) between
-// them. Two pairs: compute-bound (the all-reduce about half the GEMM), whose extra time over the
-// GEMM alone is the compute's slowdown times the all-reduce (compute = (both - gemm) / all-reduce);
-// and comm-bound (about three GEMMs), whose time over the all-reduce alone is the collective's
-// (comm = both / all-reduce - 1, when the pair is still bound by the collective). Each at least 0.
-summa::model::Contention measure_contention(summa::Communicator& comm, MPI_Comm mpi,
-                                            summa::Backend& be, const Timer& timer) {
+// them. Compute-bound pairs (all-reduces of about a quarter and half of the
+// GEMM): their extra time over the GEMM alone is the compute's slowdown
+// times the all-reduce (compute = (both - gemm) / all-reduce); a comm-bound
+// pair (about three GEMMs): its time over the all-reduce alone is the
+// collective's (comm = both / all-reduce - 1, when the pair is still bound
+// by the collective). The figures are small differences of noisy times, so
+// each repetition times the GEMM, the all-reduce and the pair back to back
+// (round_robin) and the figure is the median over the repetitions' ratios (2 x
+// --reps of them), each at least 0; `spread` is their interquartile range
+// (absolute, in the factor's units).
+struct ContentionTiming {
+  summa::model::Contention factors;
+  double spread = 0;
+};
+
+ContentionTiming measure_contention(summa::Communicator& comm, MPI_Comm mpi, summa::Backend& be,
+                                    const Timer& timer) {
   const summa::index_t s = 512;  // a few milliseconds: the differences below stand out of the noise
   const auto e = sizeof(float);
   Buffer a(be, static_cast<std::size_t>(s * s) * e), b(be, static_cast<std::size_t>(s * s) * e),
@@ -656,47 +816,59 @@ summa::model::Contention measure_contention(summa::Communicator& comm, MPI_Comm 
     be.synchronize();
   };
   const double gemm = timed(mpi, sliced_gemm, timer).seconds;
-  // message sizes whose all-reduce takes about gemm / 2 and 3 gemm
-  std::size_t small = 256, large = 0;
   Buffer send(be, std::size_t{64} << 20), recv(be, std::size_t{64} << 20);
+  const auto all_reduce = [&](std::size_t bytes) {
+    return [&, bytes] {
+      comm.all_reduce(send.data, recv.data, bytes / 4, DType::f32, summa::ReduceOp::sum);
+      be.synchronize();
+    };
+  };
   const auto all_reduce_s = [&](std::size_t bytes) {
-    return timed(
-               mpi,
-               [&] {
-                 comm.all_reduce(send.data, recv.data, bytes / 4, DType::f32, summa::ReduceOp::sum);
-                 be.synchronize();
-               },
-               timer)
-        .seconds;
+    return timed(mpi, all_reduce(bytes), timer).seconds;
   };
-  double t_small = all_reduce_s(small), t_large = 0;
-  while (t_small < gemm / 2 && small < (std::size_t{16} << 20)) t_small = all_reduce_s(small *= 2);
-  large = small;
-  t_large = t_small;
-  while (t_large < 3 * gemm && large < (std::size_t{64} << 20)) t_large = all_reduce_s(large *= 4);
+  // message sizes whose all-reduce takes about gemm / 4, gemm / 2 and 3 gemm
+  const auto size_for = [&](std::size_t from, double target, std::size_t cap) {
+    std::size_t bytes = from;
+    while (all_reduce_s(bytes) < target && bytes < cap) bytes *= 2;
+    return bytes;
+  };
+  const std::size_t quarter = size_for(256, gemm / 4, std::size_t{8} << 20);
+  const std::size_t half = size_for(quarter, gemm / 2, std::size_t{16} << 20);
+  const std::size_t large = size_for(half, 3 * gemm, std::size_t{64} << 20);
   const auto both = [&](std::size_t bytes) {
-    return timed(
-               mpi,
-               [&] {
-                 pending = comm.iall_reduce(send.data, recv.data, bytes / 4, DType::f32,
-                                            summa::ReduceOp::sum);
-                 in_flight = true;
-                 sliced_gemm();
-                 comm.wait(pending);
-                 in_flight = false;
-                 be.synchronize();
-               },
-               timer)
-        .seconds;
+    return [&, bytes] {
+      pending = comm.iall_reduce(send.data, recv.data, bytes / 4, DType::f32, summa::ReduceOp::sum);
+      in_flight = true;
+      sliced_gemm();
+      comm.wait(pending);
+      in_flight = false;
+      be.synchronize();
+    };
   };
-  summa::model::Contention out;
-  const double pair_small = both(small), pair_large = both(large);
-  out.compute = std::max(0.0, (pair_small - gemm) / std::max(t_small, 1e-12));
-  if (pair_large >= gemm * (1 + out.compute))  // still bound by the collective
-    out.comm = std::max(0.0, pair_large / std::max(t_large, 1e-12) - 1);
-  // the same figures on every rank (the slowest's)
-  MPI_Allreduce(MPI_IN_PLACE, &out.compute, 1, MPI_DOUBLE, MPI_MAX, mpi);
-  MPI_Allreduce(MPI_IN_PLACE, &out.comm, 1, MPI_DOUBLE, MPI_MAX, mpi);
+  const int reps = 2 * timer.reps;
+  std::vector<double> compute, comm_bound;
+  for (const std::size_t bytes : {quarter, half}) {
+    const auto t = round_robin(mpi, {sliced_gemm, all_reduce(bytes), both(bytes)}, timer, reps);
+    for (const auto& r : t) compute.push_back(std::max(0.0, (r[2] - r[0]) / std::max(r[1], 1e-12)));
+  }
+  ContentionTiming out;
+  out.factors.compute = median_of(compute);
+  const auto t = round_robin(mpi, {sliced_gemm, all_reduce(large), both(large)}, timer, reps);
+  for (const auto& r : t)
+    if (r[2] >= r[0] * (1 + out.factors.compute))  // still bound by the collective
+      comm_bound.push_back(std::max(0.0, r[2] / std::max(r[1], 1e-12) - 1));
+  out.factors.comm = median_of(comm_bound);
+  const auto iqr = [](std::vector<double> v) {
+    if (v.size() < 2) return 0.0;
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return v[(3 * n) / 4 < n ? (3 * n) / 4 : n - 1] - v[n / 4];
+  };
+  out.spread = std::max(iqr(compute), iqr(comm_bound));
+  // the same figures on every rank (round_robin took the slowest rank's times)
+  MPI_Bcast(&out.factors.compute, 1, MPI_DOUBLE, 0, mpi);
+  MPI_Bcast(&out.factors.comm, 1, MPI_DOUBLE, 0, mpi);
+  MPI_Bcast(&out.spread, 1, MPI_DOUBLE, 0, mpi);
   return out;
 }
 
@@ -813,6 +985,7 @@ int main(int argc, char** argv) {
       auto dev = summa::bench::make_backend<UsageError>(backend, comm, tf32,
                                                         app.count("--comm") > 0, "calibrate");
       summa::Backend& be = *dev.backend;
+      const Probe probe_start = probe(be, timer);
       summa::model::Machine m;
       m.name = name;
       MPI_Comm node;
@@ -876,15 +1049,18 @@ int main(int argc, char** argv) {
         m.inter_node = measure_links(inter, across, be, timer, m.spread.inter_node);
       }
       // overlap's contention: on the node's links where there are some
+      ContentionTiming contention;
       if (per_node > 1) {
         summa::TrafficCounter c_overlap;
         summa::MpiCommunicator intra(node, false, summa::CommAxis::other, &c_overlap);
-        m.contention = measure_contention(intra, node, be, timer);
+        contention = measure_contention(intra, node, be, timer);
       } else if (nodes > 1) {
         summa::TrafficCounter c_overlap;
         summa::MpiCommunicator inter(across, false, summa::CommAxis::other, &c_overlap);
-        m.contention = measure_contention(inter, across, be, timer);
+        contention = measure_contention(inter, across, be, timer);
       }
+      m.contention = contention.factors;
+      m.spread.contention = contention.spread;
       if (per_node == 1 && nodes == 1) {
         for (Collective c : summa::model::all_collectives)
           m.intra_node[c] = {1e-6, 1e10, Algorithm::ring, {}};
@@ -903,6 +1079,7 @@ int main(int argc, char** argv) {
       }
       MPI_Comm_free(&across);
       MPI_Comm_free(&node);
+      const double drift = drift_between(probe_start, probe(be, timer));
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       // The spreads: each figure's movement over its repetitions. A loaded
@@ -918,6 +1095,12 @@ int main(int argc, char** argv) {
       spreads.emplace_back("element-wise bandwidth", m.spread.memory_bandwidth);
       if (per_node > 1) spreads.emplace_back("intra-node collectives", m.spread.intra_node);
       if (nodes > 1) spreads.emplace_back("inter-node collectives", m.spread.inter_node);
+      // absolute (the factors' own units): 0.1 is 10 percentage points of slowdown
+      if (per_node > 1 || nodes > 1)
+        spreads.emplace_back("overlap contention", m.spread.contention);
+      // the probe's change from the start to the end: two calibrations can
+      // agree no better than the machine holds still
+      spreads.emplace_back("drift (start to end)", drift);
       double load = 0;  // the node's 1-minute load average beyond these ranks, per core
       if (double avg[1]; getloadavg(avg, 1) == 1) {
         const double cores = static_cast<double>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
@@ -935,12 +1118,14 @@ int main(int argc, char** argv) {
           "{} on {} rank(s), {} per node, backend {}: GEMM tables "
           "measured with every rank multiplying at once ({} shapes of {} --gpt "
           "configuration(s) included), element-wise bandwidth from axpby, the per-call overhead "
-          "from 64 one-element axpby calls, GeLU / softmax / exp "
-          "kernel rates, collectives from 8 B to 4 MiB (ring formulas fitted by least squares "
-          "over 11 sizes, by two size ranges where one line fits badly); each figure the median of "
-          "{} repetitions, {} (\"spread\"); {}; {:.1f} s",
+          "from 64 one-element axpby calls, GeLU / softmax / exp / LayerNorm "
+          "kernel rates (timed round robin), collectives from 8 B to 4 MiB (ring formulas fitted "
+          "by least squares over 11 sizes, by two size ranges where one line fits badly), "
+          "overlap's contention from a sliced GEMM beside an all-reduce (paired repetitions); "
+          "each figure the median of "
+          "{} repetitions, {} (\"spread\"); {}; {:.1f} s, {}",
           kCalibrateSource, ranks, per_node, backend, gpt_shape_count, gpts.size(), reps,
-          spread_note, links_note, seconds);
+          spread_note, links_note, seconds, when_and_where());
       if (!noisy.empty() || load > 0.25) {
         const std::string why = fmt::format(
             "the figures moved between repetitions ({}){}: the machine looks loaded or noisy",

@@ -254,7 +254,8 @@ model::Machine parse_machine(std::string_view text, std::string_view what) {
       }
     for (const auto& [key, value] : {std::pair{"memory_bandwidth", &m.spread.memory_bandwidth},
                                      std::pair{"intra_node", &m.spread.intra_node},
-                                     std::pair{"inter_node", &m.spread.inter_node}})
+                                     std::pair{"inter_node", &m.spread.inter_node},
+                                     std::pair{"contention", &m.spread.contention}})
       if (sp.find(key) != nullptr) *value = fraction(sp, key);
     sp.done();
   }
@@ -348,7 +349,8 @@ std::string machine_json(const model::Machine& m) {
     }
     for (const auto& [key, value] : {std::pair{"memory_bandwidth", m.spread.memory_bandwidth},
                                      std::pair{"intra_node", m.spread.intra_node},
-                                     std::pair{"inter_node", m.spread.inter_node}})
+                                     std::pair{"inter_node", m.spread.inter_node},
+                                     std::pair{"contention", m.spread.contention}})
       if (value > 0) sp[key] = value;
     root["spread"] = sp;
   }

@@ -164,7 +164,7 @@ bool Spread::any() const {
   const auto positive = [](double v) { return v > 0; };
   return std::any_of(gemm.begin(), gemm.end(), positive) ||
          std::any_of(pointwise.begin(), pointwise.end(), positive) || memory_bandwidth > 0 ||
-         intra_node > 0 || inter_node > 0;
+         intra_node > 0 || inter_node > 0 || contention > 0;
 }
 
 Machine at_spread(const Machine& m, int end) {
@@ -191,6 +191,10 @@ Machine at_spread(const Machine& m, int end) {
         r.alpha_s = end > 0 ? r.alpha_s * f : r.alpha_s / f;
       }
     }
+  // overlap's contention: an absolute spread of the factors
+  for (double* f : {&out.contention.compute, &out.contention.comm})
+    if (*f > 0 || end > 0)
+      *f = std::max(0.0, *f + (end > 0 ? 1 : -1) * std::max(0.0, m.spread.contention));
   return out;
 }
 

@@ -118,8 +118,9 @@ TEST(MachineFile, BadFilesAreRefusedByName) {
 
 // A calibration's spreads: optional, read and written back, refused by
 // name when negative or of an unknown key; at_spread prices the machine at
-// both ends (rates divided or multiplied by 1 + spread, α the other way),
-// leaves a figure without a spread alone, and is the machine itself at 0.
+// both ends (rates divided or multiplied by 1 + spread, α the other way,
+// overlap's contention factors plus or minus theirs), leaves a figure
+// without a spread alone, and is the machine itself at 0.
 TEST(MachineFile, SpreadsAndTheirEnds) {
   model::Machine m = io::parse_machine(valid(), "m.json");
   EXPECT_FALSE(m.spread.any());
@@ -152,6 +153,19 @@ TEST(MachineFile, SpreadsAndTheirEnds) {
   EXPECT_DOUBLE_EQ(slow.intra_node[Collective::all_reduce].alpha_s, 1e-6 * 2.5);
   EXPECT_DOUBLE_EQ(fast.intra_node[Collective::all_reduce].alpha_s, 1e-6 / 2.5);
   EXPECT_EQ(slow.inter_node, m.inter_node);  // no spread recorded there
+  EXPECT_EQ(slow.contention, m.contention);  // none recorded: overlap stays free
+  // overlap's contention: an absolute spread, added at the slow end and
+  // taken off (not below 0) at the fast end
+  m.contention = {.compute = 0.6, .comm = 0.05};
+  m.spread.contention = 0.2;
+  EXPECT_EQ(io::parse_machine(io::machine_json(m), "m.json"), m);
+  const model::Machine slow2 = model::at_spread(m, 1), fast2 = model::at_spread(m, -1);
+  EXPECT_DOUBLE_EQ(slow2.contention.compute, 0.8);
+  EXPECT_DOUBLE_EQ(slow2.contention.comm, 0.25);
+  EXPECT_DOUBLE_EQ(fast2.contention.compute, 0.4);
+  EXPECT_DOUBLE_EQ(fast2.contention.comm, 0.0);
+  expect(replaced(io::machine_json(m), "\"contention\": 0.2", "\"contention\": -0.2"),
+         "\"spread\".\"contention\" is number -0.2, expected a number >= 0");
 }
 
 // A collective's size ranges (calibrate's two lines): each message takes

@@ -186,6 +186,10 @@ struct Spread {
   std::array<double, 3> pointwise{};  ///< the Pointwise kernels, per element type
   double memory_bandwidth = 0;
   double intra_node = 0, inter_node = 0;  ///< the level's collectives (α and β)
+  /// Overlap's contention factors (Contention), absolute: the interquartile
+  /// range of calibrate's paired repetitions; the slow end adds it to both
+  /// factors, the fast end takes it off (not below 0).
+  double contention = 0;
   bool any() const;
   friend bool operator==(const Spread&, const Spread&) = default;
 };
