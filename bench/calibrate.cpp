@@ -166,13 +166,17 @@ double median_of(std::vector<double> v) {
   return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
-// The interquartile range of a list over its median (0 for fewer than two).
-double relative_iqr(std::vector<double> v) {
+// The interquartile range of a list (0 for fewer than two), and over its
+// median.
+double iqr_of(std::vector<double> v) {
   if (v.size() < 2) return 0;
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
+  return v[(3 * n) / 4 < n ? (3 * n) / 4 : n - 1] - v[n / 4];
+}
+double relative_iqr(const std::vector<double>& v) {
   const double m = median_of(v);
-  return m > 0 ? (v[(3 * n) / 4 < n ? (3 * n) / 4 : n - 1] - v[n / 4]) / m : 0;
+  return m > 0 ? iqr_of(v) / m : 0;
 }
 
 // Several functions timed round robin: each repetition times every one of
@@ -446,7 +450,7 @@ std::array<double, summa::model::pointwise_count> measure_pointwise(summa::Backe
   spread = 0;
   // The kernels are timed round robin (one batch of each per repetition):
   // each `per_second` registers a kernel and the slot its rate goes to,
-  // filled in by `run` below.
+  // filled in after round_robin_timings below.
   std::vector<std::function<void()>> kernels;
   std::vector<std::pair<double*, double>> slots;  // rate, elements per call
   const auto per_second = [&](double* slot, double elements, auto kernel) {
@@ -858,13 +862,7 @@ ContentionTiming measure_contention(summa::Communicator& comm, MPI_Comm mpi, sum
     if (r[2] >= r[0] * (1 + out.factors.compute))  // still bound by the collective
       comm_bound.push_back(std::max(0.0, r[2] / std::max(r[1], 1e-12) - 1));
   out.factors.comm = median_of(comm_bound);
-  const auto iqr = [](std::vector<double> v) {
-    if (v.size() < 2) return 0.0;
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return v[(3 * n) / 4 < n ? (3 * n) / 4 : n - 1] - v[n / 4];
-  };
-  out.spread = std::max(iqr(compute), iqr(comm_bound));
+  out.spread = std::max(iqr_of(compute), iqr_of(comm_bound));
   // the same figures on every rank (round_robin took the slowest rank's times)
   MPI_Bcast(&out.factors.compute, 1, MPI_DOUBLE, 0, mpi);
   MPI_Bcast(&out.factors.comm, 1, MPI_DOUBLE, 0, mpi);
