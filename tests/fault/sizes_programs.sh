@@ -181,6 +181,12 @@ cp "$(dirname "$0")/../../machines/perlmutter.json" "$W/pm.json"
 refused "calibrate: error: --out: '.*pm.json' is a machine file calibrate did not write" \
   "$CALIBRATE" --out "$W/pm.json" --max-size 32 --min-seconds 0.01
 cmp -s "$W/pm.json" "$(dirname "$0")/../../machines/perlmutter.json" || fail "pm.json was replaced"
+case=calibrate_max_spread_drift  # issue 29: a machine that moves refuses, naming the drift
+# --max-spread below any figure's spread: every figure is past it, the drift
+# probe's start-to-end change among them; nothing is written
+refused "calibrate: error: the figures moved between repetitions \(.*drift \(start to end\) [0-9.]+ %\).*not written \(--max-spread 1e-09\)" \
+  "$CALIBRATE" --out "$W/spread.json" --max-size 32 --min-seconds 0.001 --dtype f32 --max-spread 1e-9
+[ ! -e "$W/spread.json" ] || fail "a machine file was written"
 case=calibrate_ranks_beyond_mesh  # was: SIGFPE in step_gemm_shapes (a 64x64 mesh over hidden 32)
 # no scheme of 4096 ranks splits hidden 32: refused, naming the point
 out=$(timeout -s KILL 120 "$MPIEXEC" -np 1 "${FLAGS[@]}" "$CALIBRATE" --out "$W/ranks.json" \
