@@ -21,7 +21,9 @@
 // above 10 % (or --max-spread, which then refuses to write) is reported as
 // a loaded or noisy machine, as is a load average beyond these ranks. A
 // prediction's interval prices the file at both ends of its spreads
-// (model::at_spread). About three minutes on a 2-core machine.
+// (model::at_spread). About three minutes on a 2-core machine; --passes N
+// makes N whole calibrations and keeps each figure's median over them
+// (median_of_passes), N times as long.
 #include <mpi.h>
 
 #include <fmt/format.h>
@@ -614,6 +616,103 @@ double drift_between(const Probe& a, const Probe& b) {
   return std::max(rel(a.bandwidth, b.bandwidth), rel(a.gelu, b.gelu));
 }
 
+// Several whole calibrations of one run (--passes) made one, figure by
+// figure: each rate, bandwidth, overhead, α and β and contention factor the
+// median over the passes; a GEMM table's entries by their rates (efficiency
+// times the pass's peak), the peak the best of those medians; a
+// collective's size ranges where every pass split the sizes alike, else
+// the ranges of the pass whose β is the median. Each spread is the larger
+// of the passes' median spread and the passes' own movement (the relative
+// interquartile range of the figure over them): a figure that held still
+// within each pass but moved between them is as uncertain as that.
+summa::model::Machine median_of_passes(const std::vector<summa::model::Machine>& ms) {
+  using summa::model::CollectiveCost;
+  using summa::model::Machine;
+  summa::model::Machine out = ms.front();
+  if (ms.size() == 1) return out;
+  const auto values = [&](auto&& get) {
+    std::vector<double> v;
+    for (const Machine& m : ms) v.push_back(get(m));
+    return v;
+  };
+  const auto median = [&](auto&& get) { return median_of(values(get)); };
+  const auto movement = [&](auto&& get) { return relative_iqr(values(get)); };
+  for (std::size_t t = 0; t < 3; ++t) {
+    summa::model::GemmModel& g = out.device.gemm[t];
+    if (g.peak_flops <= 0) continue;
+    std::vector<double> rates(g.table.size()), moved;
+    for (std::size_t i = 0; i < g.table.size(); ++i) {
+      const auto rate = [&](const Machine& m) {
+        return m.device.gemm[t].table[i].efficiency * m.device.gemm[t].peak_flops;
+      };
+      rates[i] = median(rate);
+      moved.push_back(movement(rate));
+    }
+    g.peak_flops = *std::max_element(rates.begin(), rates.end());
+    for (std::size_t i = 0; i < g.table.size(); ++i)
+      g.table[i].efficiency = std::max(1e-6, rates[i] / g.peak_flops);
+    out.spread.gemm[t] =
+        std::max(median([&](const Machine& m) { return m.spread.gemm[t]; }), median_of(moved));
+    double worst_moved = 0;
+    for (std::size_t f = 0; f < summa::model::pointwise_count; ++f) {
+      const auto rate = [&](const Machine& m) { return m.device.pointwise[t][f]; };
+      out.device.pointwise[t][f] = median(rate);
+      worst_moved = std::max(worst_moved, movement(rate));
+    }
+    out.spread.pointwise[t] =
+        std::max(median([&](const Machine& m) { return m.spread.pointwise[t]; }), worst_moved);
+  }
+  const auto bandwidth = [](const Machine& m) { return m.device.memory_bandwidth; };
+  out.device.memory_bandwidth = median(bandwidth);
+  out.spread.memory_bandwidth = std::max(
+      median([](const Machine& m) { return m.spread.memory_bandwidth; }), movement(bandwidth));
+  out.device.launch_s = median([](const Machine& m) { return m.device.launch_s; });
+  // the contention factors and their spread (absolute, as Spread::contention)
+  const auto compute = [](const Machine& m) { return m.contention.compute; };
+  const auto comm = [](const Machine& m) { return m.contention.comm; };
+  out.contention = {.compute = median(compute), .comm = median(comm)};
+  out.spread.contention = std::max({median([](const Machine& m) { return m.spread.contention; }),
+                                    iqr_of(values(compute)), iqr_of(values(comm))});
+  using summa::model::Spread;
+  for (const auto& [level, level_spread] : {std::pair{&Machine::intra_node, &Spread::intra_node},
+                                            std::pair{&Machine::inter_node, &Spread::inter_node}}) {
+    double worst_moved = 0;
+    for (Collective c : summa::model::all_collectives) {
+      const auto cost = [&](const Machine& m) -> const CollectiveCost& { return (m.*level)[c]; };
+      CollectiveCost& o = (out.*level)[c];
+      const auto alpha = [&](const Machine& m) { return cost(m).alpha_s; };
+      const auto beta = [&](const Machine& m) { return cost(m).beta_bytes_s; };
+      o.alpha_s = median(alpha);
+      o.beta_bytes_s = median(beta);
+      worst_moved = std::max({worst_moved, movement(alpha), movement(beta)});
+      bool alike = true;
+      for (const Machine& m : ms) {
+        const auto& r = cost(m).ranges;
+        alike = alike && r.size() == o.ranges.size();
+        for (std::size_t i = 0; alike && i < r.size(); ++i)
+          alike = r[i].up_to_bytes == o.ranges[i].up_to_bytes;
+      }
+      if (alike) {
+        for (std::size_t i = 0; i < o.ranges.size(); ++i) {
+          o.ranges[i].alpha_s = median([&](const Machine& m) { return cost(m).ranges[i].alpha_s; });
+          o.ranges[i].beta_bytes_s =
+              median([&](const Machine& m) { return cost(m).ranges[i].beta_bytes_s; });
+        }
+      } else {  // the pass whose whole-line β is the median (the lower middle of an even count)
+        std::vector<std::pair<double, std::size_t>> by_beta;
+        for (std::size_t i = 0; i < ms.size(); ++i) by_beta.emplace_back(beta(ms[i]), i);
+        std::sort(by_beta.begin(), by_beta.end());
+        o.ranges = cost(ms[by_beta[(by_beta.size() - 1) / 2].second]).ranges;
+      }
+    }
+    out.spread.*level_spread = std::max(median([&, level_spread = level_spread](const Machine& m) {
+                                          return m.spread.*level_spread;
+                                        }),
+                                        worst_moved);
+  }
+  return out;
+}
+
 // Seconds one kernel call costs beyond its work (DeviceModel::launch_s):
 // 64 one-element axpby calls issued back to back, then one synchronize,
 // per call (a GPU's launch overhead; a CPU's call overhead).
@@ -882,7 +981,7 @@ int main(int argc, char** argv) {
     // longer batches than the 0.02 s x 5 of before: two calibrations in a
     // row agree about five times better here (docs/scaling.md)
     double min_s = 0.06, max_spread = 0;
-    int reps = 7;
+    int reps = 7, passes = 1;
     summa::index_t max_size = 768;
     app.add_option("--out", out, "Machine file to write (JSON)")->required();
     app.add_option("--name", name, "The machine's name in the file")->capture_default_str();
@@ -913,6 +1012,12 @@ int main(int argc, char** argv) {
                    "Timed batches per measurement: each figure is their median, its spread "
                    "their interquartile range over it")
         ->check(summa::flags::integer_in(3, 1000))
+        ->capture_default_str();
+    app.add_option("--passes", passes,
+                   "Whole calibrations made one after the other, each figure the median over "
+                   "them (a machine whose speed drifts over minutes: its spread then includes "
+                   "their movement); the run takes this many times as long")
+        ->check(summa::flags::integer_in(1, 100))
         ->capture_default_str();
     app.add_option("--max-spread", max_spread,
                    "Refuse to write the file when a figure's spread exceeds this fraction (a "
@@ -984,20 +1089,16 @@ int main(int argc, char** argv) {
                                                         app.count("--comm") > 0, "calibrate");
       summa::Backend& be = *dev.backend;
       const Probe probe_start = probe(be, timer);
-      summa::model::Machine m;
-      m.name = name;
       MPI_Comm node;
       MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank(), MPI_INFO_NULL, &node);
       int per_node = 1, local = 0, ranks = 1;
       MPI_Comm_size(node, &per_node);
       MPI_Comm_rank(node, &local);
       MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-      m.devices_per_node = per_node;
-      m.device.name = dev.device;
-      m.device.gemm_library = std::string(be.name());
-      if (const auto* cpu = dynamic_cast<const summa::CpuBackend*>(&be))
-        m.device.gemm_library += " (" + cpu->gemm_detail() + ")";
-      m.device.memory_bytes = 0;
+      MPI_Comm across;
+      MPI_Comm_split(MPI_COMM_WORLD, local, world_rank(), &across);
+      int nodes = 1;
+      MPI_Comm_size(across, &nodes);
       std::vector<GptPoint> gpts;
       for (const std::string& t : gpt_texts) gpts.push_back(parse_gpt(t));
       // the backend's memory per rank for the --gpt shapes' operands (the
@@ -1005,60 +1106,78 @@ int main(int argc, char** argv) {
       const double available = summa::available_memory_per_rank(MPI_COMM_WORLD, be);
       if (gpt_ranks.empty()) gpt_ranks.push_back(ranks);
       std::size_t gpt_shape_count = 0;
-      for (const std::string& t : {std::string("f32"), std::string("f64"), std::string("bf16")}) {
-        if (dtypes.find(t) == std::string::npos) continue;
-        const DType dt = t == "f32" ? DType::f32 : t == "f64" ? DType::f64 : DType::bf16;
-        const auto extra = gpt_shapes(gpts, gpt_ranks, dt);
-        gpt_shape_count = std::max(gpt_shape_count, extra.size());
-        require_gemms_fit(extra, summa::size_of(dt), available, summa::available_memory_source(be),
-                          t);
-        auto& pw = m.device.pointwise[static_cast<std::size_t>(dt)];
-        double& gemm_spread = m.spread.gemm[static_cast<std::size_t>(dt)];
-        double& pointwise_spread = m.spread.pointwise[static_cast<std::size_t>(dt)];
-        if (dt == DType::f32) {
-          m.device.gemm_of(dt) = measure_gemm<float>(be, timer, max_size, extra, gemm_spread);
-          pw = measure_pointwise<float>(be, timer, pointwise_spread);
-        } else if (dt == DType::f64) {
-          m.device.gemm_of(dt) = measure_gemm<double>(be, timer, max_size, extra, gemm_spread);
-          pw = measure_pointwise<double>(be, timer, pointwise_spread);
-        } else {
-          m.device.gemm_of(dt) = measure_gemm<summa::bf16>(be, timer, max_size, extra, gemm_spread);
-          pw = measure_pointwise<summa::bf16>(be, timer, pointwise_spread);
+      // One whole calibration; --passes makes several, one after the
+      // other, and keeps each figure's median over them.
+      const auto measure_pass = [&] {
+        summa::model::Machine m;
+        m.name = name;
+        m.devices_per_node = per_node;
+        m.device.name = dev.device;
+        m.device.gemm_library = std::string(be.name());
+        if (const auto* cpu = dynamic_cast<const summa::CpuBackend*>(&be))
+          m.device.gemm_library += " (" + cpu->gemm_detail() + ")";
+        m.device.memory_bytes = 0;
+        for (const std::string& t : {std::string("f32"), std::string("f64"), std::string("bf16")}) {
+          if (dtypes.find(t) == std::string::npos) continue;
+          const DType dt = t == "f32" ? DType::f32 : t == "f64" ? DType::f64 : DType::bf16;
+          const auto extra = gpt_shapes(gpts, gpt_ranks, dt);
+          gpt_shape_count = std::max(gpt_shape_count, extra.size());
+          require_gemms_fit(extra, summa::size_of(dt), available,
+                            summa::available_memory_source(be), t);
+          auto& pw = m.device.pointwise[static_cast<std::size_t>(dt)];
+          double& gemm_spread = m.spread.gemm[static_cast<std::size_t>(dt)];
+          double& pointwise_spread = m.spread.pointwise[static_cast<std::size_t>(dt)];
+          if (dt == DType::f32) {
+            m.device.gemm_of(dt) = measure_gemm<float>(be, timer, max_size, extra, gemm_spread);
+            pw = measure_pointwise<float>(be, timer, pointwise_spread);
+          } else if (dt == DType::f64) {
+            m.device.gemm_of(dt) = measure_gemm<double>(be, timer, max_size, extra, gemm_spread);
+            pw = measure_pointwise<double>(be, timer, pointwise_spread);
+          } else {
+            m.device.gemm_of(dt) =
+                measure_gemm<summa::bf16>(be, timer, max_size, extra, gemm_spread);
+            pw = measure_pointwise<summa::bf16>(be, timer, pointwise_spread);
+          }
         }
+        m.device.memory_bandwidth = measure_bandwidth(be, timer, m.spread.memory_bandwidth);
+        m.device.launch_s = measure_launch(be, timer);
+        // memory: the host's (cpu) or the device's, as the backend reports it
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+        m.device.memory_bytes = static_cast<std::uint64_t>(pages) *
+                                static_cast<std::uint64_t>(page) /
+                                static_cast<std::uint64_t>(per_node);
+        summa::TrafficCounter c_intra, c_inter;
+        if (per_node > 1) {
+          summa::MpiCommunicator intra(node, false, summa::CommAxis::other, &c_intra);
+          m.intra_node = measure_links(intra, node, be, timer, m.spread.intra_node);
+        }
+        if (nodes > 1) {
+          summa::MpiCommunicator inter(across, false, summa::CommAxis::other, &c_inter);
+          m.inter_node = measure_links(inter, across, be, timer, m.spread.inter_node);
+        }
+        // overlap's contention: on the node's links where there are some
+        ContentionTiming contention;
+        if (per_node > 1) {
+          summa::TrafficCounter c_overlap;
+          summa::MpiCommunicator intra(node, false, summa::CommAxis::other, &c_overlap);
+          contention = measure_contention(intra, node, be, timer);
+        } else if (nodes > 1) {
+          summa::TrafficCounter c_overlap;
+          summa::MpiCommunicator inter(across, false, summa::CommAxis::other, &c_overlap);
+          contention = measure_contention(inter, across, be, timer);
+        }
+        m.contention = contention.factors;
+        m.spread.contention = contention.spread;
+        return m;
+      };
+      std::vector<summa::model::Machine> pass_machines;
+      for (int pass = 0; pass < passes; ++pass) {
+        if (passes > 1 && world_rank() == 0)
+          std::printf("calibrate: pass %d of %d\n", pass + 1, passes);
+        pass_machines.push_back(measure_pass());
       }
-      m.device.memory_bandwidth = measure_bandwidth(be, timer, m.spread.memory_bandwidth);
-      m.device.launch_s = measure_launch(be, timer);
-      // memory: the host's (cpu) or the device's, as the backend reports it
-      long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-      m.device.memory_bytes = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) /
-                              static_cast<std::uint64_t>(per_node);
+      summa::model::Machine m = median_of_passes(pass_machines);
       std::string links_note;
-      summa::TrafficCounter c_intra, c_inter;
-      if (per_node > 1) {
-        summa::MpiCommunicator intra(node, false, summa::CommAxis::other, &c_intra);
-        m.intra_node = measure_links(intra, node, be, timer, m.spread.intra_node);
-      }
-      MPI_Comm across;
-      MPI_Comm_split(MPI_COMM_WORLD, local, world_rank(), &across);
-      int nodes = 1;
-      MPI_Comm_size(across, &nodes);
-      if (nodes > 1) {
-        summa::MpiCommunicator inter(across, false, summa::CommAxis::other, &c_inter);
-        m.inter_node = measure_links(inter, across, be, timer, m.spread.inter_node);
-      }
-      // overlap's contention: on the node's links where there are some
-      ContentionTiming contention;
-      if (per_node > 1) {
-        summa::TrafficCounter c_overlap;
-        summa::MpiCommunicator intra(node, false, summa::CommAxis::other, &c_overlap);
-        contention = measure_contention(intra, node, be, timer);
-      } else if (nodes > 1) {
-        summa::TrafficCounter c_overlap;
-        summa::MpiCommunicator inter(across, false, summa::CommAxis::other, &c_overlap);
-        contention = measure_contention(inter, across, be, timer);
-      }
-      m.contention = contention.factors;
-      m.spread.contention = contention.spread;
       if (per_node == 1 && nodes == 1) {
         for (Collective c : summa::model::all_collectives)
           m.intra_node[c] = {1e-6, 1e10, Algorithm::ring, {}};
@@ -1121,8 +1240,10 @@ int main(int argc, char** argv) {
           "by least squares over 11 sizes, by two size ranges where one line fits badly), "
           "overlap's contention from a sliced GEMM beside an all-reduce (paired repetitions); "
           "each figure the median of "
-          "{} repetitions, {} (\"spread\"); {}; {:.1f} s, {}",
+          "{} repetitions{}, {} (\"spread\"); {}; {:.1f} s, {}",
           kCalibrateSource, ranks, per_node, backend, gpt_shape_count, gpts.size(), reps,
+          passes > 1 ? fmt::format(" and then of {} whole passes (--passes)", passes)
+                     : std::string(),
           spread_note, links_note, seconds, when_and_where());
       if (!noisy.empty() || load > 0.25) {
         const std::string why = fmt::format(

@@ -220,6 +220,7 @@ struct Result {
   };
   std::vector<Part> parts;
   std::array<u64, 5> sent{}, received{};  // kAxes, max over ranks
+  std::array<u64, 5> calls{};             // collective calls of one step, kAxes, max over ranks
   // a pipeline: its stage messages' bytes (max over ranks), its schedule,
   // and this rank's operations with when they ran (--timeline)
   u64 pipe_sent = 0;
@@ -358,6 +359,7 @@ Result run_scheme(const Settings& s, const summa::SchemeSpec& spec, summa::Backe
   for (std::size_t a = 0; a < kAxes.size(); ++a) {
     r.sent[a] = max_over_ranks(measured[kAxes[a]].bytes_sent);
     r.received[a] = max_over_ranks(measured[kAxes[a]].bytes_received);
+    r.calls[a] = max_over_ranks(measured[kAxes[a]].calls);
   }
   double wait = 0;
   for (std::size_t a = 0; a < summa::comm_axis_count; ++a)
@@ -554,13 +556,14 @@ Json json_of(const Settings& s, const Result& r, int ranks) {
           r.step_s >= r.predicted_low_s && r.step_s <= r.predicted_high_s;
     }
   }
-  Json roles, sent, received, psent, preceived;
+  Json roles, sent, received, calls, psent, preceived;
   for (std::size_t a = 0; a < kAxes.size(); ++a) {
     const std::string name(summa::name_of(kAxes[a]));
     const std::string_view what = role(r.spec, kAxes[a]);
     roles[name] = what.empty() ? Json() : Json(std::string(what));
     sent[name] = r.sent[a];
     received[name] = r.received[a];
+    calls[name] = r.calls[a];
     psent[name] = r.predicted_sent[a];
     preceived[name] = r.predicted_received[a];
   }
@@ -573,6 +576,7 @@ Json json_of(const Settings& s, const Result& r, int ranks) {
   j["axis_roles"] = roles;
   j["bytes_sent_per_rank"] = sent;
   j["bytes_received_per_rank"] = received;
+  j["calls_per_rank"] = calls;
   if (r.have_prediction) {
     j["predicted_bytes_sent_per_rank"] = psent;
     j["predicted_bytes_received_per_rank"] = preceived;

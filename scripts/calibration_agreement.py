@@ -86,8 +86,10 @@ def compare(a_path, b_path, a, b, limit):
             print(f"| {name} | {ranks} | {len(d)} | {100 * sum(d.values()) / len(d):.1f} % | "
                   f"{100 * d[w]:.1f} % | {w} |")
     ok = worst_all <= limit
+    within = sum(1 for d in diffs if d <= limit)
     print(f"calibration_agreement: {len(diffs)} predictions, mean {100 * sum(diffs) / len(diffs):.1f}"
-          f" %, worst {100 * worst_all:.1f} % (<= {100 * limit:g} %): {'PASS' if ok else 'FAIL'}")
+          f" %, worst {100 * worst_all:.1f} %, {within} within {100 * limit:g} %: "
+          f"{'PASS' if ok else 'FAIL'}")
     return ok
 
 

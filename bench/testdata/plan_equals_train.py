@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """compare_schemes --pass plan against --pass train on one configuration:
 every scheme's bytes sent per axis, memory per rank and largest batch must
-be the ones the real steps measure (exit 1 naming the first difference).
+be the ones the real steps measure (exit 1 naming the first difference);
+and a real step's collective calls per axis (calls_per_rank) are counted
+wherever it moved bytes (a group of one rank makes calls that move none).
 
     plan_equals_train.py MPIEXEC NP COMPARE_SCHEMES [model flags...]
 """
@@ -35,4 +37,8 @@ for scheme, p in plan.items():
     for name, a, b in pairs:
         if a != b:
             sys.exit(f"{scheme}: {name} planned {a}, measured {b}")
+    for a, sent in t["bytes_sent_per_rank"].items():
+        calls = t["calls_per_rank"][a]
+        if sent > 0 and calls == 0:
+            sys.exit(f"{scheme}: axis {a} sent {sent} bytes in {calls} calls")
 print(f"plan_equals_train: {len(plan)} schemes, every figure equal")
