@@ -7,6 +7,11 @@ count, the mean and worst |predicted - measured| / measured of compare_schemes
     scripts/validate_summary.py --record FILE    a record of a run (validate_time_model.sh --record)
     scripts/validate_summary.py --write-record FILE DIR MACHINE
                                                  DIR's lines as a record (provenance first)
+    scripts/validate_summary.py --where RECORD [RECORD ...]
+                                                 where each record's error lies: by rank
+                                                 count, the bias of each of the run's
+                                                 repetitions, and the measured wait beyond the
+                                                 predicted exposed communication
 
 Exit status 1 when the validation fails (mean > 10 %, worst > 25 % or the
 measured fastest below predicted place 3).
@@ -98,6 +103,52 @@ def from_record(path):
     return head, groups
 
 
+def quantiles(v):
+    """p10 / median / p90 of v, in per cent, as 'a / b / c'."""
+    v = sorted(v)
+    at = lambda f: v[min(len(v) - 1, int(f * len(v)))]
+    return f"{100 * at(0.1):+.0f} / {100 * at(0.5):+.0f} / {100 * at(0.9):+.0f}"
+
+
+def where(paths):
+    """By record and rank count: each repetition's mean signed error (the
+    script runs every group --repeat times, interleaved: a drift of the
+    machine shows as the repetitions' biases moving apart), and, over the
+    schemes' median runs, the measured wait in collectives beyond the
+    predicted exposed communication as a share of the measured rest of the
+    step (compare_schemes' comm_wait_s is the largest over ranks: the time a
+    rank waits for the others, skew included), and the rest of the step
+    (compute) as predicted against measured."""
+    lines = ["| record | ranks | points | bias of repetition 1, 2, ... | wait beyond the "
+             "predicted exposed comm, % of compute (p10 / median / p90) | compute error "
+             "(p10 / median / p90) |",
+             "|---|---|---|---|---|---|"]
+    for path in paths:
+        head, groups = from_record(path)
+        by_ranks = {}
+        for _, np, objs in groups:
+            by_ranks.setdefault(int(np), []).append(
+                [r for r in objs if r.get("skipped") is None and r.get("median_s")])
+        for np in sorted(by_ranks):
+            biases, excess, compute = {}, [], []
+            for objs in by_ranks[np]:
+                runs = {}
+                for r in objs:
+                    runs.setdefault(r["scheme"], []).append(r)
+                for rs in runs.values():
+                    for k, r in enumerate(rs):  # in the order measured: repetition k
+                        e = (r["predicted_step_s"] - r["median_s"]) / r["median_s"]
+                        biases.setdefault(k, []).append(e)
+                    r = sorted(rs, key=lambda r: r["median_s"])[len(rs) // 2]
+                    rest = r["median_s"] - r["comm_wait_s"]
+                    excess.append((r["comm_wait_s"] - r["predicted_exposed_comm_s"]) / rest)
+                    compute.append((r["predicted_step_s"] - r["predicted_exposed_comm_s"]) / rest - 1)
+            bias = ", ".join(f"{100 * sum(v) / len(v):+.0f} %" for _, v in sorted(biases.items()))
+            lines.append(f"| `{os.path.basename(path)}` ({head['signature']}) | {np} | {len(excess)} "
+                         f"| {bias} | {quantiles(excess)} | {quantiles(compute)} |")
+    return "\n".join(lines)
+
+
 def main():
     args = sys.argv[1:]
     if len(args) == 2 and args[0] == "--record":
@@ -108,6 +159,9 @@ def main():
               f"{len([1 for g in groups for _ in g[2]])} measured lines.\n")
         print(text)
         return 0  # a record is shown as it is, PASS or FAIL
+    if len(args) >= 2 and args[0] == "--where":
+        print(where(args[1:]))
+        return 0
     if len(args) == 4 and args[0] == "--write-record":
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from bench_record import provenance

@@ -8,7 +8,12 @@
 #
 #   scripts/validate_time_model.sh [--build DIR] [--machine FILE | --calibrate FILE]
 #                                  [--ranks "1 2 4"] [--reps 7] [--repeat 3] [--out DIR]
-#                                  [--record FILE]
+#                                  [--calibrate-args "ARGS"] [--record FILE]
+#
+# --calibrate-args passes ARGS (split on spaces) to calibrate after the
+# script's own flags, e.g. --calibrate-args "--passes 3" for a calibration
+# that is each figure's median over three whole passes (docs/scaling.md,
+# "Calibration you can trust"). It needs --calibrate.
 #
 # --record FILE keeps the run's lines as a record (bench/records/: a
 # provenance line, then each model and rank count's compare_schemes lines),
@@ -23,13 +28,14 @@
 # of its runs' medians.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=build machine=machines/dev-2core.json calibrate="" ranks="1 2 4" reps=7 repeat=3 record=""
+build=build machine=machines/dev-2core.json calibrate="" calibrate_args="" ranks="1 2 4" reps=7 repeat=3 record=""
 out=/tmp/summa-validate
 while (($#)); do
   case "$1" in
     --build) build=$2; shift 2 ;;
     --machine) machine=$2; shift 2 ;;
     --calibrate) calibrate=$2; shift 2 ;;
+    --calibrate-args) calibrate_args=$2; shift 2 ;;
     --ranks) ranks=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
@@ -38,6 +44,10 @@ while (($#)); do
     *) echo "validate_time_model: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
+if [ -n "$calibrate_args" ] && [ -z "$calibrate" ]; then
+  echo "validate_time_model: --calibrate-args '$calibrate_args' needs --calibrate FILE (it is passed to calibrate)" >&2
+  exit 2
+fi
 for tool in compare_schemes calibrate; do
   [ -x "$build/bench/$tool" ] || { echo "validate_time_model: no $build/bench/$tool (build first)" >&2; exit 2; }
 done
@@ -55,8 +65,10 @@ models=(
 if [ -n "$calibrate" ]; then
   gpt=()
   for m in "${models[@]}"; do gpt+=(--gpt "${m##*|}"); done
+  # shellcheck disable=SC2086 # calibrate_args is split on spaces on purpose
   mpirun -np 2 "$build/bench/calibrate" --out "$calibrate" --dtype f32,bf16 --ranks "${ranks// /,}" \
-    --name "this development machine (2 cores, CpuBackend, Open MPI shared memory)" "${gpt[@]}"
+    --name "this development machine (2 cores, CpuBackend, Open MPI shared memory)" "${gpt[@]}" \
+    $calibrate_args
   machine=$calibrate
 fi
 rm -f "$out"/*.jsonl
