@@ -34,6 +34,12 @@ def place(rows, r):
     return 1 + len(below)
 
 
+def median_run(rs):
+    """The run of a scheme's repetitions whose step is the median (of an even
+    count, the slower middle one)."""
+    return sorted(rs, key=lambda r: r["median_s"])[len(rs) // 2]
+
+
 def summarize(groups):
     """groups: [(name, ranks, [compare_schemes JSON objects])] -> (text, ok)."""
     lines = ["| model | ranks | schemes | mean abs error | worst | bias | measured fastest "
@@ -47,8 +53,7 @@ def summarize(groups):
                 runs.setdefault(r["scheme"], []).append(r)
         rows = []
         for rs in runs.values():  # the median run of each scheme
-            rs.sort(key=lambda r: r["median_s"])
-            r = dict(rs[len(rs) // 2])
+            r = dict(median_run(rs))
             r["prediction_error"] = (r["predicted_step_s"] - r["median_s"]) / r["median_s"]
             rows.append(r)
         if not rows:
@@ -139,7 +144,7 @@ def where(paths):
                     for k, r in enumerate(rs):  # in the order measured: repetition k
                         e = (r["predicted_step_s"] - r["median_s"]) / r["median_s"]
                         biases.setdefault(k, []).append(e)
-                    r = sorted(rs, key=lambda r: r["median_s"])[len(rs) // 2]
+                    r = median_run(rs)
                     rest = r["median_s"] - r["comm_wait_s"]
                     excess.append((r["comm_wait_s"] - r["predicted_exposed_comm_s"]) / rest)
                     compute.append((r["predicted_step_s"] - r["predicted_exposed_comm_s"]) / rest - 1)
