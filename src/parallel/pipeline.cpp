@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "../grid/device_communicators.hpp"
 #include "summa/comm/consensus.hpp"
 
 namespace summa {
@@ -152,6 +153,17 @@ int pipeline_slots(const PipelineOptions& o, int stage) {
   return o.micro;
 }
 
+PipeStaging pipe_staging(std::size_t message_bytes, std::size_t exchange_bytes, int slots) {
+  require(slots >= 1, [&] { return fmt::format("pipe_staging: slots={} (>= 1)", slots); });
+  constexpr std::size_t align = 256;
+  const auto piece = [](std::size_t bytes) { return (bytes + align - 1) / align * align + align; };
+  const int messages = slots + 3;  // the forward sends, the input gradient's, two receives
+  const std::size_t step = static_cast<std::size_t>(messages) * piece(message_bytes);
+  const std::size_t flush = 2 * piece(exchange_bytes);
+  const std::size_t scalars = 2 * piece(2 * sizeof(double));
+  return {.bytes = std::max({step, flush, scalars}), .requests = std::max(messages, 2)};
+}
+
 PipelineStage pipeline_stage(const SchemeSpec& spec, const GptConfig& config, index_t batch,
                              index_t seq, int stage) {
   const PipelineSpec& p = spec.pipeline;
@@ -197,10 +209,8 @@ PipelineGpt<T>::PipelineGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& back
     error = fmt::format(
         "pipeline: {} stages of scheme '{}' ({} ranks each) need {} ranks, the communicator has {}",
         pipeline.stages, stage_spec.str(), per_stage, per_stage * pipeline.stages, size);
-  else if (!error && grid.comm != CommBackend::mpi)
-    error = fmt::format(
-        "pipeline: the stage messages run on MPI communicators (GridOptions::comm = mpi); got {}",
-        to_string(grid.comm));
+  else if (!error && grid.comm != CommBackend::mpi && !options.plan_only)
+    error = detail::load_cuda_component("a pipeline's stage messages in device memory");
   agree_on(comm, error);
   if (options_.limit == 0) options_.limit = options_.stages;
   stage_ = rank / static_cast<int>(per_stage);
@@ -228,7 +238,20 @@ PipelineGpt<T>::PipelineGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& back
   }
   // the pipe communicator owned first, so that nothing leaks if what
   // follows throws (it is destroyed before the watchdog, declared first)
-  pipe_ = std::make_unique<MpiCommunicator>(pipe_comm, true, CommAxis::pipe, &pipe_counter_);
+  pipe_native_ = pipe_comm;
+  if (grid.comm == CommBackend::mpi || options.plan_only) {
+    pipe_ = std::make_unique<MpiCommunicator>(pipe_comm, true, CommAxis::pipe, &pipe_counter_);
+  } else {  // device memory: MPI on pinned host copies, sized for the stage's messages
+    const PipeStaging staging =
+        pipe_staging(static_cast<std::size_t>(model().stage_message_elements()) * sizeof(T),
+                     model().stage_exchange_elements() * sizeof(T), options.pipeline.slots);
+    GridOptions o = grid;
+    o.comm = CommBackend::mpi_staged;
+    o.staging_bytes = staging.bytes;
+    o.staging_requests = staging.requests;
+    // collective over the pipe communicator (the pinned allocations agreed)
+    pipe_ = detail::device_communicators()(pipe_comm, CommAxis::pipe, &pipe_counter_, o);
+  }
   grid_checks_calls_ = grid.check_calls;
   watchdog_ = std::make_unique<Watchdog>(comm, grid.watchdog);
   check_mpi(MPI_Comm_dup(comm, &world_), "MPI_Comm_dup (pipeline)");
@@ -478,7 +501,12 @@ template <class T>
 double PipelineGpt<T>::reduce_loss(double loss) {
   if (model().options().pipeline.last() && model().data_groups() > 1)
     grid().data().all_reduce(&loss, &loss, 1, DType::f64, ReduceOp::sum);
-  if (options_.stages > 1) pipe_->broadcast(&loss, 1, DType::f64, options_.stages - 1);
+  if (options_.stages > 1) {
+    pipe_->broadcast(&loss, 1, DType::f64, options_.stages - 1);
+    // a stream-ordered pipe (device-memory grids) copies the result out on
+    // the compute stream
+    if (pipe_->stream_ordered()) run_->scheme().backend().synchronize();
+  }
   return loss;
 }
 

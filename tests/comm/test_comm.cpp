@@ -22,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <string>
@@ -30,6 +31,7 @@
 
 #include <fmt/format.h>
 
+#include "../../src/comm/staging_fit.hpp"
 #include "summa/backend/cpu_backend.hpp"
 #include "summa/comm/communicator.hpp"
 #include "summa/comm/counters.hpp"
@@ -1225,6 +1227,59 @@ TEST(BadInput, ZeroCountAcceptsNullBuffers) {
     EXPECT_EQ(grid.traffic()[axis], (TrafficCounter{0, 0, 10}));
     EXPECT_EQ(grid.traffic().total(), (TrafficCounter{0, 0, 10}));
   }
+}
+
+// ---------------------------------------------------------------- staging
+// The placement of StagedCommunicator's requests in its pinned buffer
+// (src/comm/staging_fit.hpp; the communicator itself runs only on a GPU):
+// requests of random sizes taken and given back in random order, each
+// placement against a scan of every aligned offset, the largest free run
+// against the same scan, and a request placed exactly when it fits.
+TEST(StagingFit, LowestClearAlignedOffsetWhateverTheOrder) {
+  using summa::detail::StagingRange;
+  const std::uint64_t seed = summa::test::fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  constexpr std::size_t align = 256, capacity = 32 * align;
+  for (int round = 0; round < 60; ++round) {
+    std::vector<StagingRange> held(16);  // the slots; empty ranges are free
+    for (int op = 0; op < 60; ++op) {
+      const std::size_t slot = gen() % held.size();
+      if (held[slot].begin < held[slot].end && gen() % 3 != 0) {
+        held[slot] = {};  // given back, wherever it lies
+        continue;
+      }
+      if (held[slot].begin < held[slot].end) continue;
+      const std::size_t bytes = 1 + gen() % (8 * align);
+      // run[i]: the free bytes from byte i on (a byte map of what is held)
+      std::vector<std::size_t> run(capacity + 1, 0);
+      std::vector<bool> taken(capacity, false);
+      for (const StagingRange& r : held)
+        for (std::size_t i = r.begin; i < r.end; ++i) taken[i] = true;
+      for (std::size_t i = capacity; i-- > 0;) run[i] = taken[i] ? 0 : run[i + 1] + 1;
+      std::optional<std::size_t> want;  // every aligned offset, lowest first
+      std::size_t largest = 0;
+      for (std::size_t at = 0; at < capacity; at += align) {
+        if (!want && run[at] >= bytes) want = at;
+        largest = std::max(largest, run[at]);
+      }
+      const std::optional<std::size_t> got =
+          summa::detail::staging_first_fit(held, bytes, capacity, align);
+      EXPECT_EQ(got, want) << bytes << " bytes, round " << round << ", op " << op;
+      EXPECT_EQ(summa::detail::staging_largest_free(held, capacity, align), largest);
+      EXPECT_EQ(got.has_value(), bytes <= largest) << bytes << " bytes";
+      if (got) held[slot] = {*got, *got + bytes};
+    }
+  }
+  // Given back below the others, a range is used again (the buffer never
+  // runs out while what is held fits): two ranges, the first freed.
+  std::vector<StagingRange> held = {{0, 600}, {768, 1000}};
+  EXPECT_EQ(summa::detail::staging_first_fit(held, 600, 1024, align), std::nullopt);
+  EXPECT_EQ(summa::detail::staging_largest_free(held, 1024, align), 0u);
+  held[0] = {};
+  EXPECT_EQ(summa::detail::staging_first_fit(held, 600, 1024, align),
+            std::optional<std::size_t>(0));
+  EXPECT_EQ(summa::detail::staging_largest_free(held, 1024, align), 768u);
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "../../src/comm/staging_fit.hpp"
 #include "summa/backend/cpu_backend.hpp"
 #include "summa/model/traffic.hpp"
 #include "summa/parallel/pipeline.hpp"
@@ -699,6 +700,51 @@ void planner_equals_measured(MPI_Comm comm, int ranks) {
   if (ranks == 2) {  // GPipe keeps all four microbatches, the message-driven schedule two
     EXPECT_GT(busiest["pipe=2:micro=4:schedule=gpipe,2d:q=1"], busiest["pipe=2:micro=4,2d:q=1"]);
   }
+}
+
+// On device-memory grids the pipe is a StagedCommunicator sized by
+// pipe_staging: every request a stage can have in flight finds room in its
+// buffer (placed as the communicator places it, staging_fit.hpp) whatever
+// order they complete in, and their count stays within its requests. A
+// random walk over a stage's messages: up to `slots` forward sends, the
+// input gradient's send and a receive from each neighbour, given back in
+// random order; then the flush's exchange, then the scalars.
+TEST(Pipeline, StagingHoldsWhatAStageHasInFlight) {
+  using detail::StagingRange;
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
+  for (int round = 0; round < 200; ++round) {
+    const std::size_t message = 1 + gen() % 100000, exchange = gen() % 300000;
+    const int slots = 1 + static_cast<int>(gen() % 70);
+    const PipeStaging staging = pipe_staging(message, exchange, slots);
+    EXPECT_EQ(staging.requests, slots + 3);
+    std::vector<StagingRange> held(static_cast<std::size_t>(staging.requests));
+    // kinds: 0 .. slots-1 a slot's forward send, slots the input
+    // gradient's send, slots+1 and slots+2 the receives
+    for (int op = 0; op < 400; ++op) {
+      const std::size_t k = gen() % held.size();
+      if (held[k].begin < held[k].end) {
+        if (gen() % 2 == 0) held[k] = {};
+        continue;
+      }
+      const std::optional<std::size_t> at =
+          detail::staging_first_fit(held, message, staging.bytes, 256);
+      ASSERT_TRUE(at.has_value()) << "message " << message << ", slots " << slots;
+      held[k] = {*at, *at + message};
+    }
+    std::fill(held.begin(), held.end(), StagingRange{});  // the flush waited for every message
+    if (exchange > 0) {
+      for (int i = 0; i < 2; ++i) {  // sent and received
+        const auto at = detail::staging_first_fit(held, exchange, staging.bytes, 256);
+        ASSERT_TRUE(at.has_value()) << "exchange " << exchange;
+        held[static_cast<std::size_t>(i)] = {*at, *at + exchange};
+      }
+    }
+    std::fill(held.begin(), held.end(), StagingRange{});
+    EXPECT_TRUE(detail::staging_first_fit(held, 2 * sizeof(double), staging.bytes, 256));
+  }
+  EXPECT_THROW((void)pipe_staging(8, 8, 0), Error);
 }
 
 TEST(Pipeline, PlannerEqualsMeasuredPeak) {

@@ -15,8 +15,9 @@
 /// device or host memory (cudaMemcpyDefault, unified addressing).
 ///
 /// Staging memory is one pinned buffer allocated at construction (or by
-/// reserve(), outside a training step); requests in flight take consecutive
-/// pieces of it, so the sum of their payloads must fit. Byte counters are
+/// reserve(), outside a training step); each request in flight holds a piece
+/// of it, placed at the lowest free aligned offset (so pieces given back in
+/// any order are used again), so the sum of their payloads must fit. Byte counters are
 /// exactly MpiCommunicator's (same axis and counter convention). Not
 /// thread-safe.
 
@@ -34,7 +35,7 @@ class StagedCommunicator final : public Communicator {
  public:
   /// Default size of the pinned staging buffer (bytes).
   static constexpr std::size_t default_staging_bytes = std::size_t{64} << 20;
-  /// Requests that can be in flight at once.
+  /// Requests that can be in flight at once, by default.
   static constexpr int max_in_flight = 64;
 
   /// Wraps `comm` (MPI_Comm_free on destruction when `owned`, also when the
@@ -42,11 +43,14 @@ class StagedCommunicator final : public Communicator {
   /// kernels run on (nullptr: the legacy default stream). `staging_bytes` of
   /// pinned host memory are allocated now; one collective needs
   ///   broadcast, reduce, all_reduce: count * element size;
-  ///   all_gather, reduce_scatter: size() * count * element size.
+  ///   all_gather, reduce_scatter: size() * count * element size;
+  ///   send, recv: count * element size.
+  /// `requests` (>= 1) requests can be in flight at once.
   /// Collective over `comm`: throws summa::Error on every rank when any
   /// rank's pinned allocation fails.
   StagedCommunicator(MPI_Comm comm, bool owned, CommAxis axis, TrafficCounter* counter,
-                     void* compute_stream, std::size_t staging_bytes = default_staging_bytes);
+                     void* compute_stream, std::size_t staging_bytes = default_staging_bytes,
+                     int requests = max_in_flight);
   /// Synchronises the compute stream (pending copies read the staging
   /// buffer), then frees it.
   ~StagedCommunicator() override;
@@ -62,6 +66,8 @@ class StagedCommunicator final : public Communicator {
   std::size_t staging_bytes() const;
   /// Requests issued and not yet completed.
   int in_flight() const;
+  /// The most requests that can be in flight at once.
+  int max_requests() const;
   /// Grows the staging buffer to at least `bytes` (never shrinks). Allocates:
   /// call it outside a step. Local (not collective); throws summa::Error when
   /// requests are in flight or the allocation fails.

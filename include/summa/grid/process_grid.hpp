@@ -47,6 +47,8 @@ struct GridOptions {
   void* compute_stream = nullptr;
   /// Pinned staging bytes of each mpi_staged communicator (one per axis).
   std::size_t staging_bytes = std::size_t{64} << 20;
+  /// Requests each mpi_staged communicator can have in flight at once.
+  int staging_requests = 64;
   /// A time limit on every blocking wait of the grid's communicators, with
   /// a report naming the ranks that have not arrived (comm/watchdog.hpp).
   /// Off (timeout_s = 0) by default; gpt_train sets 600 s.

@@ -12,6 +12,14 @@
 /// in every stage. Stage messages (a microbatch's activations forward, their
 /// gradient backward) are non-blocking point-to-point calls on it, counted
 /// by its traffic counter and guarded by the grid's watchdog settings.
+/// The pipe communicator is MPI: an MpiCommunicator when the grid's
+/// communicators are (GridOptions::comm = mpi), else (nccl or mpi_staged
+/// stage grids, device memory) a StagedCommunicator, MPI point to point on
+/// pinned host copies, sized for the messages a stage can have in flight
+/// (pipe_staging()). AxoNN's stage messages are MPI point to point too; NCCL's
+/// send and receive are ordered on a stream, so a receive posted from
+/// each neighbour at once (the message-driven schedule) would serialise
+/// them rather than take whichever arrives first.
 ///
 /// Schedules (PipeSchedule):
 ///  - axonn: AxoNN's message-driven schedule (Singh and Bhatele, IPDPS 2022,
@@ -99,6 +107,21 @@ std::vector<PipeOp> pipeline_order(PipeSchedule schedule, int stage, int stages,
 /// once (gpipe: M; 1f1b: min(M, P - s); axonn: min(M, limit)).
 int pipeline_slots(const PipelineOptions& options, int stage);
 
+/// What a stage's pipe communicator holds at once: its requests in flight
+/// and the bytes of their payloads. During a step, a stage's messages of
+/// `message_bytes` each: a forward send per slot (`slots`), the input
+/// gradient's send and a receive from each neighbour; after the flush, the
+/// tied embedding's exchange (`exchange_bytes` sent and as many received);
+/// then the loss's broadcast and the gradient norm's sum. Each payload is
+/// counted rounded up to 256 bytes, plus 256 (a staging buffer's alignment).
+/// It sizes the StagedCommunicator a device-memory grid's pipe uses
+/// (GridOptions::staging_bytes, staging_requests).
+struct PipeStaging {
+  std::size_t bytes = 0;
+  int requests = 0;
+};
+PipeStaging pipe_staging(std::size_t message_bytes, std::size_t exchange_bytes, int slots);
+
 /// What stage `stage` of `spec`'s pipeline holds (GptOptions::pipeline) for
 /// a global batch of `batch` sequences: its blocks (pipeline_split), its
 /// slots (pipeline_slots) and the loss's token count. Throws summa::Error
@@ -156,7 +179,7 @@ class PipelineGpt {
   /// The MPI communicators of every rank of every stage (a duplicate of the
   /// constructor's) and of the pipe axis (for checkpoints and exports).
   MPI_Comm world() const { return world_; }
-  MPI_Comm pipe_native() const { return pipe_->native(); }
+  MPI_Comm pipe_native() const { return pipe_native_; }
   /// Bytes and calls of the stage messages (and the embedding exchange and
   /// the loss's broadcast) on this rank since construction or the reset.
   const TrafficCounter& pipe_traffic() const { return pipe_counter_; }
@@ -189,7 +212,8 @@ class PipelineGpt {
   std::unique_ptr<ParallelGpt<T>> run_;
   TrafficCounter pipe_counter_;
   std::unique_ptr<Watchdog> watchdog_;  // outlives the communicator it guards
-  std::unique_ptr<MpiCommunicator> pipe_;
+  std::unique_ptr<Communicator> pipe_;
+  MPI_Comm pipe_native_ = MPI_COMM_NULL;  // pipe_'s (owned by it)
   bool grid_checks_calls_ = false;
 
   // A step's state.

@@ -35,7 +35,7 @@ std::unique_ptr<Communicator> make_device_communicator(MPI_Comm comm, CommAxis a
   if (o.comm == CommBackend::nccl)
     return std::make_unique<NcclCommunicator>(comm, true, axis, counter, o.compute_stream);
   return std::make_unique<StagedCommunicator>(comm, true, axis, counter, o.compute_stream,
-                                              o.staging_bytes);
+                                              o.staging_bytes, o.staging_requests);
 }
 
 [[maybe_unused]] const bool registered =

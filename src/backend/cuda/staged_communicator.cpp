@@ -5,11 +5,12 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
-#include <array>
 #include <limits>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "../../comm/staging_fit.hpp"
 #include "summa/comm/consensus.hpp"
 #include "summa/comm/mpi_communicator.hpp"
 #include "summa/core/error.hpp"
@@ -19,10 +20,6 @@ namespace summa {
 namespace {
 
 constexpr std::size_t alignment = 256;
-
-std::size_t align_up(std::size_t n) {
-  return (n + alignment - 1) / alignment * alignment;
-}
 
 std::string where_of(CommAxis axis) {
   return fmt::format("StagedCommunicator on axis {}", name_of(axis));
@@ -58,9 +55,10 @@ struct StagedCommunicator::Impl {
   cudaStream_t compute = nullptr;
   char* host = nullptr;  ///< pinned staging buffer
   std::size_t capacity = 0;
-  std::size_t top = 0;  ///< staging bytes [0, top) may be held by requests in flight
   int in_flight = 0;
-  std::array<Slot, max_in_flight> slots{};
+  std::vector<Slot> slots;
+  /// The staging ranges of the slots (empty when free): the first-fit's input.
+  std::vector<detail::StagingRange> held;
 
   ~Impl() {
     if (host != nullptr) {
@@ -140,11 +138,14 @@ struct StagedCommunicator::Impl {
     return p;
   }
 
-  // Staging offset for a new collective of `p`, or an error naming the kind.
+  // Staging offset for a new collective of `p`: the lowest aligned offset
+  // clear of the ranges requests in flight hold (detail::staging_first_fit),
+  // or an error naming the kind.
   std::size_t reserve_stage(const Plan& p, Kind kind) const {
-    const std::size_t begin = align_up(top);
-    const bool fits = begin <= capacity && p.stage_bytes <= capacity - begin;
-    require(fits || p.stage_bytes == 0, [&] {
+    if (p.stage_bytes == 0) return 0;
+    const std::optional<std::size_t> begin =
+        detail::staging_first_fit(held, p.stage_bytes, capacity, alignment);
+    require(begin.has_value(), [&] {
       static const char* names[] = {"broadcast",      "reduce", "all_reduce", "all_gather",
                                     "reduce_scatter", "send",   "recv"};
       return fmt::format(
@@ -152,9 +153,9 @@ struct StagedCommunicator::Impl {
           "requests in flight); construct with a larger staging_bytes "
           "(GridOptions::staging_bytes) or call reserve() outside the step",
           where_of(axis), names[static_cast<int>(kind)], p.stage_bytes,
-          begin <= capacity ? capacity - begin : 0, capacity, in_flight);
+          detail::staging_largest_free(held, capacity, alignment), capacity, in_flight);
     });
-    return p.stage_bytes == 0 ? top : begin;
+    return *begin;
   }
 
   // Input device -> staging; then the host waits for the compute stream, so
@@ -262,22 +263,27 @@ struct StagedCommunicator::Impl {
   void complete(int index) {
     Slot& s = slots[static_cast<std::size_t>(index)];
     s.busy = false;
+    held[static_cast<std::size_t>(index)] = {};
     --in_flight;
-    if (in_flight == 0)
-      top = 0;
-    else if (s.end == top)
-      top = s.begin;
+    // A later request may take this range at once: its copy in (or, for a
+    // receive, its start) first synchronises the compute stream, after this
+    // copy out.
     stage_out(s.out, s.out_bytes, s.begin);
   }
 };
 
 StagedCommunicator::StagedCommunicator(MPI_Comm comm, bool owned, CommAxis axis,
                                        TrafficCounter* counter, void* compute_stream,
-                                       std::size_t staging_bytes)
+                                       std::size_t staging_bytes, int requests)
     : Communicator(axis, counter), impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.mpi = comm;
   m.owned = owned;
+  require(requests >= 1, [&] {
+    return fmt::format("{}: requests in flight must be >= 1 (got {})", where_of(axis), requests);
+  });
+  m.slots.resize(static_cast<std::size_t>(requests));
+  m.held.resize(static_cast<std::size_t>(requests));
   m.axis = axis;
   m.compute = static_cast<cudaStream_t>(compute_stream);
   check_mpi(MPI_Comm_rank(comm, &m.rank), "MPI_Comm_rank");
@@ -305,6 +311,9 @@ std::size_t StagedCommunicator::staging_bytes() const {
 }
 int StagedCommunicator::in_flight() const {
   return impl_->in_flight;
+}
+int StagedCommunicator::max_requests() const {
+  return static_cast<int>(impl_->slots.size());
 }
 
 void StagedCommunicator::reserve(std::size_t bytes) {
@@ -350,7 +359,7 @@ std::uintptr_t StagedCommunicator::start(Kind kind, const void* send, void* recv
   s.out = m.size == 1 ? nullptr : p.out;
   s.out_bytes = m.size == 1 ? 0 : p.out_bytes;
   s.busy = true;
-  m.top = s.end > m.top ? s.end : m.top;
+  m.held[index] = {s.begin, s.end};
   ++m.in_flight;
   return static_cast<std::uintptr_t>(index) + 1;
 }
