@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "fault_stop.hpp"
 #include "summa/core/error.hpp"
@@ -269,6 +270,25 @@ void Communicator::wait(Request& r) {
   }
   finish(r.token_);
   r = Request{};
+}
+
+int Communicator::wait_any(Request& a, Request& b) {
+  if (!a.active() || !b.active()) throw Error("wait_any: both requests must be in flight");
+  if (a.owner_ != this || b.owner_ != this)
+    throw Error("wait_any: a request belongs to another communicator");
+  const WaitTimer timer(*counter_);
+  if (watchdog_ != nullptr) return guarded_wait_any(a, b);
+  for (;;) {
+    if (poll(a.token_)) {
+      a = Request{};
+      return 0;
+    }
+    if (poll(b.token_)) {
+      b = Request{};
+      return 1;
+    }
+    std::this_thread::yield();
+  }
 }
 
 bool Communicator::test(Request& r) {

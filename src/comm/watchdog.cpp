@@ -182,6 +182,14 @@ void Watchdog::serve_probes() {
   }
 }
 
+// A send or a receive (a pipeline's stage messages): its ranks wait on
+// different messages by design, so one waiting in another call is not out
+// of step, and only the silent ranks are behind.
+bool Watchdog::point_to_point(const Pending& p) {
+  return p.what == nullptr && (p.kind == static_cast<int>(Communicator::Kind::send) ||
+                               p.kind == static_cast<int>(Communicator::Kind::recv));
+}
+
 std::string Watchdog::describe(const Pending& p) const {
   if (p.what != nullptr) return fmt::format("{} ({} bytes)", p.what, p.bytes);
   return fmt::format("{} #{} on axis {} ({} bytes)", collective_name(p.kind), p.sequence,
@@ -253,12 +261,17 @@ bool Watchdog::expire(const std::vector<int>& members, double waited_s, bool may
     theirs.sequence = static_cast<std::uint64_t>(a.sequence);
     theirs.bytes = static_cast<std::uint64_t>(a.bytes);
     theirs.what = a.raw ? "a program's own MPI request" : nullptr;
-    const bool same = a.waiting && !a.raw && mine.what == nullptr && theirs.axis == mine.axis &&
-                      theirs.leader == mine.leader && theirs.sequence == mine.sequence &&
-                      theirs.kind == mine.kind;
+    // (point to point has no "same call": each message has its own pair)
+    const bool same = a.waiting && !a.raw && !point_to_point(mine) && mine.what == nullptr &&
+                      theirs.axis == mine.axis && theirs.leader == mine.leader &&
+                      theirs.sequence == mine.sequence && theirs.kind == mine.kind;
     if (same) {
       report += fmt::format("  rank {}: arrived (waiting in the same call for {:.1f} s)\n", m,
                             static_cast<double>(a.waited_ms) / 1000);
+    } else if (a.waiting && (point_to_point(mine) || point_to_point(theirs))) {
+      report += fmt::format(
+          "  rank {}: waiting for {:.1f} s in {} (point to point: it waits on a message too)\n", m,
+          static_cast<double>(a.waited_ms) / 1000, describe(theirs));
     } else if (a.waiting) {
       report += fmt::format(
           "  rank {}: NOT ARRIVED, waiting in another call for {:.1f} s: {} (the ranks' "
@@ -277,8 +290,14 @@ bool Watchdog::expire(const std::vector<int>& members, double waited_s, bool may
     if (ranks.size() > shown) list += fmt::format(" and {} more", ranks.size() - shown);
     return list;
   };
-  report += lagging.empty() ? "every rank of the group has arrived: the transport is stuck\n"
-                            : fmt::format("lagging ranks: {}\n", listed(lagging));
+  if (!lagging.empty())
+    report += fmt::format("lagging ranks: {}\n", listed(lagging));
+  else if (point_to_point(mine))
+    report +=
+        "every rank of the group answers, waiting on a message: the messages wait on each other "
+        "(a schedule that deadlocks) or the transport is stuck\n";
+  else
+    report += "every rank of the group has arrived: the transport is stuck\n";
   // The ranks that answer nothing, in the group or not: the likely cause
   // (a member waiting in another call waits on one of them).
   std::vector<int> silent, silent_elsewhere;
@@ -346,17 +365,41 @@ void Watchdog::wait(MPI_Request& request, MPI_Comm group, const char* what, std:
     check_mpi(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
 }
 
+// What a guarded wait on a request (its kind, sequence number and bytes, of
+// a communicator on `axis` whose watchdog ranks are `members`) reports and
+// answers.
+Watchdog::Pending Watchdog::pending_of(int kind, std::uint64_t sequence, std::uint64_t bytes,
+                                       CommAxis axis, const std::vector<int>& members) {
+  Pending p;
+  p.axis = static_cast<int>(axis);
+  p.leader = members.empty() ? 0 : members.front();
+  p.kind = kind;
+  p.sequence = sequence;
+  p.bytes = bytes;
+  return p;
+}
+
 void Communicator::guarded_wait(Request& r) {
-  Watchdog& w = *watchdog_;
-  Watchdog::Pending p;
-  p.axis = static_cast<int>(axis_);
-  p.leader = watch_members_.empty() ? 0 : watch_members_.front();
-  p.kind = r.kind_;
-  p.sequence = r.sequence_;
-  p.bytes = r.bytes_;
+  const Watchdog::Pending p =
+      Watchdog::pending_of(r.kind_, r.sequence_, r.bytes_, axis_, watch_members_);
   const std::uintptr_t token = r.token_;
   r = Request{};
-  w.guard(p, watch_members_, [&] { return poll(token); });
+  watchdog_->guard(p, watch_members_, [&] { return poll(token); });
+}
+
+int Communicator::guarded_wait_any(Request& a, Request& b) {
+  int done = -1;
+  const Watchdog::Pending p =
+      Watchdog::pending_of(a.kind_, a.sequence_, a.bytes_, axis_, watch_members_);
+  watchdog_->guard(p, watch_members_, [&] {
+    if (poll(a.token_))
+      done = 0;
+    else if (poll(b.token_))
+      done = 1;
+    return done >= 0;
+  });
+  (done == 0 ? a : b) = Request{};
+  return done;
 }
 
 }  // namespace summa

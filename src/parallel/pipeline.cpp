@@ -10,7 +10,6 @@
 #include <numeric>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "../grid/device_communicators.hpp"
 #include "summa/comm/consensus.hpp"
@@ -384,7 +383,6 @@ void PipelineGpt<T>::run_static() {
 template <class T>
 void PipelineGpt<T>::run_message_driven() {
   const PipelineStage& ps = model().options().pipeline;
-  const double limit_s = watchdog_->enabled() ? watchdog_->options().timeout_s : 0;
   while (next_backward_ < options_.micro) {
     if (ps.first() && next_forward_ < options_.micro && in_flight_ < options_.limit &&
         !free_slots_.empty()) {  // inject a microbatch
@@ -407,23 +405,9 @@ void PipelineGpt<T>::run_message_driven() {
     if (forward_due && backward_due) {
       Communicator& tensor = grid().tensor();
       int choice = 1;  // 1: the forward, 0: the backward
-      if (tensor.rank() == 0) {
-        const auto t0 = std::chrono::steady_clock::now();
-        for (;;) {
-          if (pipe_->test(forward_recv_)) break;
-          if (pipe_->test(backward_recv_)) {
-            choice = 0;
-            break;
-          }
-          const double waited =
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          if (limit_s > 0 && waited > limit_s) {  // the guarded wait names the stalled stage
-            pipe_->wait(forward_recv_);
-            break;
-          }
-          std::this_thread::yield();
-        }
-      }
+      // (under the watchdog, answering its probes: a stage that waits for
+      // either neighbour is not taken for the stalled one)
+      if (tensor.rank() == 0) choice = pipe_->wait_any(forward_recv_, backward_recv_) == 0 ? 1 : 0;
       if (tensor.size() > 1) {
         const MPI_Comm group = grid().native(CommAxis::tensor);
         MPI_Request r = MPI_REQUEST_NULL;

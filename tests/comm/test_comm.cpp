@@ -1408,6 +1408,84 @@ TEST(Watchdog, ReportNamesTheSilentRankOutsideTheGroup) {
   }
 }
 
+// Communicator::wait_any, as a pipeline's middle stage waits for whichever
+// neighbour's message comes first: on three ranks in a line, rank 1 posts a
+// receive from rank 0 (`a`) and one from rank 2 (`b`); rank 0 sends only
+// after rank 1 has taken `b`, so `b` must be the one. Without a watchdog,
+// then under one (report-only, 0.3 s) with rank 2 silent for 2 s: rank 1's
+// report names rank 2 alone as lagging, rank 0 as waiting on a message
+// (point to point, not out of step), and the wait then completes.
+TEST(Watchdog, WaitAnyTakesWhicheverArrivesAndIsGuarded) {
+  if (world_size() < 3) GTEST_SKIP() << "needs 3 ranks";
+  const int me = world_rank();
+  MPI_Comm line = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, me < 3 ? 0 : MPI_UNDEFINED, me, &line);
+  if (line == MPI_COMM_NULL) return;
+  for (const bool guarded : {false, true}) {
+    SCOPED_TRACE(guarded ? "under a watchdog" : "no watchdog");
+    summa::WatchdogOptions wo;
+    std::string report;
+    if (guarded) {
+      wo.timeout_s = 0.3;
+      wo.report_s = 1.5;
+      wo.on_expiry = [&](const std::string& r) {
+        if (report.empty()) report = r;
+      };
+    }
+    summa::Watchdog watchdog(line, wo);
+    MPI_Comm dup = MPI_COMM_NULL;
+    MPI_Comm_dup(line, &dup);
+    TrafficCounter counter;
+    MpiCommunicator c(dup, true, CommAxis::pipe, &counter);
+    watchdog.attach(c, dup);
+    MPI_Barrier(line);  // every rank past the set-up before rank 2 goes silent
+    const auto send = [&](const double* v, int peer) {
+      Request r = c.isend(v, 1, DType::f64, peer);
+      c.wait(r);
+    };
+    const auto recv = [&](double* v, int peer) {
+      Request r = c.irecv(v, 1, DType::f64, peer);
+      c.wait(r);
+    };
+    double a_value = 0, b_value = 0, go = 0;
+    if (me == 1) {
+      Request a = c.irecv(&a_value, 1, DType::f64, 0);
+      Request b = c.irecv(&b_value, 1, DType::f64, 2);
+      const int first = c.wait_any(a, b);
+      EXPECT_EQ(first, 1);
+      EXPECT_FALSE(b.active());
+      EXPECT_TRUE(a.active());
+      EXPECT_EQ(b_value, 2.0);
+      go = 1;
+      send(&go, 0);
+      c.wait(a);
+      EXPECT_EQ(a_value, 1.0);
+      Request x = c.irecv(&a_value, 1, DType::f64, 0), y;
+      EXPECT_THROW(c.wait_any(x, y), summa::Error);  // both must be in flight
+      c.wait(x);
+      if (guarded) {
+        EXPECT_NE(report.find("  rank 0: waiting for"), std::string::npos) << report;
+        EXPECT_NE(report.find("(point to point: it waits on a message too)"), std::string::npos)
+            << report;
+        EXPECT_NE(report.find("lagging ranks: 2\n"), std::string::npos) << report;
+        EXPECT_NE(report.find("likely cause: rank(s) 2:"), std::string::npos) << report;
+      }
+    } else if (me == 0) {
+      recv(&go, 1);
+      EXPECT_EQ(go, 1.0);
+      a_value = 1;
+      send(&a_value, 1);
+      send(&a_value, 1);
+    } else {
+      if (guarded) std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+      b_value = 2;
+      send(&b_value, 1);
+    }
+    MPI_Barrier(line);
+  }
+  MPI_Comm_free(&line);
+}
+
 // agree_on (the layers' and programs' shape and error agreements, on a raw
 // MPI communicator) waits under the live watchdog too: a late rank is
 // reported there (before, such a wait hung with the flag on).

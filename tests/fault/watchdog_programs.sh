@@ -74,21 +74,23 @@ collect() {
 # stopped <n> <exe> <args...>: rank 1 stops before its n-th collective
 # (STOP_AT=agree: before its n-th agreement, agree_on: during the set-up;
 # STOP_AT=guarded: before its n-th summa::wait_guarded, a program's or the
-# library's own MPI request).
+# library's own MPI request). STOP_RANK=r: rank r stops instead, and the
+# report must name it alone, as the likely cause (a pipeline's other stages
+# wait on messages, which is no lag of theirs).
 stopped() {
-  local n=$1 exe=$2 var=SUMMA_FAULT_STOP
+  local n=$1 exe=$2 var=SUMMA_FAULT_STOP r=${STOP_RANK:-1}
   [ "${STOP_AT:-}" = agree ] && var=SUMMA_FAULT_STOP_AGREE
   [ "${STOP_AT:-}" = guarded ] && var=SUMMA_FAULT_STOP_GUARDED
   shift 2
   local t0=$SECONDS
-  out=$(env "$var=1:$n" timeout -s KILL 90 "$MPIEXEC" -np "${NP:-2}" "${FLAGS[@]}" "$exe" \
+  out=$(env "$var=$r:$n" timeout -s KILL 90 "$MPIEXEC" -np "${NP:-2}" "${FLAGS[@]}" "$exe" \
     --watchdog 3 "$@" 2>&1)
   rc=$?
   local took=$((SECONDS - t0))
   printf '%s\n' "$out" >"$W/$case.txt"
   kill_leftovers "$exe"
-  echo "[$case] $var=1:$n: exit $rc after $took s"
-  grep -E "summa watchdog:|lagging ranks:" <<<"$out" | sed 's/^/    /'
+  echo "[$case] $var=$r:$n: exit $rc after $took s"
+  grep -E "summa watchdog:|lagging ranks:|likely cause:" <<<"$out" | sed 's/^/    /'
   if [ "$rc" = 137 ]; then
     fail "hung: killed after 90 s (--watchdog did not reach the collective rank 0 waited in):"$'\n'"$(tail -5 <<<"$out")"
     return
@@ -96,7 +98,11 @@ stopped() {
   [ "$rc" != 0 ] || fail "exited 0: the stop did not land in the work (n=$n too large?)"
   grep -q "summa watchdog: rank 0 has waited" <<<"$out" ||
     fail "no watchdog report from rank 0:"$'\n'"$(tail -5 <<<"$out")"
-  grep -q "lagging ranks: 1" <<<"$out" || fail "the report does not name rank 1"
+  grep -q "lagging ranks: $r" <<<"$out" || fail "the report does not name rank $r"
+  if [ -n "${STOP_RANK:-}" ]; then
+    grep -qx "lagging ranks: $r" <<<"$out" || fail "the report names other ranks than $r as lagging"
+    grep -qF "likely cause: rank(s) $r:" <<<"$out" || fail "the report's likely cause is not rank $r"
+  fi
   # one report per job, not one per waiting rank (was: 3 at 4 ranks)
   [ "$(grep -c "summa watchdog:" <<<"$out")" = 1 ] ||
     fail "$(grep -c "summa watchdog:" <<<"$out") reports (one expected):"$'\n'"$out"
@@ -134,6 +140,16 @@ for n in 1 4 5 8; do  # available memory, memory all-reduce, checkpoint, stop si
     --checkpoint-every 2 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 8 --eval-every 0 \
     --progress none --export '' --out "$W/train_g$n"
 done
+# Pipelines: a stage stopped within a step (rank 2, the last of three
+# stages, under the message-driven schedule, whose middle stage polls both
+# neighbours; rank 1, the middle, under 1F1B); the other stages wait on
+# their messages and the report names the stopped stage alone.
+spawn gpt_train_pipeline with NP=3 STOP_RANK=2 -- stopped 5 "$TRAIN" --scheme pipe=3:micro=4,2d:q=1 \
+  --steps 50 --layers 3 --hidden 32 --heads 4 --seq 16 --batch 8 --eval-every 0 --progress none \
+  --export '' --out "$W/train_pipe"
+spawn gpt_train_pipeline_1f1b with NP=3 STOP_RANK=1 -- stopped 6 "$TRAIN" \
+  --scheme pipe=3:micro=4:schedule=1f1b,2d:q=1 --steps 50 --layers 3 --hidden 32 --heads 4 \
+  --seq 16 --batch 8 --eval-every 0 --progress none --export '' --out "$W/train_pipe_1f1b"
 spawn gpt_generate stopped 40 "$GENERATE" --checkpoint "$W/model/checkpoints" \
   --prompt "The cat" --greedy --max-new-tokens 24
 spawn custom_model stopped 40 "$CUSTOM" --steps 20 --batch 16 --hidden 32

@@ -95,6 +95,12 @@ class Communicator {
   void wait(Request& r);
   /// True (and resets `r`) when `r` has completed; also drives progress.
   bool test(Request& r);
+  /// Blocks until `a` or `b` (both active, both this communicator's)
+  /// completes, `a` tested first; resets that one and returns 0 for `a`, 1
+  /// for `b`. Guarded by the watchdog as wait() is (its report names `a`;
+  /// the waiting rank answers the watchdog's probes meanwhile): a pipeline
+  /// stage waiting for whichever neighbour's message arrives first.
+  int wait_any(Request& a, Request& b);
 
   // ---- blocking ------------------------------------------------------------
   void broadcast(void* buf, std::size_t count, DType t, int root);
@@ -166,6 +172,7 @@ class Communicator {
                int root);
 
   void guarded_wait(Request& r);
+  int guarded_wait_any(Request& a, Request& b);
 
   CommAxis axis_;
   TrafficCounter* counter_;

@@ -112,6 +112,9 @@ class Watchdog {
     std::uint64_t bytes = 0;
     const char* what = nullptr;  ///< raw MPI waits: their label
   };
+  static bool point_to_point(const Pending& p);
+  static Pending pending_of(int kind, std::uint64_t sequence, std::uint64_t bytes, CommAxis axis,
+                            const std::vector<int>& members);
   /// Polls `poll` until it returns true; reports and calls on_expiry when the
   /// limit is reached. `members`: watchdog ranks of the group.
   template <class Poll>

@@ -30,9 +30,9 @@
 ///    collectives need one order); the first stage injects a new microbatch
 ///    whenever fewer than `limit` are in flight; the last stage runs a
 ///    microbatch's backward as soon as its forward is done. While both are
-///    due the first rank polls; past the watchdog's limit it waits, guarded,
-///    for the forward message (so a stalled backward is reported as the
-///    forward's neighbour, a known imprecision).
+///    due the first rank waits for either (Communicator::wait_any, guarded
+///    by the watchdog like any wait: a stalled neighbour is named by the
+///    report, the waiting stages are not).
 ///  - gpipe: every forward, then every backward (Huang et al. 2019).
 ///  - one_f_one_b: PipeDream-flush as Megatron-LM runs it: P - 1 - s
 ///    warm-up forwards on stage s, then one forward and one backward in
