@@ -183,8 +183,10 @@ void Watchdog::serve_probes() {
 }
 
 // A send or a receive (a pipeline's stage messages): its ranks wait on
-// different messages by design, so one waiting in another call is not out
-// of step, and only the silent ranks are behind.
+// different messages by design, so while this rank waits on one, a member
+// waiting in another call is not out of step, and only the silent ranks are
+// behind. (While this rank waits in a collective, a member waiting on a
+// message has not arrived: it lags as before.)
 bool Watchdog::point_to_point(const Pending& p) {
   return p.what == nullptr && (p.kind == static_cast<int>(Communicator::Kind::send) ||
                                p.kind == static_cast<int>(Communicator::Kind::recv));
@@ -268,7 +270,7 @@ bool Watchdog::expire(const std::vector<int>& members, double waited_s, bool may
     if (same) {
       report += fmt::format("  rank {}: arrived (waiting in the same call for {:.1f} s)\n", m,
                             static_cast<double>(a.waited_ms) / 1000);
-    } else if (a.waiting && (point_to_point(mine) || point_to_point(theirs))) {
+    } else if (a.waiting && point_to_point(mine)) {
       report += fmt::format(
           "  rank {}: waiting for {:.1f} s in {} (point to point: it waits on a message too)\n", m,
           static_cast<double>(a.waited_ms) / 1000, describe(theirs));

@@ -451,6 +451,11 @@ double clip_grad_norm(ParameterStore<T>& store, ProcessGrid& grid, double max_no
   grid.tensor().all_reduce(sums, sums, 2);
   if (sharded.count >= 0) grid.data().all_reduce(sums, sums, 2);
   if (stages != nullptr) stages->all_reduce(sums, sums, 2);
+  // a stream-ordered communicator may copy a host result out on the compute
+  // stream (StagedCommunicator's contract): the host reads it next
+  if (grid.tensor().stream_ordered() || grid.data().stream_ordered() ||
+      (stages != nullptr && stages->stream_ordered()))
+    store.backend().synchronize();
   require(sums[1] == 0, [&] {
     return fmt::format(
         "clip_grad_norm: max_norm must be finite and >= 0 (got {} here; invalid on {} rank(s) "

@@ -248,8 +248,16 @@ PipelineGpt<T>::PipelineGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& back
     o.comm = CommBackend::mpi_staged;
     o.staging_bytes = staging.bytes;
     o.staging_requests = staging.requests;
-    // collective over the pipe communicator (the pinned allocations agreed)
-    pipe_ = detail::device_communicators()(pipe_comm, CommAxis::pipe, &pipe_counter_, o);
+    // collective over the pipe communicator (its pinned allocations agreed
+    // there), then agreed over every stage: a pipe group that failed would
+    // leave the others waiting in what follows
+    std::optional<std::string> pipe_error;
+    try {
+      pipe_ = detail::device_communicators()(pipe_comm, CommAxis::pipe, &pipe_counter_, o);
+    } catch (const Error& e) {
+      pipe_error = e.what();
+    }
+    agree_on(comm, pipe_error);
   }
   grid_checks_calls_ = grid.check_calls;
   watchdog_ = std::make_unique<Watchdog>(comm, grid.watchdog);

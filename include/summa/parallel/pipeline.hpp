@@ -133,7 +133,8 @@ PipelineStage pipeline_stage(const SchemeSpec& spec, const GptConfig& config, in
 /// A GPT trained through a pipeline of stages (see the file comment): the
 /// scheme `spec` with its pipeline axis (spec.pipeline; every stage runs
 /// spec.stage()). Collective over `comm`, whose size must be spec.ranks().
-/// The stage models use MPI communicators (GridOptions::comm = mpi).
+/// The stage grids use `grid`'s communicators (mpi, or on a GPU nccl or
+/// mpi_staged); the pipe is MPI (a StagedCommunicator on device memory).
 template <class T>
 class PipelineGpt {
  public:
