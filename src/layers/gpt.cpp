@@ -205,10 +205,13 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
   parameter_elements_ =
       ParameterStore<T>::padded_elements(this->parameters(), options_.parameter_multiple);
   sharded_values_ = options_.shard_parameters && !inference;
-  if (sharded_values_) {
-    block_value_slots_ = scheme_->prefetches_weights() ? 3 : 2;
-    const ShardedStoreBytes b = ParameterStore<T>::sharded_bytes(
-        this->parameters(), true, options_.parameter_multiple, data_, parameter_units());
+  unit_grads_ = sharded_values_ || (options_.shard_gradients && !inference && data_ > 1 &&
+                                    !scheme_->defers_gradients());
+  if (unit_grads_) {
+    if (sharded_values_) block_value_slots_ = scheme_->prefetches_weights() ? 3 : 2;
+    const ShardedStoreBytes b =
+        ParameterStore<T>::sharded_bytes(this->parameters(), true, options_.parameter_multiple,
+                                         data_, parameter_units(), sharded_values_);
     parameter_bytes_ = b.values;
     gradient_bytes_ = b.gradients;
     parameter_elements_ = b.padded_elements;
@@ -246,10 +249,11 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
         MatrixView<T>::dense(static_cast<T*>(kv_->base()), 1,
                              static_cast<index_t>(kv_->capacity() / sizeof(T)), Order::row_major));
   }
-  if (sharded_values_)
+  if (unit_grads_)
     store_ = std::make_unique<ParameterStore<T>>(
         *backend_, this->parameters(), true, options_.parameter_multiple,
-        ValueSharding{.data = &grid_->data(), .units = parameter_units()});
+        ValueSharding{
+            .data = &grid_->data(), .units = parameter_units(), .values = sharded_values_});
   else
     store_ = std::make_unique<ParameterStore<T>>(*backend_, this->parameters(), !inference,
                                                  options_.parameter_multiple);
@@ -301,8 +305,9 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
   if (ln_f_) buckets_.push_back(bucket_of(*ln_f_));
   for (std::size_t i = blocks_.size(); i-- > 0;) buckets_.push_back(bucket_of(*blocks_[i]));
   if (embedding_) buckets_.push_back(bucket_of(*embedding_));
-  if (options_.shard_gradients && data_ > 1 && !sharded_values_) {
-    // ZeRO-2: each bucket reduced onto the data groups whose chunks it meets
+  if (options_.shard_gradients && data_ > 1 && !unit_grads_) {
+    // ZeRO-2 with deferred gradients: each bucket, in the whole gradient
+    // buffer, reduced onto the data groups whose chunks it meets
     require(store_->padded_elements() % data_ == 0, [&] {
       return fmt::format(
           "GPT: shard_gradients needs the parameters padded to a multiple of the {} "
@@ -493,7 +498,7 @@ void Gpt<T>::save_chunk(int i) {
 template <class T>
 void Gpt<T>::reduce_bucket(std::size_t k) {
   if (scheme_->defers_gradients()) return;  // deferred: all at the end
-  if (sharded_values_) {  // bucket k: LN_f, the blocks from the last, the embedding
+  if (unit_grads_) {  // bucket k: LN_f, the blocks from the last, the embedding
     const auto n = static_cast<std::size_t>(config_.n_layer);
     store_->reduce_unit_grads(k == 0   ? ln_f_unit()
                               : k <= n ? block_unit(static_cast<index_t>(n - k))
@@ -760,17 +765,20 @@ void Gpt<T>::backward(bool accumulate) {
   ModelBuffers& B = *buffers_;
   StepBuffers step = step_buffers();
   const index_t total = store_->local_elements();
-  if (sharded_values_) {
+  if (unit_grads_) {
     // ZeRO-3: the embedding and LN_f (kept since forward, or gathered
-    // again), the last blocks staged, the outer units' gradient slots ready.
+    // again), the last blocks staged; ZeRO-2 and 3: the outer units'
+    // gradient slots ready.
     if (!accumulate) store_->zero_grads();
-    store_->gather_unit(0);
-    store_->gather_unit(ln_f_unit());
-    store_->wait_unit(0);
-    store_->wait_unit(ln_f_unit());
+    if (sharded_values_) {
+      store_->gather_unit(0);
+      store_->gather_unit(ln_f_unit());
+      store_->wait_unit(0);
+      store_->wait_unit(ln_f_unit());
+    }
     store_->begin_unit_grads(0, accumulate);
     store_->begin_unit_grads(ln_f_unit(), accumulate);
-    stage_blocks(config_.n_layer, -1);
+    if (sharded_values_) stage_blocks(config_.n_layer, -1);
   } else if (!accumulate) {
     store_->zero_grads();
   } else if (data_ > 1 && total > 0 && options_.shard_gradients) {
@@ -801,10 +809,8 @@ void Gpt<T>::backward(bool accumulate) {
   reduce_bucket(bucket++);  // LN_f's gradients are final
   int cur = 0;
   for (std::size_t i = blocks_.size(); i-- > 0;) {
-    if (sharded_values_) {
-      stage_blocks(static_cast<index_t>(i), -1);
-      store_->begin_unit_grads(block_unit(static_cast<index_t>(i)), accumulate);
-    }
+    if (sharded_values_) stage_blocks(static_cast<index_t>(i), -1);
+    if (unit_grads_) store_->begin_unit_grads(block_unit(static_cast<index_t>(i)), accumulate);
     if (checkpointed()) {
       // Recompute block i from its checkpointed input; its output goes to the
       // free conjunction slot (backward does not read a block's output).
@@ -834,7 +840,7 @@ void Gpt<T>::backward(bool accumulate) {
   // data-axis buckets (issued here when gradients were deferred).
   timed(bwd_data_axis, [&] {
     scheme_->complete_deferred();
-    if (sharded_values_) {
+    if (unit_grads_) {
       for (std::size_t u = 0; u < store_->unit_count(); ++u) {
         if (scheme_->defers_gradients()) store_->reduce_unit_grads(u);
       }

@@ -105,15 +105,22 @@ int data_groups_of(const ValueSharding& sharding) {
   return sharding.data->size();
 }
 
-// The elements of each slot: the largest padded unit (D pieces) it takes.
+// The elements of each slot: the largest unit it takes, `sizes[i]` for
+// unit i (ZeRO-3: padded, D pieces; ZeRO-2: its elements).
 std::vector<index_t> slot_elements(const std::vector<ParameterUnit>& units,
-                                   const std::vector<index_t>& pieces, int groups, bool values) {
+                                   const std::vector<index_t>& sizes, bool values) {
   std::vector<index_t> out;
   for (std::size_t i = 0; i < units.size(); ++i) {
     const auto slot = static_cast<std::size_t>(values ? units[i].value_slot : units[i].grad_slot);
     if (out.size() <= slot) out.resize(slot + 1, 0);
-    out[slot] = std::max(out[slot], groups * pieces[i]);
+    out[slot] = std::max(out[slot], sizes[i]);
   }
+  return out;
+}
+
+std::vector<index_t> padded_units(const std::vector<index_t>& pieces, int groups) {
+  std::vector<index_t> out;
+  for (index_t piece : pieces) out.push_back(groups * piece);
   return out;
 }
 
@@ -143,20 +150,46 @@ typename ParameterStore<T>::Layout ParameterStore<T>::layout_of(
 }
 
 template <class T>
+typename ParameterStore<T>::Layout ParameterStore<T>::gradient_layout_of(
+    const std::vector<Param<T>*>& params, const std::vector<ParameterUnit>& units, int groups,
+    index_t multiple) {
+  Layout l = layout_of(params, units, groups);
+  const index_t padded = padded_elements(params, multiple);
+  require(padded % groups == 0, [&] {
+    return fmt::format(
+        "ParameterStore: sharded gradients need the parameters padded to a multiple of the {} "
+        "data groups (multiple={})",
+        groups, multiple);
+  });
+  l.chunk = padded / groups;
+  return l;
+}
+
+template <class T>
 ShardedStoreBytes ParameterStore<T>::sharded_bytes(const std::vector<Param<T>*>& params,
-                                                   bool gradients, index_t /*multiple*/,
+                                                   bool gradients, index_t multiple,
                                                    int data_groups,
-                                                   const std::vector<ParameterUnit>& units) {
-  const Layout l = layout_of(params, units, data_groups);
+                                                   const std::vector<ParameterUnit>& units,
+                                                   bool values_sharded) {
   ShardedStoreBytes b;
   ByteCount<T> values, grads;
-  values.add(l.chunk);
-  grads.add(l.chunk);
-  for (index_t n : slot_elements(units, l.pieces, data_groups, true)) values.add(n);
-  for (index_t n : slot_elements(units, l.pieces, data_groups, false)) grads.add(n);
+  if (values_sharded) {
+    const Layout l = layout_of(params, units, data_groups);
+    const std::vector<index_t> padded = padded_units(l.pieces, data_groups);
+    values.add(l.chunk);
+    grads.add(l.chunk);
+    for (index_t n : slot_elements(units, padded, true)) values.add(n);
+    for (index_t n : slot_elements(units, padded, false)) grads.add(n);
+    b.padded_elements = data_groups * l.chunk;
+  } else {  // ZeRO-2: the values whole, the gradients' chunk and slots
+    const Layout l = gradient_layout_of(params, units, data_groups, multiple);
+    values.add(data_groups * l.chunk);
+    grads.add(l.chunk);
+    for (index_t n : slot_elements(units, l.counts, false)) grads.add(n);
+    b.padded_elements = data_groups * l.chunk;
+  }
   b.values = values.bytes();
   b.gradients = gradients ? grads.bytes() : 0;
-  b.padded_elements = data_groups * l.chunk;
   return b;
 }
 
@@ -167,26 +200,40 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
       backend_(&backend),
       has_gradients_(gradients),
       padded_(0),
-      values_("parameters (this data group's chunk and the unit slots)", backend,
-              sharded_bytes(params_, gradients, multiple, data_groups_of(sharding), sharding.units)
+      values_(sharding.values ? "parameters (this data group's chunk and the unit slots)"
+                              : "parameters",
+              backend,
+              sharded_bytes(params_, gradients, multiple, data_groups_of(sharding), sharding.units,
+                            sharding.values)
                   .values),
       grads_("gradients (this data group's chunk and the unit slots)", backend,
-             sharded_bytes(params_, gradients, multiple, data_groups_of(sharding), sharding.units)
+             sharded_bytes(params_, gradients, multiple, data_groups_of(sharding), sharding.units,
+                           sharding.values)
                  .gradients),
-      data_(sharding.data) {
+      data_(sharding.data),
+      values_sharded_(sharding.values) {
   const int groups = data_->size();
-  const Layout l = layout_of(params_, sharding.units, groups);
+  const Layout l = values_sharded_ ? layout_of(params_, sharding.units, groups)
+                                   : gradient_layout_of(params_, sharding.units, groups, multiple);
   chunk_ = l.chunk;
   padded_ = groups * chunk_;
   lo_ = data_->rank() * chunk_;
-  bind_whole(nullptr, nullptr);  // the offsets
-  chunk_values_ = values_.take<T>(static_cast<std::size_t>(chunk_));
-  if (gradients) chunk_grads_ = grads_.take<T>(static_cast<std::size_t>(chunk_));
-  for (index_t n : slot_elements(sharding.units, l.pieces, groups, true))
-    value_slots_.push_back(values_.take<T>(static_cast<std::size_t>(n)));
-  if (gradients)
-    for (index_t n : slot_elements(sharding.units, l.pieces, groups, false))
+  if (values_sharded_) {
+    bind_whole(nullptr, nullptr);  // the offsets
+    chunk_values_ = values_.take<T>(static_cast<std::size_t>(chunk_));
+    for (index_t n : slot_elements(sharding.units, padded_units(l.pieces, groups), true))
+      value_slots_.push_back(values_.take<T>(static_cast<std::size_t>(n)));
+  } else {
+    T* values = values_.take<T>(static_cast<std::size_t>(padded_));
+    bind_whole(values, nullptr);  // the offsets; the gradients in the slots
+    backend.scale(acc_t<T>(0), MatrixView<T>::dense(values, 1, padded_, Order::row_major));
+  }
+  if (gradients) {
+    chunk_grads_ = grads_.take<T>(static_cast<std::size_t>(chunk_));
+    for (index_t n : slot_elements(
+             sharding.units, values_sharded_ ? padded_units(l.pieces, groups) : l.counts, false))
       grad_slots_.push_back(grads_.take<T>(static_cast<std::size_t>(n)));
+  }
   resident_.assign(value_slots_.size(), -1);
   unit_of_.assign(params_.size(), 0);
   index_t at = 0;
@@ -200,6 +247,13 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
     at += u.piece;
     u.value_slot = pu.value_slot;
     u.grad_slot = pu.grad_slot;
+    if (values_sharded_) {
+      u.reduces.resize(1);
+    } else if (u.count > 0) {  // the chunks [begin, begin + count) meets
+      u.first_chunk = static_cast<int>(u.begin / chunk_);
+      u.reduces.resize(
+          static_cast<std::size_t>((u.begin + u.count - 1) / chunk_ - u.first_chunk + 1));
+    }
     for (std::size_t k = pu.first; k < pu.last; ++k) unit_of_[k] = i;
     units_.push_back(u);
   }
@@ -207,7 +261,7 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
   const auto zero = [&](T* p, index_t n) {
     if (n > 0) backend.scale(acc_t<T>(0), MatrixView<T>::dense(p, 1, n, Order::row_major));
   };
-  zero(chunk_values_, chunk_);
+  if (values_sharded_) zero(chunk_values_, chunk_);
   if (gradients) zero(chunk_grads_, chunk_);  // the slots: begin_unit_grads zeroes them
 }
 
@@ -249,14 +303,14 @@ void ParameterStore<T>::bind_slots() {
       Param<T>* p = params_[k];
       if (!p->held() || offsets_[k] < u.begin || offsets_[k] >= u.begin + u.count) continue;
       const index_t at = offsets_[k] - u.begin;
-      p->value = value_slots_[static_cast<std::size_t>(u.value_slot)] + at;
+      if (values_sharded_) p->value = value_slots_[static_cast<std::size_t>(u.value_slot)] + at;
       p->grad = has_gradients_ ? grad_slots_[static_cast<std::size_t>(u.grad_slot)] + at : nullptr;
     }
 }
 
 template <class T>
 void ParameterStore<T>::require_whole(const char* what) const {
-  require(data_ == nullptr || whole_ != nullptr, [&] {
+  require(!shards_values() || whole_ != nullptr, [&] {
     return fmt::format(
         "ParameterStore::{}: the values are sharded over the data axis (zero=3); only a "
         "WholeValues scope holds them whole",
@@ -266,7 +320,7 @@ void ParameterStore<T>::require_whole(const char* what) const {
 
 template <class T>
 T* ParameterStore<T>::values_base() const {
-  if (data_ == nullptr) return static_cast<T*>(values_.base());
+  if (!shards_values()) return static_cast<T*>(values_.base());
   require_whole("values_base");
   return static_cast<T*>(whole_->base());
 }
@@ -274,14 +328,14 @@ T* ParameterStore<T>::values_base() const {
 template <class T>
 T* ParameterStore<T>::grads_base() const {
   require(data_ == nullptr,
-          "ParameterStore::grads_base: the gradients are sharded over the data axis (zero=3): "
-          "grad_at() reaches this group's chunk");
+          "ParameterStore::grads_base: the gradients are sharded over the data axis (zero=2 or "
+          "3): grad_at() reaches this group's chunk");
   return static_cast<T*>(grads_.base());
 }
 
 template <class T>
 T* ParameterStore<T>::value_at(index_t v) const {
-  if (data_ == nullptr || whole_ != nullptr) return values_base() + v;
+  if (!shards_values() || whole_ != nullptr) return values_base() + v;
   require(v >= lo_ && v <= lo_ + chunk_, [&] {
     return fmt::format("ParameterStore::value_at({}): this data group holds [{}, {})", v, lo_,
                        lo_ + chunk_);
@@ -301,6 +355,7 @@ T* ParameterStore<T>::grad_at(index_t v) const {
 
 template <class T>
 void ParameterStore<T>::gather_unit(std::size_t k) {
+  require(shards_values(), "ParameterStore::gather_unit: the values are not sharded (zero=3)");
   Unit& u = units_.at(k);
   const auto slot = static_cast<std::size_t>(u.value_slot);
   if (resident_[slot] == static_cast<int>(k)) return;
@@ -329,8 +384,18 @@ void ParameterStore<T>::begin_unit_grads(std::size_t k, bool accumulate) {
   Unit& u = units_.at(k);
   for (std::size_t j = 0; j < units_.size(); ++j)  // the slot's earlier units' reduces
     if (units_[j].grad_slot == u.grad_slot) wait_unit_grads(j);
-  if (u.piece == 0) return;
   T* slot = grad_slots_[static_cast<std::size_t>(u.grad_slot)];
+  if (!values_sharded_) {  // ZeRO-2: the unit's elements, this chunk's part of them back
+    if (u.count == 0) return;
+    backend_->scale(acc_t<T>(0), MatrixView<T>::dense(slot, 1, u.count, Order::row_major));
+    const index_t a = std::max(u.begin, lo_), b = std::min(u.begin + u.count, lo_ + chunk_);
+    if (accumulate && a < b)
+      backend_->copy(
+          ConstMatrixView<T>::dense(chunk_grads_ + (a - lo_), 1, b - a, Order::row_major),
+          MatrixView<T>::dense(slot + (a - u.begin), 1, b - a, Order::row_major));
+    return;
+  }
+  if (u.piece == 0) return;
   const index_t padded = data_->size() * u.piece;
   backend_->scale(acc_t<T>(0), MatrixView<T>::dense(slot, 1, padded, Order::row_major));
   if (!accumulate) return;
@@ -342,20 +407,31 @@ void ParameterStore<T>::begin_unit_grads(std::size_t k, bool accumulate) {
 template <class T>
 void ParameterStore<T>::reduce_unit_grads(std::size_t k) {
   Unit& u = units_.at(k);
+  T* slot = grad_slots_[static_cast<std::size_t>(u.grad_slot)];
+  if (!values_sharded_) {  // ZeRO-2: onto each chunk's group, the chunks in order
+    for (std::size_t i = 0; i < u.reduces.size(); ++i) {
+      const int e = u.first_chunk + static_cast<int>(i);
+      const index_t a = std::max(u.begin, e * chunk_);
+      const index_t b = std::min(u.begin + u.count, (e + 1) * chunk_);
+      T* send = slot + (a - u.begin);
+      u.reduces[i] = data_->ireduce(send, e == data_->rank() ? chunk_grads_ + (a - lo_) : send,
+                                    static_cast<std::size_t>(b - a), dtype_v<T>, ReduceOp::sum, e);
+    }
+    return;
+  }
   if (u.piece == 0) return;
-  u.reduce = data_->ireduce_scatter(grad_slots_[static_cast<std::size_t>(u.grad_slot)],
-                                    chunk_grads_ + u.at, static_cast<std::size_t>(u.piece),
-                                    dtype_v<T>, ReduceOp::sum);
+  u.reduces[0] = data_->ireduce_scatter(
+      slot, chunk_grads_ + u.at, static_cast<std::size_t>(u.piece), dtype_v<T>, ReduceOp::sum);
 }
 
 template <class T>
 void ParameterStore<T>::wait_unit_grads(std::size_t k) {
-  data_->wait(units_.at(k).reduce);
+  for (Request& r : units_.at(k).reduces) data_->wait(r);
 }
 
 template <class T>
 index_t ParameterStore<T>::whole_elements() const {
-  if (data_ == nullptr) return padded_;
+  if (!shards_values()) return padded_;
   index_t n = local_elements();
   for (const Unit& u : units_) n = std::max(n, u.begin + data_->size() * u.piece);
   return n;
@@ -363,7 +439,7 @@ index_t ParameterStore<T>::whole_elements() const {
 
 template <class T>
 void ParameterStore<T>::gather_whole(const void* chunk, void* whole, DType type) const {
-  require(data_ != nullptr, "ParameterStore::gather_whole: the values are not sharded");
+  require(shards_values(), "ParameterStore::gather_whole: the values are not sharded");
   const std::size_t e = size_of(type);
   // In order: a unit's padding lands on the next unit's first elements,
   // which that unit's gather then writes.
@@ -377,7 +453,7 @@ void ParameterStore<T>::gather_whole(const void* chunk, void* whole, DType type)
 template <class T>
 ParameterStore<T>::WholeValues::WholeValues(ParameterStore& store, bool write_back,
                                             const ProcessGrid* grid) {
-  if (store.data_ == nullptr) return;
+  if (!store.shards_values()) return;
   store_ = &store;
   if (store.whole_depth_++ > 0) return;  // an outer scope holds them
   outer_ = true;
@@ -444,7 +520,7 @@ template <class T>
 void ParameterStore<T>::read_local(std::size_t k, T* host) const {
   const Param<T>& p = *params_[k];
   const index_t n = p.shard.local_size();
-  if (data_ == nullptr) {
+  if (!shards_values()) {
     backend_->download(host, p.value, static_cast<std::size_t>(n) * sizeof(T));
     return;
   }
@@ -459,7 +535,7 @@ void ParameterStore<T>::read_local(std::size_t k, T* host) const {
 template <class T>
 void ParameterStore<T>::write_local(std::size_t k, const T* host) {
   const Param<T>& p = *params_[k];
-  if (data_ == nullptr) {
+  if (!shards_values()) {
     backend_->upload(p.value, host, static_cast<std::size_t>(p.shard.local_size()) * sizeof(T));
     return;
   }
@@ -499,7 +575,7 @@ void ParameterStore<T>::init_gpt(std::uint64_t seed, const GptConfig& config) {
       write_local(i, narrow.data());
     }
   } else {
-    const bool direct = backend_->host_accessible() && data_ == nullptr;
+    const bool direct = backend_->host_accessible() && !shards_values();
     std::vector<T> staging;  // a device backend's values are filled on the host, then uploaded
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const Param<T>* p = params_[i];
@@ -519,7 +595,7 @@ void ParameterStore<T>::init_gpt(std::uint64_t seed, const GptConfig& config) {
       if (!direct) write_local(i, staging.data());
     }
   }
-  if (data_ != nullptr) forget_gathered();  // the slots hold old values
+  if (shards_values()) forget_gathered();  // the slots hold old values
 }
 
 double uniform_init_value(std::uint64_t seed, std::string_view name, index_t index, double scale) {
@@ -553,7 +629,7 @@ void ParameterStore<T>::init_uniform(std::uint64_t seed, double scale) {
         }
     write_local(i, host.data());
   }
-  if (data_ != nullptr) forget_gathered();  // the slots hold old values
+  if (shards_values()) forget_gathered();  // the slots hold old values
 }
 
 template <class T>

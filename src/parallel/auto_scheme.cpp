@@ -28,9 +28,9 @@ std::vector<SchemeSpec> candidate_schemes(int ranks, const GptOptions& options) 
   std::vector<SchemeSpec> all = schemes_for(ranks);
   if (options.inference) return all;  // no optimizer state, no checkpoints
   const std::size_t listed = all.size();
-  // the data axis sharded: the optimizer state (zero=1), then the
-  // parameters and gradients too (zero=3); zero=2 plans as zero=1
-  for (const int level : {1, 3})
+  // the data axis sharded: the optimizer state (zero=1), the gradients too
+  // (zero=2), then the parameters too (zero=3)
+  for (const int level : {1, 2, 3})
     for (std::size_t i = 0; i < listed; ++i) {
       if (all[i].data == 1) continue;
       SchemeSpec sharded = all[i];

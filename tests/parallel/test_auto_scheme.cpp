@@ -189,16 +189,17 @@ TEST(AutoScheme, DistributedCheckpointsAreCandidatesWithFullRecompute) {
   for (const Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
     SCOPED_TRACE(to_string(r));
     const std::vector<SchemeSpec> list = candidate_schemes(ranks, {.recompute = r});
-    ASSERT_EQ(list.size(), listed + 2 * sharded + (r == Recompute::full ? want : 0));
+    ASSERT_EQ(list.size(), listed + 3 * sharded + (r == Recompute::full ? want : 0));
     for (std::size_t i = 0; i < list.size(); ++i) {
       SCOPED_TRACE(list[i].str());
       const bool dc =
           list[i].holds<Megatron1DSpec>() && list[i].as<Megatron1DSpec>().distribute_checkpoints;
-      // zero=1 next, then zero=3, dc=on last
-      EXPECT_EQ(list[i].zero, i < listed || i >= listed + 2 * sharded ? 0
-                              : i < listed + sharded                  ? 1
-                                                                      : 3);
-      EXPECT_EQ(dc, i >= listed + 2 * sharded);
+      // zero=1 next, then zero=2, zero=3, dc=on last
+      const int level = i < listed || i >= listed + 3 * sharded
+                            ? 0
+                            : 1 + static_cast<int>((i - listed) / sharded);
+      EXPECT_EQ(list[i].zero, level);
+      EXPECT_EQ(dc, i >= listed + 3 * sharded);
     }
   }
   // inference: no optimizer state to shard, no checkpoints to distribute

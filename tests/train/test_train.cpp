@@ -693,15 +693,19 @@ TEST(Train, ShardedDataAxisTrainsAsUnshardedBf16) {
   sharded_trains_as_unsharded<bf16>(10);
 }
 
-// zero=3's gradients, step by step: a forward and backward, then another on
-// other tokens accumulating (backward(true)), leave in each data group's
-// chunk (its piece of every unit) what a zero=1 model (gradients whole)
-// holds for those elements, within 1e-12 (a reduce-scatter against an
+// zero=2's and zero=3's gradients, step by step: a forward and backward,
+// then another on other tokens accumulating (backward(true)), leave in each
+// data group's chunk (zero=2: its range of the packed gradients; zero=3:
+// its piece of every unit) what a zero=1 model (gradients whole) holds for
+// those elements, within 1e-12 (a reduce or reduce-scatter against an
 // all-reduce); the other groups' chunks are not held (grad_at throws).
 // The second pair makes no heap allocation outside MPI (the CPU backend).
 // Five blocks: backward gathers the blocks below the last two (three with
-// OAG) again.
-TEST(Train, ZeroThreeGradientsAccumulateAsZeroOne) {
+// OAG) again, and the two gradient slots are reused. zero=2's gradient
+// arena is its chunk and the slots (the embedding's, LN_f's and two
+// blocks'), smaller than the whole gradients, except under 3D's ORS, whose
+// deferred gradients keep them whole.
+TEST(Train, ShardedGradientsAccumulateAsZeroOne) {
   auto schemes = data_schemes();
   std::erase_if(schemes, [](const std::string& t) { return SchemeSpec::parse(t).data == 9; });
   if (schemes.empty()) GTEST_SKIP() << "no data axis listed for " << world_size() << " ranks";
@@ -709,86 +713,109 @@ TEST(Train, ZeroThreeGradientsAccumulateAsZeroOne) {
   SCOPED_TRACE(seed_note(seed));
   Backend& backend = test_backend();
   std::mt19937_64 gen(seed);
-  for (const std::string& scheme : schemes) {
-    SCOPED_TRACE(scheme);
-    TrainerOptions o = options_for(scheme, seed);
-    o.config.n_layer = 5;  // backward gathers blocks again (beyond the 2 or 3 slots)
-    const auto ids = [&] {
-      std::uniform_int_distribution<int> d(0, o.config.vocab_size - 1);
-      std::vector<std::int32_t> v(static_cast<std::size_t>(o.batch * o.seq));
-      for (std::int32_t& x : v) x = d(gen);
-      return v;
-    };
-    const std::vector<std::int32_t> t1 = ids(), y1 = ids(), t2 = ids(), y2 = ids();
-    ParallelGpt<double> one(MPI_COMM_WORLD, SchemeSpec::parse(sharded(scheme, 1)), backend,
-                            o.config, o.batch, o.seq, o.gpt, o.grid);
-    ParallelGpt<double> three(MPI_COMM_WORLD, SchemeSpec::parse(sharded(scheme, 3)), backend,
+  for (const std::string& scheme : schemes)
+    for (const int level : {2, 3}) {
+      SCOPED_TRACE(sharded(scheme, level));
+      TrainerOptions o = options_for(scheme, seed);
+      o.config.n_layer = 5;  // backward gathers blocks again (beyond the 2 or 3 slots)
+      const auto ids = [&] {
+        std::uniform_int_distribution<int> d(0, o.config.vocab_size - 1);
+        std::vector<std::int32_t> v(static_cast<std::size_t>(o.batch * o.seq));
+        for (std::int32_t& x : v) x = d(gen);
+        return v;
+      };
+      const std::vector<std::int32_t> t1 = ids(), y1 = ids(), t2 = ids(), y2 = ids();
+      ParallelGpt<double> one(MPI_COMM_WORLD, SchemeSpec::parse(sharded(scheme, 1)), backend,
                               o.config, o.batch, o.seq, o.gpt, o.grid);
-    ParameterStore<double>& a = one.model().parameters_store();
-    ParameterStore<double>& b = three.model().parameters_store();
-    ASSERT_TRUE(b.shards_values());
-    one.model().init(seed);
-    three.model().init(seed);
-    const int data = three.grid().data().size(), d = three.grid().data().rank();
-    const index_t chunk = b.padded_elements() / data, lo = d * chunk;
-    // this group's chunk of zero=3's gradients against the same elements
-    // of zero=1's whole gradients, element by element through the chunk's
-    // runs (ParameterStore::for_each_run)
-    const auto compare = [&](const char* what) {
-      std::vector<double> ga, gb;
-      for (std::size_t k = 0; k < b.params().size(); ++k)
-        b.for_each_run(k, lo, chunk, [&](index_t x, index_t v, index_t n) {
-          const std::size_t at = ga.size();
-          ga.resize(at + static_cast<std::size_t>(n));
-          gb.resize(ga.size());
-          backend.download(ga.data() + at, a.grad_at(a.offset(k) + x),
-                           static_cast<std::size_t>(n) * sizeof(double));
-          backend.download(gb.data() + at, b.grad_at(v),
-                           static_cast<std::size_t>(n) * sizeof(double));
-        });
-      // the runs cover the chunk but for each unit's padding
-      index_t held = 0;
-      b.for_each_piece([&](index_t, index_t, index_t kept, index_t) { held += kept; });
-      EXPECT_EQ(static_cast<index_t>(ga.size()), held);
-      EXPECT_LE(max_over_ranks(rel_error(gb, ga)), 1e-12) << what;
-    };
-    const double l1 = one.model().forward(t1, y1);
-    one.model().backward();
-    three.grid().reset_traffic();
-    const double l3 = three.model().forward(t1, y1);
-    three.model().backward();
-    EXPECT_LE(rel(l3, l1), 1e-12);
-    // the data axis's bytes: the gathers (the blocks below the slots twice)
-    // and the reduces, as the model counts them
-    const TrafficCounters want = model::predict_step_traffic(
-        three.spec(), o.config, o.batch, o.seq, o.gpt, DType::f64, three.grid().coords(),
-        /*optimizer_step=*/false);
-    EXPECT_EQ(three.grid().traffic()[CommAxis::data].bytes_sent, want[CommAxis::data].bytes_sent);
-    EXPECT_EQ(three.grid().traffic()[CommAxis::data].bytes_received,
-              want[CommAxis::data].bytes_received);
-    compare("one step");
-    one.model().forward(t2, y2);
-    one.model().backward(/*accumulate=*/true);
-    std::uint64_t count = 0;
-    std::string caller;
-    {
-      const bool counting = allocation_counting_available() && !backend.asynchronous();
-      std::optional<CountAllocations> counter;
-      if (counting) counter.emplace();
-      three.model().forward(t2, y2);
-      three.model().backward(/*accumulate=*/true);
-      if (counting) {
-        count = counter->count();
-        caller = counter->first_caller();
+      ParallelGpt<double> z(MPI_COMM_WORLD, SchemeSpec::parse(sharded(scheme, level)), backend,
+                            o.config, o.batch, o.seq, o.gpt, o.grid);
+      ParameterStore<double>& a = one.model().parameters_store();
+      ParameterStore<double>& b = z.model().parameters_store();
+      const bool deferred = scheme.find("ors") != std::string::npos;  // 3D's ORS
+      EXPECT_EQ(b.shards_values(), level == 3);
+      EXPECT_EQ(b.shards_gradients(), level == 3 || !deferred);
+      one.model().init(seed);
+      z.model().init(seed);
+      const int data = z.grid().data().size(), d = z.grid().data().rank();
+      const index_t chunk = b.padded_elements() / data, lo = d * chunk;
+      if (level == 2 && !deferred) {
+        // the chunk, then the slots: the embedding's, LN_f's, two blocks'
+        // (every block has as many local elements)
+        const auto count = [&](std::string_view prefix) {
+          index_t n = 0;
+          for (const Param<double>* p : b.params())
+            if (p->shard.name.starts_with(prefix)) n += p->shard.local_size();
+          return n;
+        };
+        ByteCount<double> want;
+        want.add(chunk).add(count("wte.") + count("wpe.")).add(count("ln_f."));
+        want.add(count("h.0.")).add(count("h.1."));
+        EXPECT_EQ(b.grads().capacity(), want.bytes());
+        EXPECT_LT(b.grads().capacity(), a.grads().capacity());
+        EXPECT_EQ(b.values().capacity(), a.values().capacity());
+      }
+      // this group's chunk of the sharded gradients against the same
+      // elements of zero=1's whole gradients, element by element through
+      // the chunk's runs (ParameterStore::for_each_run)
+      const auto compare = [&](const char* what) {
+        std::vector<double> ga, gb;
+        for (std::size_t k = 0; k < b.params().size(); ++k)
+          b.for_each_run(k, lo, chunk, [&](index_t x, index_t v, index_t n) {
+            const std::size_t at = ga.size();
+            ga.resize(at + static_cast<std::size_t>(n));
+            gb.resize(ga.size());
+            backend.download(ga.data() + at, a.grad_at(a.offset(k) + x),
+                             static_cast<std::size_t>(n) * sizeof(double));
+            backend.download(gb.data() + at, b.grad_at(v),
+                             static_cast<std::size_t>(n) * sizeof(double));
+          });
+        // the runs cover the chunk but for the padding (zero=3: each
+        // unit's; zero=2: past the last parameter)
+        index_t held = std::clamp<index_t>(b.local_elements() - lo, 0, chunk);
+        if (level == 3) {
+          held = 0;
+          b.for_each_piece([&](index_t, index_t, index_t kept, index_t) { held += kept; });
+        }
+        EXPECT_EQ(static_cast<index_t>(ga.size()), held);
+        EXPECT_LE(max_over_ranks(rel_error(gb, ga)), 1e-12) << what;
+      };
+      const double l1 = one.model().forward(t1, y1);
+      one.model().backward();
+      z.grid().reset_traffic();
+      const double lz = z.model().forward(t1, y1);
+      z.model().backward();
+      EXPECT_LE(rel(lz, l1), 1e-12);
+      // the data axis's bytes: the gathers (the blocks below the slots
+      // twice) and the reduces, as the model counts them
+      const TrafficCounters want = model::predict_step_traffic(z.spec(), o.config, o.batch, o.seq,
+                                                               o.gpt, DType::f64, z.grid().coords(),
+                                                               /*optimizer_step=*/false);
+      EXPECT_EQ(z.grid().traffic()[CommAxis::data].bytes_sent, want[CommAxis::data].bytes_sent);
+      EXPECT_EQ(z.grid().traffic()[CommAxis::data].bytes_received,
+                want[CommAxis::data].bytes_received);
+      compare("one step");
+      one.model().forward(t2, y2);
+      one.model().backward(/*accumulate=*/true);
+      std::uint64_t count = 0;
+      std::string caller;
+      {
+        const bool counting = allocation_counting_available() && !backend.asynchronous();
+        std::optional<CountAllocations> counter;
+        if (counting) counter.emplace();
+        z.model().forward(t2, y2);
+        z.model().backward(/*accumulate=*/true);
+        if (counting) {
+          count = counter->count();
+          caller = counter->first_caller();
+        }
+      }
+      EXPECT_EQ(count, 0u) << "first allocation from " << caller;
+      compare("accumulated");
+      if (data > 1 && b.shards_gradients()) {
+        const index_t other = d == 0 ? chunk + 1 : 0;  // outside [lo, lo + chunk]
+        EXPECT_THROW(static_cast<void>(b.grad_at(other)), Error);
       }
     }
-    EXPECT_EQ(count, 0u) << "first allocation from " << caller;
-    compare("accumulated");
-    if (data > 1) {
-      const index_t other = d == 0 ? chunk + 1 : 0;  // outside [lo, lo + chunk]
-      EXPECT_THROW(static_cast<void>(b.grad_at(other)), Error);
-    }
-  }
 }
 
 // A checkpoint of a sharded data axis holds the whole optimizer state (the

@@ -257,8 +257,8 @@ class Gpt final : public GptModel<T> {
   void issue_bucket(Bucket& b);
   void wait_bucket(Bucket& b);
 
-  // ZeRO-3 (GptOptions::shard_parameters, training): the store's units are
-  // the embedding (0), block i (1 + i) and LN_f (n_layer + 1).
+  // ZeRO-2 or 3 (unit_grads_): the store's units are the embedding (0),
+  // block i (1 + i) and LN_f (n_layer + 1).
   std::vector<ParameterUnit> parameter_units() const;
   std::size_t block_unit(index_t i) const { return static_cast<std::size_t>(1 + i); }
   std::size_t ln_f_unit() const { return static_cast<std::size_t>(config_.n_layer) + 1; }
@@ -267,7 +267,12 @@ class Gpt final : public GptModel<T> {
   // gathers of the blocks i .. i + (slots - 1) step issued, the first
   // slots - 1 of them completed.
   void stage_blocks(index_t i, index_t step);
-  bool sharded_values_ = false;
+  bool sharded_values_ = false;  // ZeRO-3: the units' values gathered ahead of use
+  // ZeRO-2 or 3: each unit's gradients formed in a gradient slot of the
+  // store and reduced onto the groups of the chunks they fall in (ZeRO-2
+  // with a scheme that defers its gradients, 3D's ORS, keeps them whole:
+  // every block's would be in flight at once)
+  bool unit_grads_ = false;
   index_t block_value_slots_ = 2;
 
   void require_allocated(const char* what) const;

@@ -33,24 +33,37 @@ struct ParameterUnit {
   int value_slot = 0, grad_slot = 0;
 };
 
-/// How a ParameterStore shards its values over the data axis (ZeRO-3):
-/// the data groups' communicator and the units covering every parameter
-/// (in params() order). Each unit is padded to a multiple of the D data
-/// groups and split into D equal pieces (FSDP's flat parameters): data group
-/// d keeps piece d of every unit, the pieces one after another, as its
-/// chunk of the values and of the gradients. The store's packed layout
-/// (padded_elements() = D chunks; value_at, grad_at, an optimizer's range)
-/// is the D chunks side by side; a unit is gathered into its value slot with
-/// one all-gather and its gradients reduce-scattered from its gradient slot
-/// with one reduce-scatter.
+/// How a ParameterStore shards over the data axis: the data groups'
+/// communicator and the units covering every parameter (in params()
+/// order), whose gradients are formed in their gradient slots and reduced
+/// onto the groups holding them.
+///
+/// `values` true (ZeRO-3, GptOptions::shard_parameters): the values too.
+/// Each unit is padded to a multiple of the D data groups and split into D
+/// equal pieces (FSDP's flat parameters): data group d keeps piece d of
+/// every unit, the pieces one after another, as its chunk of the values and
+/// of the gradients. The store's packed layout (padded_elements() = D
+/// chunks; value_at, grad_at, an optimizer's range) is the D chunks side by
+/// side; a unit is gathered into its value slot with one all-gather and its
+/// gradients reduce-scattered from its gradient slot with one
+/// reduce-scatter.
+///
+/// `values` false (ZeRO-2, GptOptions::shard_gradients): the values stay
+/// whole and packed as an unsharded store's (padded to the constructor's
+/// `multiple`, a multiple of D), and data group d keeps only chunk d of the
+/// packed gradients, elements [d·P/D, (d+1)·P/D) (ZeRO-1's optimizer
+/// chunk). A unit's gradients are reduced from its slot with one reduce per
+/// chunk the unit meets, onto that chunk's group. Value slots are unused.
 struct ValueSharding {
   Communicator* data = nullptr;
   std::vector<ParameterUnit> units;
+  bool values = true;
 };
 
 /// Bytes of a sharded store's values and gradients arenas: this rank's
 /// chunk of the padded packed layout plus each slot (the largest unit it
-/// takes). `gradients` false: no gradient arena.
+/// takes); the values whole (and no value slots) when only the gradients
+/// are sharded. `gradients` false: no gradient arena.
 struct ShardedStoreBytes {
   std::size_t values = 0, gradients = 0;
   /// The store's padded_elements(): the D chunks' elements.
@@ -74,7 +87,9 @@ class ParameterStore {
   /// (`multiple` a multiple of their count). Every parameter of a unit is
   /// bound to the unit's value and gradient slots, at its offset within the
   /// unit; the slots hold nothing until gather_unit / begin_unit_grads.
-  /// Values and gradients start at zero.
+  /// ZeRO-2 (`sharding.values` false): the values whole, each parameter's
+  /// gradient bound to its unit's gradient slot. Values and gradients start
+  /// at zero.
   ParameterStore(Backend& backend, std::vector<Param<T>*> params, bool gradients, index_t multiple,
                  const ValueSharding& sharding);
   ~ParameterStore();
@@ -105,14 +120,15 @@ class ParameterStore {
   /// All local values / gradients, packed in the order of params() (each
   /// parameter's local elements follow the previous one's, no padding).
   /// A store with sharded values (shards_values()) has them whole only
-  /// inside a WholeValues scope (values_base()) and never whole gradients:
-  /// both throw summa::Error outside it.
+  /// inside a WholeValues scope (values_base()), and a store with sharded
+  /// gradients (shards_gradients(): ZeRO-2 or 3) never whole gradients:
+  /// both throw summa::Error.
   T* values_base() const;
   T* grads_base() const;
   /// Element `v` of the packed layout: values_base() + v, and with sharded
   /// values (whose packed layout is the data groups' chunks side by side)
   /// this data group's chunk's element, `v` within it (data_chunk; throws
-  /// summa::Error elsewhere).
+  /// summa::Error elsewhere). grad_at likewise with sharded gradients.
   T* value_at(index_t v) const;
   T* grad_at(index_t v) const;
   /// Where params()[k] starts among values_base()'s elements (whole values:
@@ -127,7 +143,7 @@ class ParameterStore {
   void for_each_run(std::size_t k, index_t lo, index_t count, F&& fn) const {
     const index_t n = params_[k]->shard.local_size(), hi = count < 0 ? padded_ : lo + count;
     if (n == 0) return;
-    if (data_ == nullptr) {
+    if (!shards_values()) {
       const index_t a = std::max(offsets_[k], lo), b = std::min(offsets_[k] + n, hi);
       if (a < b) fn(a - offsets_[k], a, b - a);
       return;
@@ -144,9 +160,13 @@ class ParameterStore {
     }
   }
 
-  /// ZeRO-3 (the second constructor): the values (and gradients) are
-  /// sharded over the data groups.
-  bool shards_values() const { return data_ != nullptr; }
+  /// ZeRO-3 (the second constructor, ValueSharding::values): the values
+  /// (and gradients) are sharded over the data groups.
+  bool shards_values() const { return data_ != nullptr && values_sharded_; }
+  /// The second constructor (ZeRO-2 or 3): the gradients are sharded over
+  /// the data groups: grad_at() reaches this group's chunk, the units'
+  /// gradient slots hold the rest while backward forms them.
+  bool shards_gradients() const { return data_ != nullptr; }
   std::size_t unit_count() const { return units_.size(); }
   /// Issues the all-gather of unit `u`'s values into its value slot (one
   /// broadcast per chunk the unit meets, from the group holding it), unless
@@ -157,12 +177,15 @@ class ParameterStore {
   /// Forgets what the value slots hold (after the values changed: an
   /// optimizer step, a load), completing any gather in flight.
   void forget_gathered();
-  /// Zeroes unit `u`'s gradient slot, and with `accumulate` puts this
-  /// group's chunk of its gradients (the sum so far) back in its place,
-  /// so that reduce_unit_grads adds to it.
+  /// Zeroes unit `u`'s gradient slot (first completing the reduces of the
+  /// units before it in the slot), and with `accumulate` puts this group's
+  /// chunk of its gradients (the sum so far) back in its place, so that
+  /// reduce_unit_grads adds to it. ZeRO-2 or 3.
   void begin_unit_grads(std::size_t u, bool accumulate);
   /// Issues the reduces of unit `u`'s gradient slot onto the chunks' groups
-  /// (their gradient chunks); wait_unit_grads completes them.
+  /// (their gradient chunks: one reduce-scatter with sharded values, one
+  /// reduce per chunk the unit meets without); wait_unit_grads completes
+  /// them. Collective over the data axis, in the same order on every group.
   void reduce_unit_grads(std::size_t u);
   void wait_unit_grads(std::size_t u);
   /// Elements a buffer packed like the whole values needs for
@@ -187,7 +210,8 @@ class ParameterStore {
   /// The bytes the sharded constructor allocates, without allocating.
   static ShardedStoreBytes sharded_bytes(const std::vector<Param<T>*>& params, bool gradients,
                                          index_t multiple, int data_groups,
-                                         const std::vector<ParameterUnit>& units);
+                                         const std::vector<ParameterUnit>& units,
+                                         bool values = true);
 
   /// RAII: the whole values in a temporary buffer (allocates
   /// padded_elements(); for init, checkpoints and exports, never in a
@@ -234,6 +258,11 @@ class ParameterStore {
   };
   static Layout layout_of(const std::vector<Param<T>*>& params,
                           const std::vector<ParameterUnit>& units, int groups);
+  // ZeRO-2: the units' counts, the chunk of the packed gradients (padded to
+  // `multiple`, which the groups divide).
+  static Layout gradient_layout_of(const std::vector<Param<T>*>& params,
+                                   const std::vector<ParameterUnit>& units, int groups,
+                                   index_t multiple);
   void bind_whole(T* values, T* grads);
   // Parameter k's local values through host memory `host` (local_size()
   // elements): a sharded store reads its chunk's part (zero elsewhere) and
@@ -249,16 +278,21 @@ class ParameterStore {
   Arena values_, grads_;
   std::vector<index_t> offsets_;  // each parameter's start in the packed layout
 
-  // ZeRO-3 (null data_: not sharded).
+  // ZeRO-2 or 3 (null data_: not sharded).
   struct Unit {
     index_t begin = 0, count = 0;  // its elements among the whole values
     index_t piece = 0;             // ceil(count / D): each group's piece
     index_t at = 0;                // the piece's offset in a chunk
     int value_slot = 0, grad_slot = 0;
-    Request gather, reduce;
+    Request gather;
+    // ZeRO-3: reduces[0], the reduce-scatter; ZeRO-2: one reduce per chunk
+    // the unit meets, chunks first_chunk, first_chunk + 1, ...
+    std::vector<Request> reduces;
+    int first_chunk = 0;
   };
   Communicator* data_ = nullptr;
-  index_t chunk_ = 0, lo_ = 0;  // this group's chunk: [lo_, lo_ + chunk_)
+  bool values_sharded_ = false;  // ZeRO-3; false: ZeRO-2 (values whole)
+  index_t chunk_ = 0, lo_ = 0;   // this group's chunk: [lo_, lo_ + chunk_)
   T* chunk_values_ = nullptr;
   T* chunk_grads_ = nullptr;
   std::vector<T*> value_slots_, grad_slots_;

@@ -12,8 +12,9 @@
 ///   data=D:zero=Z   ... with the data axis sharded (ZeRO): Z = 0 none
 ///                   (default), 1 the optimizer state (and bf16's fp32
 ///                   master weights) split over the D groups, 2 the
-///                   gradients reduced to their chunk's group too (ZeRO-2's
-///                   communication), 3 the parameters too; needs D > 1
+///                   gradients too (each group keeps its chunk of them,
+///                   reduced onto it; ZeRO-2), 3 the parameters too;
+///                   needs D > 1
 ///   pipe=P[:micro=M][:limit=L][:schedule=S][:split=B1+B2+...]
 ///                   a pipeline of P stages (PipelineSpec;
 ///                   parallel/pipeline.hpp): the batch in M microbatches
@@ -109,9 +110,9 @@ struct SchemeSpec {
   std::string scheme;
   int data = 1;  ///< data-parallel groups
   /// Sharding of the data axis (ZeRO level): 0 none, 1 the optimizer state
-  /// split over the data groups (docs/training.md, "Sharded data
-  /// parallelism"). parse() refuses levels above 1 and a level > 0 with
-  /// data = 1.
+  /// split over the data groups, 2 the gradients too, 3 the parameters too
+  /// (docs/training.md, "Sharded data parallelism"). parse() refuses levels
+  /// above 3 and a level > 0 with data = 1.
   int zero = 0;
   /// The pipeline axis (inactive by default: one stage, one microbatch).
   PipelineSpec pipeline;
