@@ -397,6 +397,9 @@ namespace {
 // in one call each.
 template <class T>
 double local_norm_sq(const ParameterStore<T>& store, ElementRange range) {
+  require(!store.shards_gradients() || range.count >= 0,
+          "clip_grad_norm / global_norm_sq: the gradients are sharded over the data axis (zero=2 "
+          "or 3): pass the optimizer's range (this group's chunk)");
   Backend& backend = store.backend();
   const auto floor_div = [](index_t a, index_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); };
   double sum = 0;

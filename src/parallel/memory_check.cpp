@@ -33,7 +33,7 @@ std::string prefix(const std::string& program) {
 
 double memory_lower_bound(std::int64_t tensor_ranks, const GptConfig& config,
                           std::size_t element_bytes, bool training,
-                          double state_bytes_per_parameter) {
+                          double state_bytes_per_parameter, double gradient_share) {
   config.validate();
   const double h = config.n_embd;
   // per block: c_attn 3h^2+3h, c_proj h^2+h, c_fc 4h^2+4h, c_proj 4h^2+h,
@@ -42,8 +42,9 @@ double memory_lower_bound(std::int64_t tensor_ranks, const GptConfig& config,
   const double parameters = config.n_layer * per_block +
                             (static_cast<double>(config.vocab_size) + config.n_positions) * h +
                             2 * h;
-  const double per_element = static_cast<double>(element_bytes) * (training ? 2 : 1) +
-                             (training ? state_bytes_per_parameter : 0);
+  const double per_element =
+      static_cast<double>(element_bytes) * (training ? 1 + gradient_share : 1) +
+      (training ? state_bytes_per_parameter : 0);
   return parameters * per_element / static_cast<double>(std::max<std::int64_t>(1, tensor_ranks)) +
          config.n_layer * host_bytes_per_block;
 }
@@ -104,12 +105,13 @@ std::string human_bytes(double bytes) {
 
 double require_lower_bound_fits(MPI_Comm comm, std::int64_t tensor_ranks, const GptConfig& config,
                                 std::size_t element_bytes, bool training,
-                                const MemoryBudget& budget, const std::string& program) {
+                                const MemoryBudget& budget, const std::string& program,
+                                double gradient_share) {
   std::optional<std::string> error;
   double bound = 0;
   try {
     bound = memory_lower_bound(tensor_ranks, config, element_bytes, training,
-                               budget.state_bytes_per_parameter) +
+                               budget.state_bytes_per_parameter, gradient_share) +
             (training ? budget.state_bytes_fixed : 0);
   } catch (const Error& e) {
     error = prefix(program) + e.what();
@@ -153,15 +155,16 @@ double require_memory_fits(MPI_Comm comm, const SchemeSpec& spec, Backend& backe
     agree_on(comm, error);
   }
   // The lower bound with the state as this rank keeps it: zero=1, 2 divide
-  // the state over the data groups; zero=3 the parameters and gradients
-  // too, so its bound counts everything over tensor x data ranks.
+  // the state over the data groups, zero=2 the gradients too (their chunk;
+  // the slots are not counted); zero=3 the parameters and gradients too, so
+  // its bound counts everything over tensor x data ranks.
   MemoryBudget sharded = budget;
   const bool all_sharded = spec.zero >= 3;
   sharded.state_bytes_per_parameter =
       budget.state_bytes_per_parameter / (spec.zero > 0 && !all_sharded ? spec.data : 1);
-  const double bound =
-      require_lower_bound_fits(comm, spec.tensor_ranks() * (all_sharded ? spec.data : 1), config,
-                               sizeof(T), training, sharded, program);
+  const double bound = require_lower_bound_fits(
+      comm, spec.tensor_ranks() * (all_sharded ? spec.data : 1), config, sizeof(T), training,
+      sharded, program, spec.zero == 2 ? 1.0 / spec.data : 1.0);
   if (budget.bytes <= 0) return bound;
 
   const auto state_of = [&](const MemoryReport& r) {

@@ -443,24 +443,37 @@ saved=$(sed 's/step_0*//' "$W/$case/checkpoints/latest")
 expect_ok 2 --steps $((saved + 3)) --checkpoint-every 3 --resume --out "$W/$case"
 check_log "$W/$case/log.jsonl" $((saved + 3))
 
+rank_pid() {  # the process of world rank $2 of the job writing to --out $1
+  local pid
+  for pid in $(pgrep -f -- "--out $1"); do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+      echo "$pid"
+      return
+    fi
+  done
+}
+
 # ---- --watchdog reaches the communicators: one rank stopped (kill -STOP)
 # mid-run; the other's wait expires after the limit and the job ends with
 # the report naming the stopped rank (was: the flag was replaced by the
 # device's grid options, and the job hung)
 case=watchdog_stopped_rank
 rm -rf "$W/$case"
-timeout -s KILL 120 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$EXE" "${SMALL[@]}" --steps 100000 \
+timeout -s KILL 240 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$EXE" "${SMALL[@]}" --steps 100000 \
   --watchdog 5 --out "$W/$case" >"$W/job_w.txt" 2>&1 &
 w=$!
-for _ in $(seq 150); do grep -q "^step " "$W/job_w.txt" 2>/dev/null && break; sleep 0.2; done
+# the first step, then rank 1's process; up to 120 s (the checked build on
+# a loaded 2-core machine starts slowly: 30 s once did not reach a step)
 stopped=""
-for pid in $(pgrep -f -- "--out $W/$case"); do
-  if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then
-    stopped=$pid
+for _ in $(seq 600); do
+  if grep -q "^step " "$W/job_w.txt" 2>/dev/null; then
+    stopped=$(rank_pid "$W/$case" 1)
+    [ -n "$stopped" ] && break
   fi
+  sleep 0.2
 done
 if [ -z "$stopped" ]; then
-  fail "no rank 1 process found to stop"
+  fail "no rank 1 process found to stop:"$'\n'"$(tail -5 "$W/job_w.txt")"
 else
   kill -STOP "$stopped"
   stop_time=$SECONDS
@@ -478,23 +491,20 @@ wait $w 2>/dev/null
 # ---- SIGTERM / SIGINT (a scheduler's time limit, Ctrl-C), sent to one rank
 # as Slurm sends it to each: the ranks finish the step, save a checkpoint,
 # log why and exit 128 + signal; --resume goes on from that step
-rank_pid() {  # the process of world rank $2 of the job writing to --out $1
-  local pid
-  for pid in $(pgrep -f -- "--out $1"); do
-    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
-      echo "$pid"
-      return
-    fi
-  done
-}
 for sig in TERM INT; do
   case=sig${sig}_mid_run
   rm -rf "$W/$case"
-  timeout -s KILL 120 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$EXE" "${SMALL[@]}" --steps 100000 \
+  timeout -s KILL 240 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$EXE" "${SMALL[@]}" --steps 100000 \
     --checkpoint-every 1000 --out "$W/$case" >"$W/job_s.txt" 2>&1 &
   j=$!
-  for _ in $(seq 150); do [ "$(grep -c '^step ' "$W/job_s.txt")" -ge 3 ] && break; sleep 0.2; done
-  pid=$(rank_pid "$W/$case" 1)
+  pid=""
+  for _ in $(seq 600); do  # up to 120 s, as above
+    if [ "$(grep -c '^step ' "$W/job_s.txt")" -ge 3 ]; then
+      pid=$(rank_pid "$W/$case" 1)
+      [ -n "$pid" ] && break
+    fi
+    sleep 0.2
+  done
   if [ -z "$pid" ]; then fail "no rank 1 process found"; kill -KILL $j; continue; fi
   kill -$sig "$pid"
   wait $j

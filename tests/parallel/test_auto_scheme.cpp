@@ -9,6 +9,7 @@
 #include <string>
 
 #include "summa/parallel/auto_scheme.hpp"
+#include "summa/parallel/memory_check.hpp"
 #include "summa/schemes/megatron1d/spec.hpp"
 #include "summa/schemes/registry.hpp"
 #include "test_util.hpp"
@@ -284,6 +285,43 @@ TEST(AutoScheme, LaunchFreeRankingAndOptimizerState) {
 TEST(AutoScheme, RanksPerDevice) {
   EXPECT_EQ(ranks_per_device(test_comm(), false), 1);
   EXPECT_GE(ranks_per_device(test_comm(), true), 1);
+}
+
+// The memory check's lower bound counts zero=2's gradients as this group's
+// chunk (a 1/D share): the bound scales the gradients' bytes alone by it,
+// and at 4 ranks a zero=2 run whose plan fits its budget is not refused by
+// a bound that would exceed that budget with the gradients counted whole.
+TEST(MemoryCheck, ZeroTwoBoundCountsTheGradientChunk) {
+  GptConfig c = config(4);
+  c.n_layer = 8;
+  const double host = c.n_layer * host_bytes_per_block;
+  const double values = memory_lower_bound(1, c, 4, false, 0) - host;  // the parameters' bytes
+  EXPECT_DOUBLE_EQ(memory_lower_bound(2, c, 4, true, 8, 0.25) - host,
+                   (values * 1.25 + values * 2) / 2);
+  EXPECT_DOUBLE_EQ(memory_lower_bound(2, c, 4, true, 8) - host, (values * 2 + values * 2) / 2);
+  int ranks = 1;
+  MPI_Comm_size(test_comm(), &ranks);
+  if (ranks != 4) GTEST_SKIP() << "data=4:zero=2 needs 4 ranks";
+  const SchemeSpec spec = SchemeSpec::parse("data=4:zero=2,2d:q=1");
+  CpuBackend backend;
+  const index_t batch = 4, seq = 4;
+  const GptOptions o{.recompute = Recompute::full};
+  const double state = 8;  // AdamW's two fp32 moments per element, over the 4 groups below
+  const MemoryReport plan = plan_memory<float>(test_comm(), spec, backend, c, batch, seq, o);
+  double need =
+      static_cast<double>(plan.total()) + static_cast<double>(plan.parameter_elements) * state / 4;
+  MPI_Allreduce(MPI_IN_PLACE, &need, 1, MPI_DOUBLE, MPI_MAX, test_comm());
+  const MemoryBudget budget{
+      .bytes = need * 1.001, .source = "of the test", .state_bytes_per_parameter = state};
+  // counted whole, the gradients alone would refuse it
+  ASSERT_GT(memory_lower_bound(1, c, sizeof(float), true, state / 4), budget.bytes);
+  EXPECT_NO_THROW(static_cast<void>(require_memory_fits<float>(test_comm(), spec, backend, c, batch,
+                                                               seq, o, {}, budget, "test")));
+  // zero=1 keeps them whole: its bound refuses the same budget
+  EXPECT_THROW(static_cast<void>(require_memory_fits<float>(
+                   test_comm(), SchemeSpec::parse("data=4:zero=1,2d:q=1"), backend, c, batch, seq,
+                   o, {}, budget, "test")),
+               Error);
 }
 
 }  // namespace

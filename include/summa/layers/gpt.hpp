@@ -239,8 +239,10 @@ class Gpt final : public GptModel<T> {
   std::unique_ptr<LossHead<T>> head_;
 
   // A bucket's gradients and their data-axis collective: one all-reduce,
-  // or (GptOptions::shard_gradients) one in-place reduce per data chunk the
-  // bucket meets, onto the group owning the chunk.
+  // or (GptOptions::shard_gradients under a scheme that defers its
+  // gradients) one in-place reduce per data chunk the bucket meets, onto
+  // the group owning the chunk. Sharded gradients otherwise go through the
+  // store's units (unit_grads_).
   struct Piece {
     T* begin = nullptr;
     index_t count = 0;

@@ -92,14 +92,15 @@ struct GptOptions {
   /// groups when the data axis is sharded (SchemeSpec::zero), for equal
   /// chunks.
   index_t parameter_multiple = 1;
-  /// ZeRO-2's gradient reduction (SchemeSpec::zero >= 2, set by
-  /// ParallelGpt; needs parameter_multiple = the data groups): backward
-  /// reduces each gradient bucket over the data axis onto the data group
-  /// whose chunk of the packed gradients holds it (one reduce per chunk the
-  /// bucket meets, in place, on the same schedule as the all-reduces it
-  /// replaces), not onto every group. After backward only this group's
-  /// chunk (data_chunk) of the gradients is the global gradient; the rest
-  /// is undefined.
+  /// ZeRO-2's sharded gradients (SchemeSpec::zero >= 2, set by
+  /// ParallelGpt; needs parameter_multiple = the data groups): each data
+  /// group keeps only its chunk (data_chunk) of the packed gradients, and
+  /// backward forms each unit's (the embedding's, each block's, LN_f's) in
+  /// a gradient slot of the store and reduces them over the data axis onto
+  /// the groups whose chunks hold them (one reduce per chunk the unit
+  /// meets, on the same schedule as the all-reduces it replaces). Under a
+  /// scheme that defers its gradients (3D's ORS) the buffer stays whole and
+  /// each bucket is reduced in place; only the chunk is then defined.
   bool shard_gradients = false;
   /// ZeRO-3 (SchemeSpec::zero = 3, set by ParallelGpt with shard_gradients
   /// and parameter_multiple = the data groups): the parameters too are

@@ -23,11 +23,12 @@
 
 namespace summa {
 
-/// ZeRO-3 (GptOptions::shard_parameters): a run of consecutive parameters
-/// (params()[first, last), a module's, e.g. one transformer block) gathered
-/// over the data axis into a value slot ahead of its use and whose gradients
-/// are formed in a gradient slot and reduced onto the data groups whose
-/// chunks hold them. Units sharing a slot take turns in it.
+/// A sharded data axis (ValueSharding): a run of consecutive parameters
+/// (params()[first, last), a module's, e.g. one transformer block) whose
+/// gradients are formed in a gradient slot and reduced onto the data groups
+/// whose chunks hold them (ZeRO-2 and 3), and, ZeRO-3, whose values are
+/// gathered over the data axis into a value slot ahead of its use. Units
+/// sharing a slot take turns in it.
 struct ParameterUnit {
   std::size_t first = 0, last = 0;
   int value_slot = 0, grad_slot = 0;
@@ -169,7 +170,7 @@ class ParameterStore {
   bool shards_gradients() const { return data_ != nullptr; }
   std::size_t unit_count() const { return units_.size(); }
   /// Issues the all-gather of unit `u`'s values into its value slot (one
-  /// broadcast per chunk the unit meets, from the group holding it), unless
+  /// all-gather of the groups' pieces; ZeRO-3 only), unless
   /// the slot already holds the unit; wait_unit completes it. Collective
   /// over the data axis, in the same order on every group.
   void gather_unit(std::size_t u);
@@ -202,6 +203,7 @@ class ParameterStore {
   /// rest (piece - kept) padding.
   template <class F>
   void for_each_piece(F&& fn) const {
+    require(shards_values(), "ParameterStore::for_each_piece: the values are not sharded (zero=3)");
     const index_t d = data_->rank();
     for (const Unit& u : units_)
       fn(u.at, u.begin + d * u.piece, std::clamp<index_t>(u.count - d * u.piece, 0, u.piece),
@@ -235,8 +237,8 @@ class ParameterStore {
     bool outer_ = false, write_back_ = false;
   };
 
-  /// Bytes of local values (equal to the bytes of gradients), rounded up to
-  /// the arena alignment.
+  /// Bytes of the values arena (rounded up to the arena alignment): the
+  /// local values, or with sharded values the chunk and the slots.
   std::size_t bytes() const { return values_.capacity(); }
   /// Local elements held.
   index_t local_elements() const;

@@ -29,13 +29,14 @@ inline constexpr double host_bytes_per_block = 8192;
 
 /// Bytes a rank of a tensor group of `tensor_ranks` needs at least for
 /// `config`: the parameters and, `training`, their gradients (element_bytes
-/// each), plus `state_bytes_per_parameter` of optimizer state per element,
-/// all divided over the group; plus the blocks' host objects. In double:
-/// any size (n_layer 2e9, vocab 2^31) gives a finite figure. Validates
-/// `config` (GptConfig::validate).
+/// each; `gradient_share` of them: 1/D for a data axis whose gradients are
+/// sharded over D groups, zero=2), plus `state_bytes_per_parameter` of
+/// optimizer state per element, all divided over the group; plus the
+/// blocks' host objects. In double: any size (n_layer 2e9, vocab 2^31)
+/// gives a finite figure. Validates `config` (GptConfig::validate).
 double memory_lower_bound(std::int64_t tensor_ranks, const GptConfig& config,
                           std::size_t element_bytes, bool training,
-                          double state_bytes_per_parameter);
+                          double state_bytes_per_parameter, double gradient_share = 1);
 
 /// Host memory this rank may use: the node's MemAvailable (/proc/meminfo)
 /// shared by the ranks of `comm` on that node, the smallest over `comm`.
@@ -71,10 +72,11 @@ std::string human_bytes(double bytes);
 /// The first stage of require_memory_fits alone: throws its message when
 /// memory_lower_bound exceeds `budget` (for a choice among schemes, pass the
 /// largest tensor group: the most optimistic). Collective over `comm`.
-/// Returns the bound.
+/// Returns the bound. `gradient_share` as for memory_lower_bound.
 double require_lower_bound_fits(MPI_Comm comm, std::int64_t tensor_ranks, const GptConfig& config,
                                 std::size_t element_bytes, bool training,
-                                const MemoryBudget& budget, const std::string& program);
+                                const MemoryBudget& budget, const std::string& program,
+                                double gradient_share = 1);
 
 /// Throws summa::CollectiveError (the same message on every rank of `comm`)
 /// starting "<program>: " (nothing for an empty name), naming the bytes needed per rank and the
