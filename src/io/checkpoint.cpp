@@ -76,8 +76,8 @@ constexpr std::size_t kIoBuffer = std::size_t{1} << 20;
 std::string step_dir_name(std::int64_t step) {
   return fmt::format("step_{:08d}", step);
 }
-std::string shard_file_name(int tensor_rank) {
-  return fmt::format("shard_{:05d}.bin", tensor_rank);
+std::string shard_file_name(int file) {
+  return fmt::format("shard_{:05d}.bin", file);
 }
 std::string quoted(const fs::path& p) {
   return fmt::format("'{}'", p.string());
@@ -658,14 +658,6 @@ void broadcast_text(MPI_Comm comm, std::string& text) {
 template <class T>
 using saved_t = master_t<T>;
 
-// The store's values (as saved_t<T>) and the slots as host memory: the
-// buffers themselves when the store's backend is host-accessible (CpuBackend)
-// and T is saved as itself, otherwise host copies downloaded from the backend
-// (bf16: from `master` when given, else widened from the values), which
-// write_back() puts back after a load (bf16: into `master` and values =
-// bf16(master) with Backend::convert, or values = bf16(loaded) without a
-// master). Offsets into values() are those of the store's packing
-// (p->value - store.values_base()). Allocates; for save and load only.
 // Index of the first NaN or infinity among n elements of `dtype`, or -1.
 std::ptrdiff_t first_non_finite(const unsigned char* data, index_t n, DType dtype) {
   const auto scan = [&](auto zero) -> std::ptrdiff_t {
@@ -692,38 +684,64 @@ std::ptrdiff_t first_non_finite(const unsigned char* data, index_t n, DType dtyp
   return -1;
 }
 
+// This rank's elements of a save or a load: the packed positions [lo, lo +
+// count) of the store's layout (ParameterStore::for_each_run: a data-axis
+// chunk, ZeRO's optimizer range), or with count < 0 every local element.
+// Every stream's buffer (values, master, slots) starts at packed position lo.
+struct Region {
+  index_t lo = 0, count = -1;
+  bool chunk() const { return count >= 0; }
+};
+
+// The store's values (as saved_t<T>) and the slots as host memory, over
+// `region`: the buffers themselves when they are host memory (a
+// host-accessible backend such as CpuBackend, or `state_on_host`: an
+// offloaded optimizer's slots and master in the host pool) and T is saved
+// as itself, otherwise host copies (bf16: from `master` when given, else
+// widened from the values), which write_back() puts back after a load (bf16:
+// into `master` and values = bf16(master), or values = bf16(loaded) without
+// a master). Allocates (host copies); for save and load only.
 template <class T>
 class HostImage {
  public:
   using V = saved_t<T>;
   static constexpr bool widened = !std::is_same_v<T, V>;
 
-  HostImage(ParameterStore<T>& store, std::span<const StateSlot> slots, V* master)
-      : store_(&store), slots_(slots.begin(), slots.end()), master_(master) {
+  HostImage(ParameterStore<T>& store, std::span<const StateSlot> slots, V* master, Region region,
+            bool state_on_host)
+      : store_(&store),
+        slots_(slots.begin(), slots.end()),
+        master_(master),
+        region_(region),
+        state_on_host_(state_on_host),
+        n_(static_cast<std::size_t>(region.chunk() ? region.count : store.local_elements())) {
     Backend& backend = store.backend();
-    const auto n = static_cast<std::size_t>(store.local_elements());
+    if (n_ > 0) device_values_ = region.chunk() ? store.value_at(region.lo) : store.values_base();
     if constexpr (widened) {
-      host_values_.resize(n);
-      if (n > 0 && master_ != nullptr) {
-        backend.download(host_values_.data(), master_, n * sizeof(V));
-      } else if (n > 0) {
-        std::vector<T> narrow(n);
-        backend.download(narrow.data(), store.values_base(), n * sizeof(T));
-        for (std::size_t k = 0; k < n; ++k) host_values_[k] = static_cast<V>(narrow[k]);
+      host_values_.resize(n_);
+      if (n_ > 0 && master_ != nullptr) {
+        if (state_on_host_)
+          std::memcpy(host_values_.data(), master_, n_ * sizeof(V));
+        else
+          backend.download(host_values_.data(), master_, n_ * sizeof(V));
+      } else if (n_ > 0) {
+        std::vector<T> narrow(n_);
+        backend.download(narrow.data(), device_values_, n_ * sizeof(T));
+        for (std::size_t k = 0; k < n_; ++k) host_values_[k] = static_cast<V>(narrow[k]);
       }
       values_ = host_values_.data();
     } else {
-      values_ = store.values_base();
+      values_ = device_values_;
       if (!backend.host_accessible()) {
-        host_values_.resize(n);
-        if (n > 0) backend.download(host_values_.data(), store.values_base(), n * sizeof(T));
+        host_values_.resize(n_);
+        if (n_ > 0) backend.download(host_values_.data(), device_values_, n_ * sizeof(T));
         values_ = host_values_.data();
       }
     }
-    if (backend.host_accessible()) return;
+    if (backend.host_accessible() || state_on_host_) return;
     host_slots_.resize(slots_.size());
     for (std::size_t k = 0; k < slots_.size(); ++k) {
-      const std::size_t bytes = n * size_of(slots_[k].dtype);
+      const std::size_t bytes = n_ * size_of(slots_[k].dtype);
       if (bytes == 0 || slots_[k].data == nullptr) continue;
       host_slots_[k].resize(bytes);
       backend.download(host_slots_[k].data(), slots_[k].data, bytes);
@@ -733,28 +751,26 @@ class HostImage {
 
   V* values() const { return values_; }
   std::span<const StateSlot> slots() const { return slots_; }
-  /// Element offset of a held parameter's local values in values().
-  index_t offset(const Param<T>& p) const {
-    return static_cast<index_t>(p.value - store_->values_base());
-  }
+  const Region& region() const { return region_; }
 
   /// Puts the loaded host copies back into the store (and master) and the
   /// caller's slots (nothing to do where they are the buffers themselves).
   void write_back(std::span<const StateSlot> device_slots) const {
     Backend& backend = store_->backend();
-    const index_t n = store_->local_elements();
     if constexpr (widened) {
-      if (n > 0 && master_ != nullptr) {
-        backend.upload(master_, host_values_.data(), host_values_.size() * sizeof(V));
-        backend.convert(MatrixView<const V>::dense(master_, 1, n, Order::row_major),
-                        MatrixView<T>::dense(store_->values_base(), 1, n, Order::row_major));
-      } else if (n > 0) {
-        std::vector<T> narrow(host_values_.size());
-        for (std::size_t k = 0; k < narrow.size(); ++k) narrow[k] = T(host_values_[k]);
-        backend.upload(store_->values_base(), narrow.data(), narrow.size() * sizeof(T));
+      if (n_ > 0 && master_ != nullptr && !state_on_host_) {
+        backend.upload(master_, host_values_.data(), n_ * sizeof(V));
+        backend.convert(
+            MatrixView<const V>::dense(master_, 1, static_cast<index_t>(n_), Order::row_major),
+            MatrixView<T>::dense(device_values_, 1, static_cast<index_t>(n_), Order::row_major));
+      } else if (n_ > 0) {
+        if (master_ != nullptr) std::memcpy(master_, host_values_.data(), n_ * sizeof(V));
+        std::vector<T> narrow(n_);
+        for (std::size_t k = 0; k < n_; ++k) narrow[k] = T(host_values_[k]);
+        backend.upload(device_values_, narrow.data(), n_ * sizeof(T));
       }
     } else if (!host_values_.empty()) {
-      backend.upload(store_->values_base(), host_values_.data(), host_values_.size() * sizeof(T));
+      backend.upload(device_values_, host_values_.data(), n_ * sizeof(T));
     }
     for (std::size_t k = 0; k < host_slots_.size(); ++k)
       if (!host_slots_[k].empty())
@@ -764,19 +780,39 @@ class HostImage {
  private:
   ParameterStore<T>* store_;
   std::vector<StateSlot> slots_;  // data: host pointers
-  V* master_;                     // backend memory (bf16 with an optimizer), else null
-  V* values_;                     // host pointer
+  V* master_;  // backend memory (bf16 with an optimizer; host pool when state_on_host), else null
+  Region region_;
+  bool state_on_host_;
+  std::size_t n_;               // elements of every stream's buffer
+  T* device_values_ = nullptr;  // the store's values at packed position region.lo
+  V* values_ = nullptr;         // host pointer
   std::vector<V> host_values_;
   std::vector<std::vector<unsigned char>> host_slots_;
 };
 
-// Writes this rank's owner pieces of values and slots into dir/<file>;
-// returns its manifest lines ("shard ..." then one "piece ..." per piece).
+// Calls fn(block, shift) for each block of parameter k's local pieces within
+// `region` (for_each_block_within over each run of for_each_run): element x
+// of the parameter's local storage (row-major, ld = local_cols) sits at
+// element x + shift of the region's buffers.
+template <class T>
+void for_each_region_block(const ParameterStore<T>& store, std::size_t k, const Region& region,
+                           const auto& fn) {
+  const ParamShard& s = store.params()[k]->shard;
+  store.for_each_run(k, region.lo, region.count, [&](index_t x0, index_t v0, index_t n) {
+    for (const ShardPiece& piece : s.pieces)
+      for_each_block_within(piece, s.local_cols, x0, x0 + n,
+                            [&](const ShardPiece& b) { fn(b, v0 - x0 - region.lo); });
+  });
+}
+
+// Writes this rank's owner pieces of values and slots within the image's
+// region into dir/<file> (a piece the region cuts: its blocks within it);
+// returns its manifest lines ("shard ..." then one "piece ..." per block).
 template <class T>
 std::string write_shard(const fs::path& dir, ParameterStore<T>& store, const HostImage<T>& host,
-                        int tensor_rank, int files) {
+                        int file, int files) {
   const std::span<const StateSlot> slots = host.slots();
-  const std::string file_name = shard_file_name(tensor_rank);
+  const std::string file_name = shard_file_name(file);
   OutFile out(dir / file_name);
   unsigned char header[kHeaderBytes] = {};
   std::memcpy(header, kShardMagic, sizeof kShardMagic);
@@ -784,27 +820,29 @@ std::string write_shard(const fs::path& dir, ParameterStore<T>& store, const Hos
     for (int k = 0; k < 4; ++k) header[at + static_cast<std::size_t>(k)] = (v >> (8 * k)) & 0xFF;
   };
   put32(8, kVersion);
-  put32(12, static_cast<std::uint32_t>(tensor_rank));
+  put32(12, static_cast<std::uint32_t>(file));
   put32(16, static_cast<std::uint32_t>(files));
   out.write(header, kHeaderBytes);
 
   std::string pieces;
   const saved_t<T>* values = host.values();
-  for (const Param<T>* p : store.params()) {
+  const std::vector<Param<T>*>& params = store.params();
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    const Param<T>* p = params[k];
     const ParamShard& s = p->shard;
     if (!p->held() || !s.owner || s.stage_copy) continue;
-    const index_t offset = host.offset(*p);
-    for (const ShardPiece& piece : s.pieces) {
-      if (piece.rows <= 0 || piece.cols <= 0) continue;
-      require(piece.global_row >= 0 && piece.global_col >= 0 &&
-                  piece.global_row + piece.rows <= s.global_rows() &&
-                  piece.global_col + piece.cols <= s.global_cols() && piece.local_row >= 0 &&
-                  piece.local_col >= 0 && piece.local_row + piece.rows <= s.local_rows &&
-                  piece.local_col + piece.cols <= s.local_cols,
+    for (const ShardPiece& piece : s.pieces)
+      require(piece.rows <= 0 || piece.cols <= 0 ||
+                  (piece.global_row >= 0 && piece.global_col >= 0 &&
+                   piece.global_row + piece.rows <= s.global_rows() &&
+                   piece.global_col + piece.cols <= s.global_cols() && piece.local_row >= 0 &&
+                   piece.local_col >= 0 && piece.local_row + piece.rows <= s.local_rows &&
+                   piece.local_col + piece.cols <= s.local_cols),
               [&] {
                 return fmt::format("save_checkpoint: a shard piece of '{}' lies outside the tensor",
                                    s.name);
               });
+    for_each_region_block(store, k, host.region(), [&](const ShardPiece& piece, index_t shift) {
       std::string line = fmt::format("piece {} {} {} {} {}", encode(s.name), piece.global_row,
                                      piece.global_col, piece.rows, piece.cols);
       for (std::size_t stream = 0; stream <= slots.size(); ++stream) {
@@ -815,7 +853,7 @@ std::string write_shard(const fs::path& dir, ParameterStore<T>& store, const Hos
         const std::uint64_t at = out.bytes();
         Checksum64 sum;
         for (index_t r = 0; r < piece.rows; ++r) {
-          const index_t local = offset + (piece.local_row + r) * s.local_cols + piece.local_col;
+          const index_t local = shift + (piece.local_row + r) * s.local_cols + piece.local_col;
           const unsigned char* row = base + static_cast<std::size_t>(local) * es;
           const std::size_t bytes = static_cast<std::size_t>(piece.cols) * es;
           if (const std::ptrdiff_t bad = first_non_finite(row, piece.cols, dtype); bad >= 0)
@@ -832,7 +870,7 @@ std::string write_shard(const fs::path& dir, ParameterStore<T>& store, const Hos
       }
       pieces += line;
       pieces += '\n';
-    }
+    });
   }
   out.finish();
   return fmt::format("shard {} {} {:016x}\n", encode(file_name), out.bytes(), out.checksum()) +
@@ -873,7 +911,8 @@ bool is_step_name(std::string_view name) {
 // slot_stream's mark of a saved stream nobody asked for (load_parameters).
 constexpr std::size_t kSkipStream = static_cast<std::size_t>(-1);
 
-// Loads every local element of every held parameter from the checkpoint.
+// Loads every local element of every held parameter within the image's
+// region from the checkpoint.
 template <class T>
 void load_pieces(const fs::path& dir, const Manifest& m, ParameterStore<T>& store,
                  const HostImage<T>& host, const std::vector<std::size_t>& slot_stream) {
@@ -889,20 +928,22 @@ void load_pieces(const fs::path& dir, const Manifest& m, ParameterStore<T>& stor
   };
   std::vector<Rect> hits;
   saved_t<T>* values = host.values();
-  for (const Param<T>* p : store.params()) {
+  const std::vector<Param<T>*>& params = store.params();
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    const Param<T>* p = params[k];
     const ParamShard& s = p->shard;
     if (!p->held()) continue;
+    for (const ShardPiece& lp : s.pieces)
+      require(
+          lp.rows <= 0 || lp.cols <= 0 ||
+              (lp.local_row >= 0 && lp.local_col >= 0 && lp.local_row + lp.rows <= s.local_rows &&
+               lp.local_col + lp.cols <= s.local_cols),
+          [&] {
+            return fmt::format(
+                "load_checkpoint: a local piece of '{}' lies outside its local storage", s.name);
+          });
     const SavedParam& saved = m.params[m.param_index.find(s.name)->second];
-    const index_t offset = host.offset(*p);
-    for (const ShardPiece& lp : s.pieces) {
-      if (lp.rows <= 0 || lp.cols <= 0) continue;
-      require(lp.local_row >= 0 && lp.local_col >= 0 && lp.local_row + lp.rows <= s.local_rows &&
-                  lp.local_col + lp.cols <= s.local_cols,
-              [&] {
-                return fmt::format(
-                    "load_checkpoint: a local piece of '{}' lies outside its local storage",
-                    s.name);
-              });
+    for_each_region_block(store, k, host.region(), [&](const ShardPiece& lp, index_t shift) {
       hits.clear();
       index_t covered = 0;
       for (const SavedPiece& sp : saved.pieces) {
@@ -942,7 +983,7 @@ void load_pieces(const fs::path& dir, const Manifest& m, ParameterStore<T>& stor
               scratch.data() +
               static_cast<std::size_t>((x.r0 - sp.global_row) * sp.cols + x.c0 - sp.global_col) *
                   size_of(src_type);
-          const index_t local = offset + (lp.local_row + x.r0 - lp.global_row) * s.local_cols +
+          const index_t local = shift + (lp.local_row + x.r0 - lp.global_row) * s.local_cols +
                                 lp.local_col + x.c0 - lp.global_col;
           copy_block(src, src_type, sp.cols,
                      dst + static_cast<std::size_t>(local) * size_of(dst_type), dst_type,
@@ -955,7 +996,7 @@ void load_pieces(const fs::path& dir, const Manifest& m, ParameterStore<T>& stor
             "[rows {}..{}, cols {}..{}] of '{}' (every element needs exactly one saved piece)",
             quoted(dir), covered, lp.rows * lp.cols, lp.global_row, lp.global_row + lp.rows,
             lp.global_col, lp.global_col + lp.cols, s.name));
-    }
+    });
   }
 }
 
@@ -1204,16 +1245,18 @@ std::function<void(const std::optional<std::string>&)> agreement(ProcessGrid& gr
   return [comm = stages->world](const std::optional<std::string>& e) { agree_on(comm, e); };
 }
 
+// Saves `region` of the store and the slots: with a chunk (a sharded data
+// axis) every data group writes its own, else data group 0 everything.
 template <class T>
 void save_impl(const fs::path& root, ParameterStore<T>& store, std::span<const StateSlot> slots,
-               const CheckpointInfo& info, ProcessGrid& grid, saved_t<T>* master,
-               const CheckpointStages* stages = nullptr) {
+               const CheckpointInfo& info, ProcessGrid& grid, saved_t<T>* master, Region region,
+               bool state_on_host, const CheckpointStages* stages = nullptr) {
   const MPI_Comm comm = stages != nullptr ? stages->world : grid.native(CommAxis::world);
   const auto agree = agreement(grid, stages);
   int rank = 0;
   check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   agree(capture([&] {
-    check_slots(slots, store.local_elements(), "save_checkpoint");
+    check_slots(slots, region.chunk() ? region.count : store.local_elements(), "save_checkpoint");
     if (info.step < 0) throw Error(fmt::format("save_checkpoint: step {} is negative", info.step));
     if (root.empty()) throw Error("save_checkpoint: empty checkpoint root");
   }));
@@ -1222,8 +1265,6 @@ void save_impl(const fs::path& root, ParameterStore<T>& store, std::span<const S
                                       info.step, name_of(dtype_v<T>), slot_list(slots)),
                           "save_checkpoint: the arguments (root, step, slots)");
 
-  // zero=3: the values whole for the save (each group's chunk gathered)
-  const typename ParameterStore<T>::WholeValues whole(store, /*write_back=*/false, &grid);
   const std::string name = step_dir_name(info.step);
   const fs::path final_dir = root / name;
   fs::path tmp = final_dir;
@@ -1240,15 +1281,20 @@ void save_impl(const fs::path& root, ParameterStore<T>& store, std::span<const S
     }
     fs::create_directory(tmp);
   }));
-  // 2. the shards: data group 0 only (the other groups hold identical copies)
-  // (a pipeline: stage s's files after the earlier stages')
+  // 2. the shards: data group 0 only (the other groups hold identical
+  // copies), or with a chunk every group its own (a pipeline: stage s's
+  // files after the earlier stages')
   std::string lines, params;
-  const int file = grid.tensor().rank() + (stages ? stages->stage * grid.tensor().size() : 0);
-  agree(grid.coords().data != 0 ? std::nullopt : capture([&] {
+  const int data_groups = region.chunk() ? grid.data().size() : 1;
+  const int files = grid.tensor().size() * (stages != nullptr ? stages->stages : 1) * data_groups;
+  const int file =
+      ((stages != nullptr ? stages->stage * grid.tensor().size() : 0) + grid.tensor().rank()) *
+          data_groups +
+      (region.chunk() ? grid.coords().data : 0);
+  agree(!region.chunk() && grid.coords().data != 0 ? std::nullopt : capture([&] {
     // device memory is staged through host copies (HostImage)
-    const HostImage<T> host(store, slots, master);
-    lines = write_shard(tmp, store, host, file,
-                        grid.tensor().size() * (stages != nullptr ? stages->stages : 1));
+    const HostImage<T> host(store, slots, master, region, state_on_host);
+    lines = write_shard(tmp, store, host, file, files);
   }));
   kill_if_injected(info.step, rank);
   lines = gather_on_root(comm, lines);
@@ -1287,18 +1333,20 @@ void save_impl(const fs::path& root, ParameterStore<T>& store, std::span<const S
   }));
 }
 
+// Loads `region` of the store and the slots.
 template <class T>
 CheckpointInfo load_impl(const fs::path& path_or_root, ParameterStore<T>& store,
                          std::span<const StateSlot> slots, ProcessGrid& grid, saved_t<T>* master,
-                         bool parameters_only = false, const CheckpointStages* stages = nullptr) {
+                         Region region, bool state_on_host, bool parameters_only = false,
+                         const CheckpointStages* stages = nullptr) {
   const MPI_Comm comm = stages != nullptr ? stages->world : grid.native(CommAxis::world);
   const auto agree = agreement(grid, stages);
   int rank = 0, size = 1;
   check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
-  agree(capture([&] { check_slots(slots, store.local_elements(), "load_checkpoint"); }));
-  // zero=3: loaded into the whole values, this group's chunk kept at the end
-  const typename ParameterStore<T>::WholeValues whole(store, /*write_back=*/true, &grid);
+  agree(capture([&] {
+    check_slots(slots, region.chunk() ? region.count : store.local_elements(), "load_checkpoint");
+  }));
   // 1. rank 0 finds and reads the manifest; every rank parses the same text
   std::string dir_text, text;
   agree(rank != 0 ? std::nullopt : capture([&] {
@@ -1336,7 +1384,7 @@ CheckpointInfo load_impl(const fs::path& path_or_root, ParameterStore<T>& store,
       (void)open_shard(dir, m.shards[k]);
     // device memory: read into host copies of the current
     // contents, then uploaded
-    const HostImage<T> host(store, slots, master);
+    const HostImage<T> host(store, slots, master, region, state_on_host);
     load_pieces(dir, m, store, host, slot_stream);
     host.write_back(slots);
   }));
@@ -1354,103 +1402,27 @@ std::vector<StateSlot> optimizer_slots(Optimizer<T>& optimizer) {
   return slots;
 }
 
-// A data-axis chunk's optimizer (zero=1: Optimizer::partial()) as whole-store
-// state, so a checkpoint is the same whatever the sharding: its slots and
-// (bf16) master all-gathered over grid.data() into buffers of the store's
-// padded elements (allocated here, outside the steps: on the backend, or in
-// its host pool when the optimizer is offloaded); put_back() copies this
-// rank's chunk of them back into the optimizer after a load.
+// What a store alone saves and loads: with sharded values (zero=3) this data
+// group's chunk of them, else every local element.
 template <class T>
-class WholeState {
- public:
-  using M = master_t<T>;
-  // A sharded store's (zero=3) chunks are pieces of every unit: gathered
-  // into the whole values' order (ParameterStore::gather_whole), which needs
-  // whole_elements().
-  WholeState(Optimizer<T>& optimizer, ProcessGrid& grid, const CheckpointStages* stages)
-      : optimizer_(&optimizer),
-        padded_(static_cast<std::size_t>(optimizer.store().shards_values()
-                                             ? optimizer.store().whole_elements()
-                                             : optimizer.store().padded_elements())) {
-    // The range and the allocation agreed first: a rank that cannot take
-    // part fails with the others instead of leaving them in the all-gather.
-    const std::size_t buffers =
-        optimizer.state_names().size() + (optimizer.master() != nullptr ? 1 : 0);
-    // (over every stage of a pipeline: a stage failing alone would leave the
-    // others in the save's agreements)
-    agreement(grid, stages)(capture([&] {
-      require_data_chunk(optimizer, grid, "checkpoint of a sharded data axis");
-      // beside the offloaded state (the host pool) when it is offloaded
-      arena_ = std::make_unique<Arena>(
-          "optimizer state, whole (a checkpoint of a sharded data axis)",
-          optimizer.store().backend(), buffers * Arena::rounded(padded_ * sizeof(M)),
-          optimizer.offloaded() ? Arena::Pool::host : Arena::Pool::backend);
-    }));
-    const std::vector<StateSlot> chunks = optimizer_slots(optimizer);
-    const auto count = static_cast<std::size_t>(optimizer.range().count);
-    const ParameterStore<T>& store = optimizer.store();
-    const auto gather = [&](const M* chunk, M* whole) {
-      if (store.shards_values())
-        store.gather_whole(chunk, whole, dtype_v<M>);
-      else
-        grid.data().all_gather(chunk, whole, count);
-    };
-    for (const StateSlot& chunk : chunks) {
-      M* whole = arena_->take<M>(padded_);
-      gather(static_cast<const M*>(chunk.data), whole);
-      slots_.push_back({.name = chunk.name, .dtype = chunk.dtype, .data = whole});
-    }
-    if (optimizer.master() != nullptr) {
-      master_ = arena_->take<M>(padded_);
-      gather(optimizer.master(), master_);
-    }
-  }
-  std::span<const StateSlot> slots() const { return slots_; }
-  M* master() const { return master_; }
-  /// This rank's chunk of every whole buffer back into the optimizer (an
-  /// offloaded one's state is host memory: downloaded into it).
-  void put_back() const {
-    Backend& backend = optimizer_->store().backend();
-    const ElementRange r = optimizer_->range();
-    const ParameterStore<T>& store = optimizer_->store();
-    const auto copy = [&](const M* from, M* to, index_t n) {
-      if (optimizer_->offloaded())
-        backend.download(to, from, static_cast<std::size_t>(n) * sizeof(M));
-      else
-        backend.copy(MatrixView<const M>::dense(from, 1, n, Order::row_major),
-                     MatrixView<M>::dense(to, 1, n, Order::row_major));
-    };
-    const auto chunk = [&](const M* whole, M* into) {
-      if (!store.shards_values()) {
-        copy(whole + r.begin, into, r.count);
-        return;
-      }
-      // zero=3: this group's piece of each unit (its padding: zeros, as
-      // the whole buffer's elements past the last unit are)
-      std::vector<M> zeros;
-      store.for_each_piece([&](index_t at, index_t from, index_t kept, index_t piece) {
-        if (kept > 0) copy(whole + from, into + at, kept);
-        if (kept < piece) {
-          zeros.assign(static_cast<std::size_t>(piece - kept), M(0));
-          if (optimizer_->offloaded())
-            std::copy(zeros.begin(), zeros.end(), into + at + kept);
-          else
-            backend.upload(into + at + kept, zeros.data(), zeros.size() * sizeof(M));
-        }
-      });
-    };
-    for (std::size_t k = 0; k < slots_.size(); ++k)
-      chunk(static_cast<const M*>(slots_[k].data), optimizer_->state(k));
-    if (master_ != nullptr) chunk(master_, optimizer_->master());
-  }
+Region store_region(const ParameterStore<T>& store, ProcessGrid& grid) {
+  if (!store.shards_values()) return {};
+  const ElementRange r = data_chunk(store, grid.data().rank(), grid.data().size());
+  return {r.begin, r.count};
+}
 
- private:
-  Optimizer<T>* optimizer_;
-  std::size_t padded_;
-  std::unique_ptr<Arena> arena_;
-  std::vector<StateSlot> slots_;
-  M* master_ = nullptr;
-};
+// An optimizer's: a data-axis chunk's (partial(): zero=1, 2, 3) its range,
+// which holds its state and master (each group writes its own; ZeRO's
+// sharded checkpoints), else every local element. Checked on every rank of
+// the saving or loading ranks first.
+template <class T>
+Region optimizer_region(Optimizer<T>& optimizer, ProcessGrid& grid,
+                        const CheckpointStages* stages) {
+  if (!optimizer.partial()) return store_region(optimizer.store(), grid);
+  agreement(grid, stages)(
+      capture([&] { require_data_chunk(optimizer, grid, "checkpoint of a sharded data axis"); }));
+  return {optimizer.range().begin, optimizer.range().count};
+}
 
 }  // namespace
 
@@ -1458,47 +1430,49 @@ template <class T>
 void save_checkpoint(const fs::path& root, ParameterStore<T>& store,
                      std::span<const StateSlot> slots, const CheckpointInfo& info,
                      ProcessGrid& grid) {
-  save_impl(root, store, slots, info, grid, nullptr);
+  save_impl(root, store, slots, info, grid, nullptr, store_region(store, grid), false);
 }
 
 template <class T>
 CheckpointInfo load_checkpoint(const fs::path& path_or_root, ParameterStore<T>& store,
                                std::span<const StateSlot> slots, ProcessGrid& grid) {
-  return load_impl(path_or_root, store, slots, grid, nullptr);
+  const CheckpointInfo info =
+      load_impl(path_or_root, store, slots, grid, nullptr, store_region(store, grid), false);
+  if (store.shards_values()) store.forget_gathered();
+  return info;
 }
 
 template <class T>
 CheckpointInfo load_parameters(const fs::path& path_or_root, ParameterStore<T>& store,
                                ProcessGrid& grid) {
-  return load_impl(path_or_root, store, std::span<const StateSlot>(), grid, nullptr, true);
+  const CheckpointInfo info = load_impl(path_or_root, store, std::span<const StateSlot>(), grid,
+                                        nullptr, store_region(store, grid), false, true);
+  if (store.shards_values()) store.forget_gathered();
+  return info;
 }
 
 template <class T>
 void save_checkpoint(const fs::path& root, Optimizer<T>& optimizer, const CheckpointInfo& info,
                      ProcessGrid& grid, const CheckpointStages* stages) {
-  if (optimizer.partial()) {  // zero=1: saved as the whole store's state
-    const WholeState<T> whole(optimizer, grid, stages);
-    save_impl(root, optimizer.store(), whole.slots(), info, grid, whole.master(), stages);
-    return;
-  }
+  const Region region = optimizer_region(optimizer, grid, stages);
   const std::vector<StateSlot> slots = optimizer_slots(optimizer);
   save_impl(root, optimizer.store(), std::span<const StateSlot>(slots), info, grid,
-            optimizer.master(), stages);
+            optimizer.master(), region, optimizer.offloaded(), stages);
 }
 
 template <class T>
 CheckpointInfo load_checkpoint(const fs::path& path_or_root, Optimizer<T>& optimizer,
                                ProcessGrid& grid, const CheckpointStages* stages) {
-  if (optimizer.partial()) {  // zero=1: loaded as the whole store's state, then chunked
-    const WholeState<T> whole(optimizer, grid, stages);
-    const CheckpointInfo info = load_impl(path_or_root, optimizer.store(), whole.slots(), grid,
-                                          whole.master(), false, stages);
-    whole.put_back();
-    return info;
-  }
+  const Region region = optimizer_region(optimizer, grid, stages);
   const std::vector<StateSlot> slots = optimizer_slots(optimizer);
-  return load_impl(path_or_root, optimizer.store(), std::span<const StateSlot>(slots), grid,
-                   optimizer.master(), false, stages);
+  const CheckpointInfo info =
+      load_impl(path_or_root, optimizer.store(), std::span<const StateSlot>(slots), grid,
+                optimizer.master(), region, optimizer.offloaded(), false, stages);
+  // zero=1, 2: every group loaded its chunk of the values, which the
+  // all-gather of a step spreads; zero=3 keeps its chunk
+  all_gather_updates(optimizer, grid);
+  if (optimizer.store().shards_values()) optimizer.store().forget_gathered();
+  return info;
 }
 
 template void save_checkpoint<float>(const fs::path&, ParameterStore<float>&,

@@ -401,7 +401,6 @@ double local_norm_sq(const ParameterStore<T>& store, ElementRange range) {
           "clip_grad_norm / global_norm_sq: the gradients are sharded over the data axis (zero=2 "
           "or 3): pass the optimizer's range (this group's chunk)");
   Backend& backend = store.backend();
-  const auto floor_div = [](index_t a, index_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); };
   double sum = 0;
   for (std::size_t k = 0; k < store.params().size(); ++k) {
     const Param<T>* p = store.params()[k];
@@ -411,24 +410,11 @@ double local_norm_sq(const ParameterStore<T>& store, ElementRange range) {
     // sits at packed positions from v0 on; a piece's rows inside it in one
     // call, the (at most two) rows it cuts in one call each.
     store.for_each_run(k, range.begin, range.count, [&](index_t x0, index_t v0, index_t n) {
-      const index_t lo = x0, hi = x0 + n;
-      const auto at = [&](index_t x) { return store.grad_at(v0 + (x - x0)); };
-      for (const ShardPiece& piece : s.pieces) {
-        if (piece.rows <= 0 || piece.cols <= 0) continue;
-        const index_t ld = s.local_cols, base = piece.local_row * ld + piece.local_col;
-        // rows [full_lo, full_hi) lie inside [lo, hi)
-        const index_t full_lo = std::clamp<index_t>(-floor_div(base - lo, ld), 0, piece.rows);
-        const index_t full_hi =
-            std::clamp<index_t>(floor_div(hi - piece.cols - base, ld) + 1, full_lo, piece.rows);
-        if (full_hi > full_lo)
-          sum += backend.sum_of_squares(at(base + full_lo * ld), full_hi - full_lo, piece.cols, ld);
-        for (const index_t r : {full_lo - 1, full_hi}) {
-          if (r < 0 || r >= piece.rows) continue;
-          const index_t a = std::max(lo, base + r * ld),
-                        b = std::min(hi, base + r * ld + piece.cols);
-          if (a < b) sum += backend.sum_of_squares(at(a), 1, b - a, b - a);
-        }
-      }
+      for (const ShardPiece& piece : s.pieces)
+        for_each_block_within(piece, s.local_cols, x0, x0 + n, [&](const ShardPiece& b) {
+          const index_t x = b.local_row * s.local_cols + b.local_col;
+          sum += backend.sum_of_squares(store.grad_at(v0 + (x - x0)), b.rows, b.cols, s.local_cols);
+        });
     });
   }
   return sum;

@@ -334,6 +334,53 @@ TEST(Optimizer, BadOptionsThrow) {
 
 // ---------------------------------------------------------------- clipping
 
+// for_each_block_within (the clipping of a range and the checkpoints of a
+// data-axis chunk cut a shard's pieces with it), against the elements
+// enumerated one by one: over every small piece and range, the blocks hold
+// exactly the piece's elements in [lo, hi), each once, at most three, in
+// increasing order, their global corners moved with their local ones.
+TEST(ClipGradNorm, BlocksWithinARangeAreThePiecesElementsInIt) {
+  int checked = 0;
+  for (index_t ld = 1; ld <= 6; ++ld)
+    for (index_t row = 0; row <= 2; ++row)
+      for (index_t col = 0; col < ld; ++col)
+        for (index_t cols = 1; col + cols <= ld; ++cols)
+          for (index_t rows = 1; rows <= 3; ++rows) {
+            const ShardPiece piece{.global_row = 7,
+                                   .global_col = 11,
+                                   .local_row = row,
+                                   .local_col = col,
+                                   .rows = rows,
+                                   .cols = cols};
+            const index_t end = (row + rows) * ld + 2;
+            for (index_t lo = -1; lo <= end; ++lo)
+              for (index_t hi = lo; hi <= end; ++hi) {
+                std::vector<index_t> want, got;
+                for (index_t r = 0; r < rows; ++r)
+                  for (index_t c = 0; c < cols; ++c)
+                    if (const index_t x = (row + r) * ld + col + c; x >= lo && x < hi)
+                      want.push_back(x);
+                int blocks = 0;
+                bool moved_alike = true;
+                for_each_block_within(piece, ld, lo, hi, [&](const ShardPiece& b) {
+                  ++blocks;
+                  moved_alike = moved_alike && b.rows > 0 && b.cols > 0 &&
+                                b.global_row - piece.global_row == b.local_row - row &&
+                                b.global_col - piece.global_col == b.local_col - col;
+                  for (index_t r = 0; r < b.rows; ++r)
+                    for (index_t c = 0; c < b.cols; ++c)
+                      got.push_back((b.local_row + r) * ld + b.local_col + c);
+                });
+                ASSERT_EQ(got, want) << "ld " << ld << ", piece at (" << row << ", " << col << ") "
+                                     << rows << "x" << cols << ", [" << lo << ", " << hi << ")";
+                ASSERT_LE(blocks, 3);
+                ASSERT_TRUE(moved_alike);
+                ++checked;
+              }
+          }
+  EXPECT_GT(checked, 10000);
+}
+
 TEST(ClipGradNorm, CountsEveryElementOnceAndScales) {
   const reference::GptConfig config = test_config();
   int tested = 0;

@@ -5,8 +5,9 @@
 ///
 /// A checkpoint is a directory root/step_<N>/ (N zero-padded to 8 digits)
 /// holding one shard file per rank of data group 0 (shard_<tensor rank>.bin,
-/// that rank's *owner* pieces of every parameter and of every optimizer slot)
-/// and a text manifest (step, free-form metadata, the parameter list, the
+/// that rank's *owner* pieces of every parameter and of every optimizer slot;
+/// a sharded data axis: one per rank, each its data chunk's elements) and a
+/// text manifest (step, free-form metadata, the parameter list, the
 /// slots, the shard files with sizes and checksums, and every piece with its
 /// global rectangle, byte offsets and checksums). root/latest names the newest
 /// complete checkpoint. Writing goes to root/step_<N>.tmp/ and is renamed into
@@ -78,6 +79,9 @@ struct CheckpointInfo {
 /// renames it to root/step_<N> (atomically replacing an existing one) and
 /// atomically rewrites root/latest. Only ranks of data group 0 write shards
 /// (the other data groups hold identical copies); replica pieces are skipped.
+/// A store whose values are sharded over the data axis (zero=3) is the
+/// exception: every rank writes (and load_checkpoint reads) its data chunk
+/// (data_chunk) of the values, and `slots` are packed like that chunk.
 /// Every rank must pass the same slot names and dtypes, in the same order.
 /// Collective over grid.world(); throws summa::Error on every rank on bad
 /// input (negative step, empty or duplicate slot names, a null slot buffer
@@ -127,7 +131,12 @@ struct CheckpointStages {
 /// save_checkpoint of `optimizer.store()` with the optimizer's state slots
 /// (state_names(), master_t<T>) — for bf16 parameters with the values taken
 /// from optimizer.master() (fp32), so nothing of the run is rounded away.
-/// Collective and throwing as the store overload.
+/// An optimizer over a data-axis chunk (partial(): zero=1, 2, 3; its range
+/// must be this rank's data_chunk) is saved sharded: every rank writes the
+/// elements of its range, of the values and of every slot (shard file
+/// (stage x tensor ranks + tensor rank) x D + data rank), nothing gathered;
+/// the files are the same format and load under any scheme. Collective and
+/// throwing as the store overload.
 template <class T>
 void save_checkpoint(const std::filesystem::path& root, Optimizer<T>& optimizer,
                      const CheckpointInfo& info, ProcessGrid& grid,
@@ -137,9 +146,11 @@ void save_checkpoint(const std::filesystem::path& root, Optimizer<T>& optimizer,
 /// (the saved slots must be named like state_names()); for bf16 parameters
 /// the fp32 master is set from the saved values (converted from f64 if the
 /// file holds f64) and every parameter to bf16(master), so no
-/// refresh_master() is needed. Does not change optimizer.steps(): call
-/// set_steps(info.step) if the saved step is the optimizer's. Collective and
-/// throwing as the store overload.
+/// refresh_master() is needed. An optimizer over a data-axis chunk loads its
+/// range of the values, master and slots, then (zero=1, 2) all-gathers the
+/// values over grid.data() as after a step (all_gather_updates). Does not
+/// change optimizer.steps(): call set_steps(info.step) if the saved step is
+/// the optimizer's. Collective and throwing as the store overload.
 template <class T>
 CheckpointInfo load_checkpoint(const std::filesystem::path& path_or_root, Optimizer<T>& optimizer,
                                ProcessGrid& grid, const CheckpointStages* stages = nullptr);

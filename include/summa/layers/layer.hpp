@@ -54,6 +54,50 @@ struct ShardPiece {
   index_t rows = 0, cols = 0;
 };
 
+/// Calls fn(block) for each block of `piece` (of a local shard with leading
+/// dimension `ld`: local element x = row · ld + col) whose elements are
+/// exactly the piece's within local elements [lo, hi): at most three, in
+/// increasing x: the row the range's start cuts, the whole rows inside it,
+/// the row its end cuts. Each block is a ShardPiece (global and local
+/// corners moved alike). Allocates nothing.
+template <class F>
+void for_each_block_within(const ShardPiece& piece, index_t ld, index_t lo, index_t hi, F&& fn) {
+  if (piece.rows <= 0 || piece.cols <= 0 || lo >= hi) return;
+  const auto floor_div = [](index_t a, index_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); };
+  const index_t base = piece.local_row * ld + piece.local_col;
+  const auto start = [&](index_t r) { return base + r * ld; };
+  // the rows that meet [lo, hi): start(r) + cols > lo and start(r) < hi
+  const index_t r0 = std::max<index_t>(0, floor_div(lo - base - piece.cols, ld) + 1);
+  const index_t r1 = std::min<index_t>(piece.rows, floor_div(hi - 1 - base, ld) + 1);
+  if (r0 >= r1) return;
+  const auto block = [&](index_t a, index_t b, index_t c0, index_t c1) {
+    fn(ShardPiece{.global_row = piece.global_row + a,
+                  .global_col = piece.global_col + c0,
+                  .local_row = piece.local_row + a,
+                  .local_col = piece.local_col + c0,
+                  .rows = b - a,
+                  .cols = c1 - c0});
+  };
+  const auto cols_of = [&](index_t r) {
+    return std::pair{std::clamp<index_t>(lo - start(r), 0, piece.cols),
+                     std::clamp<index_t>(hi - start(r), 0, piece.cols)};
+  };
+  if (r1 - r0 == 1) {
+    const auto [c0, c1] = cols_of(r0);
+    block(r0, r1, c0, c1);
+    return;
+  }
+  index_t whole_lo = r0, whole_hi = r1;
+  if (const auto [c0, c1] = cols_of(r0); c0 > 0) {
+    block(r0, r0 + 1, c0, piece.cols);
+    ++whole_lo;
+  }
+  const index_t l1 = cols_of(r1 - 1).second;
+  if (l1 < piece.cols) --whole_hi;
+  if (whole_lo < whole_hi) block(whole_lo, whole_hi, 0, piece.cols);
+  if (l1 < piece.cols) block(r1 - 1, r1, 0, l1);
+}
+
 /// What one rank holds of a global parameter. Local storage is row-major
 /// local_rows x local_cols (ld = local_cols). A rank that holds nothing has
 /// local_rows = local_cols = 0 and no pieces. Across the ranks of a tensor
