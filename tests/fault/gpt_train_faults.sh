@@ -425,6 +425,23 @@ grep -q "resuming from .*step 2" <<<"$out" || fail "did not resume from step 2: 
 check_log "$W/$case/log.jsonl" 6
 [ "$(loss_lines "$W/$case/log.jsonl")" = "$(loss_lines "$W/ref/log.jsonl")" ] ||
   fail "resumed losses differ from the uninterrupted run"
+# the same with a sharded data axis, where every data group writes its own
+# chunk's shard: rank 1 (data group 1) killed after writing it
+case=kill_in_sharded_save
+ZERO=(--scheme data=2:zero=1,1d:p=1)
+rm -rf "$W/$case" "$W/ref_zero"
+expect_ok 2 "${ZERO[@]}" --steps 6 --checkpoint-every 2 --out "$W/ref_zero"
+SUMMA_FAULT_KILL_IN_SAVE=4:1 run 2 "${ZERO[@]}" --steps 6 --checkpoint-every 2 --out "$W/$case"
+[ "$rc" != 0 ] || fail "the injected kill did not happen"
+[ -d "$W/$case/checkpoints/step_00000004" ] && fail "the killed save left a step directory"
+[ "$(cat "$W/$case/checkpoints/latest")" = step_00000002 ] || fail "latest is not step 2"
+[ "$(find "$W/$case/checkpoints/step_00000002" -name 'shard_*.bin' | wc -l)" = 2 ] ||
+  fail "step 2 does not hold one shard per data group"
+expect_ok 2 "${ZERO[@]}" --steps 6 --checkpoint-every 2 --resume --out "$W/$case"
+grep -q "resuming from .*step 2" <<<"$out" || fail "did not resume from step 2: $out"
+check_log "$W/$case/log.jsonl" 6
+[ "$(loss_lines "$W/$case/log.jsonl")" = "$(loss_lines "$W/ref_zero/log.jsonl")" ] ||
+  fail "resumed losses differ from the uninterrupted sharded run"
 case=kill_mid_run  # kill -9 between saves: whole log lines, none repeated after resume
 rm -rf "$W/$case"
 timeout -s KILL 120 "$MPIEXEC" -np 2 "${FLAGS[@]}" "$EXE" "${SMALL[@]}" --steps 100000 \
