@@ -926,7 +926,16 @@ void load_pieces(const fs::path& dir, const Manifest& m, ParameterStore<T>& stor
   struct Rect {
     index_t r0, r1, c0, c1;
   };
-  std::vector<Rect> hits;
+  // The parameter's local pieces within the region, cut into blocks: each
+  // saved piece is read once per parameter and copied into every block it
+  // meets (x: the intersection).
+  struct Block {
+    ShardPiece lp;
+    index_t shift = 0, covered = 0;
+    std::vector<Rect> hits;
+  };
+  std::vector<Block> blocks;
+  std::vector<std::pair<std::size_t, Rect>> meets;
   saved_t<T>* values = host.values();
   const std::vector<Param<T>*>& params = store.params();
   for (std::size_t k = 0; k < params.size(); ++k) {
@@ -943,60 +952,74 @@ void load_pieces(const fs::path& dir, const Manifest& m, ParameterStore<T>& stor
                 "load_checkpoint: a local piece of '{}' lies outside its local storage", s.name);
           });
     const SavedParam& saved = m.params[m.param_index.find(s.name)->second];
+    blocks.clear();
     for_each_region_block(store, k, host.region(), [&](const ShardPiece& lp, index_t shift) {
-      hits.clear();
-      index_t covered = 0;
-      for (const SavedPiece& sp : saved.pieces) {
+      blocks.push_back(Block{.lp = lp, .shift = shift, .covered = 0, .hits = {}});
+    });
+    if (blocks.empty()) continue;
+    for (const SavedPiece& sp : saved.pieces) {
+      meets.clear();
+      for (std::size_t bi = 0; bi < blocks.size(); ++bi) {
+        Block& blk = blocks[bi];
+        const ShardPiece& lp = blk.lp;
         const Rect x{std::max(lp.global_row, sp.global_row),
                      std::min(lp.global_row + lp.rows, sp.global_row + sp.rows),
                      std::max(lp.global_col, sp.global_col),
                      std::min(lp.global_col + lp.cols, sp.global_col + sp.cols)};
         if (x.r0 >= x.r1 || x.c0 >= x.c1) continue;
-        for (const Rect& h : hits)
+        for (const Rect& h : blk.hits)
           if (std::max(h.r0, x.r0) < std::min(h.r1, x.r1) &&
               std::max(h.c0, x.c0) < std::min(h.c1, x.c1))
             throw Error(fmt::format(
                 "load_checkpoint: checkpoint {} is corrupted: saved pieces of '{}' overlap at "
                 "global row {}, column {}",
                 quoted(dir), s.name, std::max(h.r0, x.r0), std::max(h.c0, x.c0)));
-        hits.push_back(x);
-        covered += (x.r1 - x.r0) * (x.c1 - x.c0);
-        const InFile& file = shard(sp.shard);
-        for (std::size_t stream = 0; stream < m.streams.size(); ++stream) {
-          // destination: the values, or the caller's slot of this saved stream
-          unsigned char* dst = nullptr;
-          DType dst_type = dtype_v<saved_t<T>>;
-          if (stream == 0) {
-            dst = reinterpret_cast<unsigned char*>(values);
-          } else {
-            if (slot_stream[stream] == kSkipStream) continue;  // load_parameters: not wanted
-            const StateSlot& slot = slots[slot_stream[stream]];
-            dst = static_cast<unsigned char*>(slot.data);
-            dst_type = slot.dtype;
-          }
-          const DType src_type = m.streams[stream].dtype;
-          const auto bytes = static_cast<std::size_t>(sp.rows * sp.cols) * size_of(src_type);
-          read_piece(file, sp.streams[stream].first, bytes, sp.streams[stream].second, scratch,
-                     s.name,
-                     stream == 0 ? std::string("values") : "slot " + m.streams[stream].name);
+        blk.hits.push_back(x);
+        blk.covered += (x.r1 - x.r0) * (x.c1 - x.c0);
+        meets.emplace_back(bi, x);
+      }
+      if (meets.empty()) continue;
+      const InFile& file = shard(sp.shard);
+      for (std::size_t stream = 0; stream < m.streams.size(); ++stream) {
+        // destination: the values, or the caller's slot of this saved stream
+        unsigned char* dst = nullptr;
+        DType dst_type = dtype_v<saved_t<T>>;
+        if (stream == 0) {
+          dst = reinterpret_cast<unsigned char*>(values);
+        } else {
+          if (slot_stream[stream] == kSkipStream) continue;  // load_parameters: not wanted
+          const StateSlot& slot = slots[slot_stream[stream]];
+          dst = static_cast<unsigned char*>(slot.data);
+          dst_type = slot.dtype;
+        }
+        const DType src_type = m.streams[stream].dtype;
+        const auto bytes = static_cast<std::size_t>(sp.rows * sp.cols) * size_of(src_type);
+        read_piece(file, sp.streams[stream].first, bytes, sp.streams[stream].second, scratch,
+                   s.name, stream == 0 ? std::string("values") : "slot " + m.streams[stream].name);
+        for (const auto& [bi, x] : meets) {
+          const ShardPiece& lp = blocks[bi].lp;
           const unsigned char* src =
               scratch.data() +
               static_cast<std::size_t>((x.r0 - sp.global_row) * sp.cols + x.c0 - sp.global_col) *
                   size_of(src_type);
-          const index_t local = shift + (lp.local_row + x.r0 - lp.global_row) * s.local_cols +
+          const index_t local = blocks[bi].shift +
+                                (lp.local_row + x.r0 - lp.global_row) * s.local_cols +
                                 lp.local_col + x.c0 - lp.global_col;
           copy_block(src, src_type, sp.cols,
                      dst + static_cast<std::size_t>(local) * size_of(dst_type), dst_type,
                      s.local_cols, x.r1 - x.r0, x.c1 - x.c0);
         }
       }
-      if (covered != lp.rows * lp.cols)
+    }
+    for (const Block& blk : blocks) {
+      const ShardPiece& lp = blk.lp;
+      if (blk.covered != lp.rows * lp.cols)
         throw Error(fmt::format(
             "load_checkpoint: checkpoint {} covers {} of the {} elements of the local piece "
             "[rows {}..{}, cols {}..{}] of '{}' (every element needs exactly one saved piece)",
-            quoted(dir), covered, lp.rows * lp.cols, lp.global_row, lp.global_row + lp.rows,
+            quoted(dir), blk.covered, lp.rows * lp.cols, lp.global_row, lp.global_row + lp.rows,
             lp.global_col, lp.global_col + lp.cols, s.name));
-    });
+    }
   }
 }
 
@@ -1245,6 +1268,18 @@ std::function<void(const std::optional<std::string>&)> agreement(ProcessGrid& gr
   return [comm = stages->world](const std::optional<std::string>& e) { agree_on(comm, e); };
 }
 
+// A store with sharded values is saved and loaded from its chunk, which a
+// WholeValues scope rebinds to the whole values' order.
+template <class T>
+void require_chunk_layout(const ParameterStore<T>& store, const char* who) {
+  if (store.shards_values() && store.whole_values_open())
+    throw Error(fmt::format(
+        "{}: the store's values are sharded over the data axis (zero=3) and a "
+        "ParameterStore::WholeValues scope is open: save and load outside it (each data group "
+        "saves and loads its own chunk)",
+        who));
+}
+
 // Saves `region` of the store and the slots: with a chunk (a sharded data
 // axis) every data group writes its own, else data group 0 everything.
 template <class T>
@@ -1257,6 +1292,7 @@ void save_impl(const fs::path& root, ParameterStore<T>& store, std::span<const S
   check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   agree(capture([&] {
     check_slots(slots, region.chunk() ? region.count : store.local_elements(), "save_checkpoint");
+    require_chunk_layout(store, "save_checkpoint");
     if (info.step < 0) throw Error(fmt::format("save_checkpoint: step {} is negative", info.step));
     if (root.empty()) throw Error("save_checkpoint: empty checkpoint root");
   }));
@@ -1346,6 +1382,7 @@ CheckpointInfo load_impl(const fs::path& path_or_root, ParameterStore<T>& store,
   check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
   agree(capture([&] {
     check_slots(slots, region.chunk() ? region.count : store.local_elements(), "load_checkpoint");
+    require_chunk_layout(store, "load_checkpoint");
   }));
   // 1. rank 0 finds and reads the manifest; every rank parses the same text
   std::string dir_text, text;
@@ -1407,8 +1444,12 @@ std::vector<StateSlot> optimizer_slots(Optimizer<T>& optimizer) {
 template <class T>
 Region store_region(const ParameterStore<T>& store, ProcessGrid& grid) {
   if (!store.shards_values()) return {};
-  const ElementRange r = data_chunk(store, grid.data().rank(), grid.data().size());
-  return {r.begin, r.count};
+  Region region;
+  grid.agree(CommAxis::world, capture([&] {
+               const ElementRange r = data_chunk(store, grid.data().rank(), grid.data().size());
+               region = {r.begin, r.count};
+             }));
+  return region;
 }
 
 // An optimizer's: a data-axis chunk's (partial(): zero=1, 2, 3) its range,

@@ -466,7 +466,7 @@ ParameterStore<T>::WholeValues::WholeValues(ParameterStore& store, bool write_ba
       store.whole_ = std::make_unique<Arena>("parameters (whole, WholeValues)", *store.backend_,
                                              ByteCount<T>().add(static_cast<index_t>(n)).bytes());
     } catch (const std::exception& e) {
-      error = fmt::format("the whole parameters for a checkpoint or export (zero=3): {}", e.what());
+      error = fmt::format("the whole parameters for an export or import (zero=3): {}", e.what());
     }
     if (grid != nullptr)
       grid->agree(CommAxis::world, error);

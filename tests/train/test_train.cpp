@@ -950,6 +950,49 @@ TEST(Train, ShardedCheckpointsResumeAcrossLevels) {
   }
 }
 
+// The store overloads with a zero=3 store (no optimizer): each data group
+// saves and loads its chunk of the values. A zero=3 run's parameters
+// saved so load exactly into another zero=3 run and into an unsharded
+// scheme; saving inside a WholeValues scope (which rebinds the values to
+// the whole order) is refused on every rank.
+TEST(Train, ZeroThreeStoreSavesAndLoadsItsChunk) {
+  if (world_size() != 4) GTEST_SKIP() << "data=2 x 1D p=2 needs 4 ranks";
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  const TrainerOptions o = options_for("data=2:zero=3,1d:p=2", seed);
+  const auto tokens = random_tokens(seed, o.config.vocab_size, 1500);
+  Backend& backend = test_backend();
+  SharedTempDir dir;
+  const fs::path root = dir.path / "store";
+  const auto weights = [](Trainer<double>& t) {
+    ParameterStore<double>& store = t.model().parameters_store();
+    const ParameterStore<double>::WholeValues whole(store, false);  // zero=3: gathered
+    std::vector<std::vector<double>> w;
+    for (Param<double>* p : store.params()) w.push_back(gather_global(*p, t.parallel().grid()));
+    return w;
+  };
+  Trainer<double> a(MPI_COMM_WORLD, o, backend, tokens);
+  for (int s = 0; s < 2; ++s) a.train_step();
+  ParameterStore<double>& store = a.model().parameters_store();
+  save_checkpoint<double>(root, store, {}, CheckpointInfo{.step = 2, .meta = {}},
+                          a.parallel().grid());
+  const auto want = weights(a);
+  for (const char* scheme : {"data=2:zero=3,1d:p=2", "1d:p=4"}) {
+    SCOPED_TRACE(scheme);
+    Trainer<double> b(MPI_COMM_WORLD, options_for(scheme, seed + 1), backend, tokens);
+    EXPECT_EQ(load_parameters<double>(root, b.model().parameters_store(), b.parallel().grid()).step,
+              2);
+    EXPECT_EQ(weights(b), want);
+  }
+  const ParameterStore<double>::WholeValues whole(store, false);
+  const std::string msg = error_of([&] {
+    save_checkpoint<double>(root, store, {}, CheckpointInfo{.step = 3, .meta = {}},
+                            a.parallel().grid());
+  });
+  EXPECT_NE(msg.find("WholeValues scope is open"), std::string::npos) << msg;
+  EXPECT_TRUE(same_on_all_ranks(msg)) << msg;
+}
+
 TEST(Train, InvalidOptionsThrowEverywhere) {
   const std::uint64_t seed = fresh_seed();
   const auto tokens = random_tokens(seed, 32, 500);

@@ -57,7 +57,9 @@ namespace summa {
 /// store's backend, like Optimizer::state()) holds
 /// ParameterStore::local_elements() elements of `dtype`, packed exactly like
 /// ParameterStore::values_base() (params() order, each parameter's local
-/// row-major elements, replicas included). `data` may be null only on a rank
+/// row-major elements, replicas included); for a store whose values are
+/// sharded over the data axis (zero=3), the elements of its data chunk
+/// (data_chunk), packed like it. `data` may be null only on a rank
 /// that holds no elements.
 struct StateSlot {
   std::string name;
@@ -98,24 +100,24 @@ void save_checkpoint(const std::filesystem::path& root, ParameterStore<T>& store
 /// Loads a checkpoint into `store` and `slots`, whatever scheme and grid wrote
 /// it. `path_or_root` is a checkpoint directory (one containing a manifest) or
 /// a root, whose `latest` is then followed. Every local element of every
-/// parameter and slot, owners and replicas, is set from the saved piece that
-/// covers it, converted to the live element type. Returns the step and the
-/// metadata. Collective over grid.world(); throws summa::Error on every rank
-/// (naming the file and the problem) for: no manifest or `latest`, a bad magic
-/// or version, a corrupted manifest or shard (checksum mismatch), a missing or
-/// truncated shard file, a parameter list that differs from the store's (names
-/// or global shapes; both are named), slot names that differ, or saved pieces
-/// that do not cover every local element exactly once. On error the contents
-/// of the store and slots are unspecified. A bf16 store gets bf16(saved
-/// value); an Optimizer<bf16> over it then needs refresh_master() — or use
-/// the Optimizer overload below, which loads the master itself.
+/// parameter and slot (of a zero=3 store: of its data chunk), owners and
+/// replicas, is set from the saved piece that covers it, converted to the live element type.
+/// Returns the step and the metadata. Collective over grid.world(); throws summa::Error on every
+/// rank (naming the file and the problem) for: no manifest or `latest`, a bad magic or version, a
+/// corrupted manifest or shard (checksum mismatch), a missing or truncated shard file, a parameter
+/// list that differs from the store's (names or global shapes; both are named), slot names that
+/// differ, or saved pieces that do not cover every local element exactly once. On error the
+/// contents of the store and slots are unspecified. A bf16 store gets bf16(saved value); an
+/// Optimizer<bf16> over it then needs refresh_master() — or use the Optimizer overload below, which
+/// loads the master itself.
 template <class T>
 CheckpointInfo load_checkpoint(const std::filesystem::path& path_or_root, ParameterStore<T>& store,
                                std::span<const StateSlot> slots, ProcessGrid& grid);
 
 /// A pipeline's stages (parallel/pipeline.hpp) saving or loading one
 /// checkpoint together: each rank's store is its stage's. The shard files of
-/// stage s are numbered s x (tensor group size) + tensor rank, the manifest
+/// stage s are numbered s x (tensor group size) + tensor rank (with a
+/// sharded data axis, that times D plus the data rank), the manifest
 /// lists every stage's parameters (a stage's copy of another's,
 /// ParamShard::stage_copy, is not saved, and is loaded from the original's
 /// pieces), and every agreement runs over `world`. A checkpoint saved so is

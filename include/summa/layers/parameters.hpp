@@ -192,7 +192,7 @@ class ParameterStore {
   /// Elements a buffer packed like the whole values needs for
   /// gather_whole (the last unit's padding past padded elements).
   index_t whole_elements() const;
-  /// zero=3, for checkpoints: all-gathers `chunk` (laid out as this group's
+  /// zero=3 (WholeValues; tests): all-gathers `chunk` (laid out as this group's
   /// chunk, chunk elements of `type`) over the data axis into `whole`
   /// (whole_elements() of `type`), packed as the whole values
   /// (values_base()'s order), one all-gather per unit. Collective.
@@ -216,15 +216,16 @@ class ParameterStore {
                                          bool values = true);
 
   /// RAII: the whole values in a temporary buffer (allocates
-  /// padded_elements(); for init, checkpoints and exports, never in a
-  /// step), each parameter bound to it, values_base() its start; with
-  /// `write_back`, this group's chunk is copied back from it at the end
-  /// (after a load). Collective over the data axis (an all-gather). Nests:
+  /// padded_elements(); for HF exports and imports and tests, never in a
+  /// step; checkpoints save and load each group's chunk instead), each
+  /// parameter bound to it, values_base() its start; with `write_back`,
+  /// this group's chunk is copied back from it at the end (after an
+  /// import). Collective over the data axis (an all-gather). Nests:
   /// only the outermost scope gathers (and writes back if it was asked
   /// to). A no-op for a store whose values are not sharded. With `grid`
   /// the buffer's allocation is agreed over its world first, so a rank that
   /// cannot hold it fails with every other instead of leaving them in the
-  /// gather (checkpoints and exports pass it).
+  /// gather (exports and imports pass it).
   class WholeValues {
    public:
     WholeValues(ParameterStore& store, bool write_back, const ProcessGrid* grid = nullptr);
@@ -236,6 +237,9 @@ class ParameterStore {
     ParameterStore* store_ = nullptr;  // null: not sharded, nothing to undo
     bool outer_ = false, write_back_ = false;
   };
+  /// True inside a WholeValues scope of a store whose values are sharded
+  /// (values_base() then the whole values, value_at() in their order).
+  bool whole_values_open() const { return whole_ != nullptr; }
 
   /// Bytes of the values arena (rounded up to the arena alignment): the
   /// local values, or with sharded values the chunk and the slots.
