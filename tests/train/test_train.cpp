@@ -468,6 +468,17 @@ TEST(Train, ReshardedResumeContinuesTheCurve) {
   refused(other_data, "data_seed");
 }
 
+// Every parameter of `t`'s model gathered whole (global_shape order), a
+// zero=3 store's values gathered over the data axis first.
+template <class T>
+std::vector<std::vector<T>> global_weights(Trainer<T>& t) {
+  ParameterStore<T>& store = t.model().parameters_store();
+  const typename ParameterStore<T>::WholeValues whole(store, false);
+  std::vector<std::vector<T>> w;
+  for (Param<T>* p : store.params()) w.push_back(gather_global(*p, t.parallel().grid()));
+  return w;
+}
+
 // A bf16 run resumed from its checkpoint continues bit-identically (same
 // scheme and ranks, so the same arithmetic): the checkpoint holds the fp32
 // master weights and AdamW state. Saving the bf16 values instead would round
@@ -495,25 +506,18 @@ TEST(Train, Bf16ResumeIsExact) {
     const fs::path root = dir.path / "ckpt";
     std::vector<double> losses;
     std::vector<std::vector<bf16>> finals;
-    const auto weights = [](Trainer<bf16>& t) {
-      ParameterStore<bf16>& store = t.model().parameters_store();
-      const ParameterStore<bf16>::WholeValues whole(store, false);  // zero=3: gathered
-      std::vector<std::vector<bf16>> w;
-      for (Param<bf16>* p : store.params()) w.push_back(gather_global(*p, t.parallel().grid()));
-      return w;
-    };
     {
       Trainer<bf16> t(MPI_COMM_WORLD, o, backend, tokens);
       for (int s = 0; s < 3; ++s) t.train_step();
       t.save(root);
       for (int s = 0; s < 3; ++s) losses.push_back(t.train_step().loss);
-      finals = weights(t);
+      finals = global_weights(t);
     }
     Trainer<bf16> t(MPI_COMM_WORLD, o, backend, tokens);
     t.load(root);
     EXPECT_EQ(t.step(), 3);
     for (double want : losses) EXPECT_EQ(t.train_step().loss, want);
-    const auto resumed = weights(t);
+    const auto resumed = global_weights(t);
     const auto& params = t.model().parameters_store().params();
     for (std::size_t k = 0; k < params.size(); ++k)
       EXPECT_EQ(rel_error(resumed[k], finals[k]), 0.0) << params[k]->shard.name;
@@ -964,25 +968,18 @@ TEST(Train, ZeroThreeStoreSavesAndLoadsItsChunk) {
   Backend& backend = test_backend();
   SharedTempDir dir;
   const fs::path root = dir.path / "store";
-  const auto weights = [](Trainer<double>& t) {
-    ParameterStore<double>& store = t.model().parameters_store();
-    const ParameterStore<double>::WholeValues whole(store, false);  // zero=3: gathered
-    std::vector<std::vector<double>> w;
-    for (Param<double>* p : store.params()) w.push_back(gather_global(*p, t.parallel().grid()));
-    return w;
-  };
   Trainer<double> a(MPI_COMM_WORLD, o, backend, tokens);
   for (int s = 0; s < 2; ++s) a.train_step();
   ParameterStore<double>& store = a.model().parameters_store();
   save_checkpoint<double>(root, store, {}, CheckpointInfo{.step = 2, .meta = {}},
                           a.parallel().grid());
-  const auto want = weights(a);
+  const auto want = global_weights(a);
   for (const char* scheme : {"data=2:zero=3,1d:p=2", "1d:p=4"}) {
     SCOPED_TRACE(scheme);
     Trainer<double> b(MPI_COMM_WORLD, options_for(scheme, seed + 1), backend, tokens);
     EXPECT_EQ(load_parameters<double>(root, b.model().parameters_store(), b.parallel().grid()).step,
               2);
-    EXPECT_EQ(weights(b), want);
+    EXPECT_EQ(global_weights(b), want);
   }
   const ParameterStore<double>::WholeValues whole(store, false);
   const std::string msg = error_of([&] {
