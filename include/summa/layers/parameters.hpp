@@ -189,14 +189,6 @@ class ParameterStore {
   /// them. Collective over the data axis, in the same order on every group.
   void reduce_unit_grads(std::size_t u);
   void wait_unit_grads(std::size_t u);
-  /// Elements a buffer packed like the whole values needs for
-  /// gather_whole (the last unit's padding past padded elements).
-  index_t whole_elements() const;
-  /// zero=3 (WholeValues; tests): all-gathers `chunk` (laid out as this group's
-  /// chunk, chunk elements of `type`) over the data axis into `whole`
-  /// (whole_elements() of `type`), packed as the whole values
-  /// (values_base()'s order), one all-gather per unit. Collective.
-  void gather_whole(const void* chunk, void* whole, DType type) const;
   /// zero=3: fn(chunk_offset, whole_offset, kept, piece) for each unit:
   /// this group's piece of `piece` elements sits at chunk_offset of its
   /// chunk and holds whole-values elements [whole_offset, + kept), the
@@ -256,6 +248,14 @@ class ParameterStore {
   const Arena& grads() const { return grads_; }
 
  private:
+  // Elements a buffer packed like the whole values needs for
+  // gather_whole (the last unit's padding past padded elements).
+  index_t whole_elements() const;
+  // zero=3 (WholeValues): all-gathers `chunk` (laid out as this group's
+  // chunk, chunk elements of `type`) over the data axis into `whole`
+  // (whole_elements() of `type`), packed as the whole values
+  // (values_base()'s order), one all-gather per unit. Collective.
+  void gather_whole(const void* chunk, void* whole, DType type) const;
   static std::size_t bytes_for(const std::vector<Param<T>*>& params, index_t multiple);
   // The sharded layout: each unit's elements and piece, the chunk.
   struct Layout {
