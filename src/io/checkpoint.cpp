@@ -716,6 +716,7 @@ class HostImage {
         state_on_host_(state_on_host),
         n_(static_cast<std::size_t>(region.chunk() ? region.count : store.local_elements())) {
     Backend& backend = store.backend();
+    if (region.chunk()) store.pull_chunk();  // zero=2: the chunk of the whole values
     if (n_ > 0) device_values_ = region.chunk() ? store.value_at(region.lo) : store.values_base();
     if constexpr (widened) {
       host_values_.resize(n_);
@@ -1439,11 +1440,11 @@ std::vector<StateSlot> optimizer_slots(Optimizer<T>& optimizer) {
   return slots;
 }
 
-// What a store alone saves and loads: with sharded values (zero=3) this data
-// group's chunk of them, else every local element.
+// What a store alone saves and loads: sharded over the data axis (zero=2,
+// 3) this data group's chunk of the values, else every local element.
 template <class T>
 Region store_region(const ParameterStore<T>& store, ProcessGrid& grid) {
-  if (!store.shards_values()) return {};
+  if (!store.shards_gradients()) return {};
   Region region;
   grid.agree(CommAxis::world, capture([&] {
                const ElementRange r = data_chunk(store, grid.data().rank(), grid.data().size());
@@ -1479,6 +1480,7 @@ CheckpointInfo load_checkpoint(const fs::path& path_or_root, ParameterStore<T>& 
                                std::span<const StateSlot> slots, ProcessGrid& grid) {
   const CheckpointInfo info =
       load_impl(path_or_root, store, slots, grid, nullptr, store_region(store, grid), false);
+  store.gather_chunks();  // zero=2: every group's chunk into the whole values
   if (store.shards_values()) store.forget_gathered();
   return info;
 }
@@ -1488,6 +1490,7 @@ CheckpointInfo load_parameters(const fs::path& path_or_root, ParameterStore<T>& 
                                ProcessGrid& grid) {
   const CheckpointInfo info = load_impl(path_or_root, store, std::span<const StateSlot>(), grid,
                                         nullptr, store_region(store, grid), false, true);
+  store.gather_chunks();
   if (store.shards_values()) store.forget_gathered();
   return info;
 }

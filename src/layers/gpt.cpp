@@ -205,8 +205,7 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
   parameter_elements_ =
       ParameterStore<T>::padded_elements(this->parameters(), options_.parameter_multiple);
   sharded_values_ = options_.shard_parameters && !inference;
-  unit_grads_ = sharded_values_ || (options_.shard_gradients && !inference && data_ > 1 &&
-                                    !scheme_->defers_gradients());
+  unit_grads_ = sharded_values_ || (options_.shard_gradients && !inference && data_ > 1);
   if (unit_grads_) {
     if (sharded_values_) block_value_slots_ = scheme_->prefetches_weights() ? 3 : 2;
     const ShardedStoreBytes b =
@@ -305,28 +304,6 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
   if (ln_f_) buckets_.push_back(bucket_of(*ln_f_));
   for (std::size_t i = blocks_.size(); i-- > 0;) buckets_.push_back(bucket_of(*blocks_[i]));
   if (embedding_) buckets_.push_back(bucket_of(*embedding_));
-  if (options_.shard_gradients && data_ > 1 && !unit_grads_) {
-    // ZeRO-2 with deferred gradients: each bucket, in the whole gradient
-    // buffer, reduced onto the data groups whose chunks it meets
-    require(store_->padded_elements() % data_ == 0, [&] {
-      return fmt::format(
-          "GPT: shard_gradients needs the parameters padded to a multiple of the {} "
-          "data groups (GptOptions::parameter_multiple)",
-          data_);
-    });
-    const index_t chunk = store_->padded_elements() / data_;
-    for (Bucket& b : buckets_) {
-      if (b.count == 0) continue;
-      const index_t offset = b.begin - store_->grads_base();
-      for (int d = 0; d < data_; ++d) {
-        const index_t lo = std::max(offset, d * chunk);
-        const index_t hi = std::min(offset + b.count, (d + 1) * chunk);
-        if (lo < hi)
-          b.pieces.push_back(
-              {.begin = store_->grads_base() + lo, .count = hi - lo, .root = d, .request = {}});
-      }
-    }
-  }
 }
 
 template <class T>
@@ -547,12 +524,6 @@ template <class T>
 void Gpt<T>::issue_bucket(Bucket& b) {
   if (b.count == 0) return;  // nothing held here (2D: ln_f off mesh row 0)
   Communicator& data = grid_->data();
-  if (options_.shard_gradients) {
-    for (Piece& p : b.pieces)
-      p.request = data.ireduce(p.begin, p.begin, static_cast<std::size_t>(p.count), dtype_v<T>,
-                               ReduceOp::sum, p.root);
-    return;
-  }
   b.request = data.iall_reduce(b.begin, b.begin, static_cast<std::size_t>(b.count), dtype_v<T>,
                                ReduceOp::sum);
 }
@@ -560,7 +531,6 @@ void Gpt<T>::issue_bucket(Bucket& b) {
 template <class T>
 void Gpt<T>::wait_bucket(Bucket& b) {
   grid_->data().wait(b.request);
-  for (Piece& p : b.pieces) grid_->data().wait(p.request);
 }
 
 template <class T>
@@ -781,16 +751,6 @@ void Gpt<T>::backward(bool accumulate) {
     if (sharded_values_) stage_blocks(config_.n_layer, -1);
   } else if (!accumulate) {
     store_->zero_grads();
-  } else if (data_ > 1 && total > 0 && options_.shard_gradients) {
-    const auto all_grads = MatrixView<T>::dense(store_->grads_base(), 1, total, Order::row_major);
-    // Only this group's chunk holds the accumulated sum, and the reduce
-    // onto it adds every group's buffer: zero the rest here, so the sum
-    // counts it once.
-    const index_t chunk = store_->padded_elements() / data_;
-    const index_t lo = std::min(total, grid_->data().rank() * chunk);
-    const index_t hi = std::min(total, lo + chunk);
-    if (lo > 0) backend_->scale(acc_t<T>(0), all_grads.block(0, 0, 1, lo));
-    if (hi < total) backend_->scale(acc_t<T>(0), all_grads.block(0, hi, 1, total - hi));
   } else if (data_ > 1 && total > 0) {
     // The data-axis sum below would count the accumulated (already summed,
     // identical) gradients once per group: pre-scale them by 1/data.

@@ -131,6 +131,7 @@ typename ParameterStore<T>::Layout ParameterStore<T>::layout_of(
     const std::vector<Param<T>*>& params, const std::vector<ParameterUnit>& units, int groups) {
   require(groups >= 1, "ParameterStore: a sharded store needs at least one data group");
   Layout l;
+  index_t begin = 0;     // the unit's first element among the whole values
   std::size_t next = 0;  // the units cover params() once, in order
   for (const ParameterUnit& u : units) {
     require(u.first == next && u.first <= u.last && u.last <= params.size() && u.value_slot >= 0 &&
@@ -142,52 +143,37 @@ typename ParameterStore<T>::Layout ParameterStore<T>::layout_of(
     l.counts.push_back(n);
     l.pieces.push_back((n + groups - 1) / groups);
     l.chunk += l.pieces.back();
+    // the unit's gather fills D pieces from its first element on
+    l.whole = std::max(l.whole, begin + groups * l.pieces.back());
+    begin += n;
     next = u.last;
   }
   require(next == params.size(),
           "ParameterStore: the units of a sharded store must cover every parameter once");
-  return l;
-}
-
-template <class T>
-typename ParameterStore<T>::Layout ParameterStore<T>::gradient_layout_of(
-    const std::vector<Param<T>*>& params, const std::vector<ParameterUnit>& units, int groups,
-    index_t multiple) {
-  Layout l = layout_of(params, units, groups);
-  const index_t padded = padded_elements(params, multiple);
-  require(padded % groups == 0, [&] {
-    return fmt::format(
-        "ParameterStore: sharded gradients need the parameters padded to a multiple of the {} "
-        "data groups (multiple={})",
-        groups, multiple);
-  });
-  l.chunk = padded / groups;
+  l.whole = std::max(l.whole, begin);
   return l;
 }
 
 template <class T>
 ShardedStoreBytes ParameterStore<T>::sharded_bytes(const std::vector<Param<T>*>& params,
-                                                   bool gradients, index_t multiple,
+                                                   bool gradients, index_t /*multiple*/,
                                                    int data_groups,
                                                    const std::vector<ParameterUnit>& units,
                                                    bool values_sharded) {
+  // (`multiple` pads an unsharded store; a sharded one's units are padded)
   ShardedStoreBytes b;
   ByteCount<T> values, grads;
+  const Layout l = layout_of(params, units, data_groups);
+  const std::vector<index_t> padded = padded_units(l.pieces, data_groups);
   if (values_sharded) {
-    const Layout l = layout_of(params, units, data_groups);
-    const std::vector<index_t> padded = padded_units(l.pieces, data_groups);
     values.add(l.chunk);
-    grads.add(l.chunk);
     for (index_t n : slot_elements(units, padded, true)) values.add(n);
-    for (index_t n : slot_elements(units, padded, false)) grads.add(n);
-    b.padded_elements = data_groups * l.chunk;
-  } else {  // ZeRO-2: the values whole, the gradients' chunk and slots
-    const Layout l = gradient_layout_of(params, units, data_groups, multiple);
-    values.add(data_groups * l.chunk);
-    grads.add(l.chunk);
-    for (index_t n : slot_elements(units, l.counts, false)) grads.add(n);
-    b.padded_elements = data_groups * l.chunk;
+  } else {  // ZeRO-2: the values whole, then this group's chunk of them
+    values.add(l.whole).add(l.chunk);
   }
+  grads.add(l.chunk);
+  for (index_t n : slot_elements(units, padded, false)) grads.add(n);
+  b.padded_elements = data_groups * l.chunk;
   b.values = values.bytes();
   b.gradients = gradients ? grads.bytes() : 0;
   return b;
@@ -201,7 +187,7 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
       has_gradients_(gradients),
       padded_(0),
       values_(sharding.values ? "parameters (this data group's chunk and the unit slots)"
-                              : "parameters",
+                              : "parameters (whole, and this data group's chunk of them)",
               backend,
               sharded_bytes(params_, gradients, multiple, data_groups_of(sharding), sharding.units,
                             sharding.values)
@@ -213,8 +199,7 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
       data_(sharding.data),
       values_sharded_(sharding.values) {
   const int groups = data_->size();
-  const Layout l = values_sharded_ ? layout_of(params_, sharding.units, groups)
-                                   : gradient_layout_of(params_, sharding.units, groups, multiple);
+  const Layout l = layout_of(params_, sharding.units, groups);
   chunk_ = l.chunk;
   padded_ = groups * chunk_;
   lo_ = data_->rank() * chunk_;
@@ -223,15 +208,15 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
     chunk_values_ = values_.take<T>(static_cast<std::size_t>(chunk_));
     for (index_t n : slot_elements(sharding.units, padded_units(l.pieces, groups), true))
       value_slots_.push_back(values_.take<T>(static_cast<std::size_t>(n)));
-  } else {
-    T* values = values_.take<T>(static_cast<std::size_t>(padded_));
+  } else {  // ZeRO-2: the whole values (room for the last unit's gather), then the chunk
+    T* values = values_.take<T>(static_cast<std::size_t>(l.whole));
     bind_whole(values, nullptr);  // the offsets; the gradients in the slots
-    backend.scale(acc_t<T>(0), MatrixView<T>::dense(values, 1, padded_, Order::row_major));
+    backend.scale(acc_t<T>(0), MatrixView<T>::dense(values, 1, l.whole, Order::row_major));
+    chunk_values_ = values_.take<T>(static_cast<std::size_t>(chunk_));
   }
   if (gradients) {
     chunk_grads_ = grads_.take<T>(static_cast<std::size_t>(chunk_));
-    for (index_t n : slot_elements(
-             sharding.units, values_sharded_ ? padded_units(l.pieces, groups) : l.counts, false))
+    for (index_t n : slot_elements(sharding.units, padded_units(l.pieces, groups), false))
       grad_slots_.push_back(grads_.take<T>(static_cast<std::size_t>(n)));
   }
   resident_.assign(value_slots_.size(), -1);
@@ -247,13 +232,6 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
     at += u.piece;
     u.value_slot = pu.value_slot;
     u.grad_slot = pu.grad_slot;
-    if (values_sharded_) {
-      u.reduces.resize(1);
-    } else if (u.count > 0) {  // the chunks [begin, begin + count) meets
-      u.first_chunk = static_cast<int>(u.begin / chunk_);
-      u.reduces.resize(
-          static_cast<std::size_t>((u.begin + u.count - 1) / chunk_ - u.first_chunk + 1));
-    }
     for (std::size_t k = pu.first; k < pu.last; ++k) unit_of_[k] = i;
     units_.push_back(u);
   }
@@ -261,7 +239,7 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
   const auto zero = [&](T* p, index_t n) {
     if (n > 0) backend.scale(acc_t<T>(0), MatrixView<T>::dense(p, 1, n, Order::row_major));
   };
-  if (values_sharded_) zero(chunk_values_, chunk_);
+  zero(chunk_values_, chunk_);                // the padding stays zero
   if (gradients) zero(chunk_grads_, chunk_);  // the slots: begin_unit_grads zeroes them
 }
 
@@ -335,7 +313,7 @@ T* ParameterStore<T>::grads_base() const {
 
 template <class T>
 T* ParameterStore<T>::value_at(index_t v) const {
-  if (!shards_values() || whole_ != nullptr) return values_base() + v;
+  if (data_ == nullptr || whole_ != nullptr) return values_base() + v;
   require(v >= lo_ && v <= lo_ + chunk_, [&] {
     return fmt::format("ParameterStore::value_at({}): this data group holds [{}, {})", v, lo_,
                        lo_ + chunk_);
@@ -385,16 +363,6 @@ void ParameterStore<T>::begin_unit_grads(std::size_t k, bool accumulate) {
   for (std::size_t j = 0; j < units_.size(); ++j)  // the slot's earlier units' reduces
     if (units_[j].grad_slot == u.grad_slot) wait_unit_grads(j);
   T* slot = grad_slots_[static_cast<std::size_t>(u.grad_slot)];
-  if (!values_sharded_) {  // ZeRO-2: the unit's elements, this chunk's part of them back
-    if (u.count == 0) return;
-    backend_->scale(acc_t<T>(0), MatrixView<T>::dense(slot, 1, u.count, Order::row_major));
-    const index_t a = std::max(u.begin, lo_), b = std::min(u.begin + u.count, lo_ + chunk_);
-    if (accumulate && a < b)
-      backend_->copy(
-          ConstMatrixView<T>::dense(chunk_grads_ + (a - lo_), 1, b - a, Order::row_major),
-          MatrixView<T>::dense(slot + (a - u.begin), 1, b - a, Order::row_major));
-    return;
-  }
   if (u.piece == 0) return;
   const index_t padded = data_->size() * u.piece;
   backend_->scale(acc_t<T>(0), MatrixView<T>::dense(slot, 1, padded, Order::row_major));
@@ -408,30 +376,36 @@ template <class T>
 void ParameterStore<T>::reduce_unit_grads(std::size_t k) {
   Unit& u = units_.at(k);
   T* slot = grad_slots_[static_cast<std::size_t>(u.grad_slot)];
-  if (!values_sharded_) {  // ZeRO-2: onto each chunk's group, the chunks in order
-    for (std::size_t i = 0; i < u.reduces.size(); ++i) {
-      const int e = u.first_chunk + static_cast<int>(i);
-      const index_t a = std::max(u.begin, e * chunk_);
-      const index_t b = std::min(u.begin + u.count, (e + 1) * chunk_);
-      T* send = slot + (a - u.begin);
-      u.reduces[i] = data_->ireduce(send, e == data_->rank() ? chunk_grads_ + (a - lo_) : send,
-                                    static_cast<std::size_t>(b - a), dtype_v<T>, ReduceOp::sum, e);
-    }
-    return;
-  }
   if (u.piece == 0) return;
-  u.reduces[0] = data_->ireduce_scatter(
-      slot, chunk_grads_ + u.at, static_cast<std::size_t>(u.piece), dtype_v<T>, ReduceOp::sum);
+  u.reduce = data_->ireduce_scatter(slot, chunk_grads_ + u.at, static_cast<std::size_t>(u.piece),
+                                    dtype_v<T>, ReduceOp::sum);
 }
 
 template <class T>
 void ParameterStore<T>::wait_unit_grads(std::size_t k) {
-  for (Request& r : units_.at(k).reduces) data_->wait(r);
+  data_->wait(units_.at(k).reduce);
+}
+
+template <class T>
+void ParameterStore<T>::pull_chunk() {
+  if (data_ == nullptr || values_sharded_) return;
+  const T* whole = values_base();
+  for_each_piece([&](index_t at, index_t from, index_t kept, index_t) {
+    if (kept > 0)
+      backend_->copy(ConstMatrixView<T>::dense(whole + from, 1, kept, Order::row_major),
+                     MatrixView<T>::dense(chunk_values_ + at, 1, kept, Order::row_major));
+  });
+}
+
+template <class T>
+void ParameterStore<T>::gather_chunks() {
+  if (data_ == nullptr || values_sharded_) return;
+  gather_whole(chunk_values_, values_base(), dtype_v<T>);
 }
 
 template <class T>
 index_t ParameterStore<T>::whole_elements() const {
-  if (!shards_values()) return padded_;
+  if (data_ == nullptr) return padded_;
   index_t n = local_elements();
   for (const Unit& u : units_) n = std::max(n, u.begin + data_->size() * u.piece);
   return n;
@@ -439,7 +413,7 @@ index_t ParameterStore<T>::whole_elements() const {
 
 template <class T>
 void ParameterStore<T>::gather_whole(const void* chunk, void* whole, DType type) const {
-  require(shards_values(), "ParameterStore::gather_whole: the values are not sharded");
+  require(data_ != nullptr, "ParameterStore::gather_whole: the store is not sharded");
   const std::size_t e = size_of(type);
   // In order: a unit's padding lands on the next unit's first elements,
   // which that unit's gather then writes.

@@ -175,6 +175,7 @@ template <class T>
 void Optimizer<T>::refresh_master() {
   if constexpr (keeps_master) {
     if (master_ == nullptr) return;
+    store_->pull_chunk();
     if (offloaded()) {  // converted on the backend a bucket at a time, then copied out
       Backend& backend = state_.backend();
       master_type* buffer = staged_[0] + state_names_.size() * bucket_stride_;
@@ -205,6 +206,7 @@ void Optimizer<T>::step(double lr) {
     return fmt::format("Optimizer::step ({}): lr={} must be finite and >= 0", kind(), lr);
   });
   ++steps_;
+  store_->pull_chunk();  // zero=2: its chunk of the values from the whole ones
   const std::size_t slots = state_names_.size();
   if (!offloaded()) {
     Staged all;
@@ -377,6 +379,10 @@ void all_gather_updates(Optimizer<T>& optimizer, ProcessGrid& grid) {
   // zero=3: the values stay sharded; the next forward gathers them.
   if (!optimizer.partial() || optimizer.store().shards_values()) return;
   require_data_chunk(optimizer, grid, "all_gather_updates");
+  if (optimizer.store().shards_gradients()) {  // zero=2: one all-gather per unit
+    optimizer.store().gather_chunks();
+    return;
+  }
   Communicator& data = grid.data();
   const ElementRange r = optimizer.range();
   T* values = optimizer.store().values_base();

@@ -53,22 +53,9 @@ struct Buckets {
     out.push_back({0, embedding});
     return out;
   }
-  /// ZeRO-3: each group's piece of bucket (unit) `s`, padded to `data`
-  /// equal pieces (ParameterStore's sharded layout).
+  /// ZeRO-2 and 3: each group's piece of bucket (unit) `s`, padded to
+  /// `data` equal pieces (ParameterStore's sharded layout).
   static u64 piece(Span s, u64 data) { return (s.count + data - 1) / data; }
-  /// ZeRO-2 (GptOptions::shard_gradients): the reduces of bucket `s` onto
-  /// the data groups whose chunks (parameters / data elements each) it
-  /// meets, as {root, elements}.
-  std::vector<std::pair<u64, u64>> pieces(Span s, u64 data) const {
-    std::vector<std::pair<u64, u64>> out;
-    const u64 chunk = parameters / data;
-    for (u64 d = 0; d < data && s.count > 0; ++d) {
-      const u64 lo = std::max(s.offset, d * chunk),
-                hi = std::min(s.offset + s.count, (d + 1) * chunk);
-      if (lo < hi) out.emplace_back(d, hi - lo);
-    }
-    return out;
-  }
 };
 
 /// Adds every collective of one training step (the data axis excepted) of

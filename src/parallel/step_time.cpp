@@ -478,20 +478,10 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
         data_tally.all_reduce(CommAxis::data, elements, data, u(at.data), bytes_per);
         return pricer.collective(w.front());
       };
-      // zero=2: a bucket's reduces onto the chunks' groups, one after another
-      const auto reduce = [&](detail::Buckets::Span span) {
-        std::vector<Work> w;
-        cost::Tally data_tally;
-        data_tally.log = &w;
-        for (const auto& [root, count] : buckets.pieces(span, data))
-          data_tally.reduce(CommAxis::data, count, data, root == u(at.data), e);
-        double s = 0;
-        for (const Work& x : w) s += pricer.collective(x);
-        return s;
-      };
       const double loss = all_reduce(1, sizeof(double));
       std::vector<double> bucket;
-      // zero=3: a unit's gradients reduce-scattered, its values all-gathered
+      // zero=2, 3: a unit's gradients reduce-scattered; zero=3: its values
+      // all-gathered
       const auto unit = [&](detail::Buckets::Span span, bool gather) {
         if (span.count == 0) return 0.0;
         std::vector<Work> w;
@@ -505,9 +495,7 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
         return pricer.collective(w.front());
       };
       for (const detail::Buckets::Span& span : buckets.spans(layers))
-        bucket.push_back(spec.zero >= 3   ? unit(span, false)
-                         : spec.zero == 2 ? reduce(span)
-                                          : all_reduce(span.count, e));
+        bucket.push_back(spec.zero >= 2 ? unit(span, false) : all_reduce(span.count, e));
       // Each bucket when it is ready and the one before it is done; one that
       // starts during the backward runs 1 + contention.comm slower, and the
       // backward itself contention.compute times the time they overlap.
@@ -574,7 +562,8 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
     if (time_options.optimizer) {
       const u64 params = buckets.ln_f + layers * buckets.block + buckets.embedding;
       // a sharded data axis (zero=1, 2, 3): this rank updates its chunk, then
-      // (zero=1, 2) the chunks are all-gathered (exposed: nothing runs beside it)
+      // the chunks are all-gathered (exposed: nothing runs beside it): zero=1
+      // in one all-gather, zero=2 in one per unit
       const bool sharded = spec.zero > 0 && data > 1;
       const u64 chunk = buckets.parameters / data;
       OpTime o{.op = "optimizer", .phase = Phase::optimizer, .count = 1};
@@ -596,7 +585,11 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
         cost::Tally gather;
         gather.log = &w;
         // zero=3 keeps the values sharded: the next forward gathers them
-        if (spec.zero < 3) gather.all_gather(CommAxis::data, chunk, data, e);
+        if (spec.zero == 1) gather.all_gather(CommAxis::data, chunk, data, e);
+        if (spec.zero == 2)
+          for (const detail::Buckets::Span& span : buckets.spans(layers))
+            if (span.count > 0)
+              gather.all_gather(CommAxis::data, detail::Buckets::piece(span, data), data, e);
         // zero=2: the gradient norm summed over the data groups first
         if (spec.zero >= 2) gather.all_reduce(CommAxis::data, 2, data, u(at.data), sizeof(double));
         double s = 0;

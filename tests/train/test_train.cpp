@@ -602,19 +602,19 @@ TrainerOptions data_options(const std::string& scheme, std::uint64_t seed) {
 
 // Each sharding level (zero=1, 2, zero=2 with the optimizer offloaded:
 // OptimizerOptions::offload_bucket, whose arithmetic is zero=2's, and zero=3,
-// whose gathers copy the values and whose reduces are zero=2's) stepped
+// whose gathers copy the values and whose reduce-scatters are zero=2's) stepped
 // beside one unsharded trainer. The schemes include 3D with OAG (zero=3
 // gathers two blocks ahead) and with ORS (one gradient slot per block).
 // zero=1 does the unsharded arithmetic (the same all-reduce, each element's
 // update on one rank): equal within `tol` (1e-12; in practice equal).
-// zero=2 reduces each gradient onto one group instead of all-reducing it.
+// zero=2 reduce-scatters each unit's gradients instead of all-reducing them.
 // Open MPI adds the groups' terms in the same order for both when the groups
 // are a power of two (measured: the bf16 runs at 4 and 8 ranks are equal),
-// so `tol` holds for it too: a reduce onto the wrong group moves the loss by
-// 1e-3. With 9 groups its reduce and all-reduce add in different orders:
-// double stays within 1e-12, but bf16's norms are 5.6e-4 apart after one
-// step and its weights drift apart (0.07 to 0.7 relative after 10 steps,
-// measured), so the bf16 run skips data=9. NCCL's reduce and all-reduce may
+// so `tol` holds for it too. With 9 groups the order may differ: double
+// stays within 1e-12, but bf16 (measured with the earlier per-chunk
+// reduces) had norms 5.6e-4 apart after one step and weights drifting apart
+// (0.07 to 0.7 relative after 10 steps), so the bf16 run skips data=9.
+// NCCL's reduce-scatter and all-reduce may
 // add in another order on any count (not with 2 groups, whose sum
 // commutes): on a device backend bf16 then differs by its rounding,
 // amplified by Adam, and `tol2` is 5e-2 on the loss and norm and 1.6e-2
@@ -712,16 +712,17 @@ TEST(Train, ShardedDataAxisTrainsAsUnshardedBf16) {
 
 // zero=2's and zero=3's gradients, step by step: a forward and backward,
 // then another on other tokens accumulating (backward(true)), leave in each
-// data group's chunk (zero=2: its range of the packed gradients; zero=3:
-// its piece of every unit) what a zero=1 model (gradients whole) holds for
-// those elements, within 1e-12 (a reduce or reduce-scatter against an
-// all-reduce); the other groups' chunks are not held (grad_at throws).
-// The second pair makes no heap allocation outside MPI (the CPU backend).
-// Five blocks: backward gathers the blocks below the last two (three with
-// OAG) again, and the two gradient slots are reused. zero=2's gradient
-// arena is its chunk and the slots (the embedding's, LN_f's and two
-// blocks'), smaller than the whole gradients, except under 3D's ORS, whose
-// deferred gradients keep them whole.
+// data group's chunk (its piece of every unit) what a zero=1 model
+// (gradients whole) holds for those elements, within 1e-12 (a
+// reduce-scatter against an all-reduce); the other groups' chunks are not
+// held (grad_at throws). The second pair makes no heap allocation outside
+// MPI (the CPU backend). Five blocks: backward gathers the blocks below the
+// last two (three with OAG) again, and the two gradient slots are reused.
+// zero=2's gradient arena is its chunk and the slots (the embedding's,
+// LN_f's and two blocks', each padded to D pieces), smaller than the whole
+// gradients (under 3D's ORS, whose deferred gradients are all in flight at
+// once, every block has a slot); its values arena the whole values (room
+// for the last unit's padding) and its chunk of them.
 TEST(Train, ShardedGradientsAccumulateAsZeroOne) {
   auto schemes = data_schemes();
   std::erase_if(schemes, [](const std::string& t) { return SchemeSpec::parse(t).data == 9; });
@@ -750,26 +751,41 @@ TEST(Train, ShardedGradientsAccumulateAsZeroOne) {
       ParameterStore<double>& b = z.model().parameters_store();
       const bool deferred = scheme.find("ors") != std::string::npos;  // 3D's ORS
       EXPECT_EQ(b.shards_values(), level == 3);
-      EXPECT_EQ(b.shards_gradients(), level == 3 || !deferred);
+      EXPECT_TRUE(b.shards_gradients());
       one.model().init(seed);
       z.model().init(seed);
       const int data = z.grid().data().size(), d = z.grid().data().rank();
       const index_t chunk = b.padded_elements() / data, lo = d * chunk;
-      if (level == 2 && !deferred) {
+      if (level == 2) {
         // the chunk, then the slots: the embedding's, LN_f's, two blocks'
-        // (every block has as many local elements)
+        // (every block has as many local elements; ORS: all five), each
+        // padded to D pieces
         const auto count = [&](std::string_view prefix) {
           index_t n = 0;
           for (const Param<double>* p : b.params())
             if (p->shard.name.starts_with(prefix)) n += p->shard.local_size();
           return n;
         };
+        const auto padded = [&](index_t n) { return (n + data - 1) / data * data; };
+        const index_t block = count("h.0.");
         ByteCount<double> want;
-        want.add(chunk).add(count("wte.") + count("wpe.")).add(count("ln_f."));
-        want.add(count("h.0.")).add(count("h.1."));
+        want.add(chunk).add(padded(count("wte.") + count("wpe."))).add(padded(count("ln_f.")));
+        for (int k = 0; k < (deferred ? o.config.n_layer : 2); ++k) want.add(padded(block));
         EXPECT_EQ(b.grads().capacity(), want.bytes());
-        EXPECT_LT(b.grads().capacity(), a.grads().capacity());
-        EXPECT_EQ(b.values().capacity(), a.values().capacity());
+        if (!deferred) {
+          EXPECT_LT(b.grads().capacity(), a.grads().capacity());
+        }
+        // the whole values, as far as a unit's gather reaches (its padded
+        // pieces from its first element on), then the chunk
+        index_t begin = 0, whole = b.local_elements();
+        for (const index_t n :
+             {count("wte.") + count("wpe."), block, block, block, block, block, count("ln_f.")}) {
+          whole = std::max(whole, begin + padded(n));
+          begin += n;
+        }
+        ByteCount<double> values;
+        values.add(whole).add(chunk);
+        EXPECT_EQ(b.values().capacity(), values.bytes());
       }
       // this group's chunk of the sharded gradients against the same
       // elements of zero=1's whole gradients, element by element through
@@ -786,13 +802,9 @@ TEST(Train, ShardedGradientsAccumulateAsZeroOne) {
             backend.download(gb.data() + at, b.grad_at(v),
                              static_cast<std::size_t>(n) * sizeof(double));
           });
-        // the runs cover the chunk but for the padding (zero=3: each
-        // unit's; zero=2: past the last parameter)
-        index_t held = std::clamp<index_t>(b.local_elements() - lo, 0, chunk);
-        if (level == 3) {
-          held = 0;
-          b.for_each_piece([&](index_t, index_t, index_t kept, index_t) { held += kept; });
-        }
+        // the runs cover the chunk but for each unit's padding
+        index_t held = 0;
+        b.for_each_piece([&](index_t, index_t, index_t kept, index_t) { held += kept; });
         EXPECT_EQ(static_cast<index_t>(ga.size()), held);
         EXPECT_LE(max_over_ranks(rel_error(gb, ga)), 1e-12) << what;
       };

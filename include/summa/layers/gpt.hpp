@@ -238,22 +238,12 @@ class Gpt final : public GptModel<T> {
   std::unique_ptr<Layer<T>> ln_f_;
   std::unique_ptr<LossHead<T>> head_;
 
-  // A bucket's gradients and their data-axis collective: one all-reduce,
-  // or (GptOptions::shard_gradients under a scheme that defers its
-  // gradients) one in-place reduce per data chunk the bucket meets, onto
-  // the group owning the chunk. Sharded gradients otherwise go through the
-  // store's units (unit_grads_).
-  struct Piece {
-    T* begin = nullptr;
-    index_t count = 0;
-    int root = 0;
-    Request request;
-  };
+  // A bucket's gradients and their data-axis all-reduce (zero=0, 1;
+  // sharded gradients go through the store's units: unit_grads_).
   struct Bucket {
     T* begin = nullptr;
     index_t count = 0;
     Request request;
-    std::vector<Piece> pieces;
   };
   void reduce_bucket(std::size_t k);
   void issue_bucket(Bucket& b);
@@ -271,9 +261,9 @@ class Gpt final : public GptModel<T> {
   void stage_blocks(index_t i, index_t step);
   bool sharded_values_ = false;  // ZeRO-3: the units' values gathered ahead of use
   // ZeRO-2 or 3: each unit's gradients formed in a gradient slot of the
-  // store and reduced onto the groups of the chunks they fall in (ZeRO-2
-  // with a scheme that defers its gradients, 3D's ORS, keeps them whole:
-  // every block's would be in flight at once)
+  // store and reduce-scattered onto the groups' chunks (a scheme that
+  // defers its gradients, 3D's ORS, gives every block a slot: every
+  // block's are in flight at once)
   bool unit_grads_ = false;
   index_t block_value_slots_ = 2;
 

@@ -93,14 +93,14 @@ struct GptOptions {
   /// chunks.
   index_t parameter_multiple = 1;
   /// ZeRO-2's sharded gradients (SchemeSpec::zero >= 2, set by
-  /// ParallelGpt; needs parameter_multiple = the data groups): each data
-  /// group keeps only its chunk (data_chunk) of the packed gradients, and
-  /// backward forms each unit's (the embedding's, each block's, LN_f's) in
-  /// a gradient slot of the store and reduces them over the data axis onto
-  /// the groups whose chunks hold them (one reduce per chunk the unit
-  /// meets, on the same schedule as the all-reduces it replaces). Under a
-  /// scheme that defers its gradients (3D's ORS) the buffer stays whole and
-  /// each bucket is reduced in place; only the chunk is then defined.
+  /// ParallelGpt): each data group keeps only its chunk (data_chunk) of
+  /// the gradients, its piece of every unit (the embedding, each block,
+  /// LN_f; each padded to D pieces), and backward forms each unit's in a
+  /// gradient slot of the store and reduce-scatters them over the data
+  /// axis (one reduce-scatter per unit, on the same schedule as the
+  /// all-reduces it replaces; under a scheme that defers its gradients,
+  /// 3D's ORS, every block has a slot and all are reduced at the end). The
+  /// values stay whole (ParameterStore's ValueSharding::values false).
   bool shard_gradients = false;
   /// ZeRO-3 (SchemeSpec::zero = 3, set by ParallelGpt with shard_gradients
   /// and parameter_multiple = the data groups): the parameters too are

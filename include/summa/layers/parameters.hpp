@@ -49,12 +49,16 @@ struct ParameterUnit {
 /// gradients reduce-scattered from its gradient slot with one
 /// reduce-scatter.
 ///
-/// `values` false (ZeRO-2, GptOptions::shard_gradients): the values stay
-/// whole and packed as an unsharded store's (padded to the constructor's
-/// `multiple`, a multiple of D), and data group d keeps only chunk d of the
-/// packed gradients, elements [d·P/D, (d+1)·P/D) (ZeRO-1's optimizer
-/// chunk). A unit's gradients are reduced from its slot with one reduce per
-/// chunk the unit meets, onto that chunk's group. Value slots are unused.
+/// `values` false (ZeRO-2, GptOptions::shard_gradients): the same units,
+/// pieces and chunk for the gradients and the optimizer (ZeRO-2 is ZeRO-3's
+/// layout, as Megatron's distributed optimizer and FSDP's SHARD_GRAD_OP
+/// shard each bucket evenly), but the values stay whole (packed as an
+/// unsharded store's) and no value slots are taken: the store keeps this
+/// group's chunk of the values beside them, for the optimizer and
+/// checkpoints. pull_chunk() copies it from the whole values (where it is
+/// read), gather_chunks() all-gathers every group's chunk into them (after
+/// it is written: all_gather_updates). A unit's gradients are
+/// reduce-scattered from its slot with one reduce-scatter, as ZeRO-3's.
 struct ValueSharding {
   Communicator* data = nullptr;
   std::vector<ParameterUnit> units;
@@ -63,8 +67,9 @@ struct ValueSharding {
 
 /// Bytes of a sharded store's values and gradients arenas: this rank's
 /// chunk of the padded packed layout plus each slot (the largest unit it
-/// takes); the values whole (and no value slots) when only the gradients
-/// are sharded. `gradients` false: no gradient arena.
+/// takes); the values whole (padded for gather_whole's last unit) and this
+/// chunk of them (and no value slots) when only the gradients are sharded. `gradients` false: no
+/// gradient arena.
 struct ShardedStoreBytes {
   std::size_t values = 0, gradients = 0;
   /// The store's padded_elements(): the D chunks' elements.
@@ -88,9 +93,9 @@ class ParameterStore {
   /// (`multiple` a multiple of their count). Every parameter of a unit is
   /// bound to the unit's value and gradient slots, at its offset within the
   /// unit; the slots hold nothing until gather_unit / begin_unit_grads.
-  /// ZeRO-2 (`sharding.values` false): the values whole, each parameter's
-  /// gradient bound to its unit's gradient slot. Values and gradients start
-  /// at zero.
+  /// ZeRO-2 (`sharding.values` false): the values whole (and this chunk's
+  /// copy of them), each parameter's gradient bound to its unit's gradient
+  /// slot. Values and gradients start at zero.
   ParameterStore(Backend& backend, std::vector<Param<T>*> params, bool gradients, index_t multiple,
                  const ValueSharding& sharding);
   ~ParameterStore();
@@ -127,9 +132,11 @@ class ParameterStore {
   T* values_base() const;
   T* grads_base() const;
   /// Element `v` of the packed layout: values_base() + v, and with sharded
-  /// values (whose packed layout is the data groups' chunks side by side)
-  /// this data group's chunk's element, `v` within it (data_chunk; throws
-  /// summa::Error elsewhere). grad_at likewise with sharded gradients.
+  /// gradients (ZeRO-2 or 3, whose packed layout is the data groups' chunks
+  /// side by side) this data group's chunk's element, `v` within it
+  /// (data_chunk; throws summa::Error elsewhere): ZeRO-3's values outside a
+  /// WholeValues scope, ZeRO-2's copy of its chunk of the values
+  /// (pull_chunk). grad_at likewise.
   T* value_at(index_t v) const;
   T* grad_at(index_t v) const;
   /// Where params()[k] starts among values_base()'s elements (whole values:
@@ -138,13 +145,14 @@ class ParameterStore {
   /// Calls fn(x, v, n) for each run of params()[k]'s local elements
   /// [x, x + n) that lies at packed positions [v, v + n) within
   /// [lo, lo + count) (count < 0: everywhere), in increasing x: one run for
-  /// an unsharded store, at most one per data group for a sharded one.
+  /// an unsharded store, at most one per data group for a sharded one
+  /// (ZeRO-2 or 3: the packed layout is the data groups' chunks).
   /// Allocates nothing.
   template <class F>
   void for_each_run(std::size_t k, index_t lo, index_t count, F&& fn) const {
     const index_t n = params_[k]->shard.local_size(), hi = count < 0 ? padded_ : lo + count;
     if (n == 0) return;
-    if (!shards_values()) {
+    if (data_ == nullptr) {
       const index_t a = std::max(offsets_[k], lo), b = std::min(offsets_[k] + n, hi);
       if (a < b) fn(a - offsets_[k], a, b - a);
       return;
@@ -183,24 +191,35 @@ class ParameterStore {
   /// chunk of its gradients (the sum so far) back in its place, so that
   /// reduce_unit_grads adds to it. ZeRO-2 or 3.
   void begin_unit_grads(std::size_t u, bool accumulate);
-  /// Issues the reduces of unit `u`'s gradient slot onto the chunks' groups
-  /// (their gradient chunks: one reduce-scatter with sharded values, one
-  /// reduce per chunk the unit meets without); wait_unit_grads completes
-  /// them. Collective over the data axis, in the same order on every group.
+  /// Issues the reduce-scatter of unit `u`'s gradient slot onto the groups'
+  /// gradient chunks (each group its piece); wait_unit_grads completes it.
+  /// Collective over the data axis, in the same order on every group.
   void reduce_unit_grads(std::size_t u);
   void wait_unit_grads(std::size_t u);
-  /// zero=3: fn(chunk_offset, whole_offset, kept, piece) for each unit:
-  /// this group's piece of `piece` elements sits at chunk_offset of its
-  /// chunk and holds whole-values elements [whole_offset, + kept), the
+  /// zero=2 or 3: fn(chunk_offset, whole_offset, kept, piece) for each
+  /// unit: this group's piece of `piece` elements sits at chunk_offset of
+  /// its chunk and holds whole-values elements [whole_offset, + kept), the
   /// rest (piece - kept) padding.
   template <class F>
   void for_each_piece(F&& fn) const {
-    require(shards_values(), "ParameterStore::for_each_piece: the values are not sharded (zero=3)");
+    require(shards_gradients(),
+            "ParameterStore::for_each_piece: the store is not sharded over the data axis");
     const index_t d = data_->rank();
     for (const Unit& u : units_)
       fn(u.at, u.begin + d * u.piece, std::clamp<index_t>(u.count - d * u.piece, 0, u.piece),
          u.piece);
   }
+  /// ZeRO-2 (values whole, gradients sharded): this group's chunk of the
+  /// values (value_at) := its pieces of the whole values. Local; called
+  /// where the chunk is read (an optimizer's step and master refresh, a
+  /// checkpoint), so the whole values stay the one truth. A no-op for other
+  /// stores.
+  void pull_chunk();
+  /// ZeRO-2: the whole values := every data group's chunk, one all-gather
+  /// per unit (after the chunk was written: an optimizer step, a load;
+  /// all_gather_updates). Collective over the data axis. A no-op for other
+  /// stores.
+  void gather_chunks();
   /// The bytes the sharded constructor allocates, without allocating.
   static ShardedStoreBytes sharded_bytes(const std::vector<Param<T>*>& params, bool gradients,
                                          index_t multiple, int data_groups,
@@ -249,26 +268,22 @@ class ParameterStore {
 
  private:
   // Elements a buffer packed like the whole values needs for
-  // gather_whole (the last unit's padding past padded elements).
+  // gather_whole (the last unit's padding past the local elements).
   index_t whole_elements() const;
-  // zero=3 (WholeValues): all-gathers `chunk` (laid out as this group's
-  // chunk, chunk elements of `type`) over the data axis into `whole`
-  // (whole_elements() of `type`), packed as the whole values
+  // zero=2 (gather_chunks) or 3 (WholeValues): all-gathers `chunk` (laid
+  // out as this group's chunk, chunk elements of `type`) over the data axis
+  // into `whole` (whole_elements() of `type`), packed as the whole values
   // (values_base()'s order), one all-gather per unit. Collective.
   void gather_whole(const void* chunk, void* whole, DType type) const;
   static std::size_t bytes_for(const std::vector<Param<T>*>& params, index_t multiple);
-  // The sharded layout: each unit's elements and piece, the chunk.
+  // The sharded layout: each unit's elements and piece, the chunk, and
+  // the elements of a whole-values buffer gather_whole fills (whole).
   struct Layout {
     std::vector<index_t> counts, pieces;
-    index_t chunk = 0;
+    index_t chunk = 0, whole = 0;
   };
   static Layout layout_of(const std::vector<Param<T>*>& params,
                           const std::vector<ParameterUnit>& units, int groups);
-  // ZeRO-2: the units' counts, the chunk of the packed gradients (padded to
-  // `multiple`, which the groups divide).
-  static Layout gradient_layout_of(const std::vector<Param<T>*>& params,
-                                   const std::vector<ParameterUnit>& units, int groups,
-                                   index_t multiple);
   void bind_whole(T* values, T* grads);
   // Parameter k's local values through host memory `host` (local_size()
   // elements): a sharded store reads its chunk's part (zero elsewhere) and
@@ -290,16 +305,12 @@ class ParameterStore {
     index_t piece = 0;             // ceil(count / D): each group's piece
     index_t at = 0;                // the piece's offset in a chunk
     int value_slot = 0, grad_slot = 0;
-    Request gather;
-    // ZeRO-3: reduces[0], the reduce-scatter; ZeRO-2: one reduce per chunk
-    // the unit meets, chunks first_chunk, first_chunk + 1, ...
-    std::vector<Request> reduces;
-    int first_chunk = 0;
+    Request gather, reduce;  // its values' all-gather (ZeRO-3), its gradients' reduce-scatter
   };
   Communicator* data_ = nullptr;
   bool values_sharded_ = false;  // ZeRO-3; false: ZeRO-2 (values whole)
   index_t chunk_ = 0, lo_ = 0;   // this group's chunk: [lo_, lo_ + chunk_)
-  T* chunk_values_ = nullptr;
+  T* chunk_values_ = nullptr;    // ZeRO-3: the values; ZeRO-2: their copy (pull_chunk)
   T* chunk_grads_ = nullptr;
   std::vector<T*> value_slots_, grad_slots_;
   std::vector<int> resident_;  // per value slot: the unit it holds (or is gathering), -1 none

@@ -267,8 +267,11 @@ void require_data_chunk(const Optimizer<T>& optimizer, ProcessGrid& grid, const 
 /// ZeRO's all-gather: after step() of an optimizer over data group d's chunk
 /// (make_optimizer with data_chunk(store, grid.data().rank(), D)), every
 /// group's updated chunk gathered over grid.data() (in place in
-/// values_base()), so every rank holds every updated element, as after an
-/// unsharded step. No-op for an optimizer over the whole store. Throws
+/// values_base(); zero=2's store, whose chunk is its units' pieces: one
+/// all-gather per unit, ParameterStore::gather_chunks), so every rank holds
+/// every updated element, as after an unsharded step. No-op for an
+/// optimizer over the whole store and for zero=3's store (its values stay
+/// sharded). Throws
 /// summa::Error unless the range is this rank's data chunk. Collective over
 /// grid.data(); no heap allocation unless it throws.
 template <class T>
