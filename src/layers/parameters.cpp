@@ -388,7 +388,7 @@ void ParameterStore<T>::wait_unit_grads(std::size_t k) {
 
 template <class T>
 void ParameterStore<T>::pull_chunk() {
-  if (data_ == nullptr || values_sharded_) return;
+  if (data_ == nullptr || values_sharded_ || chunk_ahead_) return;
   const T* whole = values_base();
   for_each_piece([&](index_t at, index_t from, index_t kept, index_t) {
     if (kept > 0)
@@ -401,6 +401,7 @@ template <class T>
 void ParameterStore<T>::gather_chunks() {
   if (data_ == nullptr || values_sharded_) return;
   gather_whole(chunk_values_, values_base(), dtype_v<T>);
+  chunk_ahead_ = false;
 }
 
 template <class T>

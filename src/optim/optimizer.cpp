@@ -83,6 +83,9 @@ std::size_t slot_stride(index_t elements) {
 // against the store's padded elements.
 template <class T>
 ElementRange resolved(ElementRange range, const ParameterStore<T>& store) {
+  require(range.count >= 0 || !store.shards_gradients(),
+          "Optimizer: the store is sharded over the data axis (zero=2 or 3): pass this data "
+          "group's chunk (data_chunk) as the range");
   if (range.count < 0) return {0, store.local_elements()};
   require(range.begin >= 0 && range.begin + range.count <= store.padded_elements(), [&] {
     return fmt::format("Optimizer: elements [{}, {}) are not within the store's {}", range.begin,
@@ -215,6 +218,7 @@ void Optimizer<T>::step(double lr) {
     all.master = master_;
     all.hi = elements_;
     update(lr, all);
+    store_->chunk_written();
     return;
   }
   if (elements_ == 0) return;
@@ -260,6 +264,7 @@ void Optimizer<T>::step(double lr) {
     move(j, false);  // after bucket j's update
   }
   backend.stage_wait();
+  store_->chunk_written();
 }
 
 template <class T>

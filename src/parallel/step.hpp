@@ -26,8 +26,10 @@ using StepOp = cost::StepOp;
 /// of ln_f, of one block, of the embedding.
 struct Buckets {
   u64 ln_f, block, embedding;
-  /// The packed local parameter elements, padded for a sharded data axis
-  /// (ParameterStore::padded_elements; ZeRO's all-gather moves them).
+  /// The packed local parameter elements, padded to a multiple of the data
+  /// groups for a sharded data axis (ParameterStore::padded_elements with
+  /// that multiple; zero=1's all-gather moves them; zero=2 and 3 pad each
+  /// unit instead, Buckets::piece).
   u64 parameters = 0;
   /// SchemeContext::defers_gradients: the buckets wait for the end of backward.
   bool defers_gradients = false;

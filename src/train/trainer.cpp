@@ -189,7 +189,8 @@ StepStats Trainer<T>::train_step() {
     throw CollectiveError(*error);
   if (finite) {
     optimizer_->step(s.lr);
-    all_gather_updates(*optimizer_, run_->grid());  // zero=1: every chunk to every group
+    // zero=1: every chunk to every group; zero=2: one all-gather per unit
+    all_gather_updates(*optimizer_, run_->grid());
     skipped_in_a_row_ = 0;
   } else {
     s.skipped = true;

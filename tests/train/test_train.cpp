@@ -844,6 +844,25 @@ TEST(Train, ShardedGradientsAccumulateAsZeroOne) {
         const index_t other = d == 0 ? chunk + 1 : 0;  // outside [lo, lo + chunk]
         EXPECT_THROW(static_cast<void>(b.grad_at(other)), Error);
       }
+      // an optimizer over a sharded store needs its chunk
+      EXPECT_THROW(static_cast<void>(make_optimizer(OptimizerOptions{}, b)), Error);
+      if (level == 3) continue;
+      // zero=2: two AdamW steps on these gradients, then one all-gather,
+      // leave the whole values zero=1's (the second step reads the chunk
+      // the first wrote, not the whole values it has not yet reached)
+      const auto oa = make_optimizer(OptimizerOptions{}, a, data_chunk(a, d, data));
+      const auto ob = make_optimizer(OptimizerOptions{}, b, data_chunk(b, d, data));
+      for (const auto& opt : {oa.get(), ob.get()})
+        for (int k = 0; k < 2; ++k) opt->step(1e-2);
+      all_gather_updates(*oa, z.grid());
+      all_gather_updates(*ob, z.grid());
+      const auto n = static_cast<std::size_t>(b.local_elements());
+      std::vector<double> va(n), vb(n);
+      if (n > 0) {
+        backend.download(va.data(), a.values_base(), n * sizeof(double));
+        backend.download(vb.data(), b.values_base(), n * sizeof(double));
+      }
+      EXPECT_LE(max_over_ranks(rel_error(vb, va)), 1e-12) << "two steps, one all-gather";
     }
 }
 

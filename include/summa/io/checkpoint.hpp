@@ -57,9 +57,9 @@ namespace summa {
 /// store's backend, like Optimizer::state()) holds
 /// ParameterStore::local_elements() elements of `dtype`, packed exactly like
 /// ParameterStore::values_base() (params() order, each parameter's local
-/// row-major elements, replicas included); for a store whose values are
-/// sharded over the data axis (zero=3), the elements of its data chunk
-/// (data_chunk), packed like it. `data` may be null only on a rank
+/// row-major elements, replicas included); for a store sharded over the
+/// data axis (zero=2 or 3), the elements of its data chunk (data_chunk),
+/// packed like it. `data` may be null only on a rank
 /// that holds no elements.
 struct StateSlot {
   std::string name;
@@ -81,9 +81,9 @@ struct CheckpointInfo {
 /// renames it to root/step_<N> (atomically replacing an existing one) and
 /// atomically rewrites root/latest. Only ranks of data group 0 write shards
 /// (the other data groups hold identical copies); replica pieces are skipped.
-/// A store whose values are sharded over the data axis (zero=3) is the
-/// exception: every rank writes (and load_checkpoint reads) its data chunk
-/// (data_chunk) of the values, and `slots` are packed like that chunk.
+/// A store sharded over the data axis (zero=2 or 3) is the exception: every
+/// rank writes (and load_checkpoint reads) its data chunk (data_chunk) of
+/// the values, and `slots` are packed like that chunk.
 /// Every rank must pass the same slot names and dtypes, in the same order.
 /// Collective over grid.world(); throws summa::Error on every rank on bad
 /// input (negative step, empty or duplicate slot names, a null slot buffer
@@ -100,7 +100,8 @@ void save_checkpoint(const std::filesystem::path& root, ParameterStore<T>& store
 /// Loads a checkpoint into `store` and `slots`, whatever scheme and grid wrote
 /// it. `path_or_root` is a checkpoint directory (one containing a manifest) or
 /// a root, whose `latest` is then followed. Every local element of every
-/// parameter and slot (of a zero=3 store: of its data chunk), owners and
+/// parameter and slot (of a zero=2 or 3 store: of its data chunk, then
+/// zero=2's chunks all-gathered into its whole values), owners and
 /// replicas, is set from the saved piece that covers it, converted to the live element type.
 /// Returns the step and the metadata. Collective over grid.world(); throws summa::Error on every
 /// rank (naming the file and the problem) for: no manifest or `latest`, a bad magic or version, a

@@ -112,7 +112,7 @@ struct GptOptions {
   /// OAG) ahead of its use, the next one in flight while a block runs, and
   /// again in backward; each block's gradients are formed in one of two
   /// rotating gradient slots (one per block when the scheme defers its
-  /// gradients, 3D's ORS) and reduced onto the chunks' groups as zero=2's.
+  /// gradients, 3D's ORS) and reduce-scattered as zero=2's.
   /// Training only: a model built for inference ignores it.
   bool shard_parameters = false;
   /// A pipeline stage (PipelineStage; set by PipelineGpt): the model holds

@@ -212,9 +212,13 @@ class ParameterStore {
   /// ZeRO-2 (values whole, gradients sharded): this group's chunk of the
   /// values (value_at) := its pieces of the whole values. Local; called
   /// where the chunk is read (an optimizer's step and master refresh, a
-  /// checkpoint), so the whole values stay the one truth. A no-op for other
-  /// stores.
+  /// checkpoint), so the whole values stay the one truth, except after
+  /// chunk_written() until gather_chunks(): the chunk is then ahead of them
+  /// and kept. A no-op for other stores.
   void pull_chunk();
+  /// ZeRO-2: the chunk was written (an optimizer's step) and is ahead of the
+  /// whole values until gather_chunks(). A no-op for other stores.
+  void chunk_written() { chunk_ahead_ = data_ != nullptr && !values_sharded_; }
   /// ZeRO-2: the whole values := every data group's chunk, one all-gather
   /// per unit (after the chunk was written: an optimizer step, a load;
   /// all_gather_updates). Collective over the data axis. A no-op for other
@@ -253,13 +257,18 @@ class ParameterStore {
   bool whole_values_open() const { return whole_ != nullptr; }
 
   /// Bytes of the values arena (rounded up to the arena alignment): the
-  /// local values, or with sharded values the chunk and the slots.
+  /// local values, or with sharded values the chunk and the slots (ZeRO-2:
+  /// the whole values, with room for the last unit's padding, and the
+  /// chunk).
   std::size_t bytes() const { return values_.capacity(); }
   /// Local elements held.
   index_t local_elements() const;
   /// local_elements() rounded up to the constructor's `multiple`: the
-  /// elements values_base() and grads_base() hold; with sharded values the
-  /// D chunks' elements (each unit padded to a multiple of D).
+  /// elements values_base() and grads_base() hold; sharded over the data
+  /// axis (ZeRO-2, 3) the D chunks' elements (each unit padded to a
+  /// multiple of D), the extent of the packed layout (value_at, grad_at),
+  /// while ZeRO-2's whole values hold local_elements() (and the last
+  /// unit's padding).
   index_t padded_elements() const { return padded_; }
   /// What padded_elements() would be for `params` and `multiple`.
   static index_t padded_elements(const std::vector<Param<T>*>& params, index_t multiple);
@@ -311,6 +320,7 @@ class ParameterStore {
   bool values_sharded_ = false;  // ZeRO-3; false: ZeRO-2 (values whole)
   index_t chunk_ = 0, lo_ = 0;   // this group's chunk: [lo_, lo_ + chunk_)
   T* chunk_values_ = nullptr;    // ZeRO-3: the values; ZeRO-2: their copy (pull_chunk)
+  bool chunk_ahead_ = false;     // ZeRO-2: chunk_written() and not yet gathered
   T* chunk_grads_ = nullptr;
   std::vector<T*> value_slots_, grad_slots_;
   std::vector<int> resident_;  // per value slot: the unit it holds (or is gathering), -1 none

@@ -12,9 +12,11 @@
 /// Optimizer state (moments, momentum buffers) is kept in master_t<T>: fp32
 /// for float and bf16 parameters, fp64 for double ones, so double runs match
 /// a serial double implementation to rounding. Each state slot is packed
-/// exactly like ParameterStore::values_base() (same params() order, same
-/// local element counts, no padding), so a checkpoint writer locates any
-/// element of it with the parameter's ParamShard pieces.
+/// exactly like the store's packed layout (ParameterStore::value_at:
+/// values_base()'s order, same params() order, same local element counts,
+/// no padding; a store sharded over the data axis, zero=2 or 3, its data
+/// groups' chunks), so a checkpoint writer locates any element of it with
+/// the parameter's ParamShard pieces (ParameterStore::for_each_run).
 ///
 /// Mixed precision (T = bf16): the optimizer also keeps fp32 master weights
 /// (master(), packed like the state slots). Every update runs in fp32 on the
@@ -110,9 +112,10 @@ struct OptimizerOptions {
 };
 
 /// The part of a store's packed elements an optimizer updates and keeps
-/// state for: `count` elements from `begin` of values_base() (count < 0: all
-/// of them, the default). A sharded data axis (SchemeSpec::zero) gives each
-/// data group its chunk (data_chunk).
+/// state for: `count` elements from packed position `begin`
+/// (ParameterStore::value_at; count < 0: all of them, the default). A
+/// sharded data axis (SchemeSpec::zero) gives each data group its chunk
+/// (data_chunk); a store sharded over it (zero=2, 3) needs one.
 struct ElementRange {
   index_t begin = 0, count = -1;
 };
@@ -141,6 +144,10 @@ class Optimizer {
   /// store's current gradients, with learning rate `lr` (e.g.
   /// LrSchedule::at(steps())). Increments steps() first, so AdamW's bias
   /// correction uses t = steps() after the increment (1 on the first step).
+  /// Over a data-axis chunk (partial()) the update reaches the other groups
+  /// (and, zero=2, this rank's own whole values) only with
+  /// all_gather_updates, which must follow before the values are read;
+  /// steps and checkpoint saves in between see the updated chunk.
   /// Throws summa::Error if lr is negative or not finite. No heap allocation.
   void step(double lr);
 
@@ -162,7 +169,7 @@ class Optimizer {
   /// {"momentum_buffer"} (PyTorch's state keys).
   const std::vector<std::string>& state_names() const { return state_names_; }
   /// Slot `slot` (an index into state_names()): state_elements() values
-  /// packed like store().values_base() from range().begin on, in the memory
+  /// packed like the store's packed layout from range().begin on, in the memory
   /// of store().backend()
   /// (device memory on a device backend: read it with Backend::download;
   /// offloaded(): the backend's host pool, which host code may read too).
@@ -180,7 +187,7 @@ class Optimizer {
   bool partial() const { return partial_; }
 
   /// The fp32 master weights of bf16 parameters: state_elements() values
-  /// packed like store().values_base() from range().begin on, in the memory
+  /// packed like the store's packed layout from range().begin on, in the memory
   /// of store().backend(),
   /// set from the parameters at construction; step() updates them and sets
   /// parameter = bf16(master). Null when T == master_type (float / double
