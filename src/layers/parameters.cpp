@@ -201,6 +201,7 @@ ParameterStore<T>::ParameterStore(Backend& backend, std::vector<Param<T>*> param
   const int groups = data_->size();
   const Layout l = layout_of(params_, sharding.units, groups);
   chunk_ = l.chunk;
+  whole_elements_ = l.whole;
   padded_ = groups * chunk_;
   lo_ = data_->rank() * chunk_;
   if (values_sharded_) {
@@ -387,14 +388,21 @@ void ParameterStore<T>::wait_unit_grads(std::size_t k) {
 }
 
 template <class T>
-void ParameterStore<T>::pull_chunk() {
-  if (data_ == nullptr || values_sharded_ || chunk_ahead_) return;
-  const T* whole = values_base();
-  for_each_piece([&](index_t at, index_t from, index_t kept, index_t) {
+void ParameterStore<T>::chunk_from(const T* whole, bool zero_padding) {
+  for_each_piece([&](index_t at, index_t from, index_t kept, index_t piece) {
     if (kept > 0)
       backend_->copy(ConstMatrixView<T>::dense(whole + from, 1, kept, Order::row_major),
                      MatrixView<T>::dense(chunk_values_ + at, 1, kept, Order::row_major));
+    if (zero_padding && kept < piece)
+      backend_->scale(acc_t<T>(0), MatrixView<T>::dense(chunk_values_ + at + kept, 1, piece - kept,
+                                                        Order::row_major));
   });
+}
+
+template <class T>
+void ParameterStore<T>::pull_chunk() {
+  // the padding is zero since construction: no step or load writes it
+  if (data_ != nullptr && !values_sharded_ && !chunk_ahead_) chunk_from(values_base(), false);
 }
 
 template <class T>
@@ -406,10 +414,7 @@ void ParameterStore<T>::gather_chunks() {
 
 template <class T>
 index_t ParameterStore<T>::whole_elements() const {
-  if (data_ == nullptr) return padded_;
-  index_t n = local_elements();
-  for (const Unit& u : units_) n = std::max(n, u.begin + data_->size() * u.piece);
-  return n;
+  return data_ == nullptr ? padded_ : whole_elements_;
 }
 
 template <class T>
@@ -467,15 +472,7 @@ ParameterStore<T>::WholeValues::~WholeValues() {
   ParameterStore& s = *store_;
   if (write_back_) {
     try {  // this group's piece of every unit, the padding zero
-      const T* whole = static_cast<const T*>(s.whole_->base());
-      s.for_each_piece([&](index_t at, index_t from, index_t kept, index_t piece) {
-        if (kept > 0)
-          s.backend_->copy(ConstMatrixView<T>::dense(whole + from, 1, kept, Order::row_major),
-                           MatrixView<T>::dense(s.chunk_values_ + at, 1, kept, Order::row_major));
-        if (kept < piece)
-          s.backend_->scale(acc_t<T>(0), MatrixView<T>::dense(s.chunk_values_ + at + kept, 1,
-                                                              piece - kept, Order::row_major));
-      });
+      s.chunk_from(static_cast<const T*>(s.whole_->base()), true);
     } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw
     }
   }

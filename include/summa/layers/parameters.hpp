@@ -279,6 +279,9 @@ class ParameterStore {
   // Elements a buffer packed like the whole values needs for
   // gather_whole (the last unit's padding past the local elements).
   index_t whole_elements() const;
+  // This group's chunk of the values := its pieces of `whole` (packed as
+  // the whole values), with `zero_padding` each piece's padding zeroed.
+  void chunk_from(const T* whole, bool zero_padding);
   // zero=2 (gather_chunks) or 3 (WholeValues): all-gathers `chunk` (laid
   // out as this group's chunk, chunk elements of `type`) over the data axis
   // into `whole` (whole_elements() of `type`), packed as the whole values
@@ -319,6 +322,7 @@ class ParameterStore {
   Communicator* data_ = nullptr;
   bool values_sharded_ = false;  // ZeRO-3; false: ZeRO-2 (values whole)
   index_t chunk_ = 0, lo_ = 0;   // this group's chunk: [lo_, lo_ + chunk_)
+  index_t whole_elements_ = 0;   // Layout::whole
   T* chunk_values_ = nullptr;    // ZeRO-3: the values; ZeRO-2: their copy (pull_chunk)
   bool chunk_ahead_ = false;     // ZeRO-2: chunk_written() and not yet gathered
   T* chunk_grads_ = nullptr;
