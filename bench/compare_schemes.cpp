@@ -1232,7 +1232,7 @@ int run(int argc, char** argv, int rank, int ranks) {
                  "measured step (docs/scaling.md)");
   app.add_option("--ranks-per-device", ranks_per_device,
                  "With --predict: ranks sharing one core (cpu) or GPU; 0: ranks on this node / "
-                 "cores (cpu), 1 (cuda)")
+                 "cores (cpu), ranks on this rank's GPU (cuda)")
       ->check(CLI::Range(0, 1 << 16))
       ->capture_default_str();
   summa::bench::add_device_options(app, s.backend, s.comm, s.tf32,
@@ -1274,9 +1274,6 @@ int run(int argc, char** argv, int rank, int ranks) {
     throw UsageError("--schemes auto needs --predict MACHINE (the step-time model ranks them)");
   if (!s.machine_path.empty()) {
     s.machine = summa::io::load_machine(s.machine_path);  // summa::Error, alike on every rank
-    s.ranks_per_device = ranks_per_device > 0
-                             ? ranks_per_device
-                             : summa::ranks_per_device(MPI_COMM_WORLD, s.backend == "cpu");
   }
   // The backend before any grid: the communicators order their work with its
   // stream. Its agreement (the CPU GEMM library) waits under --watchdog too.
@@ -1289,6 +1286,9 @@ int run(int argc, char** argv, int rank, int ranks) {
   s.grid.watchdog.timeout_s = s.watchdog;
   s.device = chosen.device;
   summa::Backend& backend = *chosen.backend;
+  if (s.machine)  // the sharing of the device the backend runs on
+    s.ranks_per_device =
+        ranks_per_device > 0 ? ranks_per_device : summa::ranks_per_device(MPI_COMM_WORLD, backend);
   if (s.pass == "plan" || s.pass == "plan-inference") {
     if (s.dtype == "bf16") return run_plan<summa::bf16>(s, backend, rank, ranks);
     return s.dtype == "f32" ? run_plan<float>(s, backend, rank, ranks)

@@ -1110,7 +1110,7 @@ void measure(Result& r, const Study& s, const summa::model::Machine& machine,
         }
         r.measured_inference_fwd = median(only);
       }
-      const int share = summa::ranks_per_device(sub, backend.host_accessible());
+      const int share = summa::ranks_per_device(sub, backend);
       // the predicted columns as the point ran (ranks per device)
       Point as_run = r.point;
       as_run.scheme = r.scheme;

@@ -580,7 +580,7 @@ summa::SchemeSpec choose_scheme(const Cli& cli, const summa::TrainerOptions& o,
        .state_bytes_per_parameter = state_bytes_per_parameter<T>(o.optimizer),
        .state_bytes_fixed = summa::offload_staging_bytes<T>(o.optimizer),
        .time = {.offload_bucket = o.optimizer.offload_bucket,
-                .ranks_per_device = summa::ranks_per_device(MPI_COMM_WORLD, cli.backend == "cpu")}},
+                .ranks_per_device = summa::ranks_per_device(MPI_COMM_WORLD, backend)}},
       o.grid);
   if (all.empty() || !all.front().rejected.empty()) {  // ranked alike on every rank
     char mib[32];                                      // as the candidates' reasons print it
@@ -606,7 +606,7 @@ summa::SchemeSpec choose_scheme(const Cli& cli, const summa::TrainerOptions& o,
   if (machine.spread.any()) {  // the chosen step at both ends of the calibration's spreads
     const summa::model::StepTimeOptions time{
         .offload_bucket = o.optimizer.offload_bucket,
-        .ranks_per_device = summa::ranks_per_device(MPI_COMM_WORLD, cli.backend == "cpu")};
+        .ranks_per_device = summa::ranks_per_device(MPI_COMM_WORLD, backend)};
     const summa::SchemeSpec& spec = all.front().spec;
     const auto step = [&](int end) {
       const summa::model::Machine at = summa::model::at_spread(machine, end);

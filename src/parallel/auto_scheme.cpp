@@ -7,19 +7,25 @@
 #include <thread>
 
 #include "summa/core/error.hpp"
+#include "summa/parallel/memory_check.hpp"
 #include "summa/schemes/megatron1d/spec.hpp"
 #include "summa/schemes/registry.hpp"
 
 namespace summa {
 
-int ranks_per_device(MPI_Comm comm, bool cpu_backend) {
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int local = 1;
-  MPI_Comm_size(node, &local);
-  MPI_Comm_free(&node);
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  int share = cpu_backend ? (local + cores - 1) / cores : 1;
+int ranks_per_device(MPI_Comm comm, const std::string& domain) {
+  int share = 1;
+  if (domain == "host") {  // CpuBackend: the node's ranks over its cores
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int local = 1;
+    MPI_Comm_size(node, &local);
+    MPI_Comm_free(&node);
+    const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    share = (local + cores - 1) / cores;
+  } else {  // a device: the node's ranks on this one (its memory domain)
+    share = ranks_in_memory_domain(comm, domain);
+  }
   MPI_Allreduce(MPI_IN_PLACE, &share, 1, MPI_INT, MPI_MAX, comm);
   return share;
 }

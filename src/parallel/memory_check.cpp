@@ -49,13 +49,7 @@ double memory_lower_bound(std::int64_t tensor_ranks, const GptConfig& config,
          config.n_layer * host_bytes_per_block;
 }
 
-namespace {
-
-// `free` bytes of memory domain `domain` shared by the ranks of `comm` on
-// this node with the same domain (compared as text: a GPU's UUID, "host");
-// the smallest over `comm`, 0 when any rank passes a negative `free` (not
-// known).
-double shared_per_rank(MPI_Comm comm, double free, const std::string& domain) {
+int ranks_in_memory_domain(MPI_Comm comm, const std::string& domain) {
   MPI_Comm node = MPI_COMM_NULL;
   MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
   int local = 1;
@@ -74,6 +68,16 @@ double shared_per_rank(MPI_Comm comm, double free, const std::string& domain) {
                    all.begin() + static_cast<std::ptrdiff_t>(r) * static_cast<std::ptrdiff_t>(kKey))
             ? 1
             : 0;
+  return count;
+}
+
+namespace {
+
+// `free` bytes of memory domain `domain` shared by the ranks of `comm` on
+// this node with the same domain; the smallest over `comm`, 0 when any rank
+// passes a negative `free` (not known).
+double shared_per_rank(MPI_Comm comm, double free, const std::string& domain) {
+  const int count = ranks_in_memory_domain(comm, domain);
   const double unknown = reduce_over(comm, free < 0 ? 1.0 : 0.0, MPI_MAX, "available memory");
   const double least = reduce_over(comm, free / count, MPI_MIN, "available memory");
   return unknown > 0 ? 0.0 : least;

@@ -5,8 +5,10 @@
 // by their scheme after them with the reason; every rank gets the same list.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "summa/parallel/auto_scheme.hpp"
 #include "summa/parallel/memory_check.hpp"
@@ -282,9 +284,34 @@ TEST(AutoScheme, LaunchFreeRankingAndOptimizerState) {
   }
 }
 
+// Ranks per device: on the host's memory the node's ranks over its cores
+// (rounded up); on a device the node's ranks with the same memory domain,
+// the busiest node's on every rank. The domains below stand for GPUs: ranks
+// on one node (a CTest launch) in pairs, alone, or all on one.
 TEST(AutoScheme, RanksPerDevice) {
-  EXPECT_EQ(ranks_per_device(test_comm(), false), 1);
-  EXPECT_GE(ranks_per_device(test_comm(), true), 1);
+  int rank = 0, ranks = 1, local = 1;
+  MPI_Comm_rank(test_comm(), &rank);
+  MPI_Comm_size(test_comm(), &ranks);
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(test_comm(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &local);
+  MPI_Comm_free(&node);
+  CpuBackend cpu;
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  EXPECT_EQ(ranks_per_device(test_comm(), cpu), (local + cores - 1) / cores);
+  EXPECT_EQ(ranks_in_memory_domain(test_comm(), "host"), local);
+  EXPECT_EQ(ranks_in_memory_domain(test_comm(), "cuda:" + std::to_string(rank)), 1);
+  EXPECT_EQ(ranks_in_memory_domain(test_comm(), "cuda:pair" + std::to_string(rank / 2)),
+            std::min(2, ranks - rank / 2 * 2));
+  // a UUID longer than the compared 64 bytes: told apart by its start only
+  EXPECT_EQ(ranks_in_memory_domain(test_comm(), std::string(64, 'u') + std::to_string(rank)),
+            local);
+  // a device: its ranks on the node, the most on any rank (every rank alike)
+  EXPECT_EQ(ranks_per_device(test_comm(), "cuda:" + std::to_string(rank)), 1);
+  EXPECT_EQ(ranks_per_device(test_comm(), "cuda:pair" + std::to_string(rank / 2)),
+            std::min(2, ranks));
+  EXPECT_EQ(ranks_per_device(test_comm(), rank == 0 ? "cuda:a" : "cuda:b"), std::max(1, local - 1));
+  EXPECT_EQ(ranks_per_device(test_comm(), "cuda:one"), local);
 }
 
 // The memory check's lower bound counts zero=2's gradients as this group's

@@ -101,10 +101,18 @@ std::vector<SchemeCandidate> rank_schemes(MPI_Comm comm, Backend& backend, const
                                           const AutoSchemeOptions& auto_options,
                                           GridOptions grid = {});
 
-/// Ranks sharing one device on the busiest node of `comm`: with a CPU
-/// backend the node's ranks over its cores, rounded up (an oversubscribed
-/// launch); 1 otherwise. Collective; the same on every rank.
-int ranks_per_device(MPI_Comm comm, bool cpu_backend);
+/// Ranks sharing one device on the busiest node of `comm`
+/// (StepTimeOptions::ranks_per_device): with a backend on the host's memory
+/// (CpuBackend, Backend::memory_domain "host") the node's ranks over its
+/// cores, rounded up (an oversubscribed launch); with a device backend the
+/// node's ranks on the same device (the same memory domain: several ranks
+/// sharing one GPU over mpi_staged count each other; one GPU per rank gives
+/// 1). Collective; the same on every rank. `domain`: this rank's
+/// Backend::memory_domain.
+int ranks_per_device(MPI_Comm comm, const std::string& domain);
+inline int ranks_per_device(MPI_Comm comm, const Backend& backend) {
+  return ranks_per_device(comm, backend.memory_domain());
+}
 
 extern template std::vector<SchemeCandidate> rank_schemes<float>(int, Backend&, const GptConfig&,
                                                                  index_t, index_t,

@@ -51,6 +51,12 @@ double available_memory_per_rank(MPI_Comm comm);
 /// cannot tell.
 double available_memory_per_rank(MPI_Comm comm, const Backend& backend);
 
+/// The ranks of `comm` on this rank's node whose memory domain
+/// (Backend::memory_domain, compared by its first 64 bytes: "host", a GPU's
+/// UUID) is `domain`, this rank included. Collective over `comm`; each rank
+/// gets its own node's and domain's count.
+int ranks_in_memory_domain(MPI_Comm comm, const std::string& domain);
+
 /// How a budget from available_memory_per_rank(comm, backend) is named in
 /// errors: "available on this node" or "free on this device".
 const char* available_memory_source(const Backend& backend);
