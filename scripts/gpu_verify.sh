@@ -9,9 +9,9 @@
 # Options: --out DIR, --build-dir DIR (default build-gpu; a second run reuses
 # it, so a build cut short by the budget continues), --arch 90, --jobs N,
 # --budget SECONDS, --skip-build, --deps DIR (default .gpu_deps), --steps LIST
-# (of test,gemm,block,torch; default all: e.g. a second call after a first one
-# ran out of time: --skip-build --steps gemm,block,torch). CTEST_JOBS (default
-# 8) sets ctest's parallelism.
+# (of test,calib,gemm,block,torch; default all: e.g. a second call after a first
+# one ran out of time: --skip-build --steps gemm,block,torch). CTEST_JOBS
+# (default 8) sets ctest's parallelism.
 #
 # Steps (each logged; a failing step does not stop the others):
 #   env    GPU, driver, nvcc, compilers, MPI, CMake, PyTorch: what the machine has
@@ -24,6 +24,12 @@
 #          where GCC 12 does not) and the summary says so
 #   test   ctest -L cuda --output-on-failure (every cuda test; one that says
 #          "Skipped" on a GPU machine counts as a failure)
+#   calib  the step-time model on the GPU (issue 29): scripts/validate_time_model.sh
+#          --backend cuda, i.e. calibrate --backend cuda at one rank, then
+#          compare_schemes --backend cuda --predict with that file for every
+#          one-rank scheme of two GPTs in f32 and bf16; its verdict is reported,
+#          not a failure (the model's error is a measurement); a run that breaks
+#          is one (32). Not with --quick unless --steps names it.
 #   gemm   bench/summa_gemm --backend cuda, q = 1, against cublasGemmEx in the
 #          same run (acceptance: vs_cublas >= 0.85), plus a checked q = 2 run
 #          (4 ranks sharing the GPU over mpi_staged)
@@ -35,11 +41,15 @@
 #   torch  bench/torch_block.py --device cuda for the same configurations
 #          (explicit attention, and --sdpa), if torch with CUDA imports
 #   ratio  bench/gpu_ratio.py over every JSON line: the summary tables
+# (calib runs before gemm so that a budget cut short falls on the figures
+# measured before: the GEMM, block and PyTorch ratios)
 #
 # Output, in --out (default: $OUT when set, else ./gpu_verify_out), at most
 # eight files so that the device tool brings all of them back:
 #   summary.txt    step statuses, the ratio tables, the first errors
 #   results.jsonl  every JSON line of summa_gemm, gpt_layer, compare_schemes and torch_block.py
+#   validate_cuda.jsonl  calib's record (scripts/validate_summary.py --record renders it;
+#                  its machine file, machine_cuda.json, is in logs.tar.gz)
 #   env.txt        the machine
 #   build.log      configure + build (tail, when long)
 #   ctest.log      ctest -L cuda output
@@ -48,7 +58,8 @@
 #
 # Exit status: 0 when every step that ran passed; otherwise the sum of
 #   1 env/deps  2 build  4 test  8 gemm run  16 gemm below 85 % of cuBLAS
-#   32 block    64 torch (torch with CUDA missing is reported, not a failure)
+#   32 block, or calib broke (no record)
+#   64 torch (torch with CUDA missing is reported, not a failure)
 #   128 a step skipped for lack of time
 #
 # On a machine WITH apt and internet (not the GPU machine):
@@ -66,7 +77,8 @@ JOBS=$(nproc 2>/dev/null || echo 4)
 DEPS_DIR="$ROOT/.gpu_deps"
 FETCH=0
 SKIP_BUILD=0
-STEPS="test,gemm,block,torch"
+STEPS="test,calib,gemm,block,torch"
+STEPS_GIVEN=0
 # One Python for the whole run: $SUMMA_PYTHON, else python3 on PATH (on a GPU
 # machine, the one whose torch has CUDA); the build records it (SUMMA_PYTHON).
 PY="${SUMMA_PYTHON:-$(command -v python3 || echo python3)}"
@@ -83,7 +95,7 @@ while [ $# -gt 0 ]; do
     --jobs) JOBS="$2"; shift ;;
     --deps) DEPS_DIR="$2"; shift ;;
     --skip-build) SKIP_BUILD=1 ;;
-    --steps) STEPS="$2"; shift ;;
+    --steps) STEPS="$2"; STEPS_GIVEN=1; shift ;;
     --fetch-deps) FETCH=1 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu_verify.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -262,7 +274,7 @@ if [ ! -e /usr/local/cuda/include/nccl.h ] && [ ! -e /usr/include/nccl.h ]; then
 fi
 
 # ------------------------------------------------------------------ build
-BENCH_TARGETS="summa_gemm gpt_layer compare_schemes"
+BENCH_TARGETS="summa_gemm gpt_layer compare_schemes calibrate"
 build_ok=0
 configure() {  # configure [launcher]
   local extra=()
@@ -336,6 +348,7 @@ elif [ "$build_ok" = 1 ] && enough 60; then
   reserve=30
   if [ "$QUICK" = 1 ]; then { want gemm || want block || want torch; } && reserve=120
   else
+    want calib && reserve=$((reserve + 120))  # not with --quick (below)
     want gemm && reserve=$((reserve + 50))
     want block && reserve=$((reserve + 100))
     want torch && reserve=$((reserve + 60))
@@ -358,6 +371,36 @@ elif [ "$build_ok" = 1 ] && enough 60; then
   else record test "FAILED (rc $rc): $line" 4; fi
 elif [ "$build_ok" = 1 ]; then record test "skipped: time budget" 128
 else record test "skipped: no build" 4; fi
+
+# ------------------------------------------------------------------ calib
+# The step-time model on this GPU (issue 29; docs/gpu.md "The step-time model
+# on a GPU"): one calibration, one validation run, its record brought back.
+if ! want calib; then :
+elif [ "$QUICK" = 1 ] && [ "$STEPS_GIVEN" = 0 ]; then record calib "skipped: --quick"
+elif [ "$build_ok" = 1 ] && [ -x "$BUILD/bench/calibrate" ] && [ -x "$BUILD/bench/compare_schemes" ]; then
+  if enough 150; then
+    limit=$(($(left) - 15))
+    [ "$limit" -gt 240 ] && limit=240
+    run_logged "$LOG/calib.log" "$limit" "$ROOT/scripts/validate_time_model.sh" --build "$BUILD" \
+      --backend cuda --dtype "f32 bf16" --repeat 1 --reps 5 --calibrate "$LOG/machine_cuda.json" \
+      --out "$WORK/validate" --record "$OUTDIR/validate_cuda.jsonl"
+    rc=$?
+    if [ -s "$OUTDIR/validate_cuda.jsonl" ]; then
+      "$PY" "$ROOT/scripts/validate_summary.py" --record "$OUTDIR/validate_cuda.jsonl" \
+        >"$LOG/calib_summary.txt" 2>&1
+      verdict=$(grep -o 'validate_time_model: .*' "$LOG/calib_summary.txt" | tail -1 | tr -d '`')
+      record calib "ran: ${verdict:-no verdict} (validate_cuda.jsonl)"
+    elif [ $rc = 124 ] || [ $rc = 137 ]; then
+      record calib "FAILED: stopped after $limit s (calib.log)" 32
+    else
+      record calib "FAILED (rc $rc, calib.log)" 32
+    fi
+  else
+    record calib "skipped: time budget" 128
+  fi
+else
+  record calib "skipped: no build" 32
+fi
 
 # ------------------------------------------------------------------ benchmarks
 MPIRUN=(mpirun)
@@ -472,10 +515,11 @@ fi
   for l in "${STEP_LINES[@]}"; do echo "$l"; done
   echo
   cat "$LOG/ratio.txt"
+  if [ -s "$LOG/calib_summary.txt" ]; then echo; echo "calib (the step-time model on this GPU):"; cat "$LOG/calib_summary.txt"; fi
   if [ -s "$LOG/build_strict_errors.txt" ]; then echo; echo "first errors of the strict build:"; cat "$LOG/build_strict_errors.txt"; fi
   if [ -f "$LOG/ctest.log" ]; then echo; echo "ctest:"; grep -E 'tests passed|tests failed|\*\*\*Failed|\*\*\*Skipped|Not Run|Timeout' "$LOG/ctest.log" | head -40; fi
   echo
-  echo "exit status $STATUS (1 env/deps, 2 build, 4 test, 8 gemm, 16 gemm < 85%, 32 block, 64 torch, 128 time budget)"
+  echo "exit status $STATUS (1 env/deps, 2 build, 4 test, 8 gemm, 16 gemm < 85%, 32 block or calib, 64 torch, 128 time budget)"
 } >"$SUMMARY"
 cp "$SUMMARY" "$OUTDIR/summary.txt"
 for f in build ctest bench; do

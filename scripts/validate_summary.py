@@ -21,7 +21,16 @@ import json
 import os
 import sys
 
-ORDER = {"small": 0, "medium": 1, "large": 2}
+ORDER = {"small": 0, "medium": 1, "large": 2, "gpu-small": 3, "gpu-large": 4}
+
+
+def order(name):
+    """A row's model first (validate_time_model.sh's order), then its element
+    type ("large-bf16": the large model in bf16; a name alone is f32)."""
+    for d in ("-f32", "-f64", "-bf16"):
+        if name.endswith(d):
+            return ORDER.get(name[:-len(d)], 9), name
+    return ORDER.get(name, 9), name
 
 
 def place(rows, r):
@@ -46,7 +55,7 @@ def summarize(groups):
              "| its predicted place |",
              "|---|---|---|---|---|---|---|---|"]
     errors, worst_place = [], 0
-    for name, np, objs in sorted(groups, key=lambda g: (ORDER.get(g[0], 9), g[0], int(g[1]))):
+    for name, np, objs in sorted(groups, key=lambda g: (order(g[0]), int(g[1]))):
         runs = {}
         for r in objs:
             if r.get("skipped") is None:
@@ -159,9 +168,12 @@ def main():
     if len(args) == 2 and args[0] == "--record":
         head, groups = from_record(args[1])
         text, ok = summarize(groups)
+        devices = sorted({o.get("device", "cpu") for g in groups for o in g[2]} - {"cpu"})
+        on = f" with {', '.join(devices)} (--backend cuda)" if devices else ""
         print(f"Record `{args[1]}`: {head['date']}, commit `{head['commit']}`, {head['cpu']} "
-              f"(signature `{head['signature']}`), machine file `{head.get('machine_file')}`, "
-              f"{len([1 for g in groups for _ in g[2]])} measured lines.\n")
+              f"(signature `{head['signature']}`){on}, machine file "
+              f"`{head.get('machine_file')}`, {len([1 for g in groups for _ in g[2]])} measured "
+              "lines.\n")
         print(text)
         return 0  # a record is shown as it is, PASS or FAIL
     if len(args) >= 2 and args[0] == "--where":

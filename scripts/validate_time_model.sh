@@ -9,6 +9,17 @@
 #   scripts/validate_time_model.sh [--build DIR] [--machine FILE | --calibrate FILE]
 #                                  [--ranks "1 2 4"] [--reps 7] [--repeat 3] [--out DIR]
 #                                  [--calibrate-args "ARGS"] [--record FILE]
+#                                  [--backend cpu|cuda] [--dtype "f32 bf16"]
+#
+# --backend cuda validates on a GPU (scripts/gpu_verify.sh's calib step,
+# docs/gpu.md): calibrate and compare_schemes with --backend cuda, the
+# calibration at one rank (the whole GPU: its GEMM rates by shape and mode,
+# kernels and launch overhead; one rank measures no collective, so the
+# file's links are placeholders), ranks "1" by default (more ranks would
+# share the GPU over mpi_staged, a host-staged path no multi-GPU run takes),
+# and two larger GPTs (gpu-small: hidden 512, seq 256; gpu-large: hidden
+# 2048, seq 512) for which a GPU step is more than its launches. --dtype
+# lists the element types compared (default f32; each its own rows).
 #
 # --calibrate-args passes ARGS (split on spaces) to calibrate after the
 # script's own flags, e.g. --calibrate-args "--passes 3" for a calibration
@@ -28,7 +39,8 @@
 # of its runs' medians.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=build machine=machines/dev-2core.json calibrate="" calibrate_args="" ranks="1 2 4" reps=7 repeat=3 record=""
+build=build machine=machines/dev-2core.json calibrate="" calibrate_args="" ranks="" reps=7 repeat=3 record=""
+backend=cpu dtypes="f32"
 out=/tmp/summa-validate
 while (($#)); do
   case "$1" in
@@ -41,8 +53,18 @@ while (($#)); do
     --repeat) repeat=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --record) record=$2; shift 2 ;;
+    --backend) backend=$2; shift 2 ;;
+    --dtype) dtypes=$2; shift 2 ;;
     *) echo "validate_time_model: unknown argument '$1'" >&2; exit 2 ;;
   esac
+done
+case "$backend" in
+  cpu) [ -n "$ranks" ] || ranks="1 2 4" ;;
+  cuda) [ -n "$ranks" ] || ranks="1" ;;
+  *) echo "validate_time_model: --backend '$backend': expected cpu or cuda" >&2; exit 2 ;;
+esac
+for d in $dtypes; do
+  case "$d" in f32 | f64 | bf16) ;; *) echo "validate_time_model: --dtype '$d': expected f32, f64 or bf16" >&2; exit 2 ;; esac
 done
 if [ -n "$calibrate_args" ] && [ -z "$calibrate" ]; then
   echo "validate_time_model: --calibrate-args '$calibrate_args' needs --calibrate FILE (it is passed to calibrate)" >&2
@@ -62,13 +84,36 @@ models=(
   "medium|--layers 2 --hidden 256 --heads 8 --seq 64 --batch 16 --vocab 2048|layers=2,hidden=256,heads=8,seq=64,batch=16,vocab=2048"
   "large|--layers 2 --hidden 512 --heads 8 --seq 128 --batch 8 --vocab 4096|layers=2,hidden=512,heads=8,seq=128,batch=8,vocab=4096"
 )
+device=()  # compare_schemes' and calibrate's backend flags
+if [ "$backend" = cuda ]; then
+  models=(
+    "gpu-small|--layers 2 --hidden 512 --heads 8 --seq 256 --batch 8 --vocab 8192|layers=2,hidden=512,heads=8,seq=256,batch=8,vocab=8192"
+    "gpu-large|--layers 2 --hidden 2048 --heads 16 --seq 512 --batch 8 --vocab 16384|layers=2,hidden=2048,heads=16,seq=512,batch=8,vocab=16384"
+  )
+  device=(--backend cuda)
+fi
 if [ -n "$calibrate" ]; then
   gpt=()
   for m in "${models[@]}"; do gpt+=(--gpt "${m##*|}"); done
-  # shellcheck disable=SC2086 # calibrate_args is split on spaces on purpose
-  mpirun -np 2 "$build/bench/calibrate" --out "$calibrate" --dtype f32,bf16 --ranks "${ranks// /,}" \
-    --name "this development machine (2 cores, CpuBackend, Open MPI shared memory)" "${gpt[@]}" \
-    $calibrate_args
+  # the calibrated element types: f32 and bf16, and any other compared
+  calibrated=f32,bf16
+  for d in $dtypes; do [[ ",$calibrated," == *",$d,"* ]] || calibrated+=",$d"; done
+  if [ "$backend" = cuda ]; then
+    # one rank, the whole GPU; square GEMMs up to 2048 (a GPU's peak needs
+    # large products; the GPTs' own shapes are measured besides)
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+    # shellcheck disable=SC2086 # calibrate_args is split on spaces on purpose
+    mpirun -np 1 "$build/bench/calibrate" --out "$calibrate" --dtype "$calibrated" \
+      --ranks "${ranks// /,}" --max-size 2048 --reps 5 --min-seconds 0.02 "${device[@]}" \
+      --name "${gpu:-a GPU} (CudaBackend, one rank; validate_time_model.sh)" "${gpt[@]}" \
+      $calibrate_args
+  else
+    # shellcheck disable=SC2086 # calibrate_args is split on spaces on purpose
+    mpirun -np 2 "$build/bench/calibrate" --out "$calibrate" --dtype "$calibrated" \
+      --ranks "${ranks// /,}" \
+      --name "this development machine (2 cores, CpuBackend, Open MPI shared memory)" \
+      "${gpt[@]}" $calibrate_args
+  fi
   machine=$calibrate
 fi
 rm -f "$out"/*.jsonl
@@ -76,12 +121,17 @@ for ((run = 1; run <= repeat; ++run)); do
   for m in "${models[@]}"; do
     name=${m%%|*} rest=${m#*|}
     flags=${rest%%|*}
-    for np in $ranks; do
-      echo "validate_time_model: run $run of $repeat, $name model, $np rank(s)" >&2
-      # shellcheck disable=SC2086
-      mpirun -np "$np" "$build/bench/compare_schemes" $flags --format json --predict "$machine" \
-        --reps "$reps" --max-batch 16 --budget-mib 4096 >>"$out/$name-np$np.jsonl" \
-        2>"$out/$name-np$np.log"
+    for dtype in $dtypes; do
+      # f32 alone keeps the rows' names of the records before --dtype
+      group=$name
+      [ "$dtypes" = f32 ] || group=$name-$dtype
+      for np in $ranks; do
+        echo "validate_time_model: run $run of $repeat, $group model, $np rank(s)" >&2
+        # shellcheck disable=SC2086
+        mpirun -np "$np" "$build/bench/compare_schemes" $flags --format json --predict "$machine" \
+          --reps "$reps" --max-batch 16 --budget-mib 4096 --dtype "$dtype" "${device[@]}" \
+          >>"$out/$group-np$np.jsonl" 2>"$out/$group-np$np.log"
+      done
     done
   done
 done

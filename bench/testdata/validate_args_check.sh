@@ -19,4 +19,26 @@ out=$(bash "$root/scripts/validate_time_model.sh" --build "$work" --calibrate-ar
 rc=$?
 ((rc == 2)) && grep -q "needs --calibrate FILE" <<<"$out" ||
   { echo "FAIL: --calibrate-args without --calibrate (exit $rc): $out"; exit 1; }
+# --backend cuda: calibrate at one rank on the GPU with its sweep and the GPU
+# models' shapes, every compare_schemes run on it in each --dtype (stubs that
+# print their flags, calibrate succeeding this time)
+printf '#!/bin/sh\necho "stub calibrate: $*"\n' >"$work/bench/calibrate"
+printf '#!/bin/sh\necho "stub compare_schemes: $*" >&2\n' >"$work/bench/compare_schemes"
+out=$(bash "$root/scripts/validate_time_model.sh" --build "$work" --calibrate "$work/m.json" \
+  --backend cuda --dtype "f32 bf16" --repeat 1 --out "$work/out" 2>&1)
+grep -q -- "stub calibrate: --out $work/m.json --dtype f32,bf16 --ranks 1 --max-size 2048 .*--backend cuda .*--gpt layers=2,hidden=512,.* --gpt layers=2,hidden=2048," <<<"$out" ||
+  { echo "FAIL: --backend cuda did not reach calibrate as expected:"; echo "$out"; exit 1; }
+for f in "$work"/out/gpu-small-bf16-np1.log "$work"/out/gpu-large-f32-np1.log; do
+  grep -q -- "stub compare_schemes: --layers 2 --hidden .*--dtype $(basename "$f" | sed 's/.*-\(b\?f[0-9]*\)-np1.log/\1/') --backend cuda" "$f" ||
+    { echo "FAIL: $f: compare_schemes did not get the dtype and --backend cuda:"; cat "$f"; exit 1; }
+done
+n=$(ls "$work"/out/*-np*.log | wc -l)
+((n == 4)) || { echo "FAIL: --backend cuda ran $n model x dtype x rank groups, expected 4 (2 models, 2 types, 1 rank):"; ls "$work/out"; exit 1; }
+for bad in "--backend rocm" "--dtype f16"; do
+  # shellcheck disable=SC2086
+  out=$(bash "$root/scripts/validate_time_model.sh" --build "$work" $bad 2>&1)
+  rc=$?
+  ((rc == 2)) && grep -q "expected" <<<"$out" ||
+    { echo "FAIL: '$bad' (exit $rc): $out"; exit 1; }
+done
 echo "validate_args_check: ok"

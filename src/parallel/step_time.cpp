@@ -565,7 +565,14 @@ StepTime predict(const SchemeSpec& spec, const GptConfig& config, index_t batch,
       // the chunks are all-gathered (exposed: nothing runs beside it): zero=1
       // in one all-gather, zero=2 in one per unit
       const bool sharded = spec.zero > 0 && data > 1;
-      const u64 chunk = buckets.parameters / data;
+      // zero=1: a contiguous 1/data of the parameters; zero=2 and 3: piece
+      // d of every unit (each padded to data pieces)
+      u64 chunk = buckets.parameters / data;
+      if (spec.zero >= 2) {
+        chunk = 0;
+        for (const detail::Buckets::Span& span : buckets.spans(layers))
+          chunk += detail::Buckets::piece(span, data);
+      }
       OpTime o{.op = "optimizer", .phase = Phase::optimizer, .count = 1};
       const u64 updated = sharded ? chunk : params;
       o.compute_s = pricer.memory(updated * optimizer_bytes(dtype));
