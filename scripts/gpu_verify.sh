@@ -36,8 +36,8 @@
 #   block  bench/gpt_layer --backend cuda --what block for the configurations below
 #          (f32, TF32, bf16), AdamW's step on the GPU and offloaded (--what
 #          optimizer, bf16, 235 M parameters); without --quick also the whole GPT on 4 ranks and
-#          compare_schemes --backend cuda (bf16, every 4-rank scheme: bytes per
-#          axis equal to the closed form)
+#          compare_schemes --backend cuda (bf16, every 4-rank scheme, then four
+#          pipelines, one per schedule: bytes per axis equal to the closed form)
 #   torch  bench/torch_block.py --device cuda for the same configurations
 #          (explicit attention, and --sdpa), if torch with CUDA imports
 #   ratio  bench/gpu_ratio.py over every JSON line: the summary tables
@@ -486,6 +486,10 @@ elif [ "$build_ok" = 1 ] && [ -x "$LAYER" ]; then
   [ "$QUICK" = 1 ] || { bench gpt_q2 45 "${MPIRUN[@]}" -np 4 "$LAYER" --backend cuda --what gpt --layers 2 --hidden 256 --heads 8 --seq 128 --batch 8 --vocab 2048 --checkpoint both --reps 3 --warmup 1; rcs+=($?); }
   # Every 4-rank scheme on the GPU (mpi_staged): bytes per axis must equal the closed form.
   [ "$QUICK" = 1 ] || { bench schemes_q2 60 "${MPIRUN[@]}" -np 4 "$SCHEMES" --backend cuda --layers 2 --hidden 256 --heads 8 --seq 64 --batch 8 --vocab 2048 --reps 2 --warmup 1 --budget-mib 256 --max-batch 64 --format json --dtype bf16; rcs+=($?); }
+  # Pipelines on the GPU (issue 28): every schedule, 4 ranks sharing it over
+  # mpi_staged (the stage messages through the staged pipe), bytes per axis
+  # equal to the closed form.
+  [ "$QUICK" = 1 ] || { bench pipelines_q2 45 "${MPIRUN[@]}" -np 4 "$SCHEMES" --backend cuda --layers 4 --hidden 256 --heads 8 --seq 64 --batch 16 --vocab 2048 --reps 2 --warmup 1 --budget-mib 256 --max-batch 64 --format json --dtype bf16 --schemes "data=2,pipe=2:micro=4,2d:q=1;pipe=4:micro=8,1d:p=1;pipe=2:micro=4:schedule=1f1b,1d:p=2;pipe=2:micro=4:schedule=gpipe,1d:p=2"; rcs+=($?); }
   step_result block 32 "${rcs[@]}"
 else
   record block "skipped: no build" 32
