@@ -51,10 +51,13 @@
 #include "summa/comm/staged_communicator.hpp"
 #include "summa/core/error.hpp"
 #include "summa/grid/process_grid.hpp"
+#include "summa/parallel/auto_scheme.hpp"
 #include "test_util.hpp"
 
 #if SUMMA_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "summa/backend/cuda_backend.hpp"
 #endif
 
 namespace {
@@ -817,6 +820,30 @@ TEST(Staged, StagingBufferTooSmallThrowsEverywhere) {
   MpiCommunicator ref(dup_world(), true, CommAxis::other, &ref_counter);
   check_in_flight<double>(dev, ref, 3, fresh_seed());
   cuda_check(cudaStreamSynchronize(gpu().stream), "cudaStreamSynchronize");
+#endif
+}
+
+// The step-time model's device sharing (summa::ranks_per_device, the
+// predictions of compare_schemes and `--scheme auto`): a CudaBackend's ranks
+// on this node with the same GPU (its UUID), the most on any GPU; on one
+// GPU every rank of the node.
+TEST(Staged, RanksPerDeviceCountsTheRanksOnEachGpu) {
+  SKIP_WITHOUT_GPU();
+#if SUMMA_HAVE_CUDA
+  summa::CudaBackend backend({.device = gpu().device});
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank(), MPI_INFO_NULL, &node);
+  int local = 0;
+  MPI_Comm_size(node, &local);
+  std::vector<int> devices(static_cast<std::size_t>(local));
+  MPI_Allgather(&gpu().device, 1, MPI_INT, devices.data(), 1, MPI_INT, node);
+  MPI_Comm_free(&node);
+  int want = static_cast<int>(std::count(devices.begin(), devices.end(), gpu().device));
+  MPI_Allreduce(MPI_IN_PLACE, &want, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT_EQ(summa::ranks_per_device(MPI_COMM_WORLD, backend), want);
+  if (visible_devices() == 1) {
+    EXPECT_EQ(want, ranks_per_node());
+  }
 #endif
 }
 
