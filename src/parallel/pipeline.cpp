@@ -443,8 +443,13 @@ void PipelineGpt<T>::exchange_embedding_grads() {
   if (mine.empty()) return;
   const std::size_t n = mine.size();
   const int peer = stage_ == 0 ? options_.stages - 1 : 0;
-  Request sent = pipe_->isend(mine.data(), n, dtype_v<T>, peer);
-  Request got = pipe_->irecv(theirs.data(), n, dtype_v<T>, peer);
+  // The first stage receives first and the last sends first: on a pipe that
+  // issues each call on its own (NCCL, Communicator::isend) two sends to
+  // each other before either receive would wait for each other.
+  Request sent, got;
+  if (stage_ == 0) got = pipe_->irecv(theirs.data(), n, dtype_v<T>, peer);
+  sent = pipe_->isend(mine.data(), n, dtype_v<T>, peer);
+  if (stage_ != 0) got = pipe_->irecv(theirs.data(), n, dtype_v<T>, peer);
   pipe_->wait(got);
   pipe_->wait(sent);
   const auto shape = [&](T* p) {
