@@ -9,8 +9,8 @@
 # Options: --out DIR, --build-dir DIR (default build-gpu; a second run reuses
 # it, so a build cut short by the budget continues), --arch 90, --jobs N,
 # --budget SECONDS, --skip-build, --deps DIR (default .gpu_deps), --steps LIST
-# (of test,calib,gemm,block,torch; default all: e.g. a second call after a first
-# one ran out of time: --skip-build --steps gemm,block,torch). CTEST_JOBS
+# (of test,gemm,block,torch,calib; default all: e.g. a second call after a first
+# one ran out of time: --skip-build --steps gemm,block,torch,calib). CTEST_JOBS
 # (default 8) sets ctest's parallelism.
 #
 # Steps (each logged; a failing step does not stop the others):
@@ -24,12 +24,6 @@
 #          where GCC 12 does not) and the summary says so
 #   test   ctest -L cuda --output-on-failure (every cuda test; one that says
 #          "Skipped" on a GPU machine counts as a failure)
-#   calib  the step-time model on the GPU (issue 29): scripts/validate_time_model.sh
-#          --backend cuda, i.e. calibrate --backend cuda at one rank, then
-#          compare_schemes --backend cuda --predict with that file for every
-#          one-rank scheme of two GPTs in f32 and bf16; its verdict is reported,
-#          not a failure (the model's error is a measurement); a run that breaks
-#          is one (32). Not with --quick unless --steps names it.
 #   gemm   bench/summa_gemm --backend cuda, q = 1, against cublasGemmEx in the
 #          same run (acceptance: vs_cublas >= 0.85), plus a checked q = 2 run
 #          (4 ranks sharing the GPU over mpi_staged)
@@ -40,9 +34,16 @@
 #          pipelines, one per schedule: bytes per axis equal to the closed form)
 #   torch  bench/torch_block.py --device cuda for the same configurations
 #          (explicit attention, and --sdpa), if torch with CUDA imports
+#   calib  the step-time model on the GPU (issue 29): scripts/validate_time_model.sh
+#          --backend cuda, i.e. calibrate --backend cuda at one rank, then
+#          compare_schemes --backend cuda --predict with that file for every
+#          one-rank scheme of two GPTs in f32 and bf16; its verdict is reported,
+#          not a failure (the model's error is a measurement); a run that breaks
+#          is one (32). Not with --quick unless --steps names it.
 #   ratio  bench/gpu_ratio.py over every JSON line: the summary tables
-# (calib runs before gemm so that a budget cut short falls on the figures
-# measured before: the GEMM, block and PyTorch ratios)
+# calib runs last, on the budget left (at least 120 s; else it is reported
+# skipped, and a second call on the warm machine runs it: --skip-build
+# --steps calib): the tests, the offload measurement and the ratios come first.
 #
 # Output, in --out (default: $OUT when set, else ./gpu_verify_out), at most
 # eight files so that the device tool brings all of them back:
@@ -77,7 +78,7 @@ JOBS=$(nproc 2>/dev/null || echo 4)
 DEPS_DIR="$ROOT/.gpu_deps"
 FETCH=0
 SKIP_BUILD=0
-STEPS="test,calib,gemm,block,torch"
+STEPS="test,gemm,block,torch,calib"
 STEPS_GIVEN=0
 # One Python for the whole run: $SUMMA_PYTHON, else python3 on PATH (on a GPU
 # machine, the one whose torch has CUDA); the build records it (SUMMA_PYTHON).
@@ -348,7 +349,6 @@ elif [ "$build_ok" = 1 ] && enough 60; then
   reserve=30
   if [ "$QUICK" = 1 ]; then { want gemm || want block || want torch; } && reserve=120
   else
-    want calib && reserve=$((reserve + 120))  # not with --quick (below)
     want gemm && reserve=$((reserve + 50))
     want block && reserve=$((reserve + 100))
     want torch && reserve=$((reserve + 60))
@@ -371,36 +371,6 @@ elif [ "$build_ok" = 1 ] && enough 60; then
   else record test "FAILED (rc $rc): $line" 4; fi
 elif [ "$build_ok" = 1 ]; then record test "skipped: time budget" 128
 else record test "skipped: no build" 4; fi
-
-# ------------------------------------------------------------------ calib
-# The step-time model on this GPU (issue 29; docs/gpu.md "The step-time model
-# on a GPU"): one calibration, one validation run, its record brought back.
-if ! want calib; then :
-elif [ "$QUICK" = 1 ] && [ "$STEPS_GIVEN" = 0 ]; then record calib "skipped: --quick"
-elif [ "$build_ok" = 1 ] && [ -x "$BUILD/bench/calibrate" ] && [ -x "$BUILD/bench/compare_schemes" ]; then
-  if enough 150; then
-    limit=$(($(left) - 15))
-    [ "$limit" -gt 240 ] && limit=240
-    run_logged "$LOG/calib.log" "$limit" "$ROOT/scripts/validate_time_model.sh" --build "$BUILD" \
-      --backend cuda --dtype "f32 bf16" --repeat 1 --reps 5 --calibrate "$LOG/machine_cuda.json" \
-      --out "$WORK/validate" --record "$OUTDIR/validate_cuda.jsonl"
-    rc=$?
-    if [ -s "$OUTDIR/validate_cuda.jsonl" ]; then
-      "$PY" "$ROOT/scripts/validate_summary.py" --record "$OUTDIR/validate_cuda.jsonl" \
-        >"$LOG/calib_summary.txt" 2>&1
-      verdict=$(grep -o 'validate_time_model: .*' "$LOG/calib_summary.txt" | tail -1 | tr -d '`')
-      record calib "ran: ${verdict:-no verdict} (validate_cuda.jsonl)"
-    elif [ $rc = 124 ] || [ $rc = 137 ]; then
-      record calib "FAILED: stopped after $limit s (calib.log)" 32
-    else
-      record calib "FAILED (rc $rc, calib.log)" 32
-    fi
-  else
-    record calib "skipped: time budget" 128
-  fi
-else
-  record calib "skipped: no build" 32
-fi
 
 # ------------------------------------------------------------------ benchmarks
 MPIRUN=(mpirun)
@@ -435,7 +405,7 @@ step_result() {  # step_result <step> <bit> <rc...>
 if [ "$QUICK" = 1 ]; then
   BLOCKS=("768 12 1024 8")
 else
-  BLOCKS=("768 12 1024 8" "1024 16 1024 8" "1600 25 1024 4")
+  BLOCKS=("768 12 1024 8" "1600 25 1024 4")
 fi
 
 if ! want gemm; then :
@@ -473,15 +443,16 @@ fi
 if ! want block; then :
 elif [ "$build_ok" = 1 ] && [ -x "$LAYER" ]; then
   rcs=()
+  # First (issue 27's measurement): AdamW's step with the state on the GPU
+  # against offloaded to pinned host memory (OptimizerOptions::offload_bucket):
+  # 235 M parameters.
+  bench optimizer_offload 60 "${MPIRUN[@]}" -np 1 "$LAYER" --backend cuda --what optimizer --layers 4 --hidden 2048 --heads 16 --seq 128 --batch 2 --vocab 16384 --dtype bf16 --reps 5 --warmup 1 --offload-bucket 4194304; rcs+=($?)
   for cfg in "${BLOCKS[@]}"; do
     set -- $cfg
     bench "block_h$1" 45 "${MPIRUN[@]}" -np 1 "$LAYER" --backend cuda --what block --hidden "$1" --heads "$2" --seq "$3" --batch "$4" --dtype f32 --reps 10 --warmup 2; rcs+=($?)
     bench "block_h$1_tf32" 45 "${MPIRUN[@]}" -np 1 "$LAYER" --backend cuda --tf32 --what block --hidden "$1" --heads "$2" --seq "$3" --batch "$4" --dtype f32 --reps 10 --warmup 2; rcs+=($?)
     bench "block_h$1_bf16" 45 "${MPIRUN[@]}" -np 1 "$LAYER" --backend cuda --what block --hidden "$1" --heads "$2" --seq "$3" --batch "$4" --dtype bf16 --reps 10 --warmup 2; rcs+=($?)
   done
-  # AdamW's step with the state on the GPU against offloaded to pinned host
-  # memory (OptimizerOptions::offload_bucket; issue 27): 235 M parameters.
-  bench optimizer_offload 60 "${MPIRUN[@]}" -np 1 "$LAYER" --backend cuda --what optimizer --layers 4 --hidden 2048 --heads 16 --seq 128 --batch 2 --vocab 16384 --dtype bf16 --reps 5 --warmup 1 --offload-bucket 4194304; rcs+=($?)
   # The whole model on the GPU (GPT2D, 4 ranks sharing it): informative, needs the layers' port.
   [ "$QUICK" = 1 ] || { bench gpt_q2 45 "${MPIRUN[@]}" -np 4 "$LAYER" --backend cuda --what gpt --layers 2 --hidden 256 --heads 8 --seq 128 --batch 8 --vocab 2048 --checkpoint both --reps 3 --warmup 1; rcs+=($?); }
   # Every 4-rank scheme on the GPU (mpi_staged): bytes per axis must equal the closed form.
@@ -508,6 +479,36 @@ elif "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
   step_result torch 64 "${rcs[@]}"
 else
   record torch "not run: python3 has no torch with CUDA ($("$PY" -c 'import torch; print(torch.__version__)' 2>&1 | tail -1))"
+fi
+
+# ------------------------------------------------------------------ calib
+# The step-time model on this GPU (issue 29; docs/gpu.md "The step-time model
+# on a GPU"): one calibration, one validation run, its record brought back.
+if ! want calib; then :
+elif [ "$QUICK" = 1 ] && [ "$STEPS_GIVEN" = 0 ]; then record calib "skipped: --quick"
+elif [ "$build_ok" = 1 ] && [ -x "$BUILD/bench/calibrate" ] && [ -x "$BUILD/bench/compare_schemes" ]; then
+  if enough 120; then
+    limit=$(($(left) - 10))
+    [ "$limit" -gt 240 ] && limit=240
+    run_logged "$LOG/calib.log" "$limit" "$ROOT/scripts/validate_time_model.sh" --build "$BUILD" \
+      --backend cuda --dtype "f32 bf16" --repeat 1 --reps 5 --calibrate "$LOG/machine_cuda.json" \
+      --out "$WORK/validate" --record "$OUTDIR/validate_cuda.jsonl"
+    rc=$?
+    if [ -s "$OUTDIR/validate_cuda.jsonl" ]; then
+      "$PY" "$ROOT/scripts/validate_summary.py" --record "$OUTDIR/validate_cuda.jsonl" \
+        >"$LOG/calib_summary.txt" 2>&1
+      verdict=$(grep -o 'validate_time_model: .*' "$LOG/calib_summary.txt" | tail -1 | tr -d '`')
+      record calib "ran: ${verdict:-no verdict} (validate_cuda.jsonl)"
+    elif [ $rc = 124 ] || [ $rc = 137 ]; then
+      record calib "FAILED: stopped after $limit s (calib.log)" 32
+    else
+      record calib "FAILED (rc $rc, calib.log)" 32
+    fi
+  else
+    record calib "skipped: time budget (rerun on the warm machine: --skip-build --steps calib)" 128
+  fi
+else
+  record calib "skipped: no build" 32
 fi
 
 # ------------------------------------------------------------------ summary
