@@ -298,6 +298,34 @@ TEST(StepTime, OffloadedOptimizerStreamsItsState) {
     }
 }
 
+// The optimizer of a sharded data axis updates this group's chunk: zero=1 a
+// contiguous 1/data of the (padded) parameters, zero=2 and 3 piece d of every unit
+// (the embedding, each block, LN_f; each padded to data pieces), priced at
+// 28 bytes per f32 element. A model whose units do not divide by data = 3
+// tells the two apart (a few elements of padding).
+TEST(StepTime, ShardedOptimizerUpdatesItsChunk) {
+  GptConfig c = config(5);  // h = 40, vocabulary 40, 16 positions, 3 blocks
+  const Machine m = machine(1e-6, 1e10, Algorithm::ring);
+  const auto updated = [&](const char* text) {
+    const auto st =
+        model::predict_step_time(SchemeSpec::parse(text), c, 6, 16, {}, DType::f32, m, {});
+    for (const auto& op : st.ops)
+      if (op.op == "optimizer") return op.compute_s * m.device.memory_bandwidth / 28;
+    ADD_FAILURE() << "no optimizer op";
+    return 0.0;
+  };
+  const std::uint64_t h = 40, d = 3;
+  const std::uint64_t embedding = (40 + 16) * h, block = 12 * h * h + 13 * h, ln_f = 2 * h;
+  const auto piece = [&](std::uint64_t n) { return (n + d - 1) / d; };
+  // zero=1's chunk: the parameters padded to a multiple of data, over data
+  const double zero1 = static_cast<double>(piece(embedding + 3 * block + ln_f));
+  const double zero2 = static_cast<double>(piece(embedding) + 3 * piece(block) + piece(ln_f));
+  ASSERT_GT(zero2, zero1);
+  EXPECT_NEAR(updated("data=3:zero=1,1d:p=1"), zero1, 1e-6 * zero1);
+  EXPECT_NEAR(updated("data=3:zero=2,1d:p=1"), zero2, 1e-6 * zero2);
+  EXPECT_NEAR(updated("data=3:zero=3,1d:p=1"), zero2, 1e-6 * zero2);
+}
+
 // zero=3 (data=4, three blocks, two value slots): every unit all-gathered in
 // forward, the block below the slots (block 0) again in backward, each
 // unit's gradients reduce-scattered, no all-gather after the step. On a
