@@ -98,22 +98,18 @@ if [ -n "$calibrate" ]; then
   # the calibrated element types: f32 and bf16, and any other compared
   calibrated=f32,bf16
   for d in $dtypes; do [[ ",$calibrated," == *",$d,"* ]] || calibrated+=",$d"; done
+  # CPU: 2 ranks, one per core. GPU: one rank, the whole GPU, square GEMMs
+  # up to 2048 (its peak needs large products; the GPTs' shapes besides).
+  calibrate_np=2 sweep=() label="this development machine (2 cores, CpuBackend, Open MPI shared memory)"
   if [ "$backend" = cuda ]; then
-    # one rank, the whole GPU; square GEMMs up to 2048 (a GPU's peak needs
-    # large products; the GPTs' own shapes are measured besides)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
-    # shellcheck disable=SC2086 # calibrate_args is split on spaces on purpose
-    mpirun -np 1 "$build/bench/calibrate" --out "$calibrate" --dtype "$calibrated" \
-      --ranks "${ranks// /,}" --max-size 2048 --reps 5 --min-seconds 0.02 "${device[@]}" \
-      --name "${gpu:-a GPU} (CudaBackend, one rank; validate_time_model.sh)" "${gpt[@]}" \
-      $calibrate_args
-  else
-    # shellcheck disable=SC2086 # calibrate_args is split on spaces on purpose
-    mpirun -np 2 "$build/bench/calibrate" --out "$calibrate" --dtype "$calibrated" \
-      --ranks "${ranks// /,}" \
-      --name "this development machine (2 cores, CpuBackend, Open MPI shared memory)" \
-      "${gpt[@]}" $calibrate_args
+    calibrate_np=1 sweep=(--max-size 2048 --reps 5 --min-seconds 0.02)
+    label="${gpu:-a GPU} (CudaBackend, one rank; validate_time_model.sh)"
   fi
+  # shellcheck disable=SC2086 # calibrate_args is split on spaces on purpose
+  mpirun -np "$calibrate_np" "$build/bench/calibrate" --out "$calibrate" --dtype "$calibrated" \
+    --ranks "${ranks// /,}" "${sweep[@]}" "${device[@]}" --name "$label" "${gpt[@]}" \
+    $calibrate_args
   machine=$calibrate
 fi
 rm -f "$out"/*.jsonl

@@ -22,11 +22,11 @@ rc=$?
 # --backend cuda: calibrate at one rank on the GPU with its sweep and the GPU
 # models' shapes, every compare_schemes run on it in each --dtype (stubs that
 # print their flags, calibrate succeeding this time)
-printf '#!/bin/sh\necho "stub calibrate: $*"\n' >"$work/bench/calibrate"
+printf '#!/bin/sh\necho "stub calibrate on ${OMPI_COMM_WORLD_SIZE:-?} rank(s): $*"\n' >"$work/bench/calibrate"
 printf '#!/bin/sh\necho "stub compare_schemes: $*" >&2\n' >"$work/bench/compare_schemes"
 out=$(bash "$root/scripts/validate_time_model.sh" --build "$work" --calibrate "$work/m.json" \
   --backend cuda --dtype "f32 bf16" --repeat 1 --out "$work/out" 2>&1)
-grep -q -- "stub calibrate: --out $work/m.json --dtype f32,bf16 --ranks 1 --max-size 2048 .*--backend cuda .*--gpt layers=2,hidden=512,.* --gpt layers=2,hidden=2048," <<<"$out" ||
+grep -q -- "stub calibrate on 1 rank(s): --out $work/m.json --dtype f32,bf16 --ranks 1 --max-size 2048 .*--backend cuda .*--gpt layers=2,hidden=512,.* --gpt layers=2,hidden=2048," <<<"$out" ||
   { echo "FAIL: --backend cuda did not reach calibrate as expected:"; echo "$out"; exit 1; }
 for f in "$work"/out/gpu-small-bf16-np1.log "$work"/out/gpu-large-f32-np1.log; do
   grep -q -- "stub compare_schemes: --layers 2 --hidden .*--dtype $(basename "$f" | sed 's/.*-\(b\?f[0-9]*\)-np1.log/\1/') --backend cuda" "$f" ||
