@@ -45,11 +45,12 @@ endfunction()
 # - quarantine_size_mb=16 (ASan's default 256): freed memory is held back
 #   from reuse, to catch a use after free, in 16 MiB per process. With up to
 #   9 ranks per test the default's fresh pages (page faults, and LSan's scan
-#   at exit) cost the multi-rank tests 12 % of their time (measured
+#   at exit) cost the multi-rank tests 8-12 % of their time (measured
 #   2026-12-07 on the 2-core AMD EPYC f25m17: comm_np9, custom_model_np8,
 #   generate_np9 and traffic_np9 took 151 s against 173 s, and 198 s
-#   against 224 s in the other order); a use soon after the free, the usual
-#   one, is still caught.
+#   against 224 s in the other order; comm_np9, generate_np9 and
+#   traffic_np9 in the order 16/256/256/16 MiB 272 s against 296 s); a use
+#   soon after the free, the usual one, is still caught.
 # - every sanitizer report is fatal.
 # - Open MPI ends a job whose rank exited non-zero by SIGTERM, then SIGKILL
 #   odls_base_sigkill_timeout seconds later (default 1): 1-2 s of idle wait
