@@ -120,15 +120,14 @@ Gpt<T>::Gpt(SchemeContext<T>& scheme, const GptConfig& config, index_t batch, in
           "this microbatch's {} tokens)",
           scheme.label(), ps.stage, ps.stages, ps.first_block, ps.last_block, config.n_layer,
           ps.slots, ps.loss_tokens, batch * seq);
-    else if (options.recompute != Recompute::full || options.inference || options.kv_cache != 0 ||
-             options.shard_gradients || options.shard_parameters ||
-             scheme.checkpoint_group() != nullptr)
+    else if (options.inference || options.kv_cache != 0 || options.shard_gradients ||
+             options.shard_parameters || scheme.checkpoint_group() != nullptr)
       error = fmt::format(
-          "GPT ({}): a pipeline stage runs training with recompute full, without distributed "
-          "checkpoints (dc=on) or a sharding level above 1 (got recompute {}{}{}{})",
-          scheme.label(), to_string(options.recompute), options.inference ? ", inference" : "",
-          options.shard_gradients || options.shard_parameters ? ", zero >= 2" : "",
-          scheme.checkpoint_group() != nullptr ? ", dc=on" : "");
+          "GPT ({}): a pipeline stage runs training, without distributed checkpoints (dc=on) or a "
+          "sharding level above 1 (got{}{}{})",
+          scheme.label(), options.inference || options.kv_cache != 0 ? " inference" : "",
+          options.shard_gradients || options.shard_parameters ? " zero >= 2" : "",
+          scheme.checkpoint_group() != nullptr ? " dc=on" : "");
     grid_->agree(CommAxis::world, error);
   }
   const BackendIds::PlanScope planning(options.plan_only);  // a plan allocates no ids
@@ -186,6 +185,12 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
   std::size_t checkpoint =
       staged() ? slots * (stage_blocks + 1) * slot
                : static_cast<std::size_t>(inference ? 2 : config_.n_layer + 1) * slot;
+  // A pipeline stage without per-block checkpoints: each block's forward
+  // region per slot (keeps_activations()).
+  if (keeps_activations()) {
+    kept_block_bytes_ = Arena::rounded(blocks_.front()->buffer_needs().forward);
+    checkpoint += slots * stage_blocks * kept_block_bytes_;
+  }
   if (ckpt_group_ != nullptr) {
     const index_t g = ckpt_group_->size();
     require(rows * cols % g == 0, [&] {
@@ -275,6 +280,9 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
     for (std::size_t k = 0; k < slots; ++k) output_grads_.push_back(take(buffers_->conjunction));
     for (std::size_t k = 0; k < slots * (stage_blocks + 1); ++k)
       boundaries_.push_back(take(buffers_->checkpoint));
+    if (keeps_activations())
+      kept_ = static_cast<std::byte*>(
+          buffers_->checkpoint.take_bytes(slots * stage_blocks * kept_block_bytes_));
   } else if (ckpt_group_ != nullptr) {
     for (int i = 0; i < config_.n_layer; ++i) {
       chunks_.push_back(
@@ -395,7 +403,9 @@ BufferNeeds Gpt<T>::buffer_needs() const {
   BufferNeeds all;
   all.workspace = std::max(
       {embedding_ ? embedding_->buffer_needs().workspace : 0, block.workspace, head.workspace});
-  all.forward = checkpointed() || options_.inference
+  // (a pipeline stage: one block's at a time; what it keeps per slot lies
+  // in the checkpoint buffer)
+  all.forward = checkpointed() || options_.inference || staged()
                     ? std::max(block.forward, head.forward)
                     : static_cast<std::size_t>(config_.n_layer) * block.forward + head.forward;
   all.backward = options_.inference ? 0 : std::max(block.backward, head_backward);
@@ -876,6 +886,7 @@ double Gpt<T>::stage_forward(int slot, std::span<const std::int32_t> tokens,
     for (std::size_t i = 0; i < n; ++i) {
       const std::size_t mark = B.forward.mark();
       blocks_[i]->forward(x[i], x[i + 1], step);
+      if (differentiate && keeps_activations()) keep_block(ids, i, mark);
       B.forward.release(mark);
     }
   });
@@ -915,11 +926,17 @@ void Gpt<T>::stage_backward(int slot, bool final) {
   int free = 0;
   for (std::size_t i = n; i-- > 0;) {
     // Recompute block i from its kept input into a free conjunction slot
-    // (backward does not read a block's output), then differentiate it.
+    // (backward does not read a block's output), or put back what its
+    // forward kept for this slot; then differentiate it.
     const MatrixView<T> out = conj_[free];
-    B.forward.reset();
-    clock_.phase = 1;
-    timed(rec_blocks, [&] { blocks_[i]->forward(x[i], out, step); });
+    if (keeps_activations()) {
+      restore_block(static_cast<std::size_t>(slot), i);
+      blocks_[i]->restore_input(x[i]);
+    } else {
+      B.forward.reset();
+      clock_.phase = 1;
+      timed(rec_blocks, [&] { blocks_[i]->forward(x[i], out, step); });
+    }
     clock_.phase = 2;
     timed(bwd_blocks, [&] { blocks_[i]->backward(dy, out, step, true); });
     reduce_next();  // in flight while the blocks below run
@@ -944,6 +961,48 @@ void Gpt<T>::stage_backward(int slot, bool final) {
       for (Bucket& b : buckets_) issue_bucket(b);
     for (Bucket& b : buckets_) wait_bucket(b);
   });
+}
+
+template <class T>
+std::byte* Gpt<T>::kept_region(std::size_t slot, std::size_t block) const {
+  return kept_ + (slot * blocks_.size() + block) * kept_block_bytes_;
+}
+
+// Block `block`'s forward of slot `slot` took buffers.forward from `mark`
+// on: that region into the slot's (every block and slot takes the same).
+template <class T>
+void Gpt<T>::keep_block(std::size_t slot, std::size_t block, std::size_t mark) {
+  const std::size_t used = buffers_->forward.mark() - mark;
+  if (!kept_known_) {
+    require(used <= kept_block_bytes_ && used % sizeof(T) == 0, [&] {
+      return fmt::format("GPT: a block's forward took {} bytes, planned {}", used,
+                         kept_block_bytes_);
+    });
+    kept_mark_ = mark;
+    kept_used_ = used;
+    kept_known_ = true;
+  }
+  require(mark == kept_mark_ && used == kept_used_, [&] {
+    return fmt::format("GPT: block {} took {} bytes at {} (the first: {} at {})", block, used, mark,
+                       kept_used_, kept_mark_);
+  });
+  const auto n = static_cast<index_t>(used / sizeof(T));
+  auto* base = static_cast<std::byte*>(buffers_->forward.base());
+  backend_->copy(
+      ConstMatrixView<T>::dense(reinterpret_cast<const T*>(base + mark), 1, n, Order::row_major),
+      MatrixView<T>::dense(reinterpret_cast<T*>(kept_region(slot, block)), 1, n, Order::row_major));
+}
+
+// The slot's region of block `block` back where its views point.
+template <class T>
+void Gpt<T>::restore_block(std::size_t slot, std::size_t block) {
+  require(kept_known_, "GPT stage_backward: no forward kept this stage's activations");
+  const auto n = static_cast<index_t>(kept_used_ / sizeof(T));
+  auto* base = static_cast<std::byte*>(buffers_->forward.base());
+  backend_->copy(
+      ConstMatrixView<T>::dense(reinterpret_cast<const T*>(kept_region(slot, block)), 1, n,
+                                Order::row_major),
+      MatrixView<T>::dense(reinterpret_cast<T*>(base + kept_mark_), 1, n, Order::row_major));
 }
 
 template <class T>

@@ -150,6 +150,16 @@ void SplitLayerNorm<T>::forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffe
 }
 
 template <class T>
+void SplitLayerNorm<T>::restore_input(ConstMatrixView<T> X) {
+  const Where op = where(layout_, "restore_input");
+  check_view(op.text, "X", X, local_tokens(), local_hidden());
+  require(mean_ != nullptr, [&] {
+    return fmt::format("LayerNorm{} '{}': restore_input without forward", layout_.scheme, name_);
+  });
+  x_ = X;
+}
+
+template <class T>
 void SplitLayerNorm<T>::backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
                                  bool accumulate) {
   using A = acc_t<T>;

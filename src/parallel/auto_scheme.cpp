@@ -59,8 +59,7 @@ std::vector<SchemeSpec> candidate_pipelines(int ranks, const GptConfig& config, 
                                             const GptOptions& options,
                                             const AutoSchemeOptions& auto_options) {
   std::vector<SchemeSpec> out;
-  if (!auto_options.pipelines || options.inference || options.recompute != Recompute::full)
-    return out;
+  if (!auto_options.pipelines || options.inference) return out;
   for (int p = 2; p <= std::min({ranks, auto_options.max_stages, config.n_layer}); ++p) {
     if (ranks % p != 0) continue;
     for (const SchemeSpec& stage : candidate_schemes(ranks / p, options)) {

@@ -31,6 +31,30 @@ double message_bytes(const SchemeSpec& spec, const GptConfig& config, index_t ba
   return 0;
 }
 
+// Bytes of one block's activations a stage keeps per microbatch without
+// per-block checkpoints (recompute none or selective): the checkpoint
+// buffer's growth over full recompute's, per slot and block (0 with full).
+template <class T>
+double kept_block_bytes(const SchemeSpec& spec, const GptConfig& config, index_t batch, index_t seq,
+                        GptOptions options) {
+  if (options.recompute == Recompute::full) return 0;
+  CpuBackend backend;  // a plan allocates nothing
+  options.pipeline = pipeline_stage(spec, config, batch, seq, 0);
+  const index_t micro_batch = batch / spec.pipeline.micro;
+  const auto checkpoint = [&](const GptOptions& o) {
+    const MemoryReport r =
+        plan_memory<T>(spec.stage(), backend, config, micro_batch, seq, GridCoords{}, o);
+    for (const BufferUsage& b : r.buffers)
+      if (b.name == "checkpoint") return static_cast<double>(b.capacity);
+    return 0.0;
+  };
+  GptOptions full = options;
+  full.recompute = Recompute::full;
+  const double regions = static_cast<double>(options.pipeline.slots) *
+                         (options.pipeline.last_block - options.pipeline.first_block);
+  return (checkpoint(options) - checkpoint(full)) / regions;
+}
+
 }  // namespace
 
 PipelineStepTime predict_pipeline_step_time(const SchemeSpec& spec, const GptConfig& config,
@@ -69,6 +93,23 @@ PipelineStepTime predict_pipeline_step_time(const SchemeSpec& spec, const GptCon
   const double layers = static_cast<double>(config.n_layer);
   block_f /= layers;
   block_b /= layers;
+  // Without per-block checkpoints a stage copies each block's activations
+  // into the microbatch's slot after its forward and back before its
+  // backward (Gpt::stage_backward): each copy reads and writes them.
+  double kept = 0;
+  if (dtype == DType::f64)
+    kept = kept_block_bytes<double>(spec, config, batch, seq, options);
+  else if (dtype == DType::bf16)
+    kept = kept_block_bytes<bf16>(spec, config, batch, seq, options);
+  else
+    kept = kept_block_bytes<float>(spec, config, batch, seq, options);
+  if (kept > 0) {
+    const double share = time_options.ranks_per_device;
+    const double copy =
+        share * (2 * kept / machine.device.memory_bandwidth + machine.device.launch_s);
+    block_f += copy;
+    block_b += copy;
+  }
   // Parameters per block, of the embedding and of LN_f (GPT-2's), for the
   // stages' shares of the data axis and of the optimizer.
   const double h = config.n_embd;

@@ -157,7 +157,13 @@ TEST(AutoScheme, PipelinesAreCandidates) {
     }
     EXPECT_EQ(got, want);
   }
-  EXPECT_TRUE(candidate_pipelines(ranks, c, 16, {.recompute = Recompute::none}, {}).empty());
+  // every recompute mode (a stage keeps its blocks' activations per slot
+  // without checkpoints), not inference
+  for (const Recompute r : {Recompute::none, Recompute::selective}) {
+    const std::vector<SchemeSpec> kept = candidate_pipelines(ranks, c, 16, {.recompute = r}, {});
+    EXPECT_EQ(kept, pipes) << to_string(r);
+  }
+  EXPECT_TRUE(candidate_pipelines(ranks, c, 16, {.inference = true}, {}).empty());
   EXPECT_TRUE(candidate_pipelines(ranks, c, 16, o, {.pipelines = false}).empty());
   EXPECT_TRUE(candidate_pipelines(ranks, c, 16, o, {.max_stages = 1}).empty());
   model::Machine slow = machine();

@@ -22,6 +22,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../../src/comm/staging_fit.hpp"
@@ -246,10 +247,23 @@ void pipeline_matches_reference(MPI_Comm comm, int ranks) {
     const double ref_loss = ref.forward(tokens, targets, batch, seq);
     ref.backward();
 
-    std::vector<std::vector<double>> first_grads;  // of the first schedule
-    for (const PipeSchedule schedule :
-         {PipeSchedule::axonn, PipeSchedule::gpipe, PipeSchedule::one_f_one_b}) {
-      SCOPED_TRACE(to_string(schedule));
+    std::vector<std::vector<double>> first_grads;  // of the first run
+    // every schedule with per-block checkpoints; without (the blocks'
+    // activations kept per slot), the schedules holding the most
+    // microbatches (gpipe all of them) and the fewest (1f1b)
+    struct Run {
+      PipeSchedule schedule;
+      Recompute recompute;
+    };
+    for (const Run run :
+         {Run{PipeSchedule::axonn, Recompute::full}, Run{PipeSchedule::gpipe, Recompute::full},
+          Run{PipeSchedule::one_f_one_b, Recompute::full},
+          Run{PipeSchedule::axonn, Recompute::none}, Run{PipeSchedule::gpipe, Recompute::none},
+          Run{PipeSchedule::one_f_one_b, Recompute::selective}}) {
+      const PipeSchedule schedule = run.schedule;
+      const GptOptions options{.recompute = run.recompute};
+      SCOPED_TRACE(std::string(to_string(schedule)) + ", recompute " +
+                   std::string(to_string(run.recompute)));
       // through the scheme text, as every program takes it
       const std::string text = "pipe=" + std::to_string(c.stages) +
                                ":micro=" + std::to_string(c.micro) +
@@ -260,7 +274,7 @@ void pipeline_matches_reference(MPI_Comm comm, int ranks) {
       EXPECT_EQ(o.stages, c.stages);
       EXPECT_EQ(o.schedule, schedule);
       EXPECT_EQ(SchemeSpec::parse(spec.str()), spec);
-      PipelineGpt<double> pipe(comm, spec, test_backend(), config, batch, seq, {},
+      PipelineGpt<double> pipe(comm, spec, test_backend(), config, batch, seq, options,
                                test_grid_options());
       pipe.init(seed);
       pipe.grid().reset_traffic();
@@ -269,8 +283,9 @@ void pipeline_matches_reference(MPI_Comm comm, int ranks) {
       {  // every axis's bytes and calls equal the traffic model's
         TrafficCounters got = pipe.grid().traffic();
         got[CommAxis::pipe] = pipe.pipe_traffic();
-        const TrafficCounters want = model::predict_step_traffic(
-            spec, config, batch, seq, {}, DType::f64, pipe.grid().coords(), false, pipe.stage());
+        const TrafficCounters want =
+            model::predict_step_traffic(spec, config, batch, seq, options, DType::f64,
+                                        pipe.grid().coords(), false, pipe.stage());
         for (std::size_t a = 0; a < comm_axis_count; ++a) {
           const auto axis = static_cast<CommAxis>(a);
           EXPECT_EQ(got[axis].bytes_sent, want[axis].bytes_sent) << name_of(axis);
@@ -295,8 +310,9 @@ void pipeline_matches_reference(MPI_Comm comm, int ranks) {
             << p->shard.name;
       }
       EXPECT_LE(max_over_ranks(worst), model_tolerance<double>());
-      // The same bits under every schedule: each parameter's gradients are
-      // added in microbatch order. Not with one stage, whose tied embedding
+      // The same bits under every schedule and recompute: each parameter's
+      // gradients are added in microbatch order, and a recomputed or kept
+      // activation is the same. Not with one stage, whose tied embedding
       // takes the head's and the embedding's terms in the schedule's order.
       if (first_grads.empty()) {
         first_grads = grads;
@@ -379,12 +395,17 @@ void pipeline_step_allocates_nothing(MPI_Comm comm, int ranks) {
   config.n_positions = 8;
   config.vocab_size = 24;
   const index_t seq = 4;
-  std::vector<const char*> schemes;
-  if (ranks == 2) schemes = {"pipe=2:micro=4,2d:q=1", "pipe=2:micro=4:schedule=gpipe,2d:q=1"};
+  std::vector<std::pair<const char*, Recompute>> schemes;
+  if (ranks == 2)
+    schemes = {{"pipe=2:micro=4,2d:q=1", Recompute::full},
+               {"pipe=2:micro=4:schedule=gpipe,2d:q=1", Recompute::full},
+               {"pipe=2:micro=4:schedule=gpipe,2d:q=1", Recompute::none}};
   if (ranks == 4)
-    schemes = {"pipe=2:micro=4:schedule=1f1b,data=2:zero=1,2d:q=1", "pipe=2:micro=2,1d:p=2"};
-  for (const char* scheme : schemes) {
-    SCOPED_TRACE(scheme);
+    schemes = {{"pipe=2:micro=4:schedule=1f1b,data=2:zero=1,2d:q=1", Recompute::full},
+               {"pipe=2:micro=2,1d:p=2", Recompute::full},
+               {"pipe=2:micro=2,1d:p=2", Recompute::selective}};
+  for (const auto& [scheme, recompute] : schemes) {
+    SCOPED_TRACE(std::string(scheme) + ", recompute " + std::string(to_string(recompute)));
     const SchemeSpec spec = SchemeSpec::parse(scheme);
     const index_t batch = batch_granularity(spec);
     std::mt19937_64 gen(fresh_seed());
@@ -393,7 +414,8 @@ void pipeline_step_allocates_nothing(MPI_Comm comm, int ranks) {
     for (auto& t : tokens) t = dist(gen);
     for (auto& t : targets) t = dist(gen);
     CpuBackend backend;
-    PipelineGpt<float> pipe(comm, spec, backend, config, batch, seq, {}, test_grid_options());
+    PipelineGpt<float> pipe(comm, spec, backend, config, batch, seq, {.recompute = recompute},
+                            test_grid_options());
     pipe.init(1);
     const double first = pipe.step(tokens, targets);
     std::uint64_t count = 0;
@@ -595,15 +617,22 @@ TEST(Pipeline, TrainerTrainsAsUnpipelined) {
 template <class T>
 void low_precision_follows_unpipelined(MPI_Comm comm, int ranks) {
   const double tol = std::is_same_v<T, bf16> ? 8 * kBf16Unit : 1e-5;
-  std::vector<std::pair<const char*, const char*>> pairs;
-  if (ranks == 2) pairs = {{"pipe=2:micro=2:schedule=gpipe,2d:q=1", "data=2,2d:q=1"}};
-  if (ranks == 4) pairs = {{"pipe=2:micro=4,1d:p=2", "data=2,1d:p=2"}};
+  struct Pair {
+    const char *pipelined, *plain;
+    Recompute recompute;
+  };
+  std::vector<Pair> pairs;
+  if (ranks == 2)
+    pairs = {{"pipe=2:micro=2:schedule=gpipe,2d:q=1", "data=2,2d:q=1", Recompute::full},
+             {"pipe=2:micro=2:schedule=gpipe,2d:q=1", "data=2,2d:q=1", Recompute::none}};
+  if (ranks == 4) pairs = {{"pipe=2:micro=4,1d:p=2", "data=2,1d:p=2", Recompute::full}};
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed_note(seed));
   const std::vector<std::uint16_t> tokens = small_tokens(seed);
-  for (const auto& [pipelined, plain] : pairs) {
-    SCOPED_TRACE(pipelined);
+  for (const auto& [pipelined, plain, recompute] : pairs) {
+    SCOPED_TRACE(std::string(pipelined) + ", recompute " + std::string(to_string(recompute)));
     TrainerOptions o = small_trainer(seed);
+    o.gpt.recompute = recompute;
     o.schedule = {.lr = 1e-2, .warmup = 2, .total = 6, .min_lr = 1e-3};
     o.scheme = plain;
     Trainer<T> a(comm, o, test_backend(), tokens);
@@ -647,20 +676,29 @@ TEST(Pipeline, LowPrecisionFollowsUnpipelined) {
 // and names its stage; GPipe holds more than 1F1B, and the message-driven
 // schedule's limit bounds it.
 void planner_equals_measured(MPI_Comm comm, int ranks) {
+  // each scheme text, with a recompute mode other than full after a '/'
   std::vector<std::string> schemes;
-  if (ranks == 2) schemes = {"pipe=2:micro=4,2d:q=1", "pipe=2:micro=4:schedule=gpipe,2d:q=1"};
+  if (ranks == 2)
+    schemes = {"pipe=2:micro=4,2d:q=1", "pipe=2:micro=4:schedule=gpipe,2d:q=1",
+               "pipe=2:micro=4:schedule=gpipe,2d:q=1/none"};
   if (ranks == 4)
-    schemes = {"pipe=4:micro=8:limit=2,2d:q=1", "pipe=2:micro=4:schedule=1f1b,1d:p=2",
-               "data=2:zero=1,pipe=2:micro=2,2d:q=1", "pipe=2:micro=2:split=3+1,1d:p=2"};
+    schemes = {
+        "pipe=4:micro=8:limit=2,2d:q=1",       "pipe=2:micro=4:schedule=1f1b,1d:p=2",
+        "data=2:zero=1,pipe=2:micro=2,2d:q=1", "pipe=2:micro=2:split=3+1,1d:p=2",
+        "pipe=4:micro=8:limit=2,2d:q=1/none",  "pipe=2:micro=4:schedule=1f1b,1d:p=2/selective",
+        "pipe=2:micro=2:split=3+1,1d:p=2/none"};
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed_note(seed));
   std::mt19937_64 gen(seed);
   std::vector<std::uint16_t> tokens(4000);
   for (auto& t : tokens) t = static_cast<std::uint16_t>(gen() % 256);
   std::map<std::string, std::size_t> busiest;
-  for (const std::string& scheme : schemes) {
-    SCOPED_TRACE(scheme);
+  for (const std::string& text : schemes) {
+    SCOPED_TRACE(text);
+    const std::string scheme = text.substr(0, text.find('/'));
     TrainerOptions o;
+    if (text.find('/') != std::string::npos)
+      o.gpt.recompute = parse_recompute(text.substr(text.find('/') + 1), "recompute");
     o.config.n_layer = 4;
     o.config.n_head = 4;
     o.config.n_embd = 64;
@@ -690,15 +728,23 @@ void planner_equals_measured(MPI_Comm comm, int ranks) {
     EXPECT_GE(-max_over_ranks(-ratio), 0.98);
     EXPECT_LE(max_over_ranks(ratio), 1.02);
     // without a launch: the busiest rank, exactly
-    const RankMemory most = plan_memory_busiest<float>(spec, planner, o.config, o.batch, o.seq);
+    const RankMemory most =
+        plan_memory_busiest<float>(spec, planner, o.config, o.batch, o.seq, o.gpt);
     const double total = static_cast<double>(plan.total());
     EXPECT_EQ(static_cast<double>(most.report.total()), max_over_ranks(total));
     EXPECT_GE(most.stage, 0);
     EXPECT_LT(most.stage, spec.pipeline.stages);
-    busiest[scheme] = most.report.total();
+    busiest[text] = most.report.total();
   }
   if (ranks == 2) {  // GPipe keeps all four microbatches, the message-driven schedule two
     EXPECT_GT(busiest["pipe=2:micro=4:schedule=gpipe,2d:q=1"], busiest["pipe=2:micro=4,2d:q=1"]);
+    // and without checkpoints, each one's activations too
+    EXPECT_GT(busiest["pipe=2:micro=4:schedule=gpipe,2d:q=1/none"],
+              busiest["pipe=2:micro=4:schedule=gpipe,2d:q=1"]);
+  }
+  if (ranks == 4) {  // selective keeps more than full
+    EXPECT_GT(busiest["pipe=2:micro=4:schedule=1f1b,1d:p=2/selective"],
+              busiest["pipe=2:micro=4:schedule=1f1b,1d:p=2"]);
   }
 }
 
@@ -770,9 +816,9 @@ TEST(Pipeline, BadOptionsThrowEverywhere) {
     EXPECT_THROW(build("pipe=2:micro=2,2d:q=1", 3), Error);  // 3 sequences in 2 microbatches
     EXPECT_THROW(build("pipe=3:micro=2,2d:q=1", 2), Error);  // 3 stages on 2 ranks
     EXPECT_THROW(build("pipe=2:micro=2:split=2+1,2d:q=1", 2), Error);  // 3 blocks of 2
-    GptOptions none;
-    none.recompute = Recompute::none;
-    EXPECT_THROW(build("pipe=2:micro=2,2d:q=1", 2, none), Error);  // stages keep only inputs
+    GptOptions inference;
+    inference.inference = true;
+    EXPECT_THROW(build("pipe=2:micro=2,2d:q=1", 2, inference), Error);        // stages train
     EXPECT_THROW(build("pipe=2:micro=2:split=1+1,data=2,2d:q=1", 2), Error);  // 4 ranks
     // the models of a single grid refuse a pipeline, naming it
     for (const char* text : {"pipe=2,2d:q=1", "pipe=1:micro=2,2d:q=1"}) {

@@ -589,6 +589,58 @@ TEST(StepTime, PipelineSchedulesPriceTheirBubble) {
   EXPECT_THROW((void)predict("pipe=2:micro=3,2d:q=1", 1), Error);  // 2 sequences in 3
 }
 
+// A pipeline stage without per-block checkpoints (recompute none or
+// selective): no recompute, and each block's activations copied into the
+// microbatch's slot after its forward and back before its backward, each
+// copy reading and writing a block's forward need at the memory bandwidth
+// (plus a call). The oracle for that need: the unpipelined plan's forward
+// buffer under none grows by it per layer.
+TEST(StepTime, PipelineWithoutCheckpointsPricesTheSlotCopies) {
+  GptConfig c = config(8);
+  c.n_layer = 6;
+  const index_t seq = 16, micro_batch = 2, micro = 4;
+  const std::string text = "pipe=3:micro=4:schedule=gpipe,data=2,2d:q=1";
+  const SchemeSpec spec = SchemeSpec::parse(text);
+  for (const Recompute recompute : {Recompute::none, Recompute::selective}) {
+    SCOPED_TRACE(to_string(recompute));
+    const GptOptions options{.recompute = recompute};
+    const auto block_need = [&] {  // the forward buffer of n and n - 1 layers
+      CpuBackend backend;
+      const auto forward = [&](int layers) {
+        GptConfig d = c;
+        d.n_layer = layers;
+        const MemoryReport r =
+            plan_memory<float>(spec.stage(), backend, d, micro_batch, seq, GridCoords{}, options);
+        for (const BufferUsage& b : r.buffers)
+          if (b.name == "forward") return static_cast<double>(b.capacity);
+        return 0.0;
+      };
+      return forward(c.n_layer) - forward(c.n_layer - 1);
+    }();
+    ASSERT_GT(block_need, 0);
+    for (const double launch : {0.0, 3e-6}) {
+      Machine m = machine(1e-5, 1e10, Algorithm::ring, 8);
+      m.device.launch_s = launch;
+      const model::StepTime one =
+          model::predict_step_time(spec.stage(), c, micro_batch, seq, options, DType::f32, m);
+      EXPECT_EQ(one.phase(model::Phase::recompute), 0);
+      const model::PipelineStepTime t = model::predict_pipeline_step_time(
+          spec, c, micro * micro_batch, seq, options, DType::f32, m);
+      double forward = 0, backward = 0, data_wait = 0;
+      for (const model::PipelineStageTime& st : t.stages) {
+        forward += st.forward_s;
+        backward += st.backward_s;
+      }
+      for (const model::OpTime& o : one.ops)
+        if (o.op == "data_axis") data_wait += o.seconds() * static_cast<double>(o.count);
+      const double copy = 2 * block_need / m.device.memory_bandwidth + launch;
+      EXPECT_NEAR(forward, one.phase(model::Phase::forward) + c.n_layer * copy, 1e-9 * forward);
+      EXPECT_NEAR(backward + data_wait, one.phase(model::Phase::backward) + c.n_layer * copy,
+                  1e-9 * backward);
+    }
+  }
+}
+
 // The 2021 profiles overlap nothing: every collective on the critical
 // rank is exposed (step = compute + all communication, the data axis
 // after backward included), with the system's options (Optimus: whole

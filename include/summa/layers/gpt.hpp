@@ -34,6 +34,7 @@
 
 #include <array>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -154,7 +155,9 @@ class Gpt final : public GptModel<T> {
   double stage_forward(int slot, std::span<const std::int32_t> tokens,
                        std::span<const std::int32_t> targets, bool differentiate = true);
   /// The microbatch's backward on this stage from stage_output_grad(slot):
-  /// each block recomputed from its kept input and differentiated, then the
+  /// each block recomputed from its kept input (Recompute::full) or its
+  /// activations put back from the slot (none, selective), and
+  /// differentiated, then the
   /// embedding's backward (first stage) or dL/d input in stage_input_grad().
   /// Gradients are always added to (zero them at the start of a batch).
   /// `final` (the batch's last microbatch): the data-axis buckets are
@@ -279,6 +282,21 @@ class Gpt final : public GptModel<T> {
   std::vector<MatrixView<T>> output_grads_;  // pipeline: dL/d stage output, per slot
   /// Per-block checkpoints (Recompute::full).
   bool checkpointed() const { return options_.recompute == Recompute::full; }
+  // A pipeline stage without per-block checkpoints (recompute none or
+  // selective) keeps each block's buffers.forward region per slot: copied
+  // out of the region after the block's forward, back before its backward
+  // (the block's views point into the region; only LN_1's view of the
+  // block's input lies outside it, restored with TransformerBlock::
+  // restore_input). kept_block_bytes_: a block's region (its
+  // buffer_needs().forward); kept_mark_ and kept_used_: where the blocks'
+  // forwards took it and how much (the same for every block and slot).
+  bool keeps_activations() const { return staged() && !checkpointed() && !options_.inference; }
+  std::size_t kept_block_bytes_ = 0, kept_mark_ = 0, kept_used_ = 0;
+  bool kept_known_ = false;
+  std::byte* kept_ = nullptr;  // slots x stage blocks regions, in the checkpoint buffer
+  std::byte* kept_region(std::size_t slot, std::size_t block) const;
+  void keep_block(std::size_t slot, std::size_t block, std::size_t mark);
+  void restore_block(std::size_t slot, std::size_t block);
 
   // GptOptions::profile: the parts, in step order, and their timing.
   enum Part : std::uint8_t {

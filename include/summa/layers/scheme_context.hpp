@@ -123,8 +123,8 @@ class SchemeContext {
   virtual NormLayout norm_layout() const = 0;
   /// LayerNorm over the hidden dimension of an `outer` activation:
   /// SplitLayerNorm over norm_layout(), one algorithm for every scheme.
-  std::unique_ptr<Layer<T>> layer_norm(std::string name, index_t tokens, index_t hidden,
-                                       double eps = 1e-5) {
+  std::unique_ptr<SplitLayerNorm<T>> layer_norm(std::string name, index_t tokens, index_t hidden,
+                                                double eps = 1e-5) {
     return std::make_unique<SplitLayerNorm<T>>(grid(), backend(), norm_layout(), std::move(name),
                                                tokens, hidden, eps);
   }

@@ -74,6 +74,11 @@ class SplitLayerNorm : public Layer<T> {
   void forward(ConstMatrixView<T> X, MatrixView<T> Y, StepBuffers& buffers) override;
   void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
                 bool accumulate = false) override;
+  /// The input the next backward reads, as forward(X) keeps it, without the
+  /// forward: a pipeline stage that keeps its blocks' activations per
+  /// microbatch differentiates one after other microbatches' forwards
+  /// (the statistics it kept in buffers.forward put back by the caller).
+  void restore_input(ConstMatrixView<T> X);
 
   index_t tokens() const { return tokens_; }
   index_t hidden() const { return hidden_; }

@@ -155,6 +155,11 @@ class TransformerBlock final : public Layer<T> {
   void backward(ConstMatrixView<T> dY, MatrixView<T> dX, StepBuffers& buffers,
                 bool accumulate = false) override;
 
+  /// The block's input the next backward reads, as forward(X) keeps it:
+  /// a pipeline stage keeping its blocks' activations per microbatch puts
+  /// back the block's buffers.forward region, then this (Gpt::stage_backward).
+  void restore_input(ConstMatrixView<T> X) { ln_1_->restore_input(X); }
+
   Layer<T>& ln_1() { return *ln_1_; }
   Attention<T>& attn() { return attn_; }
   Layer<T>& ln_2() { return *ln_2_; }
@@ -164,7 +169,7 @@ class TransformerBlock final : public Layer<T> {
   Backend* backend_;
   std::string name_;
   index_t rows_, cols_;  // the local outer [tokens, h] block
-  std::unique_ptr<Layer<T>> ln_1_;
+  std::unique_ptr<SplitLayerNorm<T>> ln_1_;
   Attention<T> attn_;
   std::unique_ptr<Layer<T>> ln_2_;
   MLP<T> mlp_;

@@ -79,7 +79,10 @@ std::vector<int> pipeline_split(const GptConfig& config, const PipelineOptions& 
 /// tokens: a block 4 (24 h^2 + 4 s h); the embedding 6 h (lookup and
 /// position add, the backward's scatter-add); LN_f, the LM head and the
 /// loss 6 h V (logits, their backward at twice) plus their element-wise
-/// work.
+/// work. The block is weighed with its recompute whatever GptOptions::
+/// recompute is (pipeline_split takes the text and the model, not the
+/// options); without it a block costs 3/4 of that, so under recompute none
+/// or selective the split weighs the head slightly light.
 struct PipelineCosts {
   double embedding = 0, block = 0, head = 0;
 };
