@@ -929,16 +929,19 @@ void Gpt<T>::stage_backward(int slot, bool final) {
     // (backward does not read a block's output), or put back what its
     // forward kept for this slot; then differentiate it.
     const MatrixView<T> out = conj_[free];
-    if (keeps_activations()) {
-      restore_block(static_cast<std::size_t>(slot), i);
-      blocks_[i]->restore_input(x[i]);
-    } else {
+    if (!keeps_activations()) {
       B.forward.reset();
       clock_.phase = 1;
       timed(rec_blocks, [&] { blocks_[i]->forward(x[i], out, step); });
     }
     clock_.phase = 2;
-    timed(bwd_blocks, [&] { blocks_[i]->backward(dy, out, step, true); });
+    timed(bwd_blocks, [&] {
+      if (keeps_activations()) {
+        restore_block(static_cast<std::size_t>(slot), i);
+        blocks_[i]->restore_input(x[i]);
+      }
+      blocks_[i]->backward(dy, out, step, true);
+    });
     reduce_next();  // in flight while the blocks below run
     dy = out;
     free = 1 - free;
@@ -993,12 +996,15 @@ void Gpt<T>::keep_block(std::size_t slot, std::size_t block, std::size_t mark) {
       MatrixView<T>::dense(reinterpret_cast<T*>(kept_region(slot, block)), 1, n, Order::row_major));
 }
 
-// The slot's region of block `block` back where its views point.
+// The slot's region of block `block` back where its views point, taken
+// from the forward buffer again (so that nothing taken later lands on it).
 template <class T>
 void Gpt<T>::restore_block(std::size_t slot, std::size_t block) {
   require(kept_known_, "GPT stage_backward: no forward kept this stage's activations");
   const auto n = static_cast<index_t>(kept_used_ / sizeof(T));
-  auto* base = static_cast<std::byte*>(buffers_->forward.base());
+  Arena& forward = buffers_->forward;
+  forward.reset();
+  auto* base = static_cast<std::byte*>(forward.take_bytes(kept_mark_ + kept_used_));
   backend_->copy(
       ConstMatrixView<T>::dense(reinterpret_cast<const T*>(kept_region(slot, block)), 1, n,
                                 Order::row_major),

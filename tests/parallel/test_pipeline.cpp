@@ -207,12 +207,14 @@ std::vector<Case> cases_for(int ranks) {
       return {{2, "1d:p=2", 4, 0},
               {2, "data=2,2d:q=1", 2, 0},
               {4, "2d:q=1", 5, 3},
-              {2, "data=2:zero=1,1d:p=1", 4, 2}};
+              {2, "data=2:zero=1,1d:p=1", 4, 2},
+              {2, "1d:p=2,sp=on", 4, 2}};
     case 8:
       // middle stages of tensor groups of 2 (the message-driven schedule's
       // choice of message agreed over the group)
       return {{2, "2d:q=2", 2, 0},
               {2, "3d:1x2x2", 2, 1},
+              {2, "3d:2x2x1,overlap=oar+ors+oag", 3, 0},
               {4, "data=2,1d:p=1", 4, 0},
               {4, "1d:p=2", 6, 2},
               {4, "3d:1x1x2", 4, 2}};
@@ -248,18 +250,18 @@ void pipeline_matches_reference(MPI_Comm comm, int ranks) {
     ref.backward();
 
     std::vector<std::vector<double>> first_grads;  // of the first run
-    // every schedule with per-block checkpoints; without (the blocks'
-    // activations kept per slot), the schedules holding the most
-    // microbatches (gpipe all of them) and the fewest (1f1b)
+    // every schedule under every recompute mode (without per-block
+    // checkpoints the blocks' activations are kept per slot)
     struct Run {
       PipeSchedule schedule;
       Recompute recompute;
     };
-    for (const Run run :
-         {Run{PipeSchedule::axonn, Recompute::full}, Run{PipeSchedule::gpipe, Recompute::full},
-          Run{PipeSchedule::one_f_one_b, Recompute::full},
-          Run{PipeSchedule::axonn, Recompute::none}, Run{PipeSchedule::gpipe, Recompute::none},
-          Run{PipeSchedule::one_f_one_b, Recompute::selective}}) {
+    std::vector<Run> runs;
+    for (const Recompute recompute : {Recompute::full, Recompute::none, Recompute::selective})
+      for (const PipeSchedule schedule :
+           {PipeSchedule::axonn, PipeSchedule::gpipe, PipeSchedule::one_f_one_b})
+        runs.push_back({schedule, recompute});
+    for (const Run run : runs) {
       const PipeSchedule schedule = run.schedule;
       const GptOptions options{.recompute = run.recompute};
       SCOPED_TRACE(std::string(to_string(schedule)) + ", recompute " +

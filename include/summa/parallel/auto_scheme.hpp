@@ -56,8 +56,9 @@ struct AutoSchemeOptions {
   /// candidate of ranks / P (zero <= 1, no dc=on: what a stage runs), the
   /// message-driven schedule over microbatches of k times the stage's
   /// batch granularity, for the two largest k of 8, 4, 2, 1 that leave at
-  /// least 2P microbatches (none when no k does); with per-block
-  /// checkpoints only (Recompute::full, what a stage keeps).
+  /// least 2P microbatches (none when no k does); under every recompute
+  /// mode (without per-block checkpoints a stage keeps its blocks'
+  /// activations per microbatch), not for inference.
   bool pipelines = true;
   int max_stages = 8;
 };

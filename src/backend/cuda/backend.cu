@@ -722,6 +722,19 @@ static void copy_impl(const cuda_detail::Launch& L, ConstMatrixView<T> src, Matr
   if (src.empty() || (src.data == dst.data && src.ld == dst.ld && src.order == dst.order)) return;
   if (src.order == dst.order) {
     const bool row = dst.order == Order::row_major;
+    const auto inner = static_cast<std::size_t>(row ? dst.cols : dst.rows);
+    const auto outer = static_cast<std::size_t>(row ? dst.rows : dst.cols);
+    // One contiguous range (one line, or lines without gaps): a plain copy
+    // (cudaMemcpy2DAsync refuses a pitch beyond cudaDevAttrMaxPitch, about
+    // 2 GiB, which a long single line of a kept region or a flat buffer
+    // reaches).
+    if (outer == 1 || (static_cast<std::size_t>(src.ld) == inner &&
+                       static_cast<std::size_t>(dst.ld) == inner)) {
+      check_cuda(cudaMemcpyAsync(dst.data, src.data, inner * outer * sizeof(T),
+                                 cudaMemcpyDeviceToDevice, L.stream),
+                 "cudaMemcpyAsync");
+      return;
+    }
     check_cuda(cudaMemcpy2DAsync(dst.data, static_cast<std::size_t>(dst.ld) * sizeof(T), src.data,
                                  static_cast<std::size_t>(src.ld) * sizeof(T),
                                  static_cast<std::size_t>(row ? dst.cols : dst.rows) * sizeof(T),
