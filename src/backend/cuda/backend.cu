@@ -728,8 +728,8 @@ static void copy_impl(const cuda_detail::Launch& L, ConstMatrixView<T> src, Matr
     // (cudaMemcpy2DAsync refuses a pitch beyond cudaDevAttrMaxPitch, about
     // 2 GiB, which a long single line of a kept region or a flat buffer
     // reaches).
-    if (outer == 1 || (static_cast<std::size_t>(src.ld) == inner &&
-                       static_cast<std::size_t>(dst.ld) == inner)) {
+    if (outer == 1 ||
+        (static_cast<std::size_t>(src.ld) == inner && static_cast<std::size_t>(dst.ld) == inner)) {
       check_cuda(cudaMemcpyAsync(dst.data, src.data, inner * outer * sizeof(T),
                                  cudaMemcpyDeviceToDevice, L.stream),
                  "cudaMemcpyAsync");
