@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include "summa/backend/cpu_backend.hpp"
 #include "summa/model/step_time.hpp"
@@ -15,44 +16,42 @@ namespace summa::model {
 
 namespace {
 
-// Bytes of one stage message on a rank: the slot of a microbatch's outer
-// activations (the conjunction buffer holds two slots plus one per
-// microbatch slot).
-template <class T>
-double message_bytes(const SchemeSpec& spec, const GptConfig& config, index_t batch, index_t seq,
-                     GptOptions options) {
-  CpuBackend backend;  // a plan allocates nothing
-  options.pipeline = pipeline_stage(spec, config, batch, seq, 0);
-  const MemoryReport r = plan_memory<T>(spec.stage(), backend, config, batch / spec.pipeline.micro,
-                                        seq, GridCoords{}, options);
-  for (const BufferUsage& b : r.buffers)
-    if (b.name == "conjunction")
-      return static_cast<double>(b.capacity) / static_cast<double>(2 + options.pipeline.slots);
-  return 0;
-}
+// Per rank of stage 0, from the planner (one microbatch's stage model):
+// a stage message, the slot of a microbatch's outer activations (the
+// conjunction buffer holds two slots plus one per microbatch slot); and
+// without per-block checkpoints (recompute none or selective) one block's
+// activations a slot keeps, the checkpoint buffer's growth over full
+// recompute's per slot and block (0 with full).
+struct StageBytes {
+  double message = 0, kept = 0;
+};
 
-// Bytes of one block's activations a stage keeps per microbatch without
-// per-block checkpoints (recompute none or selective): the checkpoint
-// buffer's growth over full recompute's, per slot and block (0 with full).
 template <class T>
-double kept_block_bytes(const SchemeSpec& spec, const GptConfig& config, index_t batch, index_t seq,
-                        GptOptions options) {
-  if (options.recompute == Recompute::full) return 0;
+StageBytes stage_bytes(const SchemeSpec& spec, const GptConfig& config, index_t batch, index_t seq,
+                       GptOptions options) {
   CpuBackend backend;  // a plan allocates nothing
   options.pipeline = pipeline_stage(spec, config, batch, seq, 0);
-  const index_t micro_batch = batch / spec.pipeline.micro;
-  const auto checkpoint = [&](const GptOptions& o) {
-    const MemoryReport r =
-        plan_memory<T>(spec.stage(), backend, config, micro_batch, seq, GridCoords{}, o);
-    for (const BufferUsage& b : r.buffers)
-      if (b.name == "checkpoint") return static_cast<double>(b.capacity);
-    return 0.0;
+  // {conjunction, checkpoint} capacities of the stage's plan under `o`
+  const auto capacities = [&](const GptOptions& o) {
+    const MemoryReport r = plan_memory<T>(spec.stage(), backend, config,
+                                          batch / spec.pipeline.micro, seq, GridCoords{}, o);
+    std::pair<double, double> c{0, 0};
+    for (const BufferUsage& b : r.buffers) {
+      if (b.name == "conjunction") c.first = static_cast<double>(b.capacity);
+      if (b.name == "checkpoint") c.second = static_cast<double>(b.capacity);
+    }
+    return c;
   };
-  GptOptions full = options;
-  full.recompute = Recompute::full;
-  const double regions = static_cast<double>(options.pipeline.slots) *
-                         (options.pipeline.last_block - options.pipeline.first_block);
-  return (checkpoint(options) - checkpoint(full)) / regions;
+  const auto [conjunction, checkpoint] = capacities(options);
+  const double slots = options.pipeline.slots;
+  StageBytes out{.message = conjunction / (2 + slots), .kept = 0};
+  if (options.recompute != Recompute::full) {
+    GptOptions full = options;
+    full.recompute = Recompute::full;
+    const double blocks = options.pipeline.last_block - options.pipeline.first_block;
+    out.kept = (checkpoint - capacities(full).second) / (slots * blocks);
+  }
+  return out;
 }
 
 }  // namespace
@@ -96,14 +95,11 @@ PipelineStepTime predict_pipeline_step_time(const SchemeSpec& spec, const GptCon
   // Without per-block checkpoints a stage copies each block's activations
   // into the microbatch's slot after its forward and back before its
   // backward (Gpt::stage_backward): each copy reads and writes them.
-  double kept = 0;
-  if (dtype == DType::f64)
-    kept = kept_block_bytes<double>(spec, config, batch, seq, options);
-  else if (dtype == DType::bf16)
-    kept = kept_block_bytes<bf16>(spec, config, batch, seq, options);
-  else
-    kept = kept_block_bytes<float>(spec, config, batch, seq, options);
-  if (kept > 0) {
+  const StageBytes bytes =
+      dtype == DType::f64    ? stage_bytes<double>(spec, config, batch, seq, options)
+      : dtype == DType::bf16 ? stage_bytes<bf16>(spec, config, batch, seq, options)
+                             : stage_bytes<float>(spec, config, batch, seq, options);
+  if (const double kept = bytes.kept; kept > 0) {
     const double share = time_options.ranks_per_device;
     const double copy =
         share * (2 * kept / machine.device.memory_bandwidth + machine.device.launch_s);
@@ -149,14 +145,7 @@ PipelineStepTime predict_pipeline_step_time(const SchemeSpec& spec, const GptCon
   const auto message = [&](double bytes) {
     return collective_seconds(link[Collective::broadcast], Collective::broadcast, 2, bytes);
   };
-  double bytes = 0;
-  if (dtype == DType::f64)
-    bytes = message_bytes<double>(spec, config, batch, seq, options);
-  else if (dtype == DType::bf16)
-    bytes = message_bytes<bf16>(spec, config, batch, seq, options);
-  else
-    bytes = message_bytes<float>(spec, config, batch, seq, options);
-  t.message_s = stages > 1 ? message(bytes) : 0;
+  t.message_s = stages > 1 ? message(bytes.message) : 0;
   // The data axis: a stage issues its buckets with its final backward,
   // which ends before the flush does by the backwards of the stages
   // before it and the messages between (the gradient still travelling to
