@@ -67,9 +67,17 @@ std::size_t remove_stale_temporaries(const fs::path& path, double min_age_s) {
     struct stat st {};
     // Its writer holds the lock while it lives (the kernel drops it when the
     // process ends, however it ends); the age covers the instant between a
-    // writer's open and its lock.
-    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-        static_cast<double>(std::time(nullptr) - st.st_mtime) >= min_age_s &&
+    // writer's open and its lock. The age in nanoseconds, at least 0: a
+    // file system may stamp a write from a finer clock than the one now is
+    // read from, so a file written a moment ago can seem to be from the
+    // future (seen: time() a second behind a fresh file's st_mtime).
+    const auto age = [&st] {
+      timespec now{};
+      ::clock_gettime(CLOCK_REALTIME, &now);
+      return std::max(0.0, static_cast<double>(now.tv_sec - st.st_mtim.tv_sec) +
+                               1e-9 * static_cast<double>(now.tv_nsec - st.st_mtim.tv_nsec));
+    };
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && age() >= min_age_s &&
         ::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::unlink(it->path().c_str()) == 0)
       ++removed;
     ::close(fd);  // releases the lock

@@ -166,6 +166,19 @@ TEST(AtomicFile, TheNextWriteClearsWhatADeadWriterLeft) {
   EXPECT_EQ(read_all(file), "ok2");
   EXPECT_EQ(io::remove_stale_temporaries(file, 0), 0u);
   EXPECT_EQ(entries(dir.path()), 3);  // the file, another file's and a foreign name
+  // A temporary stamped a little ahead of the clock (a file system's finer
+  // clock than the one `now` is read from: CI once saw time() a second
+  // behind a fresh file) is just written, age 0, not of a negative age that
+  // no limit admits.
+  const fs::path ahead = make("model.safetensors.tmp-00000000000000bb", false);
+  timespec future{};
+  ::clock_gettime(CLOCK_REALTIME, &future);
+  future.tv_sec += 2;
+  const timespec times[2] = {future, future};
+  ASSERT_EQ(::utimensat(AT_FDCWD, ahead.c_str(), times, 0), 0);
+  EXPECT_EQ(io::remove_stale_temporaries(file, 60), 0u);  // too young for the default
+  EXPECT_EQ(io::remove_stale_temporaries(file, 0), 1u);
+  EXPECT_FALSE(fs::exists(ahead));
 }
 
 TEST(Files, NonRegularFilesAreNamedBeforeTheyBlock) {
