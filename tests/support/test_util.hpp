@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <random>
 #include <span>
@@ -52,9 +53,21 @@ inline MPI_Comm& test_comm() {
   return comm;
 }
 
-/// Seed of the current test, identical on every rank: SUMMA_TEST_SEED if set
-/// (to reproduce a failure), otherwise a fresh value drawn on rank 0 for every
-/// call; mixed with the test's name. Collective over test_comm().
+/// The base each seed below came from (SUMMA_TEST_SEED or a random draw),
+/// by seed: seed_note names the base that reproduces a seed.
+inline std::map<std::uint64_t, unsigned long long>& seed_bases() {
+  static std::map<std::uint64_t, unsigned long long> bases;
+  return bases;
+}
+
+inline std::string current_test_name() {
+  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
+  return info ? std::string(info->test_suite_name()) + "." + info->name() : std::string();
+}
+
+/// Seed of the current test, identical on every rank: from SUMMA_TEST_SEED if
+/// set (to reproduce a failure), otherwise from a fresh base drawn on rank 0
+/// for every call; mixed with the test's name. Collective over test_comm().
 inline std::uint64_t test_seed() {
   int rank = 0;
   MPI_Comm_rank(test_comm(), &rank);
@@ -67,25 +80,41 @@ inline std::uint64_t test_seed() {
           (static_cast<unsigned long long>(std::random_device{}()) << 32) ^ std::random_device{}();
   }
   MPI_Bcast(&base, 1, MPI_UNSIGNED_LONG_LONG, 0, test_comm());
-  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-  const std::string name =
-      info ? std::string(info->test_suite_name()) + "." + info->name() : std::string();
-  return mix(base ^ hash_string(name));
-}
-
-inline std::string seed_note(std::uint64_t seed) {
-  return "test seed " + std::to_string(seed) + " (rerun with SUMMA_TEST_SEED to reproduce)";
-}
-
-/// A new seed for each call (fresh data every time), the same on every rank;
-/// reproducible in sequence when SUMMA_TEST_SEED is set. Collective.
-inline std::uint64_t fresh_seed() {
-  // The call count is per process, and ranks that sat out a for_each_group
-  // phase have counted fewer calls: rank 0's seed is everyone's.
-  static std::uint64_t calls = 0;
-  unsigned long long seed = mix(test_seed() + ++calls);
-  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, test_comm());
+  const std::uint64_t seed = mix(base ^ hash_string(current_test_name()));
+  seed_bases()[seed] = base;
   return seed;
+}
+
+/// A new seed for each call (fresh data every time), the same on every rank:
+/// the k-th call of a test mixes k into test_seed(), so SUMMA_TEST_SEED set to
+/// the base seed_note prints gives that call the same seed again (whatever
+/// other tests ran before it). Collective.
+inline std::uint64_t fresh_seed() {
+  // The call count is per process and per test, and ranks that sat out a
+  // for_each_group phase have counted fewer calls: rank 0's seed is
+  // everyone's (rank 0 takes part in every phase).
+  static std::string test;
+  static std::uint64_t calls = 0;
+  if (const std::string name = current_test_name(); name != test) {
+    test = name;
+    calls = 0;
+  }
+  const std::uint64_t from = test_seed();
+  unsigned long long seed = mix(from + ++calls);
+  unsigned long long base = seed_bases()[from];
+  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, test_comm());
+  MPI_Bcast(&base, 1, MPI_UNSIGNED_LONG_LONG, 0, test_comm());
+  seed_bases()[seed] = base;
+  return seed;
+}
+
+/// "test seed S (rerun with SUMMA_TEST_SEED=B to reproduce)": B is the base
+/// S came from (test_seed or fresh_seed).
+inline std::string seed_note(std::uint64_t seed) {
+  const auto it = seed_bases().find(seed);
+  return "test seed " + std::to_string(seed) + " (rerun with SUMMA_TEST_SEED=" +
+         (it == seed_bases().end() ? std::string("?") : std::to_string(it->second)) +
+         " to reproduce)";
 }
 
 template <class T>
