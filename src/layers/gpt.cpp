@@ -121,13 +121,11 @@ Gpt<T>::Gpt(SchemeContext<T>& scheme, const GptConfig& config, index_t batch, in
           scheme.label(), ps.stage, ps.stages, ps.first_block, ps.last_block, config.n_layer,
           ps.slots, ps.loss_tokens, batch * seq);
     else if (options.inference || options.kv_cache != 0 || options.shard_gradients ||
-             options.shard_parameters || scheme.checkpoint_group() != nullptr)
+             options.shard_parameters)
       error = fmt::format(
-          "GPT ({}): a pipeline stage runs training, without distributed checkpoints (dc=on) or a "
-          "sharding level above 1 (got{}{}{})",
+          "GPT ({}): a pipeline stage runs training, without a sharding level above 1 (got{}{})",
           scheme.label(), options.inference || options.kv_cache != 0 ? " inference" : "",
-          options.shard_gradients || options.shard_parameters ? " zero >= 2" : "",
-          scheme.checkpoint_group() != nullptr ? " dc=on" : "");
+          options.shard_gradients || options.shard_parameters ? " zero >= 2" : "");
     grid_->agree(CommAxis::world, error);
   }
   const BackendIds::PlanScope planning(options.plan_only);  // a plan allocates no ids
@@ -200,7 +198,11 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
     ckpt_chunk_ = rows * cols / g;
     ByteCount<T> chunk;
     chunk.add(ckpt_chunk_);
-    checkpoint = static_cast<std::size_t>(config_.n_layer) * chunk + slot;
+    // A stage: per slot its input and output whole (the pipe's messages)
+    // and the chunks of its inner boundaries, and one whole slot for the
+    // gather before each recompute.
+    checkpoint = staged() ? slots * (2 * slot + (stage_blocks - 1) * chunk) + slot
+                          : static_cast<std::size_t>(config_.n_layer) * chunk + slot;
   }
   sizes_ = {.workspace = needs.workspace,
             .forward = needs.forward,
@@ -276,7 +278,24 @@ void Gpt<T>::finish_construction(index_t rows, index_t cols) {
   }
   conj_[0] = take(buffers_->conjunction);
   conj_[1] = take(buffers_->conjunction);
-  if (staged()) {
+  if (staged() && ckpt_group_ != nullptr) {
+    // boundaries_ per slot: x[0] and x[n] its own, the inner ones the
+    // conjunction slots forward runs through (their chunks in chunks_, per
+    // slot); then the gather slot.
+    for (std::size_t k = 0; k < slots; ++k) output_grads_.push_back(take(buffers_->conjunction));
+    for (std::size_t k = 0; k < slots; ++k)
+      for (std::size_t i = 0; i <= stage_blocks; ++i) {
+        if (i == 0 || i == stage_blocks) {
+          boundaries_.push_back(take(buffers_->checkpoint));
+          continue;
+        }
+        boundaries_.push_back(conj_[i % 2]);
+        chunks_.push_back(MatrixView<T>::dense(
+            buffers_->checkpoint.take<T>(static_cast<std::size_t>(ckpt_chunk_)), 1, ckpt_chunk_,
+            Order::row_major));
+      }
+    boundaries_.push_back(take(buffers_->checkpoint));
+  } else if (staged()) {
     for (std::size_t k = 0; k < slots; ++k) output_grads_.push_back(take(buffers_->conjunction));
     for (std::size_t k = 0; k < slots * (stage_blocks + 1); ++k)
       boundaries_.push_back(take(buffers_->checkpoint));
@@ -351,8 +370,18 @@ void Gpt<T>::price(cost::Tally& t, model::Phase phase) const {
       t.begin(gpt_op::ln_f, phase);
       ln_f_->price(t, phase);
     }
+    // A stage gathers its inner blocks' inputs (its first block's input is
+    // its own, whole); the unpipelined model every block's.
+    if (ckpt_group_ != nullptr && staged() && blocks_.size() > 1) {
+      const cost::u64 repeat = t.repeat;
+      t.repeat = repeat * (blocks_.size() - 1);
+      t.begin(gpt_op::checkpoint_gather, model::Phase::recompute);
+      t.all_gather(CommAxis::tensor, static_cast<cost::u64>(ckpt_chunk_),
+                   static_cast<cost::u64>(ckpt_group_->size()), sizeof(T));
+      t.repeat = repeat;
+    }
     each_block([&](const TransformerBlock<T>& b) {
-      if (ckpt_group_ != nullptr) {  // the block's input, gathered from its chunks
+      if (ckpt_group_ != nullptr && !staged()) {  // the block's input, gathered from its chunks
         t.begin(gpt_op::checkpoint_gather, model::Phase::recompute);
         t.all_gather(CommAxis::tensor, static_cast<cost::u64>(ckpt_chunk_),
                      static_cast<cost::u64>(ckpt_group_->size()), sizeof(T));
@@ -480,6 +509,23 @@ void Gpt<T>::save_chunk(int i) {
   const auto whole = ConstMatrixView<T>::dense(x.data, 1, rows_ * cols_, Order::row_major);
   backend_->copy(whole.block(0, ckpt_group_->rank() * ckpt_chunk_, 1, ckpt_chunk_),
                  chunks_[static_cast<std::size_t>(i)]);
+}
+
+// A pipeline stage's chunk of its slot's inner boundary `i` (0 < i < n).
+template <class T>
+MatrixView<T> Gpt<T>::stage_chunk(std::size_t slot, std::size_t i) const {
+  return chunks_[slot * (blocks_.size() - 1) + i - 1];
+}
+
+// Distributed checkpoints in a stage: this rank's chunk of the slot's inner
+// boundary x[i], whole in its conjunction slot until the next block's forward.
+template <class T>
+void Gpt<T>::save_stage_chunk(std::size_t slot, std::size_t i) {
+  if (ckpt_group_ == nullptr) return;
+  const MatrixView<T>& x = boundaries_[slot * (blocks_.size() + 1) + i];
+  const auto whole = ConstMatrixView<T>::dense(x.data, 1, rows_ * cols_, Order::row_major);
+  backend_->copy(whole.block(0, ckpt_group_->rank() * ckpt_chunk_, 1, ckpt_chunk_),
+                 stage_chunk(slot, i));
 }
 
 template <class T>
@@ -887,6 +933,7 @@ double Gpt<T>::stage_forward(int slot, std::span<const std::int32_t> tokens,
       const std::size_t mark = B.forward.mark();
       blocks_[i]->forward(x[i], x[i + 1], step);
       if (differentiate && keeps_activations()) keep_block(ids, i, mark);
+      if (differentiate && i + 1 < n) save_stage_chunk(ids, i + 1);
       B.forward.release(mark);
     }
   });
@@ -932,7 +979,17 @@ void Gpt<T>::stage_backward(int slot, bool final) {
     if (!keeps_activations()) {
       B.forward.reset();
       clock_.phase = 1;
-      timed(rec_blocks, [&] { blocks_[i]->forward(x[i], out, step); });
+      timed(rec_blocks, [&] {
+        // distributed checkpoints: an inner block's input gathered from its
+        // chunks into the gather slot
+        MatrixView<T> input = x[i];
+        if (ckpt_group_ != nullptr && i > 0) {
+          input = boundaries_.back();
+          ckpt_group_->all_gather(stage_chunk(static_cast<std::size_t>(slot), i).data, input.data,
+                                  static_cast<std::size_t>(ckpt_chunk_));
+        }
+        blocks_[i]->forward(input, out, step);
+      });
     }
     clock_.phase = 2;
     timed(bwd_blocks, [&] {

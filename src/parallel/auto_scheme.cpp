@@ -64,8 +64,6 @@ std::vector<SchemeSpec> candidate_pipelines(int ranks, const GptConfig& config, 
     if (ranks % p != 0) continue;
     for (const SchemeSpec& stage : candidate_schemes(ranks / p, options)) {
       if (stage.zero > 1) continue;  // what a stage runs
-      if (stage.holds<Megatron1DSpec>() && stage.as<Megatron1DSpec>().distribute_checkpoints)
-        continue;
       // microbatches of k times the stage's granularity (k sequences per
       // data group and batch split): the two largest k of 8, 4, 2, 1 that
       // leave at least 2P of them (at most a third of the flush idle; the

@@ -204,11 +204,9 @@ std::vector<Case> cases_for(int ranks) {
     case 3:
       return {{3, "1d:p=1", 4, 2}};
     case 4:
-      return {{2, "1d:p=2", 4, 0},
-              {2, "data=2,2d:q=1", 2, 0},
-              {4, "2d:q=1", 5, 3},
-              {2, "data=2:zero=1,1d:p=1", 4, 2},
-              {2, "1d:p=2,sp=on", 4, 2}};
+      return {{2, "1d:p=2", 4, 0},       {2, "data=2,2d:q=1", 2, 0},
+              {4, "2d:q=1", 5, 3},       {2, "data=2:zero=1,1d:p=1", 4, 2},
+              {2, "1d:p=2,sp=on", 4, 2}, {2, "1d:p=2,dc=on", 4, 2}};
     case 8:
       // middle stages of tensor groups of 2 (the message-driven schedule's
       // choice of message agreed over the group)
@@ -217,7 +215,8 @@ std::vector<Case> cases_for(int ranks) {
               {2, "3d:2x2x1,overlap=oar+ors+oag", 3, 0},
               {4, "data=2,1d:p=1", 4, 0},
               {4, "1d:p=2", 6, 2},
-              {4, "3d:1x1x2", 4, 2}};
+              {4, "3d:1x1x2", 4, 2},
+              {2, "1d:p=4,dc=on", 3, 0}};
     case 9:
       // three stages of 1D groups of 3, and of 3 data groups
       return {{3, "1d:p=3", 3, 0}, {3, "data=3,2d:q=1", 3, 2}};
@@ -257,10 +256,12 @@ void pipeline_matches_reference(MPI_Comm comm, int ranks) {
       Recompute recompute;
     };
     std::vector<Run> runs;
+    const bool dc = std::string_view(c.scheme).ends_with("dc=on");  // recompute full only
     for (const Recompute recompute : {Recompute::full, Recompute::none, Recompute::selective})
-      for (const PipeSchedule schedule :
-           {PipeSchedule::axonn, PipeSchedule::gpipe, PipeSchedule::one_f_one_b})
-        runs.push_back({schedule, recompute});
+      if (!dc || recompute == Recompute::full)
+        for (const PipeSchedule schedule :
+             {PipeSchedule::axonn, PipeSchedule::gpipe, PipeSchedule::one_f_one_b})
+          runs.push_back({schedule, recompute});
     for (const Run run : runs) {
       const PipeSchedule schedule = run.schedule;
       const GptOptions options{.recompute = run.recompute};
@@ -704,10 +705,11 @@ void planner_equals_measured(MPI_Comm comm, int ranks) {
                "pipe=2:micro=4:schedule=gpipe,2d:q=1/none"};
   if (ranks == 4)
     schemes = {
-        "pipe=4:micro=8:limit=2,2d:q=1",       "pipe=2:micro=4:schedule=1f1b,1d:p=2",
-        "data=2:zero=1,pipe=2:micro=2,2d:q=1", "pipe=2:micro=2:split=3+1,1d:p=2",
-        "pipe=4:micro=8:limit=2,2d:q=1/none",  "pipe=2:micro=4:schedule=1f1b,1d:p=2/selective",
-        "pipe=2:micro=2:split=3+1,1d:p=2/none"};
+        "pipe=4:micro=8:limit=2,2d:q=1",        "pipe=2:micro=4:schedule=1f1b,1d:p=2",
+        "data=2:zero=1,pipe=2:micro=2,2d:q=1",  "pipe=2:micro=2:split=3+1,1d:p=2",
+        "pipe=4:micro=8:limit=2,2d:q=1/none",   "pipe=2:micro=4:schedule=1f1b,1d:p=2/selective",
+        "pipe=2:micro=2:split=3+1,1d:p=2/none", "pipe=2:micro=4:schedule=gpipe,1d:p=2,dc=on",
+        "pipe=2:micro=4:schedule=gpipe,1d:p=2"};
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed_note(seed));
   std::mt19937_64 gen(seed);
@@ -746,8 +748,12 @@ void planner_equals_measured(MPI_Comm comm, int ranks) {
     const double planned =
         static_cast<double>(plan.total()) + static_cast<double>(plan.parameter_elements) * state;
     const double ratio = planned / measured;
-    EXPECT_GE(-max_over_ranks(-ratio), 0.98);
-    EXPECT_LE(max_over_ranks(ratio), 1.02);
+    const double low = -max_over_ranks(-ratio), high = max_over_ranks(ratio);
+    EXPECT_GE(low, 0.98);
+    EXPECT_LE(high, 1.02);
+    if (int rank = 0; MPI_Comm_rank(comm, &rank) == MPI_SUCCESS && rank == 0 &&
+                      std::getenv("SUMMA_TEST_PRINT_ERRORS") != nullptr)
+      std::printf("[planner] %s planned / measured %.4f to %.4f\n", text.c_str(), low, high);
     // without a launch: the busiest rank, exactly
     const RankMemory most =
         plan_memory_busiest<float>(spec, planner, o.config, o.batch, o.seq, o.gpt);
@@ -766,6 +772,12 @@ void planner_equals_measured(MPI_Comm comm, int ranks) {
   if (ranks == 4) {  // selective keeps more than full
     EXPECT_GT(busiest["pipe=2:micro=4:schedule=1f1b,1d:p=2/selective"],
               busiest["pipe=2:micro=4:schedule=1f1b,1d:p=2"]);
+    // distributed checkpoints keep half of each slot's inner boundary (one
+    // per stage of 2 blocks, over 2 ranks) and add one gather slot: 4 slots
+    // under GPipe save 4 x 1/2 - 1 = 1 boundary of 16 x 32 x 64 floats
+    EXPECT_EQ(busiest["pipe=2:micro=4:schedule=gpipe,1d:p=2"] -
+                  busiest["pipe=2:micro=4:schedule=gpipe,1d:p=2,dc=on"],
+              std::size_t{16 / 4 * 32 * 64 * sizeof(float)});
   }
 }
 

@@ -53,7 +53,7 @@ struct AutoSchemeOptions {
   model::StepTimeOptions time = {};
   /// Also pipelines (rank_schemes): P stages for every P dividing the
   /// ranks, 2 <= P <= min(max_stages, n_layer), each stage any training
-  /// candidate of ranks / P (zero <= 1, no dc=on: what a stage runs), the
+  /// candidate of ranks / P (zero <= 1: what a stage runs; dc=on under full recompute), the
   /// message-driven schedule over microbatches of k times the stage's
   /// batch granularity, for the two largest k of 8, 4, 2, 1 that leave at
   /// least 2P microbatches (none when no k does); under every recompute
