@@ -16,7 +16,8 @@
 
 namespace summa {
 
-std::vector<int> pipeline_split(const GptConfig& config, const PipelineOptions& o) {
+std::vector<int> pipeline_split(const GptConfig& config, const PipelineOptions& o,
+                                Recompute recompute) {
   require(o.stages >= 1 && o.micro >= 1 && o.limit >= 0, [&] {
     return fmt::format(
         "pipeline: stages={}, micro={} and limit={} must be positive (limit 0: the stages)",
@@ -55,7 +56,7 @@ std::vector<int> pipeline_split(const GptConfig& config, const PipelineOptions& 
   // By cost: the least cost any contiguous split's costliest stage can
   // have (dynamic programming over the blocks), taken where the count's
   // split exceeds it.
-  const PipelineCosts c = pipeline_costs(config);
+  const PipelineCosts c = pipeline_costs(config, recompute);
   if (stages == 1 || c.block <= 0) return split;
   const auto fixed = [&](int stage) {
     return (stage == 0 ? c.embedding : 0) + (stage == stages - 1 ? c.head : 0);
@@ -102,14 +103,26 @@ std::vector<int> pipeline_split(const GptConfig& config, const PipelineOptions& 
   return split;
 }
 
-PipelineCosts pipeline_costs(const GptConfig& config) {
+PipelineCosts pipeline_costs(const GptConfig& config, Recompute recompute) {
   const double h = config.n_embd, sq = config.n_positions, v = config.vocab_size;
-  // per token: a block's forward 24 h^2 + 4 s h, run three times over
-  // (forward, recompute, backward at twice); the embedding's lookup and
+  // per token: a block's forward 24 h^2 + 4 s h and its backward at twice,
+  // plus what the recompute mode runs again; the embedding's lookup and
   // position add and its backward's scatter-add; LN_f and the head's
   // logits h V forward, twice that backward, and the loss over V
+  const double forward = 24 * h * h + 4 * sq * h;
+  double again = 0;
+  switch (recompute) {
+    case Recompute::full:
+      again = forward;
+      break;
+    case Recompute::selective:
+      again = 2 * sq * h;  // S = QK^T
+      break;
+    case Recompute::none:
+      break;
+  }
   return {.embedding = 3 * 2 * h,
-          .block = 4 * (24 * h * h + 4 * sq * h),
+          .block = 3 * forward + again,
           .head = 6 * h * v + 3 * 10 * h + 3 * 5 * v};
 }
 
@@ -164,9 +177,9 @@ PipeStaging pipe_staging(std::size_t message_bytes, std::size_t exchange_bytes, 
 }
 
 PipelineStage pipeline_stage(const SchemeSpec& spec, const GptConfig& config, index_t batch,
-                             index_t seq, int stage) {
+                             index_t seq, int stage, Recompute recompute) {
   const PipelineSpec& p = spec.pipeline;
-  const std::vector<int> split = pipeline_split(config, p);
+  const std::vector<int> split = pipeline_split(config, p, recompute);
   require(batch > 0 && batch % p.micro == 0, [&] {
     return fmt::format("pipeline: batch={} does not divide into micro={} microbatches", batch,
                        p.micro);
@@ -198,7 +211,7 @@ PipelineGpt<T>::PipelineGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& back
   check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   std::optional<std::string> error;
   try {
-    (void)pipeline_stage(spec, config, batch, seq, 0);  // the split and the batch
+    (void)pipeline_stage(spec, config, batch, seq, 0, options.recompute);  // the split, the batch
   } catch (const Error& e) {
     error = e.what();
   }
@@ -218,7 +231,7 @@ PipelineGpt<T>::PipelineGpt(MPI_Comm comm, const SchemeSpec& spec, Backend& back
   check_mpi(MPI_Comm_split(comm, stage_, rank, &stage_comm), "MPI_Comm_split (pipeline stage)");
   check_mpi(MPI_Comm_split(comm, rank % static_cast<int>(per_stage), stage_, &pipe_comm),
             "MPI_Comm_split (pipe)");
-  options.pipeline = pipeline_stage(spec, config, batch, seq, stage_);
+  options.pipeline = pipeline_stage(spec, config, batch, seq, stage_, options.recompute);
   // A stage's refusal reaches every stage (the others would wait for its
   // messages).
   std::optional<std::string> stage_error;

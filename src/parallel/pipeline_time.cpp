@@ -30,7 +30,7 @@ template <class T>
 StageBytes stage_bytes(const SchemeSpec& spec, const GptConfig& config, index_t batch, index_t seq,
                        GptOptions options) {
   CpuBackend backend;  // a plan allocates nothing
-  options.pipeline = pipeline_stage(spec, config, batch, seq, 0);
+  options.pipeline = pipeline_stage(spec, config, batch, seq, 0, options.recompute);
   // {conjunction, checkpoint} capacities of the stage's plan under `o`
   const auto capacities = [&](const GptOptions& o) {
     const MemoryReport r = plan_memory<T>(spec.stage(), backend, config,
@@ -64,7 +64,7 @@ PipelineStepTime predict_pipeline_step_time(const SchemeSpec& spec, const GptCon
   require(p.active(), [&] {
     return fmt::format("predict_pipeline_step_time: scheme '{}' has no pipeline axis", spec.str());
   });
-  const std::vector<int> split = pipeline_split(config, p);
+  const std::vector<int> split = pipeline_split(config, p, options.recompute);
   require(batch > 0 && batch % p.micro == 0, [&] {
     return fmt::format("predict_pipeline_step_time: batch={} does not divide into micro={}", batch,
                        p.micro);

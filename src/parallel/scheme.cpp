@@ -105,7 +105,7 @@ RankMemory plan_memory_busiest(const SchemeSpec& spec, Backend& backend, const G
     std::optional<RankMemory> busiest;
     for (int s = 0; s < spec.pipeline.stages; ++s) {
       GptOptions stage = options;
-      stage.pipeline = pipeline_stage(spec, config, batch, seq, s);
+      stage.pipeline = pipeline_stage(spec, config, batch, seq, s, options.recompute);
       RankMemory r = plan_memory_busiest<T>(
           spec.stage(), backend, config, batch / spec.pipeline.micro, seq, stage, every_rank_up_to);
       r.stage = s;

@@ -34,7 +34,7 @@ TrafficCounters pipeline_traffic(const SchemeSpec& spec, const GptConfig& config
   });
   const SchemeSpec one = spec.stage();
   options.plan_only = true;
-  options.pipeline = pipeline_stage(spec, config, batch, seq, stage);
+  options.pipeline = pipeline_stage(spec, config, batch, seq, stage, options.recompute);
   const PipelineStage& ps = options.pipeline;
   CpuBackend backend;  // a plan allocates nothing
   ProcessGrid grid = ProcessGrid::plan(scheme_row(one.scheme).grid_shape(one), coords);

@@ -55,50 +55,69 @@ TEST(Pipeline, SplitBalancesAndChecks) {
         EXPECT_EQ(split.back(), layers / stages);
       }
     }
-  // By cost (GPT-2 small: the LM head's 6 h V per token is 3.4 blocks):
-  // the split's costliest stage costs the least any contiguous split
-  // achieves (every split enumerated), and the last stage, which runs the
-  // head, holds fewer blocks than the others.
+  // By cost under each recompute mode (GPT-2 small: the LM head's 6 h V
+  // per token is 3.4 blocks with full recompute, 4.5 without): the split's
+  // costliest stage costs the least any contiguous split achieves (every
+  // split enumerated), and the last stage, which runs the head, holds
+  // fewer blocks than the others.
   config = {.n_layer = 0, .n_head = 12, .n_embd = 768, .n_positions = 1024, .vocab_size = 50257};
-  const PipelineCosts c = pipeline_costs(config);
-  EXPECT_GT(c.head, 3 * c.block);
-  EXPECT_LT(c.embedding, c.block / 1000);
-  for (int layers = 1; layers <= 12; ++layers)
-    for (int stages = 1; stages <= layers; ++stages) {
-      config.n_layer = layers;
-      PipelineOptions o;
-      o.stages = stages;
-      const auto worst = [&](const std::vector<int>& split) {
-        double w = 0;
-        for (int s = 0; s < stages; ++s)
-          w = std::max(w, split[static_cast<std::size_t>(s)] * c.block +
-                              (s == 0 ? c.embedding : 0) + (s == stages - 1 ? c.head : 0));
-        return w;
-      };
-      double least = std::numeric_limits<double>::infinity();
-      std::vector<int> parts;  // every composition of `layers` into `stages` parts
-      const auto each = [&](auto&& self, int left) -> void {
-        if (static_cast<int>(parts.size()) == stages - 1) {
-          if (left < 1) return;
-          parts.push_back(left);
-          least = std::min(least, worst(parts));
-          parts.pop_back();
-          return;
+  {
+    const double h = 768, s = 1024, forward = 24 * h * h + 4 * s * h;
+    EXPECT_DOUBLE_EQ(pipeline_costs(config, Recompute::full).block, 4 * forward);
+    EXPECT_DOUBLE_EQ(pipeline_costs(config, Recompute::none).block, 3 * forward);
+    EXPECT_DOUBLE_EQ(pipeline_costs(config, Recompute::selective).block, 3 * forward + 2 * s * h);
+    EXPECT_EQ(pipeline_costs(config).block, pipeline_costs(config, Recompute::full).block);
+  }
+  int differ = 0;  // splits that weigh the block differently
+  for (const Recompute recompute : {Recompute::full, Recompute::none, Recompute::selective}) {
+    SCOPED_TRACE(to_string(recompute));
+    const PipelineCosts c = pipeline_costs(config, recompute);
+    EXPECT_GT(c.head, 3 * c.block);
+    EXPECT_LT(c.embedding, c.block / 1000);
+    for (int layers = 1; layers <= 12; ++layers)
+      for (int stages = 1; stages <= layers; ++stages) {
+        config.n_layer = layers;
+        PipelineOptions o;
+        o.stages = stages;
+        const auto worst = [&](const std::vector<int>& split) {
+          double w = 0;
+          for (int s = 0; s < stages; ++s)
+            w = std::max(w, split[static_cast<std::size_t>(s)] * c.block +
+                                (s == 0 ? c.embedding : 0) + (s == stages - 1 ? c.head : 0));
+          return w;
+        };
+        double least = std::numeric_limits<double>::infinity();
+        std::vector<int> parts;  // every composition of `layers` into `stages` parts
+        const auto each = [&](auto&& self, int left) -> void {
+          if (static_cast<int>(parts.size()) == stages - 1) {
+            if (left < 1) return;
+            parts.push_back(left);
+            least = std::min(least, worst(parts));
+            parts.pop_back();
+            return;
+          }
+          for (int b = 1; b < left; ++b) {
+            parts.push_back(b);
+            self(self, left - b);
+            parts.pop_back();
+          }
+        };
+        each(each, layers);
+        const std::vector<int> split = pipeline_split(config, o, recompute);
+        EXPECT_EQ(std::accumulate(split.begin(), split.end(), 0), layers);
+        EXPECT_LE(worst(split), least * (1 + 1e-9)) << layers << " over " << stages;
+        if (stages > 1 && layers >= 4 * stages) {
+          EXPECT_LT(split.back(), split.front()) << layers << " over " << stages;
         }
-        for (int b = 1; b < left; ++b) {
-          parts.push_back(b);
-          self(self, left - b);
-          parts.pop_back();
-        }
-      };
-      each(each, layers);
-      const std::vector<int> split = pipeline_split(config, o);
-      EXPECT_EQ(std::accumulate(split.begin(), split.end(), 0), layers);
-      EXPECT_LE(worst(split), least * (1 + 1e-9)) << layers << " over " << stages;
-      if (stages > 1 && layers >= 4 * stages) {
-        EXPECT_LT(split.back(), split.front()) << layers << " over " << stages;
+        if (split != pipeline_split(config, o)) ++differ;
       }
-    }
+  }
+  EXPECT_GT(differ, 0) << "no split weighs the recompute mode";
+  config.n_layer = 24;  // 24 blocks of GPT-2 small's width over 3 stages
+  PipelineOptions three;
+  three.stages = 3;
+  EXPECT_EQ(pipeline_split(config, three, Recompute::full), (std::vector<int>{9, 9, 6}));
+  EXPECT_EQ(pipeline_split(config, three, Recompute::none), (std::vector<int>{9, 10, 5}));
   config.n_layer = 12;
   PipelineOptions four;
   four.stages = 4;
@@ -323,7 +342,7 @@ void pipeline_matches_reference(MPI_Comm comm, int ranks) {
         EXPECT_EQ(grads, first_grads);
       }
       // the stage's blocks and where they sit
-      const std::vector<int> split = pipeline_split(config, o);
+      const std::vector<int> split = pipeline_split(config, o, run.recompute);
       EXPECT_EQ(g.first_block(), std::accumulate(split.begin(), split.begin() + pipe.stage(), 0));
       EXPECT_EQ(g.last_block() - g.first_block(), split[static_cast<std::size_t>(pipe.stage())]);
       EXPECT_EQ(g.has_embedding(), ps.first() || ps.last());

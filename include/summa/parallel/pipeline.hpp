@@ -65,28 +65,30 @@ namespace summa {
 using PipelineOptions = PipelineSpec;
 
 /// Blocks per stage: options.split checked (summa::Error naming it), or the
-/// stages balanced by the modules' cost (pipeline_costs): the contiguous
+/// stages balanced by the modules' cost under `recompute`
+/// (pipeline_costs): the contiguous
 /// split whose costliest stage costs least, the first stage also
 /// embedding and the last also running LN_f, the LM head and the loss.
 /// Where spreading n_layer as evenly as it divides (the remainder to the
 /// middle stages first) is as good, that split. Throws summa::Error when a
 /// stage would hold no block (n_layer < stages) or the options are not
 /// positive.
-std::vector<int> pipeline_split(const GptConfig& config, const PipelineOptions& options);
+std::vector<int> pipeline_split(const GptConfig& config, const PipelineOptions& options,
+                                Recompute recompute = Recompute::full);
 
-/// The modules' cost pipeline_split balances: flops per token of a step
-/// (forward, the block's recompute, backward), attention at n_positions
-/// tokens: a block 4 (24 h^2 + 4 s h); the embedding 6 h (lookup and
-/// position add, the backward's scatter-add); LN_f, the LM head and the
-/// loss 6 h V (logits, their backward at twice) plus their element-wise
-/// work. The block is weighed with its recompute whatever GptOptions::
-/// recompute is (pipeline_split takes the text and the model, not the
-/// options); without it a block costs 3/4 of that, so under recompute none
-/// or selective the split weighs the head slightly light.
+/// The modules' cost pipeline_split balances: flops per token of a step,
+/// attention at n_positions tokens: a block's forward F = 24 h^2 + 4 s h
+/// and its backward 2F, plus what `recompute` runs again: full F (the
+/// block's forward; 4F in all), none nothing (3F), selective the scores
+/// S = QK^T, 2 s h (3F + 2 s h); the embedding 6 h (lookup and position
+/// add, the backward's scatter-add); LN_f, the LM head and the loss 6 h V
+/// (logits, their backward at twice) plus their element-wise work. A
+/// stage's copies of its kept activations (recompute none and selective)
+/// move memory, not flops, and are not weighed.
 struct PipelineCosts {
   double embedding = 0, block = 0, head = 0;
 };
-PipelineCosts pipeline_costs(const GptConfig& config);
+PipelineCosts pipeline_costs(const GptConfig& config, Recompute recompute = Recompute::full);
 
 /// One operation of a stage: the forward or the backward of a microbatch.
 struct PipeOp {
@@ -131,7 +133,7 @@ PipeStaging pipe_staging(std::size_t message_bytes, std::size_t exchange_bytes, 
 /// for a split that does not fit the model or a batch that does not divide
 /// into the microbatches.
 PipelineStage pipeline_stage(const SchemeSpec& spec, const GptConfig& config, index_t batch,
-                             index_t seq, int stage);
+                             index_t seq, int stage, Recompute recompute = Recompute::full);
 
 /// A GPT trained through a pipeline of stages (see the file comment): the
 /// scheme `spec` with its pipeline axis (spec.pipeline; every stage runs
