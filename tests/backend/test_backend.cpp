@@ -1181,7 +1181,9 @@ TEST(Bf16, RoundTripAndRounding) {
 
   // Random floats: the result is the nearer of the two bf16 neighbours (the
   // even one on a tie), checked in double.
-  std::mt19937_64 gen(fresh_seed());
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 gen(seed);
   std::uniform_real_distribution<double> mant(-2.0, 2.0);
   std::uniform_int_distribution<int> expo(-130, 127);
   for (int i = 0; i < 20000; ++i) {
@@ -1194,7 +1196,7 @@ TEST(Bf16, RoundTripAndRounding) {
     const double dl = std::abs(double(x) - double(static_cast<float>(lo)));
     const double dh = std::abs(double(static_cast<float>(hi)) - double(x));
     const bf16 want = dl < dh ? lo : dh < dl ? hi : ((lo.bits & 1u) == 0 ? lo : hi);
-    EXPECT_EQ(bf16(x).bits, want.bits) << "x = " << x << ", " << seed_note(test_seed());
+    EXPECT_EQ(bf16(x).bits, want.bits) << "x = " << x;
   }
 }
 
