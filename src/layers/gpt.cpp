@@ -370,22 +370,22 @@ void Gpt<T>::price(cost::Tally& t, model::Phase phase) const {
       t.begin(gpt_op::ln_f, phase);
       ln_f_->price(t, phase);
     }
+    // Distributed checkpoints: a block's input gathered from its chunks.
     // A stage gathers its inner blocks' inputs (its first block's input is
     // its own, whole); the unpipelined model every block's.
-    if (ckpt_group_ != nullptr && staged() && blocks_.size() > 1) {
-      const cost::u64 repeat = t.repeat;
-      t.repeat = repeat * (blocks_.size() - 1);
+    const auto gather = [&] {
       t.begin(gpt_op::checkpoint_gather, model::Phase::recompute);
       t.all_gather(CommAxis::tensor, static_cast<cost::u64>(ckpt_chunk_),
                    static_cast<cost::u64>(ckpt_group_->size()), sizeof(T));
+    };
+    if (ckpt_group_ != nullptr && staged() && blocks_.size() > 1) {
+      const cost::u64 repeat = t.repeat;
+      t.repeat = repeat * (blocks_.size() - 1);
+      gather();
       t.repeat = repeat;
     }
     each_block([&](const TransformerBlock<T>& b) {
-      if (ckpt_group_ != nullptr && !staged()) {  // the block's input, gathered from its chunks
-        t.begin(gpt_op::checkpoint_gather, model::Phase::recompute);
-        t.all_gather(CommAxis::tensor, static_cast<cost::u64>(ckpt_chunk_),
-                     static_cast<cost::u64>(ckpt_group_->size()), sizeof(T));
-      }
+      if (ckpt_group_ != nullptr && !staged()) gather();
       if (checkpointed()) b.price(t, model::Phase::recompute);
       b.price(t, phase);
     });
@@ -501,31 +501,24 @@ void Gpt<T>::gather_boundary(int i, MatrixView<T> out) {
                           static_cast<std::size_t>(ckpt_chunk_));
 }
 
-// Distributed checkpoints: this rank's chunk of x_i (whole in boundaries_[i]).
+// Distributed checkpoints: this rank's chunk of the whole boundary x.
+template <class T>
+void Gpt<T>::keep_chunk(const MatrixView<T>& x, MatrixView<T> chunk) {
+  const auto whole = ConstMatrixView<T>::dense(x.data, 1, rows_ * cols_, Order::row_major);
+  backend_->copy(whole.block(0, ckpt_group_->rank() * ckpt_chunk_, 1, ckpt_chunk_), chunk);
+}
+
+// x_i's chunk (whole in boundaries_[i]).
 template <class T>
 void Gpt<T>::save_chunk(int i) {
   if (ckpt_group_ == nullptr || i >= config_.n_layer) return;
-  const MatrixView<T>& x = boundaries_[static_cast<std::size_t>(i)];
-  const auto whole = ConstMatrixView<T>::dense(x.data, 1, rows_ * cols_, Order::row_major);
-  backend_->copy(whole.block(0, ckpt_group_->rank() * ckpt_chunk_, 1, ckpt_chunk_),
-                 chunks_[static_cast<std::size_t>(i)]);
+  keep_chunk(boundaries_[static_cast<std::size_t>(i)], chunks_[static_cast<std::size_t>(i)]);
 }
 
 // A pipeline stage's chunk of its slot's inner boundary `i` (0 < i < n).
 template <class T>
 MatrixView<T> Gpt<T>::stage_chunk(std::size_t slot, std::size_t i) const {
   return chunks_[slot * (blocks_.size() - 1) + i - 1];
-}
-
-// Distributed checkpoints in a stage: this rank's chunk of the slot's inner
-// boundary x[i], whole in its conjunction slot until the next block's forward.
-template <class T>
-void Gpt<T>::save_stage_chunk(std::size_t slot, std::size_t i) {
-  if (ckpt_group_ == nullptr) return;
-  const MatrixView<T>& x = boundaries_[slot * (blocks_.size() + 1) + i];
-  const auto whole = ConstMatrixView<T>::dense(x.data, 1, rows_ * cols_, Order::row_major);
-  backend_->copy(whole.block(0, ckpt_group_->rank() * ckpt_chunk_, 1, ckpt_chunk_),
-                 stage_chunk(slot, i));
 }
 
 template <class T>
@@ -933,7 +926,9 @@ double Gpt<T>::stage_forward(int slot, std::span<const std::int32_t> tokens,
       const std::size_t mark = B.forward.mark();
       blocks_[i]->forward(x[i], x[i + 1], step);
       if (differentiate && keeps_activations()) keep_block(ids, i, mark);
-      if (differentiate && i + 1 < n) save_stage_chunk(ids, i + 1);
+      // x[i + 1], whole in a conjunction slot until the next block's forward
+      if (differentiate && ckpt_group_ != nullptr && i + 1 < n)
+        keep_chunk(x[i + 1], stage_chunk(ids, i + 1));
       B.forward.release(mark);
     }
   });

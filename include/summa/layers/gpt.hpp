@@ -350,10 +350,10 @@ class Gpt final : public GptModel<T> {
   Communicator* ckpt_group_ = nullptr;
   index_t ckpt_chunk_ = 0;
   std::vector<MatrixView<T>> chunks_;
+  void keep_chunk(const MatrixView<T>& x, MatrixView<T> chunk);
   void save_chunk(int i);
   // A pipeline stage's chunks: per slot, of its inner boundaries x[1..n-1].
   MatrixView<T> stage_chunk(std::size_t slot, std::size_t i) const;
-  void save_stage_chunk(std::size_t slot, std::size_t i);
   MatrixView<T> conj_[2]{};
   MatrixView<T> lnf_{};
   MatrixView<T> input_grad_{};
